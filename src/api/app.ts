@@ -1,0 +1,184 @@
+import express, { type Express, type Request, type Response } from 'express';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import { authenticate, type AuthOptions } from './auth.js';
+import { errorHandler, HttpError, validationError } from './errors.js';
+import { requestLog } from './requestLog.js';
+import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.js';
+import { parseStateBody } from './stateDoc.js';
+import { buildOpenApi } from './openapi.js';
+import type { AgentService } from './service.js';
+
+export interface AppDeps {
+  readonly agent: AgentService;
+  readonly log: Logger;
+  /** NATGW_BODY_LIMIT, e.g. "1mb". */
+  readonly bodyLimit: string;
+  /** Set for the TCP listener: everything but the probes needs a token or a client certificate. */
+  readonly auth?: AuthOptions;
+  /** True once SIGTERM arrived: new requests get 503. */
+  readonly shuttingDown?: () => boolean;
+}
+
+const legacyBody = z
+  .object({
+    command: z.string().max(256),
+    rules: z.array(z.string().max(65536)).max(100_000).default([]),
+  })
+  .strict();
+
+/** A JSON object body, or a 400 saying what is missing. */
+function objectBody(req: Request): Record<string, unknown> {
+  const b: unknown = req.body;
+  if (b === undefined) {
+    throw new HttpError(400, 'validation', 'body: a JSON object is required (Content-Type: application/json)', { field: 'body', in: 'body' });
+  }
+  if (b === null || typeof b !== 'object' || Array.isArray(b)) {
+    throw new HttpError(400, 'validation', 'body: must be a JSON object', { field: 'body', in: 'body' });
+  }
+  return b as Record<string, unknown>;
+}
+
+function boolQuery(req: Request, name: string): boolean {
+  const v = req.query[name];
+  if (v === undefined) return false;
+  if (typeof v === 'string') {
+    const s = v.toLowerCase();
+    if (s === 'true' || s === '1' || s === 'yes' || s === '') return true;
+    if (s === 'false' || s === '0' || s === 'no') return false;
+  }
+  throw new HttpError(400, 'validation', `${name}: must be true or false`, { field: name, in: 'query' });
+}
+
+function parseIdentity(def: ResourceDef, req: Request): { raw: Record<string, unknown>; id: unknown; key: string } {
+  const raw = splitId(def, String(req.params.id ?? ''));
+  const parsed = def.idSchema.safeParse(raw);
+  if (!parsed.success) throw validationError(parsed.error, 'path');
+  return { raw, id: parsed.data, key: def.key(parsed.data) };
+}
+
+/**
+ * The HTTP API (SPEC §4.2) as an express app, without listening: the daemon mounts it on
+ * its Unix socket and TCP listener; tests drive it with supertest.
+ */
+export function createApp(deps: AppDeps): Express {
+  const { agent, log } = deps;
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  app.set('query parser', 'simple');
+
+  app.use(requestLog(log));
+  app.use((_req, res, next) => {
+    if (deps.shuttingDown?.()) {
+      res.set('Connection', 'close');
+      res.status(503).json({ error: 'shutting-down', message: 'natgw is shutting down' });
+      return;
+    }
+    next();
+  });
+  if (deps.auth) app.use(authenticate(deps.auth));
+  app.use(express.json({ limit: deps.bodyLimit, type: ['application/json', 'application/*+json'] }));
+
+  // ---- probes, metrics, description ----
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok', pid: process.pid, uptimeSeconds: Math.round(process.uptime()) });
+  });
+  app.get('/readyz', (_req, res) => {
+    const r = agent.readiness();
+    res.status(r.ready ? 200 : 503).json(r);
+  });
+  app.get('/metrics', async (_req, res) => {
+    const m = await agent.metrics();
+    res.type(m.contentType).send(m.body);
+  });
+  const openapi = buildOpenApi();
+  app.get('/v1/openapi.json', (_req, res) => {
+    res.json(openapi);
+  });
+
+  // ---- the script's commands ----
+  app.post('/v1/legacy', async (req, res) => {
+    const parsed = legacyBody.safeParse(objectBody(req));
+    if (!parsed.success) throw validationError(parsed.error, 'body');
+    const { command, rules } = parsed.data;
+    const out = await agent.legacy(command, rules);
+    res.locals.log = { command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' };
+    res.status(200).json(out);
+  });
+
+  // ---- the whole state ----
+  app.get('/v1/state', async (_req, res) => {
+    const doc = await agent.stateDocument();
+    res.set('ETag', `"${doc.digest}"`);
+    res.json(doc);
+  });
+  app.put('/v1/state', async (req, res) => {
+    const dryRun = boolQuery(req, 'dryRun');
+    const next = parseStateBody(objectBody(req));
+    const ifMatch = req.get('if-match')?.replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
+    const result = await agent.replaceState(next, { dryRun, ifMatch });
+    res.locals.log = { command: dryRun ? 'state-plan' : 'state-replace', outcome: 'ok' };
+    if (!dryRun) res.set('ETag', `"${result.digest}"`);
+    res.json(result);
+  });
+
+  // ---- resources ----
+  for (const def of RESOURCES) mountResource(app, def, agent);
+
+  app.use((req, res) => {
+    res.status(404).json({ error: 'not-found', message: `no route for ${req.method} ${req.path}` });
+  });
+  app.use(errorHandler(log));
+  return app;
+}
+
+function mountResource(app: Express, def: ResourceDef, agent: AgentService): void {
+  const base = `/v1/${def.path}`;
+  const view = (x: unknown) => ({ id: idOf(def, x), ...(x as object) });
+
+  app.get(base, async (_req, res) => {
+    res.json({ items: listOf(def, await agent.desired()).map(view) });
+  });
+
+  app.get(`${base}/:id`, async (req, res) => {
+    const { key } = parseIdentity(def, req);
+    const found = listOf(def, await agent.desired()).find((x) => def.key(x) === key);
+    if (found === undefined) throw new HttpError(404, 'not-found', `no ${def.title} ${String(req.params.id)}`);
+    res.json(view(found));
+  });
+
+  app.put(`${base}/:id`, async (req: Request, res: Response) => {
+    const { raw, key } = parseIdentity(def, req);
+    const replace = boolQuery(req, 'replace');
+    const body = { ...objectBody(req) };
+    for (const f of def.readOnly) delete body[f];
+    const merged = def.prepare ? def.prepare(raw, { ...raw, ...body }) : { ...raw, ...body };
+    const parsed = def.schema.safeParse(merged);
+    if (!parsed.success) throw validationError(parsed.error, 'body');
+    const obj = parsed.data;
+    def.check?.(obj);
+    if (def.key(obj) !== key) {
+      const o = obj as Record<string, unknown>;
+      const idParsed = def.idSchema.parse(raw) as Record<string, unknown>;
+      const field = def.idFields.find((f) => String(o[f]) !== String(idParsed[f])) ?? 'id';
+      throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
+    }
+    const result = await agent.change({
+      guarded: def.guarded,
+      qos: def.qos,
+      op: (s) => def.put(s, obj, { replace, gateways: agent.gateways }),
+    });
+    const existed = listOf(def, result.before).some((x) => def.key(x) === key);
+    const stored = listOf(def, result.after).find((x) => def.key(x) === key) ?? obj;
+    res.locals.log = { command: `put-${def.path}`, id: idOf(def, stored), batch: result.batchSize, outcome: 'ok' };
+    res.status(existed ? 200 : 201).json(view(stored));
+  });
+
+  app.delete(`${base}/:id`, async (req, res) => {
+    const { id } = parseIdentity(def, req);
+    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.del(s, id) });
+    res.locals.log = { command: `delete-${def.path}`, id: String(req.params.id), batch: result.batchSize, outcome: 'ok' };
+    res.status(204).end();
+  });
+}

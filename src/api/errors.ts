@@ -1,0 +1,89 @@
+import type { ErrorRequestHandler } from 'express';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import { NatgwError } from '../model/errors.js';
+import { QueueClosedError } from '../engine/queue.js';
+
+/**
+ * The API's one error shape and its one error handler. Operational errors (bad input,
+ * conflicts, guard, a kernel that refused the change) map to 4xx/5xx with the same text the
+ * shim prints; anything else is a programmer error: 500, logged with its stack.
+ */
+export interface ErrorBody {
+  readonly error: string;
+  readonly message: string;
+  /** For validation errors: the field at fault (dotted path) and where it was. */
+  readonly field?: string;
+  readonly in?: 'body' | 'path' | 'query' | 'header';
+  readonly issues?: readonly { field: string; message: string }[];
+}
+
+export class HttpError extends Error {
+  override readonly name = 'HttpError';
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly extra: Partial<Pick<ErrorBody, 'field' | 'in' | 'issues'>> = {},
+  ) {
+    super(message);
+  }
+}
+
+/** A zod failure as a 400 naming the first field at fault and why. */
+export function validationError(error: z.ZodError, where: NonNullable<ErrorBody['in']>, prefix: readonly (string | number)[] = []): HttpError {
+  const issues = error.issues.map((i) => ({ field: fieldName([...prefix, ...i.path]) || '(root)', message: i.message }));
+  const first = issues[0] ?? { field: '(root)', message: 'invalid' };
+  return new HttpError(400, 'validation', `${first.field}: ${first.message}`, { field: first.field, in: where, issues });
+}
+
+export function fieldName(path: readonly PropertyKey[]): string {
+  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
+}
+
+/** Map anything thrown by a route to its status and body. */
+export function toHttp(e: unknown): { status: number; body: ErrorBody } {
+  if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...e.extra } };
+  if (e instanceof z.ZodError) {
+    const h = validationError(e, 'body');
+    return { status: h.status, body: { error: h.code, message: h.message, ...h.extra } };
+  }
+  if (e instanceof QueueClosedError) return { status: 503, body: { error: 'shutting-down', message: e.message } };
+  if (e instanceof NatgwError) {
+    switch (e.kind) {
+      case 'validation':
+        return { status: 400, body: { error: 'validation', message: e.message, ...(e.field ? { field: e.field, in: 'body' as const } : {}) } };
+      case 'conflict':
+        return { status: 409, body: { error: 'conflict', message: e.message } };
+      case 'not-initialized':
+        return { status: 409, body: { error: 'not-initialized', message: e.message } };
+      case 'interface':
+        return { status: 503, body: { error: 'interface-missing', message: e.message } };
+      case 'system':
+        return { status: 500, body: { error: 'apply-failed', message: e.message } };
+    }
+  }
+  // body-parser's errors carry status and type.
+  const bp = e as { status?: number; statusCode?: number; type?: string; message?: string; expose?: boolean };
+  const status = bp.status ?? bp.statusCode;
+  if (typeof status === 'number' && status >= 400 && status < 500) {
+    if (bp.type === 'entity.too.large') return { status: 413, body: { error: 'too-large', message: 'request body exceeds the configured limit (NATGW_BODY_LIMIT)' } };
+    if (bp.type === 'entity.parse.failed') return { status: 400, body: { error: 'validation', message: 'body: not valid JSON', field: 'body', in: 'body' } };
+    return { status, body: { error: 'bad-request', message: bp.expose !== false && bp.message ? bp.message : 'bad request' } };
+  }
+  const msg = e instanceof Error ? e.message : String(e);
+  return { status: 500, body: { error: 'internal', message: msg.startsWith('Error:') ? msg : `Error: ${msg}` } };
+}
+
+export function errorHandler(log: Logger): ErrorRequestHandler {
+  return (err, req, res, next) => {
+    if (res.headersSent) {
+      next(err);
+      return;
+    }
+    const { status, body } = toHttp(err);
+    res.locals.error = body;
+    if (status >= 500) log.error({ err, reqId: res.locals.reqId, path: req.path }, 'request failed');
+    res.status(status).json(body);
+  };
+}

@@ -1,0 +1,204 @@
+import { z } from 'zod';
+import { desiredStateSchema } from '../state/state.js';
+import { RESOURCES, type ResourceDef } from './resources.js';
+
+/**
+ * The OpenAPI 3 description of the v1 API, served at /v1/openapi.json. Object schemas come
+ * from the same zod schemas that validate the bodies; a test walks the express router and
+ * keeps this document's paths and methods in step with the routes.
+ */
+type Json = Record<string, unknown>;
+
+function jsonSchema(schema: z.ZodType): Json {
+  const { $schema: _drop, ...rest } = z.toJSONSchema(schema, { io: 'input', unrepresentable: 'any' }) as Json;
+  return rest;
+}
+
+const ref = (name: string): Json => ({ $ref: `#/components/schemas/${name}` });
+const json = (schema: Json, description: string): Json => ({ description, content: { 'application/json': { schema } } });
+const errorResponse = (description: string): Json => json(ref('Error'), description);
+
+const idParam = (def: ResourceDef): Json => ({
+  name: 'id',
+  in: 'path',
+  required: true,
+  description: `The identity: ${def.idFields.join(',')} (comma-separated; a CIDR's "/" written %2F)`,
+  schema: { type: 'string' },
+  example: def.idExample,
+});
+
+const schemaName = (def: ResourceDef): string => def.title.replace(/[^A-Za-z]/g, '');
+
+const commonErrors = {
+  '400': errorResponse('Invalid identity or body: `field` names the field and `message` the reason. Nothing was applied.'),
+  '401': errorResponse('TCP only: missing or wrong bearer token.'),
+  '409': errorResponse('Conflict (the script\'s message) or gateway not initialized. Nothing was applied.'),
+  '413': errorResponse('Body larger than NATGW_BODY_LIMIT.'),
+  '500': errorResponse('The kernel refused the change. Nothing was applied.'),
+  '503': errorResponse('Shutting down, or an interface is missing.'),
+};
+
+function resourcePaths(def: ResourceDef): Record<string, Json> {
+  const name = schemaName(def);
+  const item = { allOf: [{ type: 'object', properties: { id: { type: 'string', description: 'The identity, as in URLs (unencoded)' } } }, ref(name)] };
+  const guard = def.guarded ? ' Refused (409, not-initialized) until init has run.' : '';
+  return {
+    [`/v1/${def.path}`]: {
+      get: {
+        operationId: `list-${def.path}`,
+        tags: [def.title],
+        summary: `List ${def.title} objects`,
+        description: def.description,
+        responses: { '200': json({ type: 'object', required: ['items'], properties: { items: { type: 'array', items: item } } }, 'The desired objects') },
+      },
+    },
+    [`/v1/${def.path}/{id}`]: {
+      parameters: [idParam(def)],
+      get: {
+        operationId: `get-${def.path}`,
+        tags: [def.title],
+        summary: `Get one ${def.title}`,
+        responses: { '200': json(item, 'The object'), '400': commonErrors['400'], '404': errorResponse('No such object') },
+      },
+      put: {
+        operationId: `put-${def.path}`,
+        tags: [def.title],
+        summary: `Create or update a ${def.title} (idempotent)`,
+        description: `${def.description}${guard} Identity fields may be repeated in the body but must match the path.${def.readOnly.length ? ` Read-only fields ignored: ${def.readOnly.join(', ')}.` : ''}`,
+        parameters: def.replaceable
+          ? [{ name: 'replace', in: 'query', required: false, schema: { type: 'boolean', default: false }, description: 'Replace an existing object with another target instead of answering 409' }]
+          : [],
+        requestBody: { required: true, content: { 'application/json': { schema: ref(name), example: def.bodyExample } } },
+        responses: {
+          '200': json(item, 'Already present (unchanged or updated)'),
+          '201': json(item, 'Created'),
+          ...commonErrors,
+        },
+      },
+      delete: {
+        operationId: `delete-${def.path}`,
+        tags: [def.title],
+        summary: `Delete a ${def.title} (absent is success)`,
+        description: guard.trim() || undefined,
+        responses: { '204': { description: 'Deleted, or was not there' }, '400': commonErrors['400'], '401': commonErrors['401'], '409': commonErrors['409'], '500': commonErrors['500'], '503': commonErrors['503'] },
+      },
+    },
+  };
+}
+
+export function buildOpenApi(): Json {
+  const schemas: Json = {
+    Error: {
+      type: 'object',
+      required: ['error', 'message'],
+      properties: {
+        error: { type: 'string', description: 'validation | conflict | not-initialized | not-found | unauthorized | too-large | apply-failed | shutting-down | internal' },
+        message: { type: 'string', description: 'For conflicts: exactly the message the shim prints' },
+        field: { type: 'string' },
+        in: { type: 'string', enum: ['body', 'path', 'query', 'header'] },
+        issues: { type: 'array', items: { type: 'object', properties: { field: { type: 'string' }, message: { type: 'string' } } } },
+      },
+    },
+    DesiredState: jsonSchema(desiredStateSchema),
+    CommandOutput: {
+      type: 'object',
+      required: ['status', 'stdout', 'stderr'],
+      properties: { status: { type: 'integer' }, stdout: { type: 'string' }, stderr: { type: 'string' } },
+    },
+  };
+  for (const def of RESOURCES) schemas[schemaName(def)] = jsonSchema(def.schema);
+
+  const paths: Json = {
+    '/healthz': { get: { operationId: 'healthz', tags: ['Probes'], summary: 'Process alive (open over TCP)', responses: { '200': json({ type: 'object' }, 'Alive') } } },
+    '/readyz': {
+      get: {
+        operationId: 'readyz',
+        tags: ['Probes'],
+        summary: 'Interfaces present and last sync succeeded (open over TCP)',
+        responses: { '200': json({ type: 'object' }, 'Ready'), '503': json({ type: 'object' }, 'Not ready; `reasons` says why') },
+      },
+    },
+    '/metrics': {
+      get: { operationId: 'metrics', tags: ['Probes'], summary: 'Prometheus metrics', responses: { '200': { description: 'Prometheus text format', content: { 'text/plain': { schema: { type: 'string' } } } } } },
+    },
+    '/v1/openapi.json': { get: { operationId: 'openapi', tags: ['Meta'], summary: 'This document', responses: { '200': json({ type: 'object' }, 'OpenAPI 3 document') } } },
+    '/v1/legacy': {
+      post: {
+        operationId: 'legacy',
+        tags: ['Legacy'],
+        summary: 'Run a nat-gateway.sh command exactly as the shim would',
+        description: 'HTTP 200 whenever the command ran, whatever its own status (in the body); 4xx only for a malformed request.',
+        requestBody: {
+          required: true,
+          content: {
+            'application/json': {
+              schema: {
+                type: 'object',
+                required: ['command'],
+                additionalProperties: false,
+                properties: { command: { type: 'string' }, rules: { type: 'array', items: { type: 'string' }, default: [] } },
+              },
+              example: { command: 'dnat-add', rules: ['172.20.0.10,8080,tcp,10.0.1.6,80'] },
+            },
+          },
+        },
+        responses: { '200': json(ref('CommandOutput'), 'The command ran'), '400': commonErrors['400'], '401': commonErrors['401'], '413': commonErrors['413'], '503': commonErrors['503'] },
+      },
+    },
+    '/v1/state': {
+      get: {
+        operationId: 'get-state',
+        tags: ['State'],
+        summary: 'Desired state, last applied, drift, backend, generation and digest',
+        description: 'The ETag header carries the digest; send it back in If-Match with PUT to write only over the state you read.',
+        responses: {
+          '200': json(
+            {
+              type: 'object',
+              properties: {
+                desired: ref('DesiredState'),
+                lastApplied: { oneOf: [ref('DesiredState'), { type: 'null' }] },
+                drift: { type: ['object', 'null'], description: 'What the last read-back (resync) found and repaired' },
+                backend: { type: ['object', 'null'] },
+                mode: { type: 'string' },
+                generation: { type: 'integer' },
+                digest: { type: 'string', description: 'sha256 of the canonical JSON of desired' },
+              },
+            },
+            'The state document',
+          ),
+        },
+      },
+      put: {
+        operationId: 'put-state',
+        tags: ['State'],
+        summary: 'Replace the whole desired state in one transaction',
+        description: 'Accepts the document GET /v1/state returns (read-only fields ignored) or a bare desired state. Duplicate identities are a 400.',
+        parameters: [
+          { name: 'dryRun', in: 'query', required: false, schema: { type: 'boolean', default: false }, description: 'Return the plan and the rendered backend script; change nothing' },
+          { name: 'If-Match', in: 'header', required: false, schema: { type: 'string' }, description: 'Digest the current desired state must have (else 412)' },
+        ],
+        requestBody: { required: true, content: { 'application/json': { schema: { oneOf: [ref('DesiredState'), { type: 'object', required: ['desired'], properties: { desired: ref('DesiredState') } }] } } } },
+        responses: {
+          '200': json({ type: 'object', properties: { dryRun: { type: 'boolean' }, plan: { type: 'object' }, report: { type: 'object' }, script: { type: 'string' }, generation: { type: 'integer' }, digest: { type: 'string' } } }, 'Applied (or planned)'),
+          '412': errorResponse('If-Match did not match the current digest'),
+          ...commonErrors,
+        },
+      },
+    },
+  };
+  for (const def of RESOURCES) Object.assign(paths, resourcePaths(def));
+
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'natgw',
+      version: '1',
+      description:
+        'In-pod NAT gateway agent for Kube-OVN VPC NAT gateways. Served on a Unix socket (no auth; mode 0600) and optionally on TCP, where everything but /healthz and /readyz needs a bearer token or a verified client certificate.',
+    },
+    components: { schemas, securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+    security: [{ bearer: [] }, {}],
+    paths,
+  };
+}

@@ -1,0 +1,297 @@
+import { z } from 'zod';
+import * as Ops from '../state/operations.js';
+import * as QOps from '../state/qosOperations.js';
+import type { OpResult } from '../state/operations.js';
+import type { DesiredState } from '../state/state.js';
+import {
+  type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
+  dnatKey, dnatSchema, eipKey, eipSchema, fipKey, fipSchema, ipSchema, ipv4Schema, networkCidrSchema, portSchema,
+  protocolSchema, routeKey, routeSchema, shareDnatSchema, snatKey, snatSchema, ifnameSchema,
+} from '../model/rules.js';
+import {
+  type EipQos, type GwQos, type GwQosId, canonicalQosCidr, directionSchema, eipQosKey, eipQosSchema, gwQosKey, gwQosSchema,
+} from '../model/qos.js';
+import { familyOf } from '../model/net.js';
+import { HttpError } from './errors.js';
+
+/**
+ * The API's resources (SPEC §4.2). Each is a list in the desired state with an identity —
+ * the same identity under which the script's add is strict and its delete lenient. In a URL
+ * the identity is one path segment: its fields joined by commas in the order of the script's
+ * delete rule (`/v1/dnats/172.20.0.10,8080,tcp`); a CIDR's `/` is written `%2F`.
+ *
+ * PUT is create-or-update by identity with the script's semantics: where the script refuses
+ * another target (a DNAT or FIP bound elsewhere), PUT answers 409 with the script's message,
+ * unless `?replace=true` asks to replace it (the old binding is removed, and its conntrack
+ * entries flushed, in the same transaction). Where the script updates in place (EIP prefix,
+ * route nexthop, share-DNAT backends, QoS rate), PUT does too. A SNAT's identity is
+ * (eip, cidr): re-adding it with another `randomFully` changes nothing, as in the script,
+ * unless `?replace=true`. DELETE of an absent identity succeeds.
+ */
+export type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos';
+
+export interface PutContext {
+  readonly replace: boolean;
+  readonly gateways: { readonly v4?: string; readonly v6?: string };
+}
+
+export interface ResourceDef<T = unknown, I = unknown> {
+  /** URL segment: /v1/<path>. */
+  readonly path: string;
+  readonly stateKey: StateKey;
+  readonly title: string;
+  readonly description: string;
+  /** Identity fields, in URL order. */
+  readonly idFields: readonly string[];
+  readonly idExample: string;
+  /** Identity fields that are numbers in the body (ports, priorities). */
+  readonly numericIdFields: readonly string[];
+  readonly idSchema: z.ZodType<I>;
+  /** The whole object, as a PUT body merged with the identity from the path. */
+  readonly schema: z.ZodType<T>;
+  /** Fields natgw owns (allocated ids): ignored in a body. */
+  readonly readOnly: readonly string[];
+  /** A body with this example is valid for the identity idExample. */
+  readonly bodyExample: Record<string, unknown>;
+  readonly guarded: boolean;
+  readonly qos: boolean;
+  /** ?replace=true changes what a plain PUT refuses or ignores. */
+  readonly replaceable: boolean;
+  key(x: I | T): string;
+  /** Last checks a schema cannot express (e.g. prefix length per family). */
+  check?(x: T): void;
+  /** Fill in body fields derived from the identity (e.g. a share-DNAT's protocol text). */
+  prepare?(idRaw: Record<string, unknown>, body: Record<string, unknown>): Record<string, unknown>;
+  put(s: DesiredState, x: T, ctx: PutContext): OpResult;
+  del(s: DesiredState, id: I): OpResult;
+}
+
+const chain = (a: OpResult, f: (s: DesiredState) => OpResult): OpResult => {
+  const b = f(a.state);
+  return { state: b.state, effects: [...a.effects, ...b.effects] };
+};
+
+function define<T, I>(def: ResourceDef<T, I>): ResourceDef {
+  return def as unknown as ResourceDef;
+}
+
+const eips = define<Eip, { address: string }>({
+  path: 'eips',
+  stateKey: 'eips',
+  title: 'EIP',
+  description: 'An external address on EXT (eip-add / eip-del), with its hairpin SNAT; creating one installs the default routes from GATEWAY_V4/GATEWAY_V6 as eip-add does.',
+  idFields: ['address'],
+  idExample: '172.20.0.10',
+  numericIdFields: [],
+  idSchema: z.object({ address: ipSchema }),
+  schema: eipSchema,
+  readOnly: [],
+  bodyExample: { prefixLength: 24 },
+  guarded: true,
+  qos: false,
+  replaceable: false,
+  key: (x) => eipKey(x),
+  check: (x) => {
+    if (familyOf(x.address) === 4 && x.prefixLength > 32) {
+      throw new HttpError(400, 'validation', 'prefixLength: must be at most 32 for an IPv4 address', { field: 'prefixLength', in: 'body' });
+    }
+  },
+  put: (s, x, ctx) => Ops.addEip(s, x, ctx.gateways),
+  del: (s, id) => Ops.delEip(s, id.address),
+});
+
+const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
+  path: 'snats',
+  stateKey: 'snats',
+  title: 'SNAT',
+  description: 'Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del). The CIDR is canonicalised; rules are kept longest prefix first.',
+  idFields: ['eip', 'cidr'],
+  idExample: '172.20.0.10,10.0.1.0%2F24',
+  numericIdFields: [],
+  idSchema: z.object({ eip: ipSchema, cidr: networkCidrSchema }),
+  schema: snatSchema,
+  readOnly: [],
+  bodyExample: { randomFully: true },
+  guarded: true,
+  qos: false,
+  replaceable: true,
+  key: (x) => snatKey(x),
+  put: (s, x, ctx) => {
+    const existing = s.snats.find((y) => snatKey(y) === snatKey(x));
+    if (ctx.replace && existing && existing.randomFully !== x.randomFully) return chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
+    return Ops.addSnat(s, x);
+  },
+  del: (s, id) => Ops.delSnat(s, id),
+});
+
+const dnats = define<Dnat, Pick<Dnat, 'eip' | 'port' | 'protocol'>>({
+  path: 'dnats',
+  stateKey: 'dnats',
+  title: 'DNAT',
+  description: 'A port forward from an EIP to a VPC address (dnat-add / dnat-del). Another target for an existing identity is a conflict (409, the script\'s message) unless ?replace=true.',
+  idFields: ['eip', 'port', 'protocol'],
+  idExample: '172.20.0.10,8080,tcp',
+  numericIdFields: ['port'],
+  idSchema: z.object({ eip: ipSchema, port: portSchema, protocol: protocolSchema }),
+  schema: dnatSchema,
+  readOnly: [],
+  bodyExample: { internalIp: '10.0.1.6', internalPort: 80 },
+  guarded: true,
+  qos: false,
+  replaceable: true,
+  key: (x) => dnatKey(x),
+  put: (s, x, ctx) => {
+    const existing = s.dnats.find((y) => dnatKey(y) === dnatKey(x));
+    if (ctx.replace && existing && (existing.internalIp !== x.internalIp || existing.internalPort !== x.internalPort)) {
+      return chain(Ops.delDnat(s, x), (t) => Ops.addDnat(t, x));
+    }
+    return Ops.addDnat(s, x);
+  },
+  del: (s, id) => Ops.delDnat(s, id),
+});
+
+const fips = define<Fip, Pick<Fip, 'eip'>>({
+  path: 'fips',
+  stateKey: 'fips',
+  title: 'FIP',
+  description: 'A floating IP: 1:1 NAT between an EIP and a VPC address (floating-ip-add / floating-ip-del). Another internal address is a conflict (409) unless ?replace=true.',
+  idFields: ['eip'],
+  idExample: '172.20.0.11',
+  numericIdFields: [],
+  idSchema: z.object({ eip: ipSchema }),
+  schema: fipSchema,
+  readOnly: [],
+  bodyExample: { internalIp: '10.0.1.7' },
+  guarded: true,
+  qos: false,
+  replaceable: true,
+  key: (x) => fipKey(x),
+  put: (s, x, ctx) => {
+    const existing = s.fips.find((y) => fipKey(y) === fipKey(x));
+    if (ctx.replace && existing && existing.internalIp !== x.internalIp) return chain(Ops.delFip(s, x.eip), (t) => Ops.addFip(t, x));
+    return Ops.addFip(s, x);
+  },
+  del: (s, id) => Ops.delFip(s, id.eip),
+});
+
+const shareDnats = define<ShareDnat, Pick<ShareDnat, 'eip' | 'port' | 'protocol'>>({
+  path: 'share-dnats',
+  stateKey: 'shareDnats',
+  title: 'Share DNAT',
+  description: 'A load-balanced DNAT in nftables table ip kube-ovn (nft-dnat-map-add / -del). PUT replaces the backends atomically. protocolText (default: the protocol as written in the path) names the chain, as in the script.',
+  idFields: ['eip', 'port', 'protocol'],
+  idExample: '172.20.0.10,9000,tcp',
+  numericIdFields: ['port'],
+  idSchema: z.object({ eip: ipv4Schema, port: portSchema, protocol: protocolSchema }),
+  schema: shareDnatSchema,
+  readOnly: [],
+  bodyExample: { backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] },
+  guarded: true,
+  qos: false,
+  replaceable: false,
+  key: (x) => dnatKey(x),
+  prepare: (idRaw, body) => ({
+    ...body,
+    protocolText: body.protocolText ?? (typeof body.protocol === 'string' ? body.protocol : idRaw.protocol),
+  }),
+  put: (s, x) => Ops.addShareDnat(s, x),
+  del: (s, id) => Ops.delShareDnat(s, id),
+});
+
+const routes = define<Route, Pick<Route, 'cidr'>>({
+  path: 'routes',
+  stateKey: 'routes',
+  title: 'Subnet route',
+  description: 'A route for a VPC subnet via a nexthop on the VPC interface (subnet-route-add / -del). PUT replaces the nexthop.',
+  idFields: ['cidr'],
+  idExample: '10.0.2.0%2F24',
+  numericIdFields: [],
+  idSchema: z.object({ cidr: networkCidrSchema }),
+  schema: routeSchema,
+  readOnly: [],
+  bodyExample: { nexthop: '10.0.1.254' },
+  guarded: true,
+  qos: false,
+  replaceable: false,
+  key: (x) => routeKey(x),
+  put: (s, x) => Ops.addRoute(s, x),
+  del: (s, id) => Ops.delRoute(s, id.cidr),
+});
+
+const eipQos = define<EipQos, Pick<EipQos, 'direction' | 'ip'>>({
+  path: 'eip-qos',
+  stateKey: 'eipQos',
+  title: 'EIP QoS',
+  description: 'Shaping of the traffic from (egress) or to (ingress) one EIP (eip-*-qos-add / -del). PUT updates the rate in place. classId and handle are allocated by natgw.',
+  idFields: ['direction', 'ip'],
+  idExample: 'egress,172.20.0.10',
+  numericIdFields: [],
+  idSchema: z.object({ direction: directionSchema, ip: ipv4Schema }),
+  schema: eipQosSchema,
+  readOnly: ['classId', 'handle'],
+  bodyExample: { priority: 1, rate: '10', burst: '1' },
+  guarded: false,
+  qos: true,
+  replaceable: false,
+  key: (x) => eipQosKey(x),
+  put: (s, x) => QOps.addEipQos(s, x),
+  del: (s, id) => QOps.delEipQos(s, id.direction, id.ip),
+});
+
+const qos = define<GwQos, GwQosId>({
+  path: 'qos',
+  stateKey: 'qos',
+  title: 'Gateway QoS',
+  description: 'A gateway-wide shaping rule (qos-add / qos-del). Identity: direction,dev,priority,classifier,matchDirection,cidr (the last two empty for matchall). matchType defaults to ip for u32 and empty for matchall. classId and handle are allocated by natgw.',
+  idFields: ['direction', 'dev', 'priority', 'classifier', 'matchDirection', 'cidr'],
+  idExample: 'egress,net1,10,u32,dst,10.0.1.0%2F24',
+  numericIdFields: ['priority'],
+  idSchema: z.object({
+    direction: directionSchema,
+    dev: ifnameSchema,
+    priority: z.number().int().min(0).max(65535),
+    classifier: z.enum(['u32', 'matchall']),
+    matchDirection: z.enum(['src', 'dst', '']),
+    cidr: z.string().transform((s) => canonicalQosCidr(s) ?? s),
+  }),
+  schema: gwQosSchema,
+  readOnly: ['classId', 'handle'],
+  bodyExample: { rate: '100', burst: '2' },
+  guarded: false,
+  qos: true,
+  replaceable: false,
+  key: (x) => gwQosKey(x),
+  prepare: (idRaw, body) => ({
+    ...body,
+    matchType: body.matchType ?? ((body.classifier ?? idRaw.classifier) === 'u32' ? 'ip' : ''),
+  }),
+  put: (s, x) => QOps.addGwQos(s, x),
+  del: (s, id) => QOps.delGwQos(s, id),
+});
+
+export const RESOURCES: readonly ResourceDef[] = [eips, snats, dnats, fips, shareDnats, routes, eipQos, qos];
+
+/** The identity segment of a stored object, as it appears in URLs (before percent-encoding). */
+export function idOf(def: ResourceDef, x: unknown): string {
+  const o = x as Record<string, unknown>;
+  return def.idFields.map((f) => String(o[f] ?? '')).join(',');
+}
+
+/** The raw identity fields of a URL segment (numbers where the body has numbers). */
+export function splitId(def: ResourceDef, id: string): Record<string, unknown> {
+  const parts = id.split(',');
+  if (parts.length !== def.idFields.length) {
+    throw new HttpError(400, 'validation', `id: must be ${def.idFields.join(',')} (e.g. ${decodeURIComponent(def.idExample)}), got ${parts.length} field(s)`, {
+      field: 'id',
+      in: 'path',
+    });
+  }
+  const raw: Record<string, unknown> = {};
+  def.idFields.forEach((f, i) => {
+    const v = parts[i] ?? '';
+    raw[f] = def.numericIdFields.includes(f) && /^\d{1,6}$/.test(v) ? Number(v) : v;
+  });
+  return raw;
+}
+
+export const listOf = (def: ResourceDef, s: DesiredState): readonly unknown[] => s[def.stateKey];

@@ -1,0 +1,69 @@
+import type { ApplyReport } from '../engine/engine.js';
+import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
+import type { CommandOutput } from '../engine/output.js';
+import type { DesiredState } from '../state/state.js';
+
+/**
+ * What the HTTP layer needs from the agent. The daemon's Agent implements it over the engine
+ * and its queue; the API knows nothing of processes, locks or the kernel.
+ */
+export interface AgentService {
+  /** Run a script command exactly as the shim would (SPEC §4.2 POST /v1/legacy). */
+  legacy(command: string, rules: readonly string[]): Promise<CommandOutput>;
+  /** One change to the desired state, applied and persisted before it resolves. */
+  change(req: ChangeRequest): Promise<ChangeResult>;
+  /** The desired state (persisted, or adopted from the kernel where no file survived). */
+  desired(): Promise<DesiredState>;
+  /** GET /v1/state. */
+  stateDocument(): Promise<StateDocument>;
+  /** PUT /v1/state: replace the desired state in one transaction, or plan it (dryRun). */
+  replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult>;
+  readiness(): Readiness;
+  metrics(): Promise<{ contentType: string; body: string }>;
+  /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
+  readonly gateways: { readonly v4?: string; readonly v6?: string };
+}
+
+export interface ReadBack {
+  readonly at: string;
+  readonly reason: string;
+  /** Objects the resync had to add or remove: non-zero means drift was found and repaired. */
+  readonly changes: { readonly netfilter: number; readonly shareDnat: number; readonly link: number; readonly qos: number };
+  readonly repaired: boolean;
+  /** What the repair applied (empty when nothing drifted). */
+  readonly script: string;
+}
+
+export interface StateDocument {
+  readonly desired: DesiredState;
+  readonly lastApplied: DesiredState | null;
+  readonly drift: ReadBack | null;
+  readonly backend: { readonly kind: string; readonly variant?: string; readonly pendingCleanup?: unknown } | null;
+  readonly mode: string;
+  readonly generation: number;
+  readonly digest: string;
+}
+
+export interface ObjectDiff {
+  readonly added: number;
+  readonly removed: number;
+  readonly changed: number;
+}
+
+export interface ReplaceResult {
+  readonly dryRun: boolean;
+  /** Per kind: how many objects the new state adds, removes and changes. */
+  readonly plan: Record<string, ObjectDiff>;
+  readonly report: Omit<ApplyReport, 'script'>;
+  /** The rendered backend script (dry run: what would be applied). */
+  readonly script: string;
+  readonly generation: number;
+  readonly digest: string;
+}
+
+export interface Readiness {
+  readonly ready: boolean;
+  readonly interfaces: { readonly present: boolean; readonly missing: readonly string[] };
+  readonly lastSync: { readonly ok: boolean; readonly at: string; readonly error?: string } | null;
+  readonly reasons: readonly string[];
+}

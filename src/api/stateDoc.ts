@@ -1,0 +1,107 @@
+import { createHash } from 'node:crypto';
+import { desiredStateSchema, type DesiredState } from '../state/state.js';
+import { allocateQos } from '../state/qosOperations.js';
+import { prefixOf } from '../model/rules.js';
+import type { Effect } from '../state/operations.js';
+import { HttpError, validationError } from './errors.js';
+import { RESOURCES, idOf } from './resources.js';
+import type { ObjectDiff } from './service.js';
+
+/** JSON with object keys sorted at every level: one text per value, whatever the key order. */
+export function canonicalJson(v: unknown): string {
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
+  if (Array.isArray(v)) return `[${v.map((x) => (x === undefined ? 'null' : canonicalJson(x))).join(',')}]`;
+  const o = v as Record<string, unknown>;
+  const keys = Object.keys(o).filter((k) => o[k] !== undefined).sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
+}
+
+/** sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. */
+export function digestOf(s: DesiredState): string {
+  return `sha256:${createHash('sha256').update(canonicalJson(s)).digest('hex')}`;
+}
+
+/**
+ * The body of PUT /v1/state: either the document GET /v1/state returns (only `desired`
+ * counts; lastApplied, drift, backend, mode, generation and digest are read-only and
+ * ignored) or a bare desired state.
+ */
+export function parseStateBody(body: unknown): DesiredState {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+    throw new HttpError(400, 'validation', 'body: must be a JSON object (the document GET /v1/state returns, or its desired state)', { field: 'body', in: 'body' });
+  }
+  const o = body as Record<string, unknown>;
+  const wrapped = 'desired' in o;
+  const parsed = desiredStateSchema.safeParse(wrapped ? o.desired : o);
+  if (!parsed.success) throw validationError(parsed.error, 'body', wrapped ? ['desired'] : []);
+  return normaliseDesired(parsed.data, wrapped ? 'desired.' : '');
+}
+
+/**
+ * A whole state must be a state the operations could have produced: no identity twice
+ * (400 naming both places), SNATs ordered longest prefix first (re-sorted stably, so rules of
+ * equal length keep the order given), QoS ids valid and free (allocated where missing).
+ */
+export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredState {
+  for (const def of RESOURCES) {
+    const seen = new Map<string, number>();
+    s[def.stateKey].forEach((x: unknown, i: number) => {
+      const k = def.key(x);
+      const first = seen.get(k);
+      if (first !== undefined) {
+        const field = `${fieldPrefix}${def.stateKey}[${i}]`;
+        throw new HttpError(400, 'validation', `${field}: duplicate ${def.title} identity ${idOf(def, x)} (also at [${first}])`, { field, in: 'body' });
+      }
+      seen.set(k, i);
+    });
+  }
+  const snats = s.snats
+    .map((x, i) => ({ x, i }))
+    .sort((a, b) => prefixOf(b.x.cidr) - prefixOf(a.x.cidr) || a.i - b.i)
+    .map((e) => e.x);
+  return allocateQos({ ...s, snats });
+}
+
+/** Per kind, what `next` adds, removes and changes relative to `prev`. */
+export function planOf(prev: DesiredState, next: DesiredState): Record<string, ObjectDiff> {
+  const plan: Record<string, ObjectDiff> = {};
+  for (const def of RESOURCES) {
+    const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), canonicalJson(x)] as const));
+    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), canonicalJson(x)] as const));
+    let added = 0;
+    let removed = 0;
+    let changed = 0;
+    for (const [k, v] of after) {
+      const b = before.get(k);
+      if (b === undefined) added++;
+      else if (b !== v) changed++;
+    }
+    for (const k of before.keys()) if (!after.has(k)) removed++;
+    plan[def.path] = { added, removed, changed };
+  }
+  const scalars = canonicalJson({ i: prev.initialized, f: prev.interfaces, d: prev.defaultRoutes }) !== canonicalJson({ i: next.initialized, f: next.interfaces, d: next.defaultRoutes });
+  plan.gateway = { added: 0, removed: 0, changed: scalars ? 1 : 0 };
+  return plan;
+}
+
+/**
+ * The side effects the equivalent commands would have had: gratuitous ARP for new EIPs,
+ * conntrack flushes for FIPs, DNATs and share-DNATs that went away or changed target.
+ */
+export function effectsOf(prev: DesiredState, next: DesiredState): Effect[] {
+  const effects: Effect[] = [];
+  const oldEips = new Set(prev.eips.map((e) => e.address));
+  for (const e of next.eips) if (!oldEips.has(e.address)) effects.push({ kind: 'garp', ip: e.address });
+  const nextFips = new Map(next.fips.map((f) => [f.eip, f.internalIp]));
+  for (const f of prev.fips) if (nextFips.get(f.eip) !== f.internalIp) effects.push({ kind: 'conntrack-flush', dst: f.eip });
+  const dnatTarget = (d: { internalIp: string; internalPort: number }) => `${d.internalIp}:${d.internalPort}`;
+  const nextDnats = new Map(next.dnats.map((d) => [`${d.eip}|${d.port}|${d.protocol}`, dnatTarget(d)]));
+  for (const d of prev.dnats) {
+    if (nextDnats.get(`${d.eip}|${d.port}|${d.protocol}`) !== dnatTarget(d)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
+  }
+  const nextShare = new Set(next.shareDnats.map((d) => `${d.eip}|${d.port}|${d.protocol}`));
+  for (const d of prev.shareDnats) {
+    if (!nextShare.has(`${d.eip}|${d.port}|${d.protocol}`)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
+  }
+  return effects;
+}

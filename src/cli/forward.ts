@@ -1,0 +1,149 @@
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import http from 'node:http';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from 'pino';
+import type { Config } from '../config/config.js';
+import type { CommandOutput } from '../engine/output.js';
+import { LEGACY_COMMANDS } from '../engine/legacy.js';
+
+/**
+ * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
+ * the socket's mode protects it). Where no daemon answers, start one (unless
+ * NATGW_AUTOSTART=false) and forward to it; if that fails too, return undefined and the
+ * caller runs the command in-process, under the same lock. The output is the command's own
+ * output on every path.
+ *
+ * help, unknown commands and get-iptables-version run in-process: they read no state and
+ * take no lock, and their output is the same text either way.
+ */
+const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
+
+/** How long a freshly started daemon has to answer on its socket. */
+const AUTOSTART_DEADLINE_MS = 5000;
+const CONNECT_TIMEOUT_MS = 2000;
+
+type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
+
+export async function forward(config: Config, command: string | undefined, args: readonly string[], log: Logger): Promise<CommandOutput | undefined> {
+  if (command === undefined || IN_PROCESS.has(command) || !(LEGACY_COMMANDS as readonly string[]).includes(command)) return undefined;
+  const first = await post(config.socket, command, args);
+  if (first.kind === 'ok') return first.out;
+  if (first.kind === 'failed') {
+    log.warn({ command, why: first.why }, 'daemon did not run the command; running in-process');
+    return undefined;
+  }
+  if (!config.autostart) return undefined;
+  if (!startDaemon(log)) return undefined;
+  if (!(await waitForSocket(config.socket, AUTOSTART_DEADLINE_MS))) {
+    log.warn({ socket: config.socket }, 'autostarted daemon did not answer in time; running in-process');
+    return undefined;
+  }
+  const second = await post(config.socket, command, args);
+  if (second.kind === 'ok') return second.out;
+  log.warn({ command, why: second.kind === 'failed' ? second.why : 'no daemon' }, 'forwarding to the autostarted daemon failed; running in-process');
+  return undefined;
+}
+
+function isCommandOutput(v: unknown): v is CommandOutput {
+  const o = v as CommandOutput;
+  return typeof o === 'object' && o !== null && typeof o.status === 'number' && typeof o.stdout === 'string' && typeof o.stderr === 'string';
+}
+
+/** POST /v1/legacy. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
+function post(socketPath: string, command: string, args: readonly string[]): Promise<Attempt> {
+  const body = JSON.stringify({ command, rules: args });
+  return new Promise((resolve) => {
+    let settled = false;
+    const done = (a: Attempt) => {
+      if (!settled) {
+        settled = true;
+        resolve(a);
+      }
+    };
+    const req = http.request(
+      {
+        socketPath,
+        path: '/v1/legacy',
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        agent: false,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', (e) => done({ kind: 'failed', why: e.message }));
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          if (res.statusCode !== 200) {
+            done({ kind: 'failed', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}` });
+            return;
+          }
+          try {
+            const parsed: unknown = JSON.parse(text);
+            if (isCommandOutput(parsed)) done({ kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } });
+            else done({ kind: 'failed', why: 'malformed answer' });
+          } catch {
+            done({ kind: 'failed', why: 'malformed answer' });
+          }
+        });
+      },
+    );
+    // Only the connection is bounded: a command (init) may legitimately take a while.
+    const connectTimer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
+    req.on('socket', (s) => {
+      s.once('connect', () => clearTimeout(connectTimer));
+    });
+    req.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(connectTimer);
+      const absent = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' || e.code === 'ETIMEDOUT' || e.code === 'ENOTSOCK';
+      done(absent ? { kind: 'absent' } : { kind: 'failed', why: e.message });
+    });
+    req.on('close', () => clearTimeout(connectTimer));
+    req.end(body);
+  });
+}
+
+/** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */
+export function natgwBin(): string | undefined {
+  const fromHere = fileURLToPath(new URL('../../../bin/natgw.js', import.meta.url));
+  if (existsSync(fromHere)) return fromHere;
+  const argv1 = process.argv[1];
+  return argv1 && existsSync(argv1) ? argv1 : undefined;
+}
+
+/** Start `natgw serve` detached, with this process's environment; it outlives the shim. */
+function startDaemon(log: Logger): boolean {
+  const bin = natgwBin();
+  if (!bin) return false;
+  try {
+    const child = spawn(process.execPath, [bin, 'serve'], { detached: true, stdio: 'ignore', env: process.env });
+    child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
+    child.unref();
+    log.info({ pid: child.pid, bin }, 'autostarted natgw daemon');
+    return child.pid !== undefined;
+  } catch (e) {
+    log.warn({ err: e }, 'could not start the daemon');
+    return false;
+  }
+}
+
+function probe(socketPath: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = http.get({ socketPath, path: '/healthz', agent: false, timeout: 1000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200);
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', () => resolve(false));
+  });
+}
+
+async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
+  const deadline = Date.now() + deadlineMs;
+  for (let delay = 20; Date.now() < deadline; delay = Math.min(delay * 2, 200)) {
+    if (await probe(socketPath)) return true;
+    await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
+  }
+  return probe(socketPath);
+}

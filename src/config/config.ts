@@ -1,0 +1,116 @@
+import { z } from 'zod';
+import { readEnvFile } from './envFile.js';
+import { parseDuration } from './duration.js';
+import { isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
+
+export const DEFAULT_ENV_FILE = '/etc/kube-ovn/nat-gateway.env';
+
+const duration = (key: string) =>
+  z.string().transform((s, ctx) => {
+    const ms = parseDuration(s);
+    if (ms === null) {
+      ctx.addIssue({ code: 'custom', message: `${key} must be a duration such as 500ms, 30s or 2m` });
+      return z.NEVER;
+    }
+    return ms;
+  });
+
+const bool = z
+  .string()
+  .transform((s) => s.trim().toLowerCase())
+  .pipe(z.enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off']))
+  .transform((s) => ['true', '1', 'yes', 'on'].includes(s));
+
+const optionalText = z.string().optional().transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
+
+/** Every key natgw reads, with its default (SPEC §4.3). */
+const rawSchema = z.object({
+  VPC_INTERFACE: z.string().default('eth0').refine(isInterfaceName, 'must be an interface name'),
+  EXTERNAL_INTERFACE: z.string().default('net1').refine(isInterfaceName, 'must be an interface name'),
+  GATEWAY_V4: optionalText.refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address'),
+  GATEWAY_V6: optionalText.refine((s) => s === undefined || isIpv6(s), 'must be an IPv6 address'),
+  QOS_DEBUG: optionalText,
+  GATEWAY_NETFILTER_MODE: z.enum(['auto', 'nftables', 'iptables']).default('auto'),
+  NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto'),
+  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT').default(30_000),
+  NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw'),
+  NATGW_SOCKET: z.string().min(1).default('/run/natgw/natgw.sock'),
+  NATGW_LISTEN: optionalText,
+  NATGW_TOKEN_FILE: optionalText,
+  NATGW_TLS_CERT: optionalText,
+  NATGW_TLS_KEY: optionalText,
+  NATGW_TLS_CLIENT_CA: optionalText,
+  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD').default(30_000),
+  NATGW_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  NATGW_AUTOSTART: bool.default(true),
+  NATGW_NETWORK_STATUS_FILE: z.string().default('/etc/podinfo/network-status'),
+  NATGW_BODY_LIMIT: z.string().default('1mb'),
+});
+
+export interface Config {
+  readonly envFile: string;
+  readonly vpcInterface: string;
+  readonly extInterface: string;
+  readonly gatewayV4?: string;
+  readonly gatewayV6?: string;
+  readonly qosDebug: boolean;
+  readonly mode: 'auto' | 'nftables' | 'iptables';
+  readonly iptablesVariant: 'auto' | 'legacy' | 'nft';
+  readonly interfaceWaitMs: number;
+  readonly stateDir: string;
+  readonly socket: string;
+  readonly listen?: string;
+  readonly tokenFile?: string;
+  readonly tlsCert?: string;
+  readonly tlsKey?: string;
+  readonly tlsClientCa?: string;
+  readonly resyncMs: number;
+  readonly logLevel: string;
+  readonly autostart: boolean;
+  readonly networkStatusFile: string;
+  readonly bodyLimit: string;
+}
+
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+}
+
+/** Defaults, then the environment, then the env file (its values win, as when the script sourced it). */
+export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<Config> {
+  const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
+  const fromFile = await readEnvFile(envFile);
+  const merged: Record<string, string> = {};
+  for (const key of Object.keys(rawSchema.shape)) {
+    const v = fromFile[key] ?? env[key];
+    if (v !== undefined) merged[key] = v;
+  }
+  const parsed = rawSchema.safeParse(merged);
+  if (!parsed.success) {
+    const msg = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
+  }
+  const c = parsed.data;
+  return {
+    envFile,
+    vpcInterface: c.VPC_INTERFACE,
+    extInterface: c.EXTERNAL_INTERFACE,
+    gatewayV4: c.GATEWAY_V4,
+    gatewayV6: c.GATEWAY_V6,
+    qosDebug: c.QOS_DEBUG === 'true' || c.QOS_DEBUG === '1',
+    mode: c.GATEWAY_NETFILTER_MODE,
+    iptablesVariant: c.NATGW_IPTABLES_VARIANT,
+    interfaceWaitMs: c.NATGW_INTERFACE_WAIT_TIMEOUT,
+    stateDir: c.NATGW_STATE_DIR,
+    socket: c.NATGW_SOCKET,
+    listen: c.NATGW_LISTEN,
+    tokenFile: c.NATGW_TOKEN_FILE,
+    tlsCert: c.NATGW_TLS_CERT,
+    tlsKey: c.NATGW_TLS_KEY,
+    tlsClientCa: c.NATGW_TLS_CLIENT_CA,
+    resyncMs: c.NATGW_RESYNC_PERIOD,
+    logLevel: c.NATGW_LOG_LEVEL,
+    autostart: c.NATGW_AUTOSTART,
+    networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
+    bodyLimit: c.NATGW_BODY_LIMIT,
+  };
+}

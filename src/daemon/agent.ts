@@ -1,0 +1,198 @@
+import type { Logger } from 'pino';
+import type { ApplyReport, Engine, SyncEvent } from '../engine/engine.js';
+import { ChangeBatcher, SerialQueue, type ChangeRequest, type ChangeResult } from '../engine/queue.js';
+import { Metrics } from '../engine/metrics.js';
+import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
+import type { CommandOutput } from '../engine/output.js';
+import type { Config } from '../config/config.js';
+import type { DesiredState } from '../state/state.js';
+import type { BackendRecord } from '../state/store.js';
+import { HttpError } from '../api/errors.js';
+import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
+import type { AgentService, ReadBack, Readiness, ReplaceResult, StateDocument } from '../api/service.js';
+
+/** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
+export interface EngineLike {
+  readonly config: Config;
+  readonly log: Logger;
+  readonly lastApplied: DesiredState | undefined;
+  readonly generation: number;
+  onSync?: (e: SyncEvent) => void;
+  transact: Engine['transact'];
+  resync(reason: string): Promise<ApplyReport>;
+  loadState(): Promise<DesiredState>;
+  currentBackend(): Promise<BackendRecord | undefined>;
+}
+
+export interface AgentDeps {
+  readonly engine: EngineLike;
+  readonly log: Logger;
+  readonly metrics?: Metrics;
+  /** How a script command runs (default: runLegacy on the engine). */
+  readonly runLegacy?: (command: string, args: readonly string[]) => Promise<CommandOutput>;
+}
+
+/** Commands that need neither the queue nor the state: they may run beside an apply. */
+const UNQUEUED = new Set(['get-iptables-version', 'help', '--help', '-h']);
+
+const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges;
+
+/**
+ * The daemon's core: the engine behind one queue, plus what the API reports about it
+ * (readiness, drift, metrics). Every change goes through the queue; API changes that
+ * arrive while another job runs are merged into one transaction (ChangeBatcher).
+ */
+export class Agent implements AgentService {
+  readonly queue = new SerialQueue();
+  readonly batcher: ChangeBatcher;
+  readonly metricsRegistry: Metrics;
+  private readonly legacyRunner: (command: string, args: readonly string[]) => Promise<CommandOutput>;
+  private lastSync: { ok: boolean; at: string; error?: string } | null = null;
+  private lastReadBack: ReadBack | null = null;
+  private interfaces: { present: boolean; missing: readonly string[] } = { present: false, missing: [] };
+  private notReadyWhy: string[] = ['starting'];
+
+  constructor(private readonly deps: AgentDeps) {
+    this.metricsRegistry = deps.metrics ?? new Metrics();
+    this.batcher = new ChangeBatcher(this.queue, deps.engine);
+    this.legacyRunner = deps.runLegacy ?? ((c, a) => runLegacy(deps.engine as Engine, c, a));
+    deps.engine.onSync = (e) => this.observe(e);
+  }
+
+  get engine(): EngineLike {
+    return this.deps.engine;
+  }
+
+  get gateways(): { v4?: string; v6?: string } {
+    return { v4: this.engine.config.gatewayV4, v6: this.engine.config.gatewayV6 };
+  }
+
+  /**
+   * Every apply feeds the metrics. Readiness follows the kernel: any successful apply shows it
+   * matches the desired state; a failed change was rolled back (the kernel still matches the
+   * state before it), so only a failed resync makes the agent unready.
+   */
+  private observe(e: SyncEvent): void {
+    this.metricsRegistry.observeSync(e);
+    if (e.ok) {
+      this.lastSync = { ok: true, at: new Date().toISOString() };
+      this.updateReady();
+    } else {
+      this.deps.log.warn({ err: e.error }, 'apply failed; nothing was changed');
+    }
+  }
+
+  private syncFailed(e: unknown): void {
+    const msg = e instanceof Error ? e.message : String(e);
+    this.lastSync = { ok: false, at: new Date().toISOString(), error: msg };
+    this.updateReady();
+  }
+
+  // ---- changes ----
+
+  async legacy(command: string, rules: readonly string[]): Promise<CommandOutput> {
+    const known = (LEGACY_COMMANDS as readonly string[]).includes(command);
+    if (UNQUEUED.has(command) || !known) return this.legacyRunner(command, rules);
+    return this.queue.run(() => this.legacyRunner(command, rules));
+  }
+
+  change(req: ChangeRequest): Promise<ChangeResult> {
+    return this.batcher.submit(req);
+  }
+
+  async replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult> {
+    return this.queue.run(async () => {
+      let prev: DesiredState | undefined;
+      const { state, report } = await this.engine.transact(
+        ({ state: current }) => {
+          prev = current;
+          if (opts.ifMatch !== undefined && opts.ifMatch !== digestOf(current)) {
+            throw new HttpError(412, 'precondition-failed', `If-Match: the desired state's digest is ${digestOf(current)}, not ${opts.ifMatch}`, { field: 'If-Match', in: 'header' });
+          }
+          return { state: next, effects: effectsOf(current, next) };
+        },
+        { dryRun: opts.dryRun, qos: true },
+      );
+      const { script, ...counts } = report;
+      return {
+        dryRun: opts.dryRun,
+        plan: planOf(prev ?? state, next),
+        report: counts,
+        script,
+        generation: this.engine.generation,
+        digest: digestOf(opts.dryRun ? (prev ?? state) : state),
+      };
+    });
+  }
+
+  /** Reconcile now (start, timer, link event). Records what the read-back found. */
+  async resync(reason: string): Promise<ApplyReport> {
+    return this.queue.run(async () => {
+      let report: ApplyReport;
+      try {
+        report = await this.engine.resync(reason);
+      } catch (e) {
+        this.syncFailed(e);
+        throw e;
+      }
+      const n = changesOf(report);
+      if (n > 0) this.metricsRegistry.driftRepairs.inc();
+      this.lastReadBack = {
+        at: new Date().toISOString(),
+        reason,
+        changes: { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges },
+        repaired: n > 0,
+        script: report.script,
+      };
+      return report;
+    });
+  }
+
+  // ---- reading ----
+
+  desired(): Promise<DesiredState> {
+    return this.engine.loadState();
+  }
+
+  async stateDocument(): Promise<StateDocument> {
+    const [desired, backend] = await Promise.all([this.engine.loadState(), this.engine.currentBackend()]);
+    return {
+      desired,
+      lastApplied: this.engine.lastApplied ?? null,
+      drift: this.lastReadBack,
+      backend: backend ?? null,
+      mode: this.engine.config.mode,
+      generation: this.engine.generation,
+      digest: digestOf(desired),
+    };
+  }
+
+  // ---- readiness ----
+
+  setInterfaces(missing: readonly string[]): void {
+    this.interfaces = { present: missing.length === 0, missing: [...missing] };
+    this.updateReady();
+  }
+
+  private updateReady(): void {
+    const why: string[] = [];
+    if (!this.interfaces.present) why.push(this.interfaces.missing.length ? `waiting for interface(s) ${this.interfaces.missing.join(', ')}` : 'interfaces not checked yet');
+    if (!this.lastSync) why.push('no sync yet');
+    else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
+    this.notReadyWhy = why;
+    this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
+  }
+
+  readiness(): Readiness {
+    return { ready: this.notReadyWhy.length === 0, interfaces: this.interfaces, lastSync: this.lastSync, reasons: this.notReadyWhy };
+  }
+
+  metrics(): Promise<{ contentType: string; body: string }> {
+    return this.metricsRegistry.render();
+  }
+
+  /** Refuse new jobs and wait for the ones accepted (the running apply included). */
+  close(): Promise<void> {
+    return this.queue.close();
+  }
+}

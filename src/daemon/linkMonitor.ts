@@ -1,0 +1,96 @@
+import { execa, type ResultPromise } from 'execa';
+import type { Logger } from 'pino';
+
+export interface LinkMonitorOptions {
+  readonly log: Logger;
+  /** Called once per burst of events, `debounceMs` after the last one. */
+  readonly onChange: (why: string) => void;
+  readonly debounceMs?: number;
+  /** First restart delay after the monitor died; doubles up to maxRestartMs. */
+  readonly restartMs?: number;
+  readonly maxRestartMs?: number;
+  /** The monitor command (default `ip -o monitor link address`). */
+  readonly argv?: readonly string[];
+}
+
+/**
+ * Watches link and address events in this network namespace (`ip -o monitor link address`)
+ * and reports them, debounced: an interface recreated or an address flushed triggers a
+ * resync at once instead of at the next period. A monitor that dies is restarted (with a
+ * backoff), and a restart reports a change too, since events may have been missed meanwhile.
+ */
+export class LinkMonitor {
+  private child: ResultPromise | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private restartTimer: NodeJS.Timeout | undefined;
+  private stopped = true;
+  private restartDelay: number;
+  private lastLine = '';
+  restarts = 0;
+
+  constructor(private readonly opts: LinkMonitorOptions) {
+    this.restartDelay = opts.restartMs ?? 500;
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.spawn();
+  }
+
+  private spawn(): void {
+    const [file = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address'];
+    const startedAt = Date.now();
+    const child = execa(file, args, { buffer: false, reject: false, stdin: 'ignore', stderr: 'ignore', cleanup: true, env: { LC_ALL: 'C' } });
+    this.child = child;
+    let partial = '';
+    child.stdout?.setEncoding('utf8');
+    child.stdout?.on('data', (chunk: string) => {
+      partial += chunk;
+      const lines = partial.split('\n');
+      partial = lines.pop() ?? '';
+      for (const line of lines) if (line.trim() !== '') this.event(line);
+    });
+    void child.then((r) => {
+      if (this.child === child) this.child = undefined;
+      if (this.stopped) return;
+      // A monitor that ran for a while earns a fresh backoff.
+      if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
+      this.opts.log.warn({ exitCode: r.exitCode, signal: r.signal, failed: r.failed, restartInMs: this.restartDelay }, 'link monitor exited; restarting');
+      this.restartTimer = setTimeout(() => {
+        this.restartTimer = undefined;
+        if (this.stopped) return;
+        this.restarts++;
+        this.spawn();
+        this.opts.onChange('link monitor restarted');
+      }, this.restartDelay);
+      this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
+    });
+  }
+
+  private event(line: string): void {
+    this.lastLine = line;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      if (this.stopped) return;
+      this.opts.log.debug({ event: this.lastLine }, 'link event');
+      this.opts.onChange(`link event: ${this.lastLine.slice(0, 200)}`);
+    }, this.opts.debounceMs ?? 200);
+  }
+
+  /** The running monitor's pid (tests kill it to prove the restart). */
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  stop(): void {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    if (this.restartTimer) clearTimeout(this.restartTimer);
+    this.timer = undefined;
+    this.restartTimer = undefined;
+    this.child?.kill('SIGTERM');
+    this.child = undefined;
+  }
+}

@@ -1,0 +1,176 @@
+import { createHash } from 'node:crypto';
+import { promises as fs } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import path from 'node:path';
+import type { Express } from 'express';
+import type { Config } from '../config/config.js';
+import type { AuthOptions } from '../api/auth.js';
+
+/** A start-up refusal: printed on stderr, non-zero exit. */
+export class StartupError extends Error {
+  override readonly name = 'StartupError';
+}
+
+export interface TcpSettings {
+  readonly host: string;
+  readonly port: number;
+  readonly auth: AuthOptions;
+  readonly tls?: { readonly cert: Buffer; readonly key: Buffer; readonly ca?: Buffer };
+}
+
+/** `host:port`, `[v6]:port` or `:port` (all addresses). */
+export function parseListen(s: string): { host: string; port: number } | null {
+  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(s.trim());
+  if (!m) return null;
+  const port = Number(m[3]);
+  if (port > 65535) return null;
+  const host = m[1] ?? (m[2] || '::');
+  return { host, port };
+}
+
+async function readSecret(file: string, key: string): Promise<Buffer> {
+  try {
+    return await fs.readFile(file);
+  } catch (e) {
+    throw new StartupError(`${key}: cannot read ${file}: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * What the TCP listener needs, or undefined without NATGW_LISTEN. Refuses (SPEC §4.2) to
+ * serve TCP without a token file or TLS that verifies client certificates: the VPC side is
+ * tenant-reachable, so an open API would hand the NAT to tenants.
+ */
+export async function tcpSettings(config: Config): Promise<TcpSettings | undefined> {
+  if (!config.listen) return undefined;
+  const addr = parseListen(config.listen);
+  if (!addr) throw new StartupError(`NATGW_LISTEN: '${config.listen}' is not host:port (e.g. 0.0.0.0:8443 or [::]:8443)`);
+  if (Boolean(config.tlsCert) !== Boolean(config.tlsKey)) {
+    throw new StartupError('NATGW_TLS_CERT and NATGW_TLS_KEY must be set together');
+  }
+  if (config.tlsClientCa && !config.tlsCert) {
+    throw new StartupError('NATGW_TLS_CLIENT_CA needs NATGW_TLS_CERT and NATGW_TLS_KEY (the server side of TLS)');
+  }
+  const clientCerts = Boolean(config.tlsCert && config.tlsKey && config.tlsClientCa);
+  if (!config.tokenFile && !clientCerts) {
+    throw new StartupError(
+      `NATGW_LISTEN=${config.listen} is set but neither NATGW_TOKEN_FILE nor TLS client verification ` +
+        '(NATGW_TLS_CERT, NATGW_TLS_KEY and NATGW_TLS_CLIENT_CA) is configured: refusing to serve the API unauthenticated over TCP',
+    );
+  }
+  let token: string | undefined;
+  if (config.tokenFile) {
+    token = (await readSecret(config.tokenFile, 'NATGW_TOKEN_FILE')).toString('utf8').trim();
+    if (token === '' || /\s/.test(token)) throw new StartupError(`NATGW_TOKEN_FILE: ${config.tokenFile} must hold one token (non-empty, no white space)`);
+  }
+  const tls =
+    config.tlsCert && config.tlsKey
+      ? {
+          cert: await readSecret(config.tlsCert, 'NATGW_TLS_CERT'),
+          key: await readSecret(config.tlsKey, 'NATGW_TLS_KEY'),
+          ca: config.tlsClientCa ? await readSecret(config.tlsClientCa, 'NATGW_TLS_CLIENT_CA') : undefined,
+        }
+      : undefined;
+  return { ...addr, auth: { token, clientCerts }, tls };
+}
+
+function listen(server: net.Server, target: string | { host: string; port: number }): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const onError = (e: Error) => reject(e);
+    server.once('error', onError);
+    const done = () => {
+      server.off('error', onError);
+      resolve();
+    };
+    if (typeof target === 'string') server.listen(target, done);
+    else server.listen(target.port, target.host, done);
+  });
+}
+
+/** Does something answer HTTP on this socket? */
+export function socketAnswers(socketPath: string, timeoutMs = 1000): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = http.get({ socketPath, path: '/healthz', timeout: timeoutMs }, (res) => {
+      res.resume();
+      resolve(true);
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', () => resolve(false));
+  });
+}
+
+/**
+ * One daemon per socket in a network namespace: an abstract Unix socket (Linux) named after
+ * the API socket's path. The kernel frees it when the holder dies, even by SIGKILL, so a
+ * killed daemon never blocks its successor, and two shims autostarting at once cannot both
+ * win.
+ */
+export async function claimSingleton(socketPath: string): Promise<net.Server | undefined> {
+  const name = `\0natgw-${createHash('sha256').update(path.resolve(socketPath)).digest('hex').slice(0, 24)}`;
+  const server = net.createServer((c) => c.destroy());
+  try {
+    await listen(server, name);
+    server.unref();
+    return server;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'EADDRINUSE') return undefined;
+    throw e;
+  }
+}
+
+/**
+ * Serve on the Unix socket: parent directory created, a stale socket file (left by a killed
+ * daemon) replaced, mode 0600 from the start (umask while binding) and after.
+ */
+export async function listenUnix(app: Express, socketPath: string): Promise<http.Server> {
+  await fs.mkdir(path.dirname(socketPath), { recursive: true, mode: 0o700 });
+  const st = await fs.lstat(socketPath).catch(() => undefined);
+  if (st) {
+    if (!st.isSocket()) throw new StartupError(`NATGW_SOCKET: ${socketPath} exists and is not a socket`);
+    if (await socketAnswers(socketPath)) throw new StartupError(`another natgw daemon is serving ${socketPath}`);
+    await fs.unlink(socketPath);
+  }
+  const server = http.createServer(app);
+  const old = process.umask(0o177);
+  try {
+    await listen(server, socketPath);
+  } finally {
+    process.umask(old);
+  }
+  await fs.chmod(socketPath, 0o600);
+  return server;
+}
+
+export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Server | https.Server> {
+  const server = s.tls
+    ? https.createServer(
+        {
+          cert: s.tls.cert,
+          key: s.tls.key,
+          ...(s.tls.ca ? { ca: s.tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
+        },
+        app,
+      )
+    : http.createServer(app);
+  await listen(server, { host: s.host, port: s.port });
+  return server;
+}
+
+/** Stop accepting; wait (bounded) for open connections to finish, then cut the rest. */
+export async function closeServer(server: http.Server | https.Server, graceMs = 5000): Promise<void> {
+  if (!server.listening) return;
+  await new Promise<void>((resolve) => {
+    const t = setTimeout(() => {
+      server.closeAllConnections();
+      resolve();
+    }, graceMs);
+    t.unref();
+    server.close(() => {
+      clearTimeout(t);
+      resolve();
+    });
+    server.closeIdleConnections();
+  });
+}

@@ -1,0 +1,120 @@
+import { promises as fs } from 'node:fs';
+import type http from 'node:http';
+import type https from 'node:https';
+import type net from 'node:net';
+import type { Config } from '../config/config.js';
+import { daemonLogger } from '../system/logger.js';
+import { SystemExecutor } from '../system/exec.js';
+import { Engine } from '../engine/engine.js';
+import { Metrics } from '../engine/metrics.js';
+import { createApp } from '../api/app.js';
+import { Agent } from './agent.js';
+import { Reconciler } from './reconciler.js';
+import { LinkMonitor } from './linkMonitor.js';
+import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
+
+/**
+ * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
+ * then wait for the interfaces, reconcile and report ready; keep reconciling on a timer and
+ * on link events. SIGTERM/SIGINT: stop accepting, finish the running apply (and the ones
+ * already accepted), exit 0.
+ */
+export async function serve(config: Config): Promise<number> {
+  const log = daemonLogger(config.logLevel);
+  let tcp;
+  try {
+    tcp = await tcpSettings(config);
+  } catch (e) {
+    if (e instanceof StartupError) {
+      process.stderr.write(`Error: ${e.message}\n`);
+      log.fatal({ reason: e.message }, 'refusing to start');
+      return 1;
+    }
+    throw e;
+  }
+
+  const singleton = await claimSingleton(config.socket);
+  if (!singleton) {
+    process.stderr.write(`Error: another natgw daemon is serving ${config.socket}\n`);
+    return 1;
+  }
+
+  const exec = new SystemExecutor(log);
+  const engine = new Engine({ config, exec, log });
+  const agent = new Agent({ engine, log, metrics: new Metrics({ processMetrics: true }) });
+  let shuttingDown = false;
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
+
+  let unixServer: http.Server;
+  let tcpServer: http.Server | https.Server | undefined;
+  try {
+    unixServer = await listenUnix(createApp(common), config.socket);
+    if (tcp) tcpServer = await listenTcp(createApp({ ...common, auth: tcp.auth }), tcp);
+  } catch (e) {
+    const msg = e instanceof Error ? e.message : String(e);
+    process.stderr.write(`Error: ${msg}\n`);
+    log.fatal({ err: e }, 'cannot listen');
+    singleton.close();
+    return 1;
+  }
+  log.info(
+    { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
+    'natgw serving',
+  );
+
+  const reconciler = new Reconciler({
+    agent,
+    log,
+    periodMs: config.resyncMs,
+    interfaces: async () => (await engine.loadState()).interfaces,
+    exists: (n) => engine.link.exists(n),
+  });
+  const monitor = new LinkMonitor({ log, onChange: (why) => reconciler.request(why) });
+
+  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
+  const startup = (async () => {
+    const { vpc, ext } = (await engine.loadState()).interfaces;
+    const missing = await engine.link.waitFor([vpc, ext], config.interfaceWaitMs, (m) => {
+      log.info({ missing: m, deadlineMs: config.interfaceWaitMs }, 'waiting for interfaces');
+      agent.setInterfaces(m);
+    });
+    if (shuttingDown) return;
+    agent.setInterfaces(missing);
+    if (missing.length > 0) {
+      log.warn({ missing, waitedMs: config.interfaceWaitMs }, 'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)');
+    }
+    monitor.start();
+    reconciler.start();
+  })().catch((e: unknown) => log.error({ err: e }, 'start-up failed; the resync timer retries'));
+
+  const code = await new Promise<number>((resolve) => {
+    const stop = (signal: string) => {
+      if (shuttingDown) return;
+      shuttingDown = true;
+      log.info({ signal, queued: agent.queue.size }, 'shutting down: finishing accepted work');
+      void shutdown().then(
+        () => resolve(0),
+        (e: unknown) => {
+          log.error({ err: e }, 'unclean shutdown');
+          resolve(1);
+        },
+      );
+    };
+    const shutdown = async () => {
+      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
+      monitor.stop();
+      await reconciler.stop();
+      await agent.close();
+      await Promise.all(closing);
+      await fs.unlink(config.socket).catch(() => undefined);
+      (singleton as net.Server).close();
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  void startup;
+  log.info({ code }, 'natgw stopped');
+  // Start-up may still be waiting for interfaces; nothing else is left to finish.
+  setTimeout(() => process.exit(code), 200).unref();
+  return code;
+}

@@ -1,0 +1,163 @@
+import type { Logger } from 'pino';
+import { type Executor, runChecked } from '../system/exec.js';
+import { SystemError } from '../model/errors.js';
+import { familyOf } from '../model/net.js';
+import type { DesiredState } from '../state/state.js';
+
+/**
+ * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
+ * and removes only what natgw itself had programmed (the previous state), so addresses and
+ * routes of other owners are never touched.
+ */
+export interface LinkAddress {
+  readonly address: string;
+  readonly prefixLength: number;
+  readonly family: 4 | 6;
+  readonly scope: string;
+}
+
+export interface LinkRoute {
+  readonly dst: string;
+  readonly gateway?: string;
+}
+
+export interface LinkView {
+  readonly extAddresses: readonly LinkAddress[];
+  readonly vpcRoutes: readonly LinkRoute[];
+  readonly extDefaults: readonly LinkRoute[];
+}
+
+/** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
+export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
+  const ext = want.interfaces.ext;
+  const vpc = want.interfaces.vpc;
+  const lines: string[] = [];
+  // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
+  // adds a second address, so every other prefix of an EIP's address is removed explicitly.
+  const prefixesOf = (address: string) => have.extAddresses.filter((a) => a.address === address).map((a) => a.prefixLength);
+  for (const e of want.eips) {
+    const present = prefixesOf(e.address);
+    if (!present.includes(e.prefixLength)) lines.push(`addr replace ${e.address}/${e.prefixLength} dev ${ext}`);
+    for (const len of present) if (len !== e.prefixLength) lines.push(`addr del ${e.address}/${len} dev ${ext}`);
+  }
+  const wantedEips = new Set(want.eips.map((e) => e.address));
+  for (const e of previous?.eips ?? []) {
+    if (wantedEips.has(e.address)) continue;
+    for (const len of prefixesOf(e.address)) lines.push(`addr del ${e.address}/${len} dev ${ext}`);
+  }
+
+  const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst), r.gateway]));
+  for (const r of want.routes) {
+    if (routeHave.get(r.cidr) !== r.nexthop) lines.push(`route replace ${r.cidr} via ${r.nexthop} dev ${vpc}`);
+  }
+  const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
+  for (const r of previous?.routes ?? []) {
+    if (!wantedRoutes.has(r.cidr) && routeHave.has(r.cidr)) lines.push(`route del ${r.cidr} dev ${vpc}`);
+  }
+
+  for (const gw of [want.defaultRoutes.v4, want.defaultRoutes.v6]) {
+    if (gw === undefined) continue;
+    if (!have.extDefaults.some((d) => d.gateway === gw)) lines.push(`route replace default via ${gw} dev ${ext} onlink`);
+  }
+  return lines;
+}
+
+/** `ip -j route` prints host routes without a prefix length. */
+function normaliseDst(dst: string): string {
+  if (dst === 'default' || dst.includes('/')) return dst;
+  return `${dst}/${familyOf(dst) === 4 ? 32 : 128}`;
+}
+
+interface IpAddrJson {
+  addr_info?: { family?: string; local?: string; prefixlen?: number; scope?: string }[];
+}
+
+export class LinkManager {
+  constructor(
+    private readonly exec: Executor,
+    private readonly log?: Logger,
+  ) {}
+
+  async exists(ifname: string): Promise<boolean> {
+    const r = await this.exec.run({ file: 'ip', args: ['link', 'show', 'dev', ifname] });
+    return r.exitCode === 0;
+  }
+
+  /**
+   * Wait until every named interface exists, polling with a deadline (Multus attaches net1
+   * late). Returns the names still missing at the deadline.
+   */
+  async waitFor(names: readonly string[], timeoutMs: number, onWait?: (missing: string[]) => void): Promise<string[]> {
+    const deadline = Date.now() + timeoutMs;
+    let told = '';
+    for (;;) {
+      const missing: string[] = [];
+      for (const n of names) if (!(await this.exists(n))) missing.push(n);
+      if (missing.length === 0 || Date.now() >= deadline) return missing;
+      if (missing.join(',') !== told) {
+        told = missing.join(',');
+        onWait?.(missing);
+      }
+      await new Promise((r) => setTimeout(r, Math.min(100, Math.max(0, deadline - Date.now()))));
+    }
+  }
+
+  async addresses(ifname: string): Promise<LinkAddress[]> {
+    const r = await this.exec.run({ file: 'ip', args: ['-j', 'addr', 'show', 'dev', ifname] });
+    if (r.exitCode !== 0) return [];
+    const parsed = JSON.parse(r.stdout || '[]') as IpAddrJson[];
+    return parsed.flatMap((l) =>
+      (l.addr_info ?? [])
+        .filter((a) => (a.family === 'inet' || a.family === 'inet6') && a.local)
+        .map((a) => ({
+          address: a.local ?? '',
+          prefixLength: a.prefixlen ?? 32,
+          family: a.family === 'inet' ? (4 as const) : (6 as const),
+          scope: a.scope ?? 'global',
+        })),
+    );
+  }
+
+  private async routes(args: string[]): Promise<LinkRoute[]> {
+    const r = await this.exec.run({ file: 'ip', args: ['-j', ...args] });
+    if (r.exitCode !== 0) return [];
+    return (JSON.parse(r.stdout || '[]') as { dst: string; gateway?: string }[]).map((x) => ({ dst: x.dst, gateway: x.gateway }));
+  }
+
+  async view(s: DesiredState): Promise<LinkView> {
+    const { vpc, ext } = s.interfaces;
+    const [extAddresses, v4, v6, d4, d6] = await Promise.all([
+      this.addresses(ext),
+      this.routes(['-4', 'route', 'show', 'dev', vpc]),
+      this.routes(['-6', 'route', 'show', 'dev', vpc]),
+      this.routes(['-4', 'route', 'show', 'default', 'dev', ext]),
+      this.routes(['-6', 'route', 'show', 'default', 'dev', ext]),
+    ]);
+    return { extAddresses, vpcRoutes: [...v4, ...v6], extDefaults: [...d4, ...d6] };
+  }
+
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: { dryRun?: boolean } = {}): Promise<{ changes: number; script: string }> {
+    const lines = planLink(await this.view(want), want, previous);
+    const script = lines.length ? lines.join('\n') + '\n' : '';
+    if (lines.length === 0 || opts.dryRun) return { changes: lines.length, script };
+    const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
+    if (r.exitCode !== 0) throw new SystemError(`Error: ip rejected an address or route change: ${r.stderr.trim().split('\n')[0] ?? ''}`);
+    this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
+    return { changes: lines.length, script };
+  }
+
+  /** Gratuitous ARP without holding the command (the script blocked ~3 s per EIP). */
+  announce(ifname: string, ip: string): void {
+    if (familyOf(ip) !== 4) return;
+    this.exec.spawnDetached({ file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip] });
+  }
+
+  async hasTool(file: string, args: string[] = ['-V']): Promise<boolean> {
+    const r = await this.exec.run({ file, args });
+    return !r.failedToStart;
+  }
+
+  async ensureUp(ifname: string): Promise<void> {
+    await runChecked(this.exec, { file: 'ip', args: ['link', 'set', 'dev', ifname, 'up'] });
+  }
+}

@@ -1,0 +1,73 @@
+import ipaddr from 'ipaddr.js';
+import type { Dnat, Fip, Snat } from '../../model/rules.js';
+import type { DesiredState } from '../../state/state.js';
+
+/** What netfilter must hold for natgw: the NAT part of the desired state. */
+export interface NatTables {
+  readonly vpcIf: string;
+  readonly extIf: string;
+  /** EIP addresses: each gets a hairpin SNAT rule. */
+  readonly eips: readonly string[];
+  /** In rule order (descending prefix length). */
+  readonly snats: readonly Snat[];
+  readonly dnats: readonly Dnat[];
+  readonly fips: readonly Fip[];
+}
+
+/**
+ * Rules whose identities cannot overlap are put in a canonical order, so the kernel ends up
+ * byte-identical whatever order the controller's redo sends them in. SNAT keeps its
+ * semantic order (longest prefix first, then first come). Floating IPs sharing an internal IP
+ * resolve to the lowest EIP for outbound traffic, again independent of arrival order.
+ */
+export function natTablesOf(s: DesiredState): NatTables {
+  return {
+    vpcIf: s.interfaces.vpc,
+    extIf: s.interfaces.ext,
+    eips: s.eips.map((e) => e.address).sort(compareIp),
+    snats: s.snats,
+    dnats: [...s.dnats].sort((a, b) => compareIp(a.eip, b.eip) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
+    fips: [...s.fips].sort((a, b) => compareIp(a.eip, b.eip)),
+  };
+}
+
+/** Numeric address order (IPv4 before IPv6). */
+export function compareIp(a: string, b: string): number {
+  const ka = ipSortKey(a);
+  const kb = ipSortKey(b);
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+}
+
+function ipSortKey(ip: string): string {
+  if (!ip.includes(':')) return '4' + ip.split('.').map((o) => o.padStart(3, '0')).join('.');
+  return '6' + ipaddr.IPv6.parse(ip).toNormalizedString().split(':').map((h) => h.padStart(4, '0')).join(':');
+}
+
+export interface SyncReport {
+  /** Objects added or removed to make the kernel match (0: it already matched). */
+  readonly changes: number;
+  /** The script that was (or, in a dry run, would be) applied; empty when nothing changed. */
+  readonly script: string;
+}
+
+export interface SyncOptions {
+  readonly dryRun?: boolean;
+}
+
+/**
+ * A netfilter backend: renders NatTables for its kernel interface and applies the difference
+ * to what it reads back, in one atomic transaction per table. It owns only its own objects.
+ */
+export interface NetfilterBackend {
+  readonly kind: 'iptables' | 'nftables';
+  /** The init guard's evidence (SPEC §2): the skeleton is in the kernel. */
+  isInitialized(): Promise<boolean>;
+  /** Make natgw's objects hold exactly `want`, skeleton included; repairs whatever drifted. */
+  sync(want: NatTables, opts?: SyncOptions): Promise<SyncReport>;
+  /** What natgw's objects hold now (adoption after a lost state file); null when it owns nothing. */
+  readBack(): Promise<NatTables | null>;
+  /** Remove every object this backend owns (backend switch). */
+  removeAll(): Promise<void>;
+  /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */
+  versionLine(): Promise<string>;
+}

@@ -1,0 +1,72 @@
+import type { NatTables } from '../backend.js';
+import type { Dnat, Fip, Snat } from '../../../model/rules.js';
+import { CHAINS } from '../../../model/ruleText.js';
+import { parseCidr, formatCidr, isIpv4 } from '../../../model/net.js';
+import type { SavedTable } from './save.js';
+
+/**
+ * Read natgw's chains back into NatTables: adoption when the state file is gone (a container
+ * restart) or when upgrading from the script, which wrote the same chains. Rules that do not
+ * have natgw's shape are left out (and so will be removed by the next sync of that chain).
+ */
+const MARK = /^-i (\S+) -j MARK --set-xmark 0x1\/0x1$/;
+const SNAT = /^-s (\S+) -o (\S+) -j SNAT --to-source (\S+?)( --random-fully)?$/;
+const FIP_DNAT = /^-d (\S+)\/32 -j DNAT --to-destination (\S+)$/;
+const FIP_SNAT = /^-s (\S+)\/32 -j SNAT --to-source (\S+)$/;
+const DNAT = /^-d (\S+)\/32 -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination ([\d.]+):(\d+)$/;
+const HAIRPIN = /^-o (\S+) -m mark --mark 0x1\/0x1 -m conntrack --ctstate DNAT --ctorigdst (\S+) -j SNAT --to-source \S+ --random-fully$/;
+
+export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | null {
+  if (!nat.chains.has(CHAINS.snatFilter) && !nat.chains.has(CHAINS.dnatFilter) && !mangle.chains.has(CHAINS.vpcMark)) return null;
+  const rules = (t: SavedTable, c: string) => t.rules.get(c) ?? [];
+  let vpcIf: string | undefined;
+  let extIf: string | undefined;
+  for (const r of rules(mangle, CHAINS.vpcMark)) vpcIf ??= MARK.exec(r)?.[1];
+
+  const snats: Snat[] = [];
+  for (const r of rules(nat, CHAINS.sharedSnat)) {
+    const m = SNAT.exec(r);
+    const c = m && parseCidr(m[1] ?? '', { clearHostBits: true, family: 4 });
+    if (!m || !c || !isIpv4(m[3] ?? '')) continue;
+    extIf ??= m[2];
+    snats.push({ eip: m[3] ?? '', cidr: formatCidr(c), randomFully: m[4] !== undefined });
+  }
+
+  const fips: Fip[] = [];
+  const seen = new Set<string>();
+  for (const r of rules(nat, CHAINS.exclusiveDnat)) {
+    const m = FIP_DNAT.exec(r);
+    if (!m || seen.has(m[1] ?? '')) continue;
+    seen.add(m[1] ?? '');
+    fips.push({ eip: m[1] ?? '', internalIp: m[2] ?? '' });
+  }
+  // A half pair (only the SNAT side survived) still names a floating IP.
+  for (const r of rules(nat, CHAINS.exclusiveSnat)) {
+    const m = FIP_SNAT.exec(r);
+    if (!m || seen.has(m[2] ?? '')) continue;
+    seen.add(m[2] ?? '');
+    fips.push({ eip: m[2] ?? '', internalIp: m[1] ?? '' });
+  }
+
+  const dnats: Dnat[] = [];
+  for (const r of rules(nat, CHAINS.sharedDnat)) {
+    const m = DNAT.exec(r);
+    if (!m) continue;
+    dnats.push({
+      eip: m[1] ?? '',
+      protocol: m[2] as 'tcp' | 'udp',
+      port: Number(m[3]),
+      internalIp: m[4] ?? '',
+      internalPort: Number(m[5]),
+    });
+  }
+
+  const eips: string[] = [];
+  for (const r of rules(nat, CHAINS.hairpinSnat)) {
+    const m = HAIRPIN.exec(r);
+    if (!m) continue;
+    vpcIf ??= m[1];
+    eips.push(m[2] ?? '');
+  }
+  return { vpcIf: vpcIf ?? '', extIf: extIf ?? '', eips, snats, dnats, fips };
+}

@@ -1,0 +1,135 @@
+import type { NatTables } from '../backend.js';
+import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpec, vpcMarkSpec } from '../../../model/ruleText.js';
+import type { SavedTable } from './save.js';
+
+/**
+ * What natgw's iptables chains must hold (SPEC §2 layout), and the iptables-restore script
+ * that turns what the kernel holds into that, touching only natgw's chains and its one
+ * jump in each built-in chain.
+ */
+
+export type TableName = 'nat' | 'mangle';
+
+export interface TableWant {
+  /** natgw's own chains and their exact rules, in order. */
+  readonly owned: ReadonlyMap<string, readonly string[]>;
+  /** Built-in chain → the jump natgw needs there (exactly once). */
+  readonly jumps: ReadonlyMap<string, string>;
+}
+
+export function desiredTables(want: NatTables): Record<TableName, TableWant> {
+  const nat = new Map<string, string[]>([
+    [CHAINS.dnatFilter, [`-j ${CHAINS.exclusiveDnat}`, `-j ${CHAINS.sharedDnat}`]],
+    [CHAINS.snatFilter, [`-j ${CHAINS.exclusiveSnat}`, `-j ${CHAINS.sharedSnat}`, `-j ${CHAINS.hairpinSnat}`]],
+    [CHAINS.exclusiveDnat, want.fips.map(fipDnatSpec)],
+    [CHAINS.exclusiveSnat, want.fips.map(fipSnatSpec)],
+    [CHAINS.sharedDnat, want.dnats.map(dnatSpec)],
+    [CHAINS.sharedSnat, want.snats.map((s) => snatSpec(s, want.extIf))],
+    [CHAINS.hairpinSnat, want.eips.map((e) => hairpinSpec(e, want.vpcIf))],
+  ]);
+  return {
+    nat: {
+      owned: nat,
+      jumps: new Map([
+        ['PREROUTING', `-j ${CHAINS.dnatFilter}`],
+        ['POSTROUTING', `-j ${CHAINS.snatFilter}`],
+      ]),
+    },
+    mangle: {
+      owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]]]),
+      jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`]]),
+    },
+  };
+}
+
+export interface TablePlan {
+  readonly lines: string[];
+  readonly changes: number;
+}
+
+/**
+ * The edit lines for one table. Per chain: when the rules both sides keep are in the same
+ * relative order (always, unless someone reordered them), delete what is extra and insert
+ * what is missing at its position — element-level edits; otherwise rewrite that chain.
+ */
+export function planTable(have: SavedTable, want: TableWant): TablePlan {
+  const lines: string[] = [];
+  let changes = 0;
+  // Create missing chains first: in --noflush mode declaring an existing chain would flush it.
+  for (const chain of want.owned.keys()) {
+    if (!have.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
+  }
+  for (const [chain, rules] of want.owned) {
+    const edit = planChain(chain, have.rules.get(chain) ?? [], rules);
+    lines.push(...edit.lines);
+    changes += edit.changes;
+  }
+  for (const [builtin, jump] of want.jumps) {
+    const present = (have.rules.get(builtin) ?? []).filter((r) => r === jump).length;
+    if (present === 0) {
+      lines.push(`-A ${builtin} ${jump}`);
+      changes++;
+    }
+    // A duplicated jump would run natgw's chains twice; keep exactly one.
+    for (let i = 1; i < present; i++) {
+      lines.push(`-D ${builtin} ${jump}`);
+      changes++;
+    }
+  }
+  return { lines, changes };
+}
+
+export function planChain(chain: string, have: readonly string[], want: readonly string[]): TablePlan {
+  if (sameList(have, want)) return { lines: [], changes: 0 };
+  const budget = countOf(want);
+  const kept: string[] = [];
+  const deleteAt: number[] = [];
+  have.forEach((r, i) => {
+    const n = budget.get(r) ?? 0;
+    if (n > 0) {
+      budget.set(r, n - 1);
+      kept.push(r);
+    } else {
+      deleteAt.push(i + 1);
+    }
+  });
+  if (!isSubsequence(kept, want)) {
+    return {
+      lines: [`-F ${chain}`, ...want.map((r) => `-A ${chain} ${r}`)],
+      changes: have.length + want.length,
+    };
+  }
+  // Delete by position, last first: `-D CHAIN <spec>` would remove the FIRST copy of a
+  // duplicated rule, which may be the copy that is meant to stay.
+  const lines = deleteAt.reverse().map((n) => `-D ${chain} ${n}`);
+  let k = 0;
+  want.forEach((r, i) => {
+    if (k < kept.length && kept[k] === r) {
+      k++;
+    } else {
+      // The chain now holds want[0..i) then the kept rules not yet passed: insert at i+1.
+      lines.push(k === kept.length ? `-A ${chain} ${r}` : `-I ${chain} ${i + 1} ${r}`);
+    }
+  });
+  return { lines, changes: lines.length };
+}
+
+function sameList(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
+function countOf(list: readonly string[]): Map<string, number> {
+  const m = new Map<string, number>();
+  for (const r of list) m.set(r, (m.get(r) ?? 0) + 1);
+  return m;
+}
+
+function isSubsequence(sub: readonly string[], of: readonly string[]): boolean {
+  let i = 0;
+  for (const x of of) if (i < sub.length && sub[i] === x) i++;
+  return i === sub.length;
+}
+
+export function renderRestore(table: TableName, plan: TablePlan): string {
+  return plan.lines.length === 0 ? '' : `*${table}\n${plan.lines.join('\n')}\nCOMMIT\n`;
+}

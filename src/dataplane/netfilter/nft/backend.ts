@@ -1,0 +1,116 @@
+/**
+ * The nftables backend: a thin shell around the pure renderer. Read back natgw's tables
+ * (`nft -j list table …`), render the difference, apply it as ONE `nft -f -` transaction.
+ * Everything it owns lives in `table ip natgw` (and `table ip6 natgw` while IPv6 objects exist).
+ */
+import type { Logger } from 'pino';
+import { NatgwError } from '../../../model/errors.js';
+import type { ExecResult, Executor } from '../../../system/exec.js';
+import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
+import { hasSkeleton, natTablesFromKernel, natgwKernel, parseTableListing, type NatgwKernel, type NftTableDump } from './readback.js';
+import { NATGW_TABLE, NFT_FAMILIES, renderNatgw, renderRemoveAll, type NftFamily } from './render.js';
+
+/** nft refused a listing or a transaction. A refused transaction changed nothing (atomic). */
+export class NftError extends NatgwError {
+  override readonly name = 'NftError';
+  constructor(
+    readonly command: string,
+    readonly stderr: string,
+    /** The script nft refused, when there was one. */
+    readonly script?: string,
+  ) {
+    super('system', `${command} failed: ${firstLine(stderr) || 'no error text'}`, 'stderr');
+  }
+}
+
+function firstLine(s: string): string {
+  return s.trim().split('\n')[0] ?? '';
+}
+
+/** `nft` answers a listing of an absent table with ENOENT's text. */
+function isMissingTable(r: ExecResult): boolean {
+  return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
+}
+
+/** List one table as JSON; null when it does not exist. Shared with the share-DNAT table. */
+export async function listTable(exec: Executor, family: string, table: string): Promise<NftTableDump | null> {
+  const args = ['-j', 'list', 'table', family, table];
+  const r = await exec.run({ file: 'nft', args });
+  if (isMissingTable(r)) return null;
+  if (r.exitCode !== 0) throw new NftError(`nft ${args.join(' ')}`, r.stderr);
+  return parseTableListing(r.stdout, family, table);
+}
+
+/** Apply a script as one transaction (`nft -f -`). */
+export async function applyScript(exec: Executor, script: string): Promise<void> {
+  const r = await exec.run({ file: 'nft', args: ['-f', '-'], input: script });
+  if (r.exitCode !== 0) throw new NftError('nft -f -', r.stderr, script);
+}
+
+/**
+ * The iptables version line when no iptables tool is installed. SPEC §2 get-iptables-version:
+ * the controller enables --random-fully above 1.6.2, which nftables always supports, so this is
+ * the iptables release whose semantics natgw reproduces — never nft's own version (1.0.x would
+ * read as "older than 1.6.2" and switch --random-fully off).
+ */
+export const FALLBACK_VERSION_LINE = 'iptables v1.8.9 (natgw-nftables)';
+const VERSION_LINE = /^iptables v\d+(\.\d+)+/;
+const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
+
+export class NftBackend implements NetfilterBackend {
+  readonly kind = 'nftables' as const;
+
+  constructor(
+    private readonly exec: Executor,
+    private readonly log?: Logger,
+  ) {}
+
+  private async kernel(): Promise<NatgwKernel> {
+    const [ip, ip6] = await Promise.all(NFT_FAMILIES.map((f: NftFamily) => listTable(this.exec, f, NATGW_TABLE)));
+    return natgwKernel(ip ?? null, ip6 ?? null);
+  }
+
+  async isInitialized(): Promise<boolean> {
+    return hasSkeleton(await listTable(this.exec, 'ip', NATGW_TABLE));
+  }
+
+  async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+    const plan = renderNatgw(want, await this.kernel());
+    if (plan.script === '' || opts.dryRun) return plan;
+    try {
+      await applyScript(this.exec, plan.script);
+    } catch (err) {
+      // Handles in the script come from the read-back; another writer may have moved them
+      // since. Render once more against a fresh read-back before giving up.
+      if (!(err instanceof NftError)) throw err;
+      this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
+      const again = renderNatgw(want, await this.kernel());
+      if (again.script === '') return again;
+      await applyScript(this.exec, again.script);
+      this.log?.info({ changes: again.changes }, 'nftables synced');
+      this.log?.debug({ script: again.script }, 'nft script');
+      return again;
+    }
+    this.log?.info({ changes: plan.changes }, 'nftables synced');
+    this.log?.debug({ script: plan.script }, 'nft script');
+    return plan;
+  }
+
+  async readBack(): Promise<NatTables | null> {
+    return natTablesFromKernel(await this.kernel());
+  }
+
+  async removeAll(): Promise<void> {
+    const script = renderRemoveAll(await this.kernel());
+    if (script !== '') await applyScript(this.exec, script);
+  }
+
+  async versionLine(): Promise<string> {
+    for (const file of IPTABLES_TOOLS) {
+      const r = await this.exec.run({ file, args: ['--version'] });
+      const line = r.exitCode === 0 ? r.stdout.trim().split('\n')[0]?.trim() : undefined;
+      if (line && VERSION_LINE.test(line)) return line;
+    }
+    return FALLBACK_VERSION_LINE;
+  }
+}

@@ -1,0 +1,397 @@
+/**
+ * PURE read-back of nftables state: `nft -j list table <family> <name>` JSON → a small typed
+ * dump (chains with their rules, sets and maps with their elements), then → what natgw owns
+ * (rules recognised as natgw's, see render.ts) and → NatTables for adoption.
+ *
+ * Rules are recognised by exact structure: the parameters of a candidate rule (an interface
+ * name, a CIDR, an EIP) are lifted from the JSON, the JSON natgw would have produced for those
+ * parameters is built (render.ts ruleJson) and the two must be equal after normalisation.
+ * Anything else in natgw's chains is foreign and the renderer deletes it by handle.
+ */
+import { canonicalIp, familyOf, formatCidr, isInterfaceName, isIp, isIpv6, parseCidr } from '../../../model/net.js';
+import type { Dnat, Fip, Snat } from '../../../model/rules.js';
+import { prefixOf } from '../../../model/rules.js';
+import type { NatTables } from '../backend.js';
+import { CHAIN, SET, ruleJson, type NatgwRule, type NftFamily } from './render.js';
+
+// ---------------------------------------------------------------------------------
+// Generic dump of one table
+// ---------------------------------------------------------------------------------
+
+export interface NftBaseHook {
+  readonly type: string;
+  readonly hook: string;
+  readonly prio: number;
+  readonly policy: string;
+}
+
+export interface NftRuleDump {
+  readonly handle: number;
+  readonly expr: readonly unknown[];
+}
+
+export interface NftChainDump {
+  readonly name: string;
+  readonly handle: number;
+  /** Absent for a regular chain. */
+  readonly base?: NftBaseHook;
+  readonly rules: NftRuleDump[];
+}
+
+export interface NftElementDump {
+  /** Canonical text as natgw renders it: `1.2.3.4 . tcp . 80`. */
+  readonly key: string;
+  /** For maps: `10.0.1.6 . 8080`, `goto dnat-…`; undefined for a plain set. */
+  readonly value?: string;
+}
+
+export interface NftSetDump {
+  readonly name: string;
+  readonly handle: number;
+  readonly kind: 'set' | 'map';
+  /** Key type, concatenations joined with ` . `. */
+  readonly type: string;
+  /** Data type of a map. */
+  readonly map?: string;
+  readonly flags: readonly string[];
+  readonly elements: readonly NftElementDump[];
+}
+
+export interface NftTableDump {
+  readonly family: string;
+  readonly name: string;
+  /** In listing order. */
+  readonly chains: ReadonlyMap<string, NftChainDump>;
+  readonly sets: ReadonlyMap<string, NftSetDump>;
+}
+
+/** The JSON did not have the shape `nft -j` produces: a tool change, never user input. */
+export class NftParseError extends Error {
+  override readonly name = 'NftParseError';
+}
+
+type Json = unknown;
+type Obj = Record<string, Json>;
+
+const isObj = (v: Json): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** Walk a path of object keys and array indexes; undefined as soon as the shape differs. */
+export function dig(v: Json, ...path: ReadonlyArray<string | number>): Json {
+  let cur: Json = v;
+  for (const p of path) {
+    if (typeof p === 'number') {
+      if (!Array.isArray(cur)) return undefined;
+      cur = cur[p];
+    } else {
+      if (!isObj(cur)) return undefined;
+      cur = cur[p];
+    }
+  }
+  return cur;
+}
+
+/** The text natgw would write for an element key or value (IPv6 in canonical form). */
+export function elementText(v: Json): string {
+  if (typeof v === 'number') return String(v);
+  if (typeof v === 'string') return isIpv6(v) ? canonicalIp(v) : v;
+  if (Array.isArray(v)) return JSON.stringify(v);
+  if (isObj(v)) {
+    const concat = v['concat'];
+    if (Array.isArray(concat)) return concat.map(elementText).join(' . ');
+    const prefix = v['prefix'];
+    if (isObj(prefix)) return `${elementText(prefix['addr'])}/${elementText(prefix['len'])}`;
+    const range = v['range'];
+    if (Array.isArray(range)) return range.map(elementText).join('-');
+    // An element carrying attributes (timeout, counter, comment) is wrapped.
+    const elem = v['elem'];
+    if (isObj(elem) && 'val' in elem) return elementText(elem['val']);
+    for (const verdict of ['goto', 'jump'] as const) {
+      const target = dig(v, verdict, 'target');
+      if (typeof target === 'string') return `${verdict} ${target}`;
+    }
+    for (const verdict of ['accept', 'drop', 'continue', 'return']) {
+      if (verdict in v) return verdict;
+    }
+  }
+  // Unknown: a text no desired element can equal, so the renderer replaces it.
+  return JSON.stringify(v);
+}
+
+function typeText(t: Json): string {
+  if (typeof t === 'string') return t;
+  if (Array.isArray(t)) return t.map(String).join(' . ');
+  return JSON.stringify(t);
+}
+
+function parseSet(o: Obj, kind: 'set' | 'map'): NftSetDump {
+  const name = o['name'];
+  if (typeof name !== 'string') throw new NftParseError(`${kind} without a name`);
+  const elems = Array.isArray(o['elem']) ? o['elem'] : [];
+  const elements: NftElementDump[] = elems.map((e: Json) => {
+    if (kind === 'map') {
+      // A map element is [key, value]; an element with attributes wraps the key.
+      if (!Array.isArray(e) || e.length !== 2) return { key: elementText(e), value: '' };
+      return { key: elementText(e[0]), value: elementText(e[1]) };
+    }
+    return { key: elementText(e) };
+  });
+  const flags = o['flags'];
+  return {
+    name,
+    handle: typeof o['handle'] === 'number' ? o['handle'] : 0,
+    kind,
+    type: typeText(o['type']),
+    ...(kind === 'map' ? { map: typeText(o['map']) } : {}),
+    flags: Array.isArray(flags) ? flags.map(String) : typeof flags === 'string' ? [flags] : [],
+    elements,
+  };
+}
+
+/**
+ * Parse the output of `nft -j list table <family> <name>`. Objects of other tables (there
+ * should be none) are ignored. Throws NftParseError when the text is not nft's JSON.
+ */
+export function parseTableListing(jsonText: string, family: string, name: string): NftTableDump {
+  let doc: Json;
+  try {
+    doc = JSON.parse(jsonText);
+  } catch (err) {
+    throw new NftParseError(`nft -j output is not JSON: ${(err as Error).message}`);
+  }
+  const items = dig(doc, 'nftables');
+  if (!Array.isArray(items)) throw new NftParseError('nft -j output has no "nftables" array');
+
+  const chains = new Map<string, NftChainDump>();
+  const sets = new Map<string, NftSetDump>();
+  const ours = (o: Obj): boolean => o['family'] === family && (o['table'] === name);
+  const pendingRules: Array<{ chain: string; rule: NftRuleDump }> = [];
+
+  for (const item of items) {
+    if (!isObj(item)) continue;
+    const chain = item['chain'];
+    const set = item['set'];
+    const map = item['map'];
+    const rule = item['rule'];
+    if (isObj(chain) && ours(chain)) {
+      const cname = chain['name'];
+      if (typeof cname !== 'string') throw new NftParseError('chain without a name');
+      const hook = chain['hook'];
+      const base: NftBaseHook | undefined =
+        typeof hook === 'string'
+          ? {
+              type: String(chain['type']),
+              hook,
+              prio: typeof chain['prio'] === 'number' ? chain['prio'] : Number.NaN,
+              policy: typeof chain['policy'] === 'string' ? chain['policy'] : 'accept',
+            }
+          : undefined;
+      chains.set(cname, {
+        name: cname,
+        handle: typeof chain['handle'] === 'number' ? chain['handle'] : 0,
+        ...(base ? { base } : {}),
+        rules: [],
+      });
+    } else if (isObj(set) && ours(set)) {
+      const s = parseSet(set, 'set');
+      sets.set(s.name, s);
+    } else if (isObj(map) && ours(map)) {
+      const s = parseSet(map, 'map');
+      sets.set(s.name, s);
+    } else if (isObj(rule) && ours(rule)) {
+      const handle = rule['handle'];
+      const cname = rule['chain'];
+      if (typeof handle !== 'number' || typeof cname !== 'string') throw new NftParseError('rule without chain or handle');
+      pendingRules.push({ chain: cname, rule: { handle, expr: Array.isArray(rule['expr']) ? rule['expr'] : [] } });
+    }
+  }
+  for (const { chain, rule } of pendingRules) chains.get(chain)?.rules.push(rule);
+  return { family, name, chains, sets };
+}
+
+// ---------------------------------------------------------------------------------
+// Structural comparison of rule JSON
+// ---------------------------------------------------------------------------------
+
+/**
+ * Normalise the few spots where equivalent rules print differently across nft versions:
+ * the `family` of a nat statement appears only sometimes, and `flags` is a string or a list.
+ */
+function normalise(v: Json): Json {
+  if (Array.isArray(v)) return v.map(normalise);
+  if (!isObj(v)) return v;
+  const out: Obj = {};
+  for (const k of Object.keys(v).sort()) {
+    const val = v[k];
+    if ((k === 'snat' || k === 'dnat') && isObj(val)) {
+      const copy: Obj = { ...val };
+      delete copy['family'];
+      if (typeof copy['flags'] === 'string') copy['flags'] = [copy['flags']];
+      out[k] = normalise(copy);
+    } else {
+      out[k] = normalise(val);
+    }
+  }
+  return out;
+}
+
+/** Equality of two rule expression lists, up to key order and the normalisations above. */
+export function sameExpr(a: Json, b: Json): boolean {
+  return JSON.stringify(normalise(a)) === JSON.stringify(normalise(b));
+}
+
+// ---------------------------------------------------------------------------------
+// natgw's own rules
+// ---------------------------------------------------------------------------------
+
+const stringAt = (v: Json, ...path: ReadonlyArray<string | number>): string | undefined => {
+  const s = dig(v, ...path);
+  return typeof s === 'string' ? s : undefined;
+};
+
+function ifnameAt(expr: readonly unknown[]): string | undefined {
+  const name = stringAt(expr, 0, 'match', 'right');
+  return name !== undefined && isInterfaceName(name) ? name : undefined;
+}
+
+/** Lift a SNAT rule's parameters (`<fam> saddr <cidr> snat to <eip> [fully-random]`). */
+function snatCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | undefined {
+  const right = dig(expr, 0, 'match', 'right');
+  const cidrText =
+    typeof right === 'string'
+      ? right
+      : isObj(right) && isObj(right['prefix'])
+        ? `${String(right['prefix']['addr'])}/${String(right['prefix']['len'])}`
+        : undefined;
+  const eip = stringAt(expr, 1, 'snat', 'addr');
+  if (cidrText === undefined || eip === undefined || !isIp(eip)) return undefined;
+  const c = parseCidr(cidrText, { clearHostBits: true, family: fam === 'ip' ? 4 : 6 });
+  if (!c || familyOf(eip) !== (fam === 'ip' ? 4 : 6)) return undefined;
+  const flags = dig(expr, 1, 'snat', 'flags');
+  const randomFully = flags === 'fully-random' || (Array.isArray(flags) && flags.includes('fully-random'));
+  return { kind: 'snat', cidr: formatCidr(c), eip: canonicalIp(eip), randomFully };
+}
+
+/** Which natgw rule this is, or null when it is not exactly one natgw renders. */
+export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
+  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }];
+  const ifname = ifnameAt(expr);
+  if (ifname !== undefined) {
+    candidates.push({ kind: 'vpc-mark', vpcIf: ifname }, { kind: 'snat-jump', extIf: ifname }, { kind: 'hairpin', vpcIf: ifname });
+  }
+  const snat = snatCandidate(expr, fam);
+  if (snat) candidates.push(snat);
+  return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
+}
+
+/** A rule in a natgw chain as the renderer sees it: recognised (or null) with its handle. */
+export interface OwnedRule {
+  readonly handle: number;
+  readonly rule: NatgwRule | null;
+}
+
+/** A natgw table as read back, with every chain's rules recognised (or not) as natgw's. */
+export interface OwnedTable extends NftTableDump {
+  readonly owned: ReadonlyMap<string, readonly OwnedRule[]>;
+}
+
+export function ownTable(dump: NftTableDump, fam: NftFamily): OwnedTable {
+  const owned = new Map(
+    [...dump.chains.values()].map((c) => [c.name, c.rules.map((r) => ({ handle: r.handle, rule: recogniseRule(r.expr, fam) }))] as const),
+  );
+  return { ...dump, owned };
+}
+
+/** The kernel side natgw diffs against: one table per family, null when it is absent. */
+export interface NatgwKernel {
+  readonly ip: OwnedTable | null;
+  readonly ip6: OwnedTable | null;
+}
+
+export function natgwKernel(ip: NftTableDump | null, ip6: NftTableDump | null): NatgwKernel {
+  return { ip: ip && ownTable(ip, 'ip'), ip6: ip6 && ownTable(ip6, 'ip6') };
+}
+
+/** The init guard's evidence: table ip natgw with its three base chains, hooked as rendered. */
+export function hasSkeleton(dump: NftTableDump | null): boolean {
+  if (!dump) return false;
+  const hooked = (name: string, hook: string, prio: number): boolean => {
+    const b = dump.chains.get(name)?.base;
+    return b !== undefined && b.hook === hook && b.prio === prio;
+  };
+  return hooked(CHAIN.vpcMark, 'prerouting', -150) && hooked(CHAIN.prerouting, 'prerouting', -100) && hooked(CHAIN.postrouting, 'postrouting', 100);
+}
+
+// ---------------------------------------------------------------------------------
+// Adoption: the kernel → NatTables
+// ---------------------------------------------------------------------------------
+
+/**
+ * When no rule names an interface any more (a flushed chain), the name is '' rather than a
+ * guess: the adopter then falls back to its configuration (it checks isInterfaceName).
+ */
+const UNKNOWN_IF = '';
+
+function splitElement(text: string): string[] {
+  return text.split(' . ');
+}
+
+function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { vpcIf?: string; extIf?: string } {
+  const rulesOf = (chain: string): NatgwRule[] => (dump.owned.get(chain) ?? []).flatMap((r) => (r.rule ? [r.rule] : []));
+  const mark = rulesOf(CHAIN.vpcMark).find((r) => r.kind === 'vpc-mark');
+  const post = rulesOf(CHAIN.postrouting);
+  const hairpin = post.find((r) => r.kind === 'hairpin');
+  const jump = post.find((r) => r.kind === 'snat-jump');
+  const vpcIf = mark?.kind === 'vpc-mark' ? mark.vpcIf : hairpin?.kind === 'hairpin' ? hairpin.vpcIf : undefined;
+  const extIf = jump?.kind === 'snat-jump' ? jump.extIf : undefined;
+
+  const elements = (set: string): readonly NftElementDump[] => dump.sets.get(set)?.elements ?? [];
+  const eips = elements(SET.hairpinEips).map((e) => e.key).filter(isIp);
+  const snats: Snat[] = rulesOf(CHAIN.sharedSnat).flatMap((r) =>
+    r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully }] : [],
+  );
+  // Several EIPs may bind one internal IP; the SNAT map names the one that came first, so
+  // that one is put first again (the renderer takes the first binding in the given order).
+  const snatWinner = new Map(elements(SET.fipSnat).map((e) => [e.key, e.value]));
+  const fips: Fip[] = elements(SET.fipDnat)
+    .flatMap((e) => (isIp(e.key) && e.value !== undefined && isIp(e.value) ? [{ eip: e.key, internalIp: e.value }] : []))
+    .map((f, i) => ({ f, i, first: snatWinner.get(f.internalIp) === f.eip ? 0 : 1 }))
+    .sort((a, b) => a.first - b.first || a.i - b.i)
+    .map((x) => x.f);
+  const dnats: Dnat[] = elements(SET.portDnat).flatMap((e) => {
+    const [eip = '', proto = '', port = ''] = splitElement(e.key);
+    const [ip = '', iport = ''] = splitElement(e.value ?? '');
+    const p = Number(port);
+    const ip2 = Number(iport);
+    if (!isIp(eip) || !isIp(ip) || (proto !== 'tcp' && proto !== 'udp')) return [];
+    if (!Number.isInteger(p) || p < 1 || p > 65535 || !Number.isInteger(ip2) || ip2 < 1 || ip2 > 65535) return [];
+    return [{ eip, port: p, protocol: proto, internalIp: ip, internalPort: ip2 }];
+  });
+  return { ...(vpcIf ? { vpcIf } : {}), ...(extIf ? { extIf } : {}), eips, snats, dnats, fips };
+}
+
+/**
+ * What natgw's tables hold, for adoption after a lost state file; null when natgw owns no
+ * table. vpcIf comes from the mark rule (else the hairpin rule), extIf from the jump to
+ * shared_snat, eips from the hairpin set. SNATs keep kernel order per family and are merged by descending prefix length (the
+ * state's invariant); a stable sort keeps equal lengths in kernel order.
+ */
+export function natTablesFromKernel(k: NatgwKernel): NatTables | null {
+  if (!k.ip && !k.ip6) return null;
+  const parts = [k.ip ? familyTables(k.ip) : undefined, k.ip6 ? familyTables(k.ip6) : undefined].filter(
+    (p): p is NonNullable<typeof p> => p !== undefined,
+  );
+  const snats = parts.flatMap((p) => p.snats);
+  const sorted = snats
+    .map((s, i) => ({ s, i }))
+    .sort((a, b) => prefixOf(b.s.cidr) - prefixOf(a.s.cidr) || a.i - b.i)
+    .map((x) => x.s);
+  return {
+    vpcIf: parts.find((p) => p.vpcIf)?.vpcIf ?? UNKNOWN_IF,
+    extIf: parts.find((p) => p.extIf)?.extIf ?? UNKNOWN_IF,
+    eips: parts.flatMap((p) => p.eips),
+    snats: sorted,
+    dnats: parts.flatMap((p) => p.dnats),
+    fips: parts.flatMap((p) => p.fips),
+  };
+}
+

@@ -1,0 +1,524 @@
+/**
+ * PURE renderer of natgw's nftables tables: NatTables + what the kernel holds now (readback.ts)
+ * → one nft script (text for `nft -f -`, one transaction) that makes the kernel match.
+ *
+ * Layout, per family (`table ip natgw`; `table ip6 natgw` only while IPv6 objects exist):
+ *
+ *   map fip_dnat     { type ipv4_addr : ipv4_addr }                                   eip → internal
+ *   map fip_snat     { type ipv4_addr : ipv4_addr }                                   internal → first eip
+ *   map port_dnat    { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service }
+ *   set hairpin_eips { type ipv4_addr }
+ *   chain vpc_mark    (filter prerouting, priority mangle)  iifname "<vpc>" meta mark set meta mark | 0x1
+ *   chain prerouting  (nat prerouting, priority dstnat)     dnat ip to ip daddr map @fip_dnat
+ *                                                           meta l4proto { tcp, udp } dnat ip addr . port to … map @port_dnat
+ *   chain postrouting (nat postrouting, priority srcnat)    snat ip to ip saddr map @fip_snat
+ *                                                           oifname "<ext>" jump shared_snat
+ *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
+ *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
+ *   chain shared_snat (regular)                             ip saddr <cidr> snat ip to <eip> [fully-random]   (longest prefix first)
+ *
+ * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
+ * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
+ * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
+ *
+ * Why shared SNAT stays an ordered chain rather than an interval map: its semantics are "first
+ * matching rule wins" over overlapping prefixes, with per-rule options (fully-random) and several
+ * EIPs per CIDR, where only the first counts. An interval map needs a disjoint decomposition of the
+ * prefixes, recomputed and rewritten wholesale whenever one rule changes, and cannot carry the
+ * per-rule flag. NAT chains see only the first packet of a connection (conntrack carries the rest),
+ * and SNAT rules are few (one per subnet and EIP), so a linear chain costs little and keeps every
+ * change element-level: one rule inserted at its place (`insert … position <handle>`) or deleted by
+ * handle. The `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics,
+ * a rename of the external interface touches one rule, and the external interface stays readable
+ * from the kernel even while no SNAT exists (adoption).
+ *
+ * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
+ * rules natgw would render and repaired by deleting by handle and inserting at position (a longest
+ * common subsequence keeps everything that is already right, so a renamed interface rewrites only
+ * the rules naming it); map and set elements are added and deleted one by one (a changed value is
+ * delete + add in the same transaction). Only a structural surprise (an object natgw never
+ * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
+ *
+ * Every value placed in a script comes from NatTables, validated by the zod schemas in src/model;
+ * interface names are quoted. Handles come from nft's own JSON (numbers).
+ */
+import { NatgwError } from '../../../model/errors.js';
+import { familyOf, parseCidr } from '../../../model/net.js';
+import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import type { NatTables } from '../backend.js';
+// Types only: the read-back recognises rules with ruleJson below, so no runtime cycle.
+import type { NatgwKernel, NftChainDump, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './readback.js';
+
+export type NftFamily = 'ip' | 'ip6';
+export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
+
+export const NATGW_TABLE = 'natgw';
+
+export const CHAIN = {
+  vpcMark: 'vpc_mark',
+  prerouting: 'prerouting',
+  postrouting: 'postrouting',
+  sharedSnat: 'shared_snat',
+} as const;
+
+export const SET = {
+  fipDnat: 'fip_dnat',
+  fipSnat: 'fip_snat',
+  portDnat: 'port_dnat',
+  hairpinEips: 'hairpin_eips',
+} as const;
+
+/** The mark VPC_MARK sets on packets from the VPC side (the script's 0x1/0x1). */
+export const VPC_MARK = 1;
+
+/** A state natgw cannot express in nftables (e.g. a v4 EIP bound to a v6 address). */
+export class NftRenderError extends NatgwError {
+  override readonly name = 'NftRenderError';
+  constructor(message: string) {
+    super('validation', message, 'stdout');
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// natgw's rules: text to write, JSON that nft lists back
+// ---------------------------------------------------------------------------------
+
+export type NatgwRule =
+  | { readonly kind: 'vpc-mark'; readonly vpcIf: string }
+  | { readonly kind: 'fip-dnat' }
+  | { readonly kind: 'port-dnat' }
+  | { readonly kind: 'fip-snat' }
+  | { readonly kind: 'snat-jump'; readonly extIf: string }
+  | { readonly kind: 'hairpin'; readonly vpcIf: string }
+  | { readonly kind: 'snat'; readonly cidr: string; readonly eip: string; readonly randomFully: boolean };
+
+const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
+
+/** `a.b.c.d` for a host prefix (nft lists it so), `a.b.c.0/24` otherwise. */
+function cidrText(cidr: string, fam: NftFamily): string {
+  const c = parseCidr(cidr);
+  if (!c) throw new NftRenderError(`invalid CIDR ${cidr}`);
+  return c.prefix === hostBits(fam) ? c.address : `${c.address}/${c.prefix}`;
+}
+
+/** The rule as written in an nft script. */
+export function ruleText(r: NatgwRule, fam: NftFamily): string {
+  switch (r.kind) {
+    case 'vpc-mark':
+      return `iifname "${r.vpcIf}" meta mark set meta mark | 0x${VPC_MARK.toString(16)}`;
+    case 'fip-dnat':
+      return `dnat ${fam} to ${fam} daddr map @${SET.fipDnat}`;
+    case 'port-dnat':
+      return `meta l4proto { tcp, udp } dnat ${fam} addr . port to ${fam} daddr . meta l4proto . th dport map @${SET.portDnat}`;
+    case 'fip-snat':
+      return `snat ${fam} to ${fam} saddr map @${SET.fipSnat}`;
+    case 'snat-jump':
+      return `oifname "${r.extIf}" jump ${CHAIN.sharedSnat}`;
+    case 'hairpin':
+      return (
+        `oifname "${r.vpcIf}" meta mark & 0x${VPC_MARK.toString(16)} == 0x${VPC_MARK.toString(16)} ct status dnat ` +
+        `ct original ${fam} daddr @${SET.hairpinEips} snat ${fam} to ct original ${fam} daddr fully-random`
+      );
+    case 'snat':
+      return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${r.eip}${r.randomFully ? ' fully-random' : ''}`;
+  }
+}
+
+const meta = (key: string): unknown => ({ meta: { key } });
+const payload = (protocol: string, field: string): unknown => ({ payload: { protocol, field } });
+const match = (op: string, left: unknown, right: unknown): unknown => ({ match: { op, left, right } });
+const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: 'original' } });
+
+/** The rule's expressions as `nft -j` lists them (nft 1.0.6), for recognising it on read-back. */
+export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
+  switch (r.kind) {
+    case 'vpc-mark':
+      return [
+        match('==', meta('iifname'), r.vpcIf),
+        { mangle: { key: meta('mark'), value: { '|': [meta('mark'), VPC_MARK] } } },
+      ];
+    case 'fip-dnat':
+      return [{ dnat: { addr: { map: { key: payload(fam, 'daddr'), data: `@${SET.fipDnat}` } } } }];
+    case 'port-dnat':
+      return [
+        match('==', meta('l4proto'), { set: ['tcp', 'udp'] }),
+        {
+          dnat: {
+            family: fam,
+            addr: {
+              map: { key: { concat: [payload(fam, 'daddr'), meta('l4proto'), payload('th', 'dport')] }, data: `@${SET.portDnat}` },
+            },
+          },
+        },
+      ];
+    case 'fip-snat':
+      return [{ snat: { addr: { map: { key: payload(fam, 'saddr'), data: `@${SET.fipSnat}` } } } }];
+    case 'snat-jump':
+      return [match('==', meta('oifname'), r.extIf), { jump: { target: CHAIN.sharedSnat } }];
+    case 'hairpin':
+      return [
+        match('==', meta('oifname'), r.vpcIf),
+        match('==', { '&': [meta('mark'), VPC_MARK] }, VPC_MARK),
+        match('in', { ct: { key: 'status' } }, 'dnat'),
+        match('==', ctOrig(fam), `@${SET.hairpinEips}`),
+        { snat: { addr: ctOrig(fam), flags: 'fully-random' } },
+      ];
+    case 'snat': {
+      const c = parseCidr(r.cidr);
+      if (!c) throw new NftRenderError(`invalid CIDR ${r.cidr}`);
+      const right = c.prefix === hostBits(fam) ? c.address : { prefix: { addr: c.address, len: c.prefix } };
+      return [
+        match('==', payload(fam, 'saddr'), right),
+        { snat: { addr: r.eip, ...(r.randomFully ? { flags: 'fully-random' } : {}) } },
+      ];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The desired tables
+// ---------------------------------------------------------------------------------
+
+interface BaseHookSpec {
+  readonly type: 'filter' | 'nat';
+  readonly hook: 'prerouting' | 'postrouting';
+  /** Written by name, listed by number. */
+  readonly prioName: 'mangle' | 'dstnat' | 'srcnat';
+  readonly prio: number;
+}
+
+export interface ChainSpec {
+  readonly name: string;
+  readonly base?: BaseHookSpec;
+  readonly rules: readonly NatgwRule[];
+}
+
+export interface SetSpec {
+  readonly name: string;
+  readonly kind: 'set' | 'map';
+  readonly type: string;
+  readonly map?: string;
+  /** key text → value text (undefined for a plain set), in insertion order. */
+  readonly elements: ReadonlyMap<string, string | undefined>;
+}
+
+export interface FamilySpec {
+  readonly family: NftFamily;
+  readonly sets: readonly SetSpec[];
+  readonly chains: readonly ChainSpec[];
+}
+
+const famOf = (ip: string): NftFamily => (familyOf(ip) === 4 ? 'ip' : 'ip6');
+
+function checkSameFamily(what: string, a: string, b: string): void {
+  if (famOf(a) !== famOf(b)) throw new NftRenderError(`${what}: ${a} and ${b} are not of the same IP family`);
+}
+
+/** First occurrence per identity wins (iptables would match the first rule). */
+function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
+  const seen = new Set<string>();
+  return items.filter((t) => {
+    const k = key(t);
+    if (seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+}
+
+function needsFamily(want: NatTables, fam: NftFamily): boolean {
+  if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
+  return (
+    want.eips.some((e) => famOf(e) === fam) ||
+    want.snats.some((s) => famOf(s.eip) === fam) ||
+    want.dnats.some((d) => famOf(d.eip) === fam) ||
+    want.fips.some((f) => famOf(f.eip) === fam)
+  );
+}
+
+/** What one family's table must hold for `want`; null when the family needs no table. */
+export function desiredFamily(want: NatTables, fam: NftFamily): FamilySpec | null {
+  if (!needsFamily(want, fam)) return null;
+  const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
+  const mine = <T>(items: readonly T[], ip: (t: T) => string): T[] => items.filter((t) => famOf(ip(t)) === fam);
+
+  const fips: Fip[] = firstBy(mine(want.fips, (f) => f.eip), fipKey);
+  fips.forEach((f) => checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
+  const dnats: Dnat[] = firstBy(mine(want.dnats, (d) => d.eip), dnatKey);
+  dnats.forEach((d) => checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
+  const snats: Snat[] = firstBy(mine(want.snats, (s) => s.eip), snatKey);
+  snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
+  const eips = firstBy(mine(want.eips, (e) => e), (e) => e);
+
+  const fipDnat = new Map(fips.map((f) => [f.eip, f.internalIp] as const));
+  // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
+  const fipSnat = new Map<string, string>();
+  for (const f of fips) if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
+  const portDnat = new Map(dnats.map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const));
+  const hairpin = new Map(eips.map((e) => [e, undefined] as const));
+
+  return {
+    family: fam,
+    sets: [
+      { name: SET.fipDnat, kind: 'map', type: addr, map: addr, elements: fipDnat },
+      { name: SET.fipSnat, kind: 'map', type: addr, map: addr, elements: fipSnat },
+      {
+        name: SET.portDnat,
+        kind: 'map',
+        type: `${addr} . inet_proto . inet_service`,
+        map: `${addr} . inet_service`,
+        elements: portDnat,
+      },
+      { name: SET.hairpinEips, kind: 'set', type: addr, elements: hairpin },
+    ],
+    chains: [
+      {
+        name: CHAIN.vpcMark,
+        base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', prio: -150 },
+        rules: [{ kind: 'vpc-mark', vpcIf: want.vpcIf }],
+      },
+      {
+        name: CHAIN.prerouting,
+        base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
+        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }],
+      },
+      {
+        name: CHAIN.postrouting,
+        base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
+        rules: [{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }],
+      },
+      {
+        name: CHAIN.sharedSnat,
+        rules: snats.map((s): NatgwRule => ({ kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully })),
+      },
+    ],
+  };
+}
+
+// ---------------------------------------------------------------------------------
+// The script
+// ---------------------------------------------------------------------------------
+
+export interface NftPlan {
+  /** The nft script; '' when nothing differs. */
+  readonly script: string;
+  /** Objects (tables, chains, sets, rules, elements) added or removed. */
+  readonly changes: number;
+}
+
+/** Commands of one transaction, grouped so that dependencies come first whatever was diffed. */
+class Script {
+  readonly create: string[] = [];
+  readonly deleteRules: string[] = [];
+  readonly deleteElements: string[] = [];
+  readonly addElements: string[] = [];
+  readonly addRules: string[] = [];
+  changes = 0;
+
+  text(): string {
+    const all = [...this.create, ...this.deleteRules, ...this.deleteElements, ...this.addElements, ...this.addRules];
+    return all.length === 0 ? '' : `${all.join('\n')}\n`;
+  }
+}
+
+const tableRef = (fam: NftFamily): string => `${fam} ${NATGW_TABLE}`;
+
+function setDecl(s: SetSpec): string {
+  return s.kind === 'map' ? `{ type ${s.type} : ${s.map ?? ''}; }` : `{ type ${s.type}; }`;
+}
+
+function chainDecl(c: ChainSpec): string {
+  return c.base ? ` { type ${c.base.type} hook ${c.base.hook} priority ${c.base.prioName}; policy accept; }` : '';
+}
+
+function elementList(keys: readonly string[], values?: ReadonlyMap<string, string | undefined>): string {
+  return keys.map((k) => (values?.get(k) !== undefined ? `${k} : ${values.get(k) ?? ''}` : k)).join(', ');
+}
+
+function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {
+  if (keys.length === 0) return;
+  sc.addElements.push(`add element ${tableRef(fam)} ${set.name} { ${elementList(keys, set.elements)} }`);
+  sc.changes += keys.length;
+}
+
+/** Everything for one family from scratch (a missing table, or a rebuild). */
+function renderFresh(sc: Script, spec: FamilySpec): void {
+  const t = tableRef(spec.family);
+  sc.create.push(`add table ${t}`);
+  sc.changes += 1;
+  for (const s of spec.sets) {
+    sc.create.push(`add ${s.kind} ${t} ${s.name} ${setDecl(s)}`);
+    sc.changes += 1;
+    addElements(sc, spec.family, s, [...s.elements.keys()]);
+  }
+  for (const c of spec.chains) {
+    sc.create.push(`add chain ${t} ${c.name}${chainDecl(c)}`);
+    sc.changes += 1;
+    for (const r of c.rules) {
+      sc.addRules.push(`add rule ${t} ${c.name} ${ruleText(r, spec.family)}`);
+      sc.changes += 1;
+    }
+  }
+}
+
+function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
+  return have.kind === spec.kind && have.type === spec.type && (have.map ?? '') === (spec.map ?? '') && have.flags.length === 0;
+}
+
+function sameChainDecl(spec: ChainSpec, have: NftChainDump): boolean {
+  const b = have.base;
+  if (spec.base === undefined || b === undefined) return spec.base === undefined && b === undefined;
+  return b.type === spec.base.type && b.hook === spec.base.hook && b.prio === spec.base.prio && b.policy === 'accept';
+}
+
+/** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
+const SAFE_ELEMENT = /^[0-9A-Za-z.:/ ]+$/;
+
+/** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
+function needsRebuild(spec: FamilySpec, have: NftTableDump): boolean {
+  const chains = new Map(spec.chains.map((c) => [c.name, c]));
+  const sets = new Map(spec.sets.map((s) => [s.name, s]));
+  for (const [name, c] of have.chains) {
+    const want = chains.get(name);
+    if (!want || !sameChainDecl(want, c)) return true;
+  }
+  for (const [name, s] of have.sets) {
+    const want = sets.get(name);
+    if (!want || !sameSetDecl(want, s)) return true;
+    // A stale element is deleted by writing its text back into the script: only typed data as
+    // nft prints it may be written there (anything else cannot occur in a map natgw declared).
+    if (s.elements.some((e) => !SAFE_ELEMENT.test(e.key) || (e.value !== undefined && !SAFE_ELEMENT.test(e.value)))) return true;
+  }
+  return false;
+}
+
+/**
+ * Longest common subsequence of the kernel's rules (by key; unrecognised rules never match)
+ * and the desired keys: what can stay. Common prefix and suffix are matched first, so the
+ * usual one-rule change costs O(n).
+ */
+export function keepRules(actual: readonly (string | null)[], desired: readonly string[]): Array<[number, number]> {
+  let lo = 0;
+  while (lo < actual.length && lo < desired.length && actual[lo] !== null && actual[lo] === desired[lo]) lo++;
+  let ha = actual.length;
+  let hd = desired.length;
+  while (ha > lo && hd > lo && actual[ha - 1] !== null && actual[ha - 1] === desired[hd - 1]) {
+    ha--;
+    hd--;
+  }
+  const pairs: Array<[number, number]> = [];
+  for (let i = 0; i < lo; i++) pairs.push([i, i]);
+  const n = ha - lo;
+  const m = hd - lo;
+  if (n > 0 && m > 0) {
+    // lcs[i][j]: LCS length of actual[lo+i..ha) and desired[lo+j..hd)
+    const lcs: number[][] = Array.from({ length: n + 1 }, () => new Array<number>(m + 1).fill(0));
+    for (let i = n - 1; i >= 0; i--) {
+      const row = lcs[i] as number[];
+      const next = lcs[i + 1] as number[];
+      for (let j = m - 1; j >= 0; j--) {
+        const a = actual[lo + i];
+        row[j] = a !== null && a === desired[lo + j] ? (next[j + 1] as number) + 1 : Math.max(next[j] as number, row[j + 1] as number);
+      }
+    }
+    let i = 0;
+    let j = 0;
+    while (i < n && j < m) {
+      const a = actual[lo + i];
+      if (a !== null && a === desired[lo + j]) {
+        pairs.push([lo + i, lo + j]);
+        i++;
+        j++;
+      } else if ((lcs[i + 1]?.[j] ?? 0) >= (lcs[i]?.[j + 1] ?? 0)) i++;
+      else j++;
+    }
+  }
+  for (let k = 0; k < actual.length - ha; k++) pairs.push([ha + k, hd + k]);
+  return pairs;
+}
+
+/** Element-level repair of one chain: delete what is wrong by handle, insert what is missing in place. */
+function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly OwnedRule[]): void {
+  const t = tableRef(fam);
+  const desired = chain.rules.map((r) => ruleText(r, fam));
+  const actual = have.map((r) => (r.rule ? ruleText(r.rule, fam) : null));
+  const kept = keepRules(actual, desired);
+  const keptActual = new Set(kept.map(([a]) => a));
+  const anchorOf = new Map(kept.map(([a, d]) => [d, have[a]?.handle] as const));
+
+  have.forEach((r, i) => {
+    if (!keptActual.has(i)) {
+      sc.deleteRules.push(`delete rule ${t} ${chain.name} handle ${r.handle}`);
+      sc.changes += 1;
+    }
+  });
+  desired.forEach((text, d) => {
+    if (anchorOf.has(d)) return;
+    // Insert before the next rule that stays; with none after it, append.
+    let anchor: number | undefined;
+    for (let k = d + 1; k < desired.length && anchor === undefined; k++) anchor = anchorOf.get(k);
+    sc.addRules.push(
+      anchor === undefined ? `add rule ${t} ${chain.name} ${text}` : `insert rule ${t} ${chain.name} position ${anchor} ${text}`,
+    );
+    sc.changes += 1;
+  });
+}
+
+function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): void {
+  const actual = new Map(have.elements.map((e) => [e.key, e.value] as const));
+  const stale = [...actual.keys()].filter((k) => !spec.elements.has(k) || spec.elements.get(k) !== actual.get(k));
+  const missing = [...spec.elements.keys()].filter((k) => !actual.has(k) || actual.get(k) !== spec.elements.get(k));
+  if (stale.length > 0) {
+    sc.deleteElements.push(`delete element ${tableRef(fam)} ${spec.name} { ${stale.join(', ')} }`);
+    sc.changes += stale.length;
+  }
+  addElements(sc, fam, spec, missing);
+}
+
+function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
+  if (spec === null) {
+    if (have !== null) {
+      sc.create.push(`delete table ${tableRef(fam)}`);
+      sc.changes += 1;
+    }
+    return;
+  }
+  if (have === null) return renderFresh(sc, spec);
+  if (needsRebuild(spec, have)) {
+    // Atomic in the same transaction: the table is never seen half-built.
+    sc.create.push(`delete table ${tableRef(fam)}`);
+    sc.changes += 1;
+    return renderFresh(sc, spec);
+  }
+  const t = tableRef(fam);
+  for (const s of spec.sets) {
+    const h = have.sets.get(s.name);
+    if (h) {
+      diffSet(sc, fam, s, h);
+    } else {
+      sc.create.push(`add ${s.kind} ${t} ${s.name} ${setDecl(s)}`);
+      sc.changes += 1;
+      addElements(sc, fam, s, [...s.elements.keys()]);
+    }
+  }
+  for (const c of spec.chains) {
+    if (!have.chains.has(c.name)) {
+      sc.create.push(`add chain ${t} ${c.name}${chainDecl(c)}`);
+      sc.changes += 1;
+    }
+    diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
+  }
+}
+
+/** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
+export function renderNatgw(want: NatTables, have: NatgwKernel): NftPlan {
+  const sc = new Script();
+  for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam), have[fam], fam);
+  return { script: sc.text(), changes: sc.changes };
+}
+
+/** Remove natgw's tables, only those (never `flush ruleset`). */
+export function renderRemoveAll(have: NatgwKernel): string {
+  return NFT_FAMILIES.filter((f) => have[f] !== null)
+    .map((f) => `delete table ${tableRef(f)}\n`)
+    .join('');
+}

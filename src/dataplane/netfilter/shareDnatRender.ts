@@ -1,0 +1,303 @@
+/**
+ * PURE renderer and reader of share DNAT (SPEC §2 nft-dnat-map-add/del), which always lives in
+ * `table ip kube-ovn` whatever netfilter backend runs, because Kube-OVN's own tests read it there:
+ *
+ *   map service-ips { type ipv4_addr . inet_proto . inet_service : verdict }
+ *       <eip> . <proto> . <port> : goto dnat-<md5(eip:port:protocolText)[0:12]>
+ *   chain prerouting { type nat hook prerouting priority -150; policy accept; }
+ *       ip daddr . meta l4proto . th dport vmap @service-ips
+ *   chain dnat-<hash> { meta l4proto <proto> dnat ip addr . port to numgen random mod N map { 0 : <ip> . <port>, … } }
+ *
+ * The table is shared with whoever else uses it: natgw touches the base chain `prerouting`
+ * (only to keep its one vmap rule), the map `service-ips` and chains named `dnat-<12 hex>`,
+ * nothing else.
+ *
+ * A sync is two transactions (knftables' lesson): the first adds, replaces (flush chain + add
+ * rule: established connections keep their conntrack entries) and removes map elements, and
+ * flushes every chain no element should reach any more; the second deletes those now-empty
+ * chains. Kernels before 6.2 can refuse that delete (EBUSY) right after the element that jumped
+ * to the chain went away; such a chain stays flushed and harmless, and any later sync deletes it,
+ * because every `dnat-*` chain that no wanted identity names is stale.
+ */
+import { NatgwError } from '../../model/errors.js';
+import type { Protocol, ShareDnat } from '../../model/rules.js';
+import { shareDnatKey } from '../../model/rules.js';
+import { isIpv4 } from '../../model/net.js';
+import { shareDnatChainName } from '../../model/shareDnatName.js';
+import { dig, sameExpr, type NftChainDump, type NftSetDump, type NftTableDump } from './nft/readback.js';
+
+/** The table holds something natgw cannot reconcile without touching what is not its own. */
+export class ShareDnatError extends NatgwError {
+  override readonly name = 'ShareDnatError';
+  constructor(message: string) {
+    super('system', message, 'stderr');
+  }
+}
+
+export const KUBE_OVN_TABLE = 'kube-ovn';
+export const SERVICE_MAP = 'service-ips';
+export const SHARE_PREROUTING = 'prerouting';
+export const SHARE_CHAIN_PATTERN = /^dnat-[0-9a-f]{12}$/;
+
+const T = `ip ${KUBE_OVN_TABLE}`;
+const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
+const MAP_DECL = `{ type ${MAP_TYPE} : verdict; }`;
+const PREROUTING_DECL = '{ type nat hook prerouting priority -150; policy accept; }';
+const PRIO = -150;
+
+export const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
+
+export function vmapRuleJson(): unknown[] {
+  return [
+    {
+      vmap: {
+        key: {
+          concat: [
+            { payload: { protocol: 'ip', field: 'daddr' } },
+            { meta: { key: 'l4proto' } },
+            { payload: { protocol: 'th', field: 'dport' } },
+          ],
+        },
+        data: `@${SERVICE_MAP}`,
+      },
+    },
+  ];
+}
+
+export const shareChainName = shareDnatChainName;
+
+export const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
+
+/** The one rule of an identity's chain, backends in the given order. */
+export function shareRuleText(d: ShareDnat): string {
+  const map = d.backends.map((b, i) => `${i} : ${b.ip} . ${b.port}`).join(', ');
+  return `meta l4proto ${d.protocol} dnat ip addr . port to numgen random mod ${d.backends.length} map { ${map} }`;
+}
+
+export function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unknown[] {
+  return [
+    { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: d.protocol } },
+    {
+      dnat: {
+        family: 'ip',
+        addr: {
+          map: {
+            key: { numgen: { mode: 'random', mod: d.backends.length, offset: 0 } },
+            data: { set: d.backends.map((b, i) => [i, { concat: [b.ip, b.port] }]) },
+          },
+        },
+      },
+    },
+  ];
+}
+
+/** Backends and protocol of a chain's rule, when it is exactly the rule natgw renders. */
+export function recogniseShareRule(expr: readonly unknown[]): Pick<ShareDnat, 'protocol' | 'backends'> | null {
+  const p = dig(expr, 0, 'match', 'right');
+  const set = dig(expr, 1, 'dnat', 'addr', 'map', 'data', 'set');
+  const protocol: Protocol | undefined = p === 'tcp' || p === 'udp' ? p : undefined;
+  if (protocol === undefined || !Array.isArray(set) || set.length === 0) return null;
+  const backends: ShareDnat['backends'] = [];
+  for (const [i, entry] of set.entries()) {
+    const ip = dig(entry, 1, 'concat', 0);
+    const port = dig(entry, 1, 'concat', 1);
+    if (dig(entry, 0) !== i || typeof ip !== 'string' || !isIpv4(ip) || typeof port !== 'number') return null;
+    if (!Number.isInteger(port) || port < 1 || port > 65535) return null;
+    backends.push({ ip, port });
+  }
+  const candidate: Pick<ShareDnat, 'protocol' | 'backends'> = { protocol, backends };
+  return sameExpr(shareRuleJson(candidate), expr) ? candidate : null;
+}
+
+const isVmapRule = (expr: readonly unknown[]): boolean => sameExpr(vmapRuleJson(), expr);
+
+function mapDeclOk(m: NftSetDump): boolean {
+  return m.kind === 'map' && m.type === MAP_TYPE && m.map === 'verdict' && m.flags.length === 0;
+}
+
+function preroutingDeclOk(c: NftChainDump): boolean {
+  return c.base !== undefined && c.base.type === 'nat' && c.base.hook === 'prerouting' && c.base.prio === PRIO && c.base.policy === 'accept';
+}
+
+/** Keys and values that natgw may write back into a script: typed data as nft prints it. */
+const SAFE_ELEMENT = /^[0-9A-Za-z.:/ -]+$/;
+
+// ---------------------------------------------------------------------------------
+// Sync
+// ---------------------------------------------------------------------------------
+
+export interface SharePlan {
+  /** Adds, replacements, element removals and flushes of stale chains: one transaction. */
+  readonly main: string;
+  /** `delete chain` of each stale chain, tried after `main` (may be refused before kernel 6.2). */
+  readonly staleChains: readonly string[];
+  readonly changes: number;
+}
+
+const lines = (ls: readonly string[]): string => (ls.length === 0 ? '' : `${ls.join('\n')}\n`);
+
+export function deleteChainLine(chain: string): string {
+  return `delete chain ${T} ${chain}`;
+}
+
+/** The last identity given wins (re-adding replaces), in first-seen order. */
+function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
+  const byKey = new Map<string, ShareDnat>();
+  for (const d of items) byKey.set(shareDnatKey(d), d);
+  return [...byKey.values()];
+}
+
+export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
+  const items = dedupe(itemsIn);
+  const create: string[] = [];
+  const chainOps: string[] = [];
+  const delElems: string[] = [];
+  const addElems: string[] = [];
+  const flushStale: string[] = [];
+  let changes = 0;
+
+  if (have === null && items.length === 0) return { main: '', staleChains: [], changes: 0 };
+
+  const chains = have?.chains ?? new Map<string, NftChainDump>();
+  let map = have?.sets.get(SERVICE_MAP);
+  const pre = chains.get(SHARE_PREROUTING);
+
+  if (have === null) {
+    create.push(`add table ${T}`);
+    changes += 1;
+  }
+  // The map: created when missing, re-created when declared otherwise (its vmap rules go first).
+  let vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
+  if (map && !mapDeclOk(map)) {
+    for (const r of vmapRules) create.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${r.handle}`);
+    create.push(`delete map ${T} ${SERVICE_MAP}`);
+    vmapRules = [];
+    map = undefined;
+    changes += 1;
+  }
+  if (!map) {
+    create.push(`add map ${T} ${SERVICE_MAP} ${MAP_DECL}`);
+    changes += 1;
+  }
+  // The base chain: created when missing, rebuilt when hooked otherwise; exactly one vmap rule.
+  if (pre && !preroutingDeclOk(pre)) {
+    create.push(`flush chain ${T} ${SHARE_PREROUTING}`, `delete chain ${T} ${SHARE_PREROUTING}`);
+    vmapRules = [];
+  }
+  if (!pre || !preroutingDeclOk(pre)) {
+    create.push(`add chain ${T} ${SHARE_PREROUTING} ${PREROUTING_DECL}`);
+    changes += 1;
+  }
+  if (vmapRules.length === 0) {
+    chainOps.push(`add rule ${T} ${SHARE_PREROUTING} ${VMAP_RULE}`);
+    changes += 1;
+  }
+  for (const extra of vmapRules.slice(1)) {
+    chainOps.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${extra.handle}`);
+    changes += 1;
+  }
+
+  // Identity chains: created, or replaced atomically (flush + add) when their rule differs.
+  const wantedChains = new Set<string>();
+  const wantElems = new Map<string, string>();
+  for (const d of items) {
+    const name = shareChainName(d);
+    wantedChains.add(name);
+    wantElems.set(shareElementKey(d), `goto ${name}`);
+    const c = chains.get(name);
+    const rule = shareRuleText(d);
+    if (!c) {
+      chainOps.push(`add chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      changes += 1;
+    } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(shareRuleJson(d), c.rules[0]?.expr)) {
+      if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ${T} is a base chain; natgw cannot use it`);
+      chainOps.push(`flush chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      changes += 1;
+    }
+  }
+
+  // Map elements, one by one; a changed target is delete + add in this same transaction.
+  const haveElems = new Map((map?.elements ?? []).map((e) => [e.key, e.value ?? ''] as const));
+  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && SAFE_ELEMENT.test(k));
+  if (stale.length > 0) {
+    delElems.push(`delete element ${T} ${SERVICE_MAP} { ${stale.join(', ')} }`);
+    changes += stale.length;
+  }
+  const missing = [...wantElems.entries()].filter(([k, v]) => haveElems.get(k) !== v);
+  if (missing.length > 0) {
+    addElems.push(`add element ${T} ${SERVICE_MAP} { ${missing.map(([k, v]) => `${k} : ${v}`).join(', ')} }`);
+    changes += missing.length;
+  }
+
+  // Stale identity chains: flushed now, deleted in the second transaction.
+  const staleChains = [...chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && !wantedChains.has(c.name) && c.base === undefined);
+  for (const c of staleChains) {
+    if (c.rules.length > 0) flushStale.push(`flush chain ${T} ${c.name}`);
+    changes += 1;
+  }
+
+  return {
+    main: lines([...create, ...chainOps, ...delElems, ...addElems, ...flushStale]),
+    staleChains: staleChains.map((c) => c.name),
+    changes,
+  };
+}
+
+// ---------------------------------------------------------------------------------
+// Read-back and removal
+// ---------------------------------------------------------------------------------
+
+/**
+ * The share DNATs the table holds: one per map element whose chain holds exactly natgw's rule.
+ * protocolText is whichever spelling (as found, or upper case) names the chain the element jumps
+ * to, so that adopting changes nothing; with neither, the protocol as found.
+ */
+export function shareDnatsFromKernel(have: NftTableDump | null): ShareDnat[] {
+  const map = have?.sets.get(SERVICE_MAP);
+  if (!have || !map || !mapDeclOk(map)) return [];
+  const out: ShareDnat[] = [];
+  for (const e of map.elements) {
+    const [eip = '', proto = '', portText = ''] = e.key.split(' . ');
+    const chain = /^goto (\S+)$/.exec(e.value ?? '')?.[1];
+    const port = Number(portText);
+    if (!isIpv4(eip) || (proto !== 'tcp' && proto !== 'udp') || !Number.isInteger(port) || port < 1 || port > 65535) continue;
+    if (chain === undefined || !SHARE_CHAIN_PATTERN.test(chain)) continue;
+    const c = have.chains.get(chain);
+    const only = c?.rules.length === 1 ? c.rules[0] : undefined;
+    const rule = only ? recogniseShareRule(only.expr) : null;
+    if (!rule || rule.protocol !== proto) continue;
+    const protocolText = [proto, proto.toUpperCase()].find((t) => shareChainName({ eip, port, protocolText: t }) === chain) ?? proto;
+    out.push({ eip, port, protocol: proto, protocolText, backends: rule.backends });
+  }
+  return out;
+}
+
+export interface ShareRemoval {
+  /** First transaction; '' when natgw owns nothing there. */
+  readonly main: string;
+  /** Chains to delete afterwards, as in a sync. */
+  readonly staleChains: readonly string[];
+  /** Whether the table held only natgw's objects (then `main` deletes the whole table). */
+  readonly wholeTable: boolean;
+}
+
+/** Remove natgw's share DNAT objects, and the table itself when nothing else lives in it. */
+export function renderShareRemoveAll(have: NftTableDump | null): ShareRemoval {
+  if (!have) return { main: '', staleChains: [], wholeTable: false };
+  const pre = have.chains.get(SHARE_PREROUTING);
+  const ourChain = (c: NftChainDump): boolean =>
+    (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) ||
+    (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
+  const foreign = [...have.chains.values()].some((c) => !ourChain(c)) || [...have.sets.keys()].some((s) => s !== SERVICE_MAP);
+  if (!foreign) return { main: `delete table ${T}\n`, staleChains: [], wholeTable: true };
+
+  const ops: string[] = [];
+  const map = have.sets.get(SERVICE_MAP);
+  const vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
+  for (const r of vmapRules) ops.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${r.handle}`);
+  if (pre && pre.rules.length === vmapRules.length) ops.push(`delete chain ${T} ${SHARE_PREROUTING}`);
+  if (map) ops.push(`delete ${map.kind} ${T} ${SERVICE_MAP}`);
+  const chains = [...have.chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined);
+  for (const c of chains) if (c.rules.length > 0) ops.push(`flush chain ${T} ${c.name}`);
+  return { main: lines(ops), staleChains: chains.map((c) => c.name), wholeTable: false };
+}

@@ -1,0 +1,56 @@
+import { randomBytes } from 'node:crypto';
+import type { Executor } from '../../system/exec.js';
+import type { QosFeatures } from './render.js';
+
+/**
+ * Which optional tc pieces this kernel has (SPEC §2 QoS: "Kernels differ"). Production
+ * kernels have fq_codel and the matchall classifier; some hosts lack either, and without
+ * modprobe nothing natgw can do loads them. The probe runs on a throwaway device of its
+ * own (an IFB, else a dummy), never on a device that carries traffic, and removes it.
+ */
+
+export interface ProbeResult {
+  readonly features: QosFeatures;
+  /** False when no throwaway device could be made: the features are then assumed absent. */
+  readonly probed: boolean;
+  /** One line for stdout and the log. */
+  readonly summary: string;
+}
+
+/** A name no one else uses: natgw-owned prefix + random suffix, within 15 characters. */
+export const probeDeviceName = (): string => `ngprobe${randomBytes(4).toString('hex')}`;
+
+export async function probeQosFeatures(exec: Executor, name = probeDeviceName()): Promise<ProbeResult> {
+  const ip = (args: string[]) => exec.run({ file: 'ip', args, timeoutMs: 10_000 });
+  const tc = (args: string[]) => exec.run({ file: 'tc', args, timeoutMs: 10_000 });
+
+  let created = false;
+  for (const type of ['ifb', 'dummy']) {
+    if ((await ip(['link', 'add', name, 'type', type])).exitCode === 0) {
+      created = true;
+      break;
+    }
+  }
+  if (!created) {
+    // Both stand-ins always work, so assuming the features absent is the safe side.
+    const features = { fqCodel: false, matchall: false };
+    return { features, probed: false, summary: `INFO: QoS: could not create a probe device; assuming no fq_codel and no matchall (${describe(features)})` };
+  }
+  try {
+    await tc(['qdisc', 'add', 'dev', name, 'root', 'handle', '1:', 'htb', 'default', '0x1']);
+    await tc(['class', 'add', 'dev', name, 'parent', '1:', 'classid', '1:0x1', 'htb', 'rate', '1mbit']);
+    const fqCodel = (await tc(['qdisc', 'add', 'dev', name, 'parent', '1:0x1', 'fq_codel'])).exitCode === 0;
+    const matchall = (await tc(['filter', 'add', 'dev', name, 'parent', '1:', 'protocol', 'ip', 'prio', '1', 'matchall', 'flowid', '1:0x1'])).exitCode === 0;
+    const features = { fqCodel, matchall };
+    return { features, probed: true, summary: `INFO: QoS kernel probe: ${describe(features)}` };
+  } finally {
+    await ip(['link', 'del', name]);
+  }
+}
+
+export function describe(f: QosFeatures): string {
+  return [
+    f.fqCodel ? 'fq_codel leaves' : 'no fq_codel (classes keep the kernel default leaf)',
+    f.matchall ? 'matchall classifier' : 'no matchall (a u32 "match u32 0 0" filter stands in at the same priority)',
+  ].join('; ');
+}

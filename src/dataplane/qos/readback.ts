@@ -1,0 +1,444 @@
+import {
+  type Direction, type EipQos, type GwQos,
+  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, canonicalDecimal, ifbName,
+} from '../../model/qos.js';
+import { isInterfaceName } from '../../model/net.js';
+
+/**
+ * Pure parsers for what the kernel holds, from tc's text output. Text rather than JSON:
+ * iproute2 6.1 prints htb classes as plain text even under `-j`, older releases print
+ * u32 and matchall filters as text too, while the text layout has been stable for years.
+ * Classes are read with `-d -raw`, which adds the raw buffer (burst) in scheduler ticks.
+ */
+
+// ---------------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------------
+
+export interface TcQdisc {
+  readonly dev: string;
+  readonly kind: string;
+  /** `1:`, `ffff:`, `8001:`, `0:`. */
+  readonly handle: string;
+  /** `root`, or the parent class id as tc prints it (`1:4495`, `ffff:fff1`). */
+  readonly parent: string;
+  /** htb only: the default class minor. */
+  readonly defaultMinor?: number;
+}
+
+export interface TcClass {
+  readonly kind: string;
+  /** Major of the class id (1 for `1:4495`). */
+  readonly major: number;
+  readonly minor: number;
+  /** `root` or the parent class id. */
+  readonly parent: string;
+  readonly leaf?: string;
+  /** Bits per second, as tc printed them. */
+  readonly rateBits?: number;
+  readonly ceilBits?: number;
+  /** Bytes, as tc printed them (rounded; see bufferTicks). */
+  readonly burstBytes?: number;
+  readonly cburstBytes?: number;
+  /** Raw buffer in psched ticks (`-raw`): the exact burst, given the rate. */
+  readonly bufferTicks?: number;
+  readonly cbufferTicks?: number;
+}
+
+export interface U32Key {
+  readonly value: number;
+  readonly mask: number;
+  readonly off: number;
+}
+
+export interface TcFilter {
+  readonly parent?: string;
+  readonly protocol: string;
+  readonly pref: number;
+  readonly kind: string;
+  /** u32: the full handle as printed (`800::5`); matchall: `0x…`. Absent on a priority's header line. */
+  readonly fh?: string;
+  /** u32: hash table and node id of fh; matchall: its handle. */
+  readonly htid?: number;
+  readonly node?: number;
+  /** True for u32 hash-table lines (`fh 800: ht divisor 1`). */
+  readonly isTable?: boolean;
+  /** Target class, when the filter classifies. */
+  readonly flowid?: { readonly major: number; readonly minor: number };
+  readonly keys: readonly U32Key[];
+  /** `mirred (Egress Redirect to device X)`. */
+  readonly redirectTo?: string;
+}
+
+export interface TcLink {
+  readonly name: string;
+  readonly up: boolean;
+}
+
+// ---------------------------------------------------------------------------------
+// Links (`ip -j link show`)
+// ---------------------------------------------------------------------------------
+
+export function parseLinks(json: string): TcLink[] {
+  let data: unknown;
+  try {
+    data = JSON.parse(json || '[]');
+  } catch {
+    return [];
+  }
+  if (!Array.isArray(data)) return [];
+  return data.flatMap((l: { ifname?: unknown; flags?: unknown }) =>
+    typeof l.ifname === 'string'
+      ? [{ name: l.ifname, up: Array.isArray(l.flags) && l.flags.includes('UP') }]
+      : [],
+  );
+}
+
+// ---------------------------------------------------------------------------------
+// Qdiscs (`tc qdisc show`, all devices)
+// ---------------------------------------------------------------------------------
+
+/** tc -raw appends `[0001 0000]`-style raw ids to handles; drop them. */
+const stripRaw = (s: string): string => s.replace(/\[[0-9a-fA-F]+\]/g, '');
+
+export function parseQdiscs(text: string): TcQdisc[] {
+  const out: TcQdisc[] = [];
+  for (const raw of text.split('\n')) {
+    const line = stripRaw(raw);
+    const m = /^qdisc (\S+) ([0-9a-f]+:)\s+(?:dev (\S+) )?(root|parent (\S+))/.exec(line);
+    if (!m) continue;
+    const [, kind = '', handle = '', dev = '', rootOrParent = '', parent] = m;
+    const def = /\bdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line);
+    out.push({
+      dev,
+      kind,
+      handle,
+      parent: rootOrParent === 'root' ? 'root' : (parent ?? ''),
+      ...(kind === 'htb' && def?.[1] ? { defaultMinor: parseInt(def[1], 16) } : {}),
+    });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// Classes (`tc -d -raw class show dev D`)
+// ---------------------------------------------------------------------------------
+
+const RATE_UNITS: Readonly<Record<string, number>> = {
+  bit: 1, kbit: 1e3, mbit: 1e6, gbit: 1e9, tbit: 1e12,
+  kibit: 1024, mibit: 1024 ** 2, gibit: 1024 ** 3, tibit: 1024 ** 4,
+  bps: 8, kbps: 8e3, mbps: 8e6, gbps: 8e9, tbps: 8e12,
+};
+
+/** `500Kbit` → 500000 (bits per second). */
+export function parseRate(s: string): number | undefined {
+  const m = /^(\d+(?:\.\d+)?)([A-Za-z]+)$/.exec(s);
+  if (!m) return undefined;
+  const unit = RATE_UNITS[(m[2] ?? '').toLowerCase()];
+  return unit === undefined ? undefined : Number(m[1]) * unit;
+}
+
+/** `1536Kb`, `1Mb`, `18085b` (tc's sprint_size: binary multiples) → bytes. */
+export function parseSize(s: string): number | undefined {
+  const m = /^(\d+(?:\.\d+)?)(b|Kb|Mb|Gb)?$/.exec(s.split('/')[0] ?? '');
+  if (!m) return undefined;
+  const mult = { b: 1, Kb: 1024, Mb: 1024 ** 2, Gb: 1024 ** 3 }[(m[2] ?? 'b') as 'b' | 'Kb' | 'Mb' | 'Gb'];
+  return Number(m[1]) * mult;
+}
+
+function parseClassId(s: string): { major: number; minor: number } | undefined {
+  const m = /^([0-9a-fA-F]*):([0-9a-fA-F]*)$/.exec(s);
+  if (!m) return undefined;
+  return { major: parseInt(m[1] || '0', 16), minor: parseInt(m[2] || '0', 16) };
+}
+
+export function parseClasses(text: string): TcClass[] {
+  const out: TcClass[] = [];
+  for (const raw of text.split('\n')) {
+    const line = stripRaw(raw);
+    const m = /^class (\S+) (\S+) (root|parent (\S+))/.exec(line);
+    if (!m) continue;
+    const id = parseClassId(m[2] ?? '');
+    if (!id) continue;
+    const word = (k: string): string | undefined => new RegExp(`(?:^|\\s)${k} (\\S+)`).exec(line)?.[1];
+    // `-raw` prints the buffers as `buffer [0fa00000] cbuffer [0fa00000]`.
+    const ticks = (k: string): number | undefined => {
+      const t = new RegExp(`(?:^|\\s)${k} \\[([0-9a-fA-F]+)\\]`).exec(raw)?.[1];
+      return t === undefined ? undefined : parseInt(t, 16);
+    };
+    const num = (s: string | undefined, f: (x: string) => number | undefined): number | undefined => (s === undefined ? undefined : f(s));
+    out.push({
+      kind: m[1] ?? '',
+      major: id.major,
+      minor: id.minor,
+      parent: m[3] === 'root' ? 'root' : (m[4] ?? ''),
+      leaf: word('leaf'),
+      rateBits: num(word('rate'), parseRate),
+      ceilBits: num(word('ceil'), parseRate),
+      burstBytes: num(word('burst'), parseSize),
+      cburstBytes: num(word('cburst'), parseSize),
+      bufferTicks: ticks('buffer'),
+      cbufferTicks: ticks('cbuffer'),
+    });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// Filters (`tc filter show dev D parent P`)
+// ---------------------------------------------------------------------------------
+
+interface MutableFilter {
+  parent?: string;
+  protocol: string;
+  pref: number;
+  kind: string;
+  fh?: string;
+  htid?: number;
+  node?: number;
+  isTable?: boolean;
+  flowid?: { major: number; minor: number };
+  keys: U32Key[];
+  redirectTo?: string;
+}
+
+function parseFilterLine(line: string): MutableFilter | undefined {
+  const m = /^filter (?:parent (\S+) )?protocol (\S+) pref (\d+) (\S+)/.exec(line);
+  if (!m) return undefined;
+  const f: MutableFilter = { protocol: m[2] ?? '', pref: Number(m[3]), kind: m[4] ?? '', keys: [] };
+  if (m[1]) f.parent = m[1];
+  const fh = /\bfh ([0-9a-f]+:[0-9a-f]*:?[0-9a-f]*)/.exec(line)?.[1];
+  if (fh) {
+    f.fh = fh;
+    const [ht = '0', , node] = fh.split(':');
+    f.htid = parseInt(ht || '0', 16);
+    if (node === undefined || node === '') f.isTable = true;
+    else f.node = parseInt(node, 16);
+  }
+  const handle = /\bhandle (0x[0-9a-fA-F]+|\d+)\b/.exec(line)?.[1];
+  if (handle && f.kind !== 'u32') {
+    f.fh = handle;
+    f.node = Number(handle);
+  }
+  const flow = /\bflowid ([0-9a-fA-F]*:[0-9a-fA-F]*)/.exec(line)?.[1] ?? /\bclassid ([0-9a-fA-F]*:[0-9a-fA-F]*)/.exec(line)?.[1];
+  const id = flow ? parseClassId(flow) : undefined;
+  if (id) f.flowid = id;
+  return f;
+}
+
+export function parseFilters(text: string): TcFilter[] {
+  const out: MutableFilter[] = [];
+  let cur: MutableFilter | undefined;
+  for (const line of text.split('\n')) {
+    if (line.startsWith('filter ')) {
+      cur = parseFilterLine(line);
+      if (cur) out.push(cur);
+      continue;
+    }
+    if (!cur) continue;
+    const key = /^\s+match ([0-9a-fA-F]{1,8})\/([0-9a-fA-F]{1,8}) at (-?\d+)/.exec(line);
+    if (key) {
+      cur.keys.push({ value: parseInt(key[1] ?? '0', 16) >>> 0, mask: parseInt(key[2] ?? '0', 16) >>> 0, off: Number(key[3]) });
+      continue;
+    }
+    const redirect = /Redirect to device (\S+?)\)/.exec(line);
+    if (redirect?.[1]) cur.redirectTo = redirect[1];
+  }
+  return out;
+}
+
+/** The filters that classify (not a priority's header or a u32 hash-table line). */
+export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] =>
+  fs.filter((f) => f.fh !== undefined && !f.isTable);
+
+// ---------------------------------------------------------------------------------
+// Matches: u32 keys ⇄ natgw's match forms
+// ---------------------------------------------------------------------------------
+
+const IP_SRC_OFF = 12;
+const IP_DST_OFF = 16;
+
+export type FilterMatch =
+  | { readonly kind: 'ip'; readonly dir: 'src' | 'dst'; readonly cidr: string }
+  | { readonly kind: 'all' };
+
+export function prefixMask(len: number): number {
+  return len === 0 ? 0 : (0xffffffff << (32 - len)) >>> 0;
+}
+
+const ipToInt = (ip: string): number => ip.split('.').reduce((a, o) => ((a << 8) | Number(o)) >>> 0, 0);
+const intToIp = (n: number): string => [24, 16, 8, 0].map((s) => (n >>> s) & 0xff).join('.');
+
+/** The u32 key tc builds for a match (SPEC: `match ip <src|dst> <cidr>`, or `match u32 0 0`). */
+export function matchKey(m: FilterMatch): U32Key {
+  if (m.kind === 'all') return { value: 0, mask: 0, off: 0 };
+  const [addr = '0.0.0.0', len = '32'] = m.cidr.split('/');
+  const mask = prefixMask(Number(len));
+  return { value: (ipToInt(addr) & mask) >>> 0, mask, off: m.dir === 'src' ? IP_SRC_OFF : IP_DST_OFF };
+}
+
+/** The match a filter's keys express, if it is one natgw writes. */
+export function keysToMatch(keys: readonly U32Key[]): FilterMatch | undefined {
+  if (keys.length !== 1) return undefined;
+  const k = keys[0]!;
+  if (k.off === 0 && k.mask === 0 && k.value === 0) return { kind: 'all' };
+  if (k.off !== IP_SRC_OFF && k.off !== IP_DST_OFF) return undefined;
+  const len = maskLength(k.mask);
+  if (len === undefined) return undefined;
+  return { kind: 'ip', dir: k.off === IP_SRC_OFF ? 'src' : 'dst', cidr: `${intToIp(k.value & k.mask)}/${len}` };
+}
+
+function maskLength(mask: number): number | undefined {
+  for (let len = 0; len <= 32; len++) if (prefixMask(len) === mask >>> 0) return len;
+  return undefined;
+}
+
+export const sameKey = (a: U32Key, b: U32Key): boolean => a.value === b.value && a.mask === b.mask && a.off === b.off;
+
+// ---------------------------------------------------------------------------------
+// Rates and bursts: the kernel's numbers ⇄ natgw's decimals
+// ---------------------------------------------------------------------------------
+
+/**
+ * Scheduler ticks per microsecond, from /proc/net/psched (t2us/us2t = 1000/64 since
+ * Linux 2.6.24). tc stores a burst as the time the class's rate needs to send it.
+ */
+export const TICKS_PER_USEC = 1000 / 64;
+
+/** Bytes per second tc programs for `<mbit>mbit` (it truncates bits/8). */
+export const rateBytesOf = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
+
+/** The buffer tc computes for a burst at a rate (tc_calc_xmittime: µs truncated to u32, then ticks). */
+export function expectedTicks(rateBytes: number, burst: number): number {
+  const usec = Math.floor((1e6 * burst) / rateBytes);
+  return Math.floor(usec * TICKS_PER_USEC);
+}
+
+/** The burst in bytes a buffer of `ticks` holds at `rateBytes`. */
+export const ticksToBytes = (ticks: number, rateBytes: number): number => ((ticks / TICKS_PER_USEC) * rateBytes) / 1e6;
+
+/** A positive decimal with at most `sig` significant digits, never in exponent form. */
+export function formatDecimal(n: number, sig = 6): string {
+  if (!(n > 0)) return '0';
+  const digits = Math.max(0, sig - 1 - Math.floor(Math.log10(n)));
+  return canonicalDecimal(n.toFixed(Math.min(digits, 20)));
+}
+
+/** The kernel class's rate in Mbit/s and burst in MB, as natgw's decimals (adoption). */
+export function classShaping(c: TcClass): { rate: string; burst: string } | undefined {
+  if (c.rateBits === undefined || c.rateBits <= 0) return undefined;
+  const rateBytes = c.rateBits / 8;
+  const bytes = c.bufferTicks !== undefined ? ticksToBytes(c.bufferTicks, rateBytes) : c.burstBytes;
+  if (bytes === undefined || bytes <= 0) return undefined;
+  return { rate: formatDecimal(c.rateBits / 1e6, 9), burst: formatDecimal(bytes / 1048576, 5) };
+}
+
+// ---------------------------------------------------------------------------------
+// Adoption: rules back from the kernel (the state file is gone)
+// ---------------------------------------------------------------------------------
+
+export interface DeviceTc {
+  readonly classes: readonly TcClass[];
+  /** Filters under parent `1:`. */
+  readonly filters: readonly TcFilter[];
+}
+
+const inRange = (minor: number, r: { min: number; max: number }): boolean => minor >= r.min && minor <= r.max && minor !== DEFAULT_CLASS;
+
+/**
+ * Rebuild natgw's rules from what the kernel holds. EIP rules: a /32 u32 match into an
+ * EIP-range class on EXT (src) or on ifb-EXT (dst). Gateway rules: a match into a
+ * gateway-range class (u32) or a catch-all into a matchall-range class, on a device
+ * (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
+ * and is left out (sync removes it from natgw's own qdisc).
+ */
+export function rulesFromKernel(
+  extIf: string,
+  devs: readonly string[],
+  tc: ReadonlyMap<string, DeviceTc>,
+): { eipQos: EipQos[]; qos: GwQos[] } {
+  const eipQos: EipQos[] = [];
+  const qos: GwQos[] = [];
+  const seenEip = new Set<string>();
+  const seenGw = new Set<string>();
+
+  for (const f of eachRuleFilter(tc.get(extIf))) {
+    const r = eipFromFilter('egress', f.filter, f.cls);
+    if (r && !seenEip.has(`egress|${r.ip}`)) (seenEip.add(`egress|${r.ip}`), eipQos.push(r));
+  }
+  for (const f of eachRuleFilter(tc.get(ifbName(extIf)))) {
+    const r = eipFromFilter('ingress', f.filter, f.cls);
+    if (r && !seenEip.has(`ingress|${r.ip}`)) (seenEip.add(`ingress|${r.ip}`), eipQos.push(r));
+  }
+  for (const dev of new Set(devs)) {
+    for (const [direction, device] of [['egress', dev], ['ingress', ifbName(dev)]] as const) {
+      for (const f of eachRuleFilter(tc.get(device))) {
+        const r = gwFromFilter(direction, dev, f.filter, f.cls);
+        if (!r) continue;
+        const key = `${direction}|${dev}|${r.priority}|${r.classifier}|${r.matchDirection}|${r.cidr}`;
+        if (!seenGw.has(key)) (seenGw.add(key), qos.push(r));
+      }
+    }
+  }
+  return { eipQos, qos };
+}
+
+function* eachRuleFilter(d: DeviceTc | undefined): Generator<{ filter: TcFilter; cls: TcClass }> {
+  if (!d) return;
+  const byMinor = new Map(d.classes.filter((c) => c.major === 1).map((c) => [c.minor, c]));
+  for (const filter of classifyingFilters(d.filters)) {
+    if (filter.flowid?.major !== 1) continue;
+    const cls = byMinor.get(filter.flowid.minor);
+    if (cls) yield { filter, cls };
+  }
+}
+
+function eipFromFilter(direction: Direction, f: TcFilter, c: TcClass): EipQos | undefined {
+  const minor = f.flowid?.minor ?? 0;
+  if (f.kind !== 'u32' || !inRange(minor, CLASS_RANGES.eip)) return undefined;
+  const m = keysToMatch(f.keys);
+  const wantDir = direction === 'egress' ? 'src' : 'dst';
+  if (m?.kind !== 'ip' || m.dir !== wantDir || !m.cidr.endsWith('/32')) return undefined;
+  const shaping = classShaping(c);
+  if (!shaping || f.node === undefined) return undefined;
+  return {
+    direction,
+    ip: m.cidr.slice(0, -3),
+    priority: f.pref,
+    ...shaping,
+    classId: minor,
+    ...(f.node >= 1 && f.node <= 0xfff ? { handle: f.node } : {}),
+  };
+}
+
+function gwFromFilter(direction: Direction, dev: string, f: TcFilter, c: TcClass): GwQos | undefined {
+  const minor = f.flowid?.minor ?? 0;
+  const shaping = classShaping(c);
+  if (!shaping) return undefined;
+  const base = { direction, dev, priority: f.pref, ...shaping, classId: minor };
+  const handle = f.node !== undefined && f.node >= 1 && f.node <= CATCH_ALL_HANDLE ? { handle: f.node } : {};
+  if (inRange(minor, CLASS_RANGES.matchall)) {
+    const catchAll = f.kind === 'matchall' || (f.kind === 'u32' && keysToMatch(f.keys)?.kind === 'all');
+    if (!catchAll) return undefined;
+    return { ...base, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', ...handle };
+  }
+  if (inRange(minor, CLASS_RANGES.gw) && f.kind === 'u32') {
+    const m = keysToMatch(f.keys);
+    if (m?.kind !== 'ip') return undefined;
+    return { ...base, classifier: 'u32', matchType: 'ip', matchDirection: m.dir, cidr: m.cidr, ...handle };
+  }
+  return undefined;
+}
+
+/**
+ * Devices natgw (or the script before it) shapes: a root htb `1:` whose default class is
+ * 0x9999 — the signature of this layout. For an IFB the device it serves is named.
+ */
+export function shapedDevices(qdiscs: readonly TcQdisc[]): { dev: string; servesIngressOf?: string }[] {
+  return qdiscs
+    .filter((q) => q.parent === 'root' && q.kind === 'htb' && q.handle === '1:' && q.defaultMinor === DEFAULT_CLASS)
+    .map((q) => {
+      const base = q.dev.startsWith(IFB_PREFIX) ? q.dev.slice(IFB_PREFIX.length) : undefined;
+      return base !== undefined && isInterfaceName(base) ? { dev: q.dev, servesIngressOf: base } : { dev: q.dev };
+    });
+}

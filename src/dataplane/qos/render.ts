@@ -1,0 +1,365 @@
+import {
+  type EipQos, type GwQos,
+  DEFAULT_CLASS, DEFAULT_RATE_MBIT, REDIRECT_PRIO, burstBytes, eipQosDevice, gwQosDevice, hex, tcPrio,
+} from '../../model/qos.js';
+import {
+  type DeviceTc, type FilterMatch, type TcClass, type TcFilter, type TcLink, type TcQdisc,
+  classifyingFilters, expectedTicks, matchKey, rateBytesOf, sameKey, shapedDevices,
+} from './readback.js';
+
+/**
+ * PURE: desired QoS + what the kernel holds → the commands that make the kernel hold
+ * exactly the desired QoS (SPEC §2 QoS). Layout per shaped device D:
+ *
+ *   root htb 1: default 0x9999 ── class 1:0x9999 10000mbit (shared, never removed)
+ *                              └─ class 1:0x<id> rate=ceil, burst=cburst [fq_codel leaf]
+ *   filters under 1:, protocol ip, prio = the rule's priority, natgw's own u32 node ids
+ *
+ * and for ingress on X: `ingress` qdisc on X + u32 catch-all mirred redirect (prio 65535)
+ * to `ifb-X`, which carries the layout above. Commands are ordered so traffic never sees
+ * a gap: shared pieces, then classes, then new filters, and only then stale filters and
+ * stale classes (a class can only go once no filter points at it).
+ */
+
+export interface QosFeatures {
+  /** fq_codel leaf qdiscs are available. */
+  readonly fqCodel: boolean;
+  /** The matchall classifier is available; otherwise a u32 `match u32 0 0` stands in. */
+  readonly matchall: boolean;
+}
+
+export interface KernelQos {
+  readonly links: readonly TcLink[];
+  /** Every qdisc of the namespace (`tc qdisc show`). */
+  readonly qdiscs: readonly TcQdisc[];
+  /** Classes and `parent 1:` filters per device that was read. */
+  readonly devices: ReadonlyMap<string, DeviceTc>;
+  /** `parent ffff:` filters per device that has an ingress qdisc. */
+  readonly ingress: ReadonlyMap<string, readonly TcFilter[]>;
+}
+
+export interface QosPlan {
+  /** `ip` argument arrays, run before the tc script (IFB devices). */
+  readonly ip: readonly (readonly string[])[];
+  /** Lines for `tc -batch -`. */
+  readonly tc: readonly string[];
+  readonly notes: readonly string[];
+  /** Devices rules were given for that do not exist; nothing was rendered for them. */
+  readonly missing: readonly string[];
+}
+
+export interface DesiredClass {
+  readonly minor: number;
+  readonly rate: string;
+  readonly burst: string;
+}
+
+export interface DesiredFilter {
+  readonly prio: number;
+  readonly handle: number;
+  readonly minor: number;
+  readonly match: FilterMatch;
+  /** A matchall rule (rendered as matchall where the priority holds nothing else and the kernel has it). */
+  readonly catchAll: boolean;
+  /** For notes: the rule in words. */
+  readonly what: string;
+}
+
+export interface DesiredDevice {
+  readonly dev: string;
+  /** For an IFB: the device whose ingress it shapes. */
+  readonly ingressOf?: string;
+  readonly classes: readonly DesiredClass[];
+  readonly filters: readonly DesiredFilter[];
+}
+
+// ---------------------------------------------------------------------------------
+// Desired layout from rules
+// ---------------------------------------------------------------------------------
+
+interface MutableDevice {
+  dev: string;
+  ingressOf?: string;
+  classes: DesiredClass[];
+  filters: DesiredFilter[];
+}
+
+/** Rules (with ids allocated) → the classes and filters each device must hold. */
+export function desiredDevices(extIf: string, eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
+  const out = new Map<string, MutableDevice>();
+  const device = (dev: string, ingressOf: string | undefined): MutableDevice => {
+    let d = out.get(dev);
+    if (!d) out.set(dev, (d = { dev, ...(ingressOf !== undefined ? { ingressOf } : {}), classes: [], filters: [] }));
+    return d;
+  };
+  const ids = (q: EipQos | GwQos): { classId: number; handle: number } => {
+    if (q.classId === undefined || q.handle === undefined) throw new Error('QoS rule without allocated ids (run allocateQos first)');
+    return { classId: q.classId, handle: q.handle };
+  };
+  for (const q of eipQos) {
+    const { classId, handle } = ids(q);
+    const d = device(eipQosDevice(q, extIf), q.direction === 'ingress' ? extIf : undefined);
+    d.classes.push({ minor: classId, rate: q.rate, burst: q.burst });
+    d.filters.push({
+      prio: tcPrio(q.priority),
+      handle,
+      minor: classId,
+      match: { kind: 'ip', dir: q.direction === 'egress' ? 'src' : 'dst', cidr: `${q.ip}/32` },
+      catchAll: false,
+      what: `eip-${q.direction}-qos ${q.ip}`,
+    });
+  }
+  for (const q of qos) {
+    const { classId, handle } = ids(q);
+    const d = device(gwQosDevice(q), q.direction === 'ingress' ? q.dev : undefined);
+    d.classes.push({ minor: classId, rate: q.rate, burst: q.burst });
+    const catchAll = q.classifier === 'matchall';
+    d.filters.push({
+      prio: tcPrio(q.priority),
+      handle,
+      minor: classId,
+      match: catchAll ? { kind: 'all' } : { kind: 'ip', dir: q.matchDirection === 'dst' ? 'dst' : 'src', cidr: q.cidr },
+      catchAll,
+      what: `qos ${q.direction} ${q.dev} priority ${q.priority} ${catchAll ? 'matchall' : `u32 ${q.matchDirection} ${q.cidr}`}`,
+    });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// Comparison with what the kernel holds
+// ---------------------------------------------------------------------------------
+
+/** tc prints rates with at least three significant digits; anything closer is the same rate. */
+function rateMatches(actualBits: number | undefined, mbit: string): boolean {
+  if (actualBits === undefined) return false;
+  const want = rateBytesOf(mbit) * 8;
+  return Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
+}
+
+/** Compare the raw buffer in ticks where tc printed it, else the rounded size it printed. */
+function burstMatches(ticks: number | undefined, shown: number | undefined, mbit: string, mb: string): boolean {
+  const bytes = burstBytes(mb);
+  if (ticks !== undefined) {
+    const want = expectedTicks(rateBytesOf(mbit), bytes);
+    // A buffer over 32 bits cannot be programmed faithfully (tiny rate, huge burst): nothing to compare.
+    if (want > 0xffffffff) return true;
+    return Math.abs(ticks - want) <= Math.max(2, want * 1e-4);
+  }
+  if (shown !== undefined) return Math.abs(shown - bytes) <= Math.max(1024, bytes * 1e-2);
+  return true;
+}
+
+export function classMatches(c: TcClass, want: DesiredClass): boolean {
+  return (
+    c.kind === 'htb' &&
+    c.parent === 'root' &&
+    rateMatches(c.rateBits, want.rate) &&
+    rateMatches(c.ceilBits, want.rate) &&
+    burstMatches(c.bufferTicks, c.burstBytes, want.rate, want.burst) &&
+    burstMatches(c.cbufferTicks, c.cburstBytes, want.rate, want.burst)
+  );
+}
+
+function filterMatches(f: TcFilter, want: DesiredFilter, kind: 'u32' | 'matchall'): boolean {
+  if (f.kind !== kind || f.flowid?.major !== 1 || f.flowid.minor !== want.minor || f.node !== want.handle) return false;
+  if (kind === 'matchall') return true;
+  return f.keys.length === 1 && sameKey(f.keys[0]!, matchKey(want.match));
+}
+
+// ---------------------------------------------------------------------------------
+// Command text
+// ---------------------------------------------------------------------------------
+
+const classSpec = (dev: string, minor: number, rate: string, burst?: string): string => {
+  const b = burst === undefined ? '' : ` burst ${burstBytes(burst)} cburst ${burstBytes(burst)}`;
+  return `dev ${dev} parent 1: classid 1:${hex(minor)} htb rate ${rate}mbit ceil ${rate}mbit${b}`;
+};
+
+const matchText = (m: FilterMatch): string => (m.kind === 'all' ? 'match u32 0 0' : `match ip ${m.dir} ${m.cidr}`);
+
+function addFilter(dev: string, f: DesiredFilter, kind: 'u32' | 'matchall'): string {
+  if (kind === 'matchall') return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${hex(f.handle)} matchall flowid 1:${hex(f.minor)}`;
+  // `::<node>`: the node goes into this priority's own hash table, whatever id the kernel gave it.
+  return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ::${hex(f.handle)} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
+}
+
+/** Re-points an existing node at another class (the kernel keeps its keys). */
+const replaceFilter = (dev: string, fh: string, f: DesiredFilter): string =>
+  `filter replace dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${fh} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
+
+const delFilter = (dev: string, f: TcFilter): string =>
+  `filter del dev ${dev} parent 1: protocol ${f.protocol} prio ${f.pref} handle ${f.fh ?? ''} ${f.kind}`;
+
+const delPrio = (dev: string, prio: number): string => `filter del dev ${dev} parent 1: prio ${prio}`;
+
+// ---------------------------------------------------------------------------------
+// The plan
+// ---------------------------------------------------------------------------------
+
+/** Phases of the tc script, in the order they run. */
+interface Phases {
+  shared: string[];
+  classes: string[];
+  filtersFirst: string[];
+  filters: string[];
+  redirects: string[];
+  staleFilters: string[];
+  staleClasses: string[];
+}
+
+const EMPTY_DEVICE: DeviceTc = { classes: [], filters: [] };
+
+export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: KernelQos, features: QosFeatures): QosPlan {
+  const ip: string[][] = [];
+  const notes: string[] = [];
+  const missing: string[] = [];
+  const p: Phases = { shared: [], classes: [], filtersFirst: [], filters: [], redirects: [], staleFilters: [], staleClasses: [] };
+  const links = new Map(kernel.links.map((l) => [l.name, l]));
+
+  // Devices natgw shapes but no longer has rules for still get their stale classes removed.
+  const all = new Map(desired);
+  for (const s of shapedDevices(kernel.qdiscs)) {
+    if (!all.has(s.dev)) all.set(s.dev, { dev: s.dev, ...(s.servesIngressOf ? { ingressOf: s.servesIngressOf } : {}), classes: [], filters: [] });
+  }
+
+  for (const d of [...all.values()].sort((a, b) => a.dev.localeCompare(b.dev))) {
+    const hasRules = desired.has(d.dev) && (d.classes.length > 0 || d.filters.length > 0);
+    if (!hasRules) {
+      if (links.has(d.dev)) renderDevice(d, kernel, features, p, notes, false);
+      continue;
+    }
+    if (d.ingressOf !== undefined) {
+      if (!links.has(d.ingressOf)) {
+        missing.push(d.ingressOf);
+        continue;
+      }
+      renderIfb(d.dev, d.ingressOf, links.get(d.dev), kernel, ip, p);
+    } else if (!links.has(d.dev)) {
+      missing.push(d.dev);
+      continue;
+    }
+    renderDevice(d, kernel, features, p, notes, !links.has(d.dev));
+  }
+
+  const tc = [...p.shared, ...p.classes, ...p.filtersFirst, ...p.filters, ...p.redirects, ...p.staleFilters, ...p.staleClasses];
+  return { ip, tc, notes, missing: [...new Set(missing)] };
+}
+
+/** IFB device up, ingress qdisc on the shaped device, and the redirect into the IFB. */
+function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: KernelQos, ip: string[][], p: Phases): void {
+  if (!link) ip.push(['link', 'add', ifb, 'type', 'ifb']);
+  // The script's lesson: an IFB's default queue of 32 packets drops bursts, so give it 1000.
+  if (!link?.up) ip.push(['link', 'set', 'dev', ifb, 'txqueuelen', '1000', 'up']);
+  const hasIngress = kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && (q.kind === 'ingress' || q.kind === 'clsact'));
+  if (!hasIngress) p.shared.push(`qdisc add dev ${dev} ingress`);
+  const redirected = (kernel.ingress.get(dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
+  if (!redirected || !hasIngress) {
+    p.redirects.push(`filter add dev ${dev} parent ffff: protocol all prio ${REDIRECT_PRIO} u32 match u32 0 0 action mirred egress redirect dev ${ifb}`);
+  }
+}
+
+function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], fresh: boolean): void {
+  const dev = d.dev;
+  const root = kernel.qdiscs.find((q) => q.dev === dev && q.parent === 'root');
+  const ours = root?.kind === 'htb' && root.handle === '1:';
+  const wanted = d.classes.length > 0 || d.filters.length > 0;
+  if (!ours && !wanted) return;
+
+  // A root that is not htb 1: takes its classes and filters with it when replaced.
+  const tc = ours && !fresh ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
+  if (!ours) p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
+  else if (root.defaultMinor !== DEFAULT_CLASS) p.shared.push(`qdisc change dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
+
+  const classes = new Map(tc.classes.filter((c) => c.major === 1).map((c) => [c.minor, c]));
+  const def = classes.get(DEFAULT_CLASS);
+  if (!def) p.shared.push(`class add ${classSpec(dev, DEFAULT_CLASS, DEFAULT_RATE_MBIT)}`);
+  else if (!rateMatches(def.rateBits, DEFAULT_RATE_MBIT) || !rateMatches(def.ceilBits, DEFAULT_RATE_MBIT)) {
+    p.shared.push(`class change ${classSpec(dev, DEFAULT_CLASS, DEFAULT_RATE_MBIT)}`);
+  }
+
+  for (const c of d.classes) {
+    const have = classes.get(c.minor);
+    if (!have) p.classes.push(`class add ${classSpec(dev, c.minor, c.rate, c.burst)}`);
+    else if (!classMatches(have, c)) p.classes.push(`class change ${classSpec(dev, c.minor, c.rate, c.burst)}`);
+    if (features.fqCodel) {
+      const leaf = have ? kernel.qdiscs.find((q) => q.dev === dev && q.parent === `1:${c.minor.toString(16)}`) : undefined;
+      if (leaf?.kind !== 'fq_codel') p.classes.push(`qdisc replace dev ${dev} parent 1:${hex(c.minor)} fq_codel`);
+    }
+  }
+
+  renderFilters(dev, d.filters, tc.filters, features, p, notes);
+
+  const keep = new Set(d.classes.map((c) => c.minor));
+  const stale = tc.classes.filter((c) => c.major === 1 && c.minor !== DEFAULT_CLASS && c.minor !== 0 && !keep.has(c.minor));
+  // Inner classes before their parents: htb refuses to delete a class that has children.
+  for (const c of [...stale].sort((a, b) => Number(a.parent === 'root') - Number(b.parent === 'root'))) {
+    p.staleClasses.push(`class del dev ${dev} classid 1:${hex(c.minor)}`);
+  }
+}
+
+function renderFilters(dev: string, want: readonly DesiredFilter[], have: readonly TcFilter[], features: QosFeatures, p: Phases, notes: string[]): void {
+  const prios = new Set([...want.map((f) => f.prio), ...have.map((f) => f.pref)]);
+  for (const prio of [...prios].sort((a, b) => a - b)) {
+    const w = want.filter((f) => f.prio === prio);
+    const h = have.filter((f) => f.pref === prio);
+    if (w.length === 0) {
+      // Nothing natgw wants here any more: the whole priority goes, so no empty u32 table lingers.
+      p.staleFilters.push(delPrio(dev, prio));
+      continue;
+    }
+    const onlyCatchAll = w.length === 1 && w[0]!.catchAll;
+    const kind: 'u32' | 'matchall' = onlyCatchAll && features.matchall ? 'matchall' : 'u32';
+    if (w.some((f) => f.catchAll) && !onlyCatchAll) {
+      for (const f of w.filter((x) => x.catchAll)) notes.push(`${f.what}: shares priority ${prio} on ${dev} with u32 rules, so a u32 catch-all (match u32 0 0) stands in for matchall`);
+    }
+
+    const tables = h.filter((f) => f.isTable);
+    const compatible = h.length === 0 || (h.every((f) => f.kind === kind && f.protocol === 'ip') && (kind === 'matchall' || tables.length === 1));
+    if (!compatible) {
+      // Another kind or protocol holds this priority (or a u32 layout that is not natgw's): start it afresh.
+      p.filtersFirst.push(delPrio(dev, prio));
+      for (const f of w) p.filters.push(addFilter(dev, f, kind));
+      continue;
+    }
+    const nodes = classifyingFilters(h);
+    if (kind === 'matchall') {
+      // matchall cannot be changed in place; one filter per priority, so replace the priority.
+      const f = w[0]!;
+      if (nodes.length === 1 && filterMatches(nodes[0]!, f, 'matchall')) continue;
+      if (h.length > 0) p.filtersFirst.push(delPrio(dev, prio));
+      p.filters.push(addFilter(dev, f, 'matchall'));
+      continue;
+    }
+    const htid = tables[0]?.htid;
+    const byNode = new Map(nodes.filter((f) => f.htid === htid).map((f) => [f.node, f]));
+    for (const f of w) {
+      const cur = byNode.get(f.handle);
+      if (!cur) p.filters.push(addFilter(dev, f, 'u32'));
+      else if (filterMatches(cur, f, 'u32')) continue;
+      else if (cur.keys.length === 1 && sameKey(cur.keys[0]!, matchKey(f.match))) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
+      else {
+        // u32 keeps a node's keys on replace (only its class changes), so a new match means a new node.
+        p.filtersFirst.push(delFilter(dev, cur));
+        p.filters.push(addFilter(dev, f, 'u32'));
+      }
+    }
+    const wantNodes = new Set(w.map((f) => f.handle));
+    for (const f of nodes) {
+      if (f.htid !== htid || f.node === undefined || !wantNodes.has(f.node)) p.staleFilters.push(delFilter(dev, f));
+    }
+  }
+}
+
+/** All tc lines as one script for `tc -batch -`. */
+export const tcBatchScript = (plan: QosPlan): string => (plan.tc.length === 0 ? '' : `${plan.tc.join('\n')}\n`);
+
+/** Devices (and IFBs) whose tc state a sync must read: the desired ones and those natgw shaped before. */
+export function devicesToRead(desired: ReadonlyMap<string, DesiredDevice>, qdiscs: readonly TcQdisc[]): { shaped: string[]; ingressOf: string[] } {
+  const shaped = new Set<string>(desired.keys());
+  for (const s of shapedDevices(qdiscs)) shaped.add(s.dev);
+  const ingressOf = new Set<string>();
+  for (const d of desired.values()) if (d.ingressOf !== undefined) ingressOf.add(d.ingressOf);
+  return { shaped: [...shaped].sort(), ingressOf: [...ingressOf].sort() };
+}
+

@@ -1,0 +1,60 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { SyncEvent } from './engine.js';
+import type { DesiredState } from '../state/state.js';
+
+/** The object kinds natgw keeps, as the `kind` label of natgw_objects. */
+export const OBJECT_KINDS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos'] as const;
+
+/**
+ * Prometheus metrics of one agent, in a registry of its own (so several agents, e.g. in
+ * tests, never collide in prom-client's global registry).
+ */
+export class Metrics {
+  readonly registry = new Registry();
+  readonly syncs: Counter<'outcome'>;
+  readonly syncFailures: Counter;
+  readonly syncDuration: Histogram;
+  readonly objects: Gauge<'kind'>;
+  readonly driftRepairs: Counter;
+  readonly ready: Gauge;
+
+  constructor(opts: { processMetrics?: boolean } = {}) {
+    const registers = [this.registry];
+    this.syncs = new Counter({ name: 'natgw_syncs_total', help: 'Applies of the desired state to the kernel (changes and resyncs)', labelNames: ['outcome'], registers });
+    this.syncFailures = new Counter({ name: 'natgw_sync_failures_total', help: 'Applies that failed (nothing was changed)', registers });
+    this.syncDuration = new Histogram({
+      name: 'natgw_sync_duration_seconds',
+      help: 'Time to reconcile the kernel with the desired state and persist it',
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers,
+    });
+    this.objects = new Gauge({ name: 'natgw_objects', help: 'Objects in the desired state, by kind', labelNames: ['kind'], registers });
+    this.driftRepairs = new Counter({ name: 'natgw_drift_repairs_total', help: 'Resyncs that found the kernel differing from the desired state and repaired it', registers });
+    this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
+    for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
+    this.syncs.inc({ outcome: 'success' }, 0);
+    this.syncs.inc({ outcome: 'failure' }, 0);
+    this.ready.set(0);
+    if (opts.processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'natgw_' });
+  }
+
+  /** Feed from Engine.onSync. */
+  observeSync(e: SyncEvent): void {
+    this.syncDuration.observe(e.ms / 1000);
+    if (e.ok) {
+      this.syncs.inc({ outcome: 'success' });
+      this.setObjects(e.state);
+    } else {
+      this.syncs.inc({ outcome: 'failure' });
+      this.syncFailures.inc();
+    }
+  }
+
+  setObjects(s: DesiredState): void {
+    for (const kind of OBJECT_KINDS) this.objects.set({ kind }, s[kind].length);
+  }
+
+  async render(): Promise<{ contentType: string; body: string }> {
+    return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+  }
+}

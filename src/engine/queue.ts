@@ -1,0 +1,195 @@
+import type { ApplyReport, Engine } from './engine.js';
+import type { DesiredState } from '../state/state.js';
+import type { Effect, OpResult } from '../state/operations.js';
+import { NotInitializedError } from '../model/errors.js';
+
+/**
+ * The daemon's one queue. Every change (a legacy command, an API change, a resync) runs as
+ * one job, one at a time, in arrival order; the engine's file lock serialises the daemon
+ * with in-process shim runs on top of that. The daemon takes that lock only inside a job's
+ * transaction, never between jobs.
+ */
+export class SerialQueue {
+  private tail: Promise<unknown> = Promise.resolve();
+  private waiting = 0;
+  private running = false;
+  private closed = false;
+
+  /** Jobs queued or running. */
+  get size(): number {
+    return this.waiting + (this.running ? 1 : 0);
+  }
+
+  get busy(): boolean {
+    return this.running;
+  }
+
+  /** Run `job` after every job queued before it. Its result (or error) is the job's own. */
+  run<T>(job: () => Promise<T>): Promise<T> {
+    if (this.closed) return Promise.reject(new QueueClosedError());
+    this.waiting++;
+    const result = this.tail.then(async () => {
+      this.waiting--;
+      this.running = true;
+      try {
+        return await job();
+      } finally {
+        this.running = false;
+      }
+    });
+    this.tail = result.catch(() => undefined);
+    return result;
+  }
+
+  /** Refuse new jobs; resolves when every job already accepted has finished. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.tail;
+  }
+
+  get isClosed(): boolean {
+    return this.closed;
+  }
+}
+
+export class QueueClosedError extends Error {
+  override readonly name = 'QueueClosedError';
+  constructor() {
+    super('natgw is shutting down');
+  }
+}
+
+/** One change to the desired state, as a pure operation (see state/operations.ts). */
+export interface ChangeRequest {
+  /** Refused with NotInitializedError until init has run (SPEC §2 guard). */
+  readonly guarded: boolean;
+  /** The change touches tc (QoS): the apply syncs QoS too. */
+  readonly qos: boolean;
+  readonly op: (s: DesiredState) => OpResult;
+}
+
+export interface ChangeResult {
+  /** The desired state just before and just after this request's own operation. */
+  readonly before: DesiredState;
+  readonly after: DesiredState;
+  readonly report: ApplyReport;
+  /** How many requests shared this request's transaction. */
+  readonly batchSize: number;
+}
+
+interface Pending {
+  readonly req: ChangeRequest;
+  readonly resolve: (r: ChangeResult) => void;
+  readonly reject: (e: unknown) => void;
+}
+
+type Outcome = { ok: true; before: DesiredState; after: DesiredState } | { ok: false; error: unknown };
+
+/** Thrown inside a transaction whose every operation was refused: abort it, apply nothing. */
+class NothingToApply extends Error {}
+
+/**
+ * Merges state changes that arrive while another job runs into the next transaction. Each
+ * request keeps its own outcome: its operation runs on the state the earlier requests of the
+ * batch produced; a refused operation (conflict, validation, guard) is skipped without
+ * affecting the others. If the batch's apply itself fails, every request of it is retried
+ * alone, so one request's bad value cannot fail another.
+ */
+export class ChangeBatcher {
+  private pending: Pending[] = [];
+  private scheduled = false;
+  batches = 0;
+  merged = 0;
+
+  constructor(
+    private readonly queue: SerialQueue,
+    private readonly engine: Pick<Engine, 'transact'>,
+    private readonly maxBatch = 64,
+  ) {}
+
+  submit(req: ChangeRequest): Promise<ChangeResult> {
+    return new Promise<ChangeResult>((resolve, reject) => {
+      this.pending.push({ req, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  private schedule(): void {
+    if (this.scheduled || this.pending.length === 0) return;
+    this.scheduled = true;
+    this.queue
+      .run(async () => {
+        this.scheduled = false;
+        const batch = this.pending.splice(0, this.maxBatch);
+        // Anything left (or arriving meanwhile) goes into the next job, behind whatever is queued.
+        this.schedule();
+        await this.drain(batch);
+      })
+      .catch((e: unknown) => {
+        // The queue refused the job (shutting down): fail everything still waiting.
+        this.scheduled = false;
+        for (const p of this.pending.splice(0)) p.reject(e);
+      });
+  }
+
+  private async drain(batch: Pending[]): Promise<void> {
+    if (batch.length === 0) return;
+    this.batches++;
+    if (batch.length > 1) this.merged += batch.length;
+    try {
+      await this.apply(batch);
+    } catch (e) {
+      if (batch.length === 1) {
+        batch[0]!.reject(e);
+        return;
+      }
+      // The merged apply failed as a whole: give each request its own transaction.
+      for (const p of batch) {
+        await this.apply([p]).catch((err: unknown) => p.reject(err));
+      }
+    }
+  }
+
+  /** One transaction for `batch`; settles each request, or throws if the apply failed. */
+  private async apply(batch: Pending[]): Promise<void> {
+    let outcomes: Outcome[] = [];
+    try {
+      const { report } = await this.engine.transact(
+        async ({ state, backend }) => {
+          outcomes = [];
+          const initialized = batch.some((p) => p.req.guarded) ? await backend.isInitialized() : true;
+          let acc = state;
+          const effects: Effect[] = [];
+          for (const { req } of batch) {
+            if (req.guarded && !initialized) {
+              outcomes.push({ ok: false, error: new NotInitializedError() });
+              continue;
+            }
+            try {
+              const r = req.op(acc);
+              outcomes.push({ ok: true, before: acc, after: r.state });
+              acc = r.state;
+              effects.push(...r.effects);
+            } catch (error) {
+              outcomes.push({ ok: false, error });
+            }
+          }
+          if (!outcomes.some((o) => o.ok)) throw new NothingToApply();
+          return { state: acc, effects };
+        },
+        { qos: batch.some((p) => p.req.qos) },
+      );
+      batch.forEach((p, i) => {
+        const o = outcomes[i]!;
+        if (o.ok) p.resolve({ before: o.before, after: o.after, report, batchSize: batch.length });
+        else p.reject(o.error);
+      });
+    } catch (e) {
+      if (!(e instanceof NothingToApply)) throw e;
+      batch.forEach((p, i) => {
+        const o = outcomes[i];
+        p.reject(o && !o.ok ? o.error : e);
+      });
+    }
+  }
+}

@@ -1,0 +1,167 @@
+import { ValidationError } from './errors.js';
+import { isIpv4, parseCidr, formatCidr, parsePort } from './net.js';
+import type { Dnat, Fip, Protocol, Route, ShareDnat, Snat } from './rules.js';
+
+/**
+ * Parsers for the script's comma-separated rule strings (SPEC §2). Each returns a typed
+ * value or throws a ValidationError whose one line says what is wrong and with which rule.
+ * Every field is checked strictly, so no shell or iptables syntax can ride along in a field.
+ */
+
+function fields(rule: string, kind: string, min: number, max = min): string[] {
+  const parts = rule.split(',');
+  if (parts.length < min || parts.length > max) {
+    const want = min === max ? `${min}` : `${min} to ${max}`;
+    throw bad(kind, rule, `expected ${want} comma-separated fields, got ${parts.length}`);
+  }
+  return parts;
+}
+
+/** Control characters are escaped so a message stays one line in the controller's log. */
+function printable(s: string): string {
+  return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+}
+
+function bad(kind: string, rule: string, why: string): ValidationError {
+  return new ValidationError(printable(`Error: invalid ${kind} rule '${rule}': ${why}`));
+}
+
+function ipv4(kind: string, rule: string, what: string, s: string): string {
+  if (!isIpv4(s)) throw bad(kind, rule, `${what} '${s}' is not a dotted IPv4 address`);
+  return s;
+}
+
+/** An EIP field may carry a prefix (`1.2.3.4/24`); the address part is what counts. */
+function eipField(kind: string, rule: string, s: string): string {
+  const addr = s.includes('/') ? s.slice(0, s.indexOf('/')) : s;
+  if (s.includes('/') && !parseCidr(s, { family: 4 })) throw bad(kind, rule, `eip '${s}' is not an IPv4 address or CIDR`);
+  return ipv4(kind, rule, 'eip', addr);
+}
+
+function port(kind: string, rule: string, what: string, s: string): number {
+  const p = parsePort(s);
+  if (p === null) throw bad(kind, rule, `${what} '${s}' is not a port number 1-65535`);
+  return p;
+}
+
+function protocol(kind: string, rule: string, s: string): Protocol {
+  const p = s.toLowerCase();
+  if (p !== 'tcp' && p !== 'udp') throw bad(kind, rule, `protocol '${s}' is not tcp or udp`);
+  return p;
+}
+
+function cidr4(kind: string, rule: string, what: string, s: string): string {
+  const c = parseCidr(s, { clearHostBits: true, family: 4 });
+  if (!c) throw bad(kind, rule, `${what} '${s}' is not an IPv4 CIDR (a.b.c.d/0-32)`);
+  return formatCidr(c);
+}
+
+export function parseRouteAdd(rule: string): Route {
+  const [cidr = '', nexthop = ''] = fields(rule, 'subnet-route', 2);
+  return { cidr: cidr4('subnet-route', rule, 'cidr', cidr), nexthop: ipv4('subnet-route', rule, 'nexthop', nexthop) };
+}
+
+export function parseRouteDel(rule: string): string {
+  const [cidr = ''] = rule.split(',');
+  return cidr4('subnet-route', rule, 'cidr', cidr);
+}
+
+export function parseEip(rule: string): { address: string; prefixLength: number } {
+  const [first = ''] = fields(rule, 'eip', 1, 2);
+  const c = parseCidr(first, { family: 4 });
+  if (!c || !isIpv4(first.split('/')[0] ?? '')) throw bad('eip', rule, `'${first}' is not an IPv4 address with prefix length (a.b.c.d/n)`);
+  return { address: c.address, prefixLength: c.prefix };
+}
+
+export function parseFipAdd(rule: string): Fip {
+  const [eip = '', internalIp = ''] = fields(rule, 'floating-ip', 2);
+  return { eip: eipField('floating-ip', rule, eip), internalIp: ipv4('floating-ip', rule, 'internal ip', internalIp) };
+}
+
+export function parseFipDel(rule: string): string {
+  const [eip = ''] = fields(rule, 'floating-ip', 1, 2);
+  return eipField('floating-ip', rule, eip);
+}
+
+export function parseDnatAdd(rule: string): Dnat {
+  const [eip = '', p = '', proto = '', ip = '', ip2 = ''] = fields(rule, 'dnat', 5);
+  return {
+    eip: eipField('dnat', rule, eip),
+    port: port('dnat', rule, 'port', p),
+    protocol: protocol('dnat', rule, proto),
+    internalIp: ipv4('dnat', rule, 'internal ip', ip),
+    internalPort: port('dnat', rule, 'internal port', ip2),
+  };
+}
+
+export function parseDnatDel(rule: string): Pick<Dnat, 'eip' | 'port' | 'protocol'> {
+  // The controller may send the full five-field rule to a delete; only the identity counts.
+  const [eip = '', p = '', proto = ''] = fields(rule, 'dnat', 3, 5);
+  return { eip: eipField('dnat', rule, eip), port: port('dnat', rule, 'port', p), protocol: protocol('dnat', rule, proto) };
+}
+
+export function parseSnatAdd(rule: string): Snat {
+  const [eip = '', cidr = '', opt] = fields(rule, 'snat', 2, 3);
+  if (opt !== undefined && opt !== '' && opt !== '--random-fully') {
+    throw bad('snat', rule, `option '${opt}' is not --random-fully`);
+  }
+  return { eip: eipField('snat', rule, eip), cidr: cidr4('snat', rule, 'cidr', cidr), randomFully: opt === '--random-fully' };
+}
+
+export function parseSnatDel(rule: string): Pick<Snat, 'eip' | 'cidr'> {
+  const [eip = '', cidr = ''] = fields(rule, 'snat', 2, 3);
+  return { eip: eipField('snat', rule, eip), cidr: cidr4('snat', rule, 'cidr', cidr) };
+}
+
+// ---- share DNAT: the script's own messages, exactly (SPEC §2 nft-dnat-map-add) ----
+
+export function parseShareDnatAdd(rule: string): ShareDnat {
+  const parts = rule.split(',');
+  const [eip = '', p = '', proto = '', backendText = ''] = parts;
+  if (parts.length < 4 || eip === '' || p === '' || proto === '') {
+    throw new ValidationError(`Error: invalid nft-dnat-map rule: ${rule}`);
+  }
+  const { eip: e, port: portNum, protocol: pr, protocolText } = shareIdentity(eip, p, proto);
+  const backendTexts = parts.slice(3).join(',').split('@').filter((b) => b !== '');
+  if (backendText === '' || backendTexts.length === 0) throw new ValidationError(`Error: no backends specified in rule: ${rule}`);
+  const backends = backendTexts.map((b) => {
+    const colon = b.lastIndexOf(':');
+    const ip = colon === -1 ? b : b.slice(0, colon);
+    const bp = colon === -1 ? '' : b.slice(colon + 1);
+    if (!isIpv4(ip)) throw new ValidationError(`Error: invalid backend ip in nft-dnat-map rule: ${ip}`);
+    const n = parsePort(bp);
+    if (n === null) throw new ValidationError(`Error: invalid backend port in nft-dnat-map rule: ${bp}`);
+    return { ip, port: n };
+  });
+  return { eip: e, port: portNum, protocol: pr, protocolText, backends };
+}
+
+export function parseShareDnatDel(rule: string): Pick<ShareDnat, 'eip' | 'port' | 'protocol' | 'protocolText'> {
+  const parts = rule.split(',');
+  const [eip = '', p = '', proto = ''] = parts;
+  if (parts.length < 3 || eip === '' || p === '' || proto === '') {
+    throw new ValidationError(`Error: invalid nft-dnat-map rule: ${rule}`);
+  }
+  return shareIdentity(eip, p, proto);
+}
+
+function shareIdentity(eip: string, p: string, proto: string): Pick<ShareDnat, 'eip' | 'port' | 'protocol' | 'protocolText'> {
+  if (!isIpv4(eip)) throw new ValidationError(`Error: invalid eip in nft-dnat-map rule: ${eip}`);
+  const n = parsePort(p);
+  if (n === null) throw new ValidationError(`Error: invalid external port in nft-dnat-map rule: ${p}`);
+  if (!/^(tcp|udp|TCP|UDP)$/.test(proto)) throw new ValidationError(`Error: invalid protocol in nft-dnat-map rule: ${proto}`);
+  return { eip, port: n, protocol: proto.toLowerCase() as Protocol, protocolText: proto };
+}
+
+/** `init` takes one optional `vpcIf,extIf` argument; the arguments are joined with spaces first. */
+export function parseInitArgs(args: readonly string[]): { vpc: string; ext: string } | undefined {
+  const joined = args.join(' ').trim();
+  if (joined === '') return undefined;
+  const parts = joined.split(',').map((s) => s.trim());
+  if (parts.length !== 2) {
+    throw new ValidationError('Error: Expected two interfaces separated by a comma (e.g., net1,net2)', undefined, 'stderr');
+  }
+  const [vpc = '', ext = ''] = parts;
+  if (vpc === '' || ext === '') throw new ValidationError('Error: Interface names cannot be empty', undefined, 'stderr');
+  return { vpc, ext };
+}

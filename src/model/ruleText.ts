@@ -1,0 +1,48 @@
+import type { Dnat, Fip, Snat } from './rules.js';
+import { familyOf } from './net.js';
+
+/**
+ * The iptables save form of each rule (SPEC §2). The iptables backend renders exactly these
+ * lines and reads them back; conflict messages quote them, in either backend, so the
+ * controller's log shows the same text whatever backend runs.
+ */
+
+export const CHAINS = {
+  dnatFilter: 'DNAT_FILTER',
+  snatFilter: 'SNAT_FILTER',
+  exclusiveDnat: 'EXCLUSIVE_DNAT',
+  exclusiveSnat: 'EXCLUSIVE_SNAT',
+  sharedDnat: 'SHARED_DNAT',
+  sharedSnat: 'SHARED_SNAT',
+  hairpinSnat: 'HAIRPIN_SNAT',
+  vpcMark: 'VPC_MARK',
+} as const;
+
+const hostLen = (ip: string): number => (familyOf(ip) === 4 ? 32 : 128);
+const withPort = (ip: string, port: number): string => (familyOf(ip) === 4 ? `${ip}:${port}` : `[${ip}]:${port}`);
+
+export function fipDnatSpec(f: Fip): string {
+  return `-d ${f.eip}/${hostLen(f.eip)} -j DNAT --to-destination ${f.internalIp}`;
+}
+
+export function fipSnatSpec(f: Fip): string {
+  return `-s ${f.internalIp}/${hostLen(f.internalIp)} -j SNAT --to-source ${f.eip}`;
+}
+
+export function dnatSpec(d: Dnat): string {
+  return `-d ${d.eip}/${hostLen(d.eip)} -p ${d.protocol} -m ${d.protocol} --dport ${d.port} -j DNAT --to-destination ${withPort(d.internalIp, d.internalPort)}`;
+}
+
+export function snatSpec(s: Snat, extIf: string): string {
+  return `-s ${s.cidr} -o ${extIf} -j SNAT --to-source ${s.eip}${s.randomFully ? ' --random-fully' : ''}`;
+}
+
+export function hairpinSpec(eip: string, vpcIf: string): string {
+  return `-o ${vpcIf} -m mark --mark 0x1/0x1 -m conntrack --ctstate DNAT --ctorigdst ${eip} -j SNAT --to-source ${eip} --random-fully`;
+}
+
+export function vpcMarkSpec(vpcIf: string): string {
+  return `-i ${vpcIf} -j MARK --set-xmark 0x1/0x1`;
+}
+
+export const appendLine = (chain: string, spec: string): string => `-A ${chain} ${spec}`;

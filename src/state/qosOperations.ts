@@ -1,0 +1,243 @@
+import { ConflictError, ValidationError } from '../model/errors.js';
+import {
+  type ClassRange, type Direction, type EipQos, type GwQos, type GwQosId,
+  CLASS_RANGES, DEFAULT_CLASS, GW_HANDLE_MIN, HANDLE_MAX, HANDLE_MIN, CATCH_ALL_HANDLE, IFNAMSIZ_MAX,
+  eipFirstClassId, eipQosDevice, eipQosKey, gwClassRange, gwFirstClassId, gwQosDevice, gwQosKey, ifbName, tcPrio,
+} from '../model/qos.js';
+import type { OpResult } from './operations.js';
+import type { DesiredState } from './state.js';
+
+/**
+ * Pure QoS operations over the desired state (SPEC §2 QoS, §3.4). An add is an upsert by
+ * identity (re-adding updates the rate in place); a delete is lenient. Every rule carries
+ * its tc class id and u32 handle, allocated here against the ids the state already holds,
+ * so the allocation is deterministic, collision-free and survives a restart with the state.
+ */
+
+// ---------------------------------------------------------------------------------
+// Allocation
+// ---------------------------------------------------------------------------------
+
+/** Where a rule's class and filter live, and where its ids may come from. */
+interface Slot {
+  readonly device: string;
+  readonly range: ClassRange;
+  readonly prio: number;
+  readonly firstClassId: number;
+  /** matchall (or its u32 stand-in): a priority's single catch-all, with a fixed handle. */
+  readonly catchAll: boolean;
+}
+
+function eipSlot(q: EipQos, extIf: string): Slot {
+  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip), catchAll: false };
+}
+
+function gwSlot(q: GwQos): Slot {
+  return {
+    device: gwQosDevice(q),
+    range: gwClassRange(q),
+    prio: tcPrio(q.priority),
+    firstClassId: gwFirstClassId(q),
+    catchAll: q.classifier === 'matchall',
+  };
+}
+
+const inRange = (id: number, range: ClassRange): boolean =>
+  id >= CLASS_RANGES[range].min && id <= CLASS_RANGES[range].max && id !== DEFAULT_CLASS;
+
+/** Deterministic linear probe from the first choice, wrapping inside the range. */
+export function probeClassId(range: ClassRange, first: number, used: ReadonlySet<number>, device = ''): number {
+  const { min, max } = CLASS_RANGES[range];
+  const size = max - min + 1;
+  for (let i = 0; i < size; i++) {
+    const id = min + ((first - min + i) % size);
+    if (id !== DEFAULT_CLASS && !used.has(id)) return id;
+  }
+  throw new ConflictError(`Error: no free QoS class id left in ${range} range on device ${device}`);
+}
+
+/**
+ * The lowest free u32 node id at one device and priority, in the rule's half (EIP low,
+ * gateway high; the other half when that is full): filters of a kind keep the order in
+ * which they came, and EIP rules run before gateway rules of the same priority.
+ */
+export function lowestFreeHandle(used: ReadonlySet<number>, half: 'eip' | 'gw' = 'eip', device = '', prio = 0): number {
+  const low = [HANDLE_MIN, GW_HANDLE_MIN - 1] as const;
+  const high = [GW_HANDLE_MIN, HANDLE_MAX] as const;
+  for (const [from, to] of half === 'eip' ? [low, high] : [high, low]) {
+    for (let h = from; h <= to; h++) if (!used.has(h)) return h;
+  }
+  throw new ConflictError(`Error: no free QoS filter handle left on device ${device} priority ${prio}`);
+}
+
+interface Ids {
+  classId?: number;
+  handle?: number;
+}
+
+/** Kernel-held ids to prefer for rules that have none (adoption after the state file was lost). */
+export interface AllocationHints {
+  readonly eipQos?: readonly EipQos[];
+  readonly qos?: readonly GwQos[];
+}
+
+class Ledger {
+  private readonly classes = new Map<string, Set<number>>();
+  private readonly handles = new Map<string, Set<number>>();
+
+  private set(map: Map<string, Set<number>>, key: string): Set<number> {
+    let s = map.get(key);
+    if (!s) map.set(key, (s = new Set()));
+    return s;
+  }
+
+  classesOn(device: string): Set<number> {
+    return this.set(this.classes, device);
+  }
+
+  handlesAt(device: string, prio: number): Set<number> {
+    return this.set(this.handles, `${device}|${prio}`);
+  }
+
+  /** Keep the ids a rule already has where they are valid and still free; return what was kept. */
+  claim(slot: Slot, ids: Ids): Ids {
+    const kept: Ids = {};
+    const classes = this.classesOn(slot.device);
+    if (ids.classId !== undefined && inRange(ids.classId, slot.range) && !classes.has(ids.classId)) {
+      classes.add(ids.classId);
+      kept.classId = ids.classId;
+    }
+    const handles = this.handlesAt(slot.device, slot.prio);
+    const wanted = slot.catchAll ? CATCH_ALL_HANDLE : ids.handle;
+    if (wanted !== undefined && (slot.catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
+      handles.add(wanted);
+      kept.handle = wanted;
+    }
+    return kept;
+  }
+
+  /** Fill in what claim() could not keep: a hint where free, else the first choice or a probe. */
+  complete(slot: Slot, kept: Ids, hint: Ids | undefined): Required<Ids> {
+    let classId = kept.classId;
+    if (classId === undefined) {
+      const classes = this.classesOn(slot.device);
+      classId =
+        hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId)
+          ? hint.classId
+          : probeClassId(slot.range, slot.firstClassId, classes, slot.device);
+      classes.add(classId);
+    }
+    let handle = kept.handle;
+    if (handle === undefined) {
+      const handles = this.handlesAt(slot.device, slot.prio);
+      handle =
+        hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle)
+          ? hint.handle
+          : lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
+      handles.add(handle);
+    }
+    return { classId, handle };
+  }
+}
+
+/**
+ * Give every QoS rule a valid class id and handle. Rules keep the ids they have where
+ * those are in range and not taken by an earlier rule on the same device (first come,
+ * first served, in state order); the others get a hinted id, their first choice, or the
+ * next free id. Duplicate identities keep the last one. Deterministic for a given state.
+ */
+export function allocateQos(s: DesiredState, hints: AllocationHints = {}): DesiredState {
+  const ext = s.interfaces.ext;
+  const eipQos = dedupe(s.eipQos, eipQosKey);
+  const qos = dedupe(s.qos, gwQosKey);
+  const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
+  const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
+
+  const ledger = new Ledger();
+  const eipSlots = eipQos.map((q) => eipSlot(q, ext));
+  const gwSlots = qos.map(gwSlot);
+  const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
+  const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
+
+  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
+  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
+  if (eipOut.every((q, i) => sameIds(q, eipQos[i]!)) && gwOut.every((q, i) => sameIds(q, qos[i]!)) && eipQos.length === s.eipQos.length && qos.length === s.qos.length) {
+    return s;
+  }
+  return { ...s, eipQos: eipOut, qos: gwOut };
+}
+
+/** A hint counts only where it describes the rule at the same priority (a handle is per priority). */
+function hintIds(h: EipQos | GwQos | undefined, q: EipQos | GwQos): Ids | undefined {
+  if (!h) return undefined;
+  return { classId: h.classId, handle: tcPrio(h.priority) === tcPrio(q.priority) ? h.handle : undefined };
+}
+
+function withIds<T extends EipQos | GwQos>(q: T, ids: Required<Ids>): T {
+  return q.classId === ids.classId && q.handle === ids.handle ? q : { ...q, classId: ids.classId, handle: ids.handle };
+}
+
+const sameIds = (a: Ids, b: Ids): boolean => a.classId === b.classId && a.handle === b.handle;
+
+function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
+  const last = new Map<string, number>();
+  xs.forEach((x, i) => last.set(key(x), i));
+  return xs.filter((x, i) => last.get(key(x)) === i);
+}
+
+// ---------------------------------------------------------------------------------
+// Operations
+// ---------------------------------------------------------------------------------
+
+const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
+
+const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean =>
+  a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
+
+/** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit. */
+function checkIfbName(rule: string, dev: string): void {
+  if (ifbName(dev).length > IFNAMSIZ_MAX) {
+    throw new ValidationError(
+      `Error: invalid ${rule} rule: interface name '${dev}' is too long for its IFB device '${ifbName(dev)}' (at most ${IFNAMSIZ_MAX - 4} characters)`,
+    );
+  }
+}
+
+export function addEipQos(s: DesiredState, q: EipQos): OpResult {
+  if (q.direction === 'ingress') checkIfbName('eip-ingress-qos', s.interfaces.ext);
+  const at = s.eipQos.findIndex((x) => eipQosKey(x) === eipQosKey(q));
+  const existing = at === -1 ? undefined : s.eipQos[at];
+  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
+  // Re-adding keeps the class (tc class change, in place); the handle only while the priority stays.
+  const samePrio = existing !== undefined && tcPrio(existing.priority) === tcPrio(q.priority);
+  const rule: EipQos = {
+    ...q,
+    classId: existing?.classId ?? q.classId,
+    handle: existing ? (samePrio ? existing.handle : undefined) : q.handle,
+  };
+  const eipQos = at === -1 ? [...s.eipQos, rule] : s.eipQos.map((x, j) => (j === at ? rule : x));
+  return { state: allocateQos({ ...s, eipQos }), effects: [] };
+}
+
+export function delEipQos(s: DesiredState, direction: Direction, ip: string): OpResult {
+  const key = eipQosKey({ direction, ip });
+  if (!s.eipQos.some((x) => eipQosKey(x) === key)) return unchanged(s);
+  return { state: { ...s, eipQos: s.eipQos.filter((x) => eipQosKey(x) !== key) }, effects: [] };
+}
+
+export function addGwQos(s: DesiredState, q: GwQos): OpResult {
+  if (q.direction === 'ingress') checkIfbName('qos', q.dev);
+  const at = s.qos.findIndex((x) => gwQosKey(x) === gwQosKey(q));
+  const existing = at === -1 ? undefined : s.qos[at];
+  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
+  // The identity includes the priority, so an existing rule keeps both its class and handle.
+  const rule: GwQos = { ...q, classId: existing?.classId ?? q.classId, handle: existing?.handle ?? q.handle };
+  const qos = at === -1 ? [...s.qos, rule] : s.qos.map((x, j) => (j === at ? rule : x));
+  return { state: allocateQos({ ...s, qos }), effects: [] };
+}
+
+export function delGwQos(s: DesiredState, id: GwQosId): OpResult {
+  const key = gwQosKey(id);
+  if (!s.qos.some((x) => gwQosKey(x) === key)) return unchanged(s);
+  return { state: { ...s, qos: s.qos.filter((x) => gwQosKey(x) !== key) }, effects: [] };
+}

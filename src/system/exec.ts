@@ -1,0 +1,115 @@
+import { execa } from 'execa';
+import type { Logger } from 'pino';
+
+/**
+ * The one door to processes. Every tool natgw runs goes through an Executor, with an
+ * argument array (never a shell string) and optionally a script on stdin rendered from
+ * validated, typed values.
+ */
+export interface ExecRequest {
+  readonly file: string;
+  readonly args: readonly string[];
+  /** Script fed on stdin (iptables-restore, nft -f -, ip -batch -). */
+  readonly input?: string;
+  readonly timeoutMs?: number;
+}
+
+export interface ExecResult {
+  readonly command: string;
+  readonly exitCode: number;
+  readonly stdout: string;
+  readonly stderr: string;
+  readonly timedOut: boolean;
+  /** The binary was not found or could not be started. */
+  readonly failedToStart: boolean;
+}
+
+export interface Executor {
+  run(req: ExecRequest): Promise<ExecResult>;
+  /** Start a process that outlives the call (gratuitous ARP); its output is discarded. */
+  spawnDetached(req: ExecRequest): void;
+}
+
+export class ExecError extends Error {
+  override readonly name = 'ExecError';
+  constructor(readonly result: ExecResult) {
+    super(`${result.command} failed (exit ${result.exitCode}${result.timedOut ? ', timed out' : ''}): ${firstLine(result.stderr) || firstLine(result.stdout)}`);
+  }
+}
+
+function firstLine(s: string): string {
+  return s.trim().split('\n')[0] ?? '';
+}
+
+/** Run and throw an ExecError unless the tool exited 0. */
+export async function runChecked(exec: Executor, req: ExecRequest): Promise<ExecResult> {
+  const r = await exec.run(req);
+  if (r.exitCode !== 0) throw new ExecError(r);
+  return r;
+}
+
+const DEFAULT_TIMEOUT_MS = 30_000;
+
+export class SystemExecutor implements Executor {
+  constructor(private readonly log?: Logger) {}
+
+  async run(req: ExecRequest): Promise<ExecResult> {
+    const started = Date.now();
+    const r = await execa(req.file, [...req.args], {
+      input: req.input,
+      reject: false,
+      stripFinalNewline: false,
+      timeout: req.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+      env: { LC_ALL: 'C' },
+    });
+    const result: ExecResult = {
+      command: [req.file, ...req.args].join(' '),
+      exitCode: r.exitCode ?? (r.failed ? 127 : 0),
+      stdout: String(r.stdout ?? ''),
+      stderr: String(r.stderr ?? ''),
+      timedOut: r.timedOut,
+      failedToStart: r.exitCode === undefined && !r.timedOut,
+    };
+    this.log?.debug(
+      { cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 },
+      'exec',
+    );
+    return result;
+  }
+
+  spawnDetached(req: ExecRequest): void {
+    try {
+      const child = execa(req.file, [...req.args], { detached: true, stdio: 'ignore', cleanup: false, reject: false });
+      child.unref();
+      // A missing binary must not become an unhandled rejection.
+      child.catch(() => undefined);
+    } catch {
+      // best effort: gratuitous ARP is advisory
+    }
+  }
+}
+
+/** A recorder for unit tests of planners: answers from a table and remembers what ran. */
+export class RecordingExecutor implements Executor {
+  readonly calls: ExecRequest[] = [];
+  readonly detached: ExecRequest[] = [];
+  constructor(private readonly answer: (req: ExecRequest) => Partial<ExecResult> | undefined = () => undefined) {}
+
+  async run(req: ExecRequest): Promise<ExecResult> {
+    this.calls.push(req);
+    const a = this.answer(req) ?? {};
+    return {
+      command: [req.file, ...req.args].join(' '),
+      exitCode: 0,
+      stdout: '',
+      stderr: '',
+      timedOut: false,
+      failedToStart: false,
+      ...a,
+    };
+  }
+
+  spawnDetached(req: ExecRequest): void {
+    this.detached.push(req);
+  }
+}
