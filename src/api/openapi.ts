@@ -158,7 +158,11 @@ export function buildOpenApi(): Json {
               properties: {
                 desired: ref('DesiredState'),
                 lastApplied: { oneOf: [ref('DesiredState'), { type: 'null' }] },
-                drift: { type: ['object', 'null'], description: 'What the last read-back (resync) found and repaired' },
+                drift: {
+                  type: 'object',
+                  description: 'What the resyncs\' read-back of the kernel found: `last` (the latest), `lastRepair` (the latest that found drift and repaired it), `repairs` (how many did)',
+                  properties: { last: { type: ['object', 'null'] }, lastRepair: { type: ['object', 'null'] }, repairs: { type: 'integer' } },
+                },
                 backend: { type: ['object', 'null'] },
                 mode: { type: 'string' },
                 generation: { type: 'integer' },

@@ -37,7 +37,8 @@ export interface ReadBack {
 export interface StateDocument {
   readonly desired: DesiredState;
   readonly lastApplied: DesiredState | null;
-  readonly drift: ReadBack | null;
+  /** What the resyncs' read-back of the kernel found: the last one, the last that repaired something, how many did. */
+  readonly drift: { readonly last: ReadBack | null; readonly lastRepair: ReadBack | null; readonly repairs: number };
   readonly backend: { readonly kind: string; readonly variant?: string; readonly pendingCleanup?: unknown } | null;
   readonly mode: string;
   readonly generation: number;

@@ -49,6 +49,8 @@ export class Agent implements AgentService {
   private readonly legacyRunner: (command: string, args: readonly string[]) => Promise<CommandOutput>;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
   private lastReadBack: ReadBack | null = null;
+  private lastRepair: ReadBack | null = null;
+  private repairs = 0;
   private interfaces: { present: boolean; missing: readonly string[] } = { present: false, missing: [] };
   private notReadyWhy: string[] = ['starting'];
 
@@ -136,7 +138,6 @@ export class Agent implements AgentService {
         throw e;
       }
       const n = changesOf(report);
-      if (n > 0) this.metricsRegistry.driftRepairs.inc();
       this.lastReadBack = {
         at: new Date().toISOString(),
         reason,
@@ -144,6 +145,11 @@ export class Agent implements AgentService {
         repaired: n > 0,
         script: report.script,
       };
+      if (n > 0) {
+        this.metricsRegistry.driftRepairs.inc();
+        this.repairs++;
+        this.lastRepair = this.lastReadBack;
+      }
       return report;
     });
   }
@@ -159,7 +165,7 @@ export class Agent implements AgentService {
     return {
       desired,
       lastApplied: this.engine.lastApplied ?? null,
-      drift: this.lastReadBack,
+      drift: { last: this.lastReadBack, lastRepair: this.lastRepair, repairs: this.repairs },
       backend: backend ?? null,
       mode: this.engine.config.mode,
       generation: this.engine.generation,

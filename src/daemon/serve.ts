@@ -109,8 +109,10 @@ export async function serve(config: Config): Promise<number> {
       await fs.unlink(config.socket).catch(() => undefined);
       (singleton as net.Server).close();
     };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
+    // `on`, not `once`: execa's exit hook (signal-exit) re-raises a signal that no other
+    // listener handles any more, which would kill the process in the middle of the drain.
+    process.on('SIGTERM', () => stop('SIGTERM'));
+    process.on('SIGINT', () => stop('SIGINT'));
   });
   void startup;
   log.info({ code }, 'natgw stopped');

@@ -65,7 +65,7 @@ const mutating: Record<string, MutatingCommand> = {
   'eip-ingress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r); return (s) => QOps.delEipQos(s, 'ingress', v); } },
   'eip-egress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r); return (s) => QOps.delEipQos(s, 'egress', v); } },
   'qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQos(r); return (s) => QOps.addGwQos(s, v); } },
-  'qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQos(r); return (s) => QOps.delGwQos(s, v); } },
+  'qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQosDel(r); return (s) => QOps.delGwQos(s, v); } },
 };
 
 export const LEGACY_COMMANDS = ['init', 'get-iptables-version', ...Object.keys(mutating)] as const;

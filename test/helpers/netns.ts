@@ -13,7 +13,7 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { constants, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -40,8 +40,17 @@ export const ADDR = {
 } as const;
 
 /** Repository root, from this file's location (test/helpers → ../..), so a clone anywhere works. */
-export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const NATGW_BIN = join(REPO_ROOT, 'bin', 'natgw.js');
+export const REPO_ROOT = findRepoRoot(dirname(fileURLToPath(import.meta.url)));
+/** natgw is driven through the real shim, exactly as the controller runs it. */
+const NATGW_SHIM = join(REPO_ROOT, 'image', 'nat-gateway.sh');
+
+/** The nearest folder holding package.json: works from test/helpers and from the compiled dist/test/helpers. */
+function findRepoRoot(from: string): string {
+  for (let dir = from; ; dir = dirname(dir)) {
+    if (existsSync(join(dir, 'package.json'))) return dir;
+    if (dirname(dir) === dir) return resolve(from, '..', '..');
+  }
+}
 
 export interface ExecOptions {
   /** Written to the process's stdin, which is then closed. */
@@ -333,8 +342,8 @@ class NetnsTopology implements Topology {
   }
 
   private natgwArgv(command: string, args: readonly string[]): string[] {
-    // ip netns exec keeps the environment; process.execPath is the node running the tests.
-    return ['ip', 'netns', 'exec', this.ns.gw, process.execPath, NATGW_BIN, command, ...args];
+    // ip netns exec keeps the environment; the shim finds node on PATH as the controller's image does.
+    return ['ip', 'netns', 'exec', this.ns.gw, 'bash', NATGW_SHIM, command, ...args];
   }
 
   async natgw(command: string, ...rules: string[]): Promise<ExecResult> {

@@ -348,8 +348,8 @@ const inRange = (minor: number, r: { min: number; max: number }): boolean => min
 /**
  * Rebuild natgw's rules from what the kernel holds. EIP rules: a /32 u32 match into an
  * EIP-range class on EXT (src) or on ifb-EXT (dst). Gateway rules: a match into a
- * gateway-range class (u32) or a catch-all into a matchall-range class, on a device
- * (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
+ * gateway-range class (u32) or a catch-all into a matchall-range class, on EXT or one of
+ * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
 export function rulesFromKernel(
@@ -370,7 +370,8 @@ export function rulesFromKernel(
     const r = eipFromFilter('ingress', f.filter, f.cls);
     if (r && !seenEip.has(`ingress|${r.ip}`)) (seenEip.add(`ingress|${r.ip}`), eipQos.push(r));
   }
-  for (const dev of new Set(devs)) {
+  // Gateway rules may shape EXT itself (their class ranges keep them apart from EIP rules).
+  for (const dev of new Set([extIf, ...devs])) {
     for (const [direction, device] of [['egress', dev], ['ingress', ifbName(dev)]] as const) {
       for (const f of eachRuleFilter(tc.get(device))) {
         const r = gwFromFilter(direction, dev, f.filter, f.cls);

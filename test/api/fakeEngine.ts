@@ -1,0 +1,111 @@
+/**
+ * An in-memory stand-in for the Engine, for driving the HTTP API without a kernel: the real
+ * pure operations and the real legacy command runner run against it; "applying" just keeps
+ * the state. It can refuse applies (as a kernel would) and slow them down (to make requests
+ * queue up and merge).
+ */
+import pino from 'pino';
+import { loadConfig, type Config } from '../../src/config/config.js';
+import type { ApplyReport, Engine, SyncEvent, Transaction } from '../../src/engine/engine.js';
+import type { NetfilterBackend } from '../../src/dataplane/netfilter/backend.js';
+import { NotInitializedError, SystemError } from '../../src/model/errors.js';
+import type { Effect, OpResult } from '../../src/state/operations.js';
+import { emptyState, type DesiredState } from '../../src/state/state.js';
+import type { BackendRecord } from '../../src/state/store.js';
+import type { EngineLike } from '../../src/daemon/agent.js';
+import { Agent } from '../../src/daemon/agent.js';
+import { runLegacy } from '../../src/engine/legacy.js';
+
+export class FakeEngine implements EngineLike {
+  readonly log = pino({ level: 'silent' });
+  lastApplied: DesiredState | undefined;
+  generation = 0;
+  onSync?: (e: SyncEvent) => void;
+  state: DesiredState;
+  /** The init guard's evidence. */
+  initialized = true;
+  /** Milliseconds each apply takes. */
+  applyDelayMs = 0;
+  /** Return an error to make the "kernel" refuse this state. */
+  refuse: (s: DesiredState) => Error | undefined = () => undefined;
+  transactions = 0;
+  readonly effects: Effect[] = [];
+  private busy = false;
+
+  constructor(readonly config: Config) {
+    this.state = { ...emptyState('eth0', 'net1'), initialized: true };
+  }
+
+  static async create(env: Record<string, string> = {}): Promise<FakeEngine> {
+    return new FakeEngine(await loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw-test.env', ...env }));
+  }
+
+  private backend(): NetfilterBackend {
+    return {
+      kind: 'iptables',
+      isInitialized: async () => this.initialized,
+      sync: async () => ({ changes: 0, script: '' }),
+      readBack: async () => null,
+      removeAll: async () => undefined,
+      versionLine: async () => 'iptables v1.8.9 (legacy)',
+    };
+  }
+
+  async transact(
+    fn: (tx: Transaction) => Promise<OpResult> | OpResult,
+    opts: { guarded?: boolean; dryRun?: boolean; qos?: boolean } = {},
+  ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
+    // The engine's file lock: one transaction at a time, whoever calls.
+    if (this.busy) throw new Error('FakeEngine: overlapping transactions (the queue should prevent this)');
+    this.busy = true;
+    try {
+      if (opts.guarded && !this.initialized) throw new NotInitializedError();
+      const backend = this.backend();
+      const { state: next, effects } = await fn({ state: this.state, backend, choice: { kind: 'iptables', variant: 'legacy' } });
+      this.transactions++;
+      const started = performance.now();
+      if (this.applyDelayMs) await new Promise((r) => setTimeout(r, this.applyDelayMs));
+      const changed = JSON.stringify(next) !== JSON.stringify(this.state);
+      const report: ApplyReport = {
+        netfilterChanges: changed ? 1 : 0,
+        shareDnatChanges: 0,
+        linkChanges: 0,
+        qosChanges: 0,
+        script: changed ? `# would apply\n${JSON.stringify(next.dnats)}\n` : '',
+        notes: [],
+      };
+      const refused = this.refuse(next);
+      if (refused) {
+        if (!opts.dryRun) this.onSync?.({ ok: false, ms: performance.now() - started, error: refused });
+        throw refused instanceof SystemError ? refused : new SystemError(refused.message);
+      }
+      if (!opts.dryRun) {
+        this.state = next;
+        this.lastApplied = next;
+        this.generation++;
+        this.effects.push(...effects);
+        this.onSync?.({ ok: true, ms: performance.now() - started, report, state: next });
+      }
+      return { state: next, report, effects };
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async resync(_reason: string): Promise<ApplyReport> {
+    return (await this.transact(({ state }) => ({ state, effects: [] }))).report;
+  }
+
+  async loadState(): Promise<DesiredState> {
+    return this.state;
+  }
+
+  async currentBackend(): Promise<BackendRecord | undefined> {
+    return { kind: 'iptables', variant: 'legacy' };
+  }
+}
+
+/** An Agent over a FakeEngine, running script commands with the real runLegacy. */
+export function fakeAgent(engine: FakeEngine): Agent {
+  return new Agent({ engine, log: engine.log, runLegacy: (c, a) => runLegacy(engine as unknown as Engine, c, a) });
+}

@@ -1,0 +1,117 @@
+import { describe, expect, it } from 'vitest';
+import { QosManager } from '../../src/dataplane/qos/manager.js';
+import { SystemError } from '../../src/model/errors.js';
+import type { EipQos, GwQos } from '../../src/model/qos.js';
+import { addEipQos, addGwQos } from '../../src/state/qosOperations.js';
+import { emptyState, type DesiredState } from '../../src/state/state.js';
+import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+
+/** A fake kernel: answers natgw's reads, refuses fq_codel and matchall like the dev machines. */
+function fakeKernel(opts: { links?: string[]; qdiscs?: string; fail?: (req: ExecRequest) => Partial<ExecResult> | undefined } = {}) {
+  const links = opts.links ?? ['lo', 'net1', 'eth0'];
+  return new RecordingExecutor((req) => {
+    const cmd = [req.file, ...req.args].join(' ');
+    const failed = opts.fail?.(req);
+    if (failed) return failed;
+    if (cmd === 'ip -j link show') return { stdout: JSON.stringify(links.map((ifname) => ({ ifname, flags: ['UP'] }))) };
+    if (cmd === 'tc qdisc show') return { stdout: opts.qdiscs ?? 'qdisc noqueue 0: dev net1 root refcnt 2 \n' };
+    if (/ fq_codel$/.test(cmd) && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: Specified qdisc kind is unknown.\n' };
+    if (cmd.includes(' matchall ') && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: TC classifier not found.\n' };
+    return undefined;
+  });
+}
+
+const eip = (ip: string, over: Partial<EipQos> = {}): EipQos => ({ direction: 'egress', ip, priority: 1, rate: '10', burst: '1', ...over });
+const state = (eips: EipQos[], gws: GwQos[] = []): DesiredState => {
+  let s = emptyState('eth0', 'net1');
+  for (const q of eips) s = addEipQos(s, q).state;
+  for (const q of gws) s = addGwQos(s, q).state;
+  return s;
+};
+const mutations = (x: RecordingExecutor) =>
+  x.calls.filter((c) => !(c.args.includes('show') || c.args.join(' ').includes('ngprobe'))).map((c) => [c.file, ...c.args].join(' '));
+
+describe('QosManager', () => {
+  it('reads, probes once, and applies the plan as one tc batch on stdin', async () => {
+    const x = fakeKernel();
+    const out: string[] = [];
+    const m = new QosManager(x, undefined, (l) => out.push(l));
+    const s = state([eip('1.2.3.4')]);
+    const r = await m.sync(s);
+
+    const batch = x.calls.find((c) => c.file === 'tc' && c.args.join(' ') === '-batch -');
+    expect(batch?.input).toBe(
+      [
+        'qdisc replace dev net1 root handle 1: htb default 0x9999',
+        'class add dev net1 parent 1: classid 1:0x9999 htb rate 10000mbit ceil 10000mbit',
+        `class add dev net1 parent 1: classid 1:0x${s.eipQos[0]!.classId!.toString(16)} htb rate 10mbit ceil 10mbit burst 1048576 cburst 1048576`,
+        `filter add dev net1 parent 1: protocol ip prio 1 handle ::0x1 u32 match ip src 1.2.3.4/32 flowid 1:0x${s.eipQos[0]!.classId!.toString(16)}`,
+        '',
+      ].join('\n'),
+    );
+    expect(r.changes).toBe(4);
+    expect(r.commands[0]).toBe('tc qdisc replace dev net1 root handle 1: htb default 0x9999');
+    expect(out).toEqual(['INFO: QoS kernel probe: no fq_codel (classes keep the kernel default leaf); no matchall (a u32 "match u32 0 0" filter stands in at the same priority)']);
+    expect(r.notes).toEqual(out);
+    // The probe device is created and removed again.
+    const probe = x.calls.filter((c) => c.args.join(' ').includes('ngprobe'));
+    expect(probe[0]!.args.slice(0, 2)).toEqual(['link', 'add']);
+    expect(probe.at(-1)!.args.slice(0, 2)).toEqual(['link', 'del']);
+
+    await m.sync(s);
+    expect(x.calls.filter((c) => c.args.join(' ').includes('ngprobe')).length).toBe(probe.length);
+    expect(out).toHaveLength(1);
+  });
+
+  it('does not probe or touch anything when there is nothing to shape', async () => {
+    const x = fakeKernel();
+    const r = await new QosManager(x).sync(state([]));
+    expect(r).toEqual({ changes: 0, notes: [], commands: [] });
+    expect(mutations(x)).toEqual([]);
+    expect(x.calls.some((c) => c.args.join(' ').includes('ngprobe'))).toBe(false);
+  });
+
+  it('a dry run reads and renders but changes nothing (and does not probe)', async () => {
+    const x = fakeKernel();
+    const r = await new QosManager(x).sync(state([eip('1.2.3.4', { direction: 'ingress' })]), { dryRun: true });
+    expect(r.commands).toContain('ip link add ifb-net1 type ifb');
+    expect(r.commands.some((c) => c.includes('fq_codel'))).toBe(true);
+    expect(r.notes[0]).toMatch(/not probed in a dry run/);
+    expect(mutations(x)).toEqual([]);
+    expect(x.calls.some((c) => c.args.join(' ').includes('ngprobe'))).toBe(false);
+  });
+
+  it('applies what it can and then reports a missing device as an error', async () => {
+    const x = fakeKernel();
+    const s = state([eip('1.2.3.4')], [{
+      direction: 'egress', dev: 'eth7', priority: 2, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '1', burst: '1',
+    }]);
+    await expect(new QosManager(x).sync(s)).rejects.toThrow(new SystemError('Error: QoS device not found: eth7'));
+    expect(x.calls.find((c) => c.args[0] === '-batch')?.input).toContain('dev net1');
+  });
+
+  it('a tc failure is a SystemError naming the kernel\'s complaint, without tc\'s Warning lines', async () => {
+    const x = fakeKernel({
+      fail: (req) => (req.args[0] === '-batch' ? { exitCode: 1, stderr: 'Warning: sch_htb: quantum of class 19999 is big.\nError: Exclusivity flag on, cannot modify.\nCommand failed -:1\n' } : undefined),
+    });
+    const err = await new QosManager(x).sync(state([eip('1.2.3.4')])).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(SystemError);
+    expect((err as SystemError).message).toBe('Error: QoS: tc failed: Error: Exclusivity flag on, cannot modify.; Command failed -:1');
+  });
+
+  it('refuses to plan from a failed read of the qdiscs (it would replace roots it owns)', async () => {
+    const x = fakeKernel({ fail: (req) => (req.args.join(' ') === 'qdisc show' ? { exitCode: 1, stderr: 'boom' } : undefined) });
+    await expect(new QosManager(x).sync(state([eip('1.2.3.4')]))).rejects.toBeInstanceOf(SystemError);
+    expect(mutations(x)).toEqual([]);
+  });
+
+  it('readBack reads EXT, the given devices, their IFBs and devices carrying natgw\'s layout', async () => {
+    const x = fakeKernel({
+      links: ['net1', 'ifb-net1', 'eth3', 'eth4'],
+      qdiscs: 'qdisc htb 1: dev eth4 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n',
+    });
+    await new QosManager(x).readBack('net1', ['eth3']);
+    const shown = x.calls.filter((c) => c.args.includes('class')).map((c) => c.args.at(-1)).sort();
+    expect(shown).toEqual(['eth3', 'eth4', 'ifb-net1', 'net1']);
+  });
+});

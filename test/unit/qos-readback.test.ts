@@ -1,0 +1,180 @@
+import { describe, expect, it } from 'vitest';
+import {
+  classShaping, expectedTicks, formatDecimal, keysToMatch, matchKey, parseClasses, parseFilters, parseLinks, parseQdiscs,
+  parseRate, parseSize, rateBytesOf, rulesFromKernel, shapedDevices,
+} from '../../src/dataplane/qos/readback.js';
+
+/** Captured from iproute2 6.1 on Linux 6.18 (the layout natgw writes). */
+const QDISCS = `qdisc noqueue 0: dev lo root refcnt 2 
+qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
+qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- 
+qdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 32
+qdisc fq_codel 8001: dev net1 parent 1:1d3a limit 10240p flows 1024 quantum 1514 target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64 
+qdisc htb 1: dev eth9 root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000
+`;
+
+const CLASSES = `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
+class htb 1:ff03 root prio 0 quantum 6250 rate 500Kbit ceil 500Kbit linklayer ethernet burst 1536Kb/1 mpu 0b cburst 1536Kb/1 mpu 0b level 0 buffer [17700000] cbuffer [17700000] 
+class htb 1:b81e root prio 0 quantum 18750 rate 1500Kbit ceil 1500Kbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [029aaaa0] cbuffer [029aaaa0] 
+class htb 1:1d3a root leaf 8001: prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
+`;
+
+const FILTERS = `filter protocol ip pref 1 u32 chain 0 
+filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:1d3a not_in_hw 
+  match 0a620002/ffffffff at 12
+filter protocol ip pref 2 u32 chain 0 
+filter protocol ip pref 2 u32 chain 0 fh 801: ht divisor 1 
+filter protocol ip pref 2 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 *flowid 1:b81e not_in_hw 
+  match 0a620000/ffff0000 at 16
+filter protocol ip pref 3 u32 chain 0 
+filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
+filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
+  match 00000000/00000000 at 0
+`;
+
+const INGRESS = `filter protocol all pref 65535 u32 chain 0 
+filter protocol all pref 65535 u32 chain 0 fh 800: ht divisor 1 
+filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 terminal flowid not_in_hw 
+  match 00000000/00000000 at 0
+	action order 1: mirred (Egress Redirect to device ifb-net1) stolen
+	index 1 ref 1 bind 1
+`;
+
+/** iproute2's matchall print (f_matchall.c): handle, flowid, then flags on their own line. */
+const MATCHALL = `filter protocol ip pref 3 matchall chain 0 
+filter protocol ip pref 3 matchall chain 0 handle 0xfff flowid 1:ff03 
+  not_in_hw
+`;
+
+describe('tc text parsers', () => {
+  it('qdiscs: kind, handle, device, parent and the htb default', () => {
+    const q = parseQdiscs(QDISCS);
+    expect(q).toContainEqual({ dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 });
+    expect(q).toContainEqual({ dev: 'net1', kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' });
+    expect(q).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8001:', parent: '1:1d3a' });
+    expect(parseQdiscs('qdisc htb 1:[00010000] dev x root refcnt 2 r2q 10 default 9999 direct_packets_stat 0')[0]).toMatchObject({ handle: '1:', defaultMinor: 0x9999 });
+  });
+
+  it('shaped devices are those with natgw\'s root signature', () => {
+    expect(shapedDevices(parseQdiscs(QDISCS))).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
+  });
+
+  it('classes: id, leaf, rates, shown and raw bursts', () => {
+    const c = parseClasses(CLASSES);
+    expect(c).toHaveLength(4);
+    expect(c[3]).toEqual({
+      kind: 'htb', major: 1, minor: 0x1d3a, parent: 'root', leaf: '8001:',
+      rateBits: 10e6, ceilBits: 10e6, burstBytes: 1048576, cburstBytes: 1048576, bufferTicks: 0xc7fff3, cbufferTicks: 0xc7fff3,
+    });
+    expect(c[1]).toMatchObject({ minor: 0xff03, rateBits: 500e3, burstBytes: 1536 * 1024 });
+  });
+
+  it('u32 filters: priority, handle, class and keys; the redirect\'s target', () => {
+    const f = parseFilters(FILTERS);
+    const nodes = f.filter((x) => x.fh && !x.isTable);
+    expect(nodes.map((x) => [x.pref, x.fh, x.htid, x.node, x.flowid?.minor])).toEqual([
+      [1, '800::1', 0x800, 1, 0x1d3a],
+      [2, '801::800', 0x801, 0x800, 0xb81e],
+      [3, '802::fff', 0x802, 0xfff, 0xff03],
+    ]);
+    expect(nodes[0]!.keys).toEqual([{ value: 0x0a620002, mask: 0xffffffff, off: 12 }]);
+    expect(f.filter((x) => x.isTable).map((x) => x.htid)).toEqual([0x800, 0x801, 0x802]);
+    const ing = parseFilters(INGRESS).find((x) => x.node !== undefined);
+    expect(ing).toMatchObject({ protocol: 'all', pref: 65535, redirectTo: 'ifb-net1' });
+    expect(ing?.flowid).toBeUndefined();
+  });
+
+  it('matchall filters', () => {
+    const f = parseFilters(MATCHALL).find((x) => x.fh);
+    expect(f).toMatchObject({ kind: 'matchall', pref: 3, fh: '0xfff', node: 0xfff, flowid: { major: 1, minor: 0xff03 } });
+  });
+
+  it('links', () => {
+    expect(parseLinks('[{"ifname":"net1","flags":["UP"]},{"ifname":"ifb-net1","flags":[]}]')).toEqual([
+      { name: 'net1', up: true },
+      { name: 'ifb-net1', up: false },
+    ]);
+    expect(parseLinks('not json')).toEqual([]);
+  });
+
+  it('rates and sizes in tc units', () => {
+    expect(parseRate('500Kbit')).toBe(500e3);
+    expect(parseRate('10Gbit')).toBe(10e9);
+    expect(parseRate('12bit')).toBe(12);
+    expect(parseRate('1Mibit')).toBe(1048576);
+    expect(parseSize('1536Kb/1')).toBe(1572864);
+    expect(parseSize('1Mb')).toBe(1048576);
+    expect(parseSize('18085b')).toBe(18085);
+  });
+});
+
+describe('matches', () => {
+  it('round-trip between natgw\'s matches and u32 keys', () => {
+    for (const m of [
+      { kind: 'ip', dir: 'src', cidr: '10.98.0.2/32' },
+      { kind: 'ip', dir: 'dst', cidr: '10.98.0.0/16' },
+      { kind: 'ip', dir: 'dst', cidr: '0.0.0.0/0' },
+      { kind: 'all' },
+    ] as const) {
+      expect(keysToMatch([matchKey(m)])).toEqual(m);
+    }
+    expect(keysToMatch([{ value: 1, mask: 0xff00ff00, off: 12 }])).toBeUndefined();
+    expect(keysToMatch([{ value: 0, mask: 0xff, off: 20 }])).toBeUndefined();
+  });
+});
+
+describe('burst arithmetic', () => {
+  it('predicts the buffer tc programs (tc_calc_xmittime)', () => {
+    expect(expectedTicks(rateBytesOf('10'), 1048576)).toBe(0xc7fff3);
+    expect(expectedTicks(rateBytesOf('1.5'), 524288)).toBe(0x029aaaa0);
+    expect(expectedTicks(rateBytesOf('0.5'), 1572864)).toBe(0x17700000);
+  });
+  it('reads rate and burst back as natgw decimals', () => {
+    const c = parseClasses(CLASSES);
+    expect(c.map(classShaping).slice(1)).toEqual([
+      { rate: '0.5', burst: '1.5' },
+      { rate: '1.5', burst: '0.5' },
+      { rate: '10', burst: '1' },
+    ]);
+    expect(formatDecimal(1.49999976, 5)).toBe('1.5');
+    expect(formatDecimal(0.00001, 5)).toBe('0.00001');
+    expect(formatDecimal(1234.5, 9)).toBe('1234.5');
+  });
+});
+
+describe('rulesFromKernel', () => {
+  const devices = new Map([
+    ['net1', { classes: parseClasses(CLASSES), filters: parseFilters(FILTERS) }],
+    [
+      'ifb-net1',
+      {
+        classes: parseClasses('class htb 1:2a root prio 0 rate 7Mbit ceil 7Mbit burst 1536Kb cburst 1536Kb buffer [01ac923b] cbuffer [01ac923b]\n'),
+        filters: parseFilters(`filter protocol ip pref 2 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:2a not_in_hw \n  match 0a62008c/ffffffff at 16\n`),
+      },
+    ],
+    ['eth1', { classes: parseClasses(CLASSES), filters: parseFilters(MATCHALL) }],
+  ]);
+
+  it('rebuilds EIP rules from EXT and ifb-EXT, gateway rules from devices, with their ids', () => {
+    const r = rulesFromKernel('net1', ['eth1'], devices);
+    expect(r.eipQos).toEqual([
+      { direction: 'egress', ip: '10.98.0.2', priority: 1, rate: '10', burst: '1', classId: 0x1d3a, handle: 1 },
+      { direction: 'ingress', ip: '10.98.0.140', priority: 2, rate: '7', burst: '1.5', classId: 0x2a, handle: 1 },
+    ]);
+    expect(r.qos).toEqual([
+      {
+        direction: 'egress', dev: 'net1', priority: 2, rate: '1.5', burst: '0.5', classId: 0xb81e,
+        classifier: 'u32', matchType: 'ip', matchDirection: 'dst', cidr: '10.98.0.0/16', handle: 0x800,
+      },
+      {
+        direction: 'egress', dev: 'net1', priority: 3, rate: '0.5', burst: '1.5', classId: 0xff03,
+        classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', handle: 0xfff,
+      },
+      {
+        direction: 'egress', dev: 'eth1', priority: 3, rate: '0.5', burst: '1.5', classId: 0xff03,
+        classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', handle: 0xfff,
+      },
+    ]);
+  });
+});
