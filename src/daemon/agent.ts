@@ -28,12 +28,24 @@ export interface AgentDeps {
   readonly engine: EngineLike;
   readonly log: Logger;
   readonly metrics?: Metrics;
-  /** How a script command runs (default: runLegacy on the engine). */
-  readonly runLegacy?: (command: string, args: readonly string[]) => Promise<CommandOutput>;
+  /** How a script command runs on an engine (default: runLegacy). */
+  readonly runLegacy?: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
 }
 
 /** Commands that need neither the queue nor the state: they may run beside an apply. */
 const UNQUEUED = new Set(['get-iptables-version', 'help', '--help', '-h']);
+
+/**
+ * Script commands whose transaction may be merged with others: pure NAT, address and route
+ * operations that print nothing from inside the operation (a merged batch that fails is
+ * retried request by request, running the operation again) and report no QoS notes. init,
+ * the share-DNAT commands (they print from the operation) and QoS commands get a
+ * transaction of their own.
+ */
+const MERGEABLE = new Set([
+  'subnet-route-add', 'subnet-route-del', 'eip-add', 'eip-del', 'floating-ip-add', 'floating-ip-del',
+  'dnat-add', 'dnat-del', 'snat-add', 'snat-del',
+]);
 
 const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges;
 
@@ -46,7 +58,9 @@ export class Agent implements AgentService {
   readonly queue = new SerialQueue();
   readonly batcher: ChangeBatcher;
   readonly metricsRegistry: Metrics;
-  private readonly legacyRunner: (command: string, args: readonly string[]) => Promise<CommandOutput>;
+  private readonly legacyRunner: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
+  /** The engine as a mergeable script command sees it: its transactions go through the batcher. */
+  private readonly batchingEngine: EngineLike;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
   private lastReadBack: ReadBack | null = null;
   private lastRepair: ReadBack | null = null;
@@ -57,7 +71,8 @@ export class Agent implements AgentService {
   constructor(private readonly deps: AgentDeps) {
     this.metricsRegistry = deps.metrics ?? new Metrics();
     this.batcher = new ChangeBatcher(this.queue, deps.engine);
-    this.legacyRunner = deps.runLegacy ?? ((c, a) => runLegacy(deps.engine as Engine, c, a));
+    this.legacyRunner = deps.runLegacy ?? ((e, c, a) => runLegacy(e as Engine, c, a));
+    this.batchingEngine = this.batching(deps.engine);
     deps.engine.onSync = (e) => this.observe(e);
   }
 
@@ -94,8 +109,30 @@ export class Agent implements AgentService {
 
   async legacy(command: string, rules: readonly string[]): Promise<CommandOutput> {
     const known = (LEGACY_COMMANDS as readonly string[]).includes(command);
-    if (UNQUEUED.has(command) || !known) return this.legacyRunner(command, rules);
-    return this.queue.run(() => this.legacyRunner(command, rules));
+    if (UNQUEUED.has(command) || !known) return this.legacyRunner(this.engine, command, rules);
+    // Through the batcher (which queues it); not inside a queue job, which would wait on itself.
+    if (MERGEABLE.has(command)) return this.legacyRunner(this.batchingEngine, command, rules);
+    return this.queue.run(() => this.legacyRunner(this.engine, command, rules));
+  }
+
+  /**
+   * The engine with `transact` routed through the batcher: the command's transaction function
+   * becomes one request of a merged transaction, with its own outcome. Everything else is the
+   * engine itself (methods bound to it).
+   */
+  private batching(engine: EngineLike): EngineLike {
+    const transact: Engine['transact'] = async (fn, opts = {}) => {
+      if (opts.dryRun) return this.queue.run(() => engine.transact(fn, opts));
+      const r = await this.batcher.submit({ guarded: opts.guarded ?? false, qos: opts.qos ?? true, op: (_s, tx) => fn(tx) });
+      return { state: r.after, report: r.report, effects: [] };
+    };
+    return new Proxy(engine, {
+      get(target, prop) {
+        if (prop === 'transact') return transact;
+        const v: unknown = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
   }
 
   change(req: ChangeRequest): Promise<ChangeResult> {

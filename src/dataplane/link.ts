@@ -72,6 +72,19 @@ interface IpAddrJson {
   addr_info?: { family?: string; local?: string; prefixlen?: number; scope?: string }[];
 }
 
+function addressesOf(links: IpAddrJson[]): LinkAddress[] {
+  return links.flatMap((l) =>
+    (l.addr_info ?? [])
+      .filter((a) => (a.family === 'inet' || a.family === 'inet6') && a.local)
+      .map((a) => ({
+        address: a.local ?? '',
+        prefixLength: a.prefixlen ?? 32,
+        family: a.family === 'inet' ? (4 as const) : (6 as const),
+        scope: a.scope ?? 'global',
+      })),
+  );
+}
+
 export class LinkManager {
   constructor(
     private readonly exec: Executor,
@@ -104,40 +117,42 @@ export class LinkManager {
 
   async addresses(ifname: string): Promise<LinkAddress[]> {
     const r = await this.exec.run({ file: 'ip', args: ['-j', 'addr', 'show', 'dev', ifname] });
-    if (r.exitCode !== 0) return [];
-    const parsed = JSON.parse(r.stdout || '[]') as IpAddrJson[];
-    return parsed.flatMap((l) =>
-      (l.addr_info ?? [])
-        .filter((a) => (a.family === 'inet' || a.family === 'inet6') && a.local)
-        .map((a) => ({
-          address: a.local ?? '',
-          prefixLength: a.prefixlen ?? 32,
-          family: a.family === 'inet' ? (4 as const) : (6 as const),
-          scope: a.scope ?? 'global',
-        })),
-    );
+    return r.exitCode === 0 ? addressesOf(JSON.parse(r.stdout || '[]') as IpAddrJson[]) : [];
   }
 
-  private async routes(args: string[]): Promise<LinkRoute[]> {
-    const r = await this.exec.run({ file: 'ip', args: ['-j', ...args] });
-    if (r.exitCode !== 0) return [];
-    return (JSON.parse(r.stdout || '[]') as { dst: string; gateway?: string }[]).map((x) => ({ dst: x.dst, gateway: x.gateway }));
-  }
-
+  /**
+   * Everything planLink needs, in two `ip -batch` runs (one per family) instead of one process
+   * per question: spawning is the dominant cost of a command on a small machine.
+   */
   async view(s: DesiredState): Promise<LinkView> {
     const { vpc, ext } = s.interfaces;
-    const [extAddresses, v4, v6, d4, d6] = await Promise.all([
-      this.addresses(ext),
-      this.routes(['-4', 'route', 'show', 'dev', vpc]),
-      this.routes(['-6', 'route', 'show', 'dev', vpc]),
-      this.routes(['-4', 'route', 'show', 'default', 'dev', ext]),
-      this.routes(['-6', 'route', 'show', 'default', 'dev', ext]),
+    const [v4, v6] = await Promise.all([
+      this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
+      this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
     ]);
-    return { extAddresses, vpcRoutes: [...v4, ...v6], extDefaults: [...d4, ...d6] };
+    const routes = (x: unknown): LinkRoute[] => ((x ?? []) as { dst: string; gateway?: string }[]).map((r) => ({ dst: r.dst, gateway: r.gateway }));
+    return {
+      extAddresses: addressesOf((v4[0] ?? []) as IpAddrJson[]),
+      vpcRoutes: [...routes(v4[1]), ...routes(v6[0])],
+      extDefaults: [...routes(v4[2]), ...routes(v6[1])],
+    };
   }
 
-  async sync(want: DesiredState, previous: DesiredState | undefined, opts: { dryRun?: boolean } = {}): Promise<{ changes: number; script: string }> {
-    const lines = planLink(await this.view(want), want, previous);
+  /** One JSON document per batch line; a line that failed (missing device) yields nothing. */
+  private async batchJson(args: string[], lines: string[]): Promise<unknown[]> {
+    const r = await this.exec.run({ file: 'ip', args, input: lines.join('\n') + '\n' });
+    return r.stdout
+      .split('\n')
+      .filter((l) => l.startsWith('['))
+      .map((l) => JSON.parse(l) as unknown);
+  }
+
+  async sync(
+    want: DesiredState,
+    previous: DesiredState | undefined,
+    opts: { dryRun?: boolean; view?: LinkView } = {},
+  ): Promise<{ changes: number; script: string }> {
+    const lines = planLink(opts.view ?? (await this.view(want)), want, previous);
     const script = lines.length ? lines.join('\n') + '\n' : '';
     if (lines.length === 0 || opts.dryRun) return { changes: lines.length, script };
     const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });

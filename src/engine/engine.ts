@@ -169,6 +169,10 @@ export class Engine {
     const notes: string[] = [];
     let script = '';
     let netfilterChanges = 0;
+    // Addresses and routes are read while netfilter is being synced: independent, and each
+    // process spawn is a noticeable part of a command's time.
+    const linkView = this.link.view(want);
+    linkView.catch(() => undefined);
     if (want.initialized) {
       const nf = await backend.sync(natTablesOf(want), { dryRun: opts.dryRun });
       netfilterChanges = nf.changes;
@@ -182,7 +186,7 @@ export class Engine {
     }
     let linkChanges = 0;
     try {
-      const l = await this.link.sync(want, previous, { dryRun: opts.dryRun });
+      const l = await this.link.sync(want, previous, { dryRun: opts.dryRun, view: await linkView });
       linkChanges = l.changes;
       script += l.script;
     } catch (e) {

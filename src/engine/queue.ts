@@ -1,4 +1,4 @@
-import type { ApplyReport, Engine } from './engine.js';
+import type { ApplyReport, Engine, Transaction } from './engine.js';
 import type { DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import { NotInitializedError } from '../model/errors.js';
@@ -63,9 +63,10 @@ export class QueueClosedError extends Error {
 export interface ChangeRequest {
   /** Refused with NotInitializedError until init has run (SPEC §2 guard). */
   readonly guarded: boolean;
-  /** The change touches tc (QoS): the apply syncs QoS too. */
+  /** The change touches tc (QoS): the apply syncs QoS too. Only requests alike in this share a batch. */
   readonly qos: boolean;
-  readonly op: (s: DesiredState) => OpResult;
+  /** The operation, on the state the requests before it in the batch produced. */
+  readonly op: (s: DesiredState, tx: Transaction) => OpResult | Promise<OpResult>;
 }
 
 export interface ChangeResult {
@@ -120,7 +121,12 @@ export class ChangeBatcher {
     this.queue
       .run(async () => {
         this.scheduled = false;
-        const batch = this.pending.splice(0, this.maxBatch);
+        // A batch: the longest run of waiting requests alike in `qos` (order is kept), so a
+        // QoS apply's notes are never reported to a request that did not touch QoS.
+        const qos = this.pending[0]?.req.qos;
+        let n = 0;
+        while (n < this.pending.length && n < this.maxBatch && this.pending[n]!.req.qos === qos) n++;
+        const batch = this.pending.splice(0, n);
         // Anything left (or arriving meanwhile) goes into the next job, behind whatever is queued.
         this.schedule();
         await this.drain(batch);
@@ -155,7 +161,8 @@ export class ChangeBatcher {
     let outcomes: Outcome[] = [];
     try {
       const { report } = await this.engine.transact(
-        async ({ state, backend }) => {
+        async (tx) => {
+          const { state, backend } = tx;
           outcomes = [];
           const initialized = batch.some((p) => p.req.guarded) ? await backend.isInitialized() : true;
           let acc = state;
@@ -166,10 +173,11 @@ export class ChangeBatcher {
               continue;
             }
             try {
-              const r = req.op(acc);
+              const r = await req.op(acc, { ...tx, state: acc });
               outcomes.push({ ok: true, before: acc, after: r.state });
               acc = r.state;
-              effects.push(...r.effects);
+              // The same flush or announcement twice in one batch is done once.
+              for (const e of r.effects) if (!effects.some((x) => JSON.stringify(x) === JSON.stringify(e))) effects.push(e);
             } catch (error) {
               outcomes.push({ ok: false, error });
             }

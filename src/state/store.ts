@@ -1,5 +1,6 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
+import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
@@ -47,6 +48,10 @@ export const backendRecordSchema = z.object({
 });
 export type BackendRecord = z.infer<typeof backendRecordSchema>;
 
+const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
+const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
+const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
+
 export class StateStore {
   readonly stateFile: string;
   readonly backendFile: string;
@@ -58,16 +63,34 @@ export class StateStore {
     this.lockTarget = path.join(dir, 'natgw');
   }
 
+  /**
+   * Load the desired state. The file carries the sha256 of its state text: a match proves it
+   * is the document natgw itself wrote (already validated and canonical), so the full schema
+   * check — hundreds of milliseconds at ten thousand rules — runs only for a file someone
+   * edited or an older format.
+   */
   async load(): Promise<DesiredState | undefined> {
-    const raw = await readJson(this.stateFile);
-    if (raw === undefined) return undefined;
-    const parsed = desiredStateSchema.safeParse(raw);
+    let text: string;
+    try {
+      text = await fs.readFile(this.stateFile, 'utf8');
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw e;
+    }
+    const sealed = SEALED.exec(text.slice(0, SEAL_PREFIX_LEN));
+    if (sealed && text.endsWith('}\n')) {
+      const body = text.slice(SEAL_PREFIX_LEN, -2);
+      if (sha256(body) === sealed[1]) return JSON.parse(body) as DesiredState;
+    }
+    const raw = JSON.parse(text) as { state?: unknown };
+    const parsed = desiredStateSchema.safeParse(sealed ? raw.state : raw);
     if (!parsed.success) throw new Error(`state file ${this.stateFile} is invalid: ${parsed.error.message}`);
     return parsed.data;
   }
 
   async save(state: DesiredState): Promise<void> {
-    await writeFileAtomic(this.stateFile, JSON.stringify(state, null, 1) + '\n');
+    const body = JSON.stringify(state);
+    await writeFileAtomic(this.stateFile, `{"sha256":"${sha256(body)}","state":${body}}\n`);
   }
 
   async loadBackend(): Promise<BackendRecord | undefined> {

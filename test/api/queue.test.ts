@@ -63,8 +63,8 @@ describe('merged transactions', () => {
   it('merges concurrent requests into few transactions, each request with its own outcome', async () => {
     await put(1000).expect(201);
     const before = engine.transactions;
-    // While a slow legacy command holds the queue, 20 API requests arrive; one conflicts.
-    const blocker = request(app).post('/v1/legacy').send({ command: 'snat-add', rules: ['172.20.0.10,10.0.1.0/24'] });
+    // While a slow apply runs (a QoS command: never merged with NAT changes), 20 API requests arrive; one conflicts.
+    const blocker = request(app).post('/v1/legacy').send({ command: 'eip-egress-qos-add', rules: ['172.20.0.10,1,10,1'] });
     const blockerDone = blocker.then((r) => r);
     await new Promise((r) => setTimeout(r, 5));
     const reqs = [...Array.from({ length: 19 }, (_, i) => put(2000 + i)), put(1000, '10.0.1.99')];
@@ -77,6 +77,26 @@ describe('merged transactions', () => {
     // The blocker plus at most a couple of batches, not 20 transactions.
     expect(engine.transactions - before).toBeLessThanOrEqual(4);
     expect(agent.batcher.merged).toBeGreaterThanOrEqual(10);
+  });
+
+  it('merges script commands too, each with exactly its own output', async () => {
+    await put(1).expect(201);
+    const t = engine.transactions;
+    const legacy = (command: string, rule: string) => request(app).post('/v1/legacy').send({ command, rules: [rule] });
+    const results = await Promise.all([
+      legacy('dnat-add', '172.20.0.10,2,tcp,10.0.1.6,80'),
+      legacy('dnat-add', '172.20.0.10,1,tcp,10.0.1.7,80'),
+      legacy('snat-add', '172.20.0.10,10.0.1.0/24'),
+      legacy('dnat-add', '172.20.0.10,3,tcp,10.0.1.6,x'),
+      legacy('floating-ip-add', '172.20.0.11,10.0.1.6'),
+    ]);
+    expect(results.map((r) => r.body.status)).toEqual([0, 1, 0, 1, 0]);
+    expect(results[0]!.body).toEqual({ status: 0, stdout: 'dnat-add 172.20.0.10,2,tcp,10.0.1.6,80\n', stderr: '' });
+    expect(results[1]!.body.stdout).toMatch(/^dnat-add 172\.20\.0\.10,1,tcp,10\.0\.1\.7,80\ndnat \(172\.20\.0\.10, 1, tcp\) already exists: .* but expected 10\.0\.1\.7:80\n$/);
+    expect(results[1]!.body.stderr).toBe('');
+    expect(engine.transactions - t).toBeLessThanOrEqual(2);
+    expect(engine.state.dnats.map((d) => d.port).sort()).toEqual([1, 2]);
+    expect(engine.state.fips).toHaveLength(1);
   });
 
   it('retries each request alone when the merged apply fails, so only the bad one fails', async () => {

@@ -174,12 +174,13 @@ describe('the daemon under concurrent clients', () => {
   beforeAll(async () => {
     topo = await createTopology();
     sock = socketOf(topo);
-    daemon = await startDaemon(topo);
+    daemon = await startDaemon(topo, process.env.NATGW_PROFILE ? { NATGW_LOG_LEVEL: 'debug' } : {});
     const init = ok(await api(sock, 'POST', '/v1/legacy', { command: 'init', rules: [] }), 'init').body;
     expect(init.status).toBe(0);
     await waitReady(topo, daemon);
   });
   afterAll(async () => {
+    if (process.env.NATGW_PROFILE && daemon) (await import('node:fs')).writeFileSync(process.env.NATGW_PROFILE, daemon.logs());
     if (daemon) await stopDaemon(daemon, 'SIGKILL');
     await topo?.cleanup();
   });

@@ -4,7 +4,7 @@ import { SystemError } from '../../../model/errors.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, type TableName } from './plan.js';
-import { parseSave, type SavedTable } from './save.js';
+import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 
 export type IptablesVariant = 'legacy' | 'nft';
@@ -37,13 +37,25 @@ export class IptablesBackend implements NetfilterBackend {
     this.tools = toolsFor(variant);
   }
 
+  /**
+   * The nat table the init guard just read, handed to the sync that follows it in the same
+   * transaction (under natgw's lock) so a command reads a large table once, not twice.
+   */
+  private guardRead: { at: number; table: SavedTable } | undefined;
+
   private async read(table: TableName): Promise<SavedTable> {
+    if (table === 'nat' && this.guardRead && Date.now() - this.guardRead.at < 1000) {
+      const cached = this.guardRead.table;
+      this.guardRead = undefined;
+      return cached;
+    }
     const r = await runChecked(this.exec, { file: this.tools.save, args: ['-t', table] });
     return parseSave(r.stdout);
   }
 
   async isInitialized(): Promise<boolean> {
     const nat = await this.read('nat');
+    this.guardRead = { at: Date.now(), table: nat };
     return (nat.rules.get(CHAINS.snatFilter) ?? []).includes(`-j ${CHAINS.sharedSnat}`);
   }
 
@@ -51,8 +63,9 @@ export class IptablesBackend implements NetfilterBackend {
     const desired = desiredTables(want);
     let script = '';
     let changes = 0;
-    for (const table of TABLES) {
-      const plan = planTable(await this.read(table), desired[table]);
+    const have = await Promise.all(TABLES.map((t) => this.read(t)));
+    for (const [i, table] of TABLES.entries()) {
+      const plan = planTable(have[i] ?? emptyTable, desired[table]);
       const text = renderRestore(table, plan);
       if (text === '') continue;
       changes += plan.changes;

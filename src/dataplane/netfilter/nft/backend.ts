@@ -65,13 +65,25 @@ export class NftBackend implements NetfilterBackend {
     private readonly log?: Logger,
   ) {}
 
+  /**
+   * The `ip natgw` listing the init guard just read, handed once to the sync that follows in
+   * the same transaction (under natgw's lock), so a command lists a large table once.
+   */
+  private guardRead: { at: number; dump: NftTableDump | null } | undefined;
+
   private async kernel(): Promise<NatgwKernel> {
-    const [ip, ip6] = await Promise.all(NFT_FAMILIES.map((f: NftFamily) => listTable(this.exec, f, NATGW_TABLE)));
+    const cached = this.guardRead && Date.now() - this.guardRead.at < 1000 ? this.guardRead : undefined;
+    this.guardRead = undefined;
+    const [ip, ip6] = await Promise.all(
+      NFT_FAMILIES.map((f: NftFamily) => (f === 'ip' && cached ? Promise.resolve(cached.dump) : listTable(this.exec, f, NATGW_TABLE))),
+    );
     return natgwKernel(ip ?? null, ip6 ?? null);
   }
 
   async isInitialized(): Promise<boolean> {
-    return hasSkeleton(await listTable(this.exec, 'ip', NATGW_TABLE));
+    const dump = await listTable(this.exec, 'ip', NATGW_TABLE);
+    this.guardRead = { at: Date.now(), dump };
+    return hasSkeleton(dump);
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
