@@ -35,6 +35,7 @@ async function labFor(mode: 'iptables' | 'nftables'): Promise<Check[]> {
       ['snat-add', `${EIP},${ADDR.vpcCidr}`],
       ['dnat-add', `${EIP},8080,tcp,${ADDR.vpc1},80`],
       ['dnat-add', `${EIP},5353,udp,${ADDR.vpc1},53`],
+      ['dnat-add', `${EIP},8082,tcp,${ADDR.vpc2},9000`],
       ['floating-ip-add', `${FIP},${ADDR.vpc2}`],
       ['subnet-route-add', `${ADDR.sub2Cidr},${ADDR.rtr}`],
       ['snat-add', `${EIP},${ADDR.sub2Cidr}`],
@@ -64,8 +65,9 @@ async function labFor(mode: 'iptables' | 'nftables'): Promise<Check[]> {
     check(`FIP inbound: external → ${FIP} reaches vpc2`, ip === ADDR.extHost, `server saw ${ip}`);
     ip = await seen(() => request(topo, 'vpc2', 'tcp', ADDR.extHost, 7001));
     check('FIP outbound: vpc2 is seen as its floating IP', ip === FIP, `source seen: ${ip}`);
-    ip = await seen(() => request(topo, 'vpc2', 'tcp', EIP, 8080));
-    check('hairpin: vpc2 → EIP:8080 → vpc1 sees the EIP', ip === EIP, `server saw ${ip}`);
+    // vpc1 has no floating IP of its own (vpc2's would take precedence, as in the script).
+    ip = await seen(() => request(topo, 'vpc1', 'tcp', EIP, 8082));
+    check('hairpin: vpc1 → EIP:8082 → vpc2 sees the EIP', ip === EIP, `server saw ${ip}`);
     ip = await seen(() => request(topo, 'sub2', 'tcp', ADDR.extHost, 7001));
     check('subnet route: the second VPC subnet reaches out through SNAT', ip === EIP, `source seen: ${ip}`);
     let answered = 0;

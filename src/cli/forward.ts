@@ -5,7 +5,6 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { LEGACY_COMMANDS } from '../engine/legacy.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -14,8 +13,9 @@ import { LEGACY_COMMANDS } from '../engine/legacy.js';
  * caller runs the command in-process, under the same lock. The output is the command's own
  * output on every path.
  *
- * help, unknown commands and get-iptables-version run in-process: they read no state and
- * take no lock, and their output is the same text either way.
+ * help and get-iptables-version run in-process: they read no state and take no lock, and
+ * their output is the same text either way. Everything else, unknown commands included, goes
+ * to the daemon, so this module (and a forwarded run) loads none of the engine.
  */
 const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 
@@ -26,7 +26,7 @@ const CONNECT_TIMEOUT_MS = 2000;
 type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
 export async function forward(config: Config, command: string | undefined, args: readonly string[], log: Logger): Promise<CommandOutput | undefined> {
-  if (command === undefined || IN_PROCESS.has(command) || !(LEGACY_COMMANDS as readonly string[]).includes(command)) return undefined;
+  if (command === undefined || IN_PROCESS.has(command)) return undefined;
   const first = await post(config.socket, command, args);
   if (first.kind === 'ok') return first.out;
   if (first.kind === 'failed') {

@@ -1,8 +1,5 @@
 import { loadConfig, ConfigError } from '../config/config.js';
-import { SystemExecutor } from '../system/exec.js';
 import { commandLogger } from '../system/logger.js';
-import { Engine } from '../engine/engine.js';
-import { runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
 
 /**
@@ -30,6 +27,12 @@ async function main(argv: readonly string[]): Promise<number> {
     const { forward } = await import('./forward.js');
     const viaDaemon = await forward(config, command, args, log);
     if (viaDaemon) return viaDaemon;
+    // Loaded only here: a command the daemon ran needs none of the engine.
+    const [{ SystemExecutor }, { Engine }, { runLegacy }] = await Promise.all([
+      import('../system/exec.js'),
+      import('../engine/engine.js'),
+      import('../engine/legacy.js'),
+    ]);
     const engine = new Engine({ config, exec: new SystemExecutor(log), log });
     return runLegacy(engine, command, args);
   })();

@@ -17,8 +17,16 @@ export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {
   return a.kind === b.kind && (a.kind === 'nftables' || a.variant === b.variant);
 }
 
+/** The evidence decideBackend weighs; BackendProbe reads it from the kernel, tests fake it. */
+export interface BackendEvidence {
+  iptablesVariant(): Promise<IptablesVariant>;
+  ownsIptables(variant: IptablesVariant): Promise<boolean>;
+  ownsNft(): Promise<boolean>;
+  nftWorks(): Promise<boolean>;
+}
+
 /** Evidence only from this network namespace (SPEC §4.3). */
-export class BackendProbe {
+export class BackendProbe implements BackendEvidence {
   constructor(private readonly exec: Executor) {}
 
   /** The script's probe: legacy iptables answering for the nat table means legacy. */
@@ -49,7 +57,11 @@ export class BackendProbe {
  * config, else the recorded one, else one that already holds natgw's chains, else the probe.
  * Two variants are never mixed.
  */
-export async function decideBackend(config: Config, record: BackendRecord | undefined, probe: BackendProbe): Promise<BackendChoice> {
+export async function decideBackend(
+  config: Pick<Config, 'mode' | 'iptablesVariant'>,
+  record: BackendRecord | undefined,
+  probe: BackendEvidence,
+): Promise<BackendChoice> {
   const variant = async (): Promise<IptablesVariant> => {
     if (config.iptablesVariant !== 'auto') return config.iptablesVariant;
     if (record?.kind === 'iptables' && record.variant) return record.variant;

@@ -21,6 +21,14 @@ export function canonicalDecimal(s: string): string {
 /** Upper bounds keep every value inside what tc can express (burst is a u32 byte count). */
 export const MAX_RATE_MBIT = 10_000_000;
 export const MAX_BURST_MB = 4095;
+/**
+ * The least rate tc can express: it programs whole bytes per second, truncating
+ * `<rate>mbit` × 10^6 / 8, and refuses a rate that truncates to 0 ("rate" is required).
+ */
+export const MIN_RATE_MBIT = '0.000008';
+
+/** Bytes per second tc programs for `<mbit>mbit` (the same double arithmetic as tc's get_rate64, truncated). */
+export const rateBytesPerSecond = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
 
 export const decimalSchema = z
   .string()
@@ -28,7 +36,9 @@ export const decimalSchema = z
   .refine((s) => Number(s) > 0, 'must be greater than zero')
   .transform(canonicalDecimal);
 
-const rateSchema = decimalSchema.refine((s) => Number(s) <= MAX_RATE_MBIT, `must be at most ${MAX_RATE_MBIT} (Mbit/s)`);
+const rateSchema = decimalSchema
+  .refine((s) => Number(s) <= MAX_RATE_MBIT, `must be at most ${MAX_RATE_MBIT} (Mbit/s)`)
+  .refine((s) => rateBytesPerSecond(s) >= 1, `must be at least ${MIN_RATE_MBIT} (Mbit/s, one byte per second)`);
 const burstSchema = decimalSchema
   .refine((s) => Number(s) <= MAX_BURST_MB, `must be at most ${MAX_BURST_MB} (MB)`)
   .refine((s) => burstBytes(s) >= 1, 'must be at least one byte');

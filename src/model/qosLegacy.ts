@@ -2,7 +2,7 @@ import { ValidationError } from './errors.js';
 import { isInterfaceName, isIpv4, parseCidr } from './net.js';
 import {
   type Direction, type EipQos, type GwQos, type GwQosId,
-  canonicalDecimal, canonicalQosCidr, gwQosShapeIssues, burstBytes, MAX_BURST_MB, MAX_RATE_MBIT,
+  canonicalDecimal, canonicalQosCidr, gwQosShapeIssues, burstBytes, rateBytesPerSecond, MAX_BURST_MB, MAX_RATE_MBIT, MIN_RATE_MBIT,
 } from './qos.js';
 
 /**
@@ -35,6 +35,7 @@ function priority(kind: string, rule: string, s: string): number {
 function positiveDecimal(kind: string, rule: string, what: 'rate' | 'burst', s: string): string {
   if (!/^(\d+(\.\d+)?|\.\d+)$/.test(s) || !(Number(s) > 0)) throw bad(kind, rule, `${what} '${s}' is not a positive decimal`);
   if (what === 'rate' && Number(s) > MAX_RATE_MBIT) throw bad(kind, rule, `rate '${s}' exceeds ${MAX_RATE_MBIT} Mbit/s`);
+  if (what === 'rate' && rateBytesPerSecond(s) < 1) throw bad(kind, rule, `rate '${s}' is below ${MIN_RATE_MBIT} Mbit/s (one byte per second, the least tc can express)`);
   if (what === 'burst' && Number(s) > MAX_BURST_MB) throw bad(kind, rule, `burst '${s}' exceeds ${MAX_BURST_MB} MB`);
   if (what === 'burst' && burstBytes(s) < 1) throw bad(kind, rule, `burst '${s}' is less than one byte`);
   return canonicalDecimal(s);

@@ -22,28 +22,32 @@ export interface ServerHandle {
 // ---------------------------------------------------------------------------------
 
 /** The peer as the server sees it, with v4-mapped v6 addresses unwrapped. */
-const PEER_FN = `const peerOf = (a, p) => 'peer=' + String(a).replace(/^::ffff:/, '') + ':' + p + '\\n';`;
+const PEER_FN = `const unmap = (a) => String(a).replace(/^::ffff:/, '');
+const peerOf = (a, p, s) => 'peer=' + unmap(a) + ':' + p + (s && reportLocal === '1' ? ' local=' + unmap(s.localAddress) + ':' + s.localPort : '') + '\\n';`;
 
 /** Answers every TCP connection / UDP datagram with `peer=<ip>:<port>`. */
 const PEER_SERVER = `${PEER_FN}
-const [proto, port, bind] = process.argv.slice(1);
+const [proto, port, bind, reportLocal] = process.argv.slice(1);
 const ready = () => process.stdout.write('listening\\n');
 if (proto === 'tcp') {
-  const srv = require('net').createServer((s) => { s.on('error', () => {}); s.end(peerOf(s.remoteAddress, s.remotePort)); });
+  const srv = require('net').createServer((s) => { s.on('error', () => {}); s.end(peerOf(s.remoteAddress, s.remotePort, s)); });
   srv.listen({ port: Number(port), host: bind }, ready);
 } else {
   const sock = require('dgram').createSocket(bind.includes(':') ? 'udp6' : 'udp4');
-  sock.on('message', (_m, r) => sock.send(peerOf(r.address, r.port), r.port, r.address));
+  sock.on('message', (_m, r) => {
+    const a = sock.address();
+    sock.send(peerOf(r.address, r.port, { localAddress: a.address, localPort: a.port }), r.port, r.address);
+  });
   sock.bind(Number(port), bind, ready);
 }`;
 
 /** Writes the peer line on connect, then echoes everything back on the same connection. */
 const ECHO_SERVER = `${PEER_FN}
-const [port, bind] = process.argv.slice(1);
+const [port, bind, reportLocal] = process.argv.slice(1);
 require('net').createServer((s) => {
   s.on('error', () => {});
   s.setNoDelay(true);
-  s.write(peerOf(s.remoteAddress, s.remotePort));
+  s.write(peerOf(s.remoteAddress, s.remotePort, s));
   s.pipe(s);
 }).listen({ port: Number(port), host: bind }, () => process.stdout.write('listening\\n'));`;
 
@@ -178,14 +182,23 @@ function startNodeServer(topo: Topology, ns: NsRef, what: string, script: string
 // Servers
 // ---------------------------------------------------------------------------------
 
+export interface ServerOptions {
+  /**
+   * Append ` local=<ip>:<port>` to the answer line: the server's own address of that TCP
+   * connection (UDP: the address the socket is bound to). Tells which of several DNAT backends
+   * answered (parseLocal()); parsePeer() reads such lines too.
+   */
+  readonly reportLocal?: boolean;
+}
+
 /** A server answering each TCP connection / UDP datagram with `peer=<ip>:<port>` as it saw the client. */
-export function startServer(topo: Topology, ns: NsRef, proto: Proto, port: number, bind = '0.0.0.0'): ServerHandle {
-  return startNodeServer(topo, ns, `${proto} server on ${bind}:${port}`, PEER_SERVER, [proto, port, bind]);
+export function startServer(topo: Topology, ns: NsRef, proto: Proto, port: number, bind = '0.0.0.0', opts: ServerOptions = {}): ServerHandle {
+  return startNodeServer(topo, ns, `${proto} server on ${bind}:${port}`, PEER_SERVER, [proto, port, bind, opts.reportLocal ? '1' : '']);
 }
 
 /** A TCP server that writes `peer=<ip>:<port>` on connect and then echoes every line back. */
-export function startEchoServer(topo: Topology, ns: NsRef, port: number, bind = '0.0.0.0'): ServerHandle {
-  return startNodeServer(topo, ns, `echo server on ${bind}:${port}`, ECHO_SERVER, [port, bind]);
+export function startEchoServer(topo: Topology, ns: NsRef, port: number, bind = '0.0.0.0', opts: ServerOptions = {}): ServerHandle {
+  return startNodeServer(topo, ns, `echo server on ${bind}:${port}`, ECHO_SERVER, [port, bind, opts.reportLocal ? '1' : '']);
 }
 
 /** A TCP sink for bulkTransfer(): counts bytes and reports them with the elapsed time. */
@@ -247,8 +260,15 @@ export async function tryRequest(
 
 /** Split a `peer=<ip>:<port>` answer (v6 addresses contain colons: the port is after the last). */
 export function parsePeer(line: string): { ip: string; port: number } {
-  const m = /^peer=(.+):(\d+)$/.exec(line.trim());
+  const m = /^peer=(\S+):(\d+)(?: local=\S+)?$/.exec(line.trim());
   if (!m) throw new Error(`not a peer line: ${JSON.stringify(line)}`);
+  return { ip: m[1]!, port: Number(m[2]) };
+}
+
+/** The server's own address from an answer of a `reportLocal` server: which backend answered. */
+export function parseLocal(line: string): { ip: string; port: number } {
+  const m = / local=(\S+):(\d+)$/.exec(line.trim());
+  if (!m) throw new Error(`no local address in: ${JSON.stringify(line)} (start the server with reportLocal)`);
   return { ip: m[1]!, port: Number(m[2]) };
 }
 

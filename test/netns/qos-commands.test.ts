@@ -109,10 +109,11 @@ describe('QoS through the command line', () => {
   const pingFrom = async (src: string): Promise<void> => {
     await topo.exec('gw', ['ping', '-c', '3', '-i', '0.2', '-W', '2', '-I', src, ADDR.extHost]);
   };
-  /** Everything natgw shapes, as comparable text (counters left out). */
+  /** Everything natgw shapes on EXT and its IFB, as comparable text (counters left out). */
   const tcSnapshot = async (): Promise<string> => {
     const parts = await Promise.all([
-      tc('qdisc', 'show'),
+      tc('qdisc', 'show', 'dev', EXT),
+      tc('qdisc', 'show', 'dev', IFB),
       tc('class', 'show', 'dev', EXT),
       tc('class', 'show', 'dev', IFB),
       tc('filter', 'show', 'dev', EXT, 'parent', '1:'),
@@ -373,10 +374,13 @@ describe('QoS through the command line', () => {
       [...(s?.eipQos ?? []).map((q) => `${q.direction} ${q.ip} ${q.classId} ${q.handle}`), ...(s?.qos ?? []).map((q) => `${q.direction} ${q.dev} ${q.cidr} ${q.classId} ${q.handle}`)].sort();
     expect(ids(adopted)).toEqual(ids(saved));
 
-    // Once more without the file and with a command for another rule: existing rules stay untouched.
+    // Once more without the file, with a command for a new rule elsewhere: existing rules stay untouched.
     rmSync(join(topo.stateDir, 'state.json'));
-    await qos('qos-del', 'ingress,net1,3,u32,ip,dst,10.0.1.0/24');
-    await qos('qos-add', 'ingress,net1,3,u32,ip,dst,10.0.1.0/24,1.5,0.25');
+    await qos('qos-add', 'egress,eth0,3,u32,ip,dst,10.0.1.0/24,7,2');
+    expect(await tcSnapshot()).toBe(before);
+    expect(await tc('class', 'show', 'dev', 'eth0')).toMatch(/rate 7Mbit/);
+    await qos('qos-del', 'egress,eth0,3,u32,ip,dst,10.0.1.0/24,7,2');
+    expect(await tc('class', 'show', 'dev', 'eth0')).not.toMatch(/rate 7Mbit/);
     expect(await tcSnapshot()).toBe(before);
   });
 

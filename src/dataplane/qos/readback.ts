@@ -1,6 +1,6 @@
 import {
   type Direction, type EipQos, type GwQos,
-  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, canonicalDecimal, ifbName,
+  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, canonicalDecimal, ifbName, rateBytesPerSecond,
 } from '../../model/qos.js';
 import { isInterfaceName } from '../../model/net.js';
 
@@ -306,7 +306,7 @@ export const sameKey = (a: U32Key, b: U32Key): boolean => a.value === b.value &&
 export const TICKS_PER_USEC = 1000 / 64;
 
 /** Bytes per second tc programs for `<mbit>mbit` (it truncates bits/8). */
-export const rateBytesOf = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
+export const rateBytesOf = rateBytesPerSecond;
 
 /** The buffer tc computes for a burst at a rate (tc_calc_xmittime: µs truncated to u32, then ticks). */
 export function expectedTicks(rateBytes: number, burst: number): number {

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything natgw's lab and tests need on a Debian machine, as root. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(nftables iptables iproute2 conntrack iputils-arping iputils-ping procps ca-certificates)
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$major" -lt 20 ]; then
+  echo "natgw needs Node.js >= 20 (found $(node --version)); Debian 13 ships it as nodejs" >&2
+  exit 1
+fi
+
+npm ci --no-audit --no-fund --loglevel=error

@@ -1,0 +1,121 @@
+/**
+ * The daemon's edges: one daemon per socket; late interfaces (not ready, logged, then ready
+ * on the link event without any command); link events repair at once even with a long
+ * resync period, and a dead link monitor is restarted; SIGTERM finishes the accepted
+ * changes, persists every acknowledged one and exits 0.
+ */
+import { promises as fs, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
+import { waitFor } from '../helpers/poll.js';
+import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
+
+const EIP = '172.20.0.10';
+
+/** Children of `pid` whose command line contains `word` (the daemon's `ip monitor`). */
+function childrenOf(pid: number, word: string): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (ppid === pid && readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').includes(word)) out.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+describe('daemon robustness', () => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  let sock: string;
+
+  beforeAll(async () => {
+    topo = await createTopology({ lateExternal: true });
+    Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway, NATGW_INTERFACE_WAIT_TIMEOUT: '1s', NATGW_RESYNC_PERIOD: '1h' });
+    sock = socketOf(topo);
+  });
+  afterEach(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    daemon = undefined;
+  });
+  afterAll(async () => {
+    await topo?.cleanup();
+  });
+
+  it('waits for a late interface past the deadline, not ready, then gets ready on its own', async () => {
+    daemon = await startDaemon(topo);
+    // The API answers at once, while the interface is missing.
+    const early = await api(sock, 'GET', '/readyz');
+    expect(early.status).toBe(503);
+    await waitFor(async () => daemon!.logs().includes('interfaces still missing after the deadline'), { what: 'the deadline log line', timeoutMs: 10_000 });
+    const notReady = await api(sock, 'GET', '/readyz');
+    expect(notReady.status).toBe(503);
+    expect(notReady.body.reasons.join(' ')).toContain('net1');
+
+    await topo.attachExternal();
+    await waitReady(topo, daemon, 10_000);
+    // Refuses a second daemon on the same socket, leaving the first serving.
+    const second = await topo.natgw('serve');
+    expect(second.exitCode).not.toBe(0);
+    expect(second.stderr).toContain('another natgw daemon is serving');
+    expect((await api(sock, 'GET', '/healthz')).body.pid).toBe(daemon.pid);
+  });
+
+  it('repairs a recreated net1 on the link event (period 1h), also after its link monitor died', async () => {
+    daemon = await startDaemon(topo);
+    ok(await api(sock, 'POST', '/v1/legacy', { command: 'init', rules: [] }), 'init');
+    ok(await api(sock, 'PUT', `/v1/eips/${EIP}`, { prefixLength: 24 }), 'eip');
+    await waitReady(topo, daemon);
+
+    const monitors = await waitFor(async () => {
+      const m = childrenOf(daemon!.pid, 'monitor');
+      return m.length === 1 ? m : undefined;
+    }, { what: 'the daemon\'s ip monitor' });
+    process.kill(monitors[0]!, 'SIGKILL');
+    await waitFor(async () => {
+      const m = childrenOf(daemon!.pid, 'monitor');
+      return m.length === 1 && m[0] !== monitors[0];
+    }, { what: 'a new ip monitor', timeoutMs: 10_000 });
+    expect(daemon.logs()).toContain('link monitor exited; restarting');
+
+    await topo.recreateExternal();
+    await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), { what: 'the EIP back on the new net1', timeoutMs: 5000, intervalMs: 50 });
+    const route = await topo.exec('gw', ['ip', '-4', 'route', 'show', 'default']);
+    expect(route.stdout).toContain(`via ${ADDR.extGateway} dev net1`);
+  });
+
+  it('on SIGTERM finishes accepted changes, persists every acknowledged one and exits 0', async () => {
+    daemon = await startDaemon(topo);
+    await waitReady(topo, daemon);
+    const put = (i: number) =>
+      api(sock, 'PUT', `/v1/dnats/${EIP},${20000 + i},tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }).then(
+        (r): ApiResponse | string => r,
+        (e: unknown) => String((e as Error).message),
+      );
+    const first = put(0);
+    const rest = Array.from({ length: 29 }, (_, i) => put(i + 1));
+    await first;
+    process.kill(daemon.pid, 'SIGTERM');
+    const results = [await first, ...(await Promise.all(rest))];
+    expect(await daemon.exited).toBe(0);
+    daemon = undefined;
+
+    const saved = JSON.parse(await fs.readFile(join(topo.stateDir, 'state.json'), 'utf8'));
+    const ports = new Set<number>(saved.dnats.map((d: { port: number }) => d.port));
+    let acknowledged = 0;
+    results.forEach((r, i) => {
+      if (typeof r !== 'string' && (r.status === 201 || r.status === 200)) {
+        acknowledged++;
+        expect(ports.has(20000 + i), `acknowledged dnat ${20000 + i} persisted`).toBe(true);
+      } else if (typeof r !== 'string') {
+        expect(r.status, r.text).toBe(503);
+      }
+    });
+    expect(acknowledged).toBeGreaterThanOrEqual(1);
+  });
+});
