@@ -30,8 +30,9 @@ export function requestLog(log: Logger): RequestHandler {
         ...(res.locals.error ? { error: res.locals.error } : {}),
         outcome: (res.locals.log as { outcome?: string } | undefined)?.outcome ?? (status < 400 ? 'ok' : 'refused'),
       };
-      if (status >= 500) log.error(line, 'request');
-      else if (QUIET.has(req.path) && status < 400) log.debug(line, 'request');
+      // Probes are polled: debug, whatever they answer (a 503 from /readyz is an answer, not a failure).
+      if (QUIET.has(req.path) && status !== 401) log.debug(line, 'request');
+      else if (status >= 500) log.error(line, 'request');
       else log.info(line, 'request');
     });
     next();

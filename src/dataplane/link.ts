@@ -37,7 +37,9 @@ export function planLink(have: LinkView, want: DesiredState, previous: DesiredSt
   const prefixesOf = (address: string) => have.extAddresses.filter((a) => a.address === address).map((a) => a.prefixLength);
   for (const e of want.eips) {
     const present = prefixesOf(e.address);
-    if (!present.includes(e.prefixLength)) lines.push(`addr replace ${e.address}/${e.prefixLength} dev ${ext}`);
+    // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
+    const nodad = familyOf(e.address) === 6 ? ' nodad' : '';
+    if (!present.includes(e.prefixLength)) lines.push(`addr replace ${e.address}/${e.prefixLength} dev ${ext}${nodad}`);
     for (const len of present) if (len !== e.prefixLength) lines.push(`addr del ${e.address}/${len} dev ${ext}`);
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));

@@ -62,8 +62,8 @@ const mutating: Record<string, MutatingCommand> = {
   },
   'eip-ingress-qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosAdd(r, 'ingress'); return (s) => QOps.addEipQos(s, v); } },
   'eip-egress-qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosAdd(r, 'egress'); return (s) => QOps.addEipQos(s, v); } },
-  'eip-ingress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r); return (s) => QOps.delEipQos(s, 'ingress', v); } },
-  'eip-egress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r); return (s) => QOps.delEipQos(s, 'egress', v); } },
+  'eip-ingress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r, 'ingress'); return (s) => QOps.delEipQos(s, 'ingress', v); } },
+  'eip-egress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r, 'egress'); return (s) => QOps.delEipQos(s, 'egress', v); } },
   'qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQos(r); return (s) => QOps.addGwQos(s, v); } },
   'qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQosDel(r); return (s) => QOps.delGwQos(s, v); } },
 };

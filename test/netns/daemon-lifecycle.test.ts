@@ -11,7 +11,7 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 
@@ -97,7 +97,7 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
   it('keeps an acknowledged change across kill -9 and restart, and repairs what changed meanwhile', async () => {
     ok(await api(sock, 'PUT', `/v1/dnats/${EIP},8081,tcp`, { internalIp: ADDR.vpc2, internalPort: 80 }), 'dnat 8081');
     await stopDaemon(daemon!, 'SIGKILL');
-    const saved = JSON.parse(await fs.readFile(join(topo.stateDir, 'state.json'), 'utf8')).state; // the file is {sha256, state}
+    const saved = savedState(topo);
     expect(saved.dnats).toContainEqual({ eip: EIP, port: 8081, protocol: 'tcp', internalIp: ADDR.vpc2, internalPort: 80 });
     // While no agent runs, the rules go away; the socket file stays behind, stale.
     await flushNat(topo, backend);

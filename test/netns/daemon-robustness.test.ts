@@ -4,12 +4,11 @@
  * resync period, and a dead link monitor is restarted; SIGTERM finishes the accepted
  * changes, persists every acknowledged one and exits 0.
  */
-import { promises as fs, readFileSync, readdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync, readdirSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
+import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 
@@ -105,7 +104,7 @@ describe('daemon robustness', () => {
     expect(await daemon.exited).toBe(0);
     daemon = undefined;
 
-    const saved = JSON.parse(await fs.readFile(join(topo.stateDir, 'state.json'), 'utf8'));
+    const saved = savedState(topo);
     const ports = new Set<number>(saved.dnats.map((d: { port: number }) => d.port));
     let acknowledged = 0;
     results.forEach((r, i) => {

@@ -4,6 +4,7 @@
  * namespace), wait for it with polling, stop it by its own pid.
  */
 import type { ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import type { Topology } from '../helpers/netns.js';
@@ -134,4 +135,11 @@ export async function stopDaemon(d: Daemon, signal: NodeJS.Signals = 'SIGTERM'):
 export function ok(r: ApiResponse, what: string): ApiResponse {
   if (r.status < 200 || r.status >= 300) throw new Error(`${what}: HTTP ${r.status} ${r.text}`);
   return r;
+}
+
+/** The desired state natgw persisted (the file may wrap it with a checksum). */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export function savedState(topo: Topology): any {
+  const doc = JSON.parse(readFileSync(join(topo.stateDir, 'state.json'), 'utf8'));
+  return doc.state ?? doc;
 }

@@ -1,6 +1,7 @@
 import {
   type Direction, type EipQos, type GwQos,
-  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, canonicalDecimal, ifbName, rateBytesPerSecond,
+  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, MAX_BURST_MB, MAX_RATE_MBIT,
+  burstBytes, canonicalDecimal, ifbName, rateBytesPerSecond,
 } from '../../model/qos.js';
 import { isInterfaceName } from '../../model/net.js';
 
@@ -317,6 +318,28 @@ export function expectedTicks(rateBytes: number, burst: number): number {
 /** The burst in bytes a buffer of `ticks` holds at `rateBytes`. */
 export const ticksToBytes = (ticks: number, rateBytes: number): number => ((ticks / TICKS_PER_USEC) * rateBytes) / 1e6;
 
+/**
+ * The longest buffer tc can program: it turns µs into ticks in 32 bits (tc_core_time2tick),
+ * so a longer one wraps around to an arbitrary value (0.5 Mbit/s with a 4095 MB burst came
+ * out as a 9 MB burst).
+ */
+export const MAX_BUFFER_USEC = Math.floor(0xffffffff / TICKS_PER_USEC);
+
+/** The largest burst in bytes whose buffer at `rateBytes` still fits in those 32 bits. */
+export function maxBurstBytes(rateBytes: number): number {
+  let b = Math.floor((MAX_BUFFER_USEC * rateBytes) / 1e6);
+  while (b > 1 && Math.floor((1e6 * b) / rateBytes) > MAX_BUFFER_USEC) b--;
+  return Math.max(b, 1);
+}
+
+/**
+ * The burst in bytes natgw gives tc for a class: round(burst MB × 1048576) (SPEC §2 QoS),
+ * capped at what the kernel can hold at the class's rate (see MAX_BUFFER_USEC).
+ */
+export function programmedBurstBytes(mbit: string, mb: string): number {
+  return Math.min(burstBytes(mb), maxBurstBytes(rateBytesOf(mbit)));
+}
+
 /** A positive decimal with at most `sig` significant digits, never in exponent form. */
 export function formatDecimal(n: number, sig = 6): string {
   if (!(n > 0)) return '0';
@@ -324,13 +347,39 @@ export function formatDecimal(n: number, sig = 6): string {
   return canonicalDecimal(n.toFixed(Math.min(digits, 20)));
 }
 
-/** The kernel class's rate in Mbit/s and burst in MB, as natgw's decimals (adoption). */
+/**
+ * The kernel class's rate in Mbit/s and burst in MB, as natgw's decimals (adoption). The
+ * burst is the shortest decimal that, at the adopted rate, programs exactly the buffer the
+ * kernel holds, so that syncing the adopted rule changes nothing (a rounded reading such as
+ * 0.99882 for 1 MB at 9999 Mbit/s would be one µs short, and the class rewritten).
+ */
 export function classShaping(c: TcClass): { rate: string; burst: string } | undefined {
   if (c.rateBits === undefined || c.rateBits <= 0) return undefined;
-  const rateBytes = c.rateBits / 8;
-  const bytes = c.bufferTicks !== undefined ? ticksToBytes(c.bufferTicks, rateBytes) : c.burstBytes;
-  if (bytes === undefined || bytes <= 0) return undefined;
-  return { rate: formatDecimal(c.rateBits / 1e6, 9), burst: formatDecimal(bytes / 1048576, 5) };
+  const rate = formatDecimal(c.rateBits / 1e6, 9);
+  const rateBytes = rateBytesOf(rate);
+  // Only values the rule schema accepts: an adopted state is validated as a whole.
+  if (rateBytes < 1 || Number(rate) > MAX_RATE_MBIT) return undefined;
+  let burst: string | undefined;
+  if (c.bufferTicks !== undefined) burst = burstForTicks(c.bufferTicks, rateBytes);
+  else if (c.burstBytes !== undefined && c.burstBytes > 0) burst = formatDecimal(c.burstBytes / 1048576, 5);
+  if (burst === undefined || !validBurst(burst)) return undefined;
+  return { rate, burst };
+}
+
+const validBurst = (mb: string): boolean => burstBytes(mb) >= 1 && Number(mb) <= MAX_BURST_MB;
+
+function burstForTicks(ticks: number, rateBytes: number): string {
+  const programs = (mb: string): boolean =>
+    validBurst(mb) && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
+  // tc truncates to whole µs, then ticks: the buffer names one µs, and the bytes lie within it.
+  const usec = Math.ceil(ticks / TICKS_PER_USEC);
+  const mid = Math.max(1, ((usec + 0.5) * rateBytes) / 1e6) / 1048576;
+  for (let sig = 1; sig <= 12; sig++) {
+    const mb = formatDecimal(Math.min(mid, MAX_BURST_MB), sig);
+    if (programs(mb)) return mb;
+  }
+  // Not a buffer natgw would program (another tool's, or one wrapped by an older tc call): its nearest reading.
+  return formatDecimal(Math.max(ticksToBytes(ticks, rateBytes), 1) / 1048576, 5);
 }
 
 // ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import {
 } from '../../model/qos.js';
 import {
   type DeviceTc, type FilterMatch, type TcClass, type TcFilter, type TcLink, type TcQdisc,
-  classifyingFilters, expectedTicks, matchKey, rateBytesOf, sameKey, shapedDevices,
+  MAX_BUFFER_USEC, TICKS_PER_USEC, classifyingFilters, expectedTicks, matchKey, programmedBurstBytes, rateBytesOf, sameKey, shapedDevices,
 } from './readback.js';
 
 /**
@@ -137,14 +137,15 @@ function rateMatches(actualBits: number | undefined, mbit: string): boolean {
   return Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
 }
 
-/** Compare the raw buffer in ticks where tc printed it, else the rounded size it printed. */
+/**
+ * Compare the raw buffer in ticks where tc printed it, else the rounded size it printed. tc
+ * truncates the buffer to whole µs, so bursts within one µs of each other are one buffer.
+ */
 function burstMatches(ticks: number | undefined, shown: number | undefined, mbit: string, mb: string): boolean {
-  const bytes = burstBytes(mb);
+  const bytes = programmedBurstBytes(mbit, mb);
   if (ticks !== undefined) {
     const want = expectedTicks(rateBytesOf(mbit), bytes);
-    // A buffer over 32 bits cannot be programmed faithfully (tiny rate, huge burst): nothing to compare.
-    if (want > 0xffffffff) return true;
-    return Math.abs(ticks - want) <= Math.max(2, want * 1e-4);
+    return Math.abs(ticks - want) <= Math.max(TICKS_PER_USEC + 1, want * 1e-4);
   }
   if (shown !== undefined) return Math.abs(shown - bytes) <= Math.max(1024, bytes * 1e-2);
   return true;
@@ -172,7 +173,8 @@ function filterMatches(f: TcFilter, want: DesiredFilter, kind: 'u32' | 'matchall
 // ---------------------------------------------------------------------------------
 
 const classSpec = (dev: string, minor: number, rate: string, burst?: string): string => {
-  const b = burst === undefined ? '' : ` burst ${burstBytes(burst)} cburst ${burstBytes(burst)}`;
+  const bytes = burst === undefined ? 0 : programmedBurstBytes(rate, burst);
+  const b = burst === undefined ? '' : ` burst ${bytes} cburst ${bytes}`;
   return `dev ${dev} parent 1: classid 1:${hex(minor)} htb rate ${rate}mbit ceil ${rate}mbit${b}`;
 };
 
@@ -280,8 +282,14 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
 
   for (const c of d.classes) {
     const have = classes.get(c.minor);
-    if (!have) p.classes.push(`class add ${classSpec(dev, c.minor, c.rate, c.burst)}`);
-    else if (!classMatches(have, c)) p.classes.push(`class change ${classSpec(dev, c.minor, c.rate, c.burst)}`);
+    const write = !have ? 'add' : !classMatches(have, c) ? 'change' : undefined;
+    if (write) {
+      p.classes.push(`class ${write} ${classSpec(dev, c.minor, c.rate, c.burst)}`);
+      const bytes = programmedBurstBytes(c.rate, c.burst);
+      if (bytes < burstBytes(c.burst)) {
+        notes.push(`INFO: QoS: a burst of ${c.burst} MB at ${c.rate} Mbit/s is more than the kernel can hold (${MAX_BUFFER_USEC / 1e6} s of the rate); class 1:${hex(c.minor)} on ${dev} gets ${bytes} bytes`);
+      }
+    }
     if (features.fqCodel) {
       const leaf = have ? kernel.qdiscs.find((q) => q.dev === dev && q.parent === `1:${c.minor.toString(16)}`) : undefined;
       if (leaf?.kind !== 'fq_codel') p.classes.push(`qdisc replace dev ${dev} parent 1:${hex(c.minor)} fq_codel`);

@@ -1,7 +1,7 @@
 import type { NatTables } from '../backend.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { CHAINS } from '../../../model/ruleText.js';
-import { parseCidr, formatCidr, isIpv4 } from '../../../model/net.js';
+import { parseCidr, formatCidr, isIp, familyOf } from '../../../model/net.js';
 import type { SavedTable } from './save.js';
 
 /**
@@ -11,9 +11,9 @@ import type { SavedTable } from './save.js';
  */
 const MARK = /^-i (\S+) -j MARK --set-xmark 0x1\/0x1$/;
 const SNAT = /^-s (\S+) -o (\S+) -j SNAT --to-source (\S+?)( --random-fully)?$/;
-const FIP_DNAT = /^-d (\S+)\/32 -j DNAT --to-destination (\S+)$/;
-const FIP_SNAT = /^-s (\S+)\/32 -j SNAT --to-source (\S+)$/;
-const DNAT = /^-d (\S+)\/32 -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination ([\d.]+):(\d+)$/;
+const FIP_DNAT = /^-d (\S+)\/(?:32|128) -j DNAT --to-destination (\S+)$/;
+const FIP_SNAT = /^-s (\S+)\/(?:32|128) -j SNAT --to-source (\S+)$/;
+const DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)$/;
 const HAIRPIN = /^-o (\S+) -m mark --mark 0x1\/0x1 -m conntrack --ctstate DNAT --ctorigdst (\S+) -j SNAT --to-source \S+ --random-fully$/;
 
 export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | null {
@@ -26,8 +26,10 @@ export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | 
   const snats: Snat[] = [];
   for (const r of rules(nat, CHAINS.sharedSnat)) {
     const m = SNAT.exec(r);
-    const c = m && parseCidr(m[1] ?? '', { clearHostBits: true, family: 4 });
-    if (!m || !c || !isIpv4(m[3] ?? '')) continue;
+    if (!m || !isIp(m[3] ?? '')) continue;
+    // A rule mixing families is not natgw's.
+    const c = parseCidr(m[1] ?? '', { clearHostBits: true, family: familyOf(m[3] ?? '') });
+    if (!c) continue;
     extIf ??= m[2];
     snats.push({ eip: m[3] ?? '', cidr: formatCidr(c), randomFully: m[4] !== undefined });
   }

@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../../../system/exec.js';
 import { SystemError } from '../../../model/errors.js';
+import { familyOf, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, type TableName } from './plan.js';
@@ -15,41 +16,59 @@ export interface IptablesTools {
   readonly restore: string;
 }
 
-export function toolsFor(variant: IptablesVariant): IptablesTools {
-  return { cmd: `iptables-${variant}`, save: `iptables-${variant}-save`, restore: `iptables-${variant}-restore` };
+export function toolsFor(variant: IptablesVariant, family: Family = 4): IptablesTools {
+  const base = family === 4 ? 'iptables' : 'ip6tables';
+  return { cmd: `${base}-${variant}`, save: `${base}-${variant}-save`, restore: `${base}-${variant}-restore` };
 }
 
 const TABLES: readonly TableName[] = ['nat', 'mangle'];
+const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
+
+/** The objects of one address family (an object's family is its EIP's). */
+export function ofFamily(want: NatTables, family: Family): NatTables {
+  const mine = (ip: string) => familyOf(ip) === family;
+  return {
+    ...want,
+    eips: want.eips.filter(mine),
+    snats: want.snats.filter((s) => mine(s.eip)),
+    dnats: want.dnats.filter((d) => mine(d.eip)),
+    fips: want.fips.filter((f) => mine(f.eip)),
+  };
+}
+
+const isEmpty = (t: NatTables) => t.eips.length + t.snats.length + t.dnats.length + t.fips.length === 0;
 
 /**
  * The iptables backend: the script's chains (SPEC §2 layout), edited with one
  * `iptables-restore --noflush` transaction per table from a diff against `iptables-save`.
+ * IPv6 objects (API only) get the same layout through ip6tables, which exists only while
+ * there are IPv6 objects.
  */
 export class IptablesBackend implements NetfilterBackend {
   readonly kind = 'iptables' as const;
-  private readonly tools: IptablesTools;
 
   constructor(
     private readonly exec: Executor,
     readonly variant: IptablesVariant,
     private readonly log?: Logger,
-  ) {
-    this.tools = toolsFor(variant);
-  }
+  ) {}
 
   /**
-   * The nat table the init guard just read, handed to the sync that follows it in the same
-   * transaction (under natgw's lock) so a command reads a large table once, not twice.
+   * The IPv4 nat table the init guard just read, handed to the sync that follows it in the
+   * same transaction (under natgw's lock) so a command reads a large table once, not twice.
    */
   private guardRead: { at: number; table: SavedTable } | undefined;
 
-  private async read(table: TableName): Promise<SavedTable> {
-    if (table === 'nat' && this.guardRead && Date.now() - this.guardRead.at < 1000) {
+  private async read(table: TableName, family: Family = 4): Promise<SavedTable> {
+    if (family === 4 && table === 'nat' && this.guardRead && Date.now() - this.guardRead.at < 1000) {
       const cached = this.guardRead.table;
       this.guardRead = undefined;
       return cached;
     }
-    const r = await runChecked(this.exec, { file: this.tools.save, args: ['-t', table] });
+    const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
+    // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
+    if (r.exitCode !== 0 && family === 6) return emptyTable;
+    if (r.exitCode !== 0) throw new SystemError(`Error: ${r.command} failed: ${r.stderr.trim()}`);
     return parseSave(r.stdout);
   }
 
@@ -60,53 +79,86 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+    const v6 = ofFamily(want, 6);
+    const [v4Report, v6Report] = await Promise.all([
+      this.syncFamily(4, ofFamily(want, 4), opts),
+      isEmpty(v6) ? this.removeFamily(6, opts) : this.syncFamily(6, v6, opts),
+    ]);
+    return { changes: v4Report.changes + v6Report.changes, script: v4Report.script + v6Report.script };
+  }
+
+  private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
+    const have = await Promise.all(TABLES.map((t) => this.read(t, family)));
     let script = '';
     let changes = 0;
-    const have = await Promise.all(TABLES.map((t) => this.read(t)));
     for (const [i, table] of TABLES.entries()) {
       const plan = planTable(have[i] ?? emptyTable, desired[table]);
       const text = renderRestore(table, plan);
       if (text === '') continue;
       changes += plan.changes;
       script += text;
-      if (opts.dryRun) continue;
-      // --noflush: only the listed edits happen; other owners' chains stay as they are.
-      const r = await this.exec.run({ file: this.tools.restore, args: ['--noflush', '--wait'], input: text });
-      if (r.exitCode !== 0) {
-        throw new SystemError(`Error: ${this.tools.restore} rejected the ${table} table transaction: ${r.stderr.trim() || r.stdout.trim()}`);
-      }
-      this.log?.debug({ table, changes: plan.changes }, 'iptables transaction applied');
+      if (!opts.dryRun) await this.restore(family, table, text);
     }
     return { changes, script };
   }
 
+  /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
+  private async restore(family: Family, table: TableName, text: string): Promise<void> {
+    const tool = toolsFor(this.variant, family).restore;
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    if (r.exitCode !== 0) {
+      throw new SystemError(`Error: ${tool} rejected the ${table} table transaction: ${r.stderr.trim() || r.stdout.trim()}`);
+    }
+    this.log?.debug({ family, table }, 'iptables transaction applied');
+  }
+
   async readBack(): Promise<NatTables | null> {
-    const [nat, mangle] = await Promise.all([this.read('nat'), this.read('mangle')]);
-    return adoptFromSave(nat, mangle);
+    const [nat, mangle, nat6, mangle6] = await Promise.all([this.read('nat'), this.read('mangle'), this.read('nat', 6), this.read('mangle', 6)]);
+    const v4 = adoptFromSave(nat, mangle);
+    const v6 = adoptFromSave(nat6, mangle6);
+    if (!v4 || !v6) return v4 ?? v6;
+    return {
+      vpcIf: v4.vpcIf || v6.vpcIf,
+      extIf: v4.extIf || v6.extIf,
+      eips: [...v4.eips, ...v6.eips],
+      snats: [...v4.snats, ...v6.snats],
+      dnats: [...v4.dnats, ...v6.dnats],
+      fips: [...v4.fips, ...v6.fips],
+    };
   }
 
   async removeAll(): Promise<void> {
-    const skeleton = desiredTables({ vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] });
+    await this.removeFamily(4, {});
+    await this.removeFamily(6, {});
+  }
+
+  /** Remove natgw's jumps and chains of one family; nothing to do where there are none. */
+  private async removeFamily(family: Family, opts: SyncOptions): Promise<SyncReport> {
+    const skeleton = desiredTables(EMPTY);
+    let script = '';
+    let changes = 0;
     for (const table of TABLES) {
-      const have = await this.read(table);
-      const owned = [...skeleton[table].owned.keys()];
+      const have = await this.read(table, family);
       const lines: string[] = [];
       for (const [builtin, jump] of skeleton[table].jumps) {
         for (const r of have.rules.get(builtin) ?? []) if (r === jump) lines.push(`-D ${builtin} ${jump}`);
       }
-      const present = owned.filter((c) => have.chains.has(c));
+      const present = [...skeleton[table].owned.keys()].filter((c) => have.chains.has(c));
       // Flush all first: a chain can only be deleted once nothing jumps to it.
       for (const c of present) lines.push(`-F ${c}`);
       for (const c of present) lines.push(`-X ${c}`);
       if (lines.length === 0) continue;
-      const r = await this.exec.run({ file: this.tools.restore, args: ['--noflush', '--wait'], input: `*${table}\n${lines.join('\n')}\nCOMMIT\n` });
-      if (r.exitCode !== 0) throw new SystemError(`Error: removing natgw's ${table} chains failed: ${r.stderr.trim()}`);
+      const text = `*${table}\n${lines.join('\n')}\nCOMMIT\n`;
+      changes += lines.length;
+      script += text;
+      if (!opts.dryRun) await this.restore(family, table, text);
     }
+    return { changes, script };
   }
 
   async versionLine(): Promise<string> {
-    const r = await runChecked(this.exec, { file: this.tools.cmd, args: ['--version'] });
+    const r = await runChecked(this.exec, { file: toolsFor(this.variant).cmd, args: ['--version'] });
     return r.stdout.trim().split('\n')[0] ?? '';
   }
 }
