@@ -80,9 +80,9 @@ describe('planLink: EIP addresses', () => {
     expect(planLink(have, state(), previous)).toEqual(['addr del 172.18.0.10/24 dev net1']);
   });
 
-  it('IPv6 EIPs (API) are planned the same way', () => {
+  it('IPv6 EIPs (API) are planned the same way, without duplicate address detection', () => {
     const want = state({ eips: [{ address: '2001:db8::10', prefixLength: 64 }] });
-    expect(planLink(view(), want, undefined)).toEqual(['addr replace 2001:db8::10/64 dev net1']);
+    expect(planLink(view(), want, undefined)).toEqual(['addr replace 2001:db8::10/64 dev net1 nodad']);
     expect(planLink(view({ addrs: [addr('2001:db8::10', 64)] }), want, undefined)).toEqual([]);
   });
 });
