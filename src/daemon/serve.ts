@@ -73,19 +73,23 @@ export async function serve(config: Config): Promise<number> {
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
   const startup = (async () => {
-    const { vpc, ext } = (await engine.loadState()).interfaces;
-    const missing = await engine.link.waitFor([vpc, ext], config.interfaceWaitMs, (m) => {
-      log.info({ missing: m, deadlineMs: config.interfaceWaitMs }, 'waiting for interfaces');
-      agent.setInterfaces(m);
-    });
-    if (shuttingDown) return;
-    agent.setInterfaces(missing);
-    if (missing.length > 0) {
-      log.warn({ missing, waitedMs: config.interfaceWaitMs }, 'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)');
+    try {
+      const { vpc, ext } = (await engine.loadState()).interfaces;
+      const missing = await engine.link.waitFor([vpc, ext], config.interfaceWaitMs, (m) => {
+        log.info({ missing: m, deadlineMs: config.interfaceWaitMs }, 'waiting for interfaces');
+        agent.setInterfaces(m);
+      });
+      agent.setInterfaces(missing);
+      if (missing.length > 0) {
+        log.warn({ missing, waitedMs: config.interfaceWaitMs }, 'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)');
+      }
+    } catch (e) {
+      log.error({ err: e }, 'start-up check failed; the reconciler retries');
     }
+    if (shuttingDown) return;
     monitor.start();
     reconciler.start();
-  })().catch((e: unknown) => log.error({ err: e }, 'start-up failed; the resync timer retries'));
+  })();
 
   const code = await new Promise<number>((resolve) => {
     const stop = (signal: string) => {

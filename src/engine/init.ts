@@ -4,6 +4,7 @@ import { InterfaceMissingError, ValidationError } from '../model/errors.js';
 import { parseInitArgs } from '../model/legacy.js';
 import { isInterfaceName } from '../model/net.js';
 import { readEnvFile, updateEnvFile } from '../config/envFile.js';
+import { readNetworkStatus } from '../config/networkStatus.js';
 import { failure } from './legacy.js';
 
 /**
@@ -48,12 +49,19 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
   }
 }
 
-/** No argument: the names in the env file, then those natgw programmed, then environment and defaults. */
+/**
+ * No argument: the names in the env file, then the pod's Multus network-status (where the
+ * downward API provides it), then the saved state or what natgw owns in the kernel, then the
+ * configured names.
+ */
 async function storedNames(engine: Engine): Promise<{ vpc: string; ext: string }> {
   const file = await readEnvFile(engine.config.envFile);
-  // The saved state, else what natgw owns in the kernel, else the configured names.
+  const multus = await readNetworkStatus(engine.config.networkStatusFile);
   const { interfaces } = await engine.loadState();
-  return { vpc: file.VPC_INTERFACE ?? interfaces.vpc, ext: file.EXTERNAL_INTERFACE ?? interfaces.ext };
+  return {
+    vpc: file.VPC_INTERFACE ?? multus.vpc ?? interfaces.vpc,
+    ext: file.EXTERNAL_INTERFACE ?? multus.ext ?? interfaces.ext,
+  };
 }
 
 /** IFB backs ingress QoS. Many containers have no modprobe; every outcome is informational. */
