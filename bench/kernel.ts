@@ -17,7 +17,8 @@ const ip = (base: number, i: number): string => {
   return `${(n >>> 24) & 255}.${(n >>> 16) & 255}.${(n >>> 8) & 255}.${n & 255}`;
 };
 const EIP_BASE = (172 << 24) | (20 << 16); // 172.20.x.y
-const eip = (i: number) => ip(EIP_BASE, 10 + (i % 200));
+// 172.20.1.10–209: clear of the lab's external host addresses in 172.20.0.0/24.
+const eip = (i: number) => ip(EIP_BASE, 256 + 10 + (i % 200));
 
 async function timed<T>(fn: () => Promise<T>): Promise<[T, number]> {
   const t = process.hrtime.bigint();
@@ -45,7 +46,7 @@ async function main(): Promise<void> {
   const [, bulkDnatMs] = await timed(() => must(engine, 'dnat-add', dnatRules));
   const snatRules = Array.from({ length: N.snats }, (_, i) => `${eip(i)},10.${(i >> 8) & 255}.${i & 255}.0/${24 + (i % 9)}`);
   const [, bulkSnatMs] = await timed(() => must(engine, 'snat-add', snatRules));
-  const fipRules = Array.from({ length: N.fips }, (_, i) => `${ip(EIP_BASE | (1 << 8), i)},${ip((10 << 24) | (2 << 16), i)}`);
+  const fipRules = Array.from({ length: N.fips }, (_, i) => `${ip((172 << 24) | (21 << 16), i)},${ip((10 << 24) | (2 << 16), i)}`);
   const [, bulkFipMs] = await timed(() => must(engine, 'floating-ip-add', fipRules));
 
   // The controller's shape of work: one rule per command, against a full table.
@@ -60,6 +61,10 @@ async function main(): Promise<void> {
     deletes.push(ms);
   }
   const [, resyncMs] = await timed(() => engine.resync('bench'));
+  // Probes for the per-connection figure (bench/run.ts): the first and the last DNAT rule in
+  // iptables order (natgw sorts DNATs by EIP, then port), both to vpc1:80.
+  await must(engine, 'eip-add', ['172.20.1.9/16']);
+  await must(engine, 'dnat-add', ['172.20.1.9,1,tcp,10.0.1.6,80', `${eip(199)},65000,tcp,10.0.1.6,80`]);
   const mem = process.memoryUsage();
   const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)] ?? 0;
   console.log(JSON.stringify({

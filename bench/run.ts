@@ -7,7 +7,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { createTopology } from '../test/helpers/netns.js';
+import { createTopology, type Topology } from '../test/helpers/netns.js';
+import { startServer } from '../test/helpers/traffic.js';
 import { desiredTables, planTable } from '../src/dataplane/netfilter/iptables/plan.js';
 import { emptyTable } from '../src/dataplane/netfilter/iptables/save.js';
 import type { NatTables } from '../src/dataplane/netfilter/backend.js';
@@ -45,10 +46,47 @@ async function kernelFigures(mode: 'iptables' | 'nftables'): Promise<Record<stri
   try {
     const worker = path.join(path.dirname(fileURLToPath(import.meta.url)), 'kernel.js');
     const r = await topo.exec('gw', [process.execPath, worker, mode, String(DNATS), String(SNATS), String(FIPS), stateDir], { timeoutMs: 15 * 60_000 });
-    return JSON.parse(r.stdout.trim().split('\n').at(-1) ?? '{}') as Record<string, unknown>;
+    const figures = JSON.parse(r.stdout.trim().split('\n').at(-1) ?? '{}') as Record<string, unknown>;
+    return { ...figures, ...(await connectionRates(topo)) };
   } finally {
     await topo.cleanup();
     rmSync(stateDir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * New TCP connections per second from the external host through the FIRST and the LAST DNAT
+ * rule: NAT rules see the first packet of every connection, so a linear chain shows up here
+ * and a map lookup does not.
+ */
+const CONNECT_LOOP = `
+const net = require('node:net');
+const [host, port, count] = process.argv.slice(1);
+let done = 0; const t0 = process.hrtime.bigint();
+const next = () => {
+  if (done === Number(count)) {
+    const s = Number(process.hrtime.bigint() - t0) / 1e9;
+    console.log(JSON.stringify({ perSecond: Math.round(done / s) }));
+    return;
+  }
+  const c = net.connect({ host, port: Number(port), localAddress: '172.20.0.100' }, () => { c.destroy(); done++; next(); });
+  c.on('error', (e) => { console.error(e.message); process.exit(1); });
+};
+next();`;
+
+async function connectionRates(topo: Topology): Promise<Record<string, number>> {
+  await topo.exec('ext', ['ip', 'route', 'replace', '172.20.0.0/16', 'dev', 'e0']);
+  if (process.env.BENCH_DEBUG) console.log((await topo.exec('ext', ['ip', 'route'])).stdout, (await topo.exec('ext', ['ip', '-br', 'addr'])).stdout);
+  const server = startServer(topo, 'vpc1', 'tcp', 80);
+  await server.ready;
+  try {
+    const rate = async (host: string, port: number) => {
+      const r = await topo.exec('ext', [process.execPath, '-e', CONNECT_LOOP, host, String(port), '2000'], { timeoutMs: 120_000 });
+      return (JSON.parse(r.stdout.trim()) as { perSecond: number }).perSecond;
+    };
+    return { connPerSecFirstRule: await rate('172.20.1.9', 1), connPerSecLastRule: await rate('172.20.1.209', 65000) };
+  } finally {
+    await server.stop();
   }
 }
 

@@ -1,3 +1,4 @@
+import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
@@ -15,6 +16,19 @@ export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger)
 
 export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {
   return a.kind === b.kind && (a.kind === 'nftables' || a.variant === b.variant);
+}
+
+/**
+ * Whether this network namespace may hold the legacy iptables table `name`: false only when
+ * the kernel's list of legacy tables says it does not (no list at all: ip_tables is not loaded,
+ * so there are no legacy tables). Any other doubt answers true, and the caller looks.
+ */
+async function legacyTableMayExist(name: string): Promise<boolean> {
+  try {
+    return (await readFile('/proc/net/ip_tables_names', 'utf8')).split('\n').includes(name);
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code !== 'ENOENT';
+  }
 }
 
 /** The evidence decideBackend weighs; BackendProbe reads it from the kernel, tests fake it. */
@@ -36,6 +50,9 @@ export class BackendProbe implements BackendEvidence {
   }
 
   async ownsIptables(variant: IptablesVariant): Promise<boolean> {
+    // Dumping a legacy table that does not exist would create it (x_tables instantiate a table
+    // on first access): look at the list of legacy tables first, and create nothing.
+    if (variant === 'legacy' && !(await legacyTableMayExist('nat'))) return false;
     const r = await this.exec.run({ file: toolsFor(variant).save, args: ['-t', 'nat'] });
     return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
   }
@@ -75,4 +92,18 @@ export async function decideBackend(
   for (const v of ['legacy', 'nft'] as const) if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
   if (await probe.nftWorks()) return { kind: 'nftables' };
   return { kind: 'iptables', variant: await variant() };
+}
+
+/**
+ * A backend other than `choice` that holds natgw's objects here, if any: where to switch from
+ * when nothing is recorded (a lost state dir, an upgrade from the script), and what is still
+ * left after a cleanup (an older switch whose cleanup was overtaken). Never mix two backends.
+ */
+export async function ownedElsewhere(probe: BackendEvidence, choice: BackendChoice): Promise<BackendChoice | undefined> {
+  if (choice.kind !== 'nftables' && (await probe.ownsNft())) return { kind: 'nftables' };
+  for (const v of ['legacy', 'nft'] as const) {
+    if (choice.kind === 'iptables' && choice.variant === v) continue;
+    if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
+  }
+  return undefined;
 }

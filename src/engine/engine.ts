@@ -10,7 +10,7 @@ import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { LinkManager } from '../dataplane/link.js';
 import { Conntrack } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
-import { BackendProbe, decideBackend, instantiate, sameChoice, type BackendChoice } from './backendSelect.js';
+import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
 import { adoptState } from './adopt.js';
 
 export interface EngineDeps {
@@ -83,34 +83,66 @@ export class Engine {
 
   /**
    * Resolve the backend under the lock: record the choice, and carry out a switch (prepare
-   * and fill the new backend, then remove the old one's objects; a failed removal is
-   * retried by the next transaction).
+   * and fill the new backend, then remove the old one's objects; a failed removal stays
+   * recorded as pendingCleanup and is retried by the next transaction).
+   *
+   * The backend switched from is the recorded one, or, with no record (the state dir was lost
+   * with the container, or the script ran here before), whichever other backend holds natgw's
+   * objects. Without a state file the new backend is filled with what the old one holds, and
+   * that adopted state is returned for the transaction to build on.
    */
-  private async resolveBackend(state: DesiredState | undefined): Promise<{ backend: NetfilterBackend; choice: BackendChoice }> {
+  private async resolveBackend(
+    state: DesiredState | undefined,
+  ): Promise<{ backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState }> {
     const record = await this.store.loadBackend();
     const choice = await decideBackend(this.config, record, this.probe);
     const backend = instantiate(choice, this.deps.exec, this.log);
+    const previous: BackendChoice | undefined = record
+      ? { kind: record.kind, variant: record.variant }
+      : await ownedElsewhere(this.probe, choice);
     let pending: BackendChoice | undefined = record?.pendingCleanup;
-    if (record && !sameChoice(record, choice)) {
-      this.log.info({ from: record, to: choice }, 'switching netfilter backend');
-      if (state?.initialized) await backend.sync(natTablesOf(state));
-      pending = { kind: record.kind, variant: record.variant };
+    let adopted: DesiredState | undefined;
+    if (previous && !sameChoice(previous, choice)) {
+      this.log.info({ from: previous, to: choice }, 'switching netfilter backend');
+      if (!state) {
+        adopted = await adoptState(this, instantiate(previous, this.deps.exec, this.log));
+        if (adopted) this.log.info('no state file: adopted the rules natgw owns from the backend switched from');
+      }
+      const fill = state ?? adopted;
+      if (fill?.initialized) await backend.sync(natTablesOf(fill));
+      // An earlier switch's cleanup that is still pending is not forgotten: it is tried now,
+      // and whatever it leaves is found again by the read-back after the next cleanup.
+      if (pending && !sameChoice(pending, choice) && !sameChoice(pending, previous)) {
+        await this.removeBackend(pending);
+      }
+      pending = previous;
       await this.store.saveBackend({ ...choice, pendingCleanup: pending });
     } else if (!record) {
       await this.store.saveBackend(choice);
     }
     if (pending && !sameChoice(pending, choice)) {
-      try {
-        await instantiate(pending, this.deps.exec, this.log).removeAll();
-        await this.store.saveBackend(choice);
-        this.log.info({ removed: pending }, 'old netfilter backend cleaned');
-      } catch (e) {
-        this.log.warn({ err: e, pending }, 'old backend not cleaned yet; will retry');
+      if (await this.removeBackend(pending)) {
+        // Anything natgw still owns outside the chosen backend (a cleanup an earlier switch
+        // could not finish) becomes the next pending cleanup: two backends never stay mixed.
+        const left = await ownedElsewhere(this.probe, choice);
+        await this.store.saveBackend(left ? { ...choice, pendingCleanup: left } : choice);
       }
     } else if (pending) {
       await this.store.saveBackend(choice);
     }
-    return { backend, choice };
+    return { backend, choice, ...(adopted ? { adopted } : {}) };
+  }
+
+  /** Remove an old backend's objects; false (logged, retried later) when that fails. */
+  private async removeBackend(old: BackendChoice): Promise<boolean> {
+    try {
+      await instantiate(old, this.deps.exec, this.log).removeAll();
+      this.log.info({ removed: old }, 'old netfilter backend cleaned');
+      return true;
+    } catch (e) {
+      this.log.warn({ err: e, pending: old }, 'old backend not cleaned yet; will retry');
+      return false;
+    }
   }
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
@@ -136,9 +168,9 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     return this.store.withLock(async () => {
       const saved = await this.store.load();
-      const { backend, choice } = await this.resolveBackend(saved);
+      const { backend, choice, adopted } = await this.resolveBackend(saved);
       if (opts.guarded && !(await backend.isInitialized())) throw new NotInitializedError();
-      const state = saved ?? (await this.loadOrAdopt(backend));
+      const state = saved ?? adopted ?? (await this.loadOrAdopt(backend));
       const { state: next, effects } = await fn({ state, backend, choice });
       const started = performance.now();
       let report: ApplyReport;

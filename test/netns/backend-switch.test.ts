@@ -4,7 +4,7 @@
  * backend.json records the new choice, and an established flow through a DNAT keeps passing
  * data. A cleanup that fails stays recorded (pendingCleanup) and is retried by a later command.
  */
-import { readFile } from 'node:fs/promises';
+import { readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
@@ -135,7 +135,7 @@ describe.each(PATHS)('backend switch $name', ({ steps }) => {
       } else {
         expect(owned).toContain(`${EIP} . tcp . 8080 : ${ADDR.vpc1} . 80`);
         expect(owned).toContain(`${EIP2} : ${ADDR.vpc2}`);
-        expect(owned).toContain(`ip saddr ${ADDR.vpcCidr} snat ip to ${EIP}`);
+        expect(owned).toContain(`ip saddr ${ADDR.vpcCidr} snat to ${EIP}`);
       }
       await everyRuleWorks();
       // The next command finds nothing to do: the switch is complete.
@@ -174,4 +174,55 @@ describe.each(PATHS)('backend switch $name', ({ steps }) => {
     await waitFor(async () => (await natgwObjects(topo, from)) === '', { what: `natgw's ${from.name} objects to be gone`, timeoutMs: 5000 });
     await everyRuleWorks();
   });
+
+  it('a second switch while a cleanup is still pending leaves neither old backend behind (variants never stay mixed)', async () => {
+    const v = (steps[steps.length - 1] as BackendCase).iptablesVariant as 'legacy' | 'nft';
+    const first = iptablesCase(v);
+    const other = iptablesCase(v === 'legacy' ? 'nft' : 'legacy');
+    const nft = steps.find((s) => !s.iptablesVariant) as BackendCase;
+    useBackend(first);
+    await topo.natgwOk('init');
+    expect(await readRecord()).toEqual(recordOf(first));
+    await topo.exec('gw', [`iptables-${v}`, '-t', 'nat', '-N', 'OBSTACLE']);
+    await topo.exec('gw', [`iptables-${v}`, '-t', 'nat', '-A', 'OBSTACLE', '-j', 'SHARED_DNAT']);
+
+    useBackend(nft);
+    await topo.natgwOk('snat-add', `${EIP},${ADDR.vpcCidr}`);
+    expect(await readRecord()).toEqual({ ...recordOf(nft), pendingCleanup: recordOf(first) });
+
+    // Now to the other iptables variant: nftables is cleaned at once, the first variant stays pending.
+    useBackend(other);
+    await topo.natgwOk('snat-add', `${EIP},${ADDR.vpcCidr}`);
+    expect(await natgwObjects(topo, nft)).toBe('');
+    expect(await natgwObjects(topo, other)).not.toBe('');
+    expect(await readRecord()).toEqual({ ...recordOf(other), pendingCleanup: recordOf(first) });
+    await everyRuleWorks();
+
+    await topo.exec('gw', [`iptables-${v}`, '-t', 'nat', '-F', 'OBSTACLE']);
+    await topo.exec('gw', [`iptables-${v}`, '-t', 'nat', '-X', 'OBSTACLE']);
+    await topo.natgwOk('eip-add', `${EIP}/24`);
+    expect(await readRecord()).toEqual(recordOf(other));
+    expect(await natgwObjects(topo, first)).toBe('');
+    expect(await natgwObjects(topo, nft)).toBe('');
+    await everyRuleWorks();
+  });
+
+  it('a switch after the container lost its files (state, backend record, env file) keeps every rule', async () => {
+    const from = (await readRecord()) as { kind: string; variant?: 'legacy' | 'nft' };
+    const fromCase = from.variant ? iptablesCase(from.variant) : (steps.find((s) => !s.iptablesVariant) as BackendCase);
+    const nft = steps.find((s) => !s.iptablesVariant) as BackendCase;
+    const to = fromCase === nft ? iptablesCase('legacy') : nft;
+    for (const f of ['state.json', 'backend.json', 'nat-gateway.env']) await rm(join(topo.stateDir, f), { force: true });
+
+    useBackend(to);
+    await topo.natgwOk('snat-add', `${EIP},${ADDR.vpcCidr}`);
+    expect(await readRecord()).toEqual(recordOf(to));
+    expect(await natgwObjects(topo, fromCase)).toBe('');
+    expect(await natgwObjects(topo, to)).not.toBe('');
+    await everyRuleWorks();
+  });
 });
+
+function iptablesCase(v: 'legacy' | 'nft'): BackendCase {
+  return { name: `iptables-${v}`, env: { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: v }, iptablesVariant: v };
+}

@@ -22,6 +22,8 @@ const IFB = `ifb-${EXT}`;
 const EIP_A = '172.20.0.10';
 const EIP_B = '172.20.0.11';
 const PROBE_LINE = /^INFO: QoS kernel probe: .+$/m;
+/** Tests that run many commands: each is a fresh node process through the shim (about a second on a busy machine). */
+const LONG_MS = 180_000;
 
 // ---------------------------------------------------------------------------------
 // Reading tc's text, independently of natgw's own parsers
@@ -196,7 +198,7 @@ describe('QoS through the command line', () => {
     expect(await tcSnapshot()).toBe(snap);
   });
 
-  it('two EIPs whose first-choice class ids collide get distinct working classes; deleting one leaves the other', async () => {
+  it('two EIPs whose first-choice class ids collide get distinct working classes; deleting one leaves the other', { timeout: LONG_MS }, async () => {
     // No two addresses of 172.20.0.0/24 share a first choice (checked with the allocator's own
     // hash), so the collision is forced through the state: B holds A's first choice already.
     const firstA = eipFirstClassId(EIP_A);
@@ -248,7 +250,7 @@ describe('QoS through the command line', () => {
     await qos('eip-egress-qos-del', EIP_B);
   });
 
-  it('two EIPs whose first choices agree in the low 12 bits both work (the script got "No space left on device")', async () => {
+  it('two EIPs whose first choices agree in the low 12 bits both work (the script got "No space left on device")', { timeout: LONG_MS }, async () => {
     const seen = new Map<number, string>();
     let pair: [string, string] | undefined;
     for (let i = 2; i < 255 && !pair; i++) {
@@ -277,7 +279,7 @@ describe('QoS through the command line', () => {
     for (const ip of pair) await topo.natgwOk('eip-del', `${ip}/24`);
   });
 
-  it('gateway matchall + u32 + EIP rule together: the EIP rule has the best priority for its address and its class counts; qos-del removes exactly one rule', async () => {
+  it('gateway matchall + u32 + EIP rule together: the EIP rule has the best priority for its address and its class counts; qos-del removes exactly one rule', { timeout: LONG_MS }, async () => {
     const matchall = 'egress,net1,10,matchall,,,,5,1';
     const u32 = 'egress,net1,5,u32,ip,src,10.0.1.0/24,3,1';
     await qos('qos-add', matchall);
@@ -355,11 +357,14 @@ describe('QoS through the command line', () => {
     await waitSent(EXT, ec, 3);
   });
 
-  it('without the state file the allocations are read back from the kernel and nothing changes', async () => {
-    // A gateway rule and a second EIP's rules too, so there is something on every device.
+  it('without the state file the allocations are read back from the kernel and nothing changes', { timeout: LONG_MS }, async () => {
+    // A gateway rule and a second EIP's rules too, so there is something on every device, with
+    // values the kernel can only approximate: tc prints 9999.999 Mbit/s as 9999Mbit and keeps the
+    // burst as whole µs (1.25 KB at that rate); 4095 MB at 0.5 Mbit/s is more than its 32-bit buffer holds.
     await qos('qos-add', 'ingress,net1,3,u32,ip,dst,10.0.1.0/24,1.5,0.25');
-    await qos('eip-egress-qos-add', `${EIP_B},2,0.75,0.5`);
-    await qos('eip-ingress-qos-add', `${EIP_B},2,33.3333,2.5`);
+    const capped = await qos('eip-egress-qos-add', `${EIP_B},2,0.5,4095`);
+    expect(capped).toMatch(/^INFO: QoS: a burst of 4095 MB at 0.5 Mbit\/s is more than the kernel can hold .*$/m);
+    await qos('eip-ingress-qos-add', `${EIP_B},2,9999.999,1`);
     const store = new StateStore(topo.stateDir);
     const saved = await store.load();
     const before = await tcSnapshot();
@@ -384,7 +389,7 @@ describe('QoS through the command line', () => {
     expect(await tcSnapshot()).toBe(before);
   });
 
-  it('bad input: one line on stdout, status 1, and tc unchanged', async () => {
+  it('bad input: one line on stdout, status 1, and tc unchanged', { timeout: LONG_MS }, async () => {
     const before = await tcSnapshot();
     const bad: [string, string][] = [
       ['eip-egress-qos-add', `${EIP_A},1,0,1`],
@@ -406,6 +411,7 @@ describe('QoS through the command line', () => {
       ['qos-del', 'sideways,net1,5,u32,ip,src,10.0.1.0/24,3,1'],
       ['qos-del', 'egress,net1,5,fw,ip,src,10.0.1.0/24'],
       ['qos-del', 'egress,abcdefghijklmnop,5,u32,ip,src,10.0.1.0/24'],
+      ['eip-ingress-qos-del', '172.20.0.300'],
     ];
     for (const [cmd, rule] of bad) {
       const r = await topo.natgw(cmd, rule);
@@ -454,7 +460,7 @@ describe('QoS shapes real traffic through the gateway', () => {
     return bulkTransfer(topo, 'vpc1', ADDR.extHost, PORT, 1_048_576, { timeoutMs: 20_000 });
   };
 
-  it('a bulk TCP transfer through an EIP shaped to 2 Mbit egress is far below the same transfer unshaped', async () => {
+  it('a bulk TCP transfer through an EIP shaped to 2 Mbit egress is far below the same transfer unshaped', { timeout: LONG_MS }, async () => {
     const unshaped = await measure();
     const out = await topo.natgwOk('eip-egress-qos-add', `${EIP},1,2,1`);
     expect(out).toMatch(PROBE_LINE);

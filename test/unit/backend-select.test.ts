@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import type { Config } from '../../src/config/config.js';
 import type { BackendRecord } from '../../src/state/store.js';
 import type { IptablesVariant } from '../../src/dataplane/netfilter/iptables/backend.js';
-import { decideBackend, instantiate, sameChoice, type BackendEvidence } from '../../src/engine/backendSelect.js';
+import { decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendEvidence } from '../../src/engine/backendSelect.js';
 import type { Executor } from '../../src/system/exec.js';
 
 interface Evidence {
@@ -145,6 +145,23 @@ describe('decideBackend: auto', () => {
     const forced = new FakeProbe({ nftWorks: false, probeVariant: 'legacy' });
     expect(await decideBackend(cfg('auto', 'nft'), undefined, forced)).toEqual(IPT_NFT);
     expect(forced.asked).not.toContain('iptablesVariant');
+  });
+});
+
+describe('ownedElsewhere: where to switch from without a record, what is left after a cleanup', () => {
+  it('finds natgw objects in any backend but the chosen one', async () => {
+    expect(await ownedElsewhere(new FakeProbe({ ownsNft: true }), LEGACY)).toEqual(NFT);
+    expect(await ownedElsewhere(new FakeProbe({ ownsIptables: ['legacy'] }), NFT)).toEqual(LEGACY);
+    expect(await ownedElsewhere(new FakeProbe({ ownsIptables: ['nft'] }), LEGACY)).toEqual(IPT_NFT);
+    expect(await ownedElsewhere(new FakeProbe({ ownsIptables: ['legacy', 'nft'] }), LEGACY)).toEqual(IPT_NFT);
+  });
+
+  it('ignores the chosen backend itself, and answers undefined when nothing else is owned', async () => {
+    expect(await ownedElsewhere(new FakeProbe({ ownsNft: true }), NFT)).toBeUndefined();
+    expect(await ownedElsewhere(new FakeProbe({ ownsIptables: ['legacy'] }), LEGACY)).toBeUndefined();
+    const probe = new FakeProbe({});
+    expect(await ownedElsewhere(probe, NFT)).toBeUndefined();
+    expect(probe.asked).toEqual(['ownsIptables:legacy', 'ownsIptables:nft']);
   });
 });
 

@@ -55,6 +55,9 @@ describe('parseEipQosAdd', () => {
     ['1.2.3.4,1,10mbit,1', /rate '10mbit' is not a positive decimal/],
     ['1.2.3.4,1,,1', /rate '' is not a positive decimal/],
     ['1.2.3.4,1,99999999,1', /rate '99999999' exceeds/],
+    // tc programs whole bytes per second and refuses 0 ("rate" is required): 8 bit/s is the least.
+    ['1.2.3.4,1,0.000001,1', /rate '0.000001' is below 0.000008 Mbit\/s/],
+    ['1.2.3.4,1,0.0000079,1', /rate '0.0000079' is below 0.000008 Mbit\/s/],
     ['1.2.3.4,1,10,abc', /burst 'abc' is not a positive decimal/],
     ['1.2.3.4,1,10,5000', /burst '5000' exceeds/],
     ['1.2.3.4,1,10,0.0000001', /burst '0.0000001' is less than one byte/],
@@ -147,5 +150,15 @@ describe('schemas (the API side of the same rules)', () => {
     expect(bad.success).toBe(false);
     expect(eipQosSchema.safeParse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '0', burst: '1' }).success).toBe(false);
     expect(eipQosSchema.safeParse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '1', burst: '1', classId: 0x10000 }).success).toBe(false);
+  });
+});
+
+describe('the least rate tc can express', () => {
+  it('is one byte per second, for the command line and the API schema alike', () => {
+    expect(parseEipQosAdd('1.2.3.4,1,0.000008,1', 'egress').rate).toBe('0.000008');
+    expect(parseGwQos('egress,net1,1,matchall,,,,0.000008,1').rate).toBe('0.000008');
+    expect(rejection(() => parseGwQos('egress,net1,1,matchall,,,,0.000001,1'))).toMatch(/rate '0.000001' is below 0.000008 Mbit\/s/);
+    expect(eipQosSchema.safeParse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '0.000008', burst: '1' }).success).toBe(true);
+    expect(eipQosSchema.safeParse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '0.000001', burst: '1' }).success).toBe(false);
   });
 });

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import {
-  classShaping, expectedTicks, formatDecimal, keysToMatch, matchKey, parseClasses, parseFilters, parseLinks, parseQdiscs,
-  parseRate, parseSize, rateBytesOf, rulesFromKernel, shapedDevices,
+  MAX_BUFFER_USEC, classShaping, expectedTicks, formatDecimal, keysToMatch, matchKey, maxBurstBytes, parseClasses, parseFilters,
+  parseLinks, parseQdiscs, parseRate, parseSize, programmedBurstBytes, rateBytesOf, rulesFromKernel, shapedDevices,
 } from '../../src/dataplane/qos/readback.js';
 
 /** Captured from iproute2 6.1 on Linux 6.18 (the layout natgw writes). */
@@ -140,6 +140,45 @@ describe('burst arithmetic', () => {
     expect(formatDecimal(1.49999976, 5)).toBe('1.5');
     expect(formatDecimal(0.00001, 5)).toBe('0.00001');
     expect(formatDecimal(1234.5, 9)).toBe('1234.5');
+  });
+});
+
+describe('adoption reads back exactly what would be programmed again', () => {
+  /** The class tc makes for rate/burst, as `tc -d -raw class show` prints it (rate as tc's print_rate truncates it). */
+  const shown = (printedRate: string, mbit: string, mb: string): string => {
+    const ticks = expectedTicks(rateBytesOf(mbit), programmedBurstBytes(mbit, mb)).toString(16).padStart(8, '0');
+    return `class htb 1:2a root prio 0 quantum 200000 rate ${printedRate} ceil ${printedRate} linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [${ticks}] cbuffer [${ticks}] \n`;
+  };
+
+  it.each([
+    ['10Mbit', '10', '1', { rate: '10', burst: '1' }],
+    ['500Kbit', '0.5', '1.5', { rate: '0.5', burst: '1.5' }],
+    // tc prints 9999Mbit; one µs of buffer is 1.25 KB there, and a rounded reading (0.99882) came out one µs short.
+    ['9999Mbit', '9999.999', '1', { rate: '9999', burst: '1' }],
+    ['10Tbit', '10000000', '4095', { rate: '10000000', burst: '4095' }],
+    // A buffer of 0 µs (a burst below 1.25 MB at 10 Tbit/s) was not adopted at all.
+    ['10Tbit', '10000000', '0.000001', { rate: '10000000', burst: '0.6' }],
+    // tc prints the rate truncated; the buffer is a time, so at the rate read back it holds a little less.
+    ['33333Kbit', '33.3333', '2.5', { rate: '33.333', burst: '2.49998' }],
+  ])('%s with %s Mbit/s, %s MB', (printed, mbit, mb, want) => {
+    const c = parseClasses(shown(printed, mbit, mb))[0]!;
+    const got = classShaping(c);
+    expect(got).toEqual(want);
+    // Syncing the adopted rule programs the very same buffer: nothing changes.
+    expect(expectedTicks(rateBytesOf(got!.rate), programmedBurstBytes(got!.rate, got!.burst))).toBe(c.bufferTicks);
+  });
+
+  it('caps a burst whose buffer would overflow the 32-bit ticks tc computes, instead of letting it wrap', () => {
+    expect(MAX_BUFFER_USEC).toBe(274877906);
+    const rate = rateBytesOf('0.5');
+    const cap = maxBurstBytes(rate);
+    expect(expectedTicks(rate, cap)).toBeLessThanOrEqual(0xffffffff);
+    expect(Math.floor((1e6 * (cap + 1)) / rate)).toBeGreaterThan(MAX_BUFFER_USEC);
+    expect(programmedBurstBytes('0.5', '4095')).toBe(cap);
+    expect(programmedBurstBytes('10', '1')).toBe(1048576);
+    // Read back, the capped class adopts a burst that programs the same buffer again.
+    const back = classShaping(parseClasses(`class htb 1:2a root prio 0 rate 500Kbit ceil 500Kbit burst 0b cburst 0b buffer [${expectedTicks(rate, cap).toString(16)}] cbuffer [0]\n`)[0]!);
+    expect(expectedTicks(rate, programmedBurstBytes(back!.rate, back!.burst))).toBe(expectedTicks(rate, cap));
   });
 });
 

@@ -73,6 +73,12 @@ describe('renderQos: from nothing', () => {
     expect(tcBatchScript(p)).toBe(`${p.tc.join('\n')}\n`);
   });
 
+  it('caps a burst the kernel cannot hold at the rate (its 32-bit buffer would wrap), and says so', () => {
+    const p = plan(kernel({}), [eip('1.2.3.4', 0x4495, 1, { rate: '0.5', burst: '4095' })]);
+    expect(p.tc).toContain('class add dev net1 parent 1: classid 1:0x4495 htb rate 0.5mbit ceil 0.5mbit burst 17179869 cburst 17179869');
+    expect(p.notes.join('\n')).toMatch(/^INFO: QoS: a burst of 4095 MB at 0.5 Mbit\/s is more than the kernel can hold .* gets 17179869 bytes$/m);
+  });
+
   it('adds an fq_codel leaf per class where the kernel has it', () => {
     const p = plan(kernel({}), [eip('1.2.3.4', 0x4495, 1)], [], ALL);
     expect(p.tc).toContain('qdisc replace dev net1 parent 1:0x4495 fq_codel');
