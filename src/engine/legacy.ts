@@ -6,7 +6,8 @@ import * as Q from '../model/qosLegacy.js';
 import * as Ops from '../state/operations.js';
 import * as QOps from '../state/qosOperations.js';
 import type { DesiredState } from '../state/state.js';
-import type { OpResult } from '../state/operations.js';
+import type { Eip } from '../model/rules.js';
+import type { Effect, OpResult } from '../state/operations.js';
 import type { Config } from '../config/config.js';
 import { shareDnatChainName } from '../model/shareDnatName.js';
 import { runInit } from './init.js';
@@ -16,56 +17,70 @@ import { runInit } from './init.js';
  * command is parsed before anything runs, and all its operations form one transaction: a bad
  * rule or a conflict anywhere changes nothing.
  */
-interface MutatingCommand {
+interface MutatingCommand<T = unknown> {
   readonly guarded: boolean;
   readonly qos?: boolean;
-  /** Parse one rule and return the operation it stands for (throws ValidationError). */
-  readonly parse: (rule: string, cfg: Config) => (s: DesiredState, out: Output) => OpResult;
+  /** Parse one rule (throws ValidationError). */
+  readonly parse: (rule: string, cfg: Config) => T;
+  /** All of the command's rules as one change of the state. */
+  readonly apply: (s: DesiredState, items: readonly T[], out: Output) => OpResult;
 }
 
+/** Define a command; the generic ties its parser's output to its apply's input. */
+const command = <T>(c: MutatingCommand<T>): MutatingCommand => c as MutatingCommand;
+
+/** Apply a single-rule operation to each item in turn. */
+const each =
+  <T>(op: (s: DesiredState, item: T, out: Output) => OpResult) =>
+  (s: DesiredState, items: readonly T[], out: Output): OpResult => {
+    let state = s;
+    const effects: Effect[] = [];
+    for (const item of items) {
+      const r = op(state, item, out);
+      state = r.state;
+      effects.push(...r.effects);
+    }
+    return { state, effects };
+  };
+
 const mutating: Record<string, MutatingCommand> = {
-  'subnet-route-add': { guarded: true, parse: (r) => { const v = P.parseRouteAdd(r); return (s) => Ops.addRoute(s, v); } },
-  'subnet-route-del': { guarded: true, parse: (r) => { const v = P.parseRouteDel(r); return (s) => Ops.delRoute(s, v); } },
-  'eip-add': {
+  'subnet-route-add': command({ guarded: true, parse: P.parseRouteAdd, apply: each(Ops.addRoute) }),
+  'subnet-route-del': command({ guarded: true, parse: P.parseRouteDel, apply: each(Ops.delRoute) }),
+  'eip-add': command<{ eip: Eip; gateways: { v4?: string; v6?: string } }>({
     guarded: true,
-    parse: (r, cfg) => {
-      const v = P.parseEip(r);
-      return (s) => Ops.addEip(s, v, { v4: cfg.gatewayV4, v6: cfg.gatewayV6 });
-    },
-  },
-  'eip-del': { guarded: true, parse: (r) => { const v = P.parseEip(r); return (s) => Ops.delEip(s, v.address); } },
-  'floating-ip-add': { guarded: true, parse: (r) => { const v = P.parseFipAdd(r); return (s) => Ops.addFip(s, v); } },
-  'floating-ip-del': { guarded: true, parse: (r) => { const v = P.parseFipDel(r); return (s) => Ops.delFip(s, v); } },
-  'dnat-add': { guarded: true, parse: (r) => { const v = P.parseDnatAdd(r); return (s) => Ops.addDnat(s, v); } },
-  'dnat-del': { guarded: true, parse: (r) => { const v = P.parseDnatDel(r); return (s) => Ops.delDnat(s, v); } },
-  'snat-add': { guarded: true, parse: (r) => { const v = P.parseSnatAdd(r); return (s) => Ops.addSnat(s, v); } },
-  'snat-del': { guarded: true, parse: (r) => { const v = P.parseSnatDel(r); return (s) => Ops.delSnat(s, v); } },
-  'nft-dnat-map-add': {
+    parse: (r, cfg) => ({ eip: P.parseEip(r), gateways: { v4: cfg.gatewayV4, v6: cfg.gatewayV6 } }),
+    apply: each((s, v) => Ops.addEip(s, v.eip, v.gateways)),
+  }),
+  'eip-del': command({ guarded: true, parse: (r) => P.parseEip(r).address, apply: each(Ops.delEip) }),
+  'floating-ip-add': command({ guarded: true, parse: P.parseFipAdd, apply: Ops.addFips }),
+  'floating-ip-del': command({ guarded: true, parse: P.parseFipDel, apply: Ops.delFips }),
+  'dnat-add': command({ guarded: true, parse: P.parseDnatAdd, apply: Ops.addDnats }),
+  'dnat-del': command({ guarded: true, parse: P.parseDnatDel, apply: Ops.delDnats }),
+  'snat-add': command({ guarded: true, parse: P.parseSnatAdd, apply: Ops.addSnats }),
+  'snat-del': command({ guarded: true, parse: P.parseSnatDel, apply: Ops.delSnats }),
+  'nft-dnat-map-add': command({
     guarded: true,
-    parse: (r) => {
-      const v = P.parseShareDnatAdd(r);
-      return (s, out) => {
-        out.line(`Updated nft share dnat: ${v.eip}:${v.port} (${v.protocolText}) -> ${v.backends.map((b) => `${b.ip}:${b.port}`).join('@')} (chain=${shareDnatChainName(v)})`);
-        return Ops.addShareDnat(s, v);
-      };
-    },
-  },
-  'nft-dnat-map-del': {
+    parse: P.parseShareDnatAdd,
+    apply: each((s, v, out) => {
+      const backends = v.backends.map((b) => `${b.ip}:${b.port}`).join('@');
+      out.line(`Updated nft share dnat: ${v.eip}:${v.port} (${v.protocolText}) -> ${backends} (chain=${shareDnatChainName(v)})`);
+      return Ops.addShareDnat(s, v);
+    }),
+  }),
+  'nft-dnat-map-del': command({
     guarded: true,
-    parse: (r) => {
-      const v = P.parseShareDnatDel(r);
-      return (s, out) => {
-        out.line(`Deleted nft share dnat: ${v.eip}:${v.port} (${v.protocolText})`);
-        return Ops.delShareDnat(s, v);
-      };
-    },
-  },
-  'eip-ingress-qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosAdd(r, 'ingress'); return (s) => QOps.addEipQos(s, v); } },
-  'eip-egress-qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosAdd(r, 'egress'); return (s) => QOps.addEipQos(s, v); } },
-  'eip-ingress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r, 'ingress'); return (s) => QOps.delEipQos(s, 'ingress', v); } },
-  'eip-egress-qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseEipQosDel(r, 'egress'); return (s) => QOps.delEipQos(s, 'egress', v); } },
-  'qos-add': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQos(r); return (s) => QOps.addGwQos(s, v); } },
-  'qos-del': { guarded: false, qos: true, parse: (r) => { const v = Q.parseGwQosDel(r); return (s) => QOps.delGwQos(s, v); } },
+    parse: P.parseShareDnatDel,
+    apply: each((s, v, out) => {
+      out.line(`Deleted nft share dnat: ${v.eip}:${v.port} (${v.protocolText})`);
+      return Ops.delShareDnat(s, v);
+    }),
+  }),
+  'eip-ingress-qos-add': command({ guarded: false, qos: true, parse: (r) => Q.parseEipQosAdd(r, 'ingress'), apply: each(QOps.addEipQos) }),
+  'eip-egress-qos-add': command({ guarded: false, qos: true, parse: (r) => Q.parseEipQosAdd(r, 'egress'), apply: each(QOps.addEipQos) }),
+  'eip-ingress-qos-del': command<string>({ guarded: false, qos: true, parse: (r) => Q.parseEipQosDel(r, 'ingress'), apply: each((s, ip) => QOps.delEipQos(s, 'ingress', ip)) }),
+  'eip-egress-qos-del': command<string>({ guarded: false, qos: true, parse: (r) => Q.parseEipQosDel(r, 'egress'), apply: each((s, ip) => QOps.delEipQos(s, 'egress', ip)) }),
+  'qos-add': command({ guarded: false, qos: true, parse: Q.parseGwQos, apply: each(QOps.addGwQos) }),
+  'qos-del': command({ guarded: false, qos: true, parse: Q.parseGwQosDel, apply: each(QOps.delGwQos) }),
 };
 
 export const LEGACY_COMMANDS = ['init', 'get-iptables-version', ...Object.keys(mutating)] as const;
@@ -123,16 +138,9 @@ export async function runLegacy(engine: Engine, command: string | undefined, arg
       out.line(await (await engine.peekBackend()).versionLine());
       return out.result(0);
     }
-    const ops = rules.map((r) => spec.parse(r, engine.config));
+    const items = rules.map((r) => spec.parse(r, engine.config));
     const { report } = await engine.transact(
-      ({ state }) => {
-        let acc: OpResult = { state, effects: [] };
-        for (const op of ops) {
-          const r = op(acc.state, out);
-          acc = { state: r.state, effects: [...acc.effects, ...r.effects] };
-        }
-        return acc;
-      },
+      ({ state }) => spec.apply(state, items, out),
       { guarded: spec.guarded, qos: spec.qos ?? false },
     );
     for (const n of report.notes) out.line(n);

@@ -81,6 +81,12 @@ export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;
 export const eipKey = (e: Pick<Eip, 'address'>): string => e.address;
 
+// Allocation-free identity tests: operations run them against every rule of a collection,
+// and a command may carry ten thousand rules.
+export const sameSnat = (a: Pick<Snat, 'eip' | 'cidr'>, b: Pick<Snat, 'eip' | 'cidr'>): boolean => a.eip === b.eip && a.cidr === b.cidr;
+export const sameDnat = (a: Pick<Dnat, 'eip' | 'port' | 'protocol'>, b: Pick<Dnat, 'eip' | 'port' | 'protocol'>): boolean =>
+  a.eip === b.eip && a.port === b.port && a.protocol === b.protocol;
+
 export function prefixOf(cidr: string): number {
   return Number(cidr.slice(cidr.indexOf('/') + 1));
 }

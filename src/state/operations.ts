@@ -1,7 +1,7 @@
 import { ConflictError } from '../model/errors.js';
 import {
   type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  dnatKey, fipKey, prefixOf, routeKey, snatKey,
+  dnatKey, prefixOf, sameDnat, snatKey,
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
@@ -25,7 +25,7 @@ export interface OpResult {
 const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
 
 export function addRoute(s: DesiredState, r: Route): OpResult {
-  const i = s.routes.findIndex((x) => routeKey(x) === routeKey(r));
+  const i = s.routes.findIndex((x) => x.cidr === r.cidr);
   if (i !== -1 && s.routes[i]?.nexthop === r.nexthop) return unchanged(s);
   // `ip route replace` semantics: a new nexthop replaces the old one.
   const routes = i === -1 ? [...s.routes, r] : s.routes.map((x, j) => (j === i ? r : x));
@@ -52,58 +52,94 @@ export function delEip(s: DesiredState, address: string): OpResult {
   return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects: [] };
 }
 
-export function addFip(s: DesiredState, f: Fip): OpResult {
-  const existing = s.fips.find((x) => fipKey(x) === fipKey(f));
-  if (existing) {
-    if (existing.internalIp === f.internalIp) return unchanged(s);
-    throw new ConflictError(
-      `eip ${f.eip} already bindTo rule: ${appendLine(CHAINS.exclusiveDnat, fipDnatSpec(existing))}, but expected internalIp ${f.internalIp}`,
-    );
+// The three collections that grow to thousands come with batch forms: one index and one copy
+// per command, however many rules it carries (a redo or a bulk add), instead of one per rule.
+
+export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
+  const byEip = new Map(s.fips.map((x) => [x.eip, x]));
+  const added: Fip[] = [];
+  for (const f of fs) {
+    const existing = byEip.get(f.eip);
+    if (existing) {
+      if (existing.internalIp === f.internalIp) continue;
+      throw new ConflictError(
+        `eip ${f.eip} already bindTo rule: ${appendLine(CHAINS.exclusiveDnat, fipDnatSpec(existing))}, but expected internalIp ${f.internalIp}`,
+      );
+    }
+    byEip.set(f.eip, f);
+    added.push(f);
   }
-  return { state: { ...s, fips: [...s.fips, f] }, effects: [] };
+  return added.length ? { state: { ...s, fips: s.fips.concat(added) }, effects: [] } : unchanged(s);
 }
 
-export function delFip(s: DesiredState, eip: string): OpResult {
+export const addFip = (s: DesiredState, f: Fip): OpResult => addFips(s, [f]);
+
+export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
+  const gone = new Set(eips);
   return {
-    state: { ...s, fips: s.fips.filter((x) => x.eip !== eip) },
+    state: { ...s, fips: s.fips.filter((x) => !gone.has(x.eip)) },
     // Flush even when natgw had no record: a stale entry from before a restart is just as stale.
-    effects: [{ kind: 'conntrack-flush', dst: eip }],
+    effects: eips.map((dst) => ({ kind: 'conntrack-flush', dst })),
   };
 }
 
-export function addDnat(s: DesiredState, d: Dnat): OpResult {
-  const existing = s.dnats.find((x) => dnatKey(x) === dnatKey(d));
-  if (existing) {
-    if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) return unchanged(s);
-    throw new ConflictError(
-      `dnat (${d.eip}, ${d.port}, ${d.protocol}) already exists: ${appendLine(CHAINS.sharedDnat, dnatSpec(existing))}, but expected ${d.internalIp}:${d.internalPort}`,
-    );
+export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [eip]);
+
+export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
+  const byKey = new Map(s.dnats.map((x) => [dnatKey(x), x]));
+  const added: Dnat[] = [];
+  for (const d of ds) {
+    const existing = byKey.get(dnatKey(d));
+    if (existing) {
+      if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) continue;
+      throw new ConflictError(
+        `dnat (${d.eip}, ${d.port}, ${d.protocol}) already exists: ${appendLine(CHAINS.sharedDnat, dnatSpec(existing))}, but expected ${d.internalIp}:${d.internalPort}`,
+      );
+    }
+    byKey.set(dnatKey(d), d);
+    added.push(d);
   }
-  return { state: { ...s, dnats: [...s.dnats, d] }, effects: [] };
+  return added.length ? { state: { ...s, dnats: s.dnats.concat(added) }, effects: [] } : unchanged(s);
 }
 
-export function delDnat(s: DesiredState, id: Pick<Dnat, 'eip' | 'port' | 'protocol'>): OpResult {
+export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
+
+export function delDnats(s: DesiredState, ids: readonly Pick<Dnat, 'eip' | 'port' | 'protocol'>[]): OpResult {
+  const gone = new Set(ids.map(dnatKey));
   return {
-    state: { ...s, dnats: s.dnats.filter((x) => dnatKey(x) !== dnatKey(id)) },
-    effects: [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }],
+    state: { ...s, dnats: s.dnats.filter((x) => !gone.has(dnatKey(x))) },
+    effects: ids.map((id) => ({ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port })),
   };
 }
 
-export function addSnat(s: DesiredState, n: Snat): OpResult {
-  if (s.snats.some((x) => snatKey(x) === snatKey(n))) return unchanged(s);
-  // Longest prefix first; a new rule goes after existing rules of equal length.
-  const len = prefixOf(n.cidr);
-  const at = s.snats.findIndex((x) => prefixOf(x.cidr) < len);
-  const snats = at === -1 ? [...s.snats, n] : [...s.snats.slice(0, at), n, ...s.snats.slice(at)];
-  return { state: { ...s, snats }, effects: [] };
+export const delDnat = (s: DesiredState, id: Pick<Dnat, 'eip' | 'port' | 'protocol'>): OpResult => delDnats(s, [id]);
+
+export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
+  const present = new Set(s.snats.map(snatKey));
+  let snats: Snat[] | undefined;
+  for (const n of ns) {
+    if (present.has(snatKey(n))) continue;
+    present.add(snatKey(n));
+    snats ??= [...s.snats];
+    // Longest prefix first; a new rule goes after existing rules of equal length.
+    const len = prefixOf(n.cidr);
+    const at = snats.findIndex((x) => prefixOf(x.cidr) < len);
+    snats.splice(at === -1 ? snats.length : at, 0, n);
+  }
+  return snats ? { state: { ...s, snats }, effects: [] } : unchanged(s);
 }
 
-export function delSnat(s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResult {
-  return { state: { ...s, snats: s.snats.filter((x) => snatKey(x) !== snatKey(id)) }, effects: [] };
+export const addSnat = (s: DesiredState, n: Snat): OpResult => addSnats(s, [n]);
+
+export function delSnats(s: DesiredState, ids: readonly Pick<Snat, 'eip' | 'cidr'>[]): OpResult {
+  const gone = new Set(ids.map(snatKey));
+  return { state: { ...s, snats: s.snats.filter((x) => !gone.has(snatKey(x))) }, effects: [] };
 }
+
+export const delSnat = (s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResult => delSnats(s, [id]);
 
 export function addShareDnat(s: DesiredState, d: ShareDnat): OpResult {
-  const at = s.shareDnats.findIndex((x) => dnatKey(x) === dnatKey(d));
+  const at = s.shareDnats.findIndex((x) => sameDnat(x, d));
   // Re-adding replaces the backends (and the received protocol text, which names the chain).
   const shareDnats = at === -1 ? [...s.shareDnats, d] : s.shareDnats.map((x, j) => (j === at ? d : x));
   return { state: { ...s, shareDnats }, effects: [] };
@@ -111,7 +147,7 @@ export function addShareDnat(s: DesiredState, d: ShareDnat): OpResult {
 
 export function delShareDnat(s: DesiredState, id: Pick<ShareDnat, 'eip' | 'port' | 'protocol'>): OpResult {
   return {
-    state: { ...s, shareDnats: s.shareDnats.filter((x) => dnatKey(x) !== dnatKey(id)) },
+    state: { ...s, shareDnats: s.shareDnats.filter((x) => !sameDnat(x, id)) },
     effects: [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }],
   };
 }

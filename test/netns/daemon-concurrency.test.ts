@@ -234,4 +234,16 @@ describe('the daemon under concurrent clients', () => {
     expect(dry.report).toMatchObject({ netfilterChanges: 0, linkChanges: 0 });
     expect(dry.script).toBe('');
   }, 240_000);
+
+  it('answers one client\'s sequential changes with the latency of one apply each', async () => {
+    const n = 40;
+    const started = Date.now();
+    for (let i = 0; i < n; i++) {
+      const path = `/v1/dnats/${EIP},${30000 + (i % 10)},tcp`;
+      ok(await (i % 2 === 0 ? api(sock, 'PUT', path, { internalIp: ADDR.vpc1, internalPort: 80 }) : api(sock, 'DELETE', path)), `op ${i}`);
+    }
+    const ms = (Date.now() - started) / n;
+    console.info(`sequential: ${ms.toFixed(0)} ms per change over the socket (${(1000 / ms).toFixed(0)} ops/s for one client)`);
+    expect(ms).toBeLessThan(2000);
+  }, 120_000);
 });
