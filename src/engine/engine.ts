@@ -235,11 +235,14 @@ export class Engine {
     return { netfilterChanges, shareDnatChanges, linkChanges, qosChanges, script, notes };
   }
 
+  /** ARP is sent without waiting; conntrack flushes run side by side (a batch may carry hundreds). */
   private async runEffects(state: DesiredState, effects: readonly Effect[]): Promise<void> {
+    const flushes: Promise<number>[] = [];
     for (const e of effects) {
       if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
-      else await this.conntrack.flush(e);
+      else flushes.push(this.conntrack.flush(e));
     }
+    await Promise.all(flushes);
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

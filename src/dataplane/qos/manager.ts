@@ -98,24 +98,29 @@ export class QosManager {
 
   // ---------------------------------------------------------------------------------
 
-  /** Probe once per manager; say what was found on stdout and in the log, never on stderr. */
+  /**
+   * Probe once per manager. What was found goes into every sync's notes (so a command prints
+   * the same lines whether a long-lived daemon or a one-shot run carries it out), into the log
+   * once, and never to stderr.
+   */
   private async features(notes: string[], dryRun: boolean): Promise<QosFeatures> {
-    if (this.probed) return this.probed.features;
-    if (dryRun && !this.probe) {
+    if (!this.probed && dryRun && !this.probe) {
       // A probe makes a throwaway device; a dry run changes nothing, so it assumes a production kernel.
       const assumed = { fqCodel: true, matchall: true };
       notes.push(`INFO: QoS kernel features not probed in a dry run; assuming ${describe(assumed)}`);
       return assumed;
     }
-    this.probe ??= probeQosFeatures(this.exec);
-    const r = await this.probe;
     if (!this.probed) {
-      this.probed = r;
-      notes.push(r.summary);
-      this.out?.(r.summary);
-      this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
+      this.probe ??= probeQosFeatures(this.exec);
+      const r = await this.probe;
+      if (!this.probed) {
+        this.probed = r;
+        this.out?.(r.summary);
+        this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
+      }
     }
-    return r.features;
+    notes.push(this.probed.summary);
+    return this.probed.features;
   }
 
   private async apply(plan: QosPlan): Promise<void> {
