@@ -8,10 +8,13 @@ import type { Effect, OpResult } from '../state/operations.js';
 import { natTablesOf, type NetfilterBackend } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { LinkManager } from '../dataplane/link.js';
-import { Conntrack } from '../dataplane/conntrack.js';
+import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
 import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
 import { adoptState } from './adopt.js';
+
+/** Conntrack flushes run side by side, this many at a time. */
+const FLUSH_PARALLELISM = 8;
 
 export interface EngineDeps {
   readonly config: Config;
@@ -235,14 +238,24 @@ export class Engine {
     return { netfilterChanges, shareDnatChanges, linkChanges, qosChanges, script, notes };
   }
 
-  /** ARP is sent without waiting; conntrack flushes run side by side (a batch may carry hundreds). */
+  /**
+   * ARP is sent without waiting; conntrack flushes run a few at a time side by side (a batch
+   * may carry thousands, and each is a process).
+   */
   private async runEffects(state: DesiredState, effects: readonly Effect[]): Promise<void> {
-    const flushes: Promise<number>[] = [];
+    const flushes: ConntrackFilter[] = [];
     for (const e of effects) {
       if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
-      else flushes.push(this.conntrack.flush(e));
+      else flushes.push(e);
     }
-    await Promise.all(flushes);
+    let next = 0;
+    const worker = async () => {
+      while (next < flushes.length) {
+        const f = flushes[next++];
+        if (f) await this.conntrack.flush(f);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, flushes.length) }, worker));
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */
