@@ -25,6 +25,16 @@ const CONNECT_TIMEOUT_MS = 2000;
 
 type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
+/**
+ * The fast path, before any configuration is validated: one attempt at a running daemon. A
+ * forwarded command then loads nothing but node:http (start-up time is most of a shim call).
+ */
+export async function tryRunningDaemon(socket: string, command: string | undefined, args: readonly string[]): Promise<CommandOutput | undefined> {
+  if (command === undefined || command === 'serve' || IN_PROCESS.has(command)) return undefined;
+  const r = await post(socket, command, args);
+  return r.kind === 'ok' ? r.out : undefined;
+}
+
 export async function forward(config: Config, command: string | undefined, args: readonly string[], log: Logger): Promise<CommandOutput | undefined> {
   if (command === undefined || IN_PROCESS.has(command)) return undefined;
   const first = await post(config.socket, command, args);

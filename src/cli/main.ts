@@ -1,13 +1,20 @@
-import { loadConfig, ConfigError } from '../config/config.js';
-import { commandLogger } from '../system/logger.js';
 import type { CommandOutput } from '../engine/output.js';
+import { socketPathFromEnv } from '../config/socketPath.js';
+import { tryRunningDaemon } from './forward.js';
 
 /**
  * `natgw <command> [rule ...]`: the script's command line. `natgw serve` runs the daemon.
  * Output goes out exactly as the command produced it; nothing else touches stdout/stderr.
+ *
+ * Modules load in the order they are needed: a running daemon answers a forwarded command
+ * before configuration (zod), logging (pino) or the engine are loaded at all.
  */
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
+  const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
+  if (fast) return emit(fast);
+
+  const { loadConfig, ConfigError } = await import('../config/config.js');
   let config;
   try {
     config = await loadConfig();
@@ -22,20 +29,21 @@ async function main(argv: readonly string[]): Promise<number> {
     const { serve } = await import('../daemon/serve.js');
     return serve(config);
   }
+  const { commandLogger } = await import('../system/logger.js');
   const log = commandLogger(config.logLevel, config.stateDir);
-  const result: CommandOutput = await (async () => {
-    const { forward } = await import('./forward.js');
-    const viaDaemon = await forward(config, command, args, log);
-    if (viaDaemon) return viaDaemon;
-    // Loaded only here: a command the daemon ran needs none of the engine.
-    const [{ SystemExecutor }, { Engine }, { runLegacy }] = await Promise.all([
-      import('../system/exec.js'),
-      import('../engine/engine.js'),
-      import('../engine/legacy.js'),
-    ]);
-    const engine = new Engine({ config, exec: new SystemExecutor(log), log });
-    return runLegacy(engine, command, args);
-  })();
+  const { forward } = await import('./forward.js');
+  const viaDaemon = await forward(config, command, args, log);
+  if (viaDaemon) return emit(viaDaemon);
+  const [{ SystemExecutor }, { Engine }, { runLegacy }] = await Promise.all([
+    import('../system/exec.js'),
+    import('../engine/engine.js'),
+    import('../engine/legacy.js'),
+  ]);
+  const engine = new Engine({ config, exec: new SystemExecutor(log), log });
+  return emit(await runLegacy(engine, command, args));
+}
+
+function emit(result: CommandOutput): number {
   process.stdout.write(result.stdout);
   process.stderr.write(result.stderr);
   return result.status;

@@ -1,9 +1,11 @@
 import { z } from 'zod';
 import { readEnvFile } from './envFile.js';
+import { DEFAULT_ENV_FILE, DEFAULT_SOCKET } from './socketPath.js';
+
+export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
 import { isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 
-export const DEFAULT_ENV_FILE = '/etc/kube-ovn/nat-gateway.env';
 
 const duration = (key: string) =>
   z.string().transform((s, ctx) => {
@@ -34,7 +36,7 @@ const rawSchema = z.object({
   NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto'),
   NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT').default(30_000),
   NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw'),
-  NATGW_SOCKET: z.string().min(1).default('/run/natgw/natgw.sock'),
+  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET),
   NATGW_LISTEN: optionalText,
   NATGW_TOKEN_FILE: optionalText,
   NATGW_TLS_CERT: optionalText,
