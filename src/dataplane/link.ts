@@ -1,3 +1,4 @@
+import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
 import { SystemError } from '../model/errors.js';
@@ -35,18 +36,23 @@ export function planLink(have: LinkView, want: DesiredState, previous: DesiredSt
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
   const prefixesOf = (address: string) => have.extAddresses.filter((a) => a.address === address).map((a) => a.prefixLength);
+  const deletes = new Set<string>();
   for (const e of want.eips) {
     const present = prefixesOf(e.address);
     // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
     const nodad = familyOf(e.address) === 6 ? ' nodad' : '';
     if (!present.includes(e.prefixLength)) lines.push(`addr replace ${e.address}/${e.prefixLength} dev ${ext}${nodad}`);
-    for (const len of present) if (len !== e.prefixLength) lines.push(`addr del ${e.address}/${len} dev ${ext}`);
+    for (const len of present) if (len !== e.prefixLength) deletes.add(`${e.address}/${len}`);
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
   for (const e of previous?.eips ?? []) {
     if (wantedEips.has(e.address)) continue;
-    for (const len of prefixesOf(e.address)) lines.push(`addr del ${e.address}/${len} dev ${ext}`);
+    for (const len of prefixesOf(e.address)) deletes.add(`${e.address}/${len}`);
   }
+  // Deleted in the reverse of the kernel's order: secondaries before their primary, so that
+  // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
+  const order = have.extAddresses.map((a) => `${a.address}/${a.prefixLength}`);
+  for (const d of [...deletes].sort((a, b) => order.indexOf(b) - order.indexOf(a))) lines.push(`addr del ${d} dev ${ext}`);
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst), r.gateway]));
   for (const r of want.routes) {
@@ -149,6 +155,20 @@ export class LinkManager {
       .map((l) => JSON.parse(l) as unknown);
   }
 
+  /**
+   * Deleting a primary IPv4 address also deletes the secondaries of its subnet unless
+   * promote_secondaries is on (it is off in a new network namespace, so in a pod): an eip-del
+   * would take the other EIPs of that subnet with it. Best effort; failures are logged.
+   */
+  async promoteSecondaries(ifname: string): Promise<void> {
+    const file = `/proc/sys/net/ipv4/conf/${ifname}/promote_secondaries`;
+    try {
+      if ((await fs.readFile(file, 'utf8')).trim() !== '1') await fs.writeFile(file, '1\n');
+    } catch (e) {
+      this.log?.warn({ err: e, ifname }, 'could not enable promote_secondaries');
+    }
+  }
+
   async sync(
     want: DesiredState,
     previous: DesiredState | undefined,
@@ -157,6 +177,7 @@ export class LinkManager {
     const lines = planLink(opts.view ?? (await this.view(want)), want, previous);
     const script = lines.length ? lines.join('\n') + '\n' : '';
     if (lines.length === 0 || opts.dryRun) return { changes: lines.length, script };
+    if (lines.some((l) => l.startsWith('addr del'))) await this.promoteSecondaries(want.interfaces.ext);
     const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     if (r.exitCode !== 0) throw new SystemError(`Error: ip rejected an address or route change: ${r.stderr.trim().split('\n')[0] ?? ''}`);
     this.log?.debug({ changes: lines.length }, 'addresses and routes applied');

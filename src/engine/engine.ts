@@ -172,7 +172,7 @@ export class Engine {
     return this.store.withLock(async () => {
       const saved = await this.store.load();
       const { backend, choice, adopted } = await this.resolveBackend(saved);
-      if (opts.guarded && !(await backend.isInitialized())) throw new NotInitializedError();
+      if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
       const state = saved ?? adopted ?? (await this.loadOrAdopt(backend));
       const { state: next, effects } = await fn({ state, backend, choice });
       const started = performance.now();

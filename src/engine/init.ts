@@ -32,6 +32,7 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
     await updateEnvFile(engine.config.envFile, { VPC_INTERFACE: names.vpc, EXTERNAL_INTERFACE: names.ext });
     await engine.link.ensureUp(names.vpc);
     await engine.link.ensureUp(names.ext);
+    await engine.link.promoteSecondaries(names.ext);
 
     await engine.transact(({ state }) => ({
       state: { ...state, initialized: true, interfaces: { vpc: names.vpc, ext: names.ext } },

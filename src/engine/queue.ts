@@ -164,9 +164,10 @@ export class ChangeBatcher {
         async (tx) => {
           const { state, backend } = tx;
           outcomes = [];
-          const initialized = batch.some((p) => p.req.guarded) ? await backend.isInitialized() : true;
+          const initialized = batch.some((p) => p.req.guarded) ? await backend.isInitialized({ reuseForSync: true }) : true;
           let acc = state;
           const effects: Effect[] = [];
+          const seen = new Set<string>();
           for (const { req } of batch) {
             if (req.guarded && !initialized) {
               outcomes.push({ ok: false, error: new NotInitializedError() });
@@ -177,7 +178,13 @@ export class ChangeBatcher {
               outcomes.push({ ok: true, before: acc, after: r.state });
               acc = r.state;
               // The same flush or announcement twice in one batch is done once.
-              for (const e of r.effects) if (!effects.some((x) => JSON.stringify(x) === JSON.stringify(e))) effects.push(e);
+              for (const e of r.effects) {
+                const key = JSON.stringify(e);
+                if (!seen.has(key)) {
+                  seen.add(key);
+                  effects.push(e);
+                }
+              }
             } catch (error) {
               outcomes.push({ ok: false, error });
             }

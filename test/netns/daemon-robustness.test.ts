@@ -122,7 +122,7 @@ describe('daemon robustness', () => {
         expect(ports.has(20000 + i), `acknowledged dnat ${20000 + i} persisted`).toBe(true);
       } else {
         if (typeof r !== 'string') expect(r.status, r.text).toBe(503);
-        else expect(r).toMatch(/ECONNREFUSED|ENOENT|ECONNRESET|socket hang up/);
+        else expect(r).toMatch(/ECONNREFUSED|ENOENT|ECONNRESET|EPIPE|socket hang up/);
         expect(ports.has(20000 + i), `refused dnat ${20000 + i} not applied`).toBe(false);
       }
     });

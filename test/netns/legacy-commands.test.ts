@@ -252,6 +252,17 @@ describe.each(BACKENDS)('legacy commands on $name', (backend: BackendCase) => {
     await topo.natgwOk('eip-del', `${EIP3}/24`);
   });
 
+  it('eip-del of the first EIP of a subnet leaves the others; several in one command work', async () => {
+    const [a, b, c] = ['172.20.0.20', '172.20.0.21', '172.20.0.22'];
+    await topo.natgwOk('eip-add', `${a}/24`, `${b}/24`, `${c}/24`);
+    await topo.natgwOk('eip-del', `${a}/24`);
+    expect(await topo.addresses('gw', 'net1', 4)).toEqual(expect.arrayContaining([`${b}/24`, `${c}/24`]));
+    await topo.natgwOk('eip-del', `${b}/24`, `${c}/24`);
+    const left = await topo.addresses('gw', 'net1', 4);
+    for (const x of [a, b, c]) expect(left).not.toContain(`${x}/24`);
+    expect(left).toContain(`${EIP}/24`);
+  });
+
   it('unknown commands print the help on stdout with status 1; help exits 0', async () => {
     const u = await topo.natgw('frobnicate');
     expect(u.exitCode).toBe(1);

@@ -22,6 +22,16 @@ function view(p: { addrs?: LinkAddress[]; routes?: LinkRoute[]; defaults?: LinkR
 }
 
 describe('planLink: EIP addresses', () => {
+  it('deletes secondaries before their primary (reverse kernel order)', () => {
+    const eips = ['172.18.0.10', '172.18.0.11', '172.18.0.12'].map((address) => ({ address, prefixLength: 24 }));
+    const have = view({ addrs: eips.map((e) => addr(e.address, 24)) });
+    expect(planLink(have, state(), state({ eips }))).toEqual([
+      'addr del 172.18.0.12/24 dev net1',
+      'addr del 172.18.0.11/24 dev net1',
+      'addr del 172.18.0.10/24 dev net1',
+    ]);
+  });
+
   it('a missing EIP → addr replace', () => {
     const want = state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }, { address: '172.18.0.11', prefixLength: 16 }] });
     expect(planLink(view(), want, undefined)).toEqual(['addr replace 172.18.0.10/24 dev net1', 'addr replace 172.18.0.11/16 dev net1']);

@@ -60,8 +60,12 @@ export interface SyncOptions {
  */
 export interface NetfilterBackend {
   readonly kind: 'iptables' | 'nftables';
-  /** The init guard's evidence (SPEC §2): the skeleton is in the kernel. */
-  isInitialized(): Promise<boolean>;
+  /**
+   * The init guard's evidence (SPEC §2): the skeleton is in the kernel. With `reuseForSync`
+   * the listing it read is handed to the very next sync (the engine's guarded transaction,
+   * under natgw's lock), so a command reads a large table once instead of twice.
+   */
+  isInitialized(opts?: { reuseForSync?: boolean }): Promise<boolean>;
   /** Make natgw's objects hold exactly `want`, skeleton included; repairs whatever drifted. */
   sync(want: NatTables, opts?: SyncOptions): Promise<SyncReport>;
   /** What natgw's objects hold now (adoption after a lost state file); null when it owns nothing. */

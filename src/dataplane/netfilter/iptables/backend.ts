@@ -53,10 +53,7 @@ export class IptablesBackend implements NetfilterBackend {
     private readonly log?: Logger,
   ) {}
 
-  /**
-   * The IPv4 nat table the init guard just read, handed to the sync that follows it in the
-   * same transaction (under natgw's lock) so a command reads a large table once, not twice.
-   */
+  /** The IPv4 nat table the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; table: SavedTable } | undefined;
 
   private async read(table: TableName, family: Family = 4): Promise<SavedTable> {
@@ -72,9 +69,9 @@ export class IptablesBackend implements NetfilterBackend {
     return parseSave(r.stdout);
   }
 
-  async isInitialized(): Promise<boolean> {
+  async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
     const nat = await this.read('nat');
-    this.guardRead = { at: Date.now(), table: nat };
+    this.guardRead = opts.reuseForSync ? { at: Date.now(), table: nat } : undefined;
     return (nat.rules.get(CHAINS.snatFilter) ?? []).includes(`-j ${CHAINS.sharedSnat}`);
   }
 

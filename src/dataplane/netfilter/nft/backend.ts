@@ -65,10 +65,7 @@ export class NftBackend implements NetfilterBackend {
     private readonly log?: Logger,
   ) {}
 
-  /**
-   * The `ip natgw` listing the init guard just read, handed once to the sync that follows in
-   * the same transaction (under natgw's lock), so a command lists a large table once.
-   */
+  /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; dump: NftTableDump | null } | undefined;
 
   private async kernel(): Promise<NatgwKernel> {
@@ -80,9 +77,9 @@ export class NftBackend implements NetfilterBackend {
     return natgwKernel(ip ?? null, ip6 ?? null);
   }
 
-  async isInitialized(): Promise<boolean> {
+  async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
     const dump = await listTable(this.exec, 'ip', NATGW_TABLE);
-    this.guardRead = { at: Date.now(), dump };
+    this.guardRead = opts.reuseForSync ? { at: Date.now(), dump } : undefined;
     return hasSkeleton(dump);
   }
 
