@@ -8,22 +8,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
+import { prng } from '../helpers/prng.js';
 
 const CLIENTS = 20;
 const OPS = 50;
 const EIP = '172.20.0.10';
 
-/** A small deterministic PRNG (mulberry32), so a failure reproduces. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Kind = 'dnat' | 'fip' | 'snat' | 'route';
 type Verb = 'add' | 'replace' | 'del';

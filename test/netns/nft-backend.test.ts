@@ -6,24 +6,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
-import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
+import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 
 const HOOK_TIMEOUT = 60_000;
 
-/** Runs natgw's tools inside gw: the Executor the backend gets in production, one namespace over. */
-function gwExecutor(topo: Topology): Executor {
-  return {
-    async run(req: ExecRequest): Promise<ExecResult> {
-      const r = await topo.exec('gw', [req.file, ...req.args], { input: req.input, reject: false, timeoutMs: req.timeoutMs });
-      return { command: [req.file, ...req.args].join(' '), ...r, failedToStart: r.exitCode === 127 };
-    },
-    spawnDetached(): void {
-      throw new Error('not used by the nft backend');
-    },
-  };
-}
 
 const EIP = '172.20.0.10';
 const FIP_EIP = '172.20.0.11';
@@ -52,7 +40,7 @@ describe('NftBackend in a network namespace', () => {
 
   beforeAll(async () => {
     topo = await createTopology();
-    nft = new NftBackend(gwExecutor(topo));
+    nft = new NftBackend(new NetnsExecutor(topo.ns.gw));
     for (const eip of [EIP, FIP_EIP]) await topo.exec('gw', ['ip', 'addr', 'add', `${eip}/24`, 'dev', 'net1']);
     servers.push(
       startServer(topo, 'vpc1', 'tcp', 8080),

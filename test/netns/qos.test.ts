@@ -16,7 +16,7 @@ import { QosManager } from '../../src/dataplane/qos/manager.js';
 import { eipFirstClassId, hex, type EipQos, type GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos, delEipQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { SystemExecutor, type ExecRequest, type ExecResult, type Executor } from '../../src/system/exec.js';
+import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 
 const PREFIX = `ngq${randomBytes(3).toString('hex')}-`;
 const NS = { snd: `${PREFIX}snd`, gw: `${PREFIX}gw`, rcv: `${PREFIX}rcv` } as const;
@@ -24,17 +24,6 @@ const SENDER = '10.98.0.2';
 const RECEIVER = '10.99.0.2';
 const EXT = 'net1';
 
-/** Runs every tool inside one namespace, the way natgw runs inside the gateway pod. */
-class NetnsExecutor implements Executor {
-  private readonly inner = new SystemExecutor();
-  constructor(private readonly ns: string) {}
-  run(req: ExecRequest): Promise<ExecResult> {
-    return this.inner.run({ ...req, file: 'ip', args: ['netns', 'exec', this.ns, req.file, ...req.args] });
-  }
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached({ ...req, file: 'ip', args: ['netns', 'exec', this.ns, req.file, ...req.args] });
-  }
-}
 
 async function inNs(ns: string, argv: string[], reject = true): Promise<{ stdout: string; stderr: string; exitCode: number }> {
   const r = await execa('ip', ['netns', 'exec', ns, ...argv], { reject: false, timeout: 30_000 });

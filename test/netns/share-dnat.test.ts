@@ -7,24 +7,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { ShareDnatTable } from '../../src/dataplane/netfilter/shareDnat.js';
 import { shareChainName } from '../../src/dataplane/netfilter/shareDnatRender.js';
-import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { request, startEchoServer, startLongFlow, startServer, type ServerHandle } from '../helpers/traffic.js';
+import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 
 const HOOK_TIMEOUT = 60_000;
 
-/** Runs natgw's tools inside gw: the Executor production passes, one namespace over. */
-function gwExecutor(topo: Topology): Executor {
-  return {
-    async run(req: ExecRequest): Promise<ExecResult> {
-      const r = await topo.exec('gw', [req.file, ...req.args], { input: req.input, reject: false, timeoutMs: req.timeoutMs });
-      return { command: [req.file, ...req.args].join(' '), ...r, failedToStart: r.exitCode === 127 };
-    },
-    spawnDetached(): void {
-      throw new Error('not used by share DNAT');
-    },
-  };
-}
 
 const EIP = '172.20.0.10';
 const LB: ShareDnat = {
@@ -54,7 +42,7 @@ describe('ShareDnatTable in a network namespace', () => {
 
   beforeAll(async () => {
     topo = await createTopology();
-    share = new ShareDnatTable(gwExecutor(topo));
+    share = new ShareDnatTable(new NetnsExecutor(topo.ns.gw));
     await topo.exec('gw', ['ip', 'addr', 'add', `${EIP}/24`, 'dev', 'net1']);
     servers.push(
       startServer(topo, 'vpc1', 'tcp', 80),

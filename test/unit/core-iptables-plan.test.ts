@@ -8,6 +8,7 @@ import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { desiredTables, planChain, planTable, renderRestore, type TableWant } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { emptyTable, parseSave, type SavedTable } from '../../src/dataplane/netfilter/iptables/save.js';
+import { prng } from '../helpers/prng.js';
 
 // ---------------------------------------------------------------------------------------------
 // A pure model of `iptables-restore --noflush` for the line kinds the plan emits.
@@ -385,16 +386,6 @@ describe('planTable', () => {
 // Property tests
 // ---------------------------------------------------------------------------------------------
 
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function shuffle<T>(rnd: () => number, xs: T[]): T[] {
   for (let i = xs.length - 1; i > 0; i--) {

@@ -22,6 +22,7 @@ import {
   delSnat,
   type OpResult,
 } from '../../src/state/operations.js';
+import { prng } from '../helpers/prng.js';
 
 /** Recursively freeze a value so that any mutation throws (ESM code runs in strict mode). */
 function deepFreeze<T>(v: T): T {
@@ -336,18 +337,6 @@ describe('routes', () => {
 });
 
 describe('purity', () => {
-  /** mulberry32: a small seeded PRNG so failures reproduce. */
-  function prng(seed: number): () => number {
-    let a = seed >>> 0;
-    return () => {
-      a = (a + 0x6d2b79f5) >>> 0;
-      let t = a;
-      t = Math.imul(t ^ (t >>> 15), t | 1);
-      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
-  }
-
   it('random sequences of operations never mutate a (deep-frozen) input and keep the invariants', () => {
     const rnd = prng(20240601);
     const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)] as T;
