@@ -62,7 +62,11 @@ export class Engine {
   onSync?: (e: SyncEvent) => void;
 
   constructor(readonly deps: EngineDeps) {
-    this.store = deps.store ?? new StateStore(deps.config.stateDir);
+    this.store =
+      deps.store ??
+      new StateStore(deps.config.stateDir, (file, reason) =>
+        deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
+      );
     this.link = new LinkManager(deps.exec, deps.log);
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log);
     this.conntrack = new Conntrack(deps.exec, deps.log);

@@ -57,7 +57,11 @@ export class StateStore {
   readonly backendFile: string;
   readonly lockTarget: string;
 
-  constructor(readonly dir: string) {
+  constructor(
+    readonly dir: string,
+    /** Told when a state file could not be read and was set aside (it is then adopted anew). */
+    private readonly onCorrupt?: (file: string, reason: string) => void,
+  ) {
     this.stateFile = path.join(dir, 'state.json');
     this.backendFile = path.join(dir, 'backend.json');
     this.lockTarget = path.join(dir, 'natgw');
@@ -82,10 +86,26 @@ export class StateStore {
       const body = text.slice(SEAL_PREFIX_LEN, -2);
       if (sha256(body) === sealed[1]) return JSON.parse(body) as DesiredState;
     }
-    const raw = JSON.parse(text) as { state?: unknown };
+    let raw: { state?: unknown };
+    try {
+      raw = JSON.parse(text) as { state?: unknown };
+    } catch (e) {
+      return this.setAside(`not JSON: ${(e as Error).message}`);
+    }
     const parsed = desiredStateSchema.safeParse(sealed ? raw.state : raw);
-    if (!parsed.success) throw new Error(`state file ${this.stateFile} is invalid: ${parsed.error.message}`);
-    return parsed.data;
+    return parsed.success ? parsed.data : this.setAside(parsed.error.message);
+  }
+
+  /**
+   * A state file that cannot be read must not wedge the gateway (every command would fail
+   * until someone intervened): it is kept beside, for a person to look at, and the state is
+   * adopted from the kernel as after a lost file.
+   */
+  private async setAside(reason: string): Promise<undefined> {
+    const aside = `${this.stateFile}.unreadable-${Date.now()}`;
+    await fs.rename(this.stateFile, aside).catch(() => undefined);
+    this.onCorrupt?.(aside, reason);
+    return undefined;
   }
 
   async save(state: DesiredState): Promise<void> {

@@ -133,19 +133,24 @@ describe('the shim on every path', () => {
     for (const r of results) expect({ code: r.exitCode, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
     const pid = await daemonPid(topo);
     expect(pid).toBeTypeOf('number');
-    const pids = await topo.exec('gw', ['ip', 'netns', 'pids', topo.ns.gw]).catch(() => undefined);
-    const serving = (pids?.stdout ?? '')
-      .split('\n')
-      .map(Number)
-      .filter((p) => p > 0 && isAlive(p))
-      .filter((p) => {
-        try {
-          return readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').includes('serve');
-        } catch {
-          return false;
-        }
-      });
-    expect(serving).toEqual([pid]);
+    // A shim that lost the race may have started a daemon that is still loading; it must give
+    // way to the one serving (the single-daemon guard) rather than serve too.
+    const serving = async () => {
+      const pids = await topo.exec('gw', ['ip', 'netns', 'pids', topo.ns.gw]).catch(() => undefined);
+      return (pids?.stdout ?? '')
+        .split('\n')
+        .map(Number)
+        .filter((p) => p > 0 && isAlive(p))
+        .filter((p) => {
+          try {
+            return readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').includes('serve');
+          } catch {
+            return false;
+          }
+        });
+    };
+    await waitFor(async () => ((await serving()).length === 1 ? true : undefined), { what: 'one natgw serve process left', timeoutMs: 15_000 });
+    expect(await serving()).toEqual([pid]);
     const state = (await api(socketOf(topo), 'GET', '/v1/state')).body.desired;
     expect(state.dnats.filter((d: { port: number }) => d.port >= 7000 && d.port < 7006)).toHaveLength(6);
     await stopAutostarted(topo);
