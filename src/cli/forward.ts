@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
+import path from 'node:path';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
@@ -44,7 +45,7 @@ export async function forward(config: Config, command: string | undefined, args:
     return undefined;
   }
   if (!config.autostart) return undefined;
-  if (!startDaemon(log)) return undefined;
+  if (!startDaemon(config, log)) return undefined;
   if (!(await waitForSocket(config.socket, AUTOSTART_DEADLINE_MS))) {
     log.warn({ socket: config.socket }, 'autostarted daemon did not answer in time; running in-process');
     return undefined;
@@ -122,12 +123,23 @@ export function natgwBin(): string | undefined {
   return argv1 && existsSync(argv1) ? argv1 : undefined;
 }
 
-/** Start `natgw serve` detached, with this process's environment; it outlives the shim. */
-function startDaemon(log: Logger): boolean {
+/**
+ * Start `natgw serve` detached, with this process's environment; it outlives the shim. Its
+ * JSON log (stdout) and anything on its stderr go to natgw-daemon.log in the state dir: the
+ * shim's own stdout and stderr carry only the command's output.
+ */
+function startDaemon(config: Config, log: Logger): boolean {
   const bin = natgwBin();
   if (!bin) return false;
+  let out: number | 'ignore' = 'ignore';
   try {
-    const child = spawn(process.execPath, [bin, 'serve'], { detached: true, stdio: 'ignore', env: process.env });
+    mkdirSync(config.stateDir, { recursive: true });
+    out = openSync(path.join(config.stateDir, 'natgw-daemon.log'), 'a', 0o600);
+  } catch (e) {
+    log.warn({ err: e }, 'daemon log file unavailable; its output is discarded');
+  }
+  try {
+    const child = spawn(process.execPath, [bin, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
     child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
     child.unref();
     log.info({ pid: child.pid, bin }, 'autostarted natgw daemon');
@@ -135,6 +147,8 @@ function startDaemon(log: Logger): boolean {
   } catch (e) {
     log.warn({ err: e }, 'could not start the daemon');
     return false;
+  } finally {
+    if (typeof out === 'number') closeSync(out);
   }
 }
 
