@@ -41,7 +41,8 @@ export async function serve(config: Config): Promise<number> {
 
   const exec = new SystemExecutor(log);
   const engine = new Engine({ config, exec, log });
-  const agent = new Agent({ engine, log, metrics: new Metrics({ processMetrics: true }) });
+  const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
+  const agent = new Agent({ engine, log, metrics });
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
 

@@ -10,6 +10,7 @@ import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { LinkManager } from '../dataplane/link.js';
 import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
+import { EipCounters } from '../dataplane/eipCounters.js';
 import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
 import { adoptState } from './adopt.js';
 
@@ -54,6 +55,7 @@ export class Engine {
   readonly shareDnat: ShareDnatTable;
   readonly conntrack: Conntrack;
   readonly qos: QosManager;
+  readonly eipCounters: EipCounters;
   private readonly probe: BackendProbe;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
@@ -71,6 +73,7 @@ export class Engine {
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log);
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
+    this.eipCounters = new EipCounters(deps.exec, deps.log);
     this.probe = new BackendProbe(deps.exec);
   }
 
@@ -212,6 +215,8 @@ export class Engine {
     // process spawn is a noticeable part of a command's time.
     const linkView = this.link.view(want);
     linkView.catch(() => undefined);
+    // Per-EIP accounting runs alongside; it never fails a change (EipCounters logs and retries).
+    const accounting = want.initialized && !opts.dryRun ? this.eipCounters.sync(want.eips.map((e) => e.address)) : undefined;
     if (want.initialized) {
       const nf = await backend.sync(natTablesOf(want), { dryRun: opts.dryRun });
       netfilterChanges = nf.changes;
@@ -239,6 +244,7 @@ export class Engine {
       qosChanges = q.changes;
       notes.push(...q.notes);
     }
+    await accounting;
     return { netfilterChanges, shareDnatChanges, linkChanges, qosChanges, script, notes };
   }
 

@@ -1,3 +1,4 @@
+import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { SyncEvent } from './engine.js';
 import type { DesiredState } from '../state/state.js';
@@ -18,8 +19,28 @@ export class Metrics {
   readonly driftRepairs: Counter;
   readonly ready: Gauge;
 
-  constructor(opts: { processMetrics?: boolean } = {}) {
+  constructor(opts: { processMetrics?: boolean; eipTraffic?: () => Promise<readonly EipTraffic[]> } = {}) {
     const registers = [this.registry];
+    const traffic = opts.eipTraffic;
+    if (traffic) {
+      // Read from the kernel at scrape time: the sets' per-element counters (EipCounters).
+      const perEip = (name: string, help: string, pick: (t: EipTraffic, rx: boolean) => number) =>
+        new Gauge({
+          name,
+          help,
+          labelNames: ['eip', 'direction'],
+          registers,
+          async collect() {
+            this.reset();
+            for (const t of await traffic().catch(() => [])) {
+              this.set({ eip: t.eip, direction: 'rx' }, pick(t, true));
+              this.set({ eip: t.eip, direction: 'tx' }, pick(t, false));
+            }
+          },
+        });
+      perEip('natgw_eip_packets', 'Packets to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxPackets : t.txPackets));
+      perEip('natgw_eip_bytes', 'Bytes to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxBytes : t.txBytes));
+    }
     this.syncs = new Counter({ name: 'natgw_syncs_total', help: 'Applies of the desired state to the kernel (changes and resyncs)', labelNames: ['outcome'], registers });
     this.syncFailures = new Counter({ name: 'natgw_sync_failures_total', help: 'Applies that failed (nothing was changed)', registers });
     this.syncDuration = new Histogram({
