@@ -3,6 +3,7 @@ import {
   MAX_BUFFER_USEC, classShaping, expectedTicks, formatDecimal, keysToMatch, matchKey, maxBurstBytes, parseClasses, parseFilters,
   parseLinks, parseQdiscs, parseRate, parseSize, programmedBurstBytes, rateBytesOf, rulesFromKernel, shapedDevices,
 } from '../../src/dataplane/qos/readback.js';
+import { FILTERS } from '../helpers/tcFixtures.js';
 
 /** Captured from iproute2 6.1 on Linux 6.18 (the layout natgw writes). */
 const QDISCS = `qdisc noqueue 0: dev lo root refcnt 2 
@@ -19,19 +20,6 @@ class htb 1:b81e root prio 0 quantum 18750 rate 1500Kbit ceil 1500Kbit linklayer
 class htb 1:1d3a root leaf 8001: prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
 `;
 
-const FILTERS = `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:1d3a not_in_hw 
-  match 0a620002/ffffffff at 12
-filter protocol ip pref 2 u32 chain 0 
-filter protocol ip pref 2 u32 chain 0 fh 801: ht divisor 1 
-filter protocol ip pref 2 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 *flowid 1:b81e not_in_hw 
-  match 0a620000/ffff0000 at 16
-filter protocol ip pref 3 u32 chain 0 
-filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
-filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
-  match 00000000/00000000 at 0
-`;
 
 const INGRESS = `filter protocol all pref 65535 u32 chain 0 
 filter protocol all pref 65535 u32 chain 0 fh 800: ht divisor 1 

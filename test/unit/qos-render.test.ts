@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { type DeviceTc, parseClasses, parseFilters, parseQdiscs } from '../../src/dataplane/qos/readback.js';
 import { type KernelQos, type QosFeatures, desiredDevices, renderQos, tcBatchScript } from '../../src/dataplane/qos/render.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
+import { FILTERS } from '../helpers/tcFixtures.js';
 
 const NONE: QosFeatures = { fqCodel: false, matchall: false };
 const ALL: QosFeatures = { fqCodel: true, matchall: true };
@@ -43,19 +44,6 @@ const CLASSES = `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10
 class htb 1:ff03 root prio 0 quantum 6250 rate 500Kbit ceil 500Kbit linklayer ethernet burst 1536Kb/1 mpu 0b cburst 1536Kb/1 mpu 0b level 0 buffer [17700000] cbuffer [17700000] 
 class htb 1:b81e root prio 0 quantum 18750 rate 1500Kbit ceil 1500Kbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [029aaaa0] cbuffer [029aaaa0] 
 class htb 1:1d3a root prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
-`;
-const FILTERS = `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:1d3a not_in_hw 
-  match 0a620002/ffffffff at 12
-filter protocol ip pref 2 u32 chain 0 
-filter protocol ip pref 2 u32 chain 0 fh 801: ht divisor 1 
-filter protocol ip pref 2 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 *flowid 1:b81e not_in_hw 
-  match 0a620000/ffff0000 at 16
-filter protocol ip pref 3 u32 chain 0 
-filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
-filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
-  match 00000000/00000000 at 0
 `;
 const RULES = { eips: [eip('10.98.0.2', 0x1d3a, 1)], gws: [u32('10.98.0.0/16', 0xb81e, 0x800), matchall(3, 0xff03)] };
 const captured = (filters = FILTERS, classes = CLASSES) => kernel({ qdiscs: QDISCS, devices: { net1: { classes, filters } } });
