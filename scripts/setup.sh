@@ -20,3 +20,5 @@ if [ "$major" -lt 20 ]; then
 fi
 
 npm ci --no-audit --no-fund --loglevel=error
+# The compiled CLI, so `bash image/nat-gateway.sh …` and `npx natgw …` run from the checkout.
+npm run build --silent
