@@ -155,11 +155,8 @@ export class Engine {
     }
   }
 
-  /** The persisted state, or what natgw owns in the kernel where no state file survived. */
-  private async loadOrAdopt(backendHint?: NetfilterBackend): Promise<DesiredState> {
-    const saved = await this.store.load();
-    if (saved) return saved;
-    const backend = backendHint ?? (await this.peekBackend());
+  /** What natgw owns in the kernel (no state file survived), or an empty state. */
+  private async adoptOrEmpty(backend: NetfilterBackend): Promise<DesiredState> {
     const adopted = await adoptState(this, backend);
     if (adopted) {
       this.log.info({ eips: adopted.eips.length, dnats: adopted.dnats.length, snats: adopted.snats.length, fips: adopted.fips.length }, 'no state file: adopted the rules natgw owns from the kernel');
@@ -180,7 +177,7 @@ export class Engine {
       const saved = await this.store.load();
       const { backend, choice, adopted } = await this.resolveBackend(saved);
       if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
-      const state = saved ?? adopted ?? (await this.loadOrAdopt(backend));
+      const state = saved ?? adopted ?? (await this.adoptOrEmpty(backend));
       const { state: next, effects } = await fn({ state, backend, choice });
       const started = performance.now();
       let report: ApplyReport;
@@ -280,8 +277,9 @@ export class Engine {
     return (await this.peekBackend()).isInitialized();
   }
 
+  /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
-    return this.loadOrAdopt();
+    return (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {

@@ -81,9 +81,7 @@ export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;
 export const eipKey = (e: Pick<Eip, 'address'>): string => e.address;
 
-// Allocation-free identity tests: operations run them against every rule of a collection,
-// and a command may carry ten thousand rules.
-export const sameSnat = (a: Pick<Snat, 'eip' | 'cidr'>, b: Pick<Snat, 'eip' | 'cidr'>): boolean => a.eip === b.eip && a.cidr === b.cidr;
+/** An allocation-free identity test, for scans that need no key index. */
 export const sameDnat = (a: Pick<Dnat, 'eip' | 'port' | 'protocol'>, b: Pick<Dnat, 'eip' | 'port' | 'protocol'>): boolean =>
   a.eip === b.eip && a.port === b.port && a.protocol === b.protocol;
 
