@@ -50,8 +50,19 @@ export interface SyncReport {
   readonly script: string;
 }
 
+/**
+ * How a part of the dataplane learns what the kernel holds before it plans a change
+ * (kube-proxy's model, DESIGN.md): `full` reads back what natgw owns, diffs and repairs;
+ * `partial` trusts the view the part kept from its last successful apply or read-back and
+ * renders only the change, reading nothing. A part with no trusted view reads, whatever the
+ * mode. After a failed apply a part forgets its view, so the next sync is a full one.
+ */
+export type SyncMode = 'full' | 'partial';
+
 export interface SyncOptions {
   readonly dryRun?: boolean;
+  /** Default `full`. */
+  readonly mode?: SyncMode;
 }
 
 /**
