@@ -1,14 +1,30 @@
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
-import type { Engine } from './engine.js';
+import type { Config } from '../config/config.js';
+import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
+import type { LinkManager } from '../dataplane/link.js';
+import type { QosManager } from '../dataplane/qos/manager.js';
+import type { Executor } from '../system/exec.js';
 import { isInterfaceName } from '../model/net.js';
+
+/**
+ * The parts of the engine adoption reads from. Named here rather than taken as `Engine` because
+ * the engine calls adoptState: importing Engine back would close a cycle engine ↔ adopt.
+ */
+export interface AdoptSources {
+  readonly config: Pick<Config, 'vpcInterface' | 'extInterface'>;
+  readonly shareDnat: Pick<ShareDnatTable, 'readBack'>;
+  readonly link: Pick<LinkManager, 'addresses' | 'view'>;
+  readonly qos: Pick<QosManager, 'readBack'>;
+  readonly deps: { readonly exec: Executor };
+}
 
 /**
  * Rebuild the desired state from what natgw owns in the kernel: a container restart loses
  * the state file but not the pod's network namespace, and an upgrade from the script finds
  * the script's chains. Returns undefined when natgw owns nothing here.
  */
-export async function adoptState(engine: Engine, backend: NetfilterBackend): Promise<DesiredState | undefined> {
+export async function adoptState(engine: AdoptSources, backend: NetfilterBackend): Promise<DesiredState | undefined> {
   const nat = await backend.readBack();
   const shareDnats = await engine.shareDnat.readBack();
   if (!nat && shareDnats.length === 0) return undefined;
@@ -47,7 +63,7 @@ export async function adoptState(engine: Engine, backend: NetfilterBackend): Pro
   });
 }
 
-async function findExtByEips(engine: Engine, eips: ReadonlySet<string>): Promise<string | undefined> {
+async function findExtByEips(engine: AdoptSources, eips: ReadonlySet<string>): Promise<string | undefined> {
   if (eips.size === 0) return undefined;
   const r = await engine.deps.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'] });
   if (r.exitCode !== 0) return undefined;

@@ -5,7 +5,7 @@ import { parseInitArgs } from '../model/legacy.js';
 import { isInterfaceName } from '../model/net.js';
 import { readEnvFile, updateEnvFile } from '../config/envFile.js';
 import { readNetworkStatus } from '../config/networkStatus.js';
-import { failure } from './legacy.js';
+import { failure } from './failure.js';
 
 /**
  * `init [vpcIf,extIf]` (SPEC §2, §3.1–3.2): pick the interface names, wait for late

@@ -1,6 +1,5 @@
 import type { Engine } from './engine.js';
 import { Output, type CommandOutput } from './output.js';
-import { NatgwError } from '../model/errors.js';
 import * as P from '../model/legacy.js';
 import * as Q from '../model/qosLegacy.js';
 import * as Ops from '../state/operations.js';
@@ -11,6 +10,7 @@ import type { Effect, OpResult } from '../state/operations.js';
 import type { Config } from '../config/config.js';
 import { shareDnatChainName } from '../model/shareDnatName.js';
 import { runInit } from './init.js';
+import { failure } from './failure.js';
 
 /**
  * The script's command line (SPEC §1–2), as operations on the desired state. Every rule of a
@@ -149,17 +149,4 @@ export async function runLegacy(engine: Engine, command: string | undefined, arg
   } catch (e) {
     return failure(out, e, log, rules);
   }
-}
-
-export function failure(out: Output, e: unknown, log: Engine['log'], rules?: readonly string[]): CommandOutput {
-  if (e instanceof NatgwError) {
-    if (e.stream === 'stdout') out.line(e.message);
-    else out.error(e.message);
-    log.info({ rules, kind: e.kind, reason: e.message }, 'command refused');
-  } else {
-    const msg = e instanceof Error ? e.message : String(e);
-    out.error(msg.startsWith('Error:') ? msg : `Error: ${msg}`);
-    log.error({ rules, err: e }, 'command failed');
-  }
-  return out.result(1);
 }

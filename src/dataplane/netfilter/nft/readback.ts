@@ -12,58 +12,20 @@ import { canonicalIp, familyOf, formatCidr, isInterfaceName, isIp, isIpv6, parse
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { prefixOf } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
-import { CHAIN, SET, ruleJson, type NatgwRule, type NftFamily } from './render.js';
+import { CHAIN, SET, ruleJson } from './render.js';
+import type {
+  NatgwKernel, NatgwRule, NftBaseHook, NftChainDump, NftElementDump, NftFamily, NftRuleDump, NftSetDump, NftTableDump,
+  OwnedTable,
+} from './types.js';
+
+// The dump types are named here too: callers (the backend, share DNAT) know them as the read-back's.
+export type {
+  NatgwKernel, NftBaseHook, NftChainDump, NftElementDump, NftRuleDump, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
+} from './types.js';
 
 // ---------------------------------------------------------------------------------
 // Generic dump of one table
 // ---------------------------------------------------------------------------------
-
-export interface NftBaseHook {
-  readonly type: string;
-  readonly hook: string;
-  readonly prio: number;
-  readonly policy: string;
-}
-
-export interface NftRuleDump {
-  readonly handle: number;
-  readonly expr: readonly unknown[];
-}
-
-export interface NftChainDump {
-  readonly name: string;
-  readonly handle: number;
-  /** Absent for a regular chain. */
-  readonly base?: NftBaseHook;
-  readonly rules: NftRuleDump[];
-}
-
-export interface NftElementDump {
-  /** Canonical text as natgw renders it: `1.2.3.4 . tcp . 80`. */
-  readonly key: string;
-  /** For maps: `10.0.1.6 . 8080`, `goto dnat-…`; undefined for a plain set. */
-  readonly value?: string;
-}
-
-export interface NftSetDump {
-  readonly name: string;
-  readonly handle: number;
-  readonly kind: 'set' | 'map';
-  /** Key type, concatenations joined with ` . `. */
-  readonly type: string;
-  /** Data type of a map. */
-  readonly map?: string;
-  readonly flags: readonly string[];
-  readonly elements: readonly NftElementDump[];
-}
-
-export interface NftTableDump {
-  readonly family: string;
-  readonly name: string;
-  /** In listing order. */
-  readonly chains: ReadonlyMap<string, NftChainDump>;
-  readonly sets: ReadonlyMap<string, NftSetDump>;
-}
 
 /** The JSON did not have the shape `nft -j` produces: a tool change, never user input. */
 export class NftParseError extends Error {
@@ -283,28 +245,11 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 
-/** A rule in a natgw chain as the renderer sees it: recognised (or null) with its handle. */
-export interface OwnedRule {
-  readonly handle: number;
-  readonly rule: NatgwRule | null;
-}
-
-/** A natgw table as read back, with every chain's rules recognised (or not) as natgw's. */
-export interface OwnedTable extends NftTableDump {
-  readonly owned: ReadonlyMap<string, readonly OwnedRule[]>;
-}
-
 export function ownTable(dump: NftTableDump, fam: NftFamily): OwnedTable {
   const owned = new Map(
     [...dump.chains.values()].map((c) => [c.name, c.rules.map((r) => ({ handle: r.handle, rule: recogniseRule(r.expr, fam) }))] as const),
   );
   return { ...dump, owned };
-}
-
-/** The kernel side natgw diffs against: one table per family, null when it is absent. */
-export interface NatgwKernel {
-  readonly ip: OwnedTable | null;
-  readonly ip6: OwnedTable | null;
 }
 
 export function natgwKernel(ip: NftTableDump | null, ip6: NftTableDump | null): NatgwKernel {

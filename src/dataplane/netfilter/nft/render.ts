@@ -46,10 +46,12 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOf, parseCidr } from '../../../model/net.js';
 import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
-// Types only: the read-back recognises rules with ruleJson below, so no runtime cycle.
-import type { NatgwKernel, NftChainDump, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './readback.js';
+import type {
+  NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
+} from './types.js';
 
-export type NftFamily = 'ip' | 'ip6';
+export type { NatgwRule, NftFamily } from './types.js';
+
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
 export const NATGW_TABLE = 'natgw';
@@ -82,15 +84,6 @@ export class NftRenderError extends NatgwError {
 // ---------------------------------------------------------------------------------
 // natgw's rules: text to write, JSON that nft lists back
 // ---------------------------------------------------------------------------------
-
-export type NatgwRule =
-  | { readonly kind: 'vpc-mark'; readonly vpcIf: string }
-  | { readonly kind: 'fip-dnat' }
-  | { readonly kind: 'port-dnat' }
-  | { readonly kind: 'fip-snat' }
-  | { readonly kind: 'snat-jump'; readonly extIf: string }
-  | { readonly kind: 'hairpin'; readonly vpcIf: string }
-  | { readonly kind: 'snat'; readonly cidr: string; readonly eip: string; readonly randomFully: boolean };
 
 const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
 

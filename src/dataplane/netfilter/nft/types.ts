@@ -1,0 +1,81 @@
+/**
+ * The shapes the nft renderer and the read-back both speak: natgw's rules, a table as `nft -j`
+ * lists it, and that table with its rules recognised. The read-back calls the renderer (it
+ * recognises a rule by rendering its JSON), and the renderer diffs against what the read-back
+ * returns; with these shapes here, neither module imports the other both ways.
+ */
+
+export type NftFamily = 'ip' | 'ip6';
+
+export type NatgwRule =
+  | { readonly kind: 'vpc-mark'; readonly vpcIf: string }
+  | { readonly kind: 'fip-dnat' }
+  | { readonly kind: 'port-dnat' }
+  | { readonly kind: 'fip-snat' }
+  | { readonly kind: 'snat-jump'; readonly extIf: string }
+  | { readonly kind: 'hairpin'; readonly vpcIf: string }
+  | { readonly kind: 'snat'; readonly cidr: string; readonly eip: string; readonly randomFully: boolean };
+
+export interface NftBaseHook {
+  readonly type: string;
+  readonly hook: string;
+  readonly prio: number;
+  readonly policy: string;
+}
+
+export interface NftRuleDump {
+  readonly handle: number;
+  readonly expr: readonly unknown[];
+}
+
+export interface NftChainDump {
+  readonly name: string;
+  readonly handle: number;
+  /** Absent for a regular chain. */
+  readonly base?: NftBaseHook;
+  readonly rules: NftRuleDump[];
+}
+
+export interface NftElementDump {
+  /** Canonical text as natgw renders it: `1.2.3.4 . tcp . 80`. */
+  readonly key: string;
+  /** For maps: `10.0.1.6 . 8080`, `goto dnat-…`; undefined for a plain set. */
+  readonly value?: string;
+}
+
+export interface NftSetDump {
+  readonly name: string;
+  readonly handle: number;
+  readonly kind: 'set' | 'map';
+  /** Key type, concatenations joined with ` . `. */
+  readonly type: string;
+  /** Data type of a map. */
+  readonly map?: string;
+  readonly flags: readonly string[];
+  readonly elements: readonly NftElementDump[];
+}
+
+export interface NftTableDump {
+  readonly family: string;
+  readonly name: string;
+  /** In listing order. */
+  readonly chains: ReadonlyMap<string, NftChainDump>;
+  readonly sets: ReadonlyMap<string, NftSetDump>;
+}
+
+/** A rule in a natgw chain as the renderer sees it: recognised (or null) with its handle. */
+export interface OwnedRule {
+  readonly handle: number;
+  readonly rule: NatgwRule | null;
+}
+
+/** A natgw table as read back, with every chain's rules recognised (or not) as natgw's. */
+export interface OwnedTable extends NftTableDump {
+  readonly owned: ReadonlyMap<string, readonly OwnedRule[]>;
+}
+
+/** The kernel side natgw diffs against: one table per family, null when it is absent. */
+export interface NatgwKernel {
+  readonly ip: OwnedTable | null;
+  readonly ip6: OwnedTable | null;
+}
