@@ -33,8 +33,8 @@
  * from the kernel even while no SNAT exists (adoption).
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
- * rules natgw would render and repaired by deleting by handle and inserting at position (a longest
- * common subsequence keeps everything that is already right, so a renamed interface rewrites only
+ * rules natgw would render and repaired by deleting by handle and inserting at position (the
+ * longest run of rules already in the right order stays, so a renamed interface rewrites only
  * the rules naming it); map and set elements are added and deleted one by one (a changed value is
  * delete + add in the same transaction). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
@@ -385,9 +385,16 @@ function needsRebuild(spec: FamilySpec, have: NftTableDump): boolean {
 }
 
 /**
- * Longest common subsequence of the kernel's rules (by key; unrecognised rules never match)
- * and the desired keys: what can stay. Common prefix and suffix are matched first, so the
- * usual one-rule change costs O(n).
+ * Which of the kernel's rules can stay, as pairs [actual index, desired index], both increasing.
+ * Unrecognised rules (null) never stay. Common prefix and suffix are matched first, so the usual
+ * one-rule change costs O(n).
+ *
+ * In between, each kernel rule is matched by key to its desired position and the longest
+ * increasing run of those positions stays (patience sorting): O(n log n) time, O(n) memory,
+ * where a longest common subsequence would cost O(n·m) of both (a 20,000-rule chain rewritten
+ * in reverse order would need 400M cells). With keys unique on each side, as natgw renders them,
+ * the two coincide. A duplicated key pairs its k-th kernel copy with its k-th desired copy, so
+ * the first copy is the one kept and surplus copies are deleted.
  */
 export function keepRules(actual: readonly (string | null)[], desired: readonly string[]): Array<[number, number]> {
   let lo = 0;
@@ -400,33 +407,55 @@ export function keepRules(actual: readonly (string | null)[], desired: readonly 
   }
   const pairs: Array<[number, number]> = [];
   for (let i = 0; i < lo; i++) pairs.push([i, i]);
-  const n = ha - lo;
-  const m = hd - lo;
-  if (n > 0 && m > 0) {
-    // lcs[i][j]: LCS length of actual[lo+i..ha) and desired[lo+j..hd)
-    const lcs: number[][] = Array.from({ length: n + 1 }, () => new Array<number>(m + 1).fill(0));
-    for (let i = n - 1; i >= 0; i--) {
-      const row = lcs[i] as number[];
-      const next = lcs[i + 1] as number[];
-      for (let j = m - 1; j >= 0; j--) {
-        const a = actual[lo + i];
-        row[j] = a !== null && a === desired[lo + j] ? (next[j + 1] as number) + 1 : Math.max(next[j] as number, row[j + 1] as number);
-      }
-    }
-    let i = 0;
-    let j = 0;
-    while (i < n && j < m) {
-      const a = actual[lo + i];
-      if (a !== null && a === desired[lo + j]) {
-        pairs.push([lo + i, lo + j]);
-        i++;
-        j++;
-      } else if ((lcs[i + 1]?.[j] ?? 0) >= (lcs[i]?.[j + 1] ?? 0)) i++;
-      else j++;
-    }
-  }
+  for (const p of increasingMatch(actual, desired, lo, ha, hd)) pairs.push(p);
   for (let k = 0; k < actual.length - ha; k++) pairs.push([ha + k, hd + k]);
   return pairs;
+}
+
+/** keepRules between the common prefix and suffix: actual[lo, ha) against desired[lo, hd). */
+function increasingMatch(
+  actual: readonly (string | null)[], desired: readonly string[], lo: number, ha: number, hd: number,
+): Array<[number, number]> {
+  if (ha <= lo || hd <= lo) return [];
+  const slots = new Map<string, number[]>();
+  for (let d = lo; d < hd; d++) {
+    const key = desired[d] as string;
+    const at = slots.get(key);
+    if (at) at.push(d);
+    else slots.set(key, [d]);
+  }
+  // Candidates in kernel order; each desired position is taken at most once, which is what
+  // makes a strictly increasing run of positions a valid matching.
+  const cand: Array<[number, number]> = [];
+  const taken = new Map<string, number>();
+  for (let a = lo; a < ha; a++) {
+    const key = actual[a];
+    if (key === null || key === undefined) continue;
+    const at = slots.get(key);
+    const k = taken.get(key) ?? 0;
+    if (!at || k >= at.length) continue;
+    taken.set(key, k + 1);
+    cand.push([a, at[k] as number]);
+  }
+  // tails[l]: the candidate ending the increasing run of length l+1 with the smallest position.
+  const tails: number[] = [];
+  const prev = new Int32Array(cand.length);
+  cand.forEach(([, d], c) => {
+    let l = 0;
+    let h = tails.length;
+    while (l < h) {
+      const mid = (l + h) >> 1;
+      if ((cand[tails[mid] as number] as [number, number])[1] < d) l = mid + 1;
+      else h = mid;
+    }
+    prev[c] = l > 0 ? (tails[l - 1] as number) : -1;
+    tails[l] = c;
+  });
+  const run: Array<[number, number]> = [];
+  for (let c = tails.length > 0 ? (tails[tails.length - 1] as number) : -1; c >= 0; c = prev[c] as number) {
+    run.push(cand[c] as [number, number]);
+  }
+  return run.reverse();
 }
 
 /** Element-level repair of one chain: delete what is wrong by handle, insert what is missing in place. */
