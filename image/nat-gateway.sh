@@ -1,7 +1,110 @@
 #!/usr/bin/env bash
-# The controller runs `bash /kube-ovn/nat-gateway.sh <command> [rule ...]`. This shim hands
-# every argument, untouched, to natgw: inside the image natgw lives under /kube-ovn/natgw;
-# in a checkout it is the checkout this file sits in.
+# The controller runs `bash /kube-ovn/nat-gateway.sh <command> [rule ...]`, one exec per rule,
+# so this shim is on its critical path (SPEC §4.1). Node.js start-up alone costs more than the
+# original script's whole call; so where a daemon answers on its Unix socket, the command goes
+# to it through curl and Node is never started. Everything else — curl missing, no socket, no
+# answer, anything but a command that ran — ends in natgw itself (`exec node`), which forwards,
+# autostarts or runs in-process exactly as before, so the output is the same on every path.
+#
+# NATGW_SHIM_CLIENT=node (environment only) skips curl and always takes the Node.js path.
+
+# NATGW_SOCKET as natgw itself resolves it (src/config/socketPath.ts): the env file's value,
+# then the environment's, then the default. The env file wins (SPEC §4.3: the script sourced it
+# after the environment); it is parsed like src/config/envFile.ts does, never sourced.
+natgw_socket() {
+  local file=${NATGW_ENV_FILE-} line value=''
+  local re='^[[:space:]]*(export[[:space:]]+)?NATGW_SOCKET[[:space:]]*=(.*)$'
+  file=${file#"${file%%[![:space:]]*}"}
+  file=${file%"${file##*[![:space:]]}"}
+  [ -n "$file" ] || file=/etc/kube-ovn/nat-gateway.env
+  if [ -f "$file" ] && [ -r "$file" ]; then
+    # The last assignment wins, as in the parser natgw uses.
+    while IFS= read -r line || [ -n "$line" ]; do
+      [[ $line =~ $re ]] && value=${BASH_REMATCH[2]}
+    done <"$file"
+  fi
+  if [ -n "$value" ]; then
+    value=${value#"${value%%[![:space:]]*}"}
+    value=${value%"${value##*[![:space:]]}"}
+    case $value in
+      \"*\")
+        # Inside double quotes natgw undoes \" \\ \$ and \` only.
+        local inner=${value:1:${#value}-2} c
+        value=''
+        while [[ $inner == *\\* ]]; do
+          value+=${inner%%\\*}
+          inner=${inner#*\\}
+          c=${inner:0:1}
+          case $c in
+            \" | \\ | \$ | \`) value+=$c; inner=${inner:1} ;;
+            *) value+=\\ ;;
+          esac
+        done
+        value+=$inner
+        ;;
+      \'*\') value=${value:1:${#value}-2} ;;
+      *)
+        # An unquoted value ends at the first inline comment.
+        if [[ $value =~ [[:space:]]+# ]]; then value=${value%%"${BASH_REMATCH[0]}"*}; fi
+        ;;
+    esac
+  fi
+  # An empty value falls through to the next source, as in natgw.
+  REPLY=${value:-${NATGW_SOCKET:-/run/natgw/natgw.sock}}
+}
+
+# One POST /v1/legacy/raw over the socket. Prints the command's output and exits with its
+# status when the daemon ran it; returns (having printed nothing) otherwise. The whole answer
+# is read before anything is printed, so a daemon dying mid-answer leaves no partial output
+# behind the Node.js retry.
+natgw_via_daemon() {
+  command -v curl >/dev/null 2>&1 || return 1
+  natgw_socket
+  local sock=$REPLY
+  [ -S "$sock" ] || return 1
+  # --data-urlencode encodes each value whole, so no argument byte is ever shell, JSON or
+  # form syntax; `rule=` keeps empty arguments.
+  local form=(--data-urlencode "command=$1") arg
+  shift
+  for arg in "$@"; do form+=(--data-urlencode "rule=$arg"); done
+  local reply
+  # -q: no ~/.curlrc. Expect: off, or a large body would wait for 100-continue. -D -: headers,
+  # then the body, then the HTTP code as a sentinel, so command substitution cannot eat the
+  # body's trailing newlines. curl's own stderr must never reach the controller.
+  reply=$(curl -q -s --noproxy '*' --unix-socket "$sock" --connect-timeout 2 -H 'Expect:' \
+    -D - -w '%{http_code}' "${form[@]}" http://localhost/v1/legacy/raw 2>/dev/null) || return 1
+  # 503 (shutting down), 4xx, no answer (000): the daemon did not run it, Node.js takes over.
+  [[ $reply == *200 ]] || return 1
+  reply=${reply%200}
+  [[ $reply == *$'\r\n\r\n'* ]] || return 1
+  local head=${reply%%$'\r\n\r\n'*}$'\r\n'
+  local body=${reply#*$'\r\n\r\n'}
+  # HTTP header names are case-insensitive.
+  shopt -s nocasematch
+  local re_code=$'^HTTP/[0-9.]+ 200[ \r]'
+  local re_status=$'\r\nX-Natgw-Status: *([0-9]+)\r\n'
+  local re_stderr=$'\r\nX-Natgw-Stderr: *([^\r]*)\r\n'
+  [[ $head =~ $re_code ]] || return 1
+  [[ $head =~ $re_status ]] || return 1
+  local status=${BASH_REMATCH[1]}
+  [[ $head =~ $re_stderr ]] || return 1
+  local err=${BASH_REMATCH[1]}
+  printf '%s' "$body"
+  # The daemon wrote every byte but printable ASCII as \xHH: %b restores them exactly.
+  [ -z "$err" ] || printf '%b' "$err" >&2
+  exit "$status"
+}
+
+# Commands natgw answers in-process (no state, no lock) stay on Node.js, as does `serve`.
+if [ "${NATGW_SHIM_CLIENT-}" != node ] && [ $# -gt 0 ]; then
+  case $1 in
+    help | --help | -h | get-iptables-version | serve) ;;
+    *) natgw_via_daemon "$@" ;;
+  esac
+fi
+
+# Inside the image natgw lives under /kube-ovn/natgw; in a checkout it is the checkout this
+# file sits in.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -f "$here/natgw/bin/natgw.js" ]; then
   entry="$here/natgw/bin/natgw.js"

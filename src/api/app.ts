@@ -27,6 +27,74 @@ const legacyBody = z
   })
   .strict();
 
+const FORM = 'application/x-www-form-urlencoded';
+
+function formError(message: string, field = 'body'): HttpError {
+  return new HttpError(400, 'validation', message, { field, in: 'body' });
+}
+
+/**
+ * Percent-decoding done here rather than by a query-string library, byte by byte: an argument
+ * is any bytes but NUL, and its invalid UTF-8 must become the same U+FFFD characters Node puts
+ * in process.argv, so the daemon sees exactly what the Node shim would have sent as JSON.
+ */
+function formValue(raw: Buffer, field: string): string {
+  const out = Buffer.alloc(raw.length);
+  let n = 0;
+  for (let i = 0; i < raw.length; i++) {
+    const b = raw[i]!;
+    if (b === 0x2b) {
+      out[n++] = 0x20;
+    } else if (b === 0x25) {
+      const hex = raw.subarray(i + 1, i + 3).toString('latin1');
+      if (!/^[0-9A-Fa-f]{2}$/.test(hex)) throw formError(`${field}: malformed percent-encoding`, field);
+      out[n++] = parseInt(hex, 16);
+      i += 2;
+    } else {
+      out[n++] = b;
+    }
+  }
+  return out.subarray(0, n).toString('utf8');
+}
+
+/** `command=<c>&rule=<r>&rule=...` (rules in order; empty rules kept) into the JSON body's shape. */
+function legacyForm(body: unknown): unknown {
+  if (!Buffer.isBuffer(body)) {
+    throw formError(`body: form fields command and rule are required (Content-Type: ${FORM})`);
+  }
+  let command: string | undefined;
+  const rules: string[] = [];
+  let start = 0;
+  while (start <= body.length) {
+    let end = body.indexOf(0x26, start);
+    if (end < 0) end = body.length;
+    const pair = body.subarray(start, end);
+    start = end + 1;
+    if (pair.length === 0) continue;
+    const eq = pair.indexOf(0x3d);
+    if (eq < 0) throw formError(`body: field without a value: ${pair.subarray(0, 64).toString('latin1')}`);
+    const name = formValue(pair.subarray(0, eq), 'body');
+    const value = formValue(pair.subarray(eq + 1), name);
+    if (name === 'rule') rules.push(value);
+    else if (name === 'command' && command === undefined) command = value;
+    else if (name === 'command') throw formError('command: given more than once', 'command');
+    else throw formError(`${name}: unknown field (expected command and rule)`, name);
+  }
+  return command === undefined ? { rules } : { command, rules };
+}
+
+/**
+ * stderr for the X-Natgw-Stderr header, readable back by bash's `printf %b` without a fork:
+ * printable ASCII stays, every other byte (space, backslash, newline, UTF-8) becomes \xHH.
+ */
+export function escapeStderr(text: string): string {
+  let out = '';
+  for (const b of Buffer.from(text, 'utf8')) {
+    out += b > 0x20 && b < 0x7f && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, '0')}`;
+  }
+  return out;
+}
+
 /** A JSON object body, or a 400 saying what is missing. */
 function objectBody(req: Request): Record<string, unknown> {
   const b: unknown = req.body;
@@ -105,6 +173,21 @@ export function createApp(deps: AppDeps): Express {
     const out = await agent.legacy(command, rules);
     res.locals.log = { command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' };
     res.status(200).json(out);
+  });
+  // The shim's curl client (image/nat-gateway.sh): a form body curl can build from argv
+  // without any quoting, and an answer bash reads without a JSON parser: stdout is the body,
+  // byte for byte; the command's status and stderr travel in headers.
+  app.post('/v1/legacy/raw', express.raw({ type: FORM, limit: deps.bodyLimit }), async (req, res) => {
+    const parsed = legacyBody.safeParse(legacyForm(req.body));
+    if (!parsed.success) throw validationError(parsed.error, 'body');
+    const { command, rules } = parsed.data;
+    const out = await agent.legacy(command, rules);
+    res.locals.log = { command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' };
+    res.status(200);
+    res.set('X-Natgw-Status', String(out.status));
+    res.set('X-Natgw-Stderr', escapeStderr(out.stderr));
+    res.set('Content-Type', 'text/plain; charset=utf-8');
+    res.send(Buffer.from(out.stdout, 'utf8'));
   });
 
   // ---- the whole state ----

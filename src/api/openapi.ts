@@ -145,6 +145,49 @@ export function buildOpenApi(): Json {
         responses: { '200': json(ref('CommandOutput'), 'The command ran'), '400': commonErrors['400'], '401': commonErrors['401'], '413': commonErrors['413'], '503': commonErrors['503'] },
       },
     },
+    '/v1/legacy/raw': {
+      post: {
+        operationId: 'legacy-raw',
+        tags: ['Legacy'],
+        summary: 'Run a nat-gateway.sh command; form-encoded request, raw output (the shim\'s curl client)',
+        description:
+          'The same command as POST /v1/legacy, shaped for a client without a JSON parser: the body is `command=<c>` followed by one `rule=<r>` per argument, in order (`curl --data-urlencode`); empty rules are kept. ' +
+          'On HTTP 200 the response body is the command\'s stdout byte for byte, `X-Natgw-Status` its exit status and `X-Natgw-Stderr` its stderr, in which every byte but printable ASCII other than space and backslash is written `\\xHH` (bash: `printf %b`). ' +
+          'HTTP 200 whenever the command ran, whatever its own status; 4xx only for a malformed request. Same body limit as JSON.',
+        requestBody: {
+          required: true,
+          content: {
+            'application/x-www-form-urlencoded': {
+              schema: {
+                type: 'object',
+                required: ['command'],
+                additionalProperties: false,
+                properties: {
+                  command: { type: 'string' },
+                  rule: { type: 'array', items: { type: 'string' }, description: 'One field per argument, repeated' },
+                },
+              },
+              encoding: { rule: { explode: true, style: 'form' } },
+              example: 'command=dnat-add&rule=172.20.0.10%2C8080%2Ctcp%2C10.0.1.6%2C80',
+            },
+          },
+        },
+        responses: {
+          '200': {
+            description: 'The command ran: stdout in the body, status and stderr in headers',
+            headers: {
+              'X-Natgw-Status': { required: true, description: 'The command\'s exit status', schema: { type: 'integer' } },
+              'X-Natgw-Stderr': { required: true, description: 'The command\'s stderr, bytes outside printable ASCII (and space and backslash) as \\xHH', schema: { type: 'string' } },
+            },
+            content: { 'text/plain': { schema: { type: 'string' } } },
+          },
+          '400': commonErrors['400'],
+          '401': commonErrors['401'],
+          '413': commonErrors['413'],
+          '503': commonErrors['503'],
+        },
+      },
+    },
     '/v1/state': {
       get: {
         operationId: 'get-state',

@@ -1,0 +1,258 @@
+/**
+ * The shim's curl client (SPEC §4.1): with a daemon answering, `bash nat-gateway.sh` reaches it
+ * through curl without starting Node.js, and prints byte for byte what the Node.js path prints
+ * (stdout, stderr, exit status) for successes, conflicts, validation errors, unknown commands
+ * and arguments no shell should see. Wherever the daemon does not run the command — no daemon,
+ * a socket file left by a killed one, a 4xx, a 503, an answer that is not natgw's — the shim
+ * falls back to Node.js with nothing of curl's showing.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
+import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js';
+
+const SHIM = join(REPO_ROOT, 'image', 'nat-gateway.sh');
+const EIP = '172.20.0.10';
+
+interface Run {
+  readonly argv: string;
+  readonly status: number;
+  /** Hex, so that a single differing byte shows. */
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/** Every argument byte-escaped for printf %b: the wrapper rebuilds the exact bytes, invalid UTF-8 included. */
+const escapeArg = (a: string | Buffer): string =>
+  [...Buffer.from(a)].map((b) => (/[A-Za-z0-9]/.test(String.fromCharCode(b)) ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, '0')}`)).join('');
+
+const WRAPPER = 'shim=$1; shift; args=(); for a in "$@"; do v=$(printf "%bx" "$a"); args+=("${v%x}"); done; exec bash "$shim" "${args[@]}"';
+
+/** `bash nat-gateway.sh argv...` in gw with natgw's environment plus `env`; raw bytes out. */
+function shim(topo: Topology, argv: readonly (string | Buffer)[], env: Record<string, string> = {}): Promise<Run> {
+  const full = { ...topo.natgwEnv(), ...env };
+  const bash = '/bin/bash';
+  const child = spawn('ip', ['netns', 'exec', topo.ns.gw, bash, '-c', WRAPPER, 'wrapper', SHIM, ...argv.map(escapeArg)], {
+    env: full,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
+  });
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  child.stdout.on('data', (c: Buffer) => out.push(c));
+  child.stderr.on('data', (c: Buffer) => err.push(c));
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        // gone already
+      }
+      reject(new Error(`shim ${argv.join(' ')} timed out`));
+    }, 45_000);
+    child.once('error', reject);
+    child.once('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({
+        argv: argv.map(String).join(' '),
+        status: code ?? 128 + (signal === 'SIGKILL' ? 9 : 0),
+        stdout: Buffer.concat(out).toString('hex'),
+        stderr: Buffer.concat(err).toString('hex'),
+      });
+    });
+  });
+}
+
+const text = (hex: string) => Buffer.from(hex, 'hex').toString('utf8');
+
+/** Successes, idempotent repeats, a conflict, validation errors, unknown commands, hostile arguments; ends where it began. */
+const SEQUENCE: readonly (readonly (string | Buffer)[])[] = [
+  ['eip-add', `${EIP}/24`],
+  ['dnat-add', `${EIP},8080,tcp,${ADDR.vpc1},80`],
+  ['dnat-add', `${EIP},8080,tcp,${ADDR.vpc1},80`],
+  ['dnat-add', `${EIP},8080,tcp,${ADDR.vpc2},80`],
+  ['dnat-add', `${EIP},http,tcp,${ADDR.vpc1},80`],
+  ['snat-add', `${EIP},${ADDR.vpcCidr}`],
+  ['dnat-add', ''],
+  ['dnat-add', 'a b', `it's "quoted"`, '$(touch /tmp/natgw-pwned)', '`id`; rm -rf /', 'line1\nline2\n', '', '+&=%25;|*?~\\'],
+  ['snat-add', '', ''],
+  ['frobnicate', 'x y', '$HOME'],
+  ['frob nic"ate$(id)', 'a\nb'],
+  [''],
+  ['', ''],
+  ['dnat-add', Buffer.from([0x31, 0xff, 0xfe, 0x2c, 0xe2, 0x82, 0x0a])],
+  ['dnat-add', `${EIP},9090,tcp,${ADDR.vpc2},80,extra`],
+  ['subnet-route-add', 'not-a-cidr'],
+  ['init', 'a,b,c'],
+  ['init', 'x,', ''],
+  ['snat-del', `${EIP},${ADDR.vpcCidr}`],
+  ['dnat-del', `${EIP},8080,tcp`],
+  ['eip-del', `${EIP}/24`],
+];
+
+/** A shorter round for the in-process paths (each run starts Node.js and the engine). */
+const SHORT = [0, 1, 3, 7, 9, 16, 19, 20].map((i) => SEQUENCE[i]!);
+
+async function runSequence(topo: Topology, env: Record<string, string>, seq = SEQUENCE): Promise<Run[]> {
+  const out: Run[] = [];
+  for (const argv of seq) out.push(await shim(topo, argv, env));
+  return out;
+}
+
+/** Lines the daemon logged for requests to exactly this path. */
+const requestsTo = (d: Daemon, path: string) => d.logs().split('\n').filter((l) => l.includes(`"path":"${path}"`)).length;
+
+describe("the shim's curl client", () => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  /** A PATH with ip, bash and curl but no node: a run that succeeds there never started Node.js. */
+  let noNode: string;
+  const fakes: http.Server[] = [];
+
+  beforeAll(async () => {
+    noNode = mkdtempSync(join(tmpdir(), 'natgw-nonode-'));
+    for (const tool of ['ip', 'bash', 'curl']) {
+      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
+      if (!at) throw new Error(`${tool} not found: the curl client test needs it (scripts/setup.sh installs it)`);
+      symlinkSync(at, join(noNode, tool));
+    }
+    topo = await createTopology();
+    Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
+    await topo.natgwOk('init');
+    daemon = await startDaemon(topo);
+  });
+  afterAll(async () => {
+    for (const f of fakes) f.close();
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo?.cleanup();
+    if (noNode) rmSync(noNode, { recursive: true, force: true });
+    rmSync('/tmp/natgw-pwned', { force: true });
+  });
+
+  it('prints byte for byte what the Node.js path prints, without starting Node.js', async () => {
+    const d = daemon!;
+    const viaCurl = await runSequence(topo, { PATH: noNode });
+    expect(requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+    expect(requestsTo(d, '/v1/legacy')).toBe(0);
+
+    const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' });
+    expect(requestsTo(d, '/v1/legacy')).toBe(SEQUENCE.length);
+    expect(requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+
+    expect(viaCurl).toEqual(viaNode);
+    expect(existsSync('/tmp/natgw-pwned')).toBe(false);
+
+    // The sequence meant what it says.
+    const at = (i: number) => ({ ...viaCurl[i]!, stdout: text(viaCurl[i]!.stdout), stderr: text(viaCurl[i]!.stderr) });
+    expect(at(0)).toMatchObject({ status: 0, stdout: `eip-add ${EIP}/24\n`, stderr: '' });
+    expect(at(3)).toMatchObject({ status: 1, stderr: '' });
+    expect(at(3).stdout).toContain('already exists');
+    expect(at(4).status).toBe(1);
+    expect(at(7).stdout.startsWith(`dnat-add a b it's "quoted" $(touch /tmp/natgw-pwned) \`id\`; rm -rf / line1\nline2\n  +&=%25;|*?~\\`)).toBe(true);
+    expect(at(9)).toMatchObject({ status: 1, stderr: '' });
+    expect(at(9).stdout).toMatch(/^Unknown command: frobnicate\n\n/);
+    expect(at(10).stdout).toMatch(/^Unknown command: frob nic"ate\$\(id\)\n\n/);
+    expect(at(13).stdout).toContain('dnat-add 1\ufffd\ufffd,\ufffd\n');
+    expect(at(16)).toMatchObject({ status: 1, stderr: 'Error: Expected two interfaces separated by a comma (e.g., net1,net2)\n' });
+    expect(at(17)).toMatchObject({ status: 1, stderr: 'Error: Interface names cannot be empty\n' });
+    expect(viaCurl.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
+    expect(viaCurl.some((r) => r.status === 0)).toBe(true);
+    expect(viaCurl.some((r) => r.status === 1 && r.stderr === '')).toBe(true);
+  }, 120_000);
+
+  it('takes the socket from the env file before the environment, parsed and never executed', async () => {
+    const d = daemon!;
+    const envFile = join(topo.stateDir, 'nat-gateway.env');
+    const original = readFileSync(envFile, 'utf8');
+    try {
+      writeFileSync(envFile, `${original}# NATGW_SOCKET=/nowhere\nNATGW_SOCKET=/nowhere/else\nexport NATGW_SOCKET = "${socketOf(topo)}"  \n`);
+      const before = requestsTo(d, '/v1/legacy/raw');
+      const r = await shim(topo, ['snat-del', `${EIP},10.9.9.0/24`], { PATH: noNode, NATGW_SOCKET: '/nowhere/at/all.sock' });
+      expect(requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
+      expect({ status: r.status, stdout: text(r.stdout), stderr: text(r.stderr) }).toEqual({ status: 0, stdout: `snat-del ${EIP},10.9.9.0/24\n`, stderr: '' });
+      writeFileSync(envFile, `${original}NATGW_SOCKET='$(touch /tmp/natgw-pwned)' # not a command\n`);
+      const fallback = await shim(topo, ['snat-del', `${EIP},10.9.9.0/24`], { PATH: noNode, NATGW_SOCKET: socketOf(topo) });
+      // The file's socket does not exist: Node.js is the only way on, and it is not on PATH.
+      expect(fallback.status).toBe(127);
+      expect(existsSync('/tmp/natgw-pwned')).toBe(false);
+      expect(requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
+    } finally {
+      writeFileSync(envFile, original);
+    }
+  });
+
+  it('falls back to Node.js, silently, when the daemon refuses the request (4xx)', async () => {
+    const d = daemon!;
+    const rawBefore = requestsTo(d, '/v1/legacy/raw');
+    const jsonBefore = requestsTo(d, '/v1/legacy');
+    // Longer than a rule may be: both endpoints answer 400, and natgw runs the command in-process.
+    const huge = `${EIP},${'9'.repeat(70_000)},tcp,${ADDR.vpc1},80`;
+    const viaCurl = await shim(topo, ['dnat-add', huge]);
+    const viaNode = await shim(topo, ['dnat-add', huge], { NATGW_SHIM_CLIENT: 'node' });
+    expect(requestsTo(d, '/v1/legacy/raw')).toBe(rawBefore + 1);
+    // Node.js asks twice (once before and once after loading its configuration), then runs it itself.
+    expect(requestsTo(d, '/v1/legacy')).toBe(jsonBefore + 4);
+    expect(viaCurl).toEqual(viaNode);
+    expect(viaCurl.status).toBe(1);
+    expect(text(viaCurl.stderr)).toBe('');
+  });
+
+  it('falls back to Node.js, silently, on a 503 or an answer that is not natgw\'s', async () => {
+    // Stand-ins for a daemon that is shutting down and for something else on the socket. Node.js
+    // gets the same answers, gives up on the daemon and runs the command in-process.
+    const answers: Record<string, (res: http.ServerResponse) => void> = {
+      'shutting-down': (res) => res.writeHead(503, { 'content-type': 'application/json', connection: 'close' }).end('{"error":"shutting-down","message":"natgw is shutting down"}'),
+      'not-natgw': (res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('hello\n'),
+      'bad-status': (res) => res.writeHead(200, { 'X-Natgw-Status': 'zero', 'X-Natgw-Stderr': '' }).end('dnat-add\n'),
+    };
+    for (const [name, answer] of Object.entries(answers)) {
+      const sock = join(topo.stateDir, `fake-${name}.sock`);
+      const seen: string[] = [];
+      const fake = http.createServer((req, res) => {
+        seen.push(req.url ?? '');
+        req.resume();
+        req.on('end', () => answer(res));
+      });
+      fakes.push(fake);
+      await new Promise<void>((r) => fake.listen(sock, r));
+      const env = { NATGW_SOCKET: sock };
+      // Deleting what is not there: success, and nothing changes behind the real daemon's back.
+      const argv = ['snat-del', `${EIP},10.9.9.0/24`];
+      const viaCurl = await shim(topo, argv, env);
+      expect(seen.slice(0, 2), name).toEqual(['/v1/legacy/raw', '/v1/legacy']);
+      const viaNode = await shim(topo, argv, { ...env, NATGW_SHIM_CLIENT: 'node' });
+      expect(seen.filter((u) => u === '/v1/legacy/raw'), name).toHaveLength(1);
+      expect(seen.filter((u) => u === '/v1/legacy').length, name).toBeGreaterThan(1);
+      expect(viaCurl, name).toEqual(viaNode);
+      expect(text(viaCurl.stderr), name).toBe('');
+      expect(viaCurl.status, name).toBe(0);
+      await new Promise((r) => fake.close(r));
+    }
+  });
+
+  it('falls back to Node.js with a stopped daemon, its socket file left behind, and with none at all', async () => {
+    const d = daemon!;
+    await stopDaemon(d, 'SIGKILL');
+    daemon = undefined;
+    const sock = socketOf(topo);
+    expect(statSync(sock).isSocket()).toBe(true);
+
+    expect(SHORT.map((a) => a[0])).toEqual(['eip-add', 'dnat-add', 'dnat-add', 'dnat-add', 'frobnicate', 'init', 'dnat-del', 'eip-del']);
+    const stale = await runSequence(topo, {}, SHORT);
+    const staleNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' }, SHORT);
+    expect(stale).toEqual(staleNode);
+    expect(stale.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
+    expect(stale.some((r) => r.status === 0)).toBe(true);
+    // Without node on PATH nothing answers at all: proof that the curl path was not taken.
+    expect((await shim(topo, ['eip-add', `${EIP}/24`], { PATH: noNode })).status).toBe(127);
+
+    rmSync(sock);
+    const none = await runSequence(topo, {}, SHORT);
+    expect(none).toEqual(staleNode);
+    expect(existsSync(sock)).toBe(false);
+  }, 120_000);
+});
