@@ -1,101 +1,115 @@
 /**
- * `npm run bench` (as root): natgw at ten thousand rules, per backend, on the real kernel in
- * throw-away network namespaces; plus the pure planners on their own. Prints figures only;
- * tests check behaviour, not time.
+ * `npm run bench` (as root): natgw's command latency, bulk apply, restore and memory at several
+ * gateway sizes, per backend, each figure next to the floor the kernel and the process model
+ * impose, in throw-away network namespaces. Prints tables, then one JSON line with every
+ * figure. Prints figures only; tests check behaviour, not time. `--help` lists the flags.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { createTopology, type Topology } from '../test/helpers/netns.js';
-import { startServer } from '../test/helpers/traffic.js';
-import { desiredTables, planTable } from '../src/dataplane/netfilter/iptables/plan.js';
-import { emptyTable } from '../src/dataplane/netfilter/iptables/save.js';
-import type { NatTables } from '../src/dataplane/netfilter/backend.js';
+import { spawnSync } from 'node:child_process';
+import os from 'node:os';
+import { bulkFigures } from './bulk.js';
+import { apiSeries, shimSeries } from './commands.js';
+import { compare } from './compare.js';
+import { connectionRates } from './connrate.js';
+import { hasCurl, measureFloors } from './floors.js';
+import { Gateway, bodyLimitNotes, using, type BackendName } from './gateway.js';
+import { parseOptions, type Options } from './options.js';
+import { progress } from './progress.js';
+import { renderReport } from './report.js';
+import type { BackendFigures, Results } from './results.js';
+import { round } from './stats.js';
+import { mixOf, stateDoc } from './workload.js';
 
-const DNATS = Number(process.env.BENCH_DNATS ?? 10000);
-const SNATS = Number(process.env.BENCH_SNATS ?? 2000);
-const FIPS = Number(process.env.BENCH_FIPS ?? 1000);
+const message = (e: unknown): string => (e instanceof Error ? e.message : String(e)).slice(0, 3000);
 
-function syntheticTables(): NatTables {
-  const dnats = Array.from({ length: DNATS }, (_, i) => ({
-    eip: `172.20.${Math.floor(i / 250)}.${i % 250}`, port: 1024 + (i % 1000), protocol: 'tcp' as const, internalIp: `10.0.${i % 250}.${(i % 200) + 2}`, internalPort: 80,
-  }));
-  const snats = Array.from({ length: SNATS }, (_, i) => ({ eip: '172.20.0.10', cidr: `10.${(i >> 8) & 255}.${i & 255}.0/24`, randomFully: false }));
-  const fips = Array.from({ length: FIPS }, (_, i) => ({ eip: `172.21.${i >> 8}.${i & 255}`, internalIp: `10.2.${i >> 8}.${i & 255}` }));
-  return { vpcIf: 'eth0', extIf: 'net1', eips: ['172.20.0.10'], snats, dnats, fips };
+function version(argv: string[]): string {
+  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8' });
+  return r.status === 0 ? (r.stdout.trim().split('\n')[0] ?? '') : 'absent';
 }
 
-function planFigures(): Record<string, number> {
-  const want = syntheticTables();
-  const t0 = performance.now();
-  const desired = desiredTables(want);
-  const full = planTable(emptyTable, desired.nat);
-  const t1 = performance.now();
-  // The kernel already holds everything: the no-op diff natgw runs on every command.
-  const have = { chains: new Set(desired.nat.owned.keys()), rules: new Map([...desired.nat.owned].map(([c, r]) => [c, [...r]])) };
-  const t2 = performance.now();
-  const noop = planTable(have, desired.nat);
-  const t3 = performance.now();
-  return { iptablesFullPlanMs: Math.round(t1 - t0), iptablesFullPlanLines: full.lines.length, iptablesNoopDiffMs: Math.round(t3 - t2), iptablesNoopLines: noop.lines.length };
+async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): Promise<void> {
+  await using(() => Gateway.withDaemon({ backend, resync: o.resync }), async (gw) => {
+    const curl = await hasCurl(gw);
+    if (!curl) progress('NOTE: curl is not installed; the client floor is skipped');
+    for (const size of o.sizes) {
+      progress(`${backend} size ${size}: fill (PUT /v1/state)`);
+      const fill = await gw.putState(stateDoc(size, o.fipEips));
+      b.info = await gw.backendInfo();
+      progress(`${backend} size ${size}: floors`);
+      const floors = await measureFloors(gw, b.info, size + 1, o.samples, curl);
+      progress(`${backend} size ${size}: API commands`);
+      const api = await apiSeries(gw, o.samples);
+      progress(`${backend} size ${size}: shim commands`);
+      const shim = await shimSeries(gw, o.samples);
+      b.sizes.push({ mix: mixOf(size, o.fipEips), fillMs: round(fill.ms), floors, api, shim, memory: gw.daemon?.memory() });
+    }
+    if (o.connRate) {
+      const size = o.sizes.at(-1) ?? 0;
+      progress(`${backend} size ${size}: connections per second`);
+      try {
+        b.connRate = { size, ...(await connectionRates(gw, b.info ?? { kind: backend })) };
+      } catch (e) {
+        b.errors.push(`connection rate: ${message(e)}`);
+      }
+    }
+  });
 }
 
-async function kernelFigures(mode: 'iptables' | 'nftables'): Promise<Record<string, unknown>> {
-  const topo = await createTopology();
-  const stateDir = mkdtempSync(path.join(tmpdir(), 'natgw-bench-'));
+async function benchBackend(backend: BackendName, o: Options): Promise<BackendFigures> {
+  const b: BackendFigures = { backend, sizes: [], errors: [] };
+  // Phases are independent: one that fails is reported and the others still run.
   try {
-    const worker = path.join(path.dirname(fileURLToPath(import.meta.url)), 'kernel.js');
-    const r = await topo.exec('gw', [process.execPath, worker, mode, String(DNATS), String(SNATS), String(FIPS), stateDir], { timeoutMs: 15 * 60_000 });
-    const figures = JSON.parse(r.stdout.trim().split('\n').at(-1) ?? '{}') as Record<string, unknown>;
-    return { ...figures, ...(await connectionRates(topo)) };
-  } finally {
-    await topo.cleanup();
-    rmSync(stateDir, { recursive: true, force: true });
+    await sizeSeries(b, backend, o);
+  } catch (e) {
+    b.errors.push(`per-size series: ${message(e)}`);
   }
-}
-
-/**
- * New TCP connections per second from the external host through the FIRST and the LAST DNAT
- * rule: NAT rules see the first packet of every connection, so a linear chain shows up here
- * and a map lookup does not.
- */
-const CONNECT_LOOP = `
-const net = require('node:net');
-const [host, port, count] = process.argv.slice(1);
-let done = 0; const t0 = process.hrtime.bigint();
-const next = () => {
-  if (done === Number(count)) {
-    const s = Number(process.hrtime.bigint() - t0) / 1e9;
-    console.log(JSON.stringify({ perSecond: Math.round(done / s) }));
-    return;
+  if (o.bulkSize > 0) {
+    try {
+      b.bulk = await bulkFigures({ backend, resync: o.resync }, o.bulkSize, o.fipEips);
+    } catch (e) {
+      b.errors.push(`bulk/restore: ${message(e)}`);
+    }
   }
-  const c = net.connect({ host, port: Number(port), localAddress: '172.20.0.100' }, () => { c.destroy(); done++; next(); });
-  c.on('error', (e) => { console.error(e.message); process.exit(1); });
-};
-next();`;
-
-async function connectionRates(topo: Topology): Promise<Record<string, number>> {
-  await topo.exec('ext', ['ip', 'route', 'replace', '172.20.0.0/16', 'dev', 'e0']);
-  if (process.env.BENCH_DEBUG) console.log((await topo.exec('ext', ['ip', 'route'])).stdout, (await topo.exec('ext', ['ip', '-br', 'addr'])).stdout);
-  const server = startServer(topo, 'vpc1', 'tcp', 80);
-  await server.ready;
-  try {
-    const rate = async (host: string, port: number) => {
-      const r = await topo.exec('ext', [process.execPath, '-e', CONNECT_LOOP, host, String(port), '2000'], { timeoutMs: 120_000 });
-      return (JSON.parse(r.stdout.trim()) as { perSecond: number }).perSecond;
-    };
-    return { connPerSecFirstRule: await rate('172.20.1.9', 1), connPerSecLastRule: await rate('172.20.1.209', 65000) };
-  } finally {
-    await server.stop();
-  }
+  return b;
 }
 
 async function main(): Promise<void> {
-  console.log(`natgw bench: ${DNATS} DNAT, ${SNATS} SNAT, ${FIPS} FIP rules`);
-  console.log('pure planner:', JSON.stringify(planFigures()));
-  for (const mode of ['iptables', 'nftables'] as const) {
-    console.log(`${mode} (real kernel, in-process engine):`, JSON.stringify(await kernelFigures(mode)));
+  const o = parseOptions(process.argv.slice(2), process.env);
+  if (process.getuid?.() !== 0) throw new Error('the bench needs root (network namespaces)');
+  // Namespaces outlive a killed process; the topology helper sweeps them in its exit hook,
+  // which a signal's default action would skip.
+  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.once(sig, () => process.exit(130));
+
+  const results: Results = {
+    options: o,
+    environment: {
+      cpus: String(os.cpus().length),
+      kernel: os.release(),
+      node: process.version,
+      nft: version(['nft', '--version']),
+      iptables: version(['iptables', '--version']),
+      curl: version(['curl', '--version']).split(' ').slice(0, 2).join(' '),
+      // Other work on the machine shows up in every figure; the load says how much there was.
+      'load at start': os.loadavg().map((x) => x.toFixed(1)).join(' '),
+    },
+    backends: [],
+    notes: [],
+  };
+  progress(`sizes ${o.sizes.join(',')}, backends ${o.backends.join(',')}, ${o.samples} samples per figure`);
+  for (const backend of o.backends) results.backends.push(await benchBackend(backend, o));
+  if (o.compare) {
+    results.compare = { prefix: o.compare, runs: [] };
+    try {
+      results.compare.runs.push(...(await compare(o.compare, o.compareSizes, o.backends, o.resync)));
+    } catch (e) {
+      results.compare.error = message(e);
+    }
   }
+  results.environment['load at end'] = os.loadavg().map((x) => x.toFixed(1)).join(' ');
+  results.notes.push(...bodyLimitNotes);
+  console.log(renderReport(results));
+  console.log(JSON.stringify(results));
+  const failed = results.backends.some((b) => b.errors.length > 0) || results.compare?.error !== undefined;
+  process.exitCode = failed ? 1 : 0;
 }
 
 main().catch((e: unknown) => {

@@ -1,0 +1,136 @@
+/**
+ * `--compare '<command prefix>'`: the controller's legacy command sequence (init, eip-add, then
+ * N× snat-add, dnat-add, floating-ip-add, dnat-del) through any command-compatible script —
+ * the original Kube-OVN nat-gateway.sh, say — in its own fresh namespaces, and through natgw's
+ * shim with the daemon running, per backend. Contract as the controller uses it: one
+ * `<prefix> <command> <rule>` exec per call, success = exit 0 and no stderr but `Warning:`.
+ */
+import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { legacyError } from './commands.js';
+import { Gateway, SHIM, using, type BackendName } from './gateway.js';
+import { progress } from './progress.js';
+import { round, summarize, type Summary } from './stats.js';
+import { in16, poolEip } from './workload.js';
+
+export const SEQUENCE = ['init', 'eip-add', 'snat-add', 'dnat-add', 'floating-ip-add', 'dnat-del'] as const;
+export type SequenceCommand = (typeof SEQUENCE)[number];
+
+export interface SequenceFigures {
+  readonly perCommand: Record<SequenceCommand, Summary & { firstError?: string }>;
+  /** Sum of every call's time: what the controller waits for the whole sequence. */
+  readonly totalMs: number;
+}
+
+export interface CompareRun {
+  readonly n: number;
+  readonly target: SequenceFigures;
+  readonly natgw: Partial<Record<BackendName, SequenceFigures>>;
+}
+
+const EIP = poolEip(0);
+
+/** The sequence's calls: [command, rule] in the order the controller would send them. */
+export function sequence(n: number): Array<[SequenceCommand, string[]]> {
+  const calls: Array<[SequenceCommand, string[]]> = [['init', ['eth0,net1']], ['eip-add', [`${EIP}/16`]]];
+  for (let i = 0; i < n; i++) calls.push(['snat-add', [`${EIP},10.${100 + (i >> 8)}.${i & 255}.0/24`]]);
+  for (let i = 0; i < n; i++) calls.push(['dnat-add', [`${EIP},${1000 + i},tcp,10.0.1.${2 + (i % 250)},80`]]);
+  for (let i = 0; i < n; i++) calls.push(['floating-ip-add', [`${in16(172, 21, i)},${in16(10, 2, i)}`]]);
+  for (let i = 0; i < n; i++) calls.push(['dnat-del', [`${EIP},${1000 + i},tcp`]]);
+  return calls;
+}
+
+async function runSequence(gw: Gateway, prefix: readonly string[], env: Record<string, string>, n: number, label: string): Promise<SequenceFigures> {
+  const times = new Map<SequenceCommand, number[]>();
+  const failures = new Map<SequenceCommand, { count: number; first: string }>();
+  let totalMs = 0;
+  const calls = sequence(n);
+  let done = 0;
+  for (const [cmd, rules] of calls) {
+    const r = await gw.runner.run([...prefix, cmd, ...rules], { env, timeoutMs: 120_000 });
+    totalMs += r.ms;
+    const error = legacyError(r.exitCode, r.stdout, r.stderr);
+    // A failed call is timed too: the controller waited for it all the same (and then retries).
+    times.set(cmd, [...(times.get(cmd) ?? []), r.ms]);
+    if (error !== undefined) {
+      const f = failures.get(cmd);
+      failures.set(cmd, { count: (f?.count ?? 0) + 1, first: f?.first ?? error });
+    }
+    if (++done % 500 === 0) progress(`compare ${label} N=${n}: ${done}/${calls.length} calls`);
+  }
+  const perCommand = Object.fromEntries(
+    SEQUENCE.map((c) => {
+      const f = failures.get(c);
+      return [c, { ...summarize(times.get(c) ?? [], f?.count ?? 0), ...(f ? { firstError: f.first } : {}) }];
+    }),
+  ) as SequenceFigures['perCommand'];
+  return { perCommand, totalMs: round(totalMs) };
+}
+
+/**
+ * A script like the original writes /etc/kube-ovn/nat-gateway.env. `ip netns exec` bind-mounts
+ * /etc/netns/<ns>/* over /etc/*, so each compared namespace gets a private /etc/kube-ovn and
+ * the host's stays untouched; the mount needs the host directory to exist, so it is created
+ * (empty) when missing and removed again afterwards.
+ */
+class PrivateEtc {
+  private createdHostDir = false;
+  private createdNetnsDir = false;
+  private readonly dirs: string[] = [];
+
+  prepare(ns: string): void {
+    if (!existsSync('/etc/kube-ovn')) {
+      mkdirSync('/etc/kube-ovn');
+      this.createdHostDir = true;
+    }
+    if (!existsSync('/etc/netns')) {
+      mkdirSync('/etc/netns');
+      this.createdNetnsDir = true;
+    }
+    const dir = join('/etc/netns', ns);
+    mkdirSync(join(dir, 'kube-ovn'), { recursive: true });
+    this.dirs.push(dir);
+  }
+
+  release(): void {
+    for (const d of this.dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+    const rmdirIfEmpty = (d: string) => {
+      try {
+        if (readdirSync(d).length === 0) rmdirSync(d);
+      } catch {
+        // gone already
+      }
+    };
+    if (this.createdNetnsDir) rmdirIfEmpty('/etc/netns');
+    if (this.createdHostDir) rmdirIfEmpty('/etc/kube-ovn');
+    this.createdHostDir = this.createdNetnsDir = false;
+  }
+}
+
+export async function compare(prefixText: string, sizes: readonly number[], backends: readonly BackendName[], resync: string): Promise<CompareRun[]> {
+  // Split on blanks, never through a shell: the prefix is a command line, not a script.
+  const prefix = prefixText.trim().split(/\s+/);
+  const etc = new PrivateEtc();
+  const releaseAtExit = () => etc.release();
+  process.once('exit', releaseAtExit);
+  const runs: CompareRun[] = [];
+  try {
+    for (const n of sizes) {
+      progress(`compare N=${n}: ${prefixText}`);
+      const target = await using(
+        () => Gateway.bare({ backend: 'iptables', resync }, (topo) => etc.prepare(topo.ns.gw)),
+        (gw) => runSequence(gw, prefix, gw.topo.natgwEnv(), n, 'target'),
+      );
+      const natgw: CompareRun['natgw'] = {};
+      for (const backend of backends) {
+        progress(`compare N=${n}: natgw shim, ${backend}`);
+        natgw[backend] = await using(() => Gateway.withDaemon({ backend, resync }), (gw) => runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`));
+      }
+      runs.push({ n, target, natgw });
+    }
+  } finally {
+    etc.release();
+    process.removeListener('exit', releaseAtExit);
+  }
+  return runs;
+}

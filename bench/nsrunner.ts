@@ -1,0 +1,68 @@
+/**
+ * Runs INSIDE a network namespace (bench/runner.ts starts it there with `ip netns exec`) and
+ * times commands it is asked to run: one JSON request per stdin line, one JSON answer per
+ * stdout line. Every figure that is a process (the shim, `nft`, `bash -c true`, the compared
+ * script) is timed here, by one small parent, so they carry the same spawn overhead and none
+ * carries `ip netns exec`'s own cost — inside the pod the controller's exec lands directly in
+ * the namespace.
+ */
+import { spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+
+export interface RunRequest {
+  readonly argv: readonly string[];
+  /** Replaces the runner's environment when given. */
+  readonly env?: Record<string, string>;
+  readonly input?: string;
+  readonly timeoutMs?: number;
+}
+
+export interface RunResult {
+  readonly ms: number;
+  readonly exitCode: number;
+  readonly stdout: string;
+  readonly stderr: string;
+  readonly timedOut: boolean;
+}
+
+const KEEP = 64 * 1024;
+
+function run(req: RunRequest): Promise<RunResult> {
+  return new Promise((resolve) => {
+    const [file, ...args] = req.argv;
+    let stdout = '';
+    let stderr = '';
+    let timedOut = false;
+    const t0 = process.hrtime.bigint();
+    const child = spawn(file ?? 'false', args, { env: req.env ?? process.env, stdio: ['pipe', 'pipe', 'pipe'] });
+    const timer = setTimeout(() => {
+      timedOut = true;
+      child.kill('SIGKILL');
+    }, req.timeoutMs ?? 120_000);
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout = (stdout + d).slice(-KEEP)));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr = (stderr + d).slice(-KEEP)));
+    child.stdin.on('error', () => undefined);
+    child.stdin.end(req.input ?? '');
+    const finish = (exitCode: number) => {
+      clearTimeout(timer);
+      resolve({ ms: Number(process.hrtime.bigint() - t0) / 1e6, exitCode, stdout, stderr, timedOut });
+    };
+    child.once('error', (e) => {
+      stderr += String(e);
+      finish(127);
+    });
+    // 'close', not 'exit': the caller of a command waits for its output to end, as kubectl exec does.
+    child.once('close', (code, signal) => finish(code ?? (signal ? 128 + 9 : 1)));
+  });
+}
+
+async function main(): Promise<void> {
+  const lines = createInterface({ input: process.stdin });
+  for await (const line of lines) {
+    if (line.trim() === '') continue;
+    const result = await run(JSON.parse(line) as RunRequest);
+    process.stdout.write(`${JSON.stringify(result)}\n`);
+  }
+}
+
+void main();

@@ -1,0 +1,74 @@
+/** Command-line flags, each with an environment twin (flags win), so `npm run bench -- …` and CI both work. */
+import type { BackendName } from './gateway.js';
+
+export interface Options {
+  readonly sizes: readonly number[];
+  readonly backends: readonly BackendName[];
+  readonly samples: number;
+  /** Size of the bulk / restore comparison; 0 skips it. */
+  readonly bulkSize: number;
+  readonly compare?: string;
+  readonly compareSizes: readonly number[];
+  readonly resync: string;
+  readonly fipEips: boolean;
+  readonly connRate: boolean;
+}
+
+const HELP = `npm run bench -- [flags]            (root; everything runs in throw-away network namespaces)
+  --sizes 20,1000,10000,20000   gateway sizes (objects per kind; SNAT = size/10)   [BENCH_SIZES]
+  --backends iptables,nftables                                                        [BENCH_BACKENDS]
+  --samples 30                  samples per figure (median and p99 of these)          [BENCH_SAMPLES]
+  --bulk-size N                 bulk PUT /v1/state and restore-at-start size; 0 skips  [BENCH_BULK_SIZE]
+                                (default 10000, or the largest --sizes below that)
+  --compare '<prefix>'          also run the legacy sequence through '<prefix> <command> <rule>'
+                                (e.g. 'bash /tmp/orig/nat-gateway.sh') and natgw's shim  [BENCH_COMPARE]
+  --compare-sizes 100,1000      N of the compared sequence                            [BENCH_COMPARE_SIZES]
+  --resync 1h                   the daemon's NATGW_RESYNC_PERIOD during the bench       [BENCH_RESYNC]
+  --fip-eips                    put every FIP's EIP on net1 too                       [BENCH_FIP_EIPS=1]
+  --no-connrate                 skip the connections-per-second figure                [BENCH_CONNRATE=0]`;
+
+const list = (s: string): number[] =>
+  s.split(',').filter(Boolean).map((x) => {
+    const n = Number(x.trim());
+    if (!Number.isInteger(n) || n < 1) throw new Error(`not a positive integer: ${x}`);
+    return n;
+  });
+
+export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): Options {
+  const flags = new Map<string, string>();
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] ?? '';
+    if (a === '--help' || a === '-h') {
+      console.log(HELP);
+      process.exit(0);
+    }
+    if (!a.startsWith('--')) throw new Error(`unexpected argument ${a}\n${HELP}`);
+    const eq = a.indexOf('=');
+    if (eq > 0) flags.set(a.slice(2, eq), a.slice(eq + 1));
+    else if (a === '--fip-eips' || a === '--no-connrate') flags.set(a.slice(2), '1');
+    else flags.set(a.slice(2), argv[++i] ?? '');
+  }
+  const known = ['sizes', 'backends', 'samples', 'bulk-size', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
+  for (const k of flags.keys()) if (!known.includes(k)) throw new Error(`unknown flag --${k}\n${HELP}`);
+  const get = (flag: string, envKey: string): string | undefined => flags.get(flag) ?? env[envKey];
+
+  const sizes = list(get('sizes', 'BENCH_SIZES') ?? '20,1000,10000,20000').sort((a, b) => a - b);
+  const backends = (get('backends', 'BENCH_BACKENDS') ?? 'iptables,nftables').split(',').filter(Boolean);
+  for (const b of backends) if (b !== 'iptables' && b !== 'nftables') throw new Error(`unknown backend ${b}`);
+  const samples = list(get('samples', 'BENCH_SAMPLES') ?? '30')[0] ?? 30;
+  const bulkRaw = get('bulk-size', 'BENCH_BULK_SIZE');
+  const bulkSize = bulkRaw === undefined ? Math.min(10_000, Math.max(...sizes)) : Number(bulkRaw);
+  if (!Number.isInteger(bulkSize) || bulkSize < 0) throw new Error(`--bulk-size: not a size: ${bulkRaw}`);
+  const compare = get('compare', 'BENCH_COMPARE')?.trim() || undefined;
+  return {
+    sizes,
+    backends: backends as BackendName[],
+    samples,
+    bulkSize,
+    compare,
+    compareSizes: list(get('compare-sizes', 'BENCH_COMPARE_SIZES') ?? '100,1000'),
+    resync: get('resync', 'BENCH_RESYNC') ?? '1h',
+    fipEips: flags.has('fip-eips') || env.BENCH_FIP_EIPS === '1',
+    connRate: !(flags.has('no-connrate') || env.BENCH_CONNRATE === '0'),
+  };
+}

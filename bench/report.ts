@@ -1,0 +1,152 @@
+/** The tables on stdout. Every figure is milliseconds unless its row says otherwise. */
+import { COMMANDS, type Command, type CommandFigures } from './commands.js';
+import { SEQUENCE, type CompareRun } from './compare.js';
+import type { Memory } from './daemon.js';
+import type { BackendFigures, Results, SizeFigures } from './results.js';
+import { ratio, type Summary } from './stats.js';
+
+type Row = readonly string[];
+
+function table(title: string, head: Row, rows: readonly Row[]): string {
+  const all = [head, ...rows];
+  const widths = head.map((_, i) => Math.max(...all.map((r) => (r[i] ?? '').length)));
+  const line = (r: Row) => r.map((c, i) => (i === 0 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ').trimEnd();
+  return [title, line(head), ...rows.map(line)].join('\n');
+}
+
+const num = (x: number | undefined, digits = 1): string => (x === undefined || !Number.isFinite(x) ? '–' : x.toFixed(digits));
+const times = (r: number): string => (Number.isFinite(r) ? `×${r < 10 ? r.toFixed(1) : r.toFixed(0)}` : '');
+
+/** `median/p99 ×ratio` with failures flagged. */
+function cell(s: Summary | undefined, floor?: number): string {
+  if (!s) return '–';
+  const fail = s.failures ? ` !${s.failures}` : '';
+  if (s.n === 0) return `failed${fail}`;
+  const r = floor === undefined ? '' : ` ${times(ratio(s.median, floor))}`;
+  return `${num(s.median)}/${num(s.p99)}${r}${fail}`;
+}
+
+const mib = (m: Memory | undefined): string => (m ? `${(m.rssKiB / 1024).toFixed(0)}/${(m.peakKiB / 1024).toFixed(0)}` : '–');
+
+const API_LABEL: Record<Command, string> = {
+  'dnat-add': 'API PUT /v1/dnats/…',
+  'dnat-del': 'API DELETE /v1/dnats/…',
+  'snat-add': 'API PUT /v1/snats/…',
+  'snat-del': 'API DELETE /v1/snats/…',
+  'floating-ip-add': 'API PUT /v1/fips/…',
+  'floating-ip-del': 'API DELETE /v1/fips/…',
+};
+
+/** What a shim call cannot go below: a bash, the client, the kernel change. */
+export function idealShim(s: SizeFigures): number {
+  const f = s.floors;
+  return f.bash.median + (f.client?.median ?? f.node.median) + f.kernel.median;
+}
+
+function backendReport(b: BackendFigures): string {
+  const out: string[] = [];
+  const variant = b.info?.variant ? ` (variant ${b.info.variant})` : '';
+  out.push(`\n==================== ${b.backend}${variant} ====================`);
+  const sizes = b.sizes;
+  if (sizes.length > 0) {
+    const head = ['', ...sizes.map((s) => `size ${s.mix.size}`)];
+    out.push(
+      table('\nState and memory', head, [
+        ['objects DNAT/FIP/SNAT/EIP', ...sizes.map((s) => `${s.mix.dnats}/${s.mix.fips}/${s.mix.snats}/${s.mix.eips}`)],
+        ['fill: PUT /v1/state from previous size, ms', ...sizes.map((s) => num(s.fillMs, 0))],
+        ['daemon RSS now/peak, MiB', ...sizes.map((s) => mib(s.memory))],
+      ]),
+    );
+    const fl = sizes[0]!.floors;
+    out.push(
+      table('\nFloors, ms median/p99 (same namespace, same runner)', head, [
+        [`kernel: ${fl.kernelWhat}`, ...sizes.map((s) => cell(s.floors.kernel))],
+        ['node -e 0', ...sizes.map((s) => cell(s.floors.node))],
+        ['bash -c true', ...sizes.map((s) => cell(s.floors.bash))],
+        [fl.client ? 'client: curl --unix-socket … /healthz' : 'client: curl not installed (node -e 0 stands in)', ...sizes.map((s) => cell(s.floors.client))],
+        ['ideal shim call = bash + client + kernel', ...sizes.map((s) => num(idealShim(s)))],
+      ]),
+    );
+    const rows = (figs: (s: SizeFigures) => CommandFigures, label: (c: Command) => string): Row[] =>
+      COMMANDS.map((c) => [label(c), ...sizes.map((s) => cell(figs(s)[c], s.floors.kernel.median))]);
+    out.push(
+      table('\nPer command, ms median/p99 ×(median ÷ kernel floor median); !n = n failed samples', head, [
+        ...rows((s) => s.api, (c) => API_LABEL[c]),
+        ...rows((s) => s.shim, (c) => `shim ${c}`),
+      ]),
+    );
+    out.push(
+      table('\nShim ÷ ideal shim call (bash + client + kernel floor), medians', head,
+        COMMANDS.map((c) => [`shim ${c}`, ...sizes.map((s) => times(ratio(s.shim[c]?.median ?? Number.NaN, idealShim(s))))])),
+    );
+    const errs = sizes.flatMap((s) => [...Object.entries(s.api), ...Object.entries(s.shim)].filter(([, f]) => f?.firstError).map(([c, f]) => `size ${s.mix.size} ${c}: ${f?.firstError}`));
+    if (errs.length) out.push(`\nFirst failure per series:\n  ${[...new Set(errs)].join('\n  ')}`);
+  }
+  if (b.connRate) {
+    const c = b.connRate;
+    const pos = (p: number | undefined) => (c.positions && p !== undefined ? ` (rule ${p} of ${c.positions.of} in SHARED_DNAT)` : '');
+    out.push(`\nNew TCP connections/s through a DNAT at size ${c.size}: first ${c.firstPerSec}${pos(c.positions?.first)}, last ${c.lastPerSec}${pos(c.positions?.last)}`);
+  }
+  if (b.bulk) out.push(bulkReport(b));
+  if (b.errors.length) out.push(`\nERRORS:\n  ${b.errors.join('\n  ')}`);
+  return out.join('\n');
+}
+
+function bulkReport(b: BackendFigures): string {
+  const k = b.bulk!;
+  const raw = k.rawNetfilterMs;
+  const rawAll = raw === undefined ? undefined : raw + (k.rawLinkMs ?? 0);
+  const tool = b.backend === 'nftables' ? 'nft -f -' : 'iptables-restore --noflush';
+  const row = (label: string, ms: number | undefined, vs = true): Row =>
+    [label, num(ms, 0), vs ? times(ratio(ms ?? Number.NaN, raw ?? Number.NaN)) : '', vs ? times(ratio(ms ?? Number.NaN, rawAll ?? Number.NaN)) : ''];
+  const title = `\nBulk at size ${k.size} (state document ${(k.documentBytes / 1048576).toFixed(1)} MiB; rendered script: ${k.scriptLines.netfilter} netfilter + ${k.scriptLines.link} address/route lines)`;
+  const rows: Row[] = [
+    row(`raw: ONE ${tool}, fresh namespace`, raw, false),
+    row('raw: ONE ip -batch (addresses, routes), fresh namespace', k.rawLinkMs, false),
+    row('PUT /v1/state?dryRun=true (plan + render)', k.dryRunMs),
+    row('PUT /v1/state into an empty gateway', k.putStateMs),
+    row('restore at start: spawn → /readyz, fresh namespace, state dir kept', k.restoreCold?.readyzMs),
+    row('  (of which spawn → /healthz)', k.restoreCold?.healthzMs),
+    row('restart: spawn → /readyz, kernel intact', k.restartWarm?.readyzMs),
+  ];
+  const mem = `daemon RSS now/peak MiB: after PUT ${mib(k.rssAfterPut)}, after cold restore ${mib(k.restoreCold?.rss)}, after warm restart ${mib(k.restartWarm?.rss)}`;
+  return `${table(title, ['', 'ms', '×raw netfilter', '×raw netfilter+ip'], rows)}\n${mem}${k.rawError ? `\nraw apply failed: ${k.rawError}` : ''}`;
+}
+
+function compareReport(prefix: string, run: CompareRun): string {
+  const backends = Object.keys(run.natgw) as Array<keyof CompareRun['natgw']>;
+  const head = ['command', 'target', ...backends.flatMap((b) => [`natgw ${b}`, 'target÷natgw'])];
+  const rows: Row[] = SEQUENCE.map((c) => {
+    const t = run.target.perCommand[c];
+    return [c, cell(t), ...backends.flatMap((b) => {
+      const s = run.natgw[b]?.perCommand[c];
+      return [cell(s), times(ratio(t.median, s?.median ?? Number.NaN))];
+    })];
+  });
+  rows.push([
+    'whole sequence, s (sum of calls)',
+    num(run.target.totalMs / 1000),
+    ...backends.flatMap((b) => [num((run.natgw[b]?.totalMs ?? Number.NaN) / 1000), times(ratio(run.target.totalMs, run.natgw[b]?.totalMs ?? Number.NaN))]),
+  ]);
+  const errs = [
+    ...SEQUENCE.filter((c) => run.target.perCommand[c].firstError).map((c) => `target ${c}: ${run.target.perCommand[c].firstError}`),
+    ...backends.flatMap((b) => SEQUENCE.filter((c) => run.natgw[b]?.perCommand[c].firstError).map((c) => `natgw ${b} ${c}: ${run.natgw[b]?.perCommand[c].firstError}`)),
+  ];
+  const title = `\nCompare N=${run.n}: '${prefix}' vs natgw's shim (daemon running), ms median/p99, one exec per call; !n = n calls failed (timed all the same)`;
+  return table(title, head, rows) + (errs.length ? `\nfailures (first of each):\n  ${errs.join('\n  ')}` : '');
+}
+
+export function renderReport(r: Results): string {
+  const o = r.options;
+  const out: string[] = [];
+  out.push(`natgw bench — ${Object.entries(r.environment).map(([k, v]) => `${k} ${v}`).join(', ')}`);
+  out.push(`samples ${o.samples} per figure; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`);
+  for (const b of r.backends) out.push(backendReport(b));
+  if (r.compare) {
+    out.push(`\n==================== compare ====================`);
+    for (const run of r.compare.runs) out.push(compareReport(r.compare.prefix, run));
+    if (r.compare.error) out.push(`\ncompare failed: ${r.compare.error}`);
+  }
+  if (r.notes.length) out.push(`\nNotes:\n  ${r.notes.join('\n  ')}`);
+  return out.join('\n');
+}
