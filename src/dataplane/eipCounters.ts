@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
 import { familyOf } from '../model/net.js';
+import type { SyncMode } from './netfilter/backend.js';
 
 /**
  * Per-EIP packet and byte counters, in natgw's own accounting table `inet natgw_acct`, the
@@ -54,6 +55,17 @@ export function renderElements(have: ReadonlySet<string>, want: readonly string[
   return lines.length ? lines.join('\n') + '\n' : '';
 }
 
+/**
+ * PURE: the accounting change taking what the sets hold to `want`, for one nft transaction of
+ * its own or folded into a larger one. `have` undefined means the table is not known to be
+ * whole (absent, damaged, or never read): it is then rebuilt from scratch, and `add` before
+ * `delete` makes that valid whether or not the table exists. Counters restart only then.
+ */
+export function renderAccountingChange(have: ReadonlySet<string> | undefined, want: readonly string[]): string {
+  if (have !== undefined) return renderElements(have, want);
+  return `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n` + renderSkeleton() + renderElements(new Set(), want);
+}
+
 interface ElemJson {
   elem?: { val?: unknown; counter?: { packets?: number; bytes?: number } };
 }
@@ -84,7 +96,15 @@ export function parseAccounting(json: string): { complete: boolean; traffic: Map
   return { complete, traffic };
 }
 
+export interface EipCountersSyncOptions {
+  /** Default `full` (SyncOptions' contract): `partial` trusts the sets as last applied. */
+  readonly mode?: SyncMode;
+}
+
 export class EipCounters {
+  /** The EIPs the accounting sets hold, with the skeleton whole, as of the last read or apply. */
+  private trusted: ReadonlySet<string> | undefined;
+
   constructor(
     private readonly exec: Executor,
     private readonly log?: Logger,
@@ -97,26 +117,32 @@ export class EipCounters {
 
   /**
    * Count exactly the EIPs given. Accounting is auxiliary: a failure is logged and never fails
-   * the NAT change that triggered it (the next sync tries again).
+   * the NAT change that triggered it (the view is dropped, so the next sync reads and retries).
    */
-  async sync(eips: readonly string[]): Promise<number> {
+  async sync(eips: readonly string[], opts: EipCountersSyncOptions = {}): Promise<number> {
     try {
-      const have = await this.list();
-      let script = '';
-      if (!have?.complete) {
-        // Missing or damaged: rebuild it whole (counters restart; there was nothing to keep).
-        script = (have ? `delete table inet ${ACCT_TABLE}\n` : '') + renderSkeleton() + renderElements(new Set(), eips);
-      } else {
-        script = renderElements(new Set(have.traffic.keys()), eips);
+      let have = opts.mode === 'partial' ? this.trusted : undefined;
+      if (have === undefined) {
+        const listed = await this.list();
+        have = listed?.complete ? new Set(listed.traffic.keys()) : undefined;
       }
-      if (script === '') return 0;
-      const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-      if (r.exitCode !== 0) throw new Error(r.stderr.trim());
+      const script = renderAccountingChange(have, eips);
+      if (script !== '') {
+        const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
+        if (r.exitCode !== 0) throw new Error(r.stderr.trim());
+      }
+      this.trusted = new Set(eips);
       return script.split('\n').filter(Boolean).length;
     } catch (e) {
+      this.forget();
       this.log?.warn({ err: e }, 'per-EIP accounting not updated; the next sync retries');
       return 0;
     }
+  }
+
+  /** Stop trusting the kept view: the next sync reads the table back. */
+  forget(): void {
+    this.trusted = undefined;
   }
 
   async read(): Promise<EipTraffic[]> {

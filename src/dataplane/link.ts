@@ -2,8 +2,9 @@ import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
 import { SystemError } from '../model/errors.js';
-import { familyOf } from '../model/net.js';
+import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
+import type { SyncOptions } from './netfilter/backend.js';
 
 /**
  * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
@@ -28,21 +29,35 @@ export interface LinkView {
   readonly extDefaults: readonly LinkRoute[];
 }
 
-/** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
-export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
-  const ext = want.interfaces.ext;
-  const vpc = want.interfaces.vpc;
-  const lines: string[] = [];
+/** One change planLink decides on, in the order it runs. */
+export type LinkOp =
+  | { readonly kind: 'addr-replace'; readonly address: string; readonly prefixLength: number }
+  | { readonly kind: 'addr-del'; readonly address: string; readonly prefixLength: number }
+  | { readonly kind: 'route-replace'; readonly cidr: string; readonly nexthop: string }
+  | { readonly kind: 'route-del'; readonly cidr: string }
+  | { readonly kind: 'default'; readonly gateway: string };
+
+/** PURE: the changes that take `have` to `want`, given what natgw programmed before. */
+export function linkOps(have: LinkView, want: DesiredState, previous: DesiredState | undefined): LinkOp[] {
+  const ops: LinkOp[] = [];
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
-  const prefixesOf = (address: string) => have.extAddresses.filter((a) => a.address === address).map((a) => a.prefixLength);
+  const prefixes = new Map<string, number[]>();
+  for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), a.prefixLength]);
+  const prefixesOf = (address: string): number[] => prefixes.get(address) ?? [];
   const deletes = new Set<string>();
   for (const e of want.eips) {
     const present = prefixesOf(e.address);
-    // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
-    const nodad = familyOf(e.address) === 6 ? ' nodad' : '';
-    if (!present.includes(e.prefixLength)) lines.push(`addr replace ${e.address}/${e.prefixLength} dev ${ext}${nodad}`);
-    for (const len of present) if (len !== e.prefixLength) deletes.add(`${e.address}/${len}`);
+    const stale = present.filter((len) => len !== e.prefixLength);
+    if (present.includes(e.prefixLength)) {
+      for (const len of stale) deletes.add(`${e.address}/${len}`);
+      continue;
+    }
+    // IPv6 keys an address without its prefix: a replace would keep the old prefix and the
+    // delete after it would take the address, so the old prefix goes first.
+    if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len });
+    else for (const len of stale) deletes.add(`${e.address}/${len}`);
+    ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength });
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
   for (const e of previous?.eips ?? []) {
@@ -51,28 +66,172 @@ export function planLink(have: LinkView, want: DesiredState, previous: DesiredSt
   }
   // Deleted in the reverse of the kernel's order: secondaries before their primary, so that
   // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
-  const order = have.extAddresses.map((a) => `${a.address}/${a.prefixLength}`);
-  for (const d of [...deletes].sort((a, b) => order.indexOf(b) - order.indexOf(a))) lines.push(`addr del ${d} dev ${ext}`);
+  const position = new Map(have.extAddresses.map((a, i) => [`${a.address}/${a.prefixLength}`, i]));
+  const at = (key: string): number => position.get(key) ?? -1;
+  for (const d of [...deletes].sort((a, b) => at(b) - at(a))) {
+    const slash = d.lastIndexOf('/');
+    ops.push({ kind: 'addr-del', address: d.slice(0, slash), prefixLength: Number(d.slice(slash + 1)) });
+  }
 
-  const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst), r.gateway]));
+  const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
   for (const r of want.routes) {
-    if (routeHave.get(r.cidr) !== r.nexthop) lines.push(`route replace ${r.cidr} via ${r.nexthop} dev ${vpc}`);
+    if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
   for (const r of previous?.routes ?? []) {
-    if (!wantedRoutes.has(r.cidr) && routeHave.has(r.cidr)) lines.push(`route del ${r.cidr} dev ${vpc}`);
+    if (!wantedRoutes.has(r.cidr) && routeHave.has(r.cidr)) ops.push({ kind: 'route-del', cidr: r.cidr });
   }
 
   for (const gw of [want.defaultRoutes.v4, want.defaultRoutes.v6]) {
     if (gw === undefined) continue;
-    if (!have.extDefaults.some((d) => d.gateway === gw)) lines.push(`route replace default via ${gw} dev ${ext} onlink`);
+    if (!have.extDefaults.some((d) => d.gateway === gw)) ops.push({ kind: 'default', gateway: gw });
   }
-  return lines;
+  return ops;
 }
 
-/** `ip -j route` prints host routes without a prefix length. */
-function normaliseDst(dst: string): string {
-  if (dst === 'default' || dst.includes('/')) return dst;
+/** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
+export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
+  return linkOps(have, want, previous).map((op) => linkLine(op, want.interfaces));
+}
+
+function linkLine(op: LinkOp, ifs: DesiredState['interfaces']): string {
+  switch (op.kind) {
+    case 'addr-replace':
+      // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
+      return `addr replace ${op.address}/${op.prefixLength} dev ${ifs.ext}${familyOf(op.address) === 6 ? ' nodad' : ''}`;
+    case 'addr-del':
+      return `addr del ${op.address}/${op.prefixLength} dev ${ifs.ext}`;
+    case 'route-replace':
+      return `route replace ${op.cidr} via ${op.nexthop} dev ${ifs.vpc}`;
+    case 'route-del':
+      return `route del ${op.cidr} dev ${ifs.vpc}`;
+    case 'default':
+      return `route replace default via ${op.gateway} dev ${ifs.ext} onlink`;
+  }
+}
+
+/**
+ * PURE: what the kernel holds once `ops` ran on `have`, in the order `ip` would list it, so that
+ * a later plan against this view deletes in the same order as one against a fresh read-back.
+ */
+export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView {
+  let routes = [...have.vpcRoutes];
+  let defaults = [...have.extDefaults];
+  for (const op of ops) {
+    switch (op.kind) {
+      case 'route-replace':
+        routes = [...routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr), { dst: op.cidr, gateway: op.nexthop }];
+        // A default route is keyed without its device: this one takes the place of EXT's.
+        if (op.cidr === '0.0.0.0/0' || op.cidr === '::/0') defaults = defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== familyOf(op.nexthop));
+        break;
+      case 'route-del':
+        routes = routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr);
+        break;
+      case 'default': {
+        // `replace` takes the place of the family's default route on the link, whatever its gateway.
+        const fam = familyOf(op.gateway);
+        defaults = [...defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== fam), { dst: 'default', gateway: op.gateway }];
+        routes = routes.filter((r) => normaliseDst(r.dst, r.gateway) !== (fam === 4 ? '0.0.0.0/0' : '::/0'));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return { extAddresses: addressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
+}
+
+const isV4 = (a: LinkAddress): boolean => a.family === 4;
+
+const subnets = new WeakMap<LinkAddress, string>();
+/** The IPv4 subnet of an address (address and prefix): the kernel's primary/secondary key. */
+function subnetOf(a: LinkAddress): string {
+  let key = subnets.get(a);
+  if (key === undefined) {
+    key = formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
+    subnets.set(a, key);
+  }
+  return key;
+}
+
+/**
+ * The kernel's address order (`ip` lists IPv4 first): IPv4 primaries (the first address of
+ * each subnet), then secondaries in the order they came; a new primary goes after the last
+ * primary, a new secondary last; deleting a primary promotes the first secondary of its subnet
+ * (promote_secondaries is on before natgw deletes) to the end of the primaries. IPv6
+ * addresses come newest first.
+ */
+function addressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): LinkAddress[] {
+  // Append-only lists with tombstones keep a batch of thousands linear.
+  const primaries: LinkAddress[] = [];
+  const secondaries: LinkAddress[] = [];
+  const oldV6: LinkAddress[] = [];
+  const newV6: LinkAddress[] = [];
+  const live = new Map<string, LinkAddress>();
+  const isPrimary = new Set<LinkAddress>();
+  const waiting = new Map<string, LinkAddress[]>();
+  const head = new Map<string, number>();
+  const count = new Map<string, number>();
+  const keyOf = (address: string, prefixLength: number): string => `${address}/${prefixLength}`;
+  const place = (a: LinkAddress, v6: LinkAddress[]): void => {
+    live.set(keyOf(a.address, a.prefixLength), a);
+    if (!isV4(a)) return void v6.push(a);
+    const subnet = subnetOf(a);
+    const n = count.get(subnet) ?? 0;
+    count.set(subnet, n + 1);
+    if (n === 0) {
+      primaries.push(a);
+      isPrimary.add(a);
+    } else {
+      secondaries.push(a);
+      const queue = waiting.get(subnet);
+      if (queue) queue.push(a);
+      else waiting.set(subnet, [a]);
+    }
+  };
+  const alive = (a: LinkAddress): boolean => live.get(keyOf(a.address, a.prefixLength)) === a;
+  for (const a of have) place(a, oldV6);
+  for (const op of ops) {
+    if (op.kind === 'addr-replace') {
+      place({ address: op.address, prefixLength: op.prefixLength, family: familyOf(op.address), scope: 'global' }, newV6);
+    } else if (op.kind === 'addr-del') {
+      const key = keyOf(op.address, op.prefixLength);
+      const gone = live.get(key);
+      live.delete(key);
+      if (!gone || !isV4(gone)) continue;
+      const subnet = subnetOf(gone);
+      count.set(subnet, (count.get(subnet) ?? 1) - 1);
+      if (!isPrimary.has(gone)) continue;
+      const queue = waiting.get(subnet) ?? [];
+      let next = head.get(subnet) ?? 0;
+      while (next < queue.length && !alive(queue[next]!)) next++;
+      const promoted = queue[next];
+      head.set(subnet, next + 1);
+      if (promoted) {
+        isPrimary.add(promoted);
+        primaries.push(promoted);
+      }
+    }
+  }
+  // A promoted secondary sits in both lists: it counts among the primaries.
+  const seen = new Set<LinkAddress>();
+  const once = (a: LinkAddress): boolean => alive(a) && !seen.has(a) && (seen.add(a), true);
+  return [...primaries.filter(once), ...secondaries.filter(once), ...newV6.reverse().filter(once), ...oldV6.filter(once)];
+}
+
+/** Whether an IPv4 address was deleted from a subnet that still holds other addresses. */
+function leftInSubnet(ops: readonly LinkOp[], after: LinkView): boolean {
+  const left = new Set(after.extAddresses.filter(isV4).map(subnetOf));
+  return ops.some((op) => op.kind === 'addr-del' && familyOf(op.address) === 4 && left.has(subnetOf({ ...op, family: 4, scope: 'global' })));
+}
+
+/**
+ * `ip -j route` prints host routes without a prefix length and a default route as `default`
+ * (the gateway tells its family), while the state spells them as CIDRs.
+ */
+function normaliseDst(dst: string, gateway?: string): string {
+  if (dst === 'default') return gateway === undefined ? dst : familyOf(gateway) === 4 ? '0.0.0.0/0' : '::/0';
+  if (dst.includes('/')) return dst;
   return `${dst}/${familyOf(dst) === 4 ? 32 : 128}`;
 }
 
@@ -93,7 +252,15 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
   );
 }
 
+export interface LinkSyncOptions extends SyncOptions {
+  /** A read-back the caller already made (see LinkManager.view). */
+  readonly view?: LinkView;
+}
+
 export class LinkManager {
+  /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
+  private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
+
   constructor(
     private readonly exec: Executor,
     private readonly log?: Logger,
@@ -160,28 +327,64 @@ export class LinkManager {
    * promote_secondaries is on (it is off in a new network namespace, so in a pod): an eip-del
    * would take the other EIPs of that subnet with it. Best effort; failures are logged.
    */
-  async promoteSecondaries(ifname: string): Promise<void> {
+  async promoteSecondaries(ifname: string): Promise<boolean> {
     const file = `/proc/sys/net/ipv4/conf/${ifname}/promote_secondaries`;
     try {
       if ((await fs.readFile(file, 'utf8')).trim() !== '1') await fs.writeFile(file, '1\n');
+      return true;
     } catch (e) {
       this.log?.warn({ err: e, ifname }, 'could not enable promote_secondaries');
+      return false;
     }
   }
 
-  async sync(
-    want: DesiredState,
-    previous: DesiredState | undefined,
-    opts: { dryRun?: boolean; view?: LinkView } = {},
-  ): Promise<{ changes: number; script: string }> {
-    const lines = planLink(opts.view ?? (await this.view(want)), want, previous);
+  /**
+   * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
+   * the caller made itself (in parallel with other work) and counts as a full read.
+   */
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
+    const kept = opts.mode === 'partial' && opts.view === undefined ? this.viewFor(want) : undefined;
+    const have = opts.view ?? kept ?? (await this.view(want));
+    const ops = linkOps(have, want, previous);
+    const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? lines.join('\n') + '\n' : '';
-    if (lines.length === 0 || opts.dryRun) return { changes: lines.length, script };
-    if (lines.some((l) => l.startsWith('addr del'))) await this.promoteSecondaries(want.interfaces.ext);
+    if (opts.dryRun) return { changes: lines.length, script };
+    if (lines.length === 0) {
+      this.trust(want, have);
+      return { changes: 0, script };
+    }
+    const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
     const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-    if (r.exitCode !== 0) throw new SystemError(`Error: ip rejected an address or route change: ${r.stderr.trim().split('\n')[0] ?? ''}`);
-    this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
+    if (r.exitCode !== 0) {
+      // `ip -batch` stops at the first error with the lines before it applied: the kernel is somewhere in between.
+      this.forget();
+      throw new SystemError(`Error: ip rejected an address or route change: ${r.stderr.trim().split('\n')[0] ?? ''}`);
+    }
+    const after = linkViewAfter(have, ops);
+    // Without promote_secondaries a deleted primary takes the rest of its subnet along.
+    if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);
+    else this.forget();
+    this.log?.debug({ changes: lines.length, partial: kept !== undefined }, 'addresses and routes applied');
     return { changes: lines.length, script };
+  }
+
+  /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
+  forget(): void {
+    this.trusted = undefined;
+  }
+
+  /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */
+  hasTrustedView(want: DesiredState): boolean {
+    return this.viewFor(want) !== undefined;
+  }
+
+  private viewFor(want: DesiredState): LinkView | undefined {
+    const t = this.trusted;
+    return t && t.ext === want.interfaces.ext && t.vpc === want.interfaces.vpc ? t.view : undefined;
+  }
+
+  private trust(want: DesiredState, view: LinkView): void {
+    this.trusted = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, view };
   }
 
   /** Gratuitous ARP without holding the command (the script blocked ~3 s per EIP). */

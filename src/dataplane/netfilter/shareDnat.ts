@@ -11,10 +11,13 @@ import type { SyncOptions, SyncReport } from './backend.js';
 import { NftError, applyScript, listTable } from './nft/backend.js';
 import type { NftTableDump } from './nft/readback.js';
 import {
-  KUBE_OVN_TABLE, deleteChainLine, renderShareDnat, renderShareRemoveAll, shareDnatsFromKernel,
+  KUBE_OVN_TABLE, type SharePlan, deleteChainLine, hasUnknownHandle, planShareDnat, renderShareRemoveAll, shareDnatsFromKernel, withoutChains,
 } from './shareDnatRender.js';
 
 export class ShareDnatTable {
+  /** `table ip kube-ovn` as of the last read or successful apply (table: null when absent). */
+  private trusted: { readonly table: NftTableDump | null } | undefined;
+
   constructor(
     private readonly exec: Executor,
     private readonly log?: Logger,
@@ -26,48 +29,70 @@ export class ShareDnatTable {
 
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
   async sync(items: readonly ShareDnat[], opts: SyncOptions = {}): Promise<SyncReport> {
-    let plan = renderShareDnat(items, await this.read());
-    const script = (p: typeof plan): string => p.main + p.staleChains.map((c) => `${deleteChainLine(c)}\n`).join('');
-    if (plan.changes === 0 || opts.dryRun) return { changes: plan.changes, script: script(plan) };
-
-    if (plan.main !== '') {
-      try {
-        await applyScript(this.exec, plan.main);
-      } catch (err) {
-        // Another writer may have changed the table since the read-back (handles, elements):
-        // render once more against a fresh one before giving up.
-        if (!(err instanceof NftError)) throw err;
-        this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
-        plan = renderShareDnat(items, await this.read());
-        if (plan.main !== '') await applyScript(this.exec, plan.main);
-      }
+    const kept = opts.mode === 'partial' ? this.trusted : undefined;
+    let have = kept ? kept.table : await this.read();
+    let { plan, after } = planShareDnat(items, have);
+    if (kept && hasUnknownHandle(plan)) ({ plan, after } = planShareDnat(items, (have = await this.read())));
+    const script = (p: SharePlan): string => p.main + p.staleChains.map((c) => `${deleteChainLine(c)}\n`).join('');
+    if (opts.dryRun) return { changes: plan.changes, script: script(plan) };
+    if (plan.changes === 0) {
+      this.trusted = { table: have };
+      return { changes: 0, script: '' };
     }
-    await this.deleteChains(plan.staleChains);
-    this.log?.info({ changes: plan.changes }, 'share dnat synced');
+
+    try {
+      if (plan.main !== '') {
+        try {
+          await applyScript(this.exec, plan.main);
+        } catch (err) {
+          // Another writer may have changed the table since the read-back (handles, elements):
+          // render once more against a fresh one before giving up.
+          if (!(err instanceof NftError)) throw err;
+          this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
+          ({ plan, after } = planShareDnat(items, (have = await this.read())));
+          if (plan.main !== '') await applyScript(this.exec, plan.main);
+        }
+      }
+      const deleted = await this.deleteChains(plan.staleChains);
+      this.trusted = { table: after && withoutChains(after, deleted) };
+    } catch (err) {
+      this.forget();
+      throw err;
+    }
+    this.log?.info({ changes: plan.changes, partial: kept !== undefined }, 'share dnat synced');
     return { changes: plan.changes, script: script(plan) };
+  }
+
+  /** Stop trusting the kept view: the next sync reads the table back. */
+  forget(): void {
+    this.trusted = undefined;
   }
 
   /**
    * Delete flushed, unreferenced chains: all in one transaction, else one by one. A refusal
    * (EBUSY on kernels before 6.2) leaves the chain flushed; the next sync deletes it.
+   * Returns the chains that are gone.
    */
-  private async deleteChains(chains: readonly string[]): Promise<void> {
-    if (chains.length === 0) return;
+  private async deleteChains(chains: readonly string[]): Promise<Set<string>> {
+    if (chains.length === 0) return new Set();
     const all = chains.map((c) => `${deleteChainLine(c)}\n`).join('');
     try {
       await applyScript(this.exec, all);
-      return;
+      return new Set(chains);
     } catch (err) {
       if (!(err instanceof NftError)) throw err;
     }
+    const deleted = new Set<string>();
     for (const c of chains) {
       try {
         await applyScript(this.exec, `${deleteChainLine(c)}\n`);
+        deleted.add(c);
       } catch (err) {
         if (!(err instanceof NftError)) throw err;
         this.log?.info({ chain: c, err: err.message }, 'stale share dnat chain not deleted yet; a later sync retries');
       }
     }
+    return deleted;
   }
 
   /** The share DNATs the kernel holds (adoption); protocolText is the spelling that names the chain. */
@@ -77,6 +102,7 @@ export class ShareDnatTable {
 
   /** Remove natgw's share-DNAT objects; the table goes too when nothing else lives in it. */
   async removeAll(): Promise<void> {
+    this.forget();
     const plan = renderShareRemoveAll(await this.read());
     if (plan.main !== '') await applyScript(this.exec, plan.main);
     // With foreign objects in the table, the table itself stays (it is theirs too).

@@ -24,7 +24,7 @@ import type { Protocol, ShareDnat } from '../../model/rules.js';
 import { shareDnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
-import { dig, sameExpr, type NftChainDump, type NftSetDump, type NftTableDump } from './nft/readback.js';
+import { dig, sameExpr, type NftChainDump, type NftElementDump, type NftSetDump, type NftTableDump } from './nft/readback.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */
 export class ShareDnatError extends NatgwError {
@@ -44,6 +44,7 @@ const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
 const MAP_DECL = `{ type ${MAP_TYPE} : verdict; }`;
 const PREROUTING_DECL = '{ type nat hook prerouting priority -150; policy accept; }';
 const PRIO = -150;
+const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prio: PRIO, policy: 'accept' } as const;
 
 export const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
 
@@ -147,7 +148,26 @@ function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
   return [...byKey.values()];
 }
 
-export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
+export function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
+  return planShareDnat(items, have).plan;
+}
+
+/**
+ * Handle of an object the view added: the kernel numbers it, the view cannot know it. No
+ * plan against a view natgw computed names such a handle (only foreign duplicates are deleted
+ * by handle); a plan that would is rendered again from a read-back (see hasUnknownHandle).
+ */
+export const UNKNOWN_HANDLE = 0;
+
+/** Whether a plan names an object by a handle the view did not know. */
+export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handle ${UNKNOWN_HANDLE}$`, 'm').test(plan.main);
+
+/**
+ * PURE: the plan, and the table as `nft -j list` would show it once `plan.main` is applied:
+ * stale chains flushed but still there (null: no table, and none made). Handles of new
+ * objects are UNKNOWN_HANDLE.
+ */
+export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): { plan: SharePlan; after: NftTableDump | null } {
   const items = dedupe(itemsIn);
   const create: string[] = [];
   const chainOps: string[] = [];
@@ -156,9 +176,10 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
   const flushStale: string[] = [];
   let changes = 0;
 
-  if (have === null && items.length === 0) return { main: '', staleChains: [], changes: 0 };
+  if (have === null && items.length === 0) return { plan: { main: '', staleChains: [], changes: 0 }, after: null };
 
   const chains = have?.chains ?? new Map<string, NftChainDump>();
+  const afterChains = new Map(chains);
   let map = have?.sets.get(SERVICE_MAP);
   const pre = chains.get(SHARE_PREROUTING);
 
@@ -168,9 +189,11 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
   }
   // The map: created when missing, re-created when declared otherwise (its vmap rules go first).
   let vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
+  let preRules = pre?.rules ?? [];
   if (map && !mapDeclOk(map)) {
     for (const r of vmapRules) create.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${r.handle}`);
     create.push(`delete map ${T} ${SERVICE_MAP}`);
+    preRules = preRules.filter((r) => !vmapRules.includes(r));
     vmapRules = [];
     map = undefined;
     changes += 1;
@@ -182,6 +205,8 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
   // The base chain: created when missing, rebuilt when hooked otherwise; exactly one vmap rule.
   if (pre && !preroutingDeclOk(pre)) {
     create.push(`flush chain ${T} ${SHARE_PREROUTING}`, `delete chain ${T} ${SHARE_PREROUTING}`);
+    afterChains.delete(SHARE_PREROUTING);
+    preRules = [];
     vmapRules = [];
   }
   if (!pre || !preroutingDeclOk(pre)) {
@@ -190,12 +215,15 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
   }
   if (vmapRules.length === 0) {
     chainOps.push(`add rule ${T} ${SHARE_PREROUTING} ${VMAP_RULE}`);
+    preRules = [...preRules, { handle: UNKNOWN_HANDLE, expr: vmapRuleJson() }];
     changes += 1;
   }
   for (const extra of vmapRules.slice(1)) {
     chainOps.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${extra.handle}`);
+    preRules = preRules.filter((r) => r !== extra);
     changes += 1;
   }
+  afterChains.set(SHARE_PREROUTING, { name: SHARE_PREROUTING, handle: pre && preroutingDeclOk(pre) ? pre.handle : UNKNOWN_HANDLE, base: PREROUTING_BASE, rules: preRules });
 
   // Identity chains: created, or replaced atomically (flush + add) when their rule differs.
   const wantedChains = new Set<string>();
@@ -206,19 +234,23 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
     wantElems.set(shareElementKey(d), `goto ${name}`);
     const c = chains.get(name);
     const rule = shareRuleText(d);
+    const rules = [{ handle: UNKNOWN_HANDLE, expr: shareRuleJson(d) }];
     if (!c) {
       chainOps.push(`add chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      afterChains.set(name, { name, handle: UNKNOWN_HANDLE, rules });
       changes += 1;
     } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(shareRuleJson(d), c.rules[0]?.expr)) {
       if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ${T} is a base chain; natgw cannot use it`);
       chainOps.push(`flush chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      afterChains.set(name, { ...c, rules });
       changes += 1;
     }
   }
 
   // Map elements, one by one; a changed target is delete + add in this same transaction.
+  // Sorted, so the script does not depend on the order nft lists a hash set in.
   const haveElems = new Map((map?.elements ?? []).map((e) => [e.key, e.value ?? ''] as const));
-  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && SAFE_ELEMENT.test(k));
+  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && SAFE_ELEMENT.test(k)).sort();
   if (stale.length > 0) {
     delElems.push(`delete element ${T} ${SERVICE_MAP} { ${stale.join(', ')} }`);
     changes += stale.length;
@@ -228,19 +260,38 @@ export function renderShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDum
     addElems.push(`add element ${T} ${SERVICE_MAP} { ${missing.map(([k, v]) => `${k} : ${v}`).join(', ')} }`);
     changes += missing.length;
   }
+  const gone = new Set(stale);
+  const elements: NftElementDump[] = [
+    ...(map?.elements ?? []).filter((e) => !gone.has(e.key)),
+    ...missing.map(([key, value]) => ({ key, value })),
+  ];
 
   // Stale identity chains: flushed now, deleted in the second transaction.
-  const staleChains = [...chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && !wantedChains.has(c.name) && c.base === undefined);
+  const staleChains = [...chains.values()]
+    .filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && !wantedChains.has(c.name) && c.base === undefined)
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const c of staleChains) {
     if (c.rules.length > 0) flushStale.push(`flush chain ${T} ${c.name}`);
+    afterChains.set(c.name, { ...c, rules: [] });
     changes += 1;
   }
 
+  const sets = new Map(have?.sets ?? []);
+  sets.set(SERVICE_MAP, { name: SERVICE_MAP, handle: map?.handle ?? UNKNOWN_HANDLE, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements });
   return {
-    main: lines([...create, ...chainOps, ...delElems, ...addElems, ...flushStale]),
-    staleChains: staleChains.map((c) => c.name),
-    changes,
+    plan: {
+      main: lines([...create, ...chainOps, ...delElems, ...addElems, ...flushStale]),
+      staleChains: staleChains.map((c) => c.name),
+      changes,
+    },
+    after: { family: 'ip', name: KUBE_OVN_TABLE, chains: afterChains, sets },
   };
+}
+
+/** PURE: the table once the named (flushed, unreferenced) chains were deleted. */
+export function withoutChains(table: NftTableDump, deleted: ReadonlySet<string>): NftTableDump {
+  if (deleted.size === 0) return table;
+  return { ...table, chains: new Map([...table.chains].filter(([name]) => !deleted.has(name))) };
 }
 
 // ---------------------------------------------------------------------------------

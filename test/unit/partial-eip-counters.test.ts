@@ -1,0 +1,112 @@
+/**
+ * EipCounters, full and partial (SyncOptions): a partial sync trusts the EIPs it last put in
+ * the accounting sets and runs only the element change, the same one a full sync renders
+ * against the listing after that apply. renderAccountingChange is the piece an nft backend
+ * can fold into its own transaction.
+ */
+import { describe, expect, it } from 'vitest';
+import { ACCT_TABLE, EipCounters, renderAccountingChange, renderElements, renderSkeleton } from '../../src/dataplane/eipCounters.js';
+import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+
+const LIST = `nft -j list table inet ${ACCT_TABLE}`;
+const cmd = (c: ExecRequest): string => [c.file, ...c.args].join(' ');
+
+/** `nft -j list table inet natgw_acct` of a whole table holding `eips` (counters included). */
+function listing(eips: readonly string[]): string {
+  const elems = (fam: 4 | 6) => eips.filter((e) => e.includes(':') === (fam === 6)).map((val) => ({ elem: { val, counter: { packets: 1, bytes: 60 } } }));
+  const set = (name: string, fam: 4 | 6) => {
+    const elem = elems(fam);
+    return { set: { family: 'inet', name, table: ACCT_TABLE, type: fam === 4 ? 'ipv4_addr' : 'ipv6_addr', handle: 1, flags: ['counter'], ...(elem.length ? { elem } : {}) } };
+  };
+  const chain = (name: string) => ({ chain: { family: 'inet', table: ACCT_TABLE, name, handle: 2 } });
+  const rule = (chain: string) => ({ rule: { family: 'inet', table: ACCT_TABLE, chain, handle: 3, expr: [] } });
+  return JSON.stringify({
+    nftables: [
+      { metainfo: {} }, { table: { family: 'inet', name: ACCT_TABLE, handle: 1 } },
+      set('eip_rx4', 4), set('eip_tx4', 4), set('eip_rx6', 6), set('eip_tx6', 6),
+      chain('rx'), chain('tx'), rule('rx'), rule('rx'), rule('tx'), rule('tx'),
+    ],
+  });
+}
+
+function fakeNft(table: () => string | null, refuse: () => boolean = () => false) {
+  return new RecordingExecutor((req): Partial<ExecResult> | undefined => {
+    if (cmd(req) === LIST) {
+      const t = table();
+      return t === null ? { exitCode: 1, stderr: 'Error: No such file or directory\n' } : { stdout: t };
+    }
+    if (cmd(req) === 'nft -f -' && refuse()) return { exitCode: 1, stderr: 'Error: boom\n' };
+    return undefined;
+  });
+}
+
+/** The script a full sync applies against a kernel that lists `table`. */
+async function fullScript(eips: readonly string[], table: string): Promise<string | undefined> {
+  const x = fakeNft(() => table);
+  await new EipCounters(x).sync(eips);
+  return x.calls.find((c) => cmd(c) === 'nft -f -')?.input;
+}
+
+describe('EipCounters: partial sync', () => {
+  it('after a full sync, a partial sync runs only the element change a full sync would render', async () => {
+    const x = fakeNft(() => null);
+    const c = new EipCounters(x);
+    await c.sync(['1.2.3.4', 'fd00::1']);
+    expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
+
+    x.calls.length = 0;
+    const want = ['1.2.3.4', '5.6.7.8'];
+    expect(await c.sync(want, { mode: 'partial' })).toBe(4);
+    expect(x.calls.map(cmd)).toEqual(['nft -f -']);
+    expect(x.calls[0]!.input).toBe(await fullScript(want, listing(['1.2.3.4', 'fd00::1'])));
+
+    x.calls.length = 0;
+    expect(await c.sync(want, { mode: 'partial' })).toBe(0);
+    expect(x.calls).toEqual([]);
+  });
+
+  it('full mode (the default) reads every time; partial without a view reads', async () => {
+    const x = fakeNft(() => listing(['1.2.3.4']));
+    const c = new EipCounters(x);
+    await c.sync(['1.2.3.4'], { mode: 'partial' });
+    await c.sync(['1.2.3.4']);
+    expect(x.calls.map(cmd)).toEqual([LIST, LIST]);
+  });
+
+  it('a failed apply forgets the view: the next partial sync reads again', async () => {
+    let refuse = false;
+    const x = fakeNft(() => listing(['1.2.3.4']), () => refuse);
+    const c = new EipCounters(x);
+    await c.sync(['1.2.3.4']);
+    refuse = true;
+    expect(await c.sync(['5.6.7.8'], { mode: 'partial' })).toBe(0);
+    refuse = false;
+    x.calls.length = 0;
+    await c.sync(['5.6.7.8'], { mode: 'partial' });
+    expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
+  });
+
+  it('a damaged table is rebuilt whole, and then trusted', async () => {
+    const damaged = JSON.stringify({ nftables: [{ table: { family: 'inet', name: ACCT_TABLE } }] });
+    const x = fakeNft(() => damaged);
+    const c = new EipCounters(x);
+    await c.sync(['1.2.3.4']);
+    expect(x.calls[1]!.input).toBe(renderAccountingChange(undefined, ['1.2.3.4']));
+    x.calls.length = 0;
+    await c.sync(['1.2.3.4', '5.6.7.8'], { mode: 'partial' });
+    expect(x.calls.map(cmd)).toEqual(['nft -f -']);
+  });
+});
+
+describe('renderAccountingChange (pure)', () => {
+  it('with the sets known: only the element changes', () => {
+    expect(renderAccountingChange(new Set(['1.2.3.4']), ['5.6.7.8'])).toBe(renderElements(new Set(['1.2.3.4']), ['5.6.7.8']));
+    expect(renderAccountingChange(new Set(['1.2.3.4']), ['1.2.3.4'])).toBe('');
+  });
+
+  it('unknown: the whole table from scratch, valid whether or not it exists', () => {
+    expect(renderAccountingChange(undefined, ['1.2.3.4'])).toBe(
+      `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n` + renderSkeleton() + renderElements(new Set(), ['1.2.3.4']),
+    );
+  });
+});
