@@ -52,6 +52,9 @@ function copyStateFiles(from: string, to: string): void {
 export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: boolean): Promise<BulkFigures> {
   const doc = stateDoc(size, fipEips);
   const saved = mkdtempSync(join(tmpdir(), 'natgw-bench-state-'));
+  // `finally` does not run when a signal ends the run through process.exit().
+  const removeSaved = () => rmSync(saved, { recursive: true, force: true });
+  process.once('exit', removeSaved);
   try {
     progress(`${opts.backend} bulk ${size}: dry run, then PUT /v1/state into an empty gateway`);
     let backend: BackendInfo = { kind: opts.backend };
@@ -85,7 +88,8 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
       restoreCold: { healthzMs: round(restoreCold.healthzMs), readyzMs: round(restoreCold.readyzMs), rss: restoreCold.rss },
     };
   } finally {
-    rmSync(saved, { recursive: true, force: true });
+    removeSaved();
+    process.removeListener('exit', removeSaved);
   }
 }
 

@@ -8,6 +8,7 @@ import type { Config } from '../config/config.js';
 import type { DesiredState } from '../state/state.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
+import { internState } from '../state/intern.js';
 import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
 import type { AgentService, ReadBack, Readiness, ReplaceResult, StateDocument } from '../api/service.js';
 
@@ -148,7 +149,7 @@ export class Agent implements AgentService {
           if (opts.ifMatch !== undefined && opts.ifMatch !== digestOf(current)) {
             throw new HttpError(412, 'precondition-failed', `If-Match: the desired state's digest is ${digestOf(current)}, not ${opts.ifMatch}`, { field: 'If-Match', in: 'header' });
           }
-          return { state: next, effects: effectsOf(current, next) };
+          return { state: internState(current, next), effects: effectsOf(current, next) };
         },
         { dryRun: opts.dryRun, qos: true },
       );

@@ -70,7 +70,15 @@ export async function serve(config: Config): Promise<number> {
     interfaces: async () => (await engine.loadState()).interfaces,
     exists: (n) => engine.link.exists(n),
   });
-  const monitor = new LinkMonitor({ log, onChange: (why) => reconciler.request(why) });
+  // A link event may have taken addresses or routes with it: no command may plan against what
+  // natgw applied before it, so the next transaction is a full sync even before the resync runs.
+  const monitor = new LinkMonitor({
+    log,
+    onChange: (why) => {
+      engine.distrust();
+      reconciler.request(why);
+    },
+  });
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
   const startup = (async () => {

@@ -2,10 +2,10 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
-import { StateStore, type BackendRecord } from '../state/store.js';
+import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
-import { natTablesOf, type NetfilterBackend } from '../dataplane/netfilter/backend.js';
+import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { LinkManager } from '../dataplane/link.js';
 import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
@@ -35,13 +35,40 @@ export interface ApplyReport {
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
 export type SyncEvent =
-  | { readonly ok: true; readonly ms: number; readonly report: ApplyReport; readonly state: DesiredState }
-  | { readonly ok: false; readonly ms: number; readonly error: unknown };
+  | { readonly ok: true; readonly kind: SyncMode; readonly ms: number; readonly report: ApplyReport; readonly state: DesiredState }
+  | { readonly ok: false; readonly kind: SyncMode; readonly ms: number; readonly error: unknown };
+
+/**
+ * What this process applied last and may plan the next change against without reading the
+ * kernel back (kube-proxy's partial sync). Valid only while the durable files are exactly as
+ * this process left them (`stamp`): another writer means a full sync.
+ */
+interface Trusted {
+  readonly state: DesiredState;
+  readonly choice: BackendChoice;
+  readonly backend: NetfilterBackend;
+  readonly stamp: FilesStamp;
+}
+
+export interface TransactOptions {
+  /** Refused with NotInitializedError until init has run (SPEC §2 guard). */
+  readonly guarded?: boolean;
+  readonly dryRun?: boolean;
+  /** The change touches QoS (tc is synced too). */
+  readonly qos?: boolean;
+  /**
+   * `full` reads back and repairs everything natgw owns (start, resync, init, link events);
+   * the default plans against what this process applied last when it can trust that.
+   */
+  readonly mode?: SyncMode;
+}
 
 export interface Transaction {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
   readonly choice: BackendChoice;
+  /** The init guard's answer for this transaction (SPEC §2), read from the kernel only in a full sync. */
+  readonly initialized: () => Promise<boolean>;
 }
 
 /**
@@ -59,6 +86,9 @@ export class Engine {
   private readonly probe: BackendProbe;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
+  private trusted: Trusted | undefined;
+  /** One backend object per choice: each keeps the view it last applied (partial syncs plan against it). */
+  private readonly backends = new Map<string, NetfilterBackend>();
   generation = 0;
   /** Observer of every apply (the daemon's metrics and readiness); unset in a shim run. */
   onSync?: (e: SyncEvent) => void;
@@ -88,7 +118,30 @@ export class Engine {
   /** The backend without taking the lock or recording anything (get-iptables-version). */
   async peekBackend(): Promise<NetfilterBackend> {
     const choice = await decideBackend(this.config, await this.store.loadBackend(), this.probe);
-    return instantiate(choice, this.deps.exec, this.log);
+    return this.backendFor(choice);
+  }
+
+  private backendFor(choice: BackendChoice): NetfilterBackend {
+    const key = `${choice.kind}/${choice.variant ?? ''}`;
+    let b = this.backends.get(key);
+    if (!b) {
+      b = instantiate(choice, this.deps.exec, this.log);
+      this.backends.set(key, b);
+    }
+    return b;
+  }
+
+  /**
+   * Stop trusting what this process applied: the next transaction is a full sync. Called when
+   * the kernel may have changed behind natgw's back (a link event) or an apply failed.
+   */
+  distrust(): void {
+    this.trusted = undefined;
+    for (const b of this.backends.values()) b.forget();
+    this.link.forget();
+    this.shareDnat.forget();
+    this.qos.forget();
+    this.eipCounters.forget();
   }
 
   /**
@@ -106,7 +159,7 @@ export class Engine {
   ): Promise<{ backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState }> {
     const record = await this.store.loadBackend();
     const choice = await decideBackend(this.config, record, this.probe);
-    const backend = instantiate(choice, this.deps.exec, this.log);
+    const backend = this.backendFor(choice);
     const previous: BackendChoice | undefined = record
       ? { kind: record.kind, variant: record.variant }
       : await ownedElsewhere(this.probe, choice);
@@ -168,76 +221,127 @@ export class Engine {
   /**
    * Run `fn` as one transaction under the cross-process lock: load, change, reconcile,
    * persist. `fn` returns the next state (or throws a typed error: nothing is applied).
+   *
+   * The sync is partial when this process can trust what it applied last (same durable files,
+   * nothing refused since): the change is planned against that, and nothing is read back. It
+   * is full otherwise, or when asked for. A partial sync the kernel refuses is retried once as
+   * a full one (DESIGN.md, kube-proxy's model).
    */
   async transact(
     fn: (tx: Transaction) => Promise<OpResult> | OpResult,
-    opts: { guarded?: boolean; dryRun?: boolean; qos?: boolean } = {},
+    opts: TransactOptions = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     return this.store.withLock(async () => {
-      const saved = await this.store.load();
-      const { backend, choice, adopted } = await this.resolveBackend(saved);
-      if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
-      const state = saved ?? adopted ?? (await this.adoptOrEmpty(backend));
-      const { state: next, effects } = await fn({ state, backend, choice });
+      const stamp = await this.store.stamp();
+      const trusted = opts.mode !== 'full' && this.trusted?.stamp.key === stamp.key ? this.trusted : undefined;
+      if (!trusted && this.trusted) this.log.info('durable state changed outside this process: full sync');
+      let state: DesiredState;
+      /** No state file: what was adopted (or the empty state) is written whole once applied. */
+      let unsaved = false;
+      let backend: NetfilterBackend;
+      let choice: BackendChoice;
+      if (trusted) {
+        ({ state, backend, choice } = trusted);
+        // The skeleton was in the kernel at the last full sync and every change since went
+        // through this process: the state's own flag is the guard's evidence.
+        if (opts.guarded && !state.initialized) throw new NotInitializedError();
+      } else {
+        this.trusted = undefined;
+        const saved = await this.store.load();
+        const resolved = await this.resolveBackend(saved);
+        ({ backend, choice } = resolved);
+        if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
+        state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+        unsaved = saved === undefined;
+      }
+      const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
+      const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
       let report: ApplyReport;
       try {
-        report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true });
-        if (!opts.dryRun) await this.store.save(next);
+        try {
+          report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
+        } catch (e) {
+          if (kind === 'full' || opts.dryRun) throw e;
+          this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
+          this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
+          this.distrust();
+          kind = 'full';
+          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
+        }
+        if (!opts.dryRun) await (unsaved ? this.store.save(next) : this.store.commit(state, next));
       } catch (e) {
-        if (!opts.dryRun) this.onSync?.({ ok: false, ms: performance.now() - started, error: e });
+        if (!opts.dryRun) {
+          this.distrust();
+          this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
+        }
         throw e;
       }
       if (!opts.dryRun) {
+        this.trusted = { state: next, backend, choice, stamp: await this.store.stamp() };
         this.lastApplied = next;
         this.generation++;
-        this.onSync?.({ ok: true, ms: performance.now() - started, report, state: next });
+        this.onSync?.({ ok: true, kind, ms: performance.now() - started, report, state: next });
+        this.log.debug({ kind, ms: Math.round(performance.now() - started) }, 'sync');
         await this.runEffects(next, effects);
       }
       return { state: next, report, effects };
     });
   }
 
-  /** Make the kernel hold `want`. Netfilter first, so NAT is in place before addresses go up. */
+  /**
+   * Make the kernel hold `want`. Netfilter first, so NAT is in place before addresses go up.
+   * In a partial sync a part whose inputs did not change is not touched at all.
+   */
   async reconcile(
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode } = {},
   ): Promise<ApplyReport> {
+    const mode = opts.mode ?? 'full';
+    const partial = mode === 'partial' && previous !== undefined;
+    const same = <K extends keyof DesiredState>(...keys: K[]): boolean => partial && keys.every((k) => want[k] === previous[k]);
     const notes: string[] = [];
     let script = '';
     let netfilterChanges = 0;
+    const linkSame = same('eips', 'routes', 'defaultRoutes', 'interfaces');
     // Addresses and routes are read while netfilter is being synced: independent, and each
     // process spawn is a noticeable part of a command's time.
-    const linkView = this.link.view(want);
-    linkView.catch(() => undefined);
+    const linkView = linkSame || mode === 'partial' ? undefined : this.link.view(want);
+    linkView?.catch(() => undefined);
     // Per-EIP accounting runs alongside; it never fails a change (EipCounters logs and retries).
-    const accounting = want.initialized && !opts.dryRun ? this.eipCounters.sync(want.eips.map((e) => e.address)) : undefined;
-    if (want.initialized) {
-      const nf = await backend.sync(natTablesOf(want), { dryRun: opts.dryRun });
+    const accounting =
+      want.initialized && !opts.dryRun && !same('eips') ? this.eipCounters.sync(want.eips.map((e) => e.address), { mode }) : undefined;
+    if (want.initialized && !same('eips', 'snats', 'dnats', 'fips', 'interfaces')) {
+      const nf = await backend.sync(natTablesOf(want), { dryRun: opts.dryRun, mode });
       netfilterChanges = nf.changes;
       script += nf.script;
     }
     let shareDnatChanges = 0;
-    if (want.shareDnats.length > 0 || (previous?.shareDnats.length ?? 0) > 0) {
-      const sd = await this.shareDnat.sync(want.shareDnats, { dryRun: opts.dryRun });
+    if ((want.shareDnats.length > 0 || (previous?.shareDnats.length ?? 0) > 0) && !same('shareDnats')) {
+      const sd = await this.shareDnat.sync(want.shareDnats, { dryRun: opts.dryRun, mode });
       shareDnatChanges = sd.changes;
       script += sd.script;
     }
     let linkChanges = 0;
-    try {
-      const l = await this.link.sync(want, previous, { dryRun: opts.dryRun, view: await linkView });
-      linkChanges = l.changes;
-      script += l.script;
-    } catch (e) {
-      // Put netfilter back as it was, so a failed change stays all-or-nothing.
-      if (previous?.initialized && !opts.dryRun) await backend.sync(natTablesOf(previous)).catch(() => undefined);
-      throw e;
+    if (!linkSame) {
+      try {
+        const view = await linkView;
+        const l = await this.link.sync(want, previous, { dryRun: opts.dryRun, mode, ...(view ? { view } : {}) });
+        linkChanges = l.changes;
+        script += l.script;
+      } catch (e) {
+        // Put netfilter back as it was, so a failed change stays all-or-nothing.
+        if (previous?.initialized && !opts.dryRun) await backend.sync(natTablesOf(previous), { mode }).catch(() => undefined);
+        throw e;
+      }
     }
     let qosChanges = 0;
-    if (opts.qos && (want.eipQos.length > 0 || want.qos.length > 0 || (previous?.eipQos.length ?? 0) > 0 || (previous?.qos.length ?? 0) > 0)) {
-      const q = await this.qos.sync(want, { dryRun: opts.dryRun });
+    const hasQos = want.eipQos.length > 0 || want.qos.length > 0 || (previous?.eipQos.length ?? 0) > 0 || (previous?.qos.length ?? 0) > 0;
+    if (opts.qos && hasQos && !same('eipQos', 'qos', 'interfaces')) {
+      const q = await this.qos.sync(want, { dryRun: opts.dryRun, mode });
       qosChanges = q.changes;
       notes.push(...q.notes);
     }
@@ -267,7 +371,7 @@ export class Engine {
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */
   async resync(reason: string): Promise<ApplyReport> {
-    const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true });
+    const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
     const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges;
     if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
     return report;
@@ -279,6 +383,8 @@ export class Engine {
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
+    const t = this.trusted;
+    if (t && t.stamp.key === (await this.store.stamp()).key) return t.state;
     return (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend());
   }
 

@@ -37,7 +37,7 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
     await engine.transact(({ state }) => ({
       state: { ...state, initialized: true, interfaces: { vpc: names.vpc, ext: names.ext } },
       effects: [],
-    }), { qos: true });
+    }), { qos: true, mode: 'full' });
 
     await loadIfb(engine, out);
     const v4 = (await engine.link.addresses(names.ext)).filter((a) => a.family === 4 && a.scope === 'global');

@@ -12,7 +12,7 @@ export const OBJECT_KINDS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'ro
  */
 export class Metrics {
   readonly registry = new Registry();
-  readonly syncs: Counter<'outcome'>;
+  readonly syncs: Counter<'kind' | 'outcome'>;
   readonly syncFailures: Counter;
   readonly syncDuration: Histogram;
   readonly objects: Gauge<'kind'>;
@@ -41,7 +41,12 @@ export class Metrics {
       perEip('natgw_eip_packets', 'Packets to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxPackets : t.txPackets));
       perEip('natgw_eip_bytes', 'Bytes to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxBytes : t.txBytes));
     }
-    this.syncs = new Counter({ name: 'natgw_syncs_total', help: 'Applies of the desired state to the kernel (changes and resyncs)', labelNames: ['outcome'], registers });
+    this.syncs = new Counter({
+      name: 'natgw_syncs_total',
+      help: 'Applies of the desired state to the kernel: kind="full" read back and repaired everything natgw owns, kind="partial" applied only a change against what natgw applied last',
+      labelNames: ['kind', 'outcome'],
+      registers,
+    });
     this.syncFailures = new Counter({ name: 'natgw_sync_failures_total', help: 'Applies that failed (nothing was changed)', registers });
     this.syncDuration = new Histogram({
       name: 'natgw_sync_duration_seconds',
@@ -53,8 +58,7 @@ export class Metrics {
     this.driftRepairs = new Counter({ name: 'natgw_drift_repairs_total', help: 'Resyncs that found the kernel differing from the desired state and repaired it', registers });
     this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
-    this.syncs.inc({ outcome: 'success' }, 0);
-    this.syncs.inc({ outcome: 'failure' }, 0);
+    for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);
     if (opts.processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'natgw_' });
   }
@@ -63,10 +67,10 @@ export class Metrics {
   observeSync(e: SyncEvent): void {
     this.syncDuration.observe(e.ms / 1000);
     if (e.ok) {
-      this.syncs.inc({ outcome: 'success' });
+      this.syncs.inc({ kind: e.kind, outcome: 'success' });
       this.setObjects(e.state);
     } else {
-      this.syncs.inc({ outcome: 'failure' });
+      this.syncs.inc({ kind: e.kind, outcome: 'failure' });
       this.syncFailures.inc();
     }
   }

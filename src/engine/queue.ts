@@ -162,9 +162,9 @@ export class ChangeBatcher {
     try {
       const { report } = await this.engine.transact(
         async (tx) => {
-          const { state, backend } = tx;
+          const { state } = tx;
           outcomes = [];
-          const initialized = batch.some((p) => p.req.guarded) ? await backend.isInitialized({ reuseForSync: true }) : true;
+          const initialized = batch.some((p) => p.req.guarded) ? await tx.initialized() : true;
           let acc = state;
           const effects: Effect[] = [];
           const seen = new Set<string>();

@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
+import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the
@@ -28,6 +29,18 @@ export async function writeFileAtomic(file: string, data: string): Promise<void>
   }
 }
 
+async function syncDir(dir: string): Promise<void> {
+  const fh = await fs.open(dir, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+const COLLECTION_SIZE = (s: DesiredState): number =>
+  s.eips.length + s.snats.length + s.dnats.length + s.fips.length + s.shareDnats.length + s.routes.length + s.eipQos.length + s.qos.length;
+
 async function readJson(file: string): Promise<unknown | undefined> {
   try {
     return JSON.parse(await fs.readFile(file, 'utf8'));
@@ -48,6 +61,28 @@ export const backendRecordSchema = z.object({
 });
 export type BackendRecord = z.infer<typeof backendRecordSchema>;
 
+/**
+ * The identity of the durable files as this process last saw them. A command may trust what
+ * it applied last only while the files are exactly as it left them: any other writer (an
+ * in-process shim run, a person, a restored backup) changes one of these.
+ */
+export interface FilesStamp {
+  readonly key: string;
+}
+
+async function statKey(file: string): Promise<string> {
+  try {
+    const st = await fs.stat(file, { bigint: true });
+    return `${st.ino}:${st.size}:${st.mtimeNs}`;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return '-';
+    throw e;
+  }
+}
+
+/** A journal grows at most this many entries before it is folded into a new snapshot. */
+const JOURNAL_MAX_ENTRIES = 2000;
+
 const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
 const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
 const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
@@ -56,6 +91,10 @@ export class StateStore {
   readonly stateFile: string;
   readonly backendFile: string;
   readonly lockTarget: string;
+  readonly journalFile: string;
+  /** sha256 of the snapshot body last loaded or written here: the journal's base. */
+  private snapshotSha: string | undefined;
+  private journalEntries = 0;
 
   constructor(
     readonly dir: string,
@@ -65,6 +104,13 @@ export class StateStore {
     this.stateFile = path.join(dir, 'state.json');
     this.backendFile = path.join(dir, 'backend.json');
     this.lockTarget = path.join(dir, 'natgw');
+    this.journalFile = path.join(dir, 'state.journal');
+  }
+
+  /** See FilesStamp. Three stat calls: cheap enough for every command. */
+  async stamp(): Promise<FilesStamp> {
+    const keys = await Promise.all([this.stateFile, this.journalFile, this.backendFile].map(statKey));
+    return { key: keys.join('|') };
   }
 
   /**
@@ -74,6 +120,14 @@ export class StateStore {
    * edited or an older format.
    */
   async load(): Promise<DesiredState | undefined> {
+    this.snapshotSha = undefined;
+    this.journalEntries = 0;
+    const snapshot = await this.loadSnapshot();
+    if (snapshot === undefined || this.snapshotSha === undefined) return snapshot;
+    return this.replayJournal(snapshot, this.snapshotSha);
+  }
+
+  private async loadSnapshot(): Promise<DesiredState | undefined> {
     let text: string;
     try {
       text = await fs.readFile(this.stateFile, 'utf8');
@@ -84,7 +138,10 @@ export class StateStore {
     const sealed = SEALED.exec(text.slice(0, SEAL_PREFIX_LEN));
     if (sealed && text.endsWith('}\n')) {
       const body = text.slice(SEAL_PREFIX_LEN, -2);
-      if (sha256(body) === sealed[1]) return JSON.parse(body) as DesiredState;
+      if (sha256(body) === sealed[1]) {
+        this.snapshotSha = sealed[1];
+        return JSON.parse(body) as DesiredState;
+      }
     }
     let raw: { state?: unknown };
     try {
@@ -108,9 +165,78 @@ export class StateStore {
     return undefined;
   }
 
+  /** Write the whole state as a new snapshot; the journal of the old one is dropped. */
   async save(state: DesiredState): Promise<void> {
     const body = JSON.stringify(state);
-    await writeFileAtomic(this.stateFile, `{"sha256":"${sha256(body)}","state":${body}}\n`);
+    const sha = sha256(body);
+    await writeFileAtomic(this.stateFile, `{"sha256":"${sha}","state":${body}}\n`);
+    this.snapshotSha = sha;
+    this.journalEntries = 0;
+    // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
+    await fs.rm(this.journalFile, { force: true });
+  }
+
+  /**
+   * Persist `after`, known to follow `before` (the state this store last loaded or wrote):
+   * one appended, fsynced journal line for a small change, a new snapshot for a large one or
+   * when the journal has grown long. Either way durable before it returns.
+   */
+  async commit(before: DesiredState, after: DesiredState): Promise<void> {
+    if (before === after) return;
+    const delta = this.snapshotSha !== undefined && this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
+    if (delta !== null && isEmptyDelta(delta)) return;
+    const total = COLLECTION_SIZE(after);
+    if (delta === null || deltaSize(delta) > Math.max(64, total / 4)) return this.save(after);
+    await this.append(delta);
+  }
+
+  private async append(delta: StateDelta): Promise<void> {
+    const payload = JSON.stringify(delta);
+    const line = `${sha256(payload)} ${payload}\n`;
+    const fresh = this.journalEntries === 0;
+    // A fresh journal names the snapshot it extends, so a journal left over from an older
+    // snapshot is never replayed onto a newer one.
+    const fh = await fs.open(this.journalFile, fresh ? 'w' : 'a', 0o600);
+    try {
+      await fh.writeFile(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line);
+      await fh.datasync();
+    } finally {
+      await fh.close();
+    }
+    if (fresh) await syncDir(this.dir);
+    this.journalEntries++;
+  }
+
+  /**
+   * Replay the journal onto its snapshot. A torn last line (a crash while appending, before
+   * the change was acknowledged) ends the replay; so does any line that does not verify.
+   */
+  private async replayJournal(snapshot: DesiredState, sha: string): Promise<DesiredState> {
+    let text: string;
+    try {
+      text = await fs.readFile(this.journalFile, 'utf8');
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return snapshot;
+      throw e;
+    }
+    const lines = text.split('\n');
+    if (lines[0] !== `{"base":"${sha}"}`) return snapshot;
+    let state = snapshot;
+    let entries = 0;
+    for (const line of lines.slice(1)) {
+      if (line === '') continue;
+      const sp = line.indexOf(' ');
+      const payload = line.slice(sp + 1);
+      if (sp !== 64 || sha256(payload) !== line.slice(0, 64)) break;
+      try {
+        state = applyDelta(state, JSON.parse(payload) as StateDelta);
+      } catch {
+        break;
+      }
+      entries++;
+    }
+    this.journalEntries = entries;
+    return state;
   }
 
   async loadBackend(): Promise<BackendRecord | undefined> {

@@ -292,8 +292,8 @@ describe('limits, auth, probes', () => {
     engine.refuse = () => new Error('no');
     await request(app).put(`/v1/dnats/${EIP},8081,tcp`).send({ internalIp: '10.0.1.6', internalPort: 80 }).expect(500);
     const m = (await request(app).get('/metrics').expect(200)).text;
-    expect(m).toMatch(/natgw_syncs_total\{outcome="success"\} 1/);
-    expect(m).toMatch(/natgw_syncs_total\{outcome="failure"\} 1/);
+    expect(m).toMatch(/natgw_syncs_total\{kind="partial",outcome="success"\} 1/);
+    expect(m).toMatch(/natgw_syncs_total\{kind="partial",outcome="failure"\} 1/);
     expect(m).toMatch(/natgw_sync_failures_total 1/);
     expect(m).toMatch(/natgw_sync_duration_seconds_count 2/);
     expect(m).toMatch(/natgw_objects\{kind="dnats"\} 1/);

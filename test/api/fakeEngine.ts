@@ -48,6 +48,7 @@ export class FakeEngine implements EngineLike {
       readBack: async () => null,
       removeAll: async () => undefined,
       versionLine: async () => 'iptables v1.8.9 (legacy)',
+      forget: () => undefined,
     };
   }
 
@@ -61,7 +62,7 @@ export class FakeEngine implements EngineLike {
     try {
       if (opts.guarded && !this.initialized) throw new NotInitializedError();
       const backend = this.backend();
-      const { state: next, effects } = await fn({ state: this.state, backend, choice: { kind: 'iptables', variant: 'legacy' } });
+      const { state: next, effects } = await fn({ state: this.state, backend, choice: { kind: 'iptables', variant: 'legacy' }, initialized: async () => this.initialized });
       this.transactions++;
       const started = performance.now();
       if (this.applyDelayMs) await new Promise((r) => setTimeout(r, this.applyDelayMs));
@@ -76,7 +77,7 @@ export class FakeEngine implements EngineLike {
       };
       const refused = this.refuse(next);
       if (refused) {
-        if (!opts.dryRun) this.onSync?.({ ok: false, ms: performance.now() - started, error: refused });
+        if (!opts.dryRun) this.onSync?.({ ok: false, kind: 'partial', ms: performance.now() - started, error: refused });
         throw refused instanceof SystemError ? refused : new SystemError(refused.message);
       }
       if (!opts.dryRun) {
@@ -84,7 +85,7 @@ export class FakeEngine implements EngineLike {
         this.lastApplied = next;
         this.generation++;
         this.effects.push(...effects);
-        this.onSync?.({ ok: true, ms: performance.now() - started, report, state: next });
+        this.onSync?.({ ok: true, kind: 'partial', ms: performance.now() - started, report, state: next });
       }
       return { state: next, report, effects };
     } finally {

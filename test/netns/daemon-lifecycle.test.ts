@@ -97,7 +97,7 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
   it('keeps an acknowledged change across kill -9 and restart, and repairs what changed meanwhile', async () => {
     ok(await api(sock, 'PUT', `/v1/dnats/${EIP},8081,tcp`, { internalIp: ADDR.vpc2, internalPort: 80 }), 'dnat 8081');
     await stopDaemon(daemon!, 'SIGKILL');
-    const saved = savedState(topo);
+    const saved = await savedState(topo);
     expect(saved.dnats).toContainEqual({ eip: EIP, port: 8081, protocol: 'tcp', internalIp: ADDR.vpc2, internalPort: 80 });
     // While no agent runs, the rules go away; the socket file stays behind, stale.
     await flushNat(topo, backend);

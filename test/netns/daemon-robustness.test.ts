@@ -113,7 +113,7 @@ describe('daemon robustness', () => {
     expect(await daemon.exited).toBe(0);
     daemon = undefined;
 
-    const saved = savedState(topo);
+    const saved = await savedState(topo);
     const ports = new Set<number>(saved.dnats.map((d: { port: number }) => d.port));
     let acknowledged = 0;
     results.forEach((r, i) => {

@@ -3,8 +3,8 @@
  * its Unix socket (from the test process: a path socket is not bound to a network
  * namespace), wait for it with polling, stop it by its own pid.
  */
+import { StateStore } from '../../src/state/store.js';
 import type { ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import type { Topology } from '../helpers/netns.js';
@@ -137,9 +137,8 @@ export function ok(r: ApiResponse, what: string): ApiResponse {
   return r;
 }
 
-/** The desired state natgw persisted (the file may wrap it with a checksum). */
+/** The desired state natgw persisted (its snapshot with the journal replayed), read as a fresh process would. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export function savedState(topo: Topology): any {
-  const doc = JSON.parse(readFileSync(join(topo.stateDir, 'state.json'), 'utf8'));
-  return doc.state ?? doc;
+export async function savedState(topo: Topology): Promise<any> {
+  return new StateStore(topo.stateDir).load();
 }

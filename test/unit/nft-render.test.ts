@@ -121,17 +121,17 @@ describe('render from nothing', () => {
   });
 
   it('fills the maps: DNAT by (eip, proto, port), FIP both ways, hairpin EIPs', () => {
-    expect(script).toContain('add element ip natgw port_dnat { 172.20.0.10 . tcp . 80 : 10.0.1.6 . 8080, 172.20.0.10 . udp . 53 : 10.0.1.7 . 53 }');
+    expect(script).toContain('add element ip natgw port_dnat { 172.20.0.10 . udp . 53 : 10.0.1.7 . 53, 172.20.0.10 . tcp . 80 : 10.0.1.6 . 8080 }');
     expect(script).toContain('add element ip6 natgw port_dnat { fd00:20::10 . tcp . 443 : fd00:1::6 . 8443 }');
     expect(script).toContain('add element ip natgw fip_dnat { 172.20.0.11 : 10.0.1.7, 172.20.0.12 : 10.0.1.7 }');
     expect(script).toContain('add element ip natgw hairpin_eips { 172.20.0.10, 172.20.0.11 }');
     expect(script).toContain('add element ip6 natgw hairpin_eips { fd00:20::10 }');
   });
 
-  it('binds an internal IP bound by several EIPs to the FIRST one for SNAT', () => {
+  it('binds an internal IP bound by several EIPs to the lowest of them for SNAT, whatever their order', () => {
     expect(script).toContain('add element ip natgw fip_snat { 10.0.1.7 : 172.20.0.11 }');
     const swapped = renderNatgw({ ...WANT, fips: [...WANT.fips].reverse() }, { ip: null, ip6: null });
-    expect(lines(swapped.script)).toContain('add element ip natgw fip_snat { 10.0.1.7 : 172.20.0.12 }');
+    expect(lines(swapped.script)).toContain('add element ip natgw fip_snat { 10.0.1.7 : 172.20.0.11 }');
   });
 
   it('orders the base chains as the script does: FIP before DNAT, FIP SNAT before shared SNAT before hairpin', () => {

@@ -14,20 +14,46 @@ export interface NatTables {
   readonly fips: readonly Fip[];
 }
 
+/** The NAT part of the desired state, as it stands (no copy: a partial sync diffs by reference). */
+export function natTablesOf(s: DesiredState): NatTables {
+  return {
+    vpcIf: s.interfaces.vpc,
+    extIf: s.interfaces.ext,
+    eips: s.eips.map((e) => e.address),
+    snats: s.snats,
+    dnats: s.dnats,
+    fips: s.fips,
+  };
+}
+
 /**
  * Rules whose identities cannot overlap are put in a canonical order, so the kernel ends up
  * byte-identical whatever order the controller's redo sends them in. SNAT keeps its
  * semantic order (longest prefix first, then first come). Floating IPs sharing an internal IP
  * resolve to the lowest EIP for outbound traffic, again independent of arrival order.
  */
-export function natTablesOf(s: DesiredState): NatTables {
+export function canonicalOrder(t: NatTables): NatTables {
+  const key = memoKey();
   return {
-    vpcIf: s.interfaces.vpc,
-    extIf: s.interfaces.ext,
-    eips: s.eips.map((e) => e.address).sort(compareIp),
-    snats: s.snats,
-    dnats: [...s.dnats].sort((a, b) => compareIp(a.eip, b.eip) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
-    fips: [...s.fips].sort((a, b) => compareIp(a.eip, b.eip)),
+    ...t,
+    eips: [...t.eips].sort((a, b) => cmp(key(a), key(b))),
+    dnats: [...t.dnats].sort((a, b) => cmp(key(a.eip), key(b.eip)) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
+    fips: [...t.fips].sort((a, b) => cmp(key(a.eip), key(b.eip))),
+  };
+}
+
+const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
+
+/** Sort keys computed once per address, not once per comparison. */
+function memoKey(): (ip: string) => string {
+  const keys = new Map<string, string>();
+  return (ip) => {
+    let k = keys.get(ip);
+    if (k === undefined) {
+      k = ipSortKey(ip);
+      keys.set(ip, k);
+    }
+    return k;
   };
 }
 
@@ -81,6 +107,8 @@ export interface NetfilterBackend {
   sync(want: NatTables, opts?: SyncOptions): Promise<SyncReport>;
   /** What natgw's objects hold now (adoption after a lost state file); null when it owns nothing. */
   readBack(): Promise<NatTables | null>;
+  /** Drop the view kept from the last apply: the next sync reads the kernel back. */
+  forget(): void;
   /** Remove every object this backend owns (backend switch). */
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */

@@ -1,10 +1,10 @@
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../../../system/exec.js';
-import { SystemError } from '../../../model/errors.js';
+import { ToolError } from '../../../model/errors.js';
 import { familyOf, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
-import { desiredTables, planTable, renderRestore, type TableName } from './plan.js';
+import { desiredTables, planTable, renderRestore, savedAfter, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 
@@ -53,6 +53,16 @@ export class IptablesBackend implements NetfilterBackend {
     private readonly log?: Logger,
   ) {}
 
+  /**
+   * natgw's tables as this backend left them (`family/table` → the save form): a partial sync
+   * plans against these instead of running iptables-save.
+   */
+  private view = new Map<string, SavedTable>();
+
+  forget(): void {
+    this.view.clear();
+  }
+
   /** The IPv4 nat table the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; table: SavedTable } | undefined;
 
@@ -65,7 +75,7 @@ export class IptablesBackend implements NetfilterBackend {
     const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
     // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
     if (r.exitCode !== 0 && family === 6) return emptyTable;
-    if (r.exitCode !== 0) throw new SystemError(`Error: ${r.command} failed: ${r.stderr.trim()}`);
+    if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
     return parseSave(r.stdout);
   }
 
@@ -76,6 +86,21 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+    try {
+      return await this.syncBoth(want, opts);
+    } catch (e) {
+      this.view.clear();
+      throw e;
+    }
+  }
+
+  /** The table as the last apply left it (partial), else as iptables-save shows it now. */
+  private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
+    const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;
+    return trusted ?? this.read(table, family);
+  }
+
+  private async syncBoth(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const v6 = ofFamily(want, 6);
     const [v4Report, v6Report] = await Promise.all([
       this.syncFamily(4, ofFamily(want, 4), opts),
@@ -86,16 +111,20 @@ export class IptablesBackend implements NetfilterBackend {
 
   private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
-    const have = await Promise.all(TABLES.map((t) => this.read(t, family)));
+    const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
     let script = '';
     let changes = 0;
     for (const [i, table] of TABLES.entries()) {
-      const plan = planTable(have[i] ?? emptyTable, desired[table]);
+      const before = have[i] ?? emptyTable;
+      const plan = planTable(before, desired[table]);
       const text = renderRestore(table, plan);
+      if (!opts.dryRun) {
+        if (text !== '') await this.restore(family, table, text);
+        this.view.set(`${family}/${table}`, savedAfter(before, desired[table]));
+      }
       if (text === '') continue;
       changes += plan.changes;
       script += text;
-      if (!opts.dryRun) await this.restore(family, table, text);
     }
     return { changes, script };
   }
@@ -105,7 +134,7 @@ export class IptablesBackend implements NetfilterBackend {
     const tool = toolsFor(this.variant, family).restore;
     const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
     if (r.exitCode !== 0) {
-      throw new SystemError(`Error: ${tool} rejected the ${table} table transaction: ${r.stderr.trim() || r.stdout.trim()}`);
+      throw new ToolError(`${tool} --noflush`, `the ${table} table transaction`, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
     }
     this.log?.debug({ family, table }, 'iptables transaction applied');
   }
@@ -126,6 +155,7 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async removeAll(): Promise<void> {
+    this.view.clear();
     await this.removeFamily(4, {});
     await this.removeFamily(6, {});
   }
@@ -136,7 +166,7 @@ export class IptablesBackend implements NetfilterBackend {
     let script = '';
     let changes = 0;
     for (const table of TABLES) {
-      const have = await this.read(table, family);
+      const have = await this.have(table, family, opts);
       const lines: string[] = [];
       for (const [builtin, jump] of skeleton[table].jumps) {
         for (const r of have.rules.get(builtin) ?? []) if (r === jump) lines.push(`-D ${builtin} ${jump}`);
@@ -151,6 +181,7 @@ export class IptablesBackend implements NetfilterBackend {
       script += text;
       if (!opts.dryRun) await this.restore(family, table, text);
     }
+    if (!opts.dryRun) for (const table of TABLES) this.view.set(`${family}/${table}`, emptyTable);
     return { changes, script };
   }
 

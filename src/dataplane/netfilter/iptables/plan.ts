@@ -1,4 +1,5 @@
-import type { NatTables } from '../backend.js';
+import { canonicalOrder, type NatTables } from '../backend.js';
+import type { Dnat, Fip } from '../../../model/rules.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpec, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
@@ -17,13 +18,29 @@ export interface TableWant {
   readonly jumps: ReadonlyMap<string, string>;
 }
 
-export function desiredTables(want: NatTables): Record<TableName, TableWant> {
+// Rule objects are immutable and kept across states, so their text is rendered once: a
+// command at ten thousand rules then costs lookups, not string building.
+const fipDnatCache = new WeakMap<Fip, string>();
+const fipSnatCache = new WeakMap<Fip, string>();
+const dnatCache = new WeakMap<Dnat, string>();
+
+function memo<T extends object>(cache: WeakMap<T, string>, o: T, render: (o: T) => string): string {
+  let v = cache.get(o);
+  if (v === undefined) {
+    v = render(o);
+    cache.set(o, v);
+  }
+  return v;
+}
+
+export function desiredTables(given: NatTables): Record<TableName, TableWant> {
+  const want = canonicalOrder(given);
   const nat = new Map<string, string[]>([
     [CHAINS.dnatFilter, [`-j ${CHAINS.exclusiveDnat}`, `-j ${CHAINS.sharedDnat}`]],
     [CHAINS.snatFilter, [`-j ${CHAINS.exclusiveSnat}`, `-j ${CHAINS.sharedSnat}`, `-j ${CHAINS.hairpinSnat}`]],
-    [CHAINS.exclusiveDnat, want.fips.map(fipDnatSpec)],
-    [CHAINS.exclusiveSnat, want.fips.map(fipSnatSpec)],
-    [CHAINS.sharedDnat, want.dnats.map(dnatSpec)],
+    [CHAINS.exclusiveDnat, want.fips.map((f) => memo(fipDnatCache, f, fipDnatSpec))],
+    [CHAINS.exclusiveSnat, want.fips.map((f) => memo(fipSnatCache, f, fipSnatSpec))],
+    [CHAINS.sharedDnat, want.dnats.map((d) => memo(dnatCache, d, dnatSpec))],
     [CHAINS.sharedSnat, want.snats.map((s) => snatSpec(s, want.extIf))],
     [CHAINS.hairpinSnat, want.eips.map((e) => hairpinSpec(e, want.vpcIf))],
   ]);
@@ -128,6 +145,26 @@ function isSubsequence(sub: readonly string[], of: readonly string[]): boolean {
   let i = 0;
   for (const x of of) if (i < sub.length && sub[i] === x) i++;
   return i === sub.length;
+}
+
+/**
+ * PURE: the table as it stands after `planTable(have, want)` was applied — natgw's chains hold
+ * exactly their rules, each built-in chain natgw hooks holds its jump once. Only what natgw
+ * plans against is kept (other owners' chains stay as they were seen).
+ */
+export function savedAfter(have: SavedTable, want: TableWant): SavedTable {
+  const chains = new Set(have.chains);
+  const rules = new Map(have.rules);
+  for (const [chain, list] of want.owned) {
+    chains.add(chain);
+    rules.set(chain, list);
+  }
+  for (const [builtin, jump] of want.jumps) {
+    const list = rules.get(builtin) ?? [];
+    const first = list.indexOf(jump);
+    rules.set(builtin, first === -1 ? [...list, jump] : list.filter((r, i) => r !== jump || i === first));
+  }
+  return { chains, rules };
 }
 
 export function renderRestore(table: TableName, plan: TablePlan): string {

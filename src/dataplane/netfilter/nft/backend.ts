@@ -4,28 +4,15 @@
  * Everything it owns lives in `table ip natgw` (and `table ip6 natgw` while IPv6 objects exist).
  */
 import type { Logger } from 'pino';
-import { NatgwError } from '../../../model/errors.js';
+import { ToolError } from '../../../model/errors.js';
 import type { ExecResult, Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, parseTableListing, type NatgwKernel, type NftTableDump } from './readback.js';
-import { NATGW_TABLE, NFT_FAMILIES, renderNatgw, renderRemoveAll, type NftFamily } from './render.js';
+import { NATGW_TABLE, NFT_FAMILIES, needsFamily, renderNatgw, renderRemoveAll, type NftFamily } from './render.js';
+import { renderPartial, type NftView } from './partial.js';
 
-/** nft refused a listing or a transaction. A refused transaction changed nothing (atomic). */
-export class NftError extends NatgwError {
-  override readonly name = 'NftError';
-  constructor(
-    readonly command: string,
-    readonly stderr: string,
-    /** The script nft refused, when there was one. */
-    readonly script?: string,
-  ) {
-    super('system', `${command} failed: ${firstLine(stderr) || 'no error text'}`, 'stderr');
-  }
-}
-
-function firstLine(s: string): string {
-  return s.trim().split('\n')[0] ?? '';
-}
+/** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
+export { ToolError as NftError } from '../../../model/errors.js';
 
 /** `nft` answers a listing of an absent table with ENOENT's text. */
 function isMissingTable(r: ExecResult): boolean {
@@ -37,14 +24,14 @@ export async function listTable(exec: Executor, family: string, table: string): 
   const args = ['-j', 'list', 'table', family, table];
   const r = await exec.run({ file: 'nft', args });
   if (isMissingTable(r)) return null;
-  if (r.exitCode !== 0) throw new NftError(`nft ${args.join(' ')}`, r.stderr);
+  if (r.exitCode !== 0) throw new ToolError(`nft ${args.join(' ')}`, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
   return parseTableListing(r.stdout, family, table);
 }
 
 /** Apply a script as one transaction (`nft -f -`). */
 export async function applyScript(exec: Executor, script: string): Promise<void> {
   const r = await exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-  if (r.exitCode !== 0) throw new NftError('nft -f -', r.stderr, script);
+  if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
 }
 
 /**
@@ -56,6 +43,11 @@ export async function applyScript(exec: Executor, script: string): Promise<void>
 export const FALLBACK_VERSION_LINE = 'iptables v1.8.9 (natgw-nftables)';
 const VERSION_LINE = /^iptables v\d+(\.\d+)+/;
 const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
+
+/** The kernel as a successful apply of `t` left it. */
+function viewOf(t: NatTables): NftView {
+  return { tables: t, families: new Set(NFT_FAMILIES.filter((f) => needsFamily(t, f))) };
+}
 
 export class NftBackend implements NetfilterBackend {
   readonly kind = 'nftables' as const;
@@ -83,23 +75,56 @@ export class NftBackend implements NetfilterBackend {
     return hasSkeleton(dump);
   }
 
+  /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
+  private view: NftView | undefined;
+
+  forget(): void {
+    this.view = undefined;
+  }
+
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+    if (opts.mode === 'partial' && this.view) {
+      const plan = renderPartial(this.view, want);
+      if (plan) {
+        if (plan.script === '' || opts.dryRun) return plan;
+        try {
+          await applyScript(this.exec, plan.script);
+        } catch (e) {
+          this.view = undefined;
+          throw e;
+        }
+        this.view = viewOf(want);
+        this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
+        return plan;
+      }
+      this.log?.info('nftables: a structural change needs a full sync');
+    }
+    return this.fullSync(want, opts);
+  }
+
+  private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const plan = renderNatgw(want, await this.kernel());
-    if (plan.script === '' || opts.dryRun) return plan;
+    if (opts.dryRun) return plan;
+    if (plan.script === '') {
+      this.view = viewOf(want);
+      return plan;
+    }
+    this.view = undefined;
     try {
       await applyScript(this.exec, plan.script);
     } catch (err) {
       // Handles in the script come from the read-back; another writer may have moved them
       // since. Render once more against a fresh read-back before giving up.
-      if (!(err instanceof NftError)) throw err;
+      if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
       const again = renderNatgw(want, await this.kernel());
-      if (again.script === '') return again;
-      await applyScript(this.exec, again.script);
+      if (again.script !== '') await applyScript(this.exec, again.script);
+      this.view = viewOf(want);
       this.log?.info({ changes: again.changes }, 'nftables synced');
       this.log?.debug({ script: again.script }, 'nft script');
       return again;
     }
+    this.view = viewOf(want);
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
     return plan;
@@ -110,6 +135,7 @@ export class NftBackend implements NetfilterBackend {
   }
 
   async removeAll(): Promise<void> {
+    this.view = undefined;
     const script = renderRemoveAll(await this.kernel());
     if (script !== '') await applyScript(this.exec, script);
   }

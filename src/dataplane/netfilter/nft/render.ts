@@ -45,7 +45,7 @@
 import { NatgwError } from '../../../model/errors.js';
 import { familyOf, parseCidr } from '../../../model/net.js';
 import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
-import type { NatTables } from '../backend.js';
+import { canonicalOrder, type NatTables } from '../backend.js';
 import type {
   NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
 } from './types.js';
@@ -201,7 +201,7 @@ export interface FamilySpec {
   readonly chains: readonly ChainSpec[];
 }
 
-const famOf = (ip: string): NftFamily => (familyOf(ip) === 4 ? 'ip' : 'ip6');
+export const famOf = (ip: string): NftFamily => (familyOf(ip) === 4 ? 'ip' : 'ip6');
 
 function checkSameFamily(what: string, a: string, b: string): void {
   if (famOf(a) !== famOf(b)) throw new NftRenderError(`${what}: ${a} and ${b} are not of the same IP family`);
@@ -218,7 +218,7 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
   });
 }
 
-function needsFamily(want: NatTables, fam: NftFamily): boolean {
+export function needsFamily(want: NatTables, fam: NftFamily): boolean {
   if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
   return (
     want.eips.some((e) => famOf(e) === fam) ||
@@ -229,8 +229,9 @@ function needsFamily(want: NatTables, fam: NftFamily): boolean {
 }
 
 /** What one family's table must hold for `want`; null when the family needs no table. */
-export function desiredFamily(want: NatTables, fam: NftFamily): FamilySpec | null {
-  if (!needsFamily(want, fam)) return null;
+export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
+  if (!needsFamily(given, fam)) return null;
+  const want = canonicalOrder(given);
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const mine = <T>(items: readonly T[], ip: (t: T) => string): T[] => items.filter((t) => famOf(ip(t)) === fam);
 

@@ -1,0 +1,42 @@
+import type { DesiredState } from './state.js';
+import { COLLECTIONS } from './delta.js';
+
+/**
+ * PURE: `next` with every object that equals one of `current` replaced by that very object, and
+ * every collection that ends up element-for-element the same replaced by `current`'s array.
+ *
+ * A declarative document (`PUT /v1/state`) arrives as new objects even where nothing changed;
+ * the partial sync and the journal find changes by reference, so without this a state written
+ * back unchanged would delete and re-add every rule.
+ */
+export function internState(current: DesiredState, next: DesiredState): DesiredState {
+  const out: Record<string, unknown> = { ...next };
+  for (const k of COLLECTIONS) {
+    const have = current[k] as readonly object[];
+    const want = next[k] as readonly object[];
+    if (have === want) continue;
+    const byText = new Map<string, object>();
+    for (const o of have) byText.set(canonical(o), o);
+    const interned = want.map((o) => byText.get(canonical(o)) ?? o);
+    const same = interned.length === have.length && interned.every((o, i) => o === have[i]);
+    out[k] = same ? have : interned;
+  }
+  for (const k of ['interfaces', 'defaultRoutes'] as const) {
+    if (canonical(current[k]) === canonical(next[k])) out[k] = current[k];
+  }
+  return out as DesiredState;
+}
+
+/** JSON with keys sorted: equal values give equal text whatever order their keys were built in. */
+function canonical(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o)
+      .filter((k) => o[k] !== undefined)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonical(o[k])}`)
+      .join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
