@@ -140,6 +140,17 @@ export class EipCounters {
     }
   }
 
+  /**
+   * The change as nft commands for another transaction to carry (the nftables backend's, so a
+   * command runs one process), when the kept view is trusted; `done` once that transaction
+   * succeeded. Undefined without a view: then sync() reads and applies on its own.
+   */
+  foldable(eips: readonly string[]): { script: string; done: () => void } | undefined {
+    const have = this.trusted;
+    if (have === undefined) return undefined;
+    return { script: renderAccountingChange(have, eips), done: () => (this.trusted = new Set(eips)) };
+  }
+
   /** Stop trusting the kept view: the next sync reads the table back. */
   forget(): void {
     this.trusted = undefined;

@@ -5,14 +5,16 @@ import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
-import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
+import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { LinkManager } from '../dataplane/link.js';
 import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
 import { EipCounters } from '../dataplane/eipCounters.js';
-import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
+import type { BackendChoice } from './backendSelect.js';
+import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
+import { linkPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
 /** Conntrack flushes run side by side, this many at a time. */
 const FLUSH_PARALLELISM = 8;
@@ -83,12 +85,10 @@ export class Engine {
   readonly conntrack: Conntrack;
   readonly qos: QosManager;
   readonly eipCounters: EipCounters;
-  private readonly probe: BackendProbe;
+  readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
   private trusted: Trusted | undefined;
-  /** One backend object per choice: each keeps the view it last applied (partial syncs plan against it). */
-  private readonly backends = new Map<string, NetfilterBackend>();
   generation = 0;
   /** Observer of every apply (the daemon's metrics and readiness); unset in a shim run. */
   onSync?: (e: SyncEvent) => void;
@@ -104,7 +104,7 @@ export class Engine {
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
     this.eipCounters = new EipCounters(deps.exec, deps.log);
-    this.probe = new BackendProbe(deps.exec);
+    this.backends = new BackendSwitch({ ...deps, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
   get config(): Config {
@@ -116,19 +116,8 @@ export class Engine {
   }
 
   /** The backend without taking the lock or recording anything (get-iptables-version). */
-  async peekBackend(): Promise<NetfilterBackend> {
-    const choice = await decideBackend(this.config, await this.store.loadBackend(), this.probe);
-    return this.backendFor(choice);
-  }
-
-  private backendFor(choice: BackendChoice): NetfilterBackend {
-    const key = `${choice.kind}/${choice.variant ?? ''}`;
-    let b = this.backends.get(key);
-    if (!b) {
-      b = instantiate(choice, this.deps.exec, this.log);
-      this.backends.set(key, b);
-    }
-    return b;
+  peekBackend(): Promise<NetfilterBackend> {
+    return this.backends.peek();
   }
 
   /**
@@ -137,75 +126,11 @@ export class Engine {
    */
   distrust(): void {
     this.trusted = undefined;
-    for (const b of this.backends.values()) b.forget();
+    this.backends.forgetAll();
     this.link.forget();
     this.shareDnat.forget();
     this.qos.forget();
     this.eipCounters.forget();
-  }
-
-  /**
-   * Resolve the backend under the lock: record the choice, and carry out a switch (prepare
-   * and fill the new backend, then remove the old one's objects; a failed removal stays
-   * recorded as pendingCleanup and is retried by the next transaction).
-   *
-   * The backend switched from is the recorded one, or, with no record (the state dir was lost
-   * with the container, or the script ran here before), whichever other backend holds natgw's
-   * objects. Without a state file the new backend is filled with what the old one holds, and
-   * that adopted state is returned for the transaction to build on.
-   */
-  private async resolveBackend(
-    state: DesiredState | undefined,
-  ): Promise<{ backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState }> {
-    const record = await this.store.loadBackend();
-    const choice = await decideBackend(this.config, record, this.probe);
-    const backend = this.backendFor(choice);
-    const previous: BackendChoice | undefined = record
-      ? { kind: record.kind, variant: record.variant }
-      : await ownedElsewhere(this.probe, choice);
-    let pending: BackendChoice | undefined = record?.pendingCleanup;
-    let adopted: DesiredState | undefined;
-    if (previous && !sameChoice(previous, choice)) {
-      this.log.info({ from: previous, to: choice }, 'switching netfilter backend');
-      if (!state) {
-        adopted = await adoptState(this, instantiate(previous, this.deps.exec, this.log));
-        if (adopted) this.log.info('no state file: adopted the rules natgw owns from the backend switched from');
-      }
-      const fill = state ?? adopted;
-      if (fill?.initialized) await backend.sync(natTablesOf(fill));
-      // An earlier switch's cleanup that is still pending is not forgotten: it is tried now,
-      // and whatever it leaves is found again by the read-back after the next cleanup.
-      if (pending && !sameChoice(pending, choice) && !sameChoice(pending, previous)) {
-        await this.removeBackend(pending);
-      }
-      pending = previous;
-      await this.store.saveBackend({ ...choice, pendingCleanup: pending });
-    } else if (!record) {
-      await this.store.saveBackend(choice);
-    }
-    if (pending && !sameChoice(pending, choice)) {
-      if (await this.removeBackend(pending)) {
-        // Anything natgw still owns outside the chosen backend (a cleanup an earlier switch
-        // could not finish) becomes the next pending cleanup: two backends never stay mixed.
-        const left = await ownedElsewhere(this.probe, choice);
-        await this.store.saveBackend(left ? { ...choice, pendingCleanup: left } : choice);
-      }
-    } else if (pending) {
-      await this.store.saveBackend(choice);
-    }
-    return { backend, choice, ...(adopted ? { adopted } : {}) };
-  }
-
-  /** Remove an old backend's objects; false (logged, retried later) when that fails. */
-  private async removeBackend(old: BackendChoice): Promise<boolean> {
-    try {
-      await instantiate(old, this.deps.exec, this.log).removeAll();
-      this.log.info({ removed: old }, 'old netfilter backend cleaned');
-      return true;
-    } catch (e) {
-      this.log.warn({ err: e, pending: old }, 'old backend not cleaned yet; will retry');
-      return false;
-    }
   }
 
   /** What natgw owns in the kernel (no state file survived), or an empty state. */
@@ -248,7 +173,7 @@ export class Engine {
       } else {
         this.trusted = undefined;
         const saved = await this.store.load();
-        const resolved = await this.resolveBackend(saved);
+        const resolved = await this.backends.resolve(saved);
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
@@ -290,9 +215,15 @@ export class Engine {
     });
   }
 
+  /** The parts in the order they are applied: NAT before the addresses it translates go up. */
+  private parts(backend: NetfilterBackend): readonly Part[] {
+    return [netfilterPart(backend, this.eipCounters, this.log), shareDnatPart(this.shareDnat), linkPart(this.link), qosPart(this.qos)];
+  }
+
   /**
-   * Make the kernel hold `want`. Netfilter first, so NAT is in place before addresses go up.
-   * In a partial sync a part whose inputs did not change is not touched at all.
+   * Make the kernel hold `want`, part by part. In a partial sync a part whose inputs did not
+   * change is not touched at all. When a part fails, the parts already applied are put back as
+   * they were (synced to `previous`, in reverse order), so a failed change stays all-or-nothing.
    */
   async reconcile(
     want: DesiredState,
@@ -301,52 +232,40 @@ export class Engine {
     opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
-    const partial = mode === 'partial' && previous !== undefined;
-    const same = <K extends keyof DesiredState>(...keys: K[]): boolean => partial && keys.every((k) => want[k] === previous[k]);
+    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0 };
     const notes: string[] = [];
     let script = '';
-    let netfilterChanges = 0;
-    const linkSame = same('eips', 'routes', 'defaultRoutes', 'interfaces');
-    // Addresses and routes are read while netfilter is being synced: independent, and each
-    // process spawn is a noticeable part of a command's time.
-    const linkView = linkSame || mode === 'partial' ? undefined : this.link.view(want);
-    linkView?.catch(() => undefined);
-    // Per-EIP accounting runs alongside; it never fails a change (EipCounters logs and retries).
-    const accounting =
-      want.initialized && !opts.dryRun && !same('eips') ? this.eipCounters.sync(want.eips.map((e) => e.address), { mode }) : undefined;
-    if (want.initialized && !same('eips', 'snats', 'dnats', 'fips', 'interfaces')) {
-      const nf = await backend.sync(natTablesOf(want), { dryRun: opts.dryRun, mode });
-      netfilterChanges = nf.changes;
-      script += nf.script;
-    }
-    let shareDnatChanges = 0;
-    if ((want.shareDnats.length > 0 || (previous?.shareDnats.length ?? 0) > 0) && !same('shareDnats')) {
-      const sd = await this.shareDnat.sync(want.shareDnats, { dryRun: opts.dryRun, mode });
-      shareDnatChanges = sd.changes;
-      script += sd.script;
-    }
-    let linkChanges = 0;
-    if (!linkSame) {
+    const applied: Part[] = [];
+    for (const part of this.parts(backend)) {
+      if (part.name === 'qos' && !opts.qos) continue;
+      if (!part.concerns(want, previous)) continue;
+      if (mode === 'partial' && previous && part.inputs.every((k) => want[k] === previous[k])) continue;
       try {
-        const view = await linkView;
-        const l = await this.link.sync(want, previous, { dryRun: opts.dryRun, mode, ...(view ? { view } : {}) });
-        linkChanges = l.changes;
-        script += l.script;
+        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
+        applied.push(part);
+        changes[part.name] = r.changes;
+        script += r.script;
+        notes.push(...r.notes);
       } catch (e) {
-        // Put netfilter back as it was, so a failed change stays all-or-nothing.
-        if (previous?.initialized && !opts.dryRun) await backend.sync(natTablesOf(previous), { mode }).catch(() => undefined);
+        if (!opts.dryRun) await this.rollBack(applied, previous, want, mode);
         throw e;
       }
     }
-    let qosChanges = 0;
-    const hasQos = want.eipQos.length > 0 || want.qos.length > 0 || (previous?.eipQos.length ?? 0) > 0 || (previous?.qos.length ?? 0) > 0;
-    if (opts.qos && hasQos && !same('eipQos', 'qos', 'interfaces')) {
-      const q = await this.qos.sync(want, { dryRun: opts.dryRun, mode });
-      qosChanges = q.changes;
-      notes.push(...q.notes);
+    return { netfilterChanges: changes.netfilter, shareDnatChanges: changes.shareDnat, linkChanges: changes.link, qosChanges: changes.qos, script, notes };
+  }
+
+  private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
+    if (!previous) return;
+    for (const part of [...applied].reverse()) {
+      if (!part.concerns(previous, from)) continue;
+      try {
+        await part.sync(previous, from, { mode });
+        this.log.info({ part: part.name }, 'put back as it was before the failed change');
+      } catch (e) {
+        // The part's view is gone with the failure; the full sync that follows repairs it.
+        this.log.error({ err: e, part: part.name }, 'could not put back a part of a failed change; the next full sync repairs it');
+      }
     }
-    await accounting;
-    return { netfilterChanges, shareDnatChanges, linkChanges, qosChanges, script, notes };
   }
 
   /**

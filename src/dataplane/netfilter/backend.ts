@@ -74,6 +74,8 @@ export interface SyncReport {
   readonly changes: number;
   /** The script that was (or, in a dry run, would be) applied; empty when nothing changed. */
   readonly script: string;
+  /** SyncOptions.append ran in this sync's transaction. */
+  readonly appended?: boolean;
 }
 
 /**
@@ -89,6 +91,11 @@ export interface SyncOptions {
   readonly dryRun?: boolean;
   /** Default `full`. */
   readonly mode?: SyncMode;
+  /**
+   * nft commands of another natgw table to run in the same transaction (the accounting sets):
+   * honoured by the nftables backend in a partial sync only, which then reports `appended`.
+   */
+  readonly append?: string;
 }
 
 /**

@@ -86,16 +86,18 @@ export class NftBackend implements NetfilterBackend {
     if (opts.mode === 'partial' && this.view) {
       const plan = renderPartial(this.view, want);
       if (plan) {
-        if (plan.script === '' || opts.dryRun) return plan;
+        if (opts.dryRun) return plan;
+        const script = plan.script + (opts.append ?? '');
+        if (script === '') return plan;
         try {
-          await applyScript(this.exec, plan.script);
+          await applyScript(this.exec, script);
         } catch (e) {
           this.view = undefined;
           throw e;
         }
         this.view = viewOf(want);
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
-        return plan;
+        return { ...plan, appended: opts.append !== undefined };
       }
       this.log?.info('nftables: a structural change needs a full sync');
     }

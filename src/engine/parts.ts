@@ -1,0 +1,102 @@
+import type { Logger } from 'pino';
+import type { DesiredState } from '../state/state.js';
+import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
+import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
+import type { LinkManager } from '../dataplane/link.js';
+import type { QosManager } from '../dataplane/qos/manager.js';
+import type { EipCounters } from '../dataplane/eipCounters.js';
+
+/**
+ * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
+ * and the state natgw applied before, in a full or a partial sync, make the kernel hold it
+ * (reading back only in a full sync) and say what changed. The engine's reconcile is a loop
+ * over these, in order; a part knows nothing of the others.
+ */
+export type PartName = 'netfilter' | 'shareDnat' | 'link' | 'qos';
+
+export interface PartResult {
+  readonly changes: number;
+  /** What was (or, in a dry run, would be) applied, as the tool's own script text. */
+  readonly script: string;
+  readonly notes: readonly string[];
+}
+
+export interface PartSync {
+  readonly mode: SyncMode;
+  readonly dryRun?: boolean;
+}
+
+export interface Part {
+  readonly name: PartName;
+  /** The fields of the desired state this part renders: a partial sync skips it when none changed. */
+  readonly inputs: readonly (keyof DesiredState)[];
+  /** Whether this part has anything to hold for `want` (or to remove, given `from`). */
+  concerns(want: DesiredState, from: DesiredState | undefined): boolean;
+  /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
+  sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
+}
+
+const none: readonly string[] = [];
+
+/**
+ * NAT rules, with the per-EIP accounting folded into the same nft transaction where the
+ * backend is nftables and the accounting view is trusted: one process per command. Otherwise
+ * the accounting is synced on its own (it never fails a change; EipCounters logs and retries).
+ */
+export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, log: Logger): Part {
+  return {
+    name: 'netfilter',
+    inputs: ['eips', 'snats', 'dnats', 'fips', 'interfaces'],
+    concerns: (want) => want.initialized,
+    async sync(want, from, opts) {
+      const eips = want.eips.map((e) => e.address);
+      // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
+      const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
+      const fold = counting && backend.kind === 'nftables' && opts.mode === 'partial' ? counters.foldable(eips) : undefined;
+      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(fold ? { append: fold.script } : {}) });
+      if (fold && r.appended) fold.done();
+      else if (counting) {
+        log.debug('per-EIP accounting synced on its own');
+        await counters.sync(eips, { mode: opts.mode });
+      }
+      return { changes: r.changes, script: r.script, notes: none };
+    },
+  };
+}
+
+export function shareDnatPart(table: ShareDnatTable): Part {
+  return {
+    name: 'shareDnat',
+    inputs: ['shareDnats'],
+    concerns: (want, from) => want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0,
+    async sync(want, _from, opts) {
+      const r = await table.sync(want.shareDnats, opts);
+      return { changes: r.changes, script: r.script, notes: none };
+    },
+  };
+}
+
+export function linkPart(link: LinkManager): Part {
+  return {
+    name: 'link',
+    inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
+    concerns: () => true,
+    async sync(want, from, opts) {
+      const r = await link.sync(want, from, opts);
+      return { changes: r.changes, script: r.script, notes: none };
+    },
+  };
+}
+
+export function qosPart(qos: QosManager): Part {
+  const has = (s: DesiredState | undefined) => (s?.eipQos.length ?? 0) > 0 || (s?.qos.length ?? 0) > 0;
+  return {
+    name: 'qos',
+    inputs: ['eipQos', 'qos', 'interfaces'],
+    concerns: (want, from) => has(want) || has(from),
+    async sync(want, _from, opts) {
+      const r = await qos.sync(want, opts);
+      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
+    },
+  };
+}
