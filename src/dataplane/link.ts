@@ -1,7 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
-import { SystemError } from '../model/errors.js';
+import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
@@ -358,7 +358,7 @@ export class LinkManager {
     if (r.exitCode !== 0) {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is somewhere in between.
       this.forget();
-      throw new SystemError(`Error: ip rejected an address or route change: ${r.stderr.trim().split('\n')[0] ?? ''}`);
+      throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
     }
     const after = linkViewAfter(have, ops);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.

@@ -208,7 +208,10 @@ export class Engine {
         this.lastApplied = next;
         this.generation++;
         this.onSync?.({ ok: true, kind, ms: performance.now() - started, report, state: next });
-        this.log.debug({ kind, ms: Math.round(performance.now() - started) }, 'sync');
+        // Full syncs are rare and say why the kernel was read back; partial ones are every command.
+        const line = { kind, ms: Math.round(performance.now() - started), changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges };
+        if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
+        else this.log.debug(line, 'partial sync');
         await this.runEffects(next, effects);
       }
       return { state: next, report, effects };

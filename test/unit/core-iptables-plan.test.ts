@@ -569,3 +569,22 @@ describe('parseSave', () => {
     expect(t.rules.get('A')).toEqual(['-j RETURN']);
   });
 });
+
+describe('planChain on long chains', () => {
+  const rules = (from: number, n: number) => Array.from({ length: n }, (_, i) => `-s 10.${(from + i) >> 8}.${(from + i) & 255}.0/24 -j SNAT --to-source 1.2.3.4`);
+
+  it('rewrites a long chain most of whose rules go (one flush, then appends)', () => {
+    const plan = planChain('SHARED_SNAT', rules(0, 200), rules(1000, 200));
+    expect(plan.lines[0]).toBe('-F SHARED_SNAT');
+    expect(plan.lines.slice(1)).toEqual(rules(1000, 200).map((r) => `-A SHARED_SNAT ${r}`));
+  });
+
+  it('keeps element-level edits when a few rules of a long chain change', () => {
+    const have = rules(0, 200);
+    const want = [...have.slice(0, 100), ...have.slice(110), ...rules(5000, 3)];
+    const plan = planChain('SHARED_SNAT', have, want);
+    expect(plan.lines).not.toContain('-F SHARED_SNAT');
+    expect(plan.lines.filter((l) => l.startsWith('-D '))).toHaveLength(10);
+    expect(plan.lines.filter((l) => l.startsWith('-A '))).toHaveLength(3);
+  });
+});

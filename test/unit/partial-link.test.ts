@@ -181,7 +181,7 @@ describe('LinkManager: partial sync', () => {
     const m = new PromotingLinks(x);
     await m.sync(S1, undefined);
     refuse = true;
-    await expect(m.sync(S2, S1, { mode: 'partial' })).rejects.toThrow(/ip rejected/);
+    await expect(m.sync(S2, S1, { mode: 'partial' })).rejects.toThrow(/ip -batch - refused the address and route change/);
     expect(m.hasTrustedView(S2)).toBe(false);
     refuse = false;
     x.calls.length = 0;

@@ -284,7 +284,7 @@ describe('QosManager: partial sync', () => {
     const m = new QosManager(x);
     await m.sync(S1);
     refuse = true;
-    await expect(m.sync(S2, { mode: 'partial' })).rejects.toThrow(/tc failed/);
+    await expect(m.sync(S2, { mode: 'partial' })).rejects.toThrow(/tc -batch - refused the QoS change/);
     refuse = false;
     x.calls.length = 0;
     await m.sync(S2, { mode: 'partial' });

@@ -96,7 +96,7 @@ describe('QosManager', () => {
     });
     const err = await new QosManager(x).sync(state([eip('1.2.3.4')])).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(SystemError);
-    expect((err as SystemError).message).toBe('Error: QoS: tc failed: Error: Exclusivity flag on, cannot modify.; Command failed -:1');
+    expect((err as SystemError).message).toBe('Error: tc -batch - refused the QoS change: Error: Exclusivity flag on, cannot modify.; Command failed -:1');
   });
 
   it('refuses to plan from a failed read of the qdiscs (it would replace roots it owns)', async () => {

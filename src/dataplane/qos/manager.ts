@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { SystemError } from '../../model/errors.js';
+import { SystemError, ToolError } from '../../model/errors.js';
 import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../../model/qos.js';
 import type { Executor, ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
@@ -171,14 +171,14 @@ export class QosManager {
   private async apply(plan: QosPlan): Promise<void> {
     for (const args of plan.ip) {
       const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) throw new SystemError(`Error: QoS: ip ${args.join(' ')} failed: ${errorText(r)}`);
+      if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
     }
     const script = tcBatchScript(plan);
     if (script === '') return;
     const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
     if (r.exitCode !== 0) {
       this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
-      throw new SystemError(`Error: QoS: tc failed: ${errorText(r)}`);
+      throw new ToolError('tc -batch -', 'the QoS change', r.exitCode, errorText(r), script, r.timedOut);
     }
   }
 
@@ -211,7 +211,7 @@ export class QosManager {
 
   private async readStrict(file: string, args: string[]): Promise<string> {
     const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
-    if (r.exitCode !== 0) throw new SystemError(`Error: QoS: ${file} ${args.join(' ')} failed: ${errorText(r)}`);
+    if (r.exitCode !== 0) throw new ToolError(`${file} ${args.join(' ')}`, 'the QoS listing', r.exitCode, errorText(r), undefined, r.timedOut);
     return r.stdout;
   }
 

@@ -96,6 +96,9 @@ export function planTable(have: SavedTable, want: TableWant): TablePlan {
   return { lines, changes };
 }
 
+/** Element-level edits below this many deletes, whatever their share of the chain. */
+const REWRITE_ABOVE = 64;
+
 export function planChain(chain: string, have: readonly string[], want: readonly string[]): TablePlan {
   if (sameList(have, want)) return { lines: [], changes: 0 };
   const budget = countOf(want);
@@ -110,7 +113,10 @@ export function planChain(chain: string, have: readonly string[], want: readonly
       deleteAt.push(i + 1);
     }
   });
-  if (!isSubsequence(kept, want)) {
+  // A rewrite when the kept rules are out of order, and when most of a long chain goes: each
+  // positional delete costs iptables-nft a chain walk (10,000 replaced SNAT rules: 0.9 s of
+  // edits against 0.1 s for a flush and append, in the same atomic restore).
+  if (!isSubsequence(kept, want) || (deleteAt.length > REWRITE_ABOVE && deleteAt.length > kept.length)) {
     return {
       lines: [`-F ${chain}`, ...want.map((r) => `-A ${chain} ${r}`)],
       changes: have.length + want.length,
