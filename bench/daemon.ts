@@ -152,6 +152,11 @@ export class Daemon {
     clearTimeout(timer);
   }
 
+  /** The daemon's latest log lines (JSON, as it wrote them). */
+  logTail(): string {
+    return this.out;
+  }
+
   diagnostics(): string {
     return `\n--- daemon stderr ---\n${this.err.slice(-3000)}\n--- daemon log (tail) ---\n${this.out.slice(-3000)}`;
   }

@@ -111,4 +111,8 @@ if [ -f "$here/natgw/bin/natgw.js" ]; then
 else
   entry="$here/../bin/natgw.js"
 fi
+if [ "${1:-}" = serve ]; then
+  # The daemon's V8 settings: DAEMON_NODE_FLAGS in src/daemon/nodeFlags.ts (a test keeps them equal).
+  exec node --max-semi-space-size=1 --max-old-space-size=1024 "$entry" "$@"
+fi
 exec node "$entry" "$@"

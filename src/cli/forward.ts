@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
+import { DAEMON_NODE_FLAGS } from '../daemon/nodeFlags.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -139,7 +140,7 @@ function startDaemon(config: Config, log: Logger): boolean {
     log.warn({ err: e }, 'daemon log file unavailable; its output is discarded');
   }
   try {
-    const child = spawn(process.execPath, [bin, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
+    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, bin, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
     child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
     child.unref();
     log.info({ pid: child.pid, bin }, 'autostarted natgw daemon');

@@ -14,6 +14,17 @@ export interface LinkMonitorOptions {
 }
 
 /**
+ * Whether an `ip -o monitor link address` line may mean that something natgw applied is gone:
+ * an address deleted, or a link that changed (recreated, down, renamed). A new address is not:
+ * natgw's own eip-add makes one, and a resync for each would put a full read-back behind every
+ * EIP a controller sends.
+ */
+export function mayLoseState(line: string): boolean {
+  if (line.startsWith('Deleted ')) return true;
+  return !/^\d+: \S+\s+inet6? /.test(line);
+}
+
+/**
  * Watches link and address events in this network namespace (`ip -o monitor link address`)
  * and reports them, debounced: an interface recreated or an address flushed triggers a
  * resync at once instead of at the next period. A monitor that dies is restarted (with a
@@ -69,6 +80,7 @@ export class LinkMonitor {
   }
 
   private event(line: string): void {
+    if (!mayLoseState(line)) return;
     this.lastLine = line;
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {

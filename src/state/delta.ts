@@ -1,4 +1,5 @@
 import type { DesiredState } from './state.js';
+import { refDiff } from './refDiff.js';
 
 /**
  * PURE: the change between two desired states, small enough to append to a journal on every
@@ -6,11 +7,9 @@ import type { DesiredState } from './state.js';
  * transaction itself).
  *
  * Operations keep the objects they do not touch (same references, same relative order), so a
- * collection's change is found by reference: what left (its index in the old array) and what
- * came in (its index in the new one). Replaying removes, then inserts in ascending index
- * order, which rebuilds the new array exactly — as long as the kept objects kept their
- * relative order; `stateDelta` checks that and answers null when it does not hold (the caller
- * then writes a whole snapshot instead).
+ * collection's change is found by reference (refDiff.ts). Replaying removes, then inserts in
+ * ascending index order, which rebuilds the new array exactly; where kept objects changed
+ * their order `stateDelta` answers null (the caller then writes a whole snapshot instead).
  */
 
 export const COLLECTIONS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos'] as const;
@@ -43,26 +42,8 @@ export function isEmptyDelta(d: StateDelta): boolean {
 }
 
 function collectionDelta(before: readonly unknown[], after: readonly unknown[]): CollectionDelta | null {
-  const oldIndex = new Map<unknown, number>();
-  before.forEach((o, i) => oldIndex.set(o, i));
-  const kept = new Set<number>();
-  const add: Array<readonly [number, unknown]> = [];
-  let lastKept = -1;
-  for (let i = 0; i < after.length; i++) {
-    const o = after[i];
-    const at = oldIndex.get(o);
-    if (at === undefined || kept.has(at)) {
-      add.push([i, o]);
-      continue;
-    }
-    // A kept object that moved backwards: the replay could not rebuild this order.
-    if (at < lastKept) return null;
-    lastKept = at;
-    kept.add(at);
-  }
-  const del: number[] = [];
-  for (let i = 0; i < before.length; i++) if (!kept.has(i)) del.push(i);
-  return { del, add };
+  const d = refDiff(before, after);
+  return d && { del: d.removed, add: d.added };
 }
 
 /** The change from `before` to `after`; null when only a snapshot can express it. */

@@ -1,7 +1,7 @@
 import { ConflictError } from '../model/errors.js';
 import {
   type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  dnatKey, prefixOf, sameDnat, snatKey,
+  dnatKey, fipKey, prefixOf, sameDnat, snatKey,
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
@@ -54,22 +54,42 @@ export function delEip(s: DesiredState, address: string): OpResult {
 
 // The three collections that grow to thousands come with batch forms: one index and one copy
 // per command, however many rules it carries (a redo or a bulk add), instead of one per rule.
+// The index of a collection is kept with the array it indexes and handed on to the array an
+// add makes from it, so a command at ten thousand rules does not rebuild it.
+const indexes = new WeakMap<readonly object[], Map<string, object>>();
+
+function indexOf<T extends object>(list: readonly T[], key: (t: T) => string): Map<string, T> {
+  let idx = indexes.get(list) as Map<string, T> | undefined;
+  if (!idx) {
+    idx = new Map(list.map((x) => [key(x), x]));
+    indexes.set(list, idx);
+  }
+  return idx;
+}
+
+/** `list` with `added` appended; its index moves to the new array (the old one rebuilds its own if ever asked). */
+function appended<T extends object>(list: readonly T[], added: readonly T[], idx: Map<string, T>, key: (t: T) => string): T[] {
+  const out = list.concat(added);
+  indexes.delete(list);
+  for (const x of added) idx.set(key(x), x);
+  indexes.set(out, idx);
+  return out;
+}
 
 export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
-  const byEip = new Map(s.fips.map((x) => [x.eip, x]));
-  const added: Fip[] = [];
+  const byEip = indexOf(s.fips, fipKey);
+  const added = new Map<string, Fip>();
   for (const f of fs) {
-    const existing = byEip.get(f.eip);
+    const existing = byEip.get(f.eip) ?? added.get(f.eip);
     if (existing) {
       if (existing.internalIp === f.internalIp) continue;
       throw new ConflictError(
         `eip ${f.eip} already bindTo rule: ${appendLine(CHAINS.exclusiveDnat, fipDnatSpec(existing))}, but expected internalIp ${f.internalIp}`,
       );
     }
-    byEip.set(f.eip, f);
-    added.push(f);
+    added.set(f.eip, f);
   }
-  return added.length ? { state: { ...s, fips: s.fips.concat(added) }, effects: [] } : unchanged(s);
+  return added.size ? { state: { ...s, fips: appended(s.fips, [...added.values()], byEip, fipKey) }, effects: [] } : unchanged(s);
 }
 
 export const addFip = (s: DesiredState, f: Fip): OpResult => addFips(s, [f]);
@@ -86,20 +106,19 @@ export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
 export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [eip]);
 
 export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
-  const byKey = new Map(s.dnats.map((x) => [dnatKey(x), x]));
-  const added: Dnat[] = [];
+  const byKey = indexOf(s.dnats, dnatKey);
+  const added = new Map<string, Dnat>();
   for (const d of ds) {
-    const existing = byKey.get(dnatKey(d));
+    const existing = byKey.get(dnatKey(d)) ?? added.get(dnatKey(d));
     if (existing) {
       if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) continue;
       throw new ConflictError(
         `dnat (${d.eip}, ${d.port}, ${d.protocol}) already exists: ${appendLine(CHAINS.sharedDnat, dnatSpec(existing))}, but expected ${d.internalIp}:${d.internalPort}`,
       );
     }
-    byKey.set(dnatKey(d), d);
-    added.push(d);
+    added.set(dnatKey(d), d);
   }
-  return added.length ? { state: { ...s, dnats: s.dnats.concat(added) }, effects: [] } : unchanged(s);
+  return added.size ? { state: { ...s, dnats: appended(s.dnats, [...added.values()], byKey, dnatKey) }, effects: [] } : unchanged(s);
 }
 
 export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
