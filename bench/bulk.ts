@@ -7,7 +7,7 @@
 import { copyFileSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Gateway, iptablesTools, using, type BackendInfo, type GatewayOptions } from './gateway.js';
+import { Gateway, iptablesTools, withRetryIfVanished, type BackendInfo, type GatewayOptions } from './gateway.js';
 import type { Memory } from './daemon.js';
 import { progress } from './progress.js';
 import { round } from './stats.js';
@@ -59,7 +59,7 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
     progress(`${opts.backend} bulk ${size}: dry run, then PUT /v1/state into an empty gateway`);
     let backend: BackendInfo = { kind: opts.backend };
     let script = '';
-    const first = await using(() => Gateway.withDaemon(opts), async (gw) => {
+    const first = await withRetryIfVanished(`${opts.backend} bulk PUT`, () => Gateway.withDaemon(opts), async (gw) => {
       const dry = await gw.putState(doc, '?dryRun=true');
       script = String(dry.body?.script ?? '');
       const put = await gw.putState(doc);
@@ -74,7 +74,7 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
     const parts = splitScript(script);
     const raw = await rawApply(opts, backend, parts);
     progress(`${opts.backend} bulk ${size}: restore at daemon start in a fresh namespace`);
-    const restoreCold = await using(() => Gateway.bare(opts), async (gw) => {
+    const restoreCold = await withRetryIfVanished(`${opts.backend} restore`, () => Gateway.bare(opts), async (gw) => {
       copyStateFiles(saved, gw.topo.stateDir);
       const t = await gw.startDaemon();
       return { ...t, rss: gw.daemon?.memory() };
@@ -97,7 +97,7 @@ const lines = (s: string): number => (s === '' ? 0 : s.trimEnd().split('\n').len
 
 async function rawApply(opts: GatewayOptions, backend: BackendInfo, parts: { netfilter: string; link: string }): Promise<Pick<BulkFigures, 'rawNetfilterMs' | 'rawLinkMs' | 'rawError'>> {
   progress(`${opts.backend}: the same ruleset with one raw ${backend.kind === 'nftables' ? 'nft -f' : 'iptables-restore'} in a fresh namespace`);
-  return using(() => Gateway.bare(opts), async (gw) => {
+  return withRetryIfVanished(`${opts.backend} raw apply`, () => Gateway.bare(opts), async (gw) => {
     const nfArgv = backend.kind === 'nftables' ? ['nft', '-f', '-'] : [iptablesTools(backend.variant).restore, '--noflush', '--wait'];
     const nf = await gw.runner.run(nfArgv, { input: parts.netfilter, timeoutMs: 600_000 });
     if (nf.exitCode !== 0) return { rawError: `${nfArgv.join(' ')}: exit ${nf.exitCode}: ${nf.stderr.trim().slice(0, 500)}` };

@@ -8,7 +8,7 @@
 import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { legacyError } from './commands.js';
-import { Gateway, SHIM, using, type BackendName } from './gateway.js';
+import { Gateway, SHIM, withRetryIfVanished, type BackendName } from './gateway.js';
 import { progress } from './progress.js';
 import { round, summarize, type Summary } from './stats.js';
 import { in16, poolEip } from './workload.js';
@@ -117,14 +117,15 @@ export async function compare(prefixText: string, sizes: readonly number[], back
   try {
     for (const n of sizes) {
       progress(`compare N=${n}: ${prefixText}`);
-      const target = await using(
+      const target = await withRetryIfVanished(
+        `compare N=${n} target`,
         () => Gateway.bare({ backend: 'iptables', resync }, (topo) => etc.prepare(topo.ns.gw)),
         (gw) => runSequence(gw, prefix, gw.topo.natgwEnv(), n, 'target'),
       );
       const natgw: CompareRun['natgw'] = {};
       for (const backend of backends) {
         progress(`compare N=${n}: natgw shim, ${backend}`);
-        natgw[backend] = await using(() => Gateway.withDaemon({ backend, resync }), (gw) => runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`));
+        natgw[backend] = await withRetryIfVanished(`compare N=${n} natgw ${backend}`, () => Gateway.withDaemon({ backend, resync }), (gw) => runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`));
       }
       runs.push({ n, target, natgw });
     }

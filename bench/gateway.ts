@@ -3,10 +3,11 @@
  * `bare`) a running `natgw serve` for one backend. Everything it creates goes with cleanup().
  */
 import { REPO_ROOT, createTopology, type Topology } from '../test/helpers/netns.js';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Daemon, api, must } from './daemon.js';
 import { NsRunner } from './runner.js';
-import { progress } from './progress.js';
+import { note, progress } from './progress.js';
 import { timed } from './stats.js';
 
 export type BackendName = 'iptables' | 'nftables';
@@ -28,7 +29,6 @@ export interface GatewayOptions {
  */
 const FALLBACK_BODY_LIMIT = '512mb';
 let bodyLimitOverride: string | undefined;
-export const bodyLimitNotes: string[] = [];
 
 export class Gateway {
   daemon: Daemon | undefined;
@@ -45,6 +45,7 @@ export class Gateway {
    */
   static async bare(opts: GatewayOptions, beforeRunner?: (topo: Topology) => void): Promise<Gateway> {
     const topo = await createTopology();
+    progress(`namespaces ${topo.prefix}* (${opts.backend})`);
     try {
       beforeRunner?.(topo);
       return new Gateway(topo, new NsRunner(topo, 'gw', topo.natgwEnv()), opts);
@@ -99,9 +100,7 @@ export class Gateway {
     const [r, ms] = await timed(() => api(this.socket, 'PUT', `/v1/state${query}`, doc));
     if (r.status === 413 && bodyLimitOverride === undefined) {
       const bytes = Buffer.byteLength(JSON.stringify(doc));
-      const note = `the daemon's default body limit refused a ${(bytes / 1048576).toFixed(1)} MiB state document (HTTP 413); the rest of the run sets NATGW_BODY_LIMIT=${FALLBACK_BODY_LIMIT}`;
-      bodyLimitNotes.push(note);
-      progress(`NOTE: ${note}`);
+      note(`the daemon's default body limit refused a ${(bytes / 1048576).toFixed(1)} MiB state document (HTTP 413); the rest of the run sets NATGW_BODY_LIMIT=${FALLBACK_BODY_LIMIT}`);
       bodyLimitOverride = FALLBACK_BODY_LIMIT;
       await this.stopDaemon();
       await this.startDaemon();
@@ -115,6 +114,14 @@ export class Gateway {
     const r = must(await api(this.socket, 'GET', '/v1/state'), 'GET /v1/state');
     const b = r.body?.backend as BackendInfo | null | undefined;
     return b ?? { kind: this.opts.backend };
+  }
+
+  /**
+   * Whether the namespace or the state dir has gone behind the bench's back (the machine is
+   * shared, and a sweep of "leftover" namespaces by someone else takes a running one too).
+   */
+  vanished(): boolean {
+    return !existsSync(`/run/netns/${this.topo.ns.gw}`) || !existsSync(this.topo.stateDir);
   }
 
   async cleanup(): Promise<void> {
@@ -131,6 +138,34 @@ export async function using<T>(make: () => Promise<Gateway>, fn: (gw: Gateway) =
     return await fn(gw);
   } finally {
     await gw.cleanup();
+  }
+}
+
+export const vanishedNote = (label: string): string =>
+  `${label}: the gateway's namespace vanished mid-run (deleted from outside the bench); measured again in a new one`;
+
+export class VanishedError extends Error {
+  override readonly name = 'VanishedError';
+}
+
+/**
+ * `fn` on a fresh gateway, once more on another fresh one if the first vanished under it
+ * (its figures would be failures of the machine, not of natgw); the retry is reported.
+ */
+export async function withRetryIfVanished<T>(label: string, make: () => Promise<Gateway>, fn: (gw: Gateway) => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await using(make, async (gw) => {
+        const r = await fn(gw).catch((e: unknown) => {
+          throw gw.vanished() ? new VanishedError(String(e)) : e;
+        });
+        if (gw.vanished()) throw new VanishedError('namespace or state dir gone after the run');
+        return r;
+      });
+    } catch (e) {
+      if (!(e instanceof VanishedError) || attempt >= 2) throw e;
+      note(vanishedNote(label));
+    }
   }
 }
 

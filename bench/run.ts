@@ -11,11 +11,11 @@ import { apiSeries, shimSeries } from './commands.js';
 import { compare } from './compare.js';
 import { connectionRates } from './connrate.js';
 import { hasCurl, measureFloors } from './floors.js';
-import { Gateway, bodyLimitNotes, using, type BackendName } from './gateway.js';
+import { Gateway, VanishedError, vanishedNote, type BackendName } from './gateway.js';
 import { parseOptions, type Options } from './options.js';
-import { progress } from './progress.js';
+import { note, progress, runNotes } from './progress.js';
 import { renderReport } from './report.js';
-import type { BackendFigures, Results } from './results.js';
+import type { BackendFigures, Results, SizeFigures } from './results.js';
 import { round } from './stats.js';
 import { mixOf, stateDoc } from './workload.js';
 
@@ -26,21 +26,40 @@ function version(argv: string[]): string {
   return r.status === 0 ? (r.stdout.trim().split('\n')[0] ?? '') : 'absent';
 }
 
+async function measureSize(gw: Gateway, backend: BackendName, size: number, o: Options, curl: boolean, b: BackendFigures): Promise<SizeFigures> {
+  progress(`${backend} size ${size}: fill (PUT /v1/state)`);
+  const fill = await gw.putState(stateDoc(size, o.fipEips));
+  b.info = await gw.backendInfo();
+  progress(`${backend} size ${size}: floors`);
+  const floors = await measureFloors(gw, b.info, size + 1, o.samples, curl);
+  progress(`${backend} size ${size}: API commands`);
+  const api = await apiSeries(gw, o.samples);
+  progress(`${backend} size ${size}: shim commands`);
+  const shim = await shimSeries(gw, o.samples);
+  return { mix: mixOf(size, o.fipEips), fillMs: round(fill.ms), floors, api, shim, memory: gw.daemon?.memory() };
+}
+
+/** Ascending sizes on one gateway, each filled from the previous one. */
 async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): Promise<void> {
-  await using(() => Gateway.withDaemon({ backend, resync: o.resync }), async (gw) => {
+  const make = () => Gateway.withDaemon({ backend, resync: o.resync });
+  let gw = await make();
+  try {
     const curl = await hasCurl(gw);
-    if (!curl) progress('NOTE: curl is not installed; the client floor is skipped');
+    if (!curl) note('curl is not installed; the client floor is skipped');
     for (const size of o.sizes) {
-      progress(`${backend} size ${size}: fill (PUT /v1/state)`);
-      const fill = await gw.putState(stateDoc(size, o.fipEips));
-      b.info = await gw.backendInfo();
-      progress(`${backend} size ${size}: floors`);
-      const floors = await measureFloors(gw, b.info, size + 1, o.samples, curl);
-      progress(`${backend} size ${size}: API commands`);
-      const api = await apiSeries(gw, o.samples);
-      progress(`${backend} size ${size}: shim commands`);
-      const shim = await shimSeries(gw, o.samples);
-      b.sizes.push({ mix: mixOf(size, o.fipEips), fillMs: round(fill.ms), floors, api, shim, memory: gw.daemon?.memory() });
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const figures = await measureSize(gw, backend, size, o, curl, b);
+          if (gw.vanished()) throw new VanishedError('namespace or state dir gone after the run');
+          b.sizes.push(figures);
+          break;
+        } catch (e) {
+          if (!(e instanceof VanishedError || gw.vanished()) || attempt >= 2) throw e;
+          note(vanishedNote(`${backend} size ${size}`) + ' (its fill is then from an empty gateway)');
+          await gw.cleanup();
+          gw = await make();
+        }
+      }
     }
     if (o.connRate) {
       const size = o.sizes.at(-1) ?? 0;
@@ -51,7 +70,9 @@ async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): 
         b.errors.push(`connection rate: ${message(e)}`);
       }
     }
-  });
+  } finally {
+    await gw.cleanup();
+  }
 }
 
 async function benchBackend(backend: BackendName, o: Options): Promise<BackendFigures> {
@@ -105,7 +126,7 @@ async function main(): Promise<void> {
     }
   }
   results.environment['load at end'] = os.loadavg().map((x) => x.toFixed(1)).join(' ');
-  results.notes.push(...bodyLimitNotes);
+  results.notes.push(...runNotes);
   console.log(renderReport(results));
   console.log(JSON.stringify(results));
   const failed = results.backends.some((b) => b.errors.length > 0) || results.compare?.error !== undefined;
