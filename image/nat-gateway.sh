@@ -26,6 +26,9 @@ natgw_socket() {
   if [ -n "$value" ]; then
     value=${value#"${value%%[![:space:]]*}"}
     value=${value%"${value##*[![:space:]]}"}
+    # A quoted value followed by an inline comment: the comment is not part of it.
+    local quoted='^("([^"\\]|\\.)*"|'"'[^']*'"')[[:space:]]+#'
+    [[ $value =~ $quoted ]] && value=${BASH_REMATCH[1]}
     case $value in
       \"*\")
         # Inside double quotes natgw undoes \" \\ \$ and \` only.

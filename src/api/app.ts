@@ -13,7 +13,8 @@ export interface AppDeps {
   readonly agent: AgentService;
   readonly log: Logger;
   /** NATGW_BODY_LIMIT, e.g. "1mb". */
-  readonly bodyLimit: string;
+  /** Bytes (or a size text body-parser reads, as tests pass). */
+  readonly bodyLimit: number | string;
   /** Set for the TCP listener: everything but the probes needs a token or a client certificate. */
   readonly auth?: AuthOptions;
   /** True once SIGTERM arrived: new requests get 503. */

@@ -4,18 +4,47 @@ import { DEFAULT_ENV_FILE, DEFAULT_SOCKET } from './socketPath.js';
 
 export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
-import { isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
+import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 
 
-const duration = (key: string) =>
+/** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
+const duration = (key: string, minMs: number, maxMs: number) =>
   z.string().transform((s, ctx) => {
     const ms = parseDuration(s);
     if (ms === null) {
       ctx.addIssue({ code: 'custom', message: `${key} must be a duration such as 500ms, 30s or 2m` });
       return z.NEVER;
     }
+    if (ms < minMs || ms > maxMs) {
+      ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatMs(minMs)} and ${formatMs(maxMs)}, got ${s.trim()}` });
+      return z.NEVER;
+    }
     return ms;
   });
+
+const formatMs = (ms: number): string => (ms % 3_600_000 === 0 && ms > 0 ? `${ms / 3_600_000}h` : ms % 1000 === 0 && ms > 0 ? `${ms / 1000}s` : `${ms}ms`);
+
+const SIZE_UNITS: Record<string, number> = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 };
+
+/** A size such as `512kb` or `64mb` (bare numbers are bytes) within bounds, in bytes. */
+const size = (key: string, min: number, max: number) =>
+  z.string().transform((s, ctx) => {
+    const m = /^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$/i.exec(s);
+    const bytes = m ? Math.round(Number(m[1]) * (SIZE_UNITS[(m[2] ?? 'b').toLowerCase()] ?? 1)) : Number.NaN;
+    if (!Number.isFinite(bytes)) {
+      ctx.addIssue({ code: 'custom', message: `${key} must be a size such as 512kb or 64mb, got ${s.trim() || 'nothing'}` });
+      return z.NEVER;
+    }
+    if (bytes < min || bytes > max) {
+      ctx.addIssue({ code: 'custom', message: `${key} must be between ${min / 1024}kb and ${max / 1024 ** 3}gb, got ${s.trim()}` });
+      return z.NEVER;
+    }
+    return bytes;
+  });
+
+/** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
+const gateway = (check: (s: string) => boolean, what: string) =>
+  optionalText.refine((s) => s === undefined || check(s), `must be an ${what} address`).transform((s) => (s === undefined ? s : canonicalIp(s)));
 
 const bool = z
   .string()
@@ -29,12 +58,12 @@ const optionalText = z.string().optional().transform((s) => (s === undefined || 
 const rawSchema = z.object({
   VPC_INTERFACE: z.string().default('eth0').refine(isInterfaceName, 'must be an interface name'),
   EXTERNAL_INTERFACE: z.string().default('net1').refine(isInterfaceName, 'must be an interface name'),
-  GATEWAY_V4: optionalText.refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address'),
-  GATEWAY_V6: optionalText.refine((s) => s === undefined || isIpv6(s), 'must be an IPv6 address'),
+  GATEWAY_V4: gateway(isIpv4, 'IPv4'),
+  GATEWAY_V6: gateway(isIpv6, 'IPv6'),
   QOS_DEBUG: optionalText,
   GATEWAY_NETFILTER_MODE: z.enum(['auto', 'nftables', 'iptables']).default('auto'),
   NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto'),
-  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT').default(30_000),
+  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000).default(30_000),
   NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw'),
   NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET),
   NATGW_LISTEN: optionalText,
@@ -42,11 +71,13 @@ const rawSchema = z.object({
   NATGW_TLS_CERT: optionalText,
   NATGW_TLS_KEY: optionalText,
   NATGW_TLS_CLIENT_CA: optionalText,
-  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD').default(30_000),
+  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000).default(30_000),
   NATGW_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   NATGW_AUTOSTART: bool.default(true),
   NATGW_NETWORK_STATUS_FILE: z.string().default('/etc/podinfo/network-status'),
-  NATGW_BODY_LIMIT: z.string().default('1mb'),
+  // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
+  // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
+  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
 });
 
 export interface Config {
@@ -70,7 +101,8 @@ export interface Config {
   readonly logLevel: string;
   readonly autostart: boolean;
   readonly networkStatusFile: string;
-  readonly bodyLimit: string;
+  /** Bytes. */
+  readonly bodyLimit: number;
 }
 
 export class ConfigError extends Error {

@@ -19,12 +19,22 @@ export function parseEnvFile(text: string): Record<string, string> {
   return out;
 }
 
+/**
+ * A quoted value ends at its closing quote, and an inline comment after it is not part of it
+ * (`GATEWAY_V4="10.0.0.1" # gw` is 10.0.0.1, as bash reads it). In double quotes a backslash
+ * escapes `"`, `\\`, `$` and `` ` ``. An unquoted value ends at an inline comment.
+ */
 function unquote(v: string): string {
-  if (v.length >= 2 && ((v.startsWith('"') && v.endsWith('"')) || (v.startsWith("'") && v.endsWith("'")))) {
-    const inner = v.slice(1, -1);
-    return v.startsWith('"') ? inner.replace(/\\(["\\$`])/g, '$1') : inner;
+  const q = v[0];
+  if (q === '"' || q === "'") {
+    let inner = '';
+    let i = 1;
+    for (; i < v.length && v[i] !== q; i++) {
+      if (q === '"' && v[i] === '\\' && i + 1 < v.length && '"\\$`'.includes(v[i + 1] as string)) i++;
+      inner += v[i];
+    }
+    if (i < v.length && /^\s*(#.*)?$/.test(v.slice(i + 1))) return inner;
   }
-  // An unquoted value ends at an inline comment.
   return v.replace(/\s+#.*$/, '');
 }
 
@@ -62,6 +72,15 @@ export async function updateEnvFile(file: string, values: Record<string, string>
   for (const [k, v] of pending) if (!written.has(k)) next.push(`${k}=${v}`);
   await fs.mkdir(path.dirname(file), { recursive: true });
   const tmp = `${file}.tmp-${process.pid}`;
-  await fs.writeFile(tmp, next.join('\n') + '\n', { mode: 0o644 });
+  const fh = await fs.open(tmp, 'w', 0o644);
+  try {
+    await fh.writeFile(next.join('\n') + '\n');
+    await fh.sync();
+  } catch (e) {
+    await fh.close().catch(() => undefined);
+    await fs.rm(tmp, { force: true });
+    throw e;
+  }
+  await fh.close();
   await fs.rename(tmp, file);
 }

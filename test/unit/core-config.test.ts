@@ -55,6 +55,15 @@ describe('parseDuration', () => {
 });
 
 describe('parseEnvFile', () => {
+  it('reads a quoted value followed by an inline comment as bash does', () => {
+    expect(parseEnvFile('GATEWAY_V4="10.0.0.1" # gw\nGATEWAY_V6=\'fd00::1\'\t# v6\nA="x # y"\nB="unterminated # c\n')).toEqual({
+      GATEWAY_V4: '10.0.0.1',
+      GATEWAY_V6: 'fd00::1',
+      A: 'x # y',
+      B: '"unterminated',
+    });
+  });
+
   it('KEY=VALUE, comments, blank lines, export, quotes', () => {
     const text = [
       '# a comment',
@@ -293,6 +302,30 @@ describe('loadConfig', () => {
     await rejects({ NATGW_IPTABLES_VARIANT: 'nf_tables' }, 'NATGW_IPTABLES_VARIANT');
     await rejects({ NATGW_LOG_LEVEL: 'loud' }, 'NATGW_LOG_LEVEL');
     await rejects({ NATGW_AUTOSTART: 'maybe' }, 'NATGW_AUTOSTART');
+  });
+
+  it('durations and sizes have bounds: no resync storm, no clamped timer, no body limit of one byte', async () => {
+    await rejects({ NATGW_RESYNC_PERIOD: '0' }, 'NATGW_RESYNC_PERIOD');
+    await rejects({ NATGW_RESYNC_PERIOD: '10ms' }, 'NATGW_RESYNC_PERIOD');
+    await rejects({ NATGW_RESYNC_PERIOD: '25d' }, 'NATGW_RESYNC_PERIOD');
+    await rejects({ NATGW_RESYNC_PERIOD: '600h' }, 'NATGW_RESYNC_PERIOD');
+    await rejects({ NATGW_INTERFACE_WAIT_TIMEOUT: '2h' }, 'NATGW_INTERFACE_WAIT_TIMEOUT');
+    await rejects({ NATGW_BODY_LIMIT: 'garbage' }, 'NATGW_BODY_LIMIT');
+    await rejects({ NATGW_BODY_LIMIT: '1' }, 'NATGW_BODY_LIMIT');
+    await rejects({ NATGW_BODY_LIMIT: '1m' }, 'NATGW_BODY_LIMIT');
+    await rejects({ NATGW_BODY_LIMIT: '2gb' }, 'NATGW_BODY_LIMIT');
+    const f = await envFile();
+    const ok = await loadConfig({ NATGW_ENV_FILE: f, NATGW_RESYNC_PERIOD: '24h', NATGW_BODY_LIMIT: '512KB' });
+    expect(ok.resyncMs).toBe(86_400_000);
+    expect(ok.bodyLimit).toBe(512 * 1024);
+    expect((await loadConfig({ NATGW_ENV_FILE: f })).bodyLimit).toBe(64 * 1024 * 1024);
+  });
+
+  it('gateways are kept as the kernel prints them, so a read-back default route compares equal', async () => {
+    const f = await envFile();
+    const c = await loadConfig({ NATGW_ENV_FILE: f, GATEWAY_V6: 'FD00:0::1', GATEWAY_V4: ' 172.20.0.1 ' });
+    expect(c.gatewayV6).toBe('fd00::1');
+    expect(c.gatewayV4).toBe('172.20.0.1');
   });
 
   it('an invalid value in the env file is rejected too, naming the key', async () => {
