@@ -1,7 +1,11 @@
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
+import { ToolError } from '../model/errors.js';
 import { familyOf } from '../model/net.js';
 import type { SyncMode } from './netfilter/backend.js';
+import { SystemNftClient, type NftClient } from './netfilter/nft/client.js';
+import type { NftTableDump } from './netfilter/nft/types.js';
+import { NftTransaction, type NftRule, type NftTableRef } from './netfilter/nft/transaction.js';
 
 /**
  * Per-EIP packet and byte counters, in natgw's own accounting table `inet natgw_acct`, the
@@ -21,39 +25,51 @@ export interface EipTraffic {
 
 const SETS = { rx4: 'eip_rx4', tx4: 'eip_tx4', rx6: 'eip_rx6', tx6: 'eip_tx6' } as const;
 
-/** PURE: the whole table (created when missing; its sets start empty). */
-export function renderSkeleton(): string {
-  return [
-    `add table inet ${ACCT_TABLE}`,
-    `add set inet ${ACCT_TABLE} ${SETS.rx4} { type ipv4_addr; counter; }`,
-    `add set inet ${ACCT_TABLE} ${SETS.tx4} { type ipv4_addr; counter; }`,
-    `add set inet ${ACCT_TABLE} ${SETS.rx6} { type ipv6_addr; counter; }`,
-    `add set inet ${ACCT_TABLE} ${SETS.tx6} { type ipv6_addr; counter; }`,
-    `add chain inet ${ACCT_TABLE} rx { type filter hook prerouting priority -160; }`,
-    `add chain inet ${ACCT_TABLE} tx { type filter hook postrouting priority 200; }`,
-    `add rule inet ${ACCT_TABLE} rx ip daddr @${SETS.rx4}`,
-    `add rule inet ${ACCT_TABLE} rx ip6 daddr @${SETS.rx6}`,
-    `add rule inet ${ACCT_TABLE} tx ip saddr @${SETS.tx4}`,
-    `add rule inet ${ACCT_TABLE} tx ip6 saddr @${SETS.tx6}`,
-  ].join('\n') + '\n';
+const T: NftTableRef = { family: 'inet', name: ACCT_TABLE };
+
+/** `ip daddr @eip_rx4`: the rule, and its expression as `nft -j` lists it. */
+function lookup(proto: 'ip' | 'ip6', field: 'daddr' | 'saddr', set: string): NftRule {
+  return {
+    text: `${proto} ${field} @${set}`,
+    expr: [{ match: { op: '==', left: { payload: { protocol: proto, field } }, right: `@${set}` } }],
+  };
 }
 
+/** PURE: the whole table (created when missing; its sets start empty). */
+export function skeletonTx(): NftTransaction {
+  return new NftTransaction()
+    .addTable(T)
+    .addSet(T, { name: SETS.rx4, type: 'ipv4_addr', counter: true })
+    .addSet(T, { name: SETS.tx4, type: 'ipv4_addr', counter: true })
+    .addSet(T, { name: SETS.rx6, type: 'ipv6_addr', counter: true })
+    .addSet(T, { name: SETS.tx6, type: 'ipv6_addr', counter: true })
+    .addChain(T, { name: 'rx', base: { type: 'filter', hook: 'prerouting', priority: -160 } })
+    .addChain(T, { name: 'tx', base: { type: 'filter', hook: 'postrouting', priority: 200 } })
+    .addRule(T, 'rx', lookup('ip', 'daddr', SETS.rx4))
+    .addRule(T, 'rx', lookup('ip6', 'daddr', SETS.rx6))
+    .addRule(T, 'tx', lookup('ip', 'saddr', SETS.tx4))
+    .addRule(T, 'tx', lookup('ip6', 'saddr', SETS.tx6));
+}
+
+export const renderSkeleton = (): string => skeletonTx().text();
+
 /** PURE: element changes taking `have` to `want` (addresses are validated EIPs). */
-export function renderElements(have: ReadonlySet<string>, want: readonly string[]): string {
-  const lines: string[] = [];
+export function elementsTx(have: ReadonlySet<string>, want: readonly string[]): NftTransaction {
+  const tx = new NftTransaction();
   const wanted = new Set(want);
+  const setsOf = (eip: string) => (familyOf(eip) === 4 ? [SETS.rx4, SETS.tx4] : [SETS.rx6, SETS.tx6]);
   for (const eip of wanted) {
     if (have.has(eip)) continue;
-    const [rx, tx] = familyOf(eip) === 4 ? [SETS.rx4, SETS.tx4] : [SETS.rx6, SETS.tx6];
-    lines.push(`add element inet ${ACCT_TABLE} ${rx} { ${eip} }`, `add element inet ${ACCT_TABLE} ${tx} { ${eip} }`);
+    for (const set of setsOf(eip)) tx.addElements(T, set, [{ key: eip }]);
   }
   for (const eip of have) {
     if (wanted.has(eip)) continue;
-    const [rx, tx] = familyOf(eip) === 4 ? [SETS.rx4, SETS.tx4] : [SETS.rx6, SETS.tx6];
-    lines.push(`delete element inet ${ACCT_TABLE} ${rx} { ${eip} }`, `delete element inet ${ACCT_TABLE} ${tx} { ${eip} }`);
+    for (const set of setsOf(eip)) tx.deleteElements(T, set, [eip]);
   }
-  return lines.length ? lines.join('\n') + '\n' : '';
+  return tx;
 }
+
+export const renderElements = (have: ReadonlySet<string>, want: readonly string[]): string => elementsTx(have, want).text();
 
 /**
  * PURE: the accounting change taking what the sets hold to `want`, for one nft transaction of
@@ -61,17 +77,44 @@ export function renderElements(have: ReadonlySet<string>, want: readonly string[
  * whole (absent, damaged, or never read): it is then rebuilt from scratch, and `add` before
  * `delete` makes that valid whether or not the table exists. Counters restart only then.
  */
-export function renderAccountingChange(have: ReadonlySet<string> | undefined, want: readonly string[]): string {
-  if (have !== undefined) return renderElements(have, want);
-  return `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n` + renderSkeleton() + renderElements(new Set(), want);
+export function accountingTx(have: ReadonlySet<string> | undefined, want: readonly string[]): NftTransaction {
+  if (have !== undefined) return elementsTx(have, want);
+  return NftTransaction.concat(new NftTransaction().addTable(T).deleteTable(T), skeletonTx(), elementsTx(new Set(), want));
 }
+
+export const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[]): string =>
+  accountingTx(have, want).text();
 
 interface ElemJson {
   elem?: { val?: unknown; counter?: { packets?: number; bytes?: number } };
 }
 
-/** PURE: `nft -j list table inet natgw_acct` → counters per EIP, and whether the skeleton is whole. */
-export function parseAccounting(json: string): { complete: boolean; traffic: Map<string, EipTraffic> } {
+export interface Accounting {
+  /** The skeleton is whole: four sets, two chains, four rules. */
+  readonly complete: boolean;
+  readonly traffic: Map<string, EipTraffic>;
+}
+
+function accounting(sets: ReadonlyMap<string, readonly { val: string; packets: number; bytes: number }[]>, chains: number, rules: number): Accounting {
+  const traffic = new Map<string, EipTraffic>();
+  const row = (eip: string) => traffic.get(eip) ?? { eip, rxPackets: 0, rxBytes: 0, txPackets: 0, txBytes: 0 };
+  for (const name of [SETS.rx4, SETS.rx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), rxPackets: e.packets, rxBytes: e.bytes });
+  for (const name of [SETS.tx4, SETS.tx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), txPackets: e.packets, txBytes: e.bytes });
+  const complete = Object.values(SETS).every((n) => sets.has(n)) && chains === 2 && rules === 4;
+  return { complete, traffic };
+}
+
+/** PURE: the accounting table as the NftClient lists it → counters per EIP, and whether the skeleton is whole. */
+export function accountingOf(dump: NftTableDump): Accounting {
+  const sets = new Map(
+    [...dump.sets.values()].map((s) => [s.name, s.elements.map((e) => ({ val: e.key, packets: e.counter?.packets ?? 0, bytes: e.counter?.bytes ?? 0 }))] as const),
+  );
+  const rules = [...dump.chains.values()].reduce((n, c) => n + c.rules.length, 0);
+  return accounting(sets, dump.chains.size, rules);
+}
+
+/** PURE: `nft -j list table inet natgw_acct` text → accountingOf, counting every chain and rule listed. */
+export function parseAccounting(json: string): Accounting {
   const items = ((JSON.parse(json) as { nftables?: unknown[] }).nftables ?? []) as Record<string, Record<string, unknown>>[];
   const sets = new Map<string, { val: string; packets: number; bytes: number }[]>();
   let chains = 0;
@@ -88,12 +131,7 @@ export function parseAccounting(json: string): { complete: boolean; traffic: Map
     });
     sets.set(set.name, elems);
   }
-  const traffic = new Map<string, EipTraffic>();
-  const row = (eip: string) => traffic.get(eip) ?? { eip, rxPackets: 0, rxBytes: 0, txPackets: 0, txBytes: 0 };
-  for (const name of [SETS.rx4, SETS.rx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), rxPackets: e.packets, rxBytes: e.bytes });
-  for (const name of [SETS.tx4, SETS.tx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), txPackets: e.packets, txBytes: e.bytes });
-  const complete = Object.values(SETS).every((n) => sets.has(n)) && chains === 2 && rules === 4;
-  return { complete, traffic };
+  return accounting(sets, chains, rules);
 }
 
 export interface EipCountersSyncOptions {
@@ -105,14 +143,21 @@ export class EipCounters {
   /** The EIPs the accounting sets hold, with the skeleton whole, as of the last read or apply. */
   private trusted: ReadonlySet<string> | undefined;
 
-  constructor(
-    private readonly exec: Executor,
-    private readonly log?: Logger,
-  ) {}
+  private readonly nft: NftClient;
 
-  private async list(): Promise<{ complete: boolean; traffic: Map<string, EipTraffic> } | undefined> {
-    const r = await this.exec.run({ file: 'nft', args: ['-j', 'list', 'table', 'inet', ACCT_TABLE] });
-    return r.exitCode === 0 ? parseAccounting(r.stdout) : undefined;
+  constructor(exec: Executor, private readonly log?: Logger, nft?: NftClient) {
+    this.nft = nft ?? new SystemNftClient(exec);
+  }
+
+  /** Undefined when the table is absent or cannot be listed: either way it is rebuilt. */
+  private async list(): Promise<Accounting | undefined> {
+    try {
+      const dump = await this.nft.list('inet', ACCT_TABLE);
+      return dump ? accountingOf(dump) : undefined;
+    } catch (e) {
+      if (e instanceof ToolError) return undefined;
+      throw e;
+    }
   }
 
   /**
@@ -126,13 +171,10 @@ export class EipCounters {
         const listed = await this.list();
         have = listed?.complete ? new Set(listed.traffic.keys()) : undefined;
       }
-      const script = renderAccountingChange(have, eips);
-      if (script !== '') {
-        const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-        if (r.exitCode !== 0) throw new Error(r.stderr.trim());
-      }
+      const tx = accountingTx(have, eips);
+      await this.nft.run(tx);
       this.trusted = new Set(eips);
-      return script.split('\n').filter(Boolean).length;
+      return tx.ops.length;
     } catch (e) {
       this.forget();
       this.log?.warn({ err: e }, 'per-EIP accounting not updated; the next sync retries');
@@ -145,10 +187,10 @@ export class EipCounters {
    * command runs one process), when the kept view is trusted; `done` once that transaction
    * succeeded. Undefined without a view: then sync() reads and applies on its own.
    */
-  foldable(eips: readonly string[]): { script: string; done: () => void } | undefined {
+  foldable(eips: readonly string[]): { tx: NftTransaction; done: () => void } | undefined {
     const have = this.trusted;
     if (have === undefined) return undefined;
-    return { script: renderAccountingChange(have, eips), done: () => (this.trusted = new Set(eips)) };
+    return { tx: accountingTx(have, eips), done: () => (this.trusted = new Set(eips)) };
   }
 
   /** Stop trusting the kept view: the next sync reads the table back. */

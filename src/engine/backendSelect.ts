@@ -6,12 +6,14 @@ import type { BackendRecord } from '../state/store.js';
 import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
 import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
+import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
+import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
 import { CHAINS } from '../model/ruleText.js';
 
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
-export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger): NetfilterBackend {
-  return choice.kind === 'nftables' ? new NftBackend(exec, log) : new IptablesBackend(exec, choice.variant ?? 'nft', log);
+export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger, nft?: NftClient): NetfilterBackend {
+  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft) : new IptablesBackend(exec, choice.variant ?? 'nft', log);
 }
 
 export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {
@@ -41,7 +43,11 @@ export interface BackendEvidence {
 
 /** Evidence only from this network namespace (SPEC §4.3). */
 export class BackendProbe implements BackendEvidence {
-  constructor(private readonly exec: Executor) {}
+  private readonly nft: NftClient;
+
+  constructor(private readonly exec: Executor, nft?: NftClient) {
+    this.nft = nft ?? new SystemNftClient(exec);
+  }
 
   /** The script's probe: legacy iptables answering for the nat table means legacy. */
   async iptablesVariant(): Promise<IptablesVariant> {
@@ -57,14 +63,17 @@ export class BackendProbe implements BackendEvidence {
     return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
   }
 
+  /** Any failure to list (no nft, no permission) is no evidence of ownership. */
   async ownsNft(): Promise<boolean> {
-    const r = await this.exec.run({ file: 'nft', args: ['list', 'table', 'ip', 'natgw'] });
-    return r.exitCode === 0;
+    try {
+      return (await this.nft.list('ip', NATGW_TABLE)) !== null;
+    } catch {
+      return false;
+    }
   }
 
-  async nftWorks(): Promise<boolean> {
-    const r = await this.exec.run({ file: 'nft', args: ['list', 'tables'] });
-    return r.exitCode === 0;
+  nftWorks(): Promise<boolean> {
+    return this.nft.present();
   }
 }
 

@@ -4,6 +4,7 @@ import type { Executor } from '../system/exec.js';
 import type { StateStore } from '../state/store.js';
 import type { DesiredState } from '../state/state.js';
 import { natTablesOf, type NetfilterBackend } from '../dataplane/netfilter/backend.js';
+import type { NftClient } from '../dataplane/netfilter/nft/client.js';
 import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
 
 export interface BackendSwitchDeps {
@@ -11,6 +12,8 @@ export interface BackendSwitchDeps {
   readonly exec: Executor;
   readonly log: Logger;
   readonly store: StateStore;
+  /** nftables itself (the fake in tests); by default `nft` through `exec`. */
+  readonly nft?: NftClient;
   /** What natgw owns in a backend's objects (adoption when no state file survived). */
   readonly adopt: (backend: NetfilterBackend) => Promise<DesiredState | undefined>;
 }
@@ -27,7 +30,7 @@ export class BackendSwitch {
   private readonly backends = new Map<string, NetfilterBackend>();
 
   constructor(private readonly deps: BackendSwitchDeps) {
-    this.probe = new BackendProbe(deps.exec);
+    this.probe = new BackendProbe(deps.exec, deps.nft);
   }
 
   private get log(): Logger {
@@ -38,7 +41,7 @@ export class BackendSwitch {
     const key = `${choice.kind}/${choice.variant ?? ''}`;
     let b = this.backends.get(key);
     if (!b) {
-      b = instantiate(choice, this.deps.exec, this.log);
+      b = instantiate(choice, this.deps.exec, this.log, this.deps.nft);
       this.backends.set(key, b);
     }
     return b;
@@ -75,7 +78,7 @@ export class BackendSwitch {
     if (previous && !sameChoice(previous, choice)) {
       this.log.info({ from: previous, to: choice }, 'switching netfilter backend');
       if (!state) {
-        adopted = await this.deps.adopt(instantiate(previous, this.deps.exec, this.log));
+        adopted = await this.deps.adopt(instantiate(previous, this.deps.exec, this.log, this.deps.nft));
         if (adopted) this.log.info('no state file: adopted the rules natgw owns from the backend switched from');
       }
       const fill = state ?? adopted;

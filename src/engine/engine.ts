@@ -7,6 +7,7 @@ import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
+import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { LinkManager } from '../dataplane/link.js';
 import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
@@ -24,6 +25,8 @@ export interface EngineDeps {
   readonly exec: Executor;
   readonly log: Logger;
   readonly store?: StateStore;
+  /** nftables for every part that uses it; by default `nft` through `exec` (tests: a fake kernel). */
+  readonly nft?: NftClient;
 }
 
 export interface ApplyReport {
@@ -99,12 +102,13 @@ export class Engine {
       new StateStore(deps.config.stateDir, (file, reason) =>
         deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
       );
+    const nft = deps.nft ?? new SystemNftClient(deps.exec);
     this.link = new LinkManager(deps.exec, deps.log);
-    this.shareDnat = new ShareDnatTable(deps.exec, deps.log);
+    this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
-    this.eipCounters = new EipCounters(deps.exec, deps.log);
-    this.backends = new BackendSwitch({ ...deps, store: this.store, adopt: (b) => adoptState(this, b) });
+    this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
+    this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
   get config(): Config {

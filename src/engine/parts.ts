@@ -53,7 +53,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       const fold = counting && backend.kind === 'nftables' && opts.mode === 'partial' ? counters.foldable(eips) : undefined;
-      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(fold ? { append: fold.script } : {}) });
+      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(fold ? { append: fold.tx } : {}) });
       if (fold && r.appended) fold.done();
       else if (counting) {
         log.debug('per-EIP accounting synced on its own');

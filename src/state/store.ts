@@ -13,14 +13,20 @@ import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from
 export async function writeFileAtomic(file: string, data: string): Promise<void> {
   await fs.mkdir(path.dirname(file), { recursive: true });
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
-  const fh = await fs.open(tmp, 'w', 0o600);
   try {
-    await fh.writeFile(data);
-    await fh.sync();
-  } finally {
-    await fh.close();
+    const fh = await fs.open(tmp, 'w', 0o600);
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fs.rename(tmp, file);
+  } catch (e) {
+    // A full disk or a vanished directory: nothing half-written stays behind.
+    await fs.rm(tmp, { force: true }).catch(() => undefined);
+    throw e;
   }
-  await fs.rename(tmp, file);
   const dir = await fs.open(path.dirname(file), 'r');
   try {
     await dir.sync();
@@ -100,6 +106,8 @@ export class StateStore {
     readonly dir: string,
     /** Told when a state file could not be read and was set aside (it is then adopted anew). */
     private readonly onCorrupt?: (file: string, reason: string) => void,
+    /** Told when the lock was found taken over while held (a stalled event loop). */
+    private readonly onCompromised?: (err: Error) => void,
   ) {
     this.stateFile = path.join(dir, 'state.json');
     this.backendFile = path.join(dir, 'backend.json');
@@ -139,8 +147,12 @@ export class StateStore {
     if (sealed && text.endsWith('}\n')) {
       const body = text.slice(SEAL_PREFIX_LEN, -2);
       if (sha256(body) === sealed[1]) {
-        this.snapshotSha = sealed[1];
-        return JSON.parse(body) as DesiredState;
+        const state = JSON.parse(body) as DesiredState;
+        // Sealed by this schema version: trusted as written. An older one is validated below.
+        if (state.schema === 1) {
+          this.snapshotSha = sealed[1];
+          return state;
+        }
       }
     }
     let raw: { state?: unknown };
@@ -261,6 +273,10 @@ export class StateStore {
       stale: 10_000,
       update: 2_000,
       retries: { retries: 600, factor: 1.2, minTimeout: 5, maxTimeout: 100 },
+      // The default throws inside a timer, which would kill the daemon mid-transaction when its
+      // event loop stalls past `stale`. The transaction in hand finishes; the next one takes the
+      // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
+      onCompromised: (err) => this.onCompromised?.(err),
     });
     try {
       return await fn();

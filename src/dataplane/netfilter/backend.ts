@@ -1,6 +1,7 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
 import type { DesiredState } from '../../state/state.js';
+import type { NftTransaction } from './nft/transaction.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
 export interface NatTables {
@@ -92,10 +93,10 @@ export interface SyncOptions {
   /** Default `full`. */
   readonly mode?: SyncMode;
   /**
-   * nft commands of another natgw table to run in the same transaction (the accounting sets):
+   * Operations on another natgw table to run in the same transaction (the accounting sets):
    * honoured by the nftables backend in a partial sync only, which then reports `appended`.
    */
-  readonly append?: string;
+  readonly append?: NftTransaction;
 }
 
 /**

@@ -7,33 +7,35 @@
 import type { Logger } from 'pino';
 import type { ShareDnat } from '../../model/rules.js';
 import type { Executor } from '../../system/exec.js';
+import { ToolError } from '../../model/errors.js';
 import type { SyncOptions, SyncReport } from './backend.js';
-import { NftError, applyScript, listTable } from './nft/backend.js';
+import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/readback.js';
 import {
-  KUBE_OVN_TABLE, type SharePlan, deleteChainLine, hasUnknownHandle, planShareDnat, renderShareRemoveAll, shareDnatsFromKernel, withoutChains,
+  KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, hasUnknownHandle, planShareDnat, planShareRemoveAll, shareDnatsFromKernel, withoutChains,
 } from './shareDnatRender.js';
 
 export class ShareDnatTable {
   /** `table ip kube-ovn` as of the last read or successful apply (table: null when absent). */
   private trusted: { readonly table: NftTableDump | null } | undefined;
 
-  constructor(
-    private readonly exec: Executor,
-    private readonly log?: Logger,
-  ) {}
+  private readonly nft: NftClient;
+
+  constructor(exec: Executor, private readonly log?: Logger, nft?: NftClient) {
+    this.nft = nft ?? new SystemNftClient(exec);
+  }
 
   private read(): Promise<NftTableDump | null> {
-    return listTable(this.exec, 'ip', KUBE_OVN_TABLE);
+    return this.nft.list('ip', KUBE_OVN_TABLE);
   }
 
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
   async sync(items: readonly ShareDnat[], opts: SyncOptions = {}): Promise<SyncReport> {
     const kept = opts.mode === 'partial' ? this.trusted : undefined;
     let have = kept ? kept.table : await this.read();
-    let { plan, after } = planShareDnat(items, have);
-    if (kept && hasUnknownHandle(plan)) ({ plan, after } = planShareDnat(items, (have = await this.read())));
-    const script = (p: SharePlan): string => p.main + p.staleChains.map((c) => `${deleteChainLine(c)}\n`).join('');
+    let { plan, after, tx } = planShareDnat(items, have);
+    if (kept && hasUnknownHandle(plan)) ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
+    const script = (p: SharePlan): string => p.main + deleteChainsTx(p.staleChains).text();
     if (opts.dryRun) return { changes: plan.changes, script: script(plan) };
     if (plan.changes === 0) {
       this.trusted = { table: have };
@@ -41,17 +43,15 @@ export class ShareDnatTable {
     }
 
     try {
-      if (plan.main !== '') {
-        try {
-          await applyScript(this.exec, plan.main);
-        } catch (err) {
-          // Another writer may have changed the table since the read-back (handles, elements):
-          // render once more against a fresh one before giving up.
-          if (!(err instanceof NftError)) throw err;
-          this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
-          ({ plan, after } = planShareDnat(items, (have = await this.read())));
-          if (plan.main !== '') await applyScript(this.exec, plan.main);
-        }
+      try {
+        await this.nft.run(tx);
+      } catch (err) {
+        // Another writer may have changed the table since the read-back (handles, elements):
+        // render once more against a fresh one before giving up.
+        if (!(err instanceof ToolError)) throw err;
+        this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
+        ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
+        await this.nft.run(tx);
       }
       const deleted = await this.deleteChains(plan.staleChains);
       this.trusted = { table: after && withoutChains(after, deleted) };
@@ -75,20 +75,19 @@ export class ShareDnatTable {
    */
   private async deleteChains(chains: readonly string[]): Promise<Set<string>> {
     if (chains.length === 0) return new Set();
-    const all = chains.map((c) => `${deleteChainLine(c)}\n`).join('');
     try {
-      await applyScript(this.exec, all);
+      await this.nft.run(deleteChainsTx(chains));
       return new Set(chains);
     } catch (err) {
-      if (!(err instanceof NftError)) throw err;
+      if (!(err instanceof ToolError)) throw err;
     }
     const deleted = new Set<string>();
     for (const c of chains) {
       try {
-        await applyScript(this.exec, `${deleteChainLine(c)}\n`);
+        await this.nft.run(deleteChainsTx([c]));
         deleted.add(c);
       } catch (err) {
-        if (!(err instanceof NftError)) throw err;
+        if (!(err instanceof ToolError)) throw err;
         this.log?.info({ chain: c, err: err.message }, 'stale share dnat chain not deleted yet; a later sync retries');
       }
     }
@@ -103,9 +102,9 @@ export class ShareDnatTable {
   /** Remove natgw's share-DNAT objects; the table goes too when nothing else lives in it. */
   async removeAll(): Promise<void> {
     this.forget();
-    const plan = renderShareRemoveAll(await this.read());
-    if (plan.main !== '') await applyScript(this.exec, plan.main);
+    const { removal, tx } = planShareRemoveAll(await this.read());
+    await this.nft.run(tx);
     // With foreign objects in the table, the table itself stays (it is theirs too).
-    await this.deleteChains(plan.staleChains);
+    await this.deleteChains(removal.staleChains);
   }
 }

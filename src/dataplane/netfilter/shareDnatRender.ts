@@ -25,6 +25,7 @@ import { shareDnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
 import { dig, sameExpr, type NftChainDump, type NftElementDump, type NftSetDump, type NftTableDump } from './nft/readback.js';
+import { NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */
 export class ShareDnatError extends NatgwError {
@@ -39,14 +40,15 @@ export const SERVICE_MAP = 'service-ips';
 export const SHARE_PREROUTING = 'prerouting';
 export const SHARE_CHAIN_PATTERN = /^dnat-[0-9a-f]{12}$/;
 
-const T = `ip ${KUBE_OVN_TABLE}`;
+const T: NftTableRef = { family: 'ip', name: KUBE_OVN_TABLE };
 const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
-const MAP_DECL = `{ type ${MAP_TYPE} : verdict; }`;
-const PREROUTING_DECL = '{ type nat hook prerouting priority -150; policy accept; }';
 const PRIO = -150;
+const PREROUTING: NftChainSpec = { name: SHARE_PREROUTING, base: { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } };
 const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prio: PRIO, policy: 'accept' } as const;
 
 export const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
+
+const vmapRule = (): NftRule => ({ text: VMAP_RULE, expr: vmapRuleJson() });
 
 export function vmapRuleJson(): unknown[] {
   return [
@@ -92,6 +94,8 @@ export function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unkn
   ];
 }
 
+const shareRule = (d: ShareDnat): NftRule => ({ text: shareRuleText(d), expr: shareRuleJson(d) });
+
 /** Backends and protocol of a chain's rule, when it is exactly the rule natgw renders. */
 export function recogniseShareRule(expr: readonly unknown[]): Pick<ShareDnat, 'protocol' | 'backends'> | null {
   const p = dig(expr, 0, 'match', 'right');
@@ -135,10 +139,11 @@ export interface SharePlan {
   readonly changes: number;
 }
 
-const lines = (ls: readonly string[]): string => (ls.length === 0 ? '' : `${ls.join('\n')}\n`);
-
-export function deleteChainLine(chain: string): string {
-  return `delete chain ${T} ${chain}`;
+/** The second transaction: delete chains that the first one flushed and unreferenced. */
+export function deleteChainsTx(chains: readonly string[]): NftTransaction {
+  const tx = new NftTransaction();
+  for (const c of chains) tx.deleteChain(T, c);
+  return tx;
 }
 
 /** The last identity given wins (re-adding replaces), in first-seen order. */
@@ -167,16 +172,19 @@ export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handl
  * stale chains flushed but still there (null: no table, and none made). Handles of new
  * objects are UNKNOWN_HANDLE.
  */
-export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): { plan: SharePlan; after: NftTableDump | null } {
+export function planShareDnat(
+  itemsIn: readonly ShareDnat[],
+  have: NftTableDump | null,
+): { plan: SharePlan; after: NftTableDump | null; tx: NftTransaction } {
   const items = dedupe(itemsIn);
-  const create: string[] = [];
-  const chainOps: string[] = [];
-  const delElems: string[] = [];
-  const addElems: string[] = [];
-  const flushStale: string[] = [];
+  const create = new NftTransaction();
+  const chainOps = new NftTransaction();
+  const delElems = new NftTransaction();
+  const addElems = new NftTransaction();
+  const flushStale = new NftTransaction();
   let changes = 0;
 
-  if (have === null && items.length === 0) return { plan: { main: '', staleChains: [], changes: 0 }, after: null };
+  if (have === null && items.length === 0) return { plan: { main: '', staleChains: [], changes: 0 }, after: null, tx: create };
 
   const chains = have?.chains ?? new Map<string, NftChainDump>();
   const afterChains = new Map(chains);
@@ -184,42 +192,42 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   const pre = chains.get(SHARE_PREROUTING);
 
   if (have === null) {
-    create.push(`add table ${T}`);
+    create.addTable(T);
     changes += 1;
   }
   // The map: created when missing, re-created when declared otherwise (its vmap rules go first).
   let vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
   let preRules = pre?.rules ?? [];
   if (map && !mapDeclOk(map)) {
-    for (const r of vmapRules) create.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${r.handle}`);
-    create.push(`delete map ${T} ${SERVICE_MAP}`);
+    for (const r of vmapRules) create.deleteRule(T, SHARE_PREROUTING, r.handle);
+    create.deleteSet(T, 'map', SERVICE_MAP);
     preRules = preRules.filter((r) => !vmapRules.includes(r));
     vmapRules = [];
     map = undefined;
     changes += 1;
   }
   if (!map) {
-    create.push(`add map ${T} ${SERVICE_MAP} ${MAP_DECL}`);
+    create.addMap(T, { name: SERVICE_MAP, type: MAP_TYPE, map: 'verdict' });
     changes += 1;
   }
   // The base chain: created when missing, rebuilt when hooked otherwise; exactly one vmap rule.
   if (pre && !preroutingDeclOk(pre)) {
-    create.push(`flush chain ${T} ${SHARE_PREROUTING}`, `delete chain ${T} ${SHARE_PREROUTING}`);
+    create.flushChain(T, SHARE_PREROUTING).deleteChain(T, SHARE_PREROUTING);
     afterChains.delete(SHARE_PREROUTING);
     preRules = [];
     vmapRules = [];
   }
   if (!pre || !preroutingDeclOk(pre)) {
-    create.push(`add chain ${T} ${SHARE_PREROUTING} ${PREROUTING_DECL}`);
+    create.addChain(T, PREROUTING);
     changes += 1;
   }
   if (vmapRules.length === 0) {
-    chainOps.push(`add rule ${T} ${SHARE_PREROUTING} ${VMAP_RULE}`);
+    chainOps.addRule(T, SHARE_PREROUTING, vmapRule());
     preRules = [...preRules, { handle: UNKNOWN_HANDLE, expr: vmapRuleJson() }];
     changes += 1;
   }
   for (const extra of vmapRules.slice(1)) {
-    chainOps.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${extra.handle}`);
+    chainOps.deleteRule(T, SHARE_PREROUTING, extra.handle);
     preRules = preRules.filter((r) => r !== extra);
     changes += 1;
   }
@@ -233,15 +241,15 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
     wantedChains.add(name);
     wantElems.set(shareElementKey(d), `goto ${name}`);
     const c = chains.get(name);
-    const rule = shareRuleText(d);
-    const rules = [{ handle: UNKNOWN_HANDLE, expr: shareRuleJson(d) }];
+    const rule = shareRule(d);
+    const rules = [{ handle: UNKNOWN_HANDLE, expr: rule.expr ?? [] }];
     if (!c) {
-      chainOps.push(`add chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      chainOps.addChain(T, { name }).addRule(T, name, rule);
       afterChains.set(name, { name, handle: UNKNOWN_HANDLE, rules });
       changes += 1;
     } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(shareRuleJson(d), c.rules[0]?.expr)) {
-      if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ${T} is a base chain; natgw cannot use it`);
-      chainOps.push(`flush chain ${T} ${name}`, `add rule ${T} ${name} ${rule}`);
+      if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ip ${KUBE_OVN_TABLE} is a base chain; natgw cannot use it`);
+      chainOps.flushChain(T, name).addRule(T, name, rule);
       afterChains.set(name, { ...c, rules });
       changes += 1;
     }
@@ -251,15 +259,11 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   // Sorted, so the script does not depend on the order nft lists a hash set in.
   const haveElems = new Map((map?.elements ?? []).map((e) => [e.key, e.value ?? ''] as const));
   const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && SAFE_ELEMENT.test(k)).sort();
-  if (stale.length > 0) {
-    delElems.push(`delete element ${T} ${SERVICE_MAP} { ${stale.join(', ')} }`);
-    changes += stale.length;
-  }
+  delElems.deleteElements(T, SERVICE_MAP, stale);
+  changes += stale.length;
   const missing = [...wantElems.entries()].filter(([k, v]) => haveElems.get(k) !== v);
-  if (missing.length > 0) {
-    addElems.push(`add element ${T} ${SERVICE_MAP} { ${missing.map(([k, v]) => `${k} : ${v}`).join(', ')} }`);
-    changes += missing.length;
-  }
+  addElems.addElements(T, SERVICE_MAP, missing.map(([key, value]) => ({ key, value })));
+  changes += missing.length;
   const gone = new Set(stale);
   const elements: NftElementDump[] = [
     ...(map?.elements ?? []).filter((e) => !gone.has(e.key)),
@@ -271,20 +275,18 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
     .filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && !wantedChains.has(c.name) && c.base === undefined)
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const c of staleChains) {
-    if (c.rules.length > 0) flushStale.push(`flush chain ${T} ${c.name}`);
+    if (c.rules.length > 0) flushStale.flushChain(T, c.name);
     afterChains.set(c.name, { ...c, rules: [] });
     changes += 1;
   }
 
   const sets = new Map(have?.sets ?? []);
   sets.set(SERVICE_MAP, { name: SERVICE_MAP, handle: map?.handle ?? UNKNOWN_HANDLE, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements });
+  const tx = NftTransaction.concat(create, chainOps, delElems, addElems, flushStale);
   return {
-    plan: {
-      main: lines([...create, ...chainOps, ...delElems, ...addElems, ...flushStale]),
-      staleChains: staleChains.map((c) => c.name),
-      changes,
-    },
+    plan: { main: tx.text(), staleChains: staleChains.map((c) => c.name), changes },
     after: { family: 'ip', name: KUBE_OVN_TABLE, chains: afterChains, sets },
+    tx,
   };
 }
 
@@ -334,21 +336,29 @@ export interface ShareRemoval {
 
 /** Remove natgw's share DNAT objects, and the table itself when nothing else lives in it. */
 export function renderShareRemoveAll(have: NftTableDump | null): ShareRemoval {
-  if (!have) return { main: '', staleChains: [], wholeTable: false };
+  return planShareRemoveAll(have).removal;
+}
+
+/** renderShareRemoveAll with its first transaction. */
+export function planShareRemoveAll(have: NftTableDump | null): { removal: ShareRemoval; tx: NftTransaction } {
+  const tx = new NftTransaction();
+  if (!have) return { removal: { main: '', staleChains: [], wholeTable: false }, tx };
   const pre = have.chains.get(SHARE_PREROUTING);
   const ourChain = (c: NftChainDump): boolean =>
     (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) ||
     (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
   const foreign = [...have.chains.values()].some((c) => !ourChain(c)) || [...have.sets.keys()].some((s) => s !== SERVICE_MAP);
-  if (!foreign) return { main: `delete table ${T}\n`, staleChains: [], wholeTable: true };
+  if (!foreign) {
+    tx.deleteTable(T);
+    return { removal: { main: tx.text(), staleChains: [], wholeTable: true }, tx };
+  }
 
-  const ops: string[] = [];
   const map = have.sets.get(SERVICE_MAP);
   const vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
-  for (const r of vmapRules) ops.push(`delete rule ${T} ${SHARE_PREROUTING} handle ${r.handle}`);
-  if (pre && pre.rules.length === vmapRules.length) ops.push(`delete chain ${T} ${SHARE_PREROUTING}`);
-  if (map) ops.push(`delete ${map.kind} ${T} ${SERVICE_MAP}`);
+  for (const r of vmapRules) tx.deleteRule(T, SHARE_PREROUTING, r.handle);
+  if (pre && pre.rules.length === vmapRules.length) tx.deleteChain(T, SHARE_PREROUTING);
+  if (map) tx.deleteSet(T, map.kind, SERVICE_MAP);
   const chains = [...have.chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined);
-  for (const c of chains) if (c.rules.length > 0) ops.push(`flush chain ${T} ${c.name}`);
-  return { main: lines(ops), staleChains: chains.map((c) => c.name), wholeTable: false };
+  for (const c of chains) if (c.rules.length > 0) tx.flushChain(T, c.name);
+  return { removal: { main: tx.text(), staleChains: chains.map((c) => c.name), wholeTable: false }, tx };
 }

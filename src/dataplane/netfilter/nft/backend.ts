@@ -1,38 +1,20 @@
 /**
  * The nftables backend: a thin shell around the pure renderer. Read back natgw's tables
- * (`nft -j list table …`), render the difference, apply it as ONE `nft -f -` transaction.
- * Everything it owns lives in `table ip natgw` (and `table ip6 natgw` while IPv6 objects exist).
+ * through the NftClient, render the difference, apply it as ONE transaction. Everything it
+ * owns lives in `table ip natgw` (and `table ip6 natgw` while IPv6 objects exist).
  */
 import type { Logger } from 'pino';
 import { ToolError } from '../../../model/errors.js';
-import type { ExecResult, Executor } from '../../../system/exec.js';
+import type { Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
-import { hasSkeleton, natTablesFromKernel, natgwKernel, parseTableListing, type NatgwKernel, type NftTableDump } from './readback.js';
-import { NATGW_TABLE, NFT_FAMILIES, needsFamily, renderNatgw, renderRemoveAll, type NftFamily } from './render.js';
-import { renderPartial, type NftView } from './partial.js';
+import { SystemNftClient, type NftClient } from './client.js';
+import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
+import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
+import { planPartial, type NftView } from './partial.js';
+import { NftTransaction } from './transaction.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';
-
-/** `nft` answers a listing of an absent table with ENOENT's text. */
-function isMissingTable(r: ExecResult): boolean {
-  return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
-}
-
-/** List one table as JSON; null when it does not exist. Shared with the share-DNAT table. */
-export async function listTable(exec: Executor, family: string, table: string): Promise<NftTableDump | null> {
-  const args = ['-j', 'list', 'table', family, table];
-  const r = await exec.run({ file: 'nft', args });
-  if (isMissingTable(r)) return null;
-  if (r.exitCode !== 0) throw new ToolError(`nft ${args.join(' ')}`, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
-  return parseTableListing(r.stdout, family, table);
-}
-
-/** Apply a script as one transaction (`nft -f -`). */
-export async function applyScript(exec: Executor, script: string): Promise<void> {
-  const r = await exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-  if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
-}
 
 /**
  * The iptables version line when no iptables tool is installed. SPEC §2 get-iptables-version:
@@ -53,8 +35,10 @@ export class NftBackend implements NetfilterBackend {
   readonly kind = 'nftables' as const;
 
   constructor(
+    /** For the iptables version line only: nftables itself is reached through the NftClient. */
     private readonly exec: Executor,
     private readonly log?: Logger,
+    private readonly nft: NftClient = new SystemNftClient(exec),
   ) {}
 
   /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
@@ -64,13 +48,13 @@ export class NftBackend implements NetfilterBackend {
     const cached = this.guardRead && Date.now() - this.guardRead.at < 1000 ? this.guardRead : undefined;
     this.guardRead = undefined;
     const [ip, ip6] = await Promise.all(
-      NFT_FAMILIES.map((f: NftFamily) => (f === 'ip' && cached ? Promise.resolve(cached.dump) : listTable(this.exec, f, NATGW_TABLE))),
+      NFT_FAMILIES.map((f: NftFamily) => (f === 'ip' && cached ? Promise.resolve(cached.dump) : this.nft.list(f, NATGW_TABLE))),
     );
     return natgwKernel(ip ?? null, ip6 ?? null);
   }
 
   async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
-    const dump = await listTable(this.exec, 'ip', NATGW_TABLE);
+    const dump = await this.nft.list('ip', NATGW_TABLE);
     this.guardRead = opts.reuseForSync ? { at: Date.now(), dump } : undefined;
     return hasSkeleton(dump);
   }
@@ -84,13 +68,14 @@ export class NftBackend implements NetfilterBackend {
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
     if (opts.mode === 'partial' && this.view) {
-      const plan = renderPartial(this.view, want);
-      if (plan) {
+      const partial = planPartial(this.view, want);
+      if (partial) {
+        const plan = textPlan(partial);
         if (opts.dryRun) return plan;
-        const script = plan.script + (opts.append ?? '');
-        if (script === '') return plan;
+        const tx = NftTransaction.concat(partial.tx, opts.append);
+        if (tx.isEmpty) return plan;
         try {
-          await applyScript(this.exec, script);
+          await this.nft.run(tx);
         } catch (e) {
           this.view = undefined;
           throw e;
@@ -105,28 +90,25 @@ export class NftBackend implements NetfilterBackend {
   }
 
   private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    const plan = renderNatgw(want, await this.kernel());
-    if (opts.dryRun) return plan;
-    if (plan.script === '') {
+    let planned: NftTxPlan = planNatgw(want, await this.kernel());
+    if (opts.dryRun) return textPlan(planned);
+    if (planned.tx.isEmpty) {
       this.view = viewOf(want);
-      return plan;
+      return textPlan(planned);
     }
     this.view = undefined;
     try {
-      await applyScript(this.exec, plan.script);
+      await this.nft.run(planned.tx);
     } catch (err) {
       // Handles in the script come from the read-back; another writer may have moved them
       // since. Render once more against a fresh read-back before giving up.
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
-      const again = renderNatgw(want, await this.kernel());
-      if (again.script !== '') await applyScript(this.exec, again.script);
-      this.view = viewOf(want);
-      this.log?.info({ changes: again.changes }, 'nftables synced');
-      this.log?.debug({ script: again.script }, 'nft script');
-      return again;
+      planned = planNatgw(want, await this.kernel());
+      await this.nft.run(planned.tx);
     }
     this.view = viewOf(want);
+    const plan = textPlan(planned);
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
     return plan;
@@ -138,8 +120,7 @@ export class NftBackend implements NetfilterBackend {
 
   async removeAll(): Promise<void> {
     this.view = undefined;
-    const script = renderRemoveAll(await this.kernel());
-    if (script !== '') await applyScript(this.exec, script);
+    await this.nft.run(removeAllTx(await this.kernel()));
   }
 
   async versionLine(): Promise<string> {

@@ -13,8 +13,12 @@
  * null: the caller then runs a full sync, which reads back and repairs.
  */
 import { compareIp, type NatTables } from '../backend.js';
+import { refDiff } from '../../../state/refDiff.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
-import { CHAIN, NATGW_TABLE, NftRenderError, SET, ruleText, needsFamily, famOf, type NftFamily, type NftPlan } from './render.js';
+import {
+  CHAIN, NftRenderError, SET, famOf, natgwTable, needsFamily, nftRule, ruleText, textPlan, type NatgwRule, type NftFamily, type NftPlan, type NftTxPlan,
+} from './render.js';
+import { NftTransaction, type NftElement } from './transaction.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
 export interface NftView {
@@ -24,23 +28,28 @@ export interface NftView {
 
 const FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
-/** Objects of `after` not in `before`, and of `before` not in `after` (by reference; O(n)). */
+/** Objects of `after` not in `before`, and of `before` not in `after` (by reference). */
 function changed<T>(before: readonly T[], after: readonly T[]): { added: T[]; removed: T[] } {
-  if (before === after) return { added: [], removed: [] };
+  const d = refDiff(before, after);
+  if (d) return { added: d.added.map(([, x]) => x), removed: d.removed.map((i) => before[i] as T) };
   const b = new Set(before);
   const a = new Set(after);
   return { added: after.filter((x) => !b.has(x)), removed: before.filter((x) => !a.has(x)) };
 }
 
 class Lines {
-  readonly deletes: string[] = [];
-  readonly adds: string[] = [];
+  readonly deletes = new NftTransaction();
+  readonly adds = new NftTransaction();
   changes = 0;
 
-  elements(verb: 'add' | 'delete', fam: NftFamily, set: string, items: readonly string[]): void {
-    if (items.length === 0) return;
-    (verb === 'add' ? this.adds : this.deletes).push(`${verb} element ${fam} ${NATGW_TABLE} ${set} { ${items.join(', ')} }`);
+  add(fam: NftFamily, set: string, items: readonly NftElement[]): void {
+    this.adds.addElements(natgwTable(fam), set, items);
     this.changes += items.length;
+  }
+
+  delete(fam: NftFamily, set: string, keys: readonly string[]): void {
+    this.deletes.deleteElements(natgwTable(fam), set, keys);
+    this.changes += keys.length;
   }
 }
 
@@ -53,6 +62,7 @@ function checkFamily(what: string, a: string, b: string): void {
 /** The EIP that SNATs an internal IP bound by several floating IPs: the lowest (render.ts). */
 function firstEips(fips: readonly Fip[], internal: ReadonlySet<string>): Map<string, string> {
   const first = new Map<string, string>();
+  if (internal.size === 0) return first;
   for (const f of fips) {
     if (!internal.has(f.internalIp)) continue;
     const cur = first.get(f.internalIp);
@@ -61,20 +71,28 @@ function firstEips(fips: readonly Fip[], internal: ReadonlySet<string>): Map<str
   return first;
 }
 
-function snatRules(snats: readonly Snat[], fam: NftFamily): string[] {
+/** The SNAT rules of one family in chain order, with their text (compared before anything is written). */
+function snatRules(snats: readonly Snat[], fam: NftFamily): Array<{ readonly rule: NatgwRule; readonly text: string }> {
   const seen = new Set<string>();
-  const out: string[] = [];
+  const out: Array<{ rule: NatgwRule; text: string }> = [];
   for (const s of snats) {
     if (famOf(s.eip) !== fam || seen.has(snatKey(s))) continue;
     seen.add(snatKey(s));
     checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
-    out.push(ruleText({ kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully }, fam));
+    const rule: NatgwRule = { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully };
+    out.push({ rule, text: ruleText(rule, fam) });
   }
   return out;
 }
 
 /** The partial script taking the kernel from `view` to `next`; null when only a full sync can. */
 export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
+  const p = planPartial(view, next);
+  return p && textPlan(p);
+}
+
+/** renderPartial as the transaction a client runs. */
+export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const prev = view.tables;
   if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf) return null;
   for (const fam of FAMILIES) if (needsFamily(next, fam) !== view.families.has(fam)) return null;
@@ -95,35 +113,35 @@ export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
   for (const fam of FAMILIES) {
     if (!view.families.has(fam)) continue;
     // An identity removed and added again (a changed target) is deleted, then added: one transaction.
-    out.elements('delete', fam, SET.portDnat, byFam(dn.removed, (d) => d.eip, fam).map(dnatElementKey));
-    out.elements('add', fam, SET.portDnat, byFam(dn.added, (d) => d.eip, fam).map((d) => `${dnatElementKey(d)} : ${d.internalIp} . ${d.internalPort}`));
-    out.elements('delete', fam, SET.fipDnat, byFam(fp.removed, (f) => f.eip, fam).map((f) => f.eip));
-    out.elements('add', fam, SET.fipDnat, byFam(fp.added, (f) => f.eip, fam).map((f) => `${f.eip} : ${f.internalIp}`));
+    out.delete(fam, SET.portDnat, byFam(dn.removed, (d) => d.eip, fam).map(dnatElementKey));
+    out.add(fam, SET.portDnat, byFam(dn.added, (d) => d.eip, fam).map((d) => ({ key: dnatElementKey(d), value: `${d.internalIp} . ${d.internalPort}` })));
+    out.delete(fam, SET.fipDnat, byFam(fp.removed, (f) => f.eip, fam).map((f) => f.eip));
+    out.add(fam, SET.fipDnat, byFam(fp.added, (f) => f.eip, fam).map((f) => ({ key: f.eip, value: f.internalIp })));
     const snatDel: string[] = [];
-    const snatAdd: string[] = [];
+    const snatAdd: NftElement[] = [];
     for (const ip of touched) {
       if (famOf(ip) !== fam) continue;
       const was = firstBefore.get(ip);
       const now = firstAfter.get(ip);
       if (was === now) continue;
       if (was !== undefined) snatDel.push(ip);
-      if (now !== undefined) snatAdd.push(`${ip} : ${now}`);
+      if (now !== undefined) snatAdd.push({ key: ip, value: now });
     }
-    out.elements('delete', fam, SET.fipSnat, snatDel);
-    out.elements('add', fam, SET.fipSnat, snatAdd);
-    out.elements('delete', fam, SET.hairpinEips, [...new Set(byFam(ep.removed, (e) => e, fam))]);
-    out.elements('add', fam, SET.hairpinEips, [...new Set(byFam(ep.added, (e) => e, fam))]);
+    out.delete(fam, SET.fipSnat, snatDel);
+    out.add(fam, SET.fipSnat, snatAdd);
+    out.delete(fam, SET.hairpinEips, [...new Set(byFam(ep.removed, (e) => e, fam))]);
+    out.add(fam, SET.hairpinEips, [...new Set(byFam(ep.added, (e) => e, fam))].map((key) => ({ key })));
 
     if (prev.snats !== next.snats) {
       const before = snatRules(prev.snats, fam);
       const after = snatRules(next.snats, fam);
-      if (before.length !== after.length || before.some((r, i) => r !== after[i])) {
-        const t = `${fam} ${NATGW_TABLE}`;
-        out.adds.push(`flush chain ${t} ${CHAIN.sharedSnat}`, ...after.map((r) => `add rule ${t} ${CHAIN.sharedSnat} ${r}`));
+      if (before.length !== after.length || before.some((r, i) => r.text !== after[i]?.text)) {
+        const t = natgwTable(fam);
+        out.adds.flushChain(t, CHAIN.sharedSnat);
+        for (const r of after) out.adds.addRule(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text));
         out.changes += before.length + after.length;
       }
     }
   }
-  const all = [...out.deletes, ...out.adds];
-  return { script: all.length === 0 ? '' : `${all.join('\n')}\n`, changes: out.changes };
+  return { tx: NftTransaction.concat(out.deletes, out.adds), changes: out.changes };
 }

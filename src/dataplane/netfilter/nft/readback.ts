@@ -85,6 +85,14 @@ function typeText(t: Json): string {
   return JSON.stringify(t);
 }
 
+/** An element of a set with counters is listed wrapped: `{ elem: { val, counter: { packets, bytes } } }`. */
+function counterOf(e: Json): NftElementDump['counter'] {
+  const c = dig(e, 'elem', 'counter');
+  if (!isObj(c)) return undefined;
+  const n = (v: Json): number => (typeof v === 'number' ? v : 0);
+  return { packets: n(c['packets']), bytes: n(c['bytes']) };
+}
+
 function parseSet(o: Obj, kind: 'set' | 'map'): NftSetDump {
   const name = o['name'];
   if (typeof name !== 'string') throw new NftParseError(`${kind} without a name`);
@@ -95,9 +103,12 @@ function parseSet(o: Obj, kind: 'set' | 'map'): NftSetDump {
       if (!Array.isArray(e) || e.length !== 2) return { key: elementText(e), value: '' };
       return { key: elementText(e[0]), value: elementText(e[1]) };
     }
-    return { key: elementText(e) };
+    const counter = counterOf(e);
+    return { key: elementText(e), ...(counter ? { counter } : {}) };
   });
   const flags = o['flags'];
+  const stmt = o['stmt'];
+  const counted = Array.isArray(stmt) && stmt.some((s) => isObj(s) && 'counter' in s);
   return {
     name,
     handle: typeof o['handle'] === 'number' ? o['handle'] : 0,
@@ -105,6 +116,7 @@ function parseSet(o: Obj, kind: 'set' | 'map'): NftSetDump {
     type: typeText(o['type']),
     ...(kind === 'map' ? { map: typeText(o['map']) } : {}),
     flags: Array.isArray(flags) ? flags.map(String) : typeof flags === 'string' ? [flags] : [],
+    ...(counted ? { counter: true } : {}),
     elements,
   };
 }

@@ -43,9 +43,10 @@
  * interface names are quoted. Handles come from nft's own JSON (numbers).
  */
 import { NatgwError } from '../../../model/errors.js';
-import { familyOf, parseCidr } from '../../../model/net.js';
+import { parseCidr } from '../../../model/net.js';
 import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
+import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type {
   NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
 } from './types.js';
@@ -121,6 +122,11 @@ const meta = (key: string): unknown => ({ meta: { key } });
 const payload = (protocol: string, field: string): unknown => ({ payload: { protocol, field } });
 const match = (op: string, left: unknown, right: unknown): unknown => ({ match: { op, left, right } });
 const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: 'original' } });
+
+/** The rule for a transaction: its text, and the JSON the kernel lists it as. */
+export function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): NftRule {
+  return { text, expr: ruleJson(r, fam) };
+}
 
 /** The rule's expressions as `nft -j` lists them (nft 1.0.6), for recognising it on read-back. */
 export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
@@ -201,7 +207,8 @@ export interface FamilySpec {
   readonly chains: readonly ChainSpec[];
 }
 
-export const famOf = (ip: string): NftFamily => (familyOf(ip) === 4 ? 'ip' : 'ip6');
+// Addresses here are validated: a colon is enough to tell the family, and this runs per object.
+export const famOf = (ip: string): NftFamily => (ip.includes(':') ? 'ip6' : 'ip');
 
 function checkSameFamily(what: string, a: string, b: string): void {
   if (famOf(a) !== famOf(b)) throw new NftRenderError(`${what}: ${a} and ${b} are not of the same IP family`);
@@ -299,56 +306,65 @@ export interface NftPlan {
   readonly changes: number;
 }
 
+/** A plan as the transaction a client runs (its text is NftPlan's script). */
+export interface NftTxPlan {
+  readonly tx: NftTransaction;
+  readonly changes: number;
+}
+
+export const textPlan = (p: NftTxPlan): NftPlan => ({ script: p.tx.text(), changes: p.changes });
+
 /** Commands of one transaction, grouped so that dependencies come first whatever was diffed. */
 class Script {
-  readonly create: string[] = [];
-  readonly deleteRules: string[] = [];
-  readonly deleteElements: string[] = [];
-  readonly addElements: string[] = [];
-  readonly addRules: string[] = [];
+  readonly create = new NftTransaction();
+  readonly deleteRules = new NftTransaction();
+  readonly deleteElements = new NftTransaction();
+  readonly addElements = new NftTransaction();
+  readonly addRules = new NftTransaction();
   changes = 0;
 
-  text(): string {
-    const all = [...this.create, ...this.deleteRules, ...this.deleteElements, ...this.addElements, ...this.addRules];
-    return all.length === 0 ? '' : `${all.join('\n')}\n`;
+  tx(): NftTransaction {
+    return NftTransaction.concat(this.create, this.deleteRules, this.deleteElements, this.addElements, this.addRules);
   }
 }
 
-const tableRef = (fam: NftFamily): string => `${fam} ${NATGW_TABLE}`;
+export const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
 
-function setDecl(s: SetSpec): string {
-  return s.kind === 'map' ? `{ type ${s.type} : ${s.map ?? ''}; }` : `{ type ${s.type}; }`;
+function chainOf(c: ChainSpec): NftChainSpec {
+  return c.base
+    ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } }
+    : { name: c.name };
 }
 
-function chainDecl(c: ChainSpec): string {
-  return c.base ? ` { type ${c.base.type} hook ${c.base.hook} priority ${c.base.prioName}; policy accept; }` : '';
-}
-
-function elementList(keys: readonly string[], values?: ReadonlyMap<string, string | undefined>): string {
-  return keys.map((k) => (values?.get(k) !== undefined ? `${k} : ${values.get(k) ?? ''}` : k)).join(', ');
+function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
+  if (s.kind === 'map') tx.addMap(t, { name: s.name, type: s.type, map: s.map ?? '' });
+  else tx.addSet(t, { name: s.name, type: s.type });
 }
 
 function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {
-  if (keys.length === 0) return;
-  sc.addElements.push(`add element ${tableRef(fam)} ${set.name} { ${elementList(keys, set.elements)} }`);
+  const elements = keys.map((key): NftElement => {
+    const value = set.elements.get(key);
+    return value === undefined ? { key } : { key, value };
+  });
+  sc.addElements.addElements(natgwTable(fam), set.name, elements);
   sc.changes += keys.length;
 }
 
 /** Everything for one family from scratch (a missing table, or a rebuild). */
 function renderFresh(sc: Script, spec: FamilySpec): void {
-  const t = tableRef(spec.family);
-  sc.create.push(`add table ${t}`);
+  const t = natgwTable(spec.family);
+  sc.create.addTable(t);
   sc.changes += 1;
   for (const s of spec.sets) {
-    sc.create.push(`add ${s.kind} ${t} ${s.name} ${setDecl(s)}`);
+    addSet(sc.create, t, s);
     sc.changes += 1;
     addElements(sc, spec.family, s, [...s.elements.keys()]);
   }
   for (const c of spec.chains) {
-    sc.create.push(`add chain ${t} ${c.name}${chainDecl(c)}`);
+    sc.create.addChain(t, chainOf(c));
     sc.changes += 1;
     for (const r of c.rules) {
-      sc.addRules.push(`add rule ${t} ${c.name} ${ruleText(r, spec.family)}`);
+      sc.addRules.addRule(t, c.name, nftRule(r, spec.family));
       sc.changes += 1;
     }
   }
@@ -461,7 +477,7 @@ function increasingMatch(
 
 /** Element-level repair of one chain: delete what is wrong by handle, insert what is missing in place. */
 function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly OwnedRule[]): void {
-  const t = tableRef(fam);
+  const t = natgwTable(fam);
   const desired = chain.rules.map((r) => ruleText(r, fam));
   const actual = have.map((r) => (r.rule ? ruleText(r.rule, fam) : null));
   const kept = keepRules(actual, desired);
@@ -470,7 +486,7 @@ function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly 
 
   have.forEach((r, i) => {
     if (!keptActual.has(i)) {
-      sc.deleteRules.push(`delete rule ${t} ${chain.name} handle ${r.handle}`);
+      sc.deleteRules.deleteRule(t, chain.name, r.handle);
       sc.changes += 1;
     }
   });
@@ -479,9 +495,9 @@ function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly 
     // Insert before the next rule that stays; with none after it, append.
     let anchor: number | undefined;
     for (let k = d + 1; k < desired.length && anchor === undefined; k++) anchor = anchorOf.get(k);
-    sc.addRules.push(
-      anchor === undefined ? `add rule ${t} ${chain.name} ${text}` : `insert rule ${t} ${chain.name} position ${anchor} ${text}`,
-    );
+    const rule = nftRule(chain.rules[d] as NatgwRule, fam, text);
+    if (anchor === undefined) sc.addRules.addRule(t, chain.name, rule);
+    else sc.addRules.insertRule(t, chain.name, rule, anchor);
     sc.changes += 1;
   });
 }
@@ -490,17 +506,15 @@ function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): v
   const actual = new Map(have.elements.map((e) => [e.key, e.value] as const));
   const stale = [...actual.keys()].filter((k) => !spec.elements.has(k) || spec.elements.get(k) !== actual.get(k));
   const missing = [...spec.elements.keys()].filter((k) => !actual.has(k) || actual.get(k) !== spec.elements.get(k));
-  if (stale.length > 0) {
-    sc.deleteElements.push(`delete element ${tableRef(fam)} ${spec.name} { ${stale.join(', ')} }`);
-    sc.changes += stale.length;
-  }
+  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, stale);
+  sc.changes += stale.length;
   addElements(sc, fam, spec, missing);
 }
 
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
   if (spec === null) {
     if (have !== null) {
-      sc.create.push(`delete table ${tableRef(fam)}`);
+      sc.create.deleteTable(natgwTable(fam));
       sc.changes += 1;
     }
     return;
@@ -508,24 +522,24 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
   if (have === null) return renderFresh(sc, spec);
   if (needsRebuild(spec, have)) {
     // Atomic in the same transaction: the table is never seen half-built.
-    sc.create.push(`delete table ${tableRef(fam)}`);
+    sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
     return renderFresh(sc, spec);
   }
-  const t = tableRef(fam);
+  const t = natgwTable(fam);
   for (const s of spec.sets) {
     const h = have.sets.get(s.name);
     if (h) {
       diffSet(sc, fam, s, h);
     } else {
-      sc.create.push(`add ${s.kind} ${t} ${s.name} ${setDecl(s)}`);
+      addSet(sc.create, t, s);
       sc.changes += 1;
       addElements(sc, fam, s, [...s.elements.keys()]);
     }
   }
   for (const c of spec.chains) {
     if (!have.chains.has(c.name)) {
-      sc.create.push(`add chain ${t} ${c.name}${chainDecl(c)}`);
+      sc.create.addChain(t, chainOf(c));
       sc.changes += 1;
     }
     diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
@@ -533,15 +547,23 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
-export function renderNatgw(want: NatTables, have: NatgwKernel): NftPlan {
+export function planNatgw(want: NatTables, have: NatgwKernel): NftTxPlan {
   const sc = new Script();
   for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam), have[fam], fam);
-  return { script: sc.text(), changes: sc.changes };
+  return { tx: sc.tx(), changes: sc.changes };
+}
+
+export function renderNatgw(want: NatTables, have: NatgwKernel): NftPlan {
+  return textPlan(planNatgw(want, have));
 }
 
 /** Remove natgw's tables, only those (never `flush ruleset`). */
+export function removeAllTx(have: NatgwKernel): NftTransaction {
+  const tx = new NftTransaction();
+  for (const f of NFT_FAMILIES) if (have[f] !== null) tx.deleteTable(natgwTable(f));
+  return tx;
+}
+
 export function renderRemoveAll(have: NatgwKernel): string {
-  return NFT_FAMILIES.filter((f) => have[f] !== null)
-    .map((f) => `delete table ${tableRef(f)}\n`)
-    .join('');
+  return removeAllTx(have).text();
 }

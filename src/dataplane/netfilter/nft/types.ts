@@ -41,6 +41,8 @@ export interface NftElementDump {
   readonly key: string;
   /** For maps: `10.0.1.6 . 8080`, `goto dnat-…`; undefined for a plain set. */
   readonly value?: string;
+  /** In a set declared with `counter` (per-EIP accounting). */
+  readonly counter?: { readonly packets: number; readonly bytes: number };
 }
 
 export interface NftSetDump {
@@ -52,6 +54,8 @@ export interface NftSetDump {
   /** Data type of a map. */
   readonly map?: string;
   readonly flags: readonly string[];
+  /** Declared with `counter` (nft lists it as a statement, not a flag). */
+  readonly counter?: boolean;
   readonly elements: readonly NftElementDump[];
 }
 
