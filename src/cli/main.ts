@@ -40,7 +40,10 @@ async function main(argv: readonly string[]): Promise<number> {
     import('../engine/legacy.js'),
   ]);
   const engine = new Engine({ config, exec: new SystemExecutor(log), log });
-  return emit(await runLegacy(engine, command, args));
+  const out = await runLegacy(engine, command, args);
+  // Its arping children finish before this process exits: none is left for PID 1 to reap.
+  await engine.link.settle();
+  return emit(out);
 }
 
 function emit(result: CommandOutput): number {

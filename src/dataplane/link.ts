@@ -257,6 +257,10 @@ export interface LinkSyncOptions extends SyncOptions {
   readonly view?: LinkView;
 }
 
+/** arping processes at once, and how long one may take (`-c 3` sends for about 2 s). */
+const ARP_PARALLELISM = 8;
+const ARP_TIMEOUT_MS = 10_000;
+
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
@@ -387,10 +391,49 @@ export class LinkManager {
     this.trusted = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, view };
   }
 
-  /** Gratuitous ARP without holding the command (the script blocked ~3 s per EIP). */
+  /**
+   * Gratuitous ARP without holding the command (the script blocked ~3 s per EIP): queued and
+   * sent a few at a time (a bulk change may announce thousands of EIPs), each arping a child
+   * this process waits for — so it is reaped even where PID 1 (`sleep infinity`) reaps nothing.
+   */
   announce(ifname: string, ip: string): void {
     if (familyOf(ip) !== 4) return;
-    this.exec.spawnDetached({ file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip] });
+    const key = `${ifname} ${ip}`;
+    if (this.arpQueued.has(key)) return;
+    this.arpQueued.add(key);
+    this.arpQueue.push({ ifname, ip });
+    this.pumpArp();
+  }
+
+  /** Resolves when every announcement queued so far has finished (an in-process run waits for it). */
+  async settle(): Promise<void> {
+    while (this.arpRunning > 0 || this.arpQueue.length > 0) await new Promise<void>((r) => this.arpIdle.push(r));
+  }
+
+  private readonly arpQueue: Array<{ ifname: string; ip: string }> = [];
+  private readonly arpQueued = new Set<string>();
+  private arpRunning = 0;
+  private arpIdle: Array<() => void> = [];
+
+  private pumpArp(): void {
+    while (this.arpRunning < ARP_PARALLELISM && this.arpQueue.length > 0) {
+      const { ifname, ip } = this.arpQueue.shift() as { ifname: string; ip: string };
+      this.arpQueued.delete(`${ifname} ${ip}`);
+      this.arpRunning++;
+      void this.exec
+        .run({ file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip], timeoutMs: ARP_TIMEOUT_MS })
+        .then(
+          (r) => {
+            if (r.exitCode !== 0) this.log?.debug({ ip, ifname, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'gratuitous ARP not sent');
+          },
+          (e: unknown) => this.log?.debug({ err: e, ip }, 'gratuitous ARP not sent'),
+        )
+        .finally(() => {
+          this.arpRunning--;
+          this.pumpArp();
+          if (this.arpRunning === 0 && this.arpQueue.length === 0) for (const r of this.arpIdle.splice(0)) r();
+        });
+    }
   }
 
   async hasTool(file: string, args: string[] = ['-V']): Promise<boolean> {
