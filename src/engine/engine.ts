@@ -99,8 +99,13 @@ export class Engine {
   constructor(readonly deps: EngineDeps) {
     this.store =
       deps.store ??
-      new StateStore(deps.config.stateDir, (file, reason) =>
-        deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
+      new StateStore(
+        deps.config.stateDir,
+        (file, reason) => deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
+        (err) => {
+          deps.log.error({ err }, 'lock taken over while held (event loop stalled): the next transaction is a full sync');
+          this.distrust();
+        },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
     this.link = new LinkManager(deps.exec, deps.log);
@@ -162,8 +167,9 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     return this.store.withLock(async () => {
       const stamp = await this.store.stamp();
-      const trusted = opts.mode !== 'full' && this.trusted?.stamp.key === stamp.key ? this.trusted : undefined;
-      if (!trusted && this.trusted) this.log.info('durable state changed outside this process: full sync');
+      const sameFiles = this.trusted?.stamp.key === stamp.key;
+      if (this.trusted && !sameFiles) this.log.info('durable state changed outside this process: full sync');
+      const trusted = opts.mode !== 'full' && sameFiles ? this.trusted : undefined;
       let state: DesiredState;
       /** No state file: what was adopted (or the empty state) is written whole once applied. */
       let unsaved = false;

@@ -1,6 +1,7 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
 import type { DesiredState } from '../../state/state.js';
+import { refDiff } from '../../state/refDiff.js';
 import type { NftTransaction } from './nft/transaction.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
@@ -35,13 +36,50 @@ export function natTablesOf(s: DesiredState): NatTables {
  */
 export function canonicalOrder(t: NatTables): NatTables {
   const key = memoKey();
+  const byEip = (a: string, b: string) => cmp(key(a), key(b));
   return {
     ...t,
-    eips: [...t.eips].sort((a, b) => cmp(key(a), key(b))),
-    dnats: [...t.dnats].sort((a, b) => cmp(key(a.eip), key(b.eip)) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
-    fips: [...t.fips].sort((a, b) => cmp(key(a.eip), key(b.eip))),
+    eips: [...t.eips].sort(byEip),
+    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
+    fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip)),
   };
 }
+
+/**
+ * A sorted copy of a collection that changes a little at a time: the last sort is kept and
+ * brought up to date by reference (what left is filtered out, what came in is placed by
+ * binary search), so a command at ten thousand rules costs a walk, not a sort.
+ */
+class IncrementalSort<T> {
+  private source: readonly T[] | undefined;
+  private sorted: T[] = [];
+
+  sort(source: readonly T[], compare: (a: T, b: T) => number): T[] {
+    const d = this.source ? refDiff(this.source, source) : null;
+    if (!d || d.added.length + d.removed.length > 64) {
+      this.sorted = [...source].sort(compare);
+    } else if (d.added.length + d.removed.length > 0) {
+      const gone = new Set(d.removed.map((i) => (this.source as readonly T[])[i]));
+      const out = gone.size > 0 ? this.sorted.filter((x) => !gone.has(x)) : [...this.sorted];
+      for (const [, x] of d.added) {
+        let lo = 0;
+        let hi = out.length;
+        while (lo < hi) {
+          const mid = (lo + hi) >> 1;
+          if (compare(out[mid] as T, x) <= 0) lo = mid + 1;
+          else hi = mid;
+        }
+        out.splice(lo, 0, x);
+      }
+      this.sorted = out;
+    }
+    this.source = source;
+    return this.sorted;
+  }
+}
+
+const dnatOrder = new IncrementalSort<Dnat>();
+const fipOrder = new IncrementalSort<Fip>();
 
 const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
 
