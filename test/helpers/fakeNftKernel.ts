@@ -308,6 +308,12 @@ export class Batch {
       at = chain.rules.findIndex((r) => r.handle === op.position);
       if (at === -1) throw new Refusal('ENOENT', 'nft');
     }
+    if (op.verb === 'insert' && op.index !== undefined) {
+      // nft turns an index into the handle of the rule there, counting rules added earlier in
+      // the same transaction; an index past the last rule is refused before anything is sent.
+      if (op.index >= chain.rules.length) throw new Refusal('ENOENT', 'nft');
+      at = op.index;
+    }
     const handle = ++table.counter;
     for (const c of refs.chains) {
       const target = table.chains.get(c);

@@ -104,7 +104,9 @@ function parseLine(tx: NftTransaction, line: string): void {
     case 'insert rule': {
       if (!name) break;
       const pos = /^position (\d+) (.+)$/.exec(rest);
+      const idx = /^index (\d+) (.+)$/.exec(rest);
       if (pos?.[2]) tx.insertRule(t, name, { text: pos[2] }, Number(pos[1]));
+      else if (idx?.[2]) tx.insertRuleAt(t, name, { text: idx[2] }, Number(idx[1]));
       else if (rest !== '') tx.insertRule(t, name, { text: rest });
       else break;
       return;

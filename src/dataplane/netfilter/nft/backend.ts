@@ -67,8 +67,9 @@ export class NftBackend implements NetfilterBackend {
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
-    if (opts.mode === 'partial' && this.view) {
-      const partial = planPartial(this.view, want);
+    const view = this.view;
+    if (opts.mode === 'partial' && view) {
+      const partial = planPartial(view, want);
       if (partial) {
         const plan = textPlan(partial);
         if (opts.dryRun) return plan;
@@ -80,7 +81,8 @@ export class NftBackend implements NetfilterBackend {
           this.view = undefined;
           throw e;
         }
-        this.view = viewOf(want);
+        // A partial plan never adds or drops a family's table (that needs a full sync).
+        this.view = { tables: want, families: view.families };
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
         return { ...plan, appended: opts.append !== undefined };
       }

@@ -3,11 +3,12 @@
  * NatTables natgw applied last and the new one, as one script, without reading the kernel.
  *
  * Map and set elements change one by one, so a DNAT or a floating IP costs one element
- * whatever the number of others. The SNAT chain is ordered and nft deletes a rule only by its
- * handle, which nft reports only by reading back (`--echo` fetches the whole ruleset, as slow
- * as a listing at ten thousand elements): so a change of SNAT rules flushes `shared_snat` and
- * writes its rules again, in the same transaction (atomic: no packet sees it empty). SNAT rules
- * are few (one per subnet and EIP).
+ * whatever the number of others. The SNAT chain is ordered: a new rule is inserted by index
+ * (`insert rule … index N`, no handle needed). nft deletes a rule only by its handle, which it
+ * reports only by reading back (`--echo` fetches the whole ruleset, as slow as a listing at ten
+ * thousand elements): so a change that removes SNAT rules flushes `shared_snat` and writes its
+ * rules again, in the same transaction (atomic: no packet sees it empty). SNAT rules are few
+ * (one per subnet and EIP), and a delete waits for the kernel's RCU grace period either way.
  *
  * Anything structural — an interface renamed, a family's table appearing or going — returns
  * null: the caller then runs a full sync, which reads back and repairs.
@@ -85,6 +86,20 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): Array<{ readonly rul
   return out;
 }
 
+/**
+ * The indexes in `after` of its rules that are not in `before`, when `before` is exactly
+ * `after` without them (the usual snat-add); null when anything was removed or moved.
+ */
+function insertsOnly(before: ReadonlyArray<{ readonly text: string }>, after: ReadonlyArray<{ readonly text: string }>): number[] | null {
+  const inserts: number[] = [];
+  let i = 0;
+  for (let j = 0; j < after.length; j++) {
+    if (i < before.length && before[i]?.text === after[j]?.text) i++;
+    else inserts.push(j);
+  }
+  return i === before.length ? inserts : null;
+}
+
 /** The partial script taking the kernel from `view` to `next`; null when only a full sync can. */
 export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
   const p = planPartial(view, next);
@@ -95,7 +110,6 @@ export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
 export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const prev = view.tables;
   if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf) return null;
-  for (const fam of FAMILIES) if (needsFamily(next, fam) !== view.families.has(fam)) return null;
 
   const out = new Lines();
   const byFam = <T>(items: readonly T[], ip: (t: T) => string, fam: NftFamily): T[] => items.filter((t) => famOf(ip(t)) === fam);
@@ -105,6 +119,16 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const fp = changed(prev.fips, next.fips);
   fp.added.forEach((f) => checkFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
   const ep = changed(prev.eips, next.eips);
+
+  // Whether the ip6 table is still needed, from the change alone: scanning ten thousand objects
+  // for an IPv6 address would cost more than the command's transaction.
+  const snatsChanged = prev.snats !== next.snats;
+  const isV6 = (ip: string) => famOf(ip) === 'ip6';
+  const hadV6 = view.families.has('ip6');
+  const addedV6 = dn.added.some((d) => isV6(d.eip)) || fp.added.some((f) => isV6(f.eip)) || ep.added.some(isV6) || (snatsChanged && next.snats.some((x) => isV6(x.eip)));
+  const removedV6 = dn.removed.some((d) => isV6(d.eip)) || fp.removed.some((f) => isV6(f.eip)) || ep.removed.some(isV6) || (snatsChanged && prev.snats.some((x) => isV6(x.eip)));
+  const needsV6 = hadV6 ? (removedV6 ? needsFamily(next, 'ip6') : true) : addedV6;
+  if (needsV6 !== hadV6 || !view.families.has('ip')) return null;
   // A FIP whose internal IP changes hands may change which EIP SNATs it.
   const touched = new Set([...fp.added, ...fp.removed].map((f) => f.internalIp));
   const firstBefore = firstEips(prev.fips, touched);
@@ -132,11 +156,21 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
     out.delete(fam, SET.hairpinEips, [...new Set(byFam(ep.removed, (e) => e, fam))]);
     out.add(fam, SET.hairpinEips, [...new Set(byFam(ep.added, (e) => e, fam))].map((key) => ({ key })));
 
-    if (prev.snats !== next.snats) {
+    if (snatsChanged) {
       const before = snatRules(prev.snats, fam);
       const after = snatRules(next.snats, fam);
-      if (before.length !== after.length || before.some((r, i) => r.text !== after[i]?.text)) {
-        const t = natgwTable(fam);
+      const t = natgwTable(fam);
+      const inserts = insertsOnly(before, after);
+      if (inserts) {
+        // Only new rules: each placed by index, the rules already there untouched.
+        inserts.forEach((i, k) => {
+          const r = after[i] as (typeof after)[number];
+          // The chain holds `before` and the k rules inserted so far, in their final order.
+          if (i < before.length + k) out.adds.insertRuleAt(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text), i);
+          else out.adds.addRule(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text));
+        });
+        out.changes += inserts.length;
+      } else {
         out.adds.flushChain(t, CHAIN.sharedSnat);
         for (const r of after) out.adds.addRule(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text));
         out.changes += before.length + after.length;

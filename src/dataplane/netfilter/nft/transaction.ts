@@ -81,6 +81,11 @@ export type NftOp =
       readonly rule: NftRule;
       /** Before the rule with this handle; at the head of the chain when absent. */
       readonly position?: number;
+      /**
+       * Before the rule at this index (0-based, counting the rules this transaction added
+       * before it): no handle needed, so a partial sync places a rule without reading back.
+       */
+      readonly index?: number;
     }
   | { readonly verb: 'delete'; readonly object: 'rule'; readonly table: NftTableRef; readonly chain: string; readonly handle: number };
 
@@ -138,6 +143,7 @@ export function opText(op: NftOp): string {
       const c = `${t} ${checked(NAME, 'chain', op.chain)}`;
       if (op.verb === 'delete') return `delete rule ${c} handle ${checkHandle(op.handle)}`;
       if (op.verb === 'insert' && op.position !== undefined) return `insert rule ${c} position ${checkHandle(op.position)} ${op.rule.text}`;
+      if (op.verb === 'insert' && op.index !== undefined) return `insert rule ${c} index ${checkHandle(op.index)} ${op.rule.text}`;
       return `${op.verb} rule ${c} ${op.rule.text}`;
     }
   }
@@ -234,6 +240,11 @@ export class NftTransaction {
 
   insertRule(table: NftTableRef, chain: string, rule: NftRule, position?: number): this {
     return this.push({ verb: 'insert', object: 'rule', table, chain, rule, ...(position === undefined ? {} : { position }) });
+  }
+
+  /** Before the rule now at `index` of the chain (nft's `insert rule … index N`). */
+  insertRuleAt(table: NftTableRef, chain: string, rule: NftRule, index: number): this {
+    return this.push({ verb: 'insert', object: 'rule', table, chain, rule, index });
   }
 
   deleteRule(table: NftTableRef, chain: string, handle: number): this {
