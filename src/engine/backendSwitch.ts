@@ -49,7 +49,13 @@ export class BackendSwitch {
 
   /** The backend without taking the lock or recording anything (get-iptables-version). */
   async peek(): Promise<NetfilterBackend> {
-    return this.backendFor(await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe));
+    return (await this.choose()).backend;
+  }
+
+  /** The choice as it stands, with no switch carried out and nothing recorded (a dry run). */
+  async choose(): Promise<{ backend: NetfilterBackend; choice: BackendChoice }> {
+    const choice = await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe);
+    return { backend: this.backendFor(choice), choice };
   }
 
   /** Every backend drops its view: the next sync of each reads the kernel back. */

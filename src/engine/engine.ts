@@ -183,7 +183,10 @@ export class Engine {
       } else {
         this.trusted = undefined;
         const saved = await this.store.load();
-        const resolved = await this.backends.resolve(saved);
+        // A dry run changes nothing: no switch of backends, no record written.
+        const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
+          ? await this.backends.choose()
+          : await this.backends.resolve(saved);
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));

@@ -99,3 +99,21 @@ describe('engine: full and partial syncs', () => {
     await expect(engine.transact(({ state }) => Ops.addDnat(state, dnat(1)), { guarded: true })).rejects.toThrow(/not initialized/);
   });
 });
+
+describe('engine: a dry run changes nothing', () => {
+  it('no backend switch, no record written, no transaction run', async () => {
+    const { readFileSync } = await import('node:fs');
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-engine-'));
+    dirs.push(dir);
+    const record = '{"kind":"iptables","variant":"legacy"}\n';
+    writeFileSync(path.join(dir, 'backend.json'), record);
+    const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
+    const exec = new RecordingExecutor((r) => (r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined));
+    const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
+    const { report } = await engine.transact(({ state }) => Ops.addDnat({ ...state, initialized: true }, dnat(1)), { dryRun: true });
+    expect(report.script).toContain('add element ip natgw port_dnat');
+    expect(readFileSync(path.join(dir, 'backend.json'), 'utf8')).toBe(record);
+    const writes = exec.calls.filter((r) => (r.file === 'nft' && r.args.includes('-f')) || r.file.includes('restore') || (r.file === 'ip' && r.args.includes('-batch') && !r.args.includes('-j')));
+    expect(writes.map(cmd)).toEqual([]);
+  });
+});
