@@ -5,7 +5,8 @@
  * shim with the daemon running, per backend. Contract as the controller uses it: one
  * `<prefix> <command> <rule>` exec per call, success = exit 0 and no stderr but `Warning:`.
  */
-import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { legacyError } from './commands.js';
 import { Gateway, SHIM, withRetryIfVanished, type BackendName } from './gateway.js';
@@ -67,71 +68,34 @@ async function runSequence(gw: Gateway, prefix: readonly string[], env: Record<s
   return { perCommand, totalMs: round(totalMs) };
 }
 
-/**
- * A script like the original writes /etc/kube-ovn/nat-gateway.env. `ip netns exec` bind-mounts
- * /etc/netns/<ns>/* over /etc/*, so each compared namespace gets a private /etc/kube-ovn and
- * the host's stays untouched; the mount needs the host directory to exist, so it is created
- * (empty) when missing and removed again afterwards.
- */
-class PrivateEtc {
-  private createdHostDir = false;
-  private createdNetnsDir = false;
-  private readonly dirs: string[] = [];
-
-  prepare(ns: string): void {
-    if (!existsSync('/etc/kube-ovn')) {
-      mkdirSync('/etc/kube-ovn');
-      this.createdHostDir = true;
-    }
-    if (!existsSync('/etc/netns')) {
-      mkdirSync('/etc/netns');
-      this.createdNetnsDir = true;
-    }
-    const dir = join('/etc/netns', ns);
-    mkdirSync(join(dir, 'kube-ovn'), { recursive: true });
-    this.dirs.push(dir);
-  }
-
-  release(): void {
-    for (const d of this.dirs.splice(0)) rmSync(d, { recursive: true, force: true });
-    const rmdirIfEmpty = (d: string) => {
-      try {
-        if (readdirSync(d).length === 0) rmdirSync(d);
-      } catch {
-        // gone already
-      }
-    };
-    if (this.createdNetnsDir) rmdirIfEmpty('/etc/netns');
-    if (this.createdHostDir) rmdirIfEmpty('/etc/kube-ovn');
-    this.createdHostDir = this.createdNetnsDir = false;
-  }
-}
-
 export async function compare(prefixText: string, sizes: readonly number[], backends: readonly BackendName[], resync: string): Promise<CompareRun[]> {
   // Split on blanks, never through a shell: the prefix is a command line, not a script.
   const prefix = prefixText.trim().split(/\s+/);
-  const etc = new PrivateEtc();
-  const releaseAtExit = () => etc.release();
-  process.once('exit', releaseAtExit);
+  // What the compared script writes under /etc (see nsrunner.ts) lands here.
+  const etc = mkdtempSync(join(tmpdir(), 'natgw-bench-etc-'));
+  const removeEtc = () => rmSync(etc, { recursive: true, force: true });
+  process.once('exit', removeEtc);
   const runs: CompareRun[] = [];
   try {
     for (const n of sizes) {
       progress(`compare N=${n}: ${prefixText}`);
       const target = await withRetryIfVanished(
         `compare N=${n} target`,
-        () => Gateway.bare({ backend: 'iptables', resync }, (topo) => etc.prepare(topo.ns.gw)),
+        () => Gateway.bare({ backend: 'iptables', resync }, { BENCH_PRIVATE_ETC: mkdtempSync(join(etc, `n${n}-`)) }),
         (gw) => runSequence(gw, prefix, gw.topo.natgwEnv(), n, 'target'),
       );
       const natgw: CompareRun['natgw'] = {};
       for (const backend of backends) {
         progress(`compare N=${n}: natgw shim, ${backend}`);
-        natgw[backend] = await withRetryIfVanished(`compare N=${n} natgw ${backend}`, () => Gateway.withDaemon({ backend, resync }), (gw) => runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`));
+        natgw[backend] = await withRetryIfVanished(`compare N=${n} natgw ${backend}`, () => Gateway.withDaemon({ backend, resync }), (gw) =>
+          runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`),
+        );
       }
       runs.push({ n, target, natgw });
     }
   } finally {
-    etc.release();
-    process.removeListener('exit', releaseAtExit);
+    removeEtc();
+    process.removeListener('exit', removeEtc);
   }
   return runs;
 }

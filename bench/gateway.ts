@@ -39,16 +39,12 @@ export class Gateway {
     readonly opts: GatewayOptions,
   ) {}
 
-  /**
-   * A topology and a runner in its gw namespace; no daemon yet. `beforeRunner` sees the
-   * topology first (the runner's `ip netns exec` binds /etc/netns/<ns> as it starts).
-   */
-  static async bare(opts: GatewayOptions, beforeRunner?: (topo: Topology) => void): Promise<Gateway> {
+  /** A topology and a runner in its gw namespace (`runnerEnv`: see nsrunner.ts); no daemon yet. */
+  static async bare(opts: GatewayOptions, runnerEnv: Record<string, string> = {}): Promise<Gateway> {
     const topo = await createTopology();
     progress(`namespaces ${topo.prefix}* (${opts.backend})`);
     try {
-      beforeRunner?.(topo);
-      return new Gateway(topo, new NsRunner(topo, 'gw', topo.natgwEnv()), opts);
+      return new Gateway(topo, new NsRunner(topo, 'gw', { ...topo.natgwEnv(), ...runnerEnv }), opts);
     } catch (e) {
       await topo.cleanup();
       throw e;

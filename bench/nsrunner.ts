@@ -6,7 +6,9 @@
  * carries `ip netns exec`'s own cost — inside the pod the controller's exec lands directly in
  * the namespace.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 
 export interface RunRequest {
@@ -56,7 +58,24 @@ function run(req: RunRequest): Promise<RunResult> {
   });
 }
 
+/**
+ * BENCH_PRIVATE_ETC=<dir>: /etc becomes an overlay whose writes land in <dir>, for every
+ * command this runner starts. `ip netns exec` already gave the runner a mount namespace of its
+ * own (a slave of the host's), so the mount is seen by nothing else and goes with the runner. A
+ * compared script may write /etc (the original writes /etc/kube-ovn/nat-gateway.env); the
+ * host's /etc stays untouched, even if the bench is killed.
+ */
+function privateEtc(dir: string): void {
+  for (const d of ['upper', 'work']) mkdirSync(join(dir, d), { recursive: true });
+  const r = spawnSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=/etc,upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}`, '/etc'], { encoding: 'utf8' });
+  if (r.status !== 0) {
+    process.stderr.write(`bench runner: cannot make /etc private: ${r.stderr || r.error}\n`);
+    process.exit(1);
+  }
+}
+
 async function main(): Promise<void> {
+  if (process.env.BENCH_PRIVATE_ETC) privateEtc(process.env.BENCH_PRIVATE_ETC);
   const lines = createInterface({ input: process.stdin });
   for await (const line of lines) {
     if (line.trim() === '') continue;

@@ -43,7 +43,7 @@ export function idealShim(s: SizeFigures): number {
   return f.bash.median + (f.client?.median ?? f.node.median) + f.kernel.median;
 }
 
-function backendReport(b: BackendFigures): string {
+export function backendSection(b: BackendFigures): string {
   const out: string[] = [];
   const variant = b.info?.variant ? ` (variant ${b.info.variant})` : '';
   out.push(`\n==================== ${b.backend}${variant} ====================`);
@@ -136,17 +136,25 @@ function compareReport(prefix: string, run: CompareRun): string {
   return table(title, head, rows) + (errs.length ? `\nfailures (first of each):\n  ${errs.join('\n  ')}` : '');
 }
 
-export function renderReport(r: Results): string {
+/**
+ * The report in sections, each printed as soon as its figures exist: a run cut short (killed,
+ * or out of time) still leaves what it measured on stdout.
+ */
+export function headerSection(r: Results): string {
   const o = r.options;
-  const out: string[] = [];
-  out.push(`natgw bench — ${Object.entries(r.environment).map(([k, v]) => `${k} ${v}`).join(', ')}`);
-  out.push(`samples ${o.samples} per figure; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`);
-  for (const b of r.backends) out.push(backendReport(b));
-  if (r.compare) {
-    out.push(`\n==================== compare ====================`);
-    for (const run of r.compare.runs) out.push(compareReport(r.compare.prefix, run));
-    if (r.compare.error) out.push(`\ncompare failed: ${r.compare.error}`);
-  }
-  if (r.notes.length) out.push(`\nNotes:\n  ${r.notes.join('\n  ')}`);
+  return [
+    `natgw bench — ${Object.entries(r.environment).map(([k, v]) => `${k} ${v}`).join(', ')}`,
+    `samples ${o.samples} per figure; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
+  ].join('\n');
+}
+
+export function compareSection(c: NonNullable<Results['compare']>): string {
+  const out = [`\n==================== compare ====================`];
+  for (const run of c.runs) out.push(compareReport(c.prefix, run));
+  if (c.error) out.push(`\ncompare failed: ${c.error}`);
   return out.join('\n');
+}
+
+export function closingSection(r: Results): string {
+  return [`\nload average at the end: ${r.environment['load at end'] ?? '?'}`, ...(r.notes.length ? [`\nNotes:\n  ${r.notes.join('\n  ')}`] : [])].join('\n');
 }

@@ -14,7 +14,7 @@ import { hasCurl, measureFloors } from './floors.js';
 import { Gateway, VanishedError, vanishedNote, type BackendName } from './gateway.js';
 import { parseOptions, type Options } from './options.js';
 import { note, progress, runNotes } from './progress.js';
-import { renderReport } from './report.js';
+import { backendSection, closingSection, compareSection, headerSection } from './report.js';
 import type { BackendFigures, Results, SizeFigures } from './results.js';
 import { round } from './stats.js';
 import { mixOf, stateDoc } from './workload.js';
@@ -116,7 +116,12 @@ async function main(): Promise<void> {
     notes: [],
   };
   progress(`sizes ${o.sizes.join(',')}, backends ${o.backends.join(',')}, ${o.samples} samples per figure`);
-  for (const backend of o.backends) results.backends.push(await benchBackend(backend, o));
+  console.log(headerSection(results));
+  for (const backend of o.backends) {
+    const b = await benchBackend(backend, o);
+    results.backends.push(b);
+    console.log(backendSection(b));
+  }
   if (o.compare) {
     results.compare = { prefix: o.compare, runs: [] };
     try {
@@ -124,10 +129,11 @@ async function main(): Promise<void> {
     } catch (e) {
       results.compare.error = message(e);
     }
+    console.log(compareSection(results.compare));
   }
   results.environment['load at end'] = os.loadavg().map((x) => x.toFixed(1)).join(' ');
   results.notes.push(...runNotes);
-  console.log(renderReport(results));
+  console.log(closingSection(results));
   console.log(JSON.stringify(results));
   const failed = results.backends.some((b) => b.errors.length > 0) || results.compare?.error !== undefined;
   process.exitCode = failed ? 1 : 0;
