@@ -14,6 +14,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
 import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js';
+import { waitFor } from '../helpers/poll.js';
 
 const SHIM = join(REPO_ROOT, 'image', 'nat-gateway.sh');
 const EIP = '172.20.0.10';
@@ -104,10 +105,30 @@ async function runSequence(topo: Topology, env: Record<string, string>, seq = SE
 }
 
 /** Lines the daemon logged for requests to exactly this path. */
-const requestsTo = (d: Daemon, path: string) => d.logs().split('\n').filter((l) => l.includes(`"path":"${path}"`)).length;
+const countRequests = (d: Daemon, path: string) => d.logs().split('\n').filter((l) => l.includes(`"path":"${path}"`)).length;
+
+/**
+ * The daemon logs a request once its answer is sent, and the line reaches the test through a
+ * pipe some time after the shim got that answer. A marker request sent after the shim returned
+ * is logged after it: once the marker's line is in, so is every line before it.
+ */
+async function requestsVia(socketPath: string, d: Daemon, path: string): Promise<number> {
+  const marker = `/v1/openapi.json?settle=${Math.random().toString(36).slice(2)}`;
+  await new Promise<void>((resolve, reject) => {
+    const req = http.request({ socketPath, path: marker, method: 'GET' }, (res) => {
+      res.resume();
+      res.on('end', resolve);
+    });
+    req.on('error', reject);
+    req.end();
+  });
+  await waitFor(async () => d.logs().includes(`"path":"${marker}"`), { timeoutMs: 10_000, intervalMs: 20, what: `the daemon's log line for ${marker}` });
+  return countRequests(d, path);
+}
 
 describe("the shim's curl client", () => {
   let topo: Topology;
+  const requestsTo = (d: Daemon, path: string) => requestsVia(socketOf(topo), d, path);
   let daemon: Daemon | undefined;
   /** A PATH with ip, bash and curl but no node: a run that succeeds there never started Node.js. */
   let noNode: string;
@@ -136,12 +157,12 @@ describe("the shim's curl client", () => {
   it('prints byte for byte what the Node.js path prints, without starting Node.js', async () => {
     const d = daemon!;
     const viaCurl = await runSequence(topo, { PATH: noNode });
-    expect(requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
-    expect(requestsTo(d, '/v1/legacy')).toBe(0);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+    expect(await requestsTo(d, '/v1/legacy')).toBe(0);
 
     const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' });
-    expect(requestsTo(d, '/v1/legacy')).toBe(SEQUENCE.length);
-    expect(requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+    expect(await requestsTo(d, '/v1/legacy')).toBe(SEQUENCE.length);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
 
     expect(viaCurl).toEqual(viaNode);
     expect(existsSync('/tmp/natgw-pwned')).toBe(false);
@@ -170,16 +191,16 @@ describe("the shim's curl client", () => {
     const original = readFileSync(envFile, 'utf8');
     try {
       writeFileSync(envFile, `${original}# NATGW_SOCKET=/nowhere\nNATGW_SOCKET=/nowhere/else\nexport NATGW_SOCKET = "${socketOf(topo)}"  \n`);
-      const before = requestsTo(d, '/v1/legacy/raw');
+      const before = await requestsTo(d, '/v1/legacy/raw');
       const r = await shim(topo, ['snat-del', `${EIP},10.9.9.0/24`], { PATH: noNode, NATGW_SOCKET: '/nowhere/at/all.sock' });
-      expect(requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
+      expect(await requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
       expect({ status: r.status, stdout: text(r.stdout), stderr: text(r.stderr) }).toEqual({ status: 0, stdout: `snat-del ${EIP},10.9.9.0/24\n`, stderr: '' });
       writeFileSync(envFile, `${original}NATGW_SOCKET='$(touch /tmp/natgw-pwned)' # not a command\n`);
       const fallback = await shim(topo, ['snat-del', `${EIP},10.9.9.0/24`], { PATH: noNode, NATGW_SOCKET: socketOf(topo) });
       // The file's socket does not exist: Node.js is the only way on, and it is not on PATH.
       expect(fallback.status).toBe(127);
       expect(existsSync('/tmp/natgw-pwned')).toBe(false);
-      expect(requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
+      expect(await requestsTo(d, '/v1/legacy/raw')).toBe(before + 1);
     } finally {
       writeFileSync(envFile, original);
     }
@@ -187,15 +208,15 @@ describe("the shim's curl client", () => {
 
   it('falls back to Node.js, silently, when the daemon refuses the request (4xx)', async () => {
     const d = daemon!;
-    const rawBefore = requestsTo(d, '/v1/legacy/raw');
-    const jsonBefore = requestsTo(d, '/v1/legacy');
+    const rawBefore = await requestsTo(d, '/v1/legacy/raw');
+    const jsonBefore = await requestsTo(d, '/v1/legacy');
     // Longer than a rule may be: both endpoints answer 400, and natgw runs the command in-process.
     const huge = `${EIP},${'9'.repeat(70_000)},tcp,${ADDR.vpc1},80`;
     const viaCurl = await shim(topo, ['dnat-add', huge]);
     const viaNode = await shim(topo, ['dnat-add', huge], { NATGW_SHIM_CLIENT: 'node' });
-    expect(requestsTo(d, '/v1/legacy/raw')).toBe(rawBefore + 1);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(rawBefore + 1);
     // Node.js asks twice (once before and once after loading its configuration), then runs it itself.
-    expect(requestsTo(d, '/v1/legacy')).toBe(jsonBefore + 4);
+    expect(await requestsTo(d, '/v1/legacy')).toBe(jsonBefore + 4);
     expect(viaCurl).toEqual(viaNode);
     expect(viaCurl.status).toBe(1);
     expect(text(viaCurl.stderr)).toBe('');
