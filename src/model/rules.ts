@@ -1,3 +1,4 @@
+import { memoText } from './memo.js';
 import { z } from 'zod';
 import { isIp, isIpv4, isInterfaceName, parseCidr, canonicalIp, formatCidr } from './net.js';
 
@@ -74,20 +75,10 @@ export const routeSchema = z.object({
 export type Route = z.infer<typeof routeSchema>;
 
 // ---- identities: the keys under which an add is strict and a delete is lenient ----
-// Rule objects are immutable and kept across states: a collection of ten thousand is scanned
-// by identity on many paths, so each object's key is built once.
-function memoKey<T extends object>(cache: WeakMap<T, string>, o: T, build: (o: T) => string): string {
-  let k = cache.get(o);
-  if (k === undefined) {
-    k = build(o);
-    cache.set(o, k);
-  }
-  return k;
-}
 const snatKeys = new WeakMap<Pick<Snat, 'eip' | 'cidr'>, string>();
 const dnatKeys = new WeakMap<Pick<Dnat, 'eip' | 'port' | 'protocol'>, string>();
-export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoKey(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
-export const dnatKey = (d: Pick<Dnat, 'eip' | 'port' | 'protocol'>): string => memoKey(dnatKeys, d, (x) => `${x.eip}|${x.port}|${x.protocol}`);
+export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoText(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
+export const dnatKey = (d: Pick<Dnat, 'eip' | 'port' | 'protocol'>): string => memoText(dnatKeys, d, (x) => `${x.eip}|${x.port}|${x.protocol}`);
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;
 export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;

@@ -1,5 +1,6 @@
 import { canonicalOrder, type NatTables } from '../backend.js';
 import type { Dnat, Fip } from '../../../model/rules.js';
+import { memoText } from '../../../model/memo.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpec, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
@@ -18,29 +19,18 @@ export interface TableWant {
   readonly jumps: ReadonlyMap<string, string>;
 }
 
-// Rule objects are immutable and kept across states, so their text is rendered once: a
-// command at ten thousand rules then costs lookups, not string building.
 const fipDnatCache = new WeakMap<Fip, string>();
 const fipSnatCache = new WeakMap<Fip, string>();
 const dnatCache = new WeakMap<Dnat, string>();
-
-function memo<T extends object>(cache: WeakMap<T, string>, o: T, render: (o: T) => string): string {
-  let v = cache.get(o);
-  if (v === undefined) {
-    v = render(o);
-    cache.set(o, v);
-  }
-  return v;
-}
 
 export function desiredTables(given: NatTables): Record<TableName, TableWant> {
   const want = canonicalOrder(given);
   const nat = new Map<string, string[]>([
     [CHAINS.dnatFilter, [`-j ${CHAINS.exclusiveDnat}`, `-j ${CHAINS.sharedDnat}`]],
     [CHAINS.snatFilter, [`-j ${CHAINS.exclusiveSnat}`, `-j ${CHAINS.sharedSnat}`, `-j ${CHAINS.hairpinSnat}`]],
-    [CHAINS.exclusiveDnat, want.fips.map((f) => memo(fipDnatCache, f, fipDnatSpec))],
-    [CHAINS.exclusiveSnat, want.fips.map((f) => memo(fipSnatCache, f, fipSnatSpec))],
-    [CHAINS.sharedDnat, want.dnats.map((d) => memo(dnatCache, d, dnatSpec))],
+    [CHAINS.exclusiveDnat, want.fips.map((f) => memoText(fipDnatCache, f, fipDnatSpec))],
+    [CHAINS.exclusiveSnat, want.fips.map((f) => memoText(fipSnatCache, f, fipSnatSpec))],
+    [CHAINS.sharedDnat, want.dnats.map((d) => memoText(dnatCache, d, dnatSpec))],
     [CHAINS.sharedSnat, want.snats.map((s) => snatSpec(s, want.extIf))],
     [CHAINS.hairpinSnat, want.eips.map((e) => hairpinSpec(e, want.vpcIf))],
   ]);
