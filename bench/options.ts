@@ -15,7 +15,8 @@ export interface Options {
 }
 
 const HELP = `npm run bench -- [flags]            (root; everything runs in throw-away network namespaces)
-  --sizes 20,1000,10000,20000   gateway sizes (objects per kind; SNAT = size/10)   [BENCH_SIZES]
+  --sizes 20,1000,10000,20000   gateway sizes (objects per kind; SNAT = size/10);   [BENCH_SIZES]
+                                'none' skips the per-size phase
   --backends iptables,nftables                                                        [BENCH_BACKENDS]
   --samples 30                  samples per figure (median and p99 of these)          [BENCH_SAMPLES]
   --bulk-size N                 bulk PUT /v1/state and restore-at-start size; 0 skips  [BENCH_BULK_SIZE]
@@ -52,12 +53,14 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
   for (const k of flags.keys()) if (!known.includes(k)) throw new Error(`unknown flag --${k}\n${HELP}`);
   const get = (flag: string, envKey: string): string | undefined => flags.get(flag) ?? env[envKey];
 
-  const sizes = list(get('sizes', 'BENCH_SIZES') ?? '20,1000,10000,20000').sort((a, b) => a - b);
+  const sizesText = get('sizes', 'BENCH_SIZES') ?? '20,1000,10000,20000';
+  // `none`: no per-size phase (e.g. only --compare).
+  const sizes = sizesText === 'none' ? [] : list(sizesText).sort((a, b) => a - b);
   const backends = (get('backends', 'BENCH_BACKENDS') ?? 'iptables,nftables').split(',').filter(Boolean);
   for (const b of backends) if (b !== 'iptables' && b !== 'nftables') throw new Error(`unknown backend ${b}`);
   const samples = list(get('samples', 'BENCH_SAMPLES') ?? '30')[0] ?? 30;
   const bulkRaw = get('bulk-size', 'BENCH_BULK_SIZE');
-  const bulkSize = bulkRaw === undefined ? Math.min(10_000, Math.max(...sizes)) : Number(bulkRaw);
+  const bulkSize = bulkRaw === undefined ? Math.min(10_000, Math.max(0, ...sizes)) : Number(bulkRaw);
   if (!Number.isInteger(bulkSize) || bulkSize < 0) throw new Error(`--bulk-size: not a size: ${bulkRaw}`);
   const compare = get('compare', 'BENCH_COMPARE')?.trim() || undefined;
   return {

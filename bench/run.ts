@@ -79,7 +79,7 @@ async function benchBackend(backend: BackendName, o: Options): Promise<BackendFi
   const b: BackendFigures = { backend, sizes: [], errors: [] };
   // Phases are independent: one that fails is reported and the others still run.
   try {
-    await sizeSeries(b, backend, o);
+    if (o.sizes.length > 0) await sizeSeries(b, backend, o);
   } catch (e) {
     b.errors.push(`per-size series: ${message(e)}`);
   }
@@ -117,7 +117,7 @@ async function main(): Promise<void> {
   };
   progress(`sizes ${o.sizes.join(',')}, backends ${o.backends.join(',')}, ${o.samples} samples per figure`);
   console.log(headerSection(results));
-  for (const backend of o.backends) {
+  for (const backend of o.sizes.length > 0 || o.bulkSize > 0 ? o.backends : []) {
     const b = await benchBackend(backend, o);
     results.backends.push(b);
     console.log(backendSection(b));
