@@ -95,9 +95,11 @@ export class Agent implements AgentService {
     if (e.ok) {
       this.lastSync = { ok: true, at: new Date().toISOString() };
       this.updateReady();
-    } else {
-      this.deps.log.warn({ err: e.error }, 'apply failed; nothing was changed');
+    } else if (e.kind === 'full') {
+      this.deps.log.warn({ err: e.error }, 'apply failed; what it had applied was put back');
     }
+    // A refused partial sync is retried at once as a full one (the engine logs it); only the
+    // outcome of that retry says whether the change failed.
   }
 
   private syncFailed(e: unknown): void {

@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
+import { canonicalIp, familyOf } from '../model/net.js';
 
 export interface ConntrackFilter {
   readonly dst: string;
@@ -15,6 +16,38 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
   return args;
 }
 
+/** Flushes run side by side, this many at a time. */
+const FLUSH_PARALLELISM = 8;
+/** Above this many filters, one listing picks the filters that match anything before any delete runs. */
+const LIST_FIRST_ABOVE = 16;
+
+/** One tracked connection's original direction, as `conntrack -L` prints it. */
+export interface TrackedFlow {
+  readonly protocol: string;
+  readonly dst: string;
+  readonly dport?: number;
+}
+
+/** PURE: `conntrack -L` lines → the original direction of each entry (the first dst= and dport=). */
+export function parseConntrackList(text: string): TrackedFlow[] {
+  const flows: TrackedFlow[] = [];
+  for (const line of text.split('\n')) {
+    const protocol = /^(\w+)\s/.exec(line)?.[1];
+    const dst = /\bdst=(\S+)/.exec(line)?.[1];
+    if (!protocol || !dst) continue;
+    const dport = /\bdport=(\d+)/.exec(line)?.[1];
+    flows.push({ protocol, dst: canonicalIp(dst), ...(dport ? { dport: Number(dport) } : {}) });
+  }
+  return flows;
+}
+
+/** PURE: whether a flush with this filter would delete the flow. */
+export function matches(f: ConntrackFilter, flow: TrackedFlow): boolean {
+  if (canonicalIp(f.dst) !== flow.dst) return false;
+  if (f.protocol && f.protocol !== flow.protocol) return false;
+  return !(f.protocol && f.port !== undefined && f.port !== flow.dport);
+}
+
 /**
  * Flush stale conntrack entries after a NAT mapping went away, so existing flows stop using
  * the old translation. conntrack exits 1 when nothing matched; that is success here, and its
@@ -25,6 +58,44 @@ export class Conntrack {
     private readonly exec: Executor,
     private readonly log?: Logger,
   ) {}
+
+  /**
+   * Flush for every filter. A bulk change may remove thousands of mappings: then one listing
+   * per family first, and a delete only for the filters that match a tracked connection, instead
+   * of a process per filter. A listing that fails falls back to a delete per filter.
+   */
+  async flushAll(filters: readonly ConntrackFilter[]): Promise<number> {
+    let todo = filters;
+    if (filters.length > LIST_FIRST_ABOVE) {
+      const flows = await this.list(filters);
+      if (flows) todo = filters.filter((f) => flows.some((flow) => matches(f, flow)));
+      this.log?.debug({ filters: filters.length, matching: todo.length }, 'conntrack: listed before flushing');
+    }
+    let next = 0;
+    let deleted = 0;
+    const worker = async () => {
+      while (next < todo.length) {
+        const f = todo[next++];
+        if (f) deleted += await this.flush(f);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, todo.length) }, worker));
+    return deleted;
+  }
+
+  private async list(filters: readonly ConntrackFilter[]): Promise<TrackedFlow[] | undefined> {
+    const families = [...new Set(filters.map((f) => familyOf(f.dst)))];
+    const flows: TrackedFlow[] = [];
+    for (const fam of families) {
+      const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam === 4 ? 'ipv4' : 'ipv6'] });
+      if (r.exitCode !== 0) {
+        this.log?.warn({ exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: flushing filter by filter');
+        return undefined;
+      }
+      flows.push(...parseConntrackList(r.stdout));
+    }
+    return flows;
+  }
 
   async flush(f: ConntrackFilter): Promise<number> {
     const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });

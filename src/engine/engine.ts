@@ -17,9 +17,6 @@ import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
 import { linkPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
-/** Conntrack flushes run side by side, this many at a time. */
-const FLUSH_PARALLELISM = 8;
-
 export interface EngineDeps {
   readonly config: Config;
   readonly exec: Executor;
@@ -285,8 +282,8 @@ export class Engine {
   }
 
   /**
-   * ARP is sent without waiting; conntrack flushes run a few at a time side by side (a batch
-   * may carry thousands, and each is a process).
+   * ARP is sent without waiting (queued, a few at a time); conntrack flushes are the Conntrack
+   * part's (a batch may carry thousands).
    */
   private async runEffects(state: DesiredState, effects: readonly Effect[]): Promise<void> {
     const flushes: ConntrackFilter[] = [];
@@ -294,14 +291,7 @@ export class Engine {
       if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
       else flushes.push(e);
     }
-    let next = 0;
-    const worker = async () => {
-      while (next < flushes.length) {
-        const f = flushes[next++];
-        if (f) await this.conntrack.flush(f);
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, flushes.length) }, worker));
+    if (flushes.length > 0) await this.conntrack.flushAll(flushes);
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

@@ -73,3 +73,28 @@ describe('Conntrack.flush', () => {
     expect(exec.calls.every((c) => c.input === undefined)).toBe(true);
   });
 });
+
+describe('Conntrack.flushAll', () => {
+  // Two tracked flows as conntrack -L (1.4.7) prints them: one to a DNAT that goes, one elsewhere.
+  const LISTING = [
+    'tcp      6 431999 ESTABLISHED src=172.20.0.100 dst=172.18.0.10 sport=40000 dport=8081 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40000 [ASSURED] mark=0 use=1',
+    'udp      17 29 src=172.20.0.100 dst=172.18.0.11 sport=5353 dport=53 [UNREPLIED] src=10.0.1.7 dst=172.20.0.100 sport=53 dport=5353 mark=0 use=1',
+    '',
+  ].join('\n');
+
+  it('a bulk of filters lists once and deletes only where a tracked flow matches', async () => {
+    const exec = new RecordingExecutor((r) => (r.args[0] === '-L' ? { stdout: LISTING, stderr: 'conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n' } : { exitCode: 1, stderr: '0 flow entries have been deleted.\n' }));
+    const filters = Array.from({ length: 500 }, (_, i) => ({ dst: '172.18.0.10', protocol: 'tcp' as const, port: 8000 + i }));
+    await new Conntrack(exec).flushAll(filters);
+    expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 8081']);
+  });
+
+  it('a few filters are flushed one by one without a listing; a failed listing falls back to that', async () => {
+    const few = new RecordingExecutor(() => ({ exitCode: 1, stderr: '0 flow entries have been deleted.\n' }));
+    await new Conntrack(few).flushAll([{ dst: '172.18.0.10' }, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
+    expect(few.calls.map((c) => c.args[0])).toEqual(['-D', '-D']);
+    const broken = new RecordingExecutor((r) => (r.args[0] === '-L' ? { exitCode: 1, stderr: 'conntrack: Operation not permitted\n' } : undefined));
+    await new Conntrack(broken).flushAll(Array.from({ length: 20 }, (_, i) => ({ dst: `172.18.0.${i}` })));
+    expect(broken.calls.filter((c) => c.args[0] === '-D')).toHaveLength(20);
+  });
+});

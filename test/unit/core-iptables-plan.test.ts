@@ -588,3 +588,11 @@ describe('planChain on long chains', () => {
     expect(plan.lines.filter((l) => l.startsWith('-A '))).toHaveLength(3);
   });
 });
+
+describe('planChain deleting by spec (partial sync)', () => {
+  it('a rule that occurs once goes by its spec, a duplicated one by its position', () => {
+    expect(planChain('C', ['a', 'b', 'c'], ['a', 'c'], { deleteBySpec: true }).lines).toEqual(['-D C b']);
+    expect(planChain('C', ['a', 'b', 'b', 'c'], ['a', 'b', 'c'], { deleteBySpec: true }).lines).toEqual(['-D C 3']);
+    expect(planChain('C', ['a', 'b', 'c'], ['a', 'c']).lines).toEqual(['-D C 2']);
+  });
+});

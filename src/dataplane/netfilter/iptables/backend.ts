@@ -116,7 +116,7 @@ export class IptablesBackend implements NetfilterBackend {
     let changes = 0;
     for (const [i, table] of TABLES.entries()) {
       const before = have[i] ?? emptyTable;
-      const plan = planTable(before, desired[table]);
+      const plan = planTable(before, desired[table], { deleteBySpec: opts.mode === 'partial' });
       const text = renderRestore(table, plan);
       if (!opts.dryRun) {
         if (text !== '') await this.restore(family, table, text);

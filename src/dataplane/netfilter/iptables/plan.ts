@@ -59,7 +59,16 @@ export interface TablePlan {
  * relative order (always, unless someone reordered them), delete what is extra and insert
  * what is missing at its position — element-level edits; otherwise rewrite that chain.
  */
-export function planTable(have: SavedTable, want: TableWant): TablePlan {
+export interface PlanOptions {
+  /**
+   * Delete a rule that occurs once by its spec instead of its position: a partial sync plans
+   * against the table as natgw left it, and if someone removed a rule since, a position would
+   * silently hit its neighbour while a spec is refused (and the command retried as a full sync).
+   */
+  readonly deleteBySpec?: boolean;
+}
+
+export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions = {}): TablePlan {
   const lines: string[] = [];
   let changes = 0;
   // Create missing chains first: in --noflush mode declaring an existing chain would flush it.
@@ -67,7 +76,7 @@ export function planTable(have: SavedTable, want: TableWant): TablePlan {
     if (!have.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
   }
   for (const [chain, rules] of want.owned) {
-    const edit = planChain(chain, have.rules.get(chain) ?? [], rules);
+    const edit = planChain(chain, have.rules.get(chain) ?? [], rules, opts);
     lines.push(...edit.lines);
     changes += edit.changes;
   }
@@ -89,7 +98,7 @@ export function planTable(have: SavedTable, want: TableWant): TablePlan {
 /** Element-level edits below this many deletes, whatever their share of the chain. */
 const REWRITE_ABOVE = 64;
 
-export function planChain(chain: string, have: readonly string[], want: readonly string[]): TablePlan {
+export function planChain(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions = {}): TablePlan {
   if (sameList(have, want)) return { lines: [], changes: 0 };
   const budget = countOf(want);
   const kept: string[] = [];
@@ -113,8 +122,13 @@ export function planChain(chain: string, have: readonly string[], want: readonly
     };
   }
   // Delete by position, last first: `-D CHAIN <spec>` would remove the FIRST copy of a
-  // duplicated rule, which may be the copy that is meant to stay.
-  const lines = deleteAt.reverse().map((n) => `-D ${chain} ${n}`);
+  // duplicated rule, which may be the copy that is meant to stay. A rule that occurs once may
+  // go by its spec (PlanOptions).
+  const once = opts.deleteBySpec ? countOf(have) : undefined;
+  const lines = deleteAt.reverse().map((n) => {
+    const spec = have[n - 1] ?? '';
+    return once?.get(spec) === 1 ? `-D ${chain} ${spec}` : `-D ${chain} ${n}`;
+  });
   let k = 0;
   want.forEach((r, i) => {
     if (k < kept.length && kept[k] === r) {
