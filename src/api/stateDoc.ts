@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { canonicalJson } from '../model/canonical.js';
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 import { allocateQos } from '../state/qosOperations.js';
 import { prefixOf } from '../model/rules.js';
@@ -6,15 +7,6 @@ import type { Effect } from '../state/operations.js';
 import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
 import type { ObjectDiff } from './service.js';
-
-/** JSON with object keys sorted at every level: one text per value, whatever the key order. */
-export function canonicalJson(v: unknown): string {
-  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
-  if (Array.isArray(v)) return `[${v.map((x) => (x === undefined ? 'null' : canonicalJson(x))).join(',')}]`;
-  const o = v as Record<string, unknown>;
-  const keys = Object.keys(o).filter((k) => o[k] !== undefined).sort();
-  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
-}
 
 /** sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. */
 export function digestOf(s: DesiredState): string {
@@ -66,15 +58,19 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
 export function planOf(prev: DesiredState, next: DesiredState): Record<string, ObjectDiff> {
   const plan: Record<string, ObjectDiff> = {};
   for (const def of RESOURCES) {
-    const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), canonicalJson(x)] as const));
-    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), canonicalJson(x)] as const));
+    if (prev[def.stateKey] === next[def.stateKey]) {
+      plan[def.path] = { added: 0, removed: 0, changed: 0 };
+      continue;
+    }
+    const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
+    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
     let added = 0;
     let removed = 0;
     let changed = 0;
     for (const [k, v] of after) {
       const b = before.get(k);
       if (b === undefined) added++;
-      else if (b !== v) changed++;
+      else if (b !== v && canonicalJson(b) !== canonicalJson(v)) changed++;
     }
     for (const k of before.keys()) if (!after.has(k)) removed++;
     plan[def.path] = { added, removed, changed };

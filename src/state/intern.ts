@@ -1,5 +1,6 @@
 import type { DesiredState } from './state.js';
 import { COLLECTIONS } from './delta.js';
+import { canonicalJson } from '../model/canonical.js';
 
 /**
  * PURE: `next` with every object that equals one of `current` replaced by that very object, and
@@ -16,27 +17,13 @@ export function internState(current: DesiredState, next: DesiredState): DesiredS
     const want = next[k] as readonly object[];
     if (have === want) continue;
     const byText = new Map<string, object>();
-    for (const o of have) byText.set(canonical(o), o);
-    const interned = want.map((o) => byText.get(canonical(o)) ?? o);
+    for (const o of have) byText.set(canonicalJson(o), o);
+    const interned = want.map((o) => byText.get(canonicalJson(o)) ?? o);
     const same = interned.length === have.length && interned.every((o, i) => o === have[i]);
     out[k] = same ? have : interned;
   }
   for (const k of ['interfaces', 'defaultRoutes'] as const) {
-    if (canonical(current[k]) === canonical(next[k])) out[k] = current[k];
+    if (canonicalJson(current[k]) === canonicalJson(next[k])) out[k] = current[k];
   }
   return out as DesiredState;
-}
-
-/** JSON with keys sorted: equal values give equal text whatever order their keys were built in. */
-function canonical(v: unknown): string {
-  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
-  if (v !== null && typeof v === 'object') {
-    const o = v as Record<string, unknown>;
-    return `{${Object.keys(o)
-      .filter((k) => o[k] !== undefined)
-      .sort()
-      .map((k) => `${JSON.stringify(k)}:${canonical(o[k])}`)
-      .join(',')}}`;
-  }
-  return JSON.stringify(v);
 }
