@@ -10,6 +10,11 @@ export interface Floors {
   /** One element into a map (nftables) or one rule through `iptables-restore --noflush` (iptables). */
   readonly kernel: Summary;
   readonly kernelWhat: string;
+  /**
+   * The same element deleted again (nftables): a delete waits for the kernel's RCU grace
+   * period, so a delete command's floor is this, not the add's.
+   */
+  readonly kernelDelete?: Summary;
   readonly node: Summary;
   readonly bash: Summary;
   /** `curl --unix-socket … /healthz`: the shim's client alone; undefined where curl is missing. */
@@ -35,7 +40,7 @@ async function series(n: number, sample: (k: number) => Promise<{ ms: number; ok
  * natgw's own port-DNAT map when it has one (same table, same size, exactly the element a
  * dnat-add adds); otherwise a map of the same type and size in a table of the bench's own.
  */
-async function nftFloor(gw: Gateway, mapSize: number, n: number): Promise<{ s: Summary; what: string }> {
+async function nftFloor(gw: Gateway, mapSize: number, n: number): Promise<{ s: Summary; what: string; del: Summary }> {
   const probe = await gw.runner.run(['nft', 'list', 'map', 'ip', 'natgw', 'port_dnat']);
   let table = 'natgw';
   let map = 'port_dnat';
@@ -48,15 +53,21 @@ async function nftFloor(gw: Gateway, mapSize: number, n: number): Promise<{ s: S
   }
   try {
     const elem = (k: number) => `172.31.255.1 . udp . ${30000 + k}`;
+    const deletes: number[] = [];
+    let deleteFailures = 0;
     const s = await series(
       n,
       async (k) => {
         const r = await gw.runner.run(['nft', 'add', 'element', 'ip', table, map, `{ ${elem(k)} : 10.0.1.9 . 53 }`]);
         return { ms: r.ms, ok: r.exitCode === 0 };
       },
-      (k) => gw.runner.run(['nft', 'delete', 'element', 'ip', table, map, `{ ${elem(k)} }`]),
+      async (k) => {
+        const r = await gw.runner.run(['nft', 'delete', 'element', 'ip', table, map, `{ ${elem(k)} }`]);
+        if (r.exitCode === 0) deletes.push(r.ms);
+        else deleteFailures++;
+      },
     );
-    return { s, what: `nft add element ip ${table} ${map}` };
+    return { s, what: `nft add element ip ${table} ${map}`, del: summarize(deletes, deleteFailures) };
   } finally {
     if (table === FLOOR_TABLE) await gw.runner.run(['nft', 'delete', 'table', 'ip', table]);
   }
@@ -90,7 +101,8 @@ export async function hasCurl(gw: Gateway): Promise<boolean> {
 }
 
 export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: number, n: number, curl: boolean): Promise<Floors> {
-  const k = backend.kind === 'nftables' ? await nftFloor(gw, mapSize, n) : await iptablesFloor(gw, backend.variant, n);
+  const k: { s: Summary; what: string; del?: Summary } =
+    backend.kind === 'nftables' ? await nftFloor(gw, mapSize, n) : await iptablesFloor(gw, backend.variant, n);
   const proc = (argv: string[]) => series(n, async () => {
     const r = await gw.runner.run(argv);
     return { ms: r.ms, ok: r.exitCode === 0 };
@@ -98,6 +110,7 @@ export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: 
   return {
     kernel: k.s,
     kernelWhat: k.what,
+    ...(k.del ? { kernelDelete: k.del } : {}),
     node: await proc(['node', '-e', '0']),
     bash: await proc(['bash', '-c', 'true']),
     client: curl ? await proc(['curl', '-sf', '--unix-socket', gw.socket, 'http://x/healthz']) : undefined,

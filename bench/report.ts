@@ -61,6 +61,7 @@ export function backendSection(b: BackendFigures): string {
     out.push(
       table('\nFloors, ms median/p99 (same namespace, same runner)', head, [
         [`kernel: ${fl.kernelWhat}`, ...sizes.map((s) => cell(s.floors.kernel))],
+        ...(fl.kernelDelete ? [['kernel: nft delete element (the same, again: a delete waits for RCU)', ...sizes.map((s) => cell(s.floors.kernelDelete))] as Row] : []),
         ['node -e 0', ...sizes.map((s) => cell(s.floors.node))],
         ['bash -c true', ...sizes.map((s) => cell(s.floors.bash))],
         [fl.client ? 'client: curl --unix-socket … /healthz' : 'client: curl not installed (node -e 0 stands in)', ...sizes.map((s) => cell(s.floors.client))],
