@@ -75,8 +75,8 @@ export interface Transaction {
 
 /**
  * The engine: the only writer to the kernel. A change is a pure operation on the desired
- * state, reconciled against what the kernel holds (read back every time, so drift is repaired
- * as a side effect), then persisted; only then is it acknowledged.
+ * state, applied to the kernel (a partial sync against what this process applied last, or a
+ * full one that reads back and repairs drift), then persisted; only then is it acknowledged.
  */
 export class Engine {
   readonly store: StateStore;
