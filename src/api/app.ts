@@ -12,8 +12,7 @@ import type { AgentService } from './service.js';
 export interface AppDeps {
   readonly agent: AgentService;
   readonly log: Logger;
-  /** NATGW_BODY_LIMIT, e.g. "1mb". */
-  /** Bytes (or a size text body-parser reads, as tests pass). */
+  /** NATGW_BODY_LIMIT in bytes (or a size text body-parser reads, as tests pass). */
   readonly bodyLimit: number | string;
   /** Set for the TCP listener: everything but the probes needs a token or a client certificate. */
   readonly auth?: AuthOptions;
