@@ -168,8 +168,6 @@ export class Engine {
       if (this.trusted && !sameFiles) this.log.info('durable state changed outside this process: full sync');
       const trusted = opts.mode !== 'full' && sameFiles ? this.trusted : undefined;
       let state: DesiredState;
-      /** No state file: what was adopted (or the empty state) is written whole once applied. */
-      let unsaved = false;
       let backend: NetfilterBackend;
       let choice: BackendChoice;
       if (trusted) {
@@ -187,7 +185,6 @@ export class Engine {
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
-        unsaved = saved === undefined;
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
@@ -205,7 +202,7 @@ export class Engine {
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
         }
-        if (!opts.dryRun) await (unsaved ? this.store.save(next) : this.store.commit(state, next));
+        if (!opts.dryRun) await this.store.commit(state, next);
       } catch (e) {
         if (!opts.dryRun) {
           this.distrust();

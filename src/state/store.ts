@@ -194,8 +194,11 @@ export class StateStore {
    * when the journal has grown long. Either way durable before it returns.
    */
   async commit(before: DesiredState, after: DesiredState): Promise<void> {
+    // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
+    // set-aside file) the store writes one, even for an unchanged state.
+    if (this.snapshotSha === undefined) return this.save(after);
     if (before === after) return;
-    const delta = this.snapshotSha !== undefined && this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
+    const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
     const total = COLLECTION_SIZE(after);
     if (delta === null || deltaSize(delta) > Math.max(64, total / 4)) return this.save(after);
