@@ -36,4 +36,20 @@ describe('canonicalOrder, kept up to date between commands', () => {
       expect(got.fips, `step ${step}`).toEqual(want.fips);
     }
   });
+
+  it('stays right when two collections are sorted in turn (IPv4 and IPv6 objects of each command)', () => {
+    const rnd = prng(7);
+    let v4: NatTables = T0;
+    let v6: NatTables = T0;
+    for (let step = 0; step < 200; step++) {
+      const i = Math.floor(rnd() * 500);
+      const which = step % 2 === 0;
+      const t = which ? v4 : v6;
+      const d: Dnat = { eip: which ? `172.20.${i % 9}.${i % 250}` : `fd00::${i.toString(16)}`, port: 1 + i, protocol: 'tcp', internalIp: which ? '10.0.0.1' : 'fd00:1::1', internalPort: 80 };
+      const next = rnd() < 0.7 && !t.dnats.some((x) => x.eip === d.eip && x.port === d.port) ? { ...t, dnats: [...t.dnats, d] } : { ...t, dnats: t.dnats.slice(1) };
+      if (which) v4 = next;
+      else v6 = next;
+      expect(canonicalOrder(next).dnats, `step ${step}`).toEqual(full(next).dnats);
+    }
+  });
 });

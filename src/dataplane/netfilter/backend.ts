@@ -1,7 +1,7 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
 import type { DesiredState } from '../../state/state.js';
-import { refDiff } from '../../state/refDiff.js';
+import { refDiff, type RefDiff } from '../../state/refDiff.js';
 import type { NftTransaction } from './nft/transaction.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
@@ -51,31 +51,44 @@ export function canonicalOrder(t: NatTables): NatTables {
  * binary search), so a command at ten thousand rules costs a walk, not a sort.
  */
 class IncrementalSort<T> {
-  private source: readonly T[] | undefined;
-  private sorted: T[] = [];
+  /**
+   * The last few sorts, newest first: the iptables backend sorts the IPv4 and the IPv6 objects
+   * of every command in turn, and each must find its own last sort, not the other family's.
+   */
+  private recent: Array<{ readonly source: readonly T[]; readonly sorted: T[] }> = [];
 
   sort(source: readonly T[], compare: (a: T, b: T) => number): T[] {
-    const d = this.source ? refDiff(this.source, source) : null;
-    if (!d || d.added.length + d.removed.length > 64) {
-      this.sorted = [...source].sort(compare);
-    } else if (d.added.length + d.removed.length > 0) {
-      const gone = new Set(d.removed.map((i) => (this.source as readonly T[])[i]));
-      const out = gone.size > 0 ? this.sorted.filter((x) => !gone.has(x)) : [...this.sorted];
-      for (const [, x] of d.added) {
-        let lo = 0;
-        let hi = out.length;
-        while (lo < hi) {
-          const mid = (lo + hi) >> 1;
-          if (compare(out[mid] as T, x) <= 0) lo = mid + 1;
-          else hi = mid;
-        }
-        out.splice(lo, 0, x);
-      }
-      this.sorted = out;
+    let sorted: T[] | undefined;
+    for (const [at, e] of this.recent.entries()) {
+      const d = refDiff(e.source, source);
+      if (!d || d.added.length + d.removed.length > 64) continue;
+      sorted = d.added.length + d.removed.length === 0 ? e.sorted : update(e.source, e.sorted, d, compare);
+      this.recent.splice(at, 1);
+      break;
     }
-    this.source = source;
-    return this.sorted;
+    sorted ??= [...source].sort(compare);
+    this.recent = [{ source, sorted }, ...this.recent].slice(0, RECENT_SORTS);
+    return sorted;
   }
+}
+
+const RECENT_SORTS = 2;
+
+/** `sorted` (the sort of `source`) with what left filtered out and what came in placed by binary search. */
+function update<T>(source: readonly T[], sorted: readonly T[], d: RefDiff<T>, compare: (a: T, b: T) => number): T[] {
+  const gone = new Set(d.removed.map((i) => source[i] as T));
+  const out = gone.size > 0 ? sorted.filter((x) => !gone.has(x)) : [...sorted];
+  for (const [, x] of d.added) {
+    let lo = 0;
+    let hi = out.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (compare(out[mid] as T, x) <= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    out.splice(lo, 0, x);
+  }
+  return out;
 }
 
 const dnatOrder = new IncrementalSort<Dnat>();
