@@ -20,11 +20,16 @@ const duration = (key: string, minMs: number, maxMs: number) =>
       return z.NEVER;
     }
     return ms;
-  });
+  }).meta({ values: `a duration, ${formatMs(minMs)} to ${formatMs(maxMs)}` });
 
 const formatMs = (ms: number): string => (ms % 3_600_000 === 0 && ms > 0 ? `${ms / 3_600_000}h` : ms % 1000 === 0 && ms > 0 ? `${ms / 1000}s` : `${ms}ms`);
 
 const SIZE_UNITS: Record<string, number> = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 };
+
+const formatSize = (bytes: number): string => {
+  for (const [unit, n] of [['gb', 1024 ** 3], ['mb', 1024 ** 2], ['kb', 1024]] as const) if (bytes % n === 0 && bytes >= n) return `${bytes / n}${unit}`;
+  return `${bytes}b`;
+};
 
 /** A size such as `512kb` or `64mb` (bare numbers are bytes) within bounds, in bytes. */
 const size = (key: string, min: number, max: number) =>
@@ -36,49 +41,75 @@ const size = (key: string, min: number, max: number) =>
       return z.NEVER;
     }
     if (bytes < min || bytes > max) {
-      ctx.addIssue({ code: 'custom', message: `${key} must be between ${min / 1024}kb and ${max / 1024 ** 3}gb, got ${s.trim()}` });
+      ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatSize(min)} and ${formatSize(max)}, got ${s.trim()}` });
       return z.NEVER;
     }
     return bytes;
-  });
+  }).meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
 
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
-  optionalText.refine((s) => s === undefined || check(s), `must be an ${what} address`).transform((s) => (s === undefined ? s : canonicalIp(s)));
+  optionalText
+    .refine((s) => s === undefined || check(s), `must be an ${what} address`)
+    .transform((s) => (s === undefined ? s : canonicalIp(s)))
+    .meta({ values: `an ${what} address` });
 
 const bool = z
   .string()
   .transform((s) => s.trim().toLowerCase())
   .pipe(z.enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off']))
-  .transform((s) => ['true', '1', 'yes', 'on'].includes(s));
+  .transform((s) => ['true', '1', 'yes', 'on'].includes(s))
+  .meta({ values: 'true or false (also 1/0, yes/no, on/off)' });
 
 const optionalText = z.string().optional().transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
 
-/** Every key natgw reads, with its default (SPEC §4.3). */
-const rawSchema = z.object({
-  VPC_INTERFACE: z.string().default('eth0').refine(isInterfaceName, 'must be an interface name'),
-  EXTERNAL_INTERFACE: z.string().default('net1').refine(isInterfaceName, 'must be an interface name'),
-  GATEWAY_V4: gateway(isIpv4, 'IPv4'),
-  GATEWAY_V6: gateway(isIpv6, 'IPv6'),
-  QOS_DEBUG: optionalText,
-  GATEWAY_NETFILTER_MODE: z.enum(['auto', 'nftables', 'iptables']).default('auto'),
-  NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto'),
-  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000).default(30_000),
-  NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw'),
-  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET),
-  NATGW_LISTEN: optionalText,
-  NATGW_TOKEN_FILE: optionalText,
-  NATGW_TLS_CERT: optionalText,
-  NATGW_TLS_KEY: optionalText,
-  NATGW_TLS_CLIENT_CA: optionalText,
-  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000).default(30_000),
-  NATGW_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
-  NATGW_AUTOSTART: bool.default(true),
-  NATGW_NETWORK_STATUS_FILE: z.string().default('/etc/podinfo/network-status'),
+/**
+ * Every key natgw reads, with its default (SPEC §4.3). Each key's `describe()` text and its
+ * values' `meta({ values })` are the README's configuration table (scripts/config-table.ts;
+ * a test fails when the two disagree), so a key is documented where it is defined.
+ */
+export const configSchema = z.object({
+  VPC_INTERFACE: z.string().default('eth0').refine(isInterfaceName, 'must be an interface name').meta({ values: 'an interface name' })
+    .describe('Interface facing the VPC (`init` writes the names it used back into the env file).'),
+  EXTERNAL_INTERFACE: z.string().default('net1').refine(isInterfaceName, 'must be an interface name').meta({ values: 'an interface name' })
+    .describe('Interface facing the external network, attached late by Multus; natgw waits for it.'),
+  GATEWAY_V4: gateway(isIpv4, 'IPv4').describe('Upstream IPv4 gateway: `eip-add` installs `default via <gw> dev <EXT> onlink`.'),
+  GATEWAY_V6: gateway(isIpv6, 'IPv6').describe('Upstream IPv6 gateway, as GATEWAY_V4 (any spelling; compared in the kernel\'s form).'),
+  QOS_DEBUG: optionalText.meta({ values: 'true or false' }).describe('Verbose QoS logging, as in the script.'),
+  GATEWAY_NETFILTER_MODE: z.enum(['auto', 'nftables', 'iptables']).default('auto')
+    .describe('Netfilter backend. `auto`: a recorded choice, then the rules natgw already owns here, else iptables (the script\'s layout).'),
+  NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto')
+    .describe('iptables variant; `auto` uses the script\'s probe (`iptables-legacy -t nat -S INPUT 1` answers: legacy).'),
+  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000).prefault('30s')
+    .describe('How long `init` and the daemon at start wait for both interfaces.'),
+  NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw').meta({ values: 'a directory' })
+    .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
+  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET).meta({ values: 'a path' })
+    .describe('The daemon\'s Unix socket (mode 0600); the shim and the CLI talk to it.'),
+  NATGW_LISTEN: optionalText.meta({ values: 'host:port' })
+    .describe('Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification.'),
+  NATGW_TOKEN_FILE: optionalText.meta({ values: 'a path' }).describe('Bearer token for the TCP API.'),
+  NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
+  NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
+  NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),
+  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000).prefault('30s')
+    .describe('Period of the full sync: read back everything natgw owns and repair drift.'),
+  NATGW_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
+    .describe('Log level of the daemon\'s JSON log on stdout.'),
+  NATGW_AUTOSTART: bool.prefault('true').describe('Whether the shim starts the daemon when none answers.'),
+  NATGW_NETWORK_STATUS_FILE: z.string().default('/etc/podinfo/network-status').meta({ values: 'a path' })
+    .describe('Downward-API file with the pod\'s Multus network-status annotation (optional).'),
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
-  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).prefault('64mb')
+    .describe('Largest HTTP request body; the default admits the state document of a 20,000-object gateway.'),
 });
+const rawSchema = configSchema;
+
+/** Keys read from the environment only, before the env file is found. */
+export const ENV_ONLY_KEYS = {
+  NATGW_ENV_FILE: { default: DEFAULT_ENV_FILE, values: 'a path', description: 'Where the env file is.' },
+} as const;
 
 export interface Config {
   readonly envFile: string;

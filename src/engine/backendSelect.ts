@@ -38,7 +38,6 @@ export interface BackendEvidence {
   iptablesVariant(): Promise<IptablesVariant>;
   ownsIptables(variant: IptablesVariant): Promise<boolean>;
   ownsNft(): Promise<boolean>;
-  nftWorks(): Promise<boolean>;
 }
 
 /** Evidence only from this network namespace (SPEC §4.3). */
@@ -71,17 +70,15 @@ export class BackendProbe implements BackendEvidence {
       return false;
     }
   }
-
-  nftWorks(): Promise<boolean> {
-    return this.nft.present();
-  }
 }
 
 /**
  * Decide the backend: an explicit mode wins; `auto` takes the recorded choice, then what
- * natgw already owns here, then whether nftables works. The iptables variant: forced by
- * config, else the recorded one, else one that already holds natgw's chains, else the probe.
- * Two variants are never mixed.
+ * natgw already owns here, and with no evidence iptables: the script's observable layout, which
+ * Kube-OVN's e2e suite and operators' runbooks read with `iptables-save` (SPEC §4.3). nftables
+ * is chosen by configuration, or kept where natgw already runs on it. The iptables variant:
+ * forced by config, else the recorded one, else one that already holds natgw's chains, else the
+ * script's probe. Two variants are never mixed.
  */
 export async function decideBackend(
   config: Pick<Config, 'mode' | 'iptablesVariant'>,
@@ -99,7 +96,6 @@ export async function decideBackend(
   if (record) return record.kind === 'iptables' ? { kind: 'iptables', variant: await variant() } : { kind: 'nftables' };
   if (await probe.ownsNft()) return { kind: 'nftables' };
   for (const v of ['legacy', 'nft'] as const) if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
-  if (await probe.nftWorks()) return { kind: 'nftables' };
   return { kind: 'iptables', variant: await variant() };
 }
 

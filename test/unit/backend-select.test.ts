@@ -1,6 +1,6 @@
 /**
  * decideBackend (SPEC §4.3): an explicit mode wins; `auto` weighs a recorded choice, then the
- * rules natgw already owns, then whether nftables works here. The iptables variant: forced by
+ * rules natgw already owns, and with no evidence chooses iptables (the script's layout). The iptables variant: forced by
  * config, else recorded, else the one already holding natgw's chains, else the script's probe.
  * The evidence is a fake: every answer is set per case, every question asked is recorded.
  */
@@ -17,7 +17,6 @@ interface Evidence {
   /** Variants whose tables hold natgw's chains. */
   readonly ownsIptables?: readonly IptablesVariant[];
   readonly ownsNft?: boolean;
-  readonly nftWorks?: boolean;
 }
 
 class FakeProbe implements BackendEvidence {
@@ -35,10 +34,6 @@ class FakeProbe implements BackendEvidence {
     this.asked.push('ownsNft');
     return this.e.ownsNft ?? false;
   }
-  async nftWorks(): Promise<boolean> {
-    this.asked.push('nftWorks');
-    return this.e.nftWorks ?? true;
-  }
 }
 
 type Mode = Config['mode'];
@@ -50,7 +45,7 @@ const LEGACY: BackendRecord = { kind: 'iptables', variant: 'legacy' };
 const IPT_NFT: BackendRecord = { kind: 'iptables', variant: 'nft' };
 
 /** Evidence that points every way at once: only the precedence decides. */
-const EVERYTHING: Evidence = { probeVariant: 'legacy', ownsIptables: ['legacy', 'nft'], ownsNft: true, nftWorks: true };
+const EVERYTHING: Evidence = { probeVariant: 'legacy', ownsIptables: ['legacy', 'nft'], ownsNft: true };
 
 describe('decideBackend: an explicit mode wins', () => {
   it('nftables, whatever is recorded or owned, without probing', async () => {
@@ -125,24 +120,19 @@ describe('decideBackend: auto', () => {
 
   it('nothing recorded: natgw nftables table first, then natgw iptables chains', async () => {
     expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsNft: true, ownsIptables: ['legacy'] }))).toEqual(NFT);
-    // Owned iptables chains win over "nftables works" (an upgrade from the script keeps its rules' home).
-    expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsIptables: ['legacy'], nftWorks: true, probeVariant: 'nft' }))).toEqual(LEGACY);
-    expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsIptables: ['nft'], nftWorks: true, probeVariant: 'legacy' }))).toEqual(IPT_NFT);
+    // Owned iptables chains keep their variant over the probe (an upgrade from the script keeps its rules' home).
+    expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsIptables: ['legacy'], probeVariant: 'nft' }))).toEqual(LEGACY);
+    expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsIptables: ['nft'], probeVariant: 'legacy' }))).toEqual(IPT_NFT);
   });
 
-  it('nothing recorded or owned: nftables where it works', async () => {
-    const probe = new FakeProbe({ nftWorks: true, probeVariant: 'legacy' });
-    expect(await decideBackend(cfg('auto'), undefined, probe)).toEqual(NFT);
-    expect(probe.asked).not.toContain('iptablesVariant');
-    // A forced iptables variant does not force iptables in auto mode.
-    expect(await decideBackend(cfg('auto', 'legacy'), undefined, new FakeProbe({ nftWorks: true }))).toEqual(NFT);
-  });
-
-  it('nothing recorded or owned and no working nftables: iptables with the probed (or forced) variant', async () => {
+  it('nothing recorded or owned: iptables (the script\'s layout) with the probed or forced variant', async () => {
     for (const v of ['legacy', 'nft'] as const) {
-      expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ nftWorks: false, probeVariant: v }))).toEqual({ kind: 'iptables', variant: v });
+      const probe = new FakeProbe({ probeVariant: v });
+      expect(await decideBackend(cfg('auto'), undefined, probe)).toEqual({ kind: 'iptables', variant: v });
+      // natgw's own nft table is the evidence that would have kept nftables: it was looked for.
+      expect(probe.asked).toContain('ownsNft');
     }
-    const forced = new FakeProbe({ nftWorks: false, probeVariant: 'legacy' });
+    const forced = new FakeProbe({ probeVariant: 'legacy' });
     expect(await decideBackend(cfg('auto', 'nft'), undefined, forced)).toEqual(IPT_NFT);
     expect(forced.asked).not.toContain('iptablesVariant');
   });
