@@ -78,6 +78,9 @@ const rawSchema = z.object({
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  // After the daemon's first full apply: delete the conntrack entries committed untranslated
+  // while natgw's rules were absent (Kube-OVN #4193), before reporting ready.
+  NATGW_CONNTRACK_CLEANUP: bool.default(true),
 });
 
 export interface Config {
@@ -103,6 +106,8 @@ export interface Config {
   readonly networkStatusFile: string;
   /** Bytes. */
   readonly bodyLimit: number;
+  /** Restart hygiene: delete untranslated conntrack entries after the first apply. */
+  readonly conntrackCleanup: boolean;
 }
 
 export class ConfigError extends Error {
@@ -146,5 +151,6 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     autostart: c.NATGW_AUTOSTART,
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
+    conntrackCleanup: c.NATGW_CONNTRACK_CLEANUP,
   };
 }
