@@ -109,4 +109,14 @@ describe('static neighbour entries', () => {
     await waitFor(async () => ((await api(sock, 'GET', '/v1/state')).body.generation as number) > before, { what: 'a resync after the link event' });
     expect(await permanent(topo)).toEqual(['10.9.0.50 0a:58:0a:09:00:32', '10.9.0.77 02:00:00:00:00:77', 'fd09::50 0a:58:00:00:00:50']);
   });
+
+  it('is part of the declarative state document', async () => {
+    const doc = ok(await api(sock, 'GET', '/v1/state'), 'state').body;
+    const desired = { ...doc.desired, neighbours: [...doc.desired.neighbours, { address: '10.9.0.53', dev: DEV }] };
+    const dry = ok(await api(sock, 'PUT', '/v1/state?dryRun=true', desired), 'dry run').body;
+    expect(dry.script).toContain(`neigh replace 10.9.0.53 lladdr 0a:58:0a:09:00:35 nud permanent dev ${DEV}`);
+    expect(await permanent(topo)).not.toContain('10.9.0.53 0a:58:0a:09:00:35');
+    ok(await api(sock, 'PUT', '/v1/state', desired), 'apply');
+    expect(await permanent(topo)).toContain('10.9.0.53 0a:58:0a:09:00:35');
+  });
 });
