@@ -12,6 +12,8 @@ import {
   type EipQos, type GwQos, type GwQosId, canonicalQosCidr, directionSchema, eipQosKey, eipQosSchema, gwQosKey, gwQosSchema,
 } from '../model/qos.js';
 import { familyOf } from '../model/net.js';
+import { type Neighbour, neighbourKey, neighbourSchema } from '../model/neighbour.js';
+import * as NOps from '../state/neighbourOperations.js';
 import { HttpError } from './errors.js';
 
 /**
@@ -28,7 +30,7 @@ import { HttpError } from './errors.js';
  * (eip, cidr): re-adding it with another `randomFully` changes nothing, as in the script,
  * unless `?replace=true`. DELETE of an absent identity succeeds.
  */
-export type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos';
+export type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos' | 'neighbours';
 
 export interface PutContext {
   readonly replace: boolean;
@@ -269,7 +271,27 @@ const qos = define<GwQos, GwQosId>({
   del: (s, id) => QOps.delGwQos(s, id),
 });
 
-export const RESOURCES: readonly ResourceDef[] = [eips, snats, dnats, fips, shareDnats, routes, eipQos, qos];
+const neighbours = define<Neighbour, Pick<Neighbour, 'address' | 'dev'>>({
+  path: 'neighbours',
+  stateKey: 'neighbours',
+  title: 'Static neighbour',
+  description: 'A PERMANENT neighbour entry natgw owns: address on dev with mac, or without mac the synthetic 0a:58 followed by the IPv4 address (IPv6: its last four bytes), so the kernel never sends ARP or neighbour solicitations for it. Re-applied when the device is recreated or its entries are flushed. PUT updates the MAC in place.',
+  idFields: ['dev', 'address'],
+  idExample: 'eth0,10.0.1.50',
+  numericIdFields: [],
+  idSchema: z.object({ dev: ifnameSchema, address: ipSchema }),
+  schema: neighbourSchema,
+  readOnly: [],
+  bodyExample: { mac: '0a:58:0a:00:01:32' },
+  guarded: false,
+  qos: false,
+  replaceable: false,
+  key: (x) => neighbourKey(x),
+  put: (s, x) => NOps.addNeighbour(s, x),
+  del: (s, id) => NOps.delNeighbour(s, id),
+});
+
+export const RESOURCES: readonly ResourceDef[] = [eips, snats, dnats, fips, shareDnats, routes, eipQos, qos, neighbours];
 
 /** The identity segment of a stored object, as it appears in URLs (before percent-encoding). */
 export function idOf(def: ResourceDef, x: unknown): string {

@@ -28,7 +28,7 @@ export interface ReadBack {
   readonly at: string;
   readonly reason: string;
   /** Objects the resync had to add or remove: non-zero means drift was found and repaired. */
-  readonly changes: { readonly netfilter: number; readonly shareDnat: number; readonly link: number; readonly qos: number };
+  readonly changes: { readonly netfilter: number; readonly shareDnat: number; readonly link: number; readonly qos: number; readonly neighbours?: number };
   readonly repaired: boolean;
   /** What the repair applied (empty when nothing drifted). */
   readonly script: string;

@@ -103,6 +103,8 @@ export const configSchema = z.object({
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).prefault('64mb')
     .describe('Largest HTTP request body; the default admits the state document of a 20,000-object gateway.'),
+  NATGW_CONNTRACK_CLEANUP: bool.prefault('true')
+    .describe('After the first full apply, delete conntrack entries committed untranslated while natgw\'s rules were absent (Kube-OVN #4193), before reporting ready.'),
 });
 const rawSchema = configSchema;
 
@@ -134,6 +136,8 @@ export interface Config {
   readonly networkStatusFile: string;
   /** Bytes. */
   readonly bodyLimit: number;
+  /** Restart hygiene: delete untranslated conntrack entries after the first apply. */
+  readonly conntrackCleanup: boolean;
 }
 
 export class ConfigError extends Error {
@@ -177,5 +181,6 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     autostart: c.NATGW_AUTOSTART,
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
+    conntrackCleanup: c.NATGW_CONNTRACK_CLEANUP,
   };
 }

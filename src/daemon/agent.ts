@@ -31,6 +31,11 @@ export interface AgentDeps {
   readonly metrics?: Metrics;
   /** How a script command runs on an engine (default: runLegacy). */
   readonly runLegacy?: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
+  /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
+  readonly hygiene?: {
+    afterFirstSync(state: DesiredState): Promise<void>;
+    announce(state: DesiredState, why: string): void;
+  };
 }
 
 /** Commands that need neither the queue nor the state: they may run beside an apply. */
@@ -48,7 +53,7 @@ const MERGEABLE = new Set([
   'dnat-add', 'dnat-del', 'snat-add', 'snat-del',
 ]);
 
-const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges;
+const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
 
 /**
  * The daemon's core: the engine behind one queue, plus what the API reports about it
@@ -68,12 +73,17 @@ export class Agent implements AgentService {
   private repairs = 0;
   private interfaces: { present: boolean; missing: readonly string[] } = { present: false, missing: [] };
   private notReadyWhy: string[] = ['starting'];
+  private hygienePending: boolean;
+  /** Requests to announce every EIP after the next resync (external interface up), and how many were served. */
+  private announceAsked = 0;
+  private announceServed = 0;
 
   constructor(private readonly deps: AgentDeps) {
     this.metricsRegistry = deps.metrics ?? new Metrics();
     this.batcher = new ChangeBatcher(this.queue, deps.engine);
     this.legacyRunner = deps.runLegacy ?? ((e, c, a) => runLegacy(e as Engine, c, a));
     this.batchingEngine = this.batching(deps.engine);
+    this.hygienePending = deps.hygiene !== undefined;
     deps.engine.onSync = (e) => this.observe(e);
   }
 
@@ -170,6 +180,8 @@ export class Agent implements AgentService {
   /** Reconcile now (start, timer, link event). Records what the read-back found. */
   async resync(reason: string): Promise<ApplyReport> {
     return this.queue.run(async () => {
+      // Only a resync that starts after the request sees the addresses the link event took back.
+      const asked = this.announceAsked;
       let report: ApplyReport;
       try {
         report = await this.engine.resync(reason);
@@ -181,7 +193,7 @@ export class Agent implements AgentService {
       this.lastReadBack = {
         at: new Date().toISOString(),
         reason,
-        changes: { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges },
+        changes: { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges, neighbours: report.neighbourChanges ?? 0 },
         repaired: n > 0,
         script: report.script,
       };
@@ -190,8 +202,34 @@ export class Agent implements AgentService {
         this.repairs++;
         this.lastRepair = this.lastReadBack;
       }
+      await this.afterResync(asked);
       return report;
     });
+  }
+
+  /** Announce every EIP after the next resync (the external interface came up or was recreated). */
+  requestAnnounce(): void {
+    this.announceAsked++;
+  }
+
+  private async afterResync(asked: number): Promise<void> {
+    const hygiene = this.deps.hygiene;
+    const state = this.engine.lastApplied;
+    if (!hygiene || !state) return;
+    if (this.hygienePending) {
+      try {
+        await hygiene.afterFirstSync(state);
+      } catch (e) {
+        // Best effort: a failed cleanup must not keep the gateway unready for good.
+        this.deps.log.warn({ err: e }, 'restart hygiene failed');
+      }
+      this.hygienePending = false;
+      this.announceServed = asked;
+      this.updateReady();
+    } else if (asked > this.announceServed) {
+      this.announceServed = asked;
+      hygiene.announce(state, 'external interface up');
+    }
   }
 
   // ---- reading ----
@@ -225,6 +263,7 @@ export class Agent implements AgentService {
     if (!this.interfaces.present) why.push(this.interfaces.missing.length ? `waiting for interface(s) ${this.interfaces.missing.join(', ')}` : 'interfaces not checked yet');
     if (!this.lastSync) why.push('no sync yet');
     else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
+    else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');
     this.notReadyWhy = why;
     this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
   }

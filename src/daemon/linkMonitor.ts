@@ -1,5 +1,6 @@
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
+import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
@@ -9,8 +10,21 @@ export interface LinkMonitorOptions {
   /** First restart delay after the monitor died; doubles up to maxRestartMs. */
   readonly restartMs?: number;
   readonly maxRestartMs?: number;
-  /** The monitor command (default `ip -o monitor link address`). */
+  /** The monitor command (default `ip -o monitor link address neigh`). */
   readonly argv?: readonly string[];
+  /**
+   * Whether natgw holds the static neighbour entry a deletion names: only those deletions are
+   * drift (ARP churn and natgw's own removals are not).
+   */
+  readonly ownsNeighbour?: (address: string, dev: string) => boolean;
+  /** A link reported administratively up (created, recreated or brought up), undebounced. */
+  readonly onLinkUp?: (ifname: string) => void;
+}
+
+/** PURE: the name of a link an `ip -o monitor link` line reports up (flags with UP), else undefined. */
+export function linkUpOf(line: string): string | undefined {
+  const m = /^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
+  return m && m[2]?.split(',').includes('UP') ? m[1] : undefined;
 }
 
 /**
@@ -20,12 +34,14 @@ export interface LinkMonitorOptions {
  * EIP a controller sends.
  */
 export function mayLoseState(line: string): boolean {
+  // Neighbour events are judged by their entry (LinkMonitor's ownsNeighbour), never wholesale.
+  if (isNeighbourLine(line)) return false;
   if (line.startsWith('Deleted ')) return true;
   return !/^\d+: \S+\s+inet6? /.test(line);
 }
 
 /**
- * Watches link and address events in this network namespace (`ip -o monitor link address`)
+ * Watches link and address events in this network namespace (`ip -o monitor link address neigh`)
  * and reports them, debounced: an interface recreated or an address flushed triggers a
  * resync at once instead of at the next period. A monitor that dies is restarted (with a
  * backoff), and a restart reports a change too, since events may have been missed meanwhile.
@@ -50,7 +66,7 @@ export class LinkMonitor {
   }
 
   private spawn(): void {
-    const [file = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address'];
+    const [file = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
     const startedAt = Date.now();
     const child = execa(file, args, { buffer: false, reject: false, stdin: 'ignore', stderr: 'ignore', cleanup: true, env: { LC_ALL: 'C' } });
     this.child = child;
@@ -80,7 +96,11 @@ export class LinkMonitor {
   }
 
   private event(line: string): void {
-    if (!mayLoseState(line)) return;
+    const up = this.opts.onLinkUp ? linkUpOf(line) : undefined;
+    if (up !== undefined) this.opts.onLinkUp?.(up);
+    const gone = deletedNeighbourOf(line);
+    const ownLoss = gone !== undefined && (this.opts.ownsNeighbour?.(gone.address, gone.dev) ?? false);
+    if (!ownLoss && !mayLoseState(line)) return;
     this.lastLine = line;
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {

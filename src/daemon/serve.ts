@@ -11,6 +11,7 @@ import { createApp } from '../api/app.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
+import { RestartHygiene } from './hygiene.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 
 /**
@@ -42,7 +43,8 @@ export async function serve(config: Config): Promise<number> {
   const exec = new SystemExecutor(log);
   const engine = new Engine({ config, exec, log });
   const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
-  const agent = new Agent({ engine, log, metrics });
+  const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
+  const agent = new Agent({ engine, log, metrics, hygiene });
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
 
@@ -77,6 +79,10 @@ export async function serve(config: Config): Promise<number> {
     onChange: (why) => {
       engine.distrust();
       reconciler.request(why);
+    },
+    ownsNeighbour: (address, dev) => engine.neighbours.holds(address, dev),
+    onLinkUp: (ifname) => {
+      if (ifname === engine.lastApplied?.interfaces.ext) agent.requestAnnounce();
     },
   });
 
@@ -116,6 +122,7 @@ export async function serve(config: Config): Promise<number> {
     const shutdown = async () => {
       const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
       monitor.stop();
+      hygiene.stop();
       await reconciler.stop();
       await agent.close();
       await Promise.all(closing);

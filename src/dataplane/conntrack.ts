@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
 import { canonicalIp, familyOf } from '../model/net.js';
+import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
 
 export interface ConntrackFilter {
   readonly dst: string;
@@ -107,5 +108,35 @@ export class Conntrack {
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;
+  }
+
+  /**
+   * Restart hygiene: list both families, then delete, entry by exact tuple, every untranslated
+   * entry that touches `targets` (conntrackStale.ts). Each call is bounded by `timeoutMs`; a
+   * missing tool or a failed listing is logged and skips that family.
+   */
+  async deleteUntranslated(targets: HygieneTargets, timeoutMs = 5000): Promise<TrackedEntry[]> {
+    const stale: TrackedEntry[] = [];
+    for (const fam of ['ipv4', 'ipv6'] as const) {
+      const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs });
+      if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
+        if (r.failedToStart || !/0 flow entries/.test(r.stderr)) this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
+        continue;
+      }
+      stale.push(...staleEntries(parseConntrackExtended(r.stdout), targets));
+    }
+    const deleted: TrackedEntry[] = [];
+    let next = 0;
+    const worker = async () => {
+      while (next < stale.length) {
+        const e = stale[next++];
+        if (!e) continue;
+        // Exit 1 means the entry went away meanwhile (timed out, or a packet replaced it): nothing to do.
+        const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs });
+        if (r.exitCode === 0) deleted.push(e);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, stale.length) }, worker));
+    return deleted;
   }
 }

@@ -12,10 +12,11 @@ import { LinkManager } from '../dataplane/link.js';
 import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
 import { EipCounters } from '../dataplane/eipCounters.js';
+import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { linkPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
 export interface EngineDeps {
   readonly config: Config;
@@ -31,6 +32,8 @@ export interface ApplyReport {
   readonly shareDnatChanges: number;
   readonly linkChanges: number;
   readonly qosChanges: number;
+  /** Static neighbour entries added, replaced or removed (absent where the engine has no such part). */
+  readonly neighbourChanges?: number;
   readonly script: string;
   readonly notes: readonly string[];
 }
@@ -85,6 +88,7 @@ export class Engine {
   readonly conntrack: Conntrack;
   readonly qos: QosManager;
   readonly eipCounters: EipCounters;
+  readonly neighbours: NeighbourManager;
   readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
@@ -110,6 +114,7 @@ export class Engine {
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
+    this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
@@ -137,6 +142,7 @@ export class Engine {
     this.shareDnat.forget();
     this.qos.forget();
     this.eipCounters.forget();
+    this.neighbours.forget();
   }
 
   /** What natgw owns in the kernel (no state file survived), or an empty state. */
@@ -216,7 +222,7 @@ export class Engine {
         this.generation++;
         this.onSync?.({ ok: true, kind, ms: performance.now() - started, report, state: next });
         // Full syncs are rare and say why the kernel was read back; partial ones are every command.
-        const line = { kind, ms: Math.round(performance.now() - started), changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges };
+        const line = { kind, ms: Math.round(performance.now() - started), changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0) };
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
         await this.runEffects(next, effects);
@@ -227,7 +233,7 @@ export class Engine {
 
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */
   private parts(backend: NetfilterBackend): readonly Part[] {
-    return [netfilterPart(backend, this.eipCounters, this.log), shareDnatPart(this.shareDnat), linkPart(this.link), qosPart(this.qos)];
+    return [netfilterPart(backend, this.eipCounters, this.log), shareDnatPart(this.shareDnat), linkPart(this.link), qosPart(this.qos), neighboursPart(this.neighbours)];
   }
 
   /**
@@ -242,7 +248,7 @@ export class Engine {
     opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
-    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0 };
+    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
@@ -261,7 +267,7 @@ export class Engine {
         throw e;
       }
     }
-    return { netfilterChanges: changes.netfilter, shareDnatChanges: changes.shareDnat, linkChanges: changes.link, qosChanges: changes.qos, script, notes };
+    return { netfilterChanges: changes.netfilter, shareDnatChanges: changes.shareDnat, linkChanges: changes.link, qosChanges: changes.qos, neighbourChanges: changes.neighbours, script, notes };
   }
 
   private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
@@ -294,7 +300,7 @@ export class Engine {
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */
   async resync(reason: string): Promise<ApplyReport> {
     const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
-    const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges;
+    const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0);
     if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
     return report;
   }

@@ -5,6 +5,7 @@ import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { EipCounters } from '../dataplane/eipCounters.js';
+import type { NeighbourManager } from '../dataplane/neighbours.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -12,7 +13,7 @@ import type { EipCounters } from '../dataplane/eipCounters.js';
  * (reading back only in a full sync) and say what changed. The engine's reconcile is a loop
  * over these, in order; a part knows nothing of the others.
  */
-export type PartName = 'netfilter' | 'shareDnat' | 'link' | 'qos';
+export type PartName = 'netfilter' | 'shareDnat' | 'link' | 'qos' | 'neighbours';
 
 export interface PartResult {
   readonly changes: number;
@@ -97,6 +98,19 @@ export function qosPart(qos: QosManager): Part {
     async sync(want, _from, opts) {
       const r = await qos.sync(want, opts);
       return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
+    },
+  };
+}
+
+/** Static neighbour entries; they need neither init nor the NAT interfaces. */
+export function neighboursPart(neighbours: NeighbourManager): Part {
+  return {
+    name: 'neighbours',
+    inputs: ['neighbours'],
+    concerns: (want, from) => want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0,
+    async sync(want, from, opts) {
+      const r = await neighbours.sync(want.neighbours, from?.neighbours ?? [], opts);
+      return { changes: r.changes, script: r.script, notes: none };
     },
   };
 }

@@ -12,7 +12,7 @@ import { refDiff } from './refDiff.js';
  * their order `stateDelta` answers null (the caller then writes a whole snapshot instead).
  */
 
-export const COLLECTIONS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos'] as const;
+export const COLLECTIONS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos', 'neighbours'] as const;
 export type Collection = (typeof COLLECTIONS)[number];
 
 const SCALARS = ['schema', 'initialized', 'interfaces', 'defaultRoutes'] as const;

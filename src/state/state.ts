@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { eipSchema, snatSchema, dnatSchema, fipSchema, shareDnatSchema, routeSchema, ifnameSchema, ipSchema } from '../model/rules.js';
 import { eipQosSchema, gwQosSchema } from '../model/qos.js';
+import { neighbourSchema } from '../model/neighbour.js';
 
 /**
  * The desired state: a plain value. Operations (operations.ts) are pure functions over it;
@@ -21,6 +22,8 @@ export const desiredStateSchema = z.object({
   routes: z.array(routeSchema).default([]),
   eipQos: z.array(eipQosSchema).default([]),
   qos: z.array(gwQosSchema).default([]),
+  /** Static neighbour entries natgw holds PERMANENT (neighbourOperations.ts). */
+  neighbours: z.array(neighbourSchema).default([]),
 });
 export type DesiredState = z.infer<typeof desiredStateSchema>;
 

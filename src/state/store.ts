@@ -45,7 +45,7 @@ async function syncDir(dir: string): Promise<void> {
 }
 
 const COLLECTION_SIZE = (s: DesiredState): number =>
-  s.eips.length + s.snats.length + s.dnats.length + s.fips.length + s.shareDnats.length + s.routes.length + s.eipQos.length + s.qos.length;
+  s.eips.length + s.snats.length + s.dnats.length + s.fips.length + s.shareDnats.length + s.routes.length + s.eipQos.length + s.qos.length + s.neighbours.length;
 
 async function readJson(file: string): Promise<unknown | undefined> {
   try {

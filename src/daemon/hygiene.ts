@@ -1,0 +1,66 @@
+import type { Logger } from 'pino';
+import type { Config } from '../config/config.js';
+import type { Conntrack } from '../dataplane/conntrack.js';
+import { targetsOf } from '../dataplane/conntrackStale.js';
+import type { LinkManager } from '../dataplane/link.js';
+import { familyOf } from '../model/net.js';
+import type { DesiredState } from '../state/state.js';
+
+/** Announcements of every EIP are at least this far apart; a burst of link events makes one more at the end. */
+const ANNOUNCE_MIN_GAP_MS = 1000;
+
+export interface HygieneDeps {
+  readonly config: Pick<Config, 'conntrackCleanup'>;
+  readonly conntrack: Pick<Conntrack, 'deleteUntranslated'>;
+  readonly link: Pick<LinkManager, 'announce'>;
+  readonly log: Logger;
+}
+
+/**
+ * Restart hygiene (issue 9): after the first full apply following a start, delete the
+ * conntrack entries committed untranslated while natgw's rules were absent, and announce
+ * every EIP (upstream routers may keep a stale MAC after a reschedule, Kube-OVN #4690); the
+ * announcement is repeated when the external interface comes up or is recreated. ARP is
+ * queued (LinkManager.announce): it never holds a command.
+ */
+export class RestartHygiene {
+  private lastAnnounce = 0;
+  private trailing: NodeJS.Timeout | undefined;
+  private latest: DesiredState | undefined;
+
+  constructor(private readonly deps: HygieneDeps) {}
+
+  async afterFirstSync(state: DesiredState): Promise<void> {
+    const { log } = this.deps;
+    if (this.deps.config.conntrackCleanup) {
+      const deleted = await this.deps.conntrack.deleteUntranslated(targetsOf(state));
+      const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.orig.src}:${e.orig.sport ?? ''} -> ${e.orig.dst}:${e.orig.dport ?? ''}`);
+      log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
+    } else {
+      log.info('restart hygiene: NATGW_CONNTRACK_CLEANUP=false, untranslated conntrack entries kept');
+    }
+    this.announce(state, 'first apply after start');
+  }
+
+  /** Gratuitous ARP for every IPv4 EIP, at most once per ANNOUNCE_MIN_GAP_MS. */
+  announce(state: DesiredState, why: string): void {
+    this.latest = state;
+    const wait = this.lastAnnounce + ANNOUNCE_MIN_GAP_MS - Date.now();
+    if (wait > 0) {
+      this.trailing ??= setTimeout(() => {
+        this.trailing = undefined;
+        if (this.latest) this.announce(this.latest, why);
+      }, wait).unref();
+      return;
+    }
+    this.lastAnnounce = Date.now();
+    const v4 = state.eips.filter((e) => familyOf(e.address) === 4);
+    for (const e of v4) this.deps.link.announce(state.interfaces.ext, e.address);
+    this.deps.log.info({ why, eips: v4.length, ext: state.interfaces.ext }, 'gratuitous ARP queued for every EIP');
+  }
+
+  stop(): void {
+    if (this.trailing) clearTimeout(this.trailing);
+    this.trailing = undefined;
+  }
+}

@@ -1,0 +1,63 @@
+import type { Logger } from 'pino';
+import type { Executor } from '../system/exec.js';
+import { ToolError } from '../model/errors.js';
+import { type Neighbour, neighbourKey } from '../model/neighbour.js';
+import type { SyncOptions } from './netfilter/backend.js';
+import { type NeighbourView, neighbourViewAfter, parseNeighbours, planNeighbours, renderNeighbours } from './neighboursPlan.js';
+
+/**
+ * Static neighbour entries (PERMANENT, owned by natgw). A full sync reads the kernel back
+ * (`ip -j neigh show nud permanent` and the device list, in one `ip -batch`); a partial sync
+ * plans against the view kept from the last apply. Only entries natgw programmed are removed.
+ */
+export class NeighbourManager {
+  private trusted: NeighbourView | undefined;
+  /** Identities natgw holds or is about to hold: a kernel deletion of one of these is drift. */
+  private held = new Set<string>();
+
+  constructor(
+    private readonly exec: Executor,
+    private readonly log?: Logger,
+  ) {}
+
+  /** Whether natgw holds an entry for this device and address (the link monitor asks). */
+  holds(address: string, dev: string): boolean {
+    return this.held.has(neighbourKey({ address, dev }));
+  }
+
+  forget(): void {
+    this.trusted = undefined;
+  }
+
+  async view(): Promise<NeighbourView> {
+    const r = await this.exec.run({ file: 'ip', args: ['-j', '-batch', '-'], input: 'neigh show nud permanent\nlink show\n' });
+    const docs = r.stdout
+      .split('\n')
+      .filter((l) => l.startsWith('['))
+      .map((l) => JSON.parse(l) as unknown);
+    if (r.exitCode !== 0 || docs.length < 2) {
+      throw new ToolError('ip -j -batch -', 'the read-back of static neighbours', r.exitCode, r.stderr, 'neigh show nud permanent\nlink show\n', r.timedOut);
+    }
+    const links = (docs[1] ?? []) as { ifname?: string }[];
+    return { entries: parseNeighbours(docs[0]), devices: new Set(links.map((l) => l.ifname ?? '').filter(Boolean)) };
+  }
+
+  async sync(want: readonly Neighbour[], previous: readonly Neighbour[], opts: SyncOptions = {}): Promise<{ changes: number; script: string }> {
+    const have = (opts.mode === 'partial' ? this.trusted : undefined) ?? (await this.view());
+    const ops = planNeighbours(have, want, previous);
+    const script = renderNeighbours(ops);
+    if (opts.dryRun) return { changes: ops.length, script };
+    // Before the apply: the deletions natgw makes itself must not read as drift.
+    this.held = new Set(want.map(neighbourKey));
+    if (ops.length > 0) {
+      const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
+      if (r.exitCode !== 0) {
+        this.forget();
+        throw new ToolError('ip -batch -', 'the static neighbour change', r.exitCode, r.stderr, script, r.timedOut);
+      }
+      this.log?.debug({ changes: ops.length }, 'static neighbours applied');
+    }
+    this.trusted = neighbourViewAfter(have, ops);
+    return { changes: ops.length, script };
+  }
+}
