@@ -83,8 +83,9 @@ function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter
   const doc = parseDocument(text, { lineCounter: lc, prettyErrors: false, uniqueKeys: true });
   const err = doc.errors[0];
   if (err) {
-    const pos = err.linePos?.[0];
-    throw new StateFileError(file, pos?.line, undefined, `not valid JSON or YAML: ${err.message.split('\n')[0]}${pos ? ` (column ${pos.col})` : ''}`);
+    // Positions are offsets here (prettyErrors off keeps the message one line): the counter turns them into lines.
+    const pos = err.linePos?.[0] ?? lc.linePos(err.pos[0]);
+    throw new StateFileError(file, pos.line, undefined, `not valid JSON or YAML: ${err.message.split('\n')[0]} (column ${pos.col})`);
   }
   return { doc, lc };
 }
