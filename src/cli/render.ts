@@ -115,6 +115,16 @@ function describe(def: ResourceDef, x: unknown): string {
   return rest.length ? `${idOf(def, x)}  ${rest.join(' ')}` : idOf(def, x);
 }
 
+/** Structural equality, key order ignored (cheaper than canonical text for plain values). */
+function sameValue(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return (a ?? null) === (b ?? null);
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  const ka = Object.keys(a).filter((k) => (a as Record<string, unknown>)[k] !== undefined);
+  const kb = Object.keys(b).filter((k) => (b as Record<string, unknown>)[k] !== undefined);
+  return ka.length === kb.length && ka.every((k) => sameValue((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
+}
+
 /** Object by object, what `next` adds, removes and changes relative to `current`. */
 export function diffStates(current: DesiredState, next: DesiredState): StateDiff {
   const kinds: KindDiff[] = [];
@@ -130,11 +140,12 @@ export function diffStates(current: DesiredState, next: DesiredState): StateDiff
         added.push(describe(def, v));
         continue;
       }
+      if (b === v) continue;
       const ob = comparable(def, b);
       const ov = comparable(def, v);
       const fields: string[] = [];
       for (const f of new Set([...Object.keys(ob), ...Object.keys(ov)])) {
-        if (canonicalJson(ob[f] ?? null) !== canonicalJson(ov[f] ?? null)) fields.push(`${f}: ${cellOf(ob[f]) || '(none)'} -> ${cellOf(ov[f]) || '(none)'}`);
+        if (!sameValue(ob[f], ov[f])) fields.push(`${f}: ${cellOf(ob[f]) || '(none)'} -> ${cellOf(ov[f]) || '(none)'}`);
       }
       if (fields.length) changed.push({ id: idOf(def, v), fields });
     }

@@ -91,6 +91,7 @@ export async function apply(args: readonly string[], io: Io): Promise<number> {
 
   progress.phase(`reading ${file === '-' ? 'stdin' : file}`);
   const text = await readSource(file);
+  progress.phase(`parsing and validating ${size(Buffer.byteLength(text))}`);
   const parsed = (() => {
     try {
       return parseStateFile(file === '-' ? '<stdin>' : file, text);
@@ -99,7 +100,7 @@ export async function apply(args: readonly string[], io: Io): Promise<number> {
       throw e;
     }
   })();
-  progress.phase(`validated ${parsed.objects} object(s) (${size(Buffer.byteLength(text))})`);
+  progress.phase(`validated ${parsed.objects} object(s)`);
 
   const target = await targetOf(values, io.env);
   const current = await progress.during(
