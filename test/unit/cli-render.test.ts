@@ -201,3 +201,16 @@ describe('parseStateFile', () => {
     expect(pathOfField('')).toEqual([]);
   });
 });
+
+describe('help', () => {
+  it('natgw --help is the script\'s help text unchanged, then the agent\'s commands', async () => {
+    const { HELP } = await import('../../src/engine/legacy.js');
+    const { mainHelp, commandHelp, AGENT_COMMANDS } = await import('../../src/cli/commands/help.js');
+    const text = await mainHelp();
+    expect(text.startsWith(`${HELP}\n\nnatgw's own commands:\n`)).toBe(true);
+    for (const c of AGENT_COMMANDS) {
+      expect(text).toContain(`  ${c} `);
+      expect(commandHelp(c)).toMatch(new RegExp(`^Usage: natgw ${c} `));
+    }
+  });
+});
