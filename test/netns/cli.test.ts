@@ -150,6 +150,11 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
     const generation = ok(await api(sock, 'GET', '/v1/state'), 'state').body.generation as number;
     expect(await cliOk(['apply', '-f', roundTrip])).toBe('No changes: the file is the desired state.\nNothing to apply.\n');
     expect(ok(await api(sock, 'GET', '/v1/state'), 'state').body.generation).toBe(generation);
+    // --json: one document on stdout, for scripts.
+    const asJson = JSON.parse(await cliOk(['apply', '-f', first, '--dry-run', '--json']));
+    expect(asJson).toMatchObject({ dryRun: true, applied: false, plan: { snats: { added: 1, removed: 0, changed: 0 }, dnats: { added: 0, removed: 0, changed: 1 } } });
+    expect(asJson.diff.kinds.find((k: { kind: string }) => k.kind === 'dnats').changed).toEqual([{ id: `${EIP},8080,tcp`, fields: [`internalIp: ${ADDR.vpc2} -> ${ADDR.vpc1}`] }]);
+    expect(ok(await api(sock, 'GET', '/v1/state'), 'state').body.generation).toBe(generation);
   });
 
   it('refuses a bad file naming its line and field, and changes nothing', async () => {
