@@ -6,6 +6,7 @@ import { errorHandler, HttpError, validationError } from './errors.js';
 import { requestLog } from './requestLog.js';
 import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.js';
 import { parseStateBody } from './stateDoc.js';
+import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
 import type { AgentService } from './service.js';
 
@@ -205,6 +206,8 @@ export function createApp(deps: AppDeps): Express {
     if (!dryRun) res.set('ETag', `"${result.digest}"`);
     res.json(result);
   });
+
+  mountStatus(app, agent);
 
   // ---- resources ----
   for (const def of RESOURCES) mountResource(app, def, agent);

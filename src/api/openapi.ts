@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { desiredStateSchema } from '../state/state.js';
 import { RESOURCES, type ResourceDef } from './resources.js';
+import { statusOpenApi } from './status.js';
 
 /**
  * The OpenAPI 3 description of the v1 API, served at /v1/openapi.json. Object schemas come
@@ -235,6 +236,7 @@ export function buildOpenApi(): Json {
     },
   };
   for (const def of RESOURCES) Object.assign(paths, resourcePaths(def));
+  Object.assign(paths, statusOpenApi());
 
   return {
     openapi: '3.1.0',

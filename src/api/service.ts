@@ -20,6 +20,10 @@ export interface AgentService {
   replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult>;
   readiness(): Readiness;
   metrics(): Promise<{ contentType: string; body: string }>;
+  /** The last apply's kind and duration (GET /v1/status); absent in fakes. */
+  lastSyncInfo?(): SyncInfo | null;
+  /** A full read-back of the kernel that repairs nothing: what a resync would change now (GET /v1/status?check=true). */
+  checkDrift?(): Promise<DriftCheck>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
 }
@@ -67,4 +71,20 @@ export interface Readiness {
   readonly interfaces: { readonly present: boolean; readonly missing: readonly string[] };
   readonly lastSync: { readonly ok: boolean; readonly at: string; readonly error?: string } | null;
   readonly reasons: readonly string[];
+}
+
+export interface SyncInfo {
+  readonly ok: boolean;
+  readonly at: string;
+  readonly kind: 'full' | 'partial';
+  readonly ms: number;
+  readonly error?: string;
+}
+
+export interface DriftCheck {
+  readonly at: string;
+  readonly changes: ReadBack['changes'];
+  readonly drifted: boolean;
+  /** What a resync would apply to repair it. */
+  readonly script: string;
 }

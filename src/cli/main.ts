@@ -11,6 +11,11 @@ import { tryRunningDaemon } from './forward.js';
  */
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
+  // natgw's own commands and help; `help` alone stays the script's command.
+  if (command === 'status' || command === 'apply' || command === 'get' || command === '--help' || command === '-h' || (command === 'help' && ['status', 'apply', 'get'].includes(args[0] ?? ''))) {
+    const { runAgent, isAgentCommand } = await import('./commands/index.js');
+    return runAgent(isAgentCommand(command) ? command : 'help', args);
+  }
   const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
   if (fast) return emit(fast);
 

@@ -10,7 +10,7 @@ import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
 import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
-import type { AgentService, ReadBack, Readiness, ReplaceResult, StateDocument } from '../api/service.js';
+import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
 export interface EngineLike {
@@ -68,6 +68,7 @@ export class Agent implements AgentService {
   /** The engine as a mergeable script command sees it: its transactions go through the batcher. */
   private readonly batchingEngine: EngineLike;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
+  private lastSyncDetail: SyncInfo | null = null;
   private lastReadBack: ReadBack | null = null;
   private lastRepair: ReadBack | null = null;
   private repairs = 0;
@@ -102,6 +103,10 @@ export class Agent implements AgentService {
    */
   private observe(e: SyncEvent): void {
     this.metricsRegistry.observeSync(e);
+    const at = new Date().toISOString();
+    this.lastSyncDetail = e.ok
+      ? { ok: true, at, kind: e.kind, ms: Math.round(e.ms) }
+      : { ok: false, at, kind: e.kind, ms: Math.round(e.ms), error: e.error instanceof Error ? e.error.message : String(e.error) };
     if (e.ok) {
       this.lastSync = { ok: true, at: new Date().toISOString() };
       this.updateReady();
@@ -233,6 +238,19 @@ export class Agent implements AgentService {
   }
 
   // ---- reading ----
+
+  lastSyncInfo(): SyncInfo | null {
+    return this.lastSyncDetail;
+  }
+
+  /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */
+  async checkDrift(): Promise<DriftCheck> {
+    return this.queue.run(async () => {
+      const { report } = await this.engine.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full', dryRun: true });
+      const changes = { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges };
+      return { at: new Date().toISOString(), changes, drifted: changesOf(report) > 0, script: report.script };
+    });
+  }
 
   desired(): Promise<DesiredState> {
     return this.engine.loadState();

@@ -182,7 +182,8 @@ export class Engine {
         // through this process: the state's own flag is the guard's evidence.
         if (opts.guarded && !state.initialized) throw new NotInitializedError();
       } else {
-        this.trusted = undefined;
+        // A dry run (a status drift check) leaves what this process applied last trusted.
+        if (!opts.dryRun) this.trusted = undefined;
         const saved = await this.store.load();
         // A dry run changes nothing: no switch of backends, no record written.
         const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun

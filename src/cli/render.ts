@@ -1,0 +1,196 @@
+import { canonicalJson } from '../model/canonical.js';
+import { RESOURCES, idOf, type ResourceDef } from '../api/resources.js';
+import type { StatusDocument } from '../api/status.js';
+import type { DesiredState } from '../state/state.js';
+
+/**
+ * Pure text renderers of the agent commands (tested without a daemon): tables, the status
+ * summary, the plan as a diff.
+ */
+
+/** Left-aligned columns, two spaces apart; no trailing blanks. */
+export function renderTable(headers: readonly string[], rows: readonly (readonly string[])[]): string {
+  const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: readonly string[]) =>
+    cells
+      .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd();
+  return [line(headers), ...rows.map(line)].join('\n') + '\n';
+}
+
+/** A field's value as one cell: share-DNAT backends as ip:port, ip:port. */
+export function cellOf(v: unknown): string {
+  if (v === undefined || v === null) return '';
+  if (Array.isArray(v)) return v.map((x) => (x && typeof x === 'object' && 'ip' in x && 'port' in x ? `${String(x.ip)}:${String(x.port)}` : cellOf(x))).join(', ');
+  if (typeof v === 'object') return canonicalJson(v);
+  return String(v);
+}
+
+/** `natgw get <kind>`: the identity first, then every other field the items carry, in first-seen order. */
+export function renderItems(def: ResourceDef, items: readonly Record<string, unknown>[]): string {
+  if (items.length === 0) return `No ${def.title} objects.\n`;
+  const cols: string[] = [];
+  for (const it of items) for (const k of Object.keys(it)) if (k !== 'id' && !def.idFields.includes(k) && !cols.includes(k)) cols.push(k);
+  const rows = items.map((it) => [String(it.id ?? idOf(def, it)), ...cols.map((c) => cellOf(it[c]))]);
+  return renderTable(['ID', ...cols.map((c) => c.toUpperCase())], rows);
+}
+
+function ago(at: string, now: Date): string {
+  const s = Math.round((now.getTime() - new Date(at).getTime()) / 1000);
+  if (!Number.isFinite(s)) return at;
+  if (s < 0) return at;
+  if (s < 120) return `${at} (${s}s ago)`;
+  if (s < 7200) return `${at} (${Math.round(s / 60)}m ago)`;
+  return `${at} (${Math.round(s / 3600)}h ago)`;
+}
+
+const sumChanges = (c: { netfilter: number; shareDnat: number; link: number; qos: number }): number => c.netfilter + c.shareDnat + c.link + c.qos;
+
+function changesText(c: { netfilter: number; shareDnat: number; link: number; qos: number }): string {
+  const parts = (Object.entries(c) as [string, number][]).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`);
+  return parts.length ? parts.join(', ') : 'none';
+}
+
+/** `natgw status`: a few labelled lines, then desired against applied per kind. */
+export function renderStatus(s: StatusDocument, now = new Date()): string {
+  const out: string[] = [];
+  const kv = (k: string, v: string) => out.push(`${`${k}:`.padEnd(12)} ${v}`);
+  kv('Ready', s.ready ? 'yes' : `no (${s.reasons.join('; ')})`);
+  const b = s.backend;
+  kv('Backend', b ? `${b.kind}${b.variant ? ` (${b.variant})` : ''}, mode ${s.mode}` : `none chosen yet, mode ${s.mode}`);
+  if (!s.interfaces.present && s.interfaces.missing.length) kv('Interfaces', `missing ${s.interfaces.missing.join(', ')}`);
+  kv('Generation', String(s.generation));
+  kv('Applied', s.appliedDigest === null ? 'nothing applied by this daemon yet' : s.inSync ? 'the desired state (digests equal)' : 'differs from the desired state');
+  kv('Digest', s.digest);
+  const ls = s.lastSync;
+  if (!ls) kv('Last sync', 'none yet');
+  else {
+    const what = [ls.kind, ls.ok ? 'ok' : 'FAILED', ls.ms !== undefined ? `${ls.ms} ms` : undefined].filter(Boolean).join(', ');
+    kv('Last sync', `${what}, ${ago(ls.at, now)}${ls.error ? `: ${ls.error}` : ''}`);
+  }
+  const d = s.drift;
+  const last = d.last ? `last read-back ${ago(d.last.at, now)} (${d.last.reason}): ${d.last.repaired ? `repaired ${changesText(d.last.changes)}` : 'no drift'}` : 'no read-back yet';
+  kv('Drift', `${d.repairs} repair${d.repairs === 1 ? '' : 's'}; ${last}`);
+  if (d.lastRepair && d.lastRepair !== d.last && d.lastRepair.at !== d.last?.at) {
+    kv('', `last repair ${ago(d.lastRepair.at, now)} (${d.lastRepair.reason}): ${changesText(d.lastRepair.changes)}`);
+  }
+  if (d.check) {
+    kv('Drift now', d.check.drifted ? `YES: ${sumChanges(d.check.changes)} change(s) to repair (${changesText(d.check.changes)}); the next resync repairs them` : 'none (the kernel holds the desired state)');
+  }
+  out.push('');
+  const rows = Object.entries(s.objects).map(([kind, c]) => [kind, String(c.desired), c.applied === null ? '-' : String(c.applied), c.applied !== null && c.applied !== c.desired ? '*' : '']);
+  out.push(renderTable(['KIND', 'DESIRED', 'APPLIED', ''], rows).trimEnd());
+  return out.join('\n') + '\n';
+}
+
+// ---- the plan as a diff ----
+
+export interface KindDiff {
+  readonly kind: string;
+  readonly added: readonly string[];
+  readonly removed: readonly string[];
+  /** id and what changed, field by field. */
+  readonly changed: readonly { readonly id: string; readonly fields: readonly string[] }[];
+}
+
+export interface StateDiff {
+  readonly kinds: readonly KindDiff[];
+  /** initialized, interfaces, default routes. */
+  readonly gateway: readonly string[];
+}
+
+/** Fields natgw allocates (QoS class ids) are not a change when the new object leaves them out. */
+function comparable(def: ResourceDef, x: unknown): Record<string, unknown> {
+  const o = { ...(x as Record<string, unknown>) };
+  for (const f of def.readOnly) delete o[f];
+  return o;
+}
+
+function describe(def: ResourceDef, x: unknown): string {
+  const o = comparable(def, x);
+  const rest = Object.keys(o)
+    .filter((k) => !def.idFields.includes(k))
+    .map((k) => `${k}=${cellOf(o[k])}`);
+  return rest.length ? `${idOf(def, x)}  ${rest.join(' ')}` : idOf(def, x);
+}
+
+/** Structural equality, key order ignored (cheaper than canonical text for plain values). */
+function sameValue(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return (a ?? null) === (b ?? null);
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  const ka = Object.keys(a).filter((k) => (a as Record<string, unknown>)[k] !== undefined);
+  const kb = Object.keys(b).filter((k) => (b as Record<string, unknown>)[k] !== undefined);
+  return ka.length === kb.length && ka.every((k) => sameValue((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
+}
+
+/** Object by object, what `next` adds, removes and changes relative to `current`. */
+export function diffStates(current: DesiredState, next: DesiredState): StateDiff {
+  const kinds: KindDiff[] = [];
+  for (const def of RESOURCES) {
+    const before = new Map(current[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
+    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
+    const added: string[] = [];
+    const removed: string[] = [];
+    const changed: { id: string; fields: string[] }[] = [];
+    for (const [k, v] of after) {
+      const b = before.get(k);
+      if (b === undefined) {
+        added.push(describe(def, v));
+        continue;
+      }
+      if (b === v) continue;
+      const ob = comparable(def, b);
+      const ov = comparable(def, v);
+      const fields: string[] = [];
+      for (const f of new Set([...Object.keys(ob), ...Object.keys(ov)])) {
+        if (!sameValue(ob[f], ov[f])) fields.push(`${f}: ${cellOf(ob[f]) || '(none)'} -> ${cellOf(ov[f]) || '(none)'}`);
+      }
+      if (fields.length) changed.push({ id: idOf(def, v), fields });
+    }
+    for (const [k, v] of before) if (!after.has(k)) removed.push(describe(def, v));
+    kinds.push({ kind: def.path, added, removed, changed });
+  }
+  const gateway: string[] = [];
+  if (current.initialized !== next.initialized) gateway.push(`initialized: ${current.initialized} -> ${next.initialized}`);
+  if (canonicalJson(current.interfaces) !== canonicalJson(next.interfaces)) {
+    gateway.push(`interfaces: ${current.interfaces.vpc},${current.interfaces.ext} -> ${next.interfaces.vpc},${next.interfaces.ext}`);
+  }
+  if (canonicalJson(current.defaultRoutes) !== canonicalJson(next.defaultRoutes)) {
+    gateway.push(`defaultRoutes: ${canonicalJson(current.defaultRoutes)} -> ${canonicalJson(next.defaultRoutes)}`);
+  }
+  return { kinds, gateway };
+}
+
+export const diffIsEmpty = (d: StateDiff): boolean => d.gateway.length === 0 && d.kinds.every((k) => !k.added.length && !k.removed.length && !k.changed.length);
+
+/**
+ * `+`, `-`, `~` lines per kind, then a one-line summary. At most `maxPerKind` lines of each
+ * sign per kind (a state of thousands of objects stays readable); the rest is counted.
+ */
+export function renderDiff(d: StateDiff, maxPerKind = Infinity): string {
+  const out: string[] = [];
+  const capped = (lines: readonly string[], sign: string) => {
+    for (const l of lines.slice(0, maxPerKind)) out.push(`  ${sign} ${l}`);
+    if (lines.length > maxPerKind) out.push(`  ${sign} … and ${lines.length - maxPerKind} more`);
+  };
+  if (d.gateway.length) {
+    out.push('gateway:');
+    capped(d.gateway, '~');
+  }
+  for (const k of d.kinds) {
+    if (!k.added.length && !k.removed.length && !k.changed.length) continue;
+    out.push(`${k.kind}:`);
+    capped(k.removed, '-');
+    capped(k.added, '+');
+    capped(
+      k.changed.map((c) => `${c.id}  ${c.fields.join(', ')}`),
+      '~',
+    );
+  }
+  const n = (f: (k: KindDiff) => number) => d.kinds.reduce((a, k) => a + f(k), 0);
+  const summary = `${n((k) => k.added.length)} to add, ${n((k) => k.removed.length)} to remove, ${n((k) => k.changed.length) + (d.gateway.length ? 1 : 0)} to change`;
+  if (out.length === 0) return 'No changes: the file is the desired state.\n';
+  return `${out.join('\n')}\nPlan: ${summary}.\n`;
+}
