@@ -78,6 +78,18 @@ const rawSchema = z.object({
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  // Flow logs: one JSON line per translated connection at its start and end (conntrack events).
+  NATGW_FLOW_LOG: z.enum(['off', 'file', 'stdout']).default('off'),
+  // The flow-log file (NATGW_FLOW_LOG=file), rotated by size to <file>.1.
+  NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log'),
+  NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  // Flow-log lines per second (token bucket refill) and burst; lines above are dropped and counted.
+  NATGW_FLOW_LOG_RATE: z.coerce.number().int().min(1).max(1_000_000).default(1000),
+  NATGW_FLOW_LOG_BURST: z.coerce.number().int().min(1).max(1_000_000).default(2000),
+  // Follow conntrack events for the per-EIP connection metrics even without flow logs.
+  NATGW_CONNTRACK_METRICS: bool.default(true),
+  // Set nf_conntrack_acct=1 and nf_conntrack_timestamp=1 in the pod's network namespace at start.
+  NATGW_CONNTRACK_SYSCTLS: bool.default(false),
 });
 
 export interface Config {
@@ -103,6 +115,14 @@ export interface Config {
   readonly networkStatusFile: string;
   /** Bytes. */
   readonly bodyLimit: number;
+  readonly flowLog: 'off' | 'file' | 'stdout';
+  readonly flowLogFile: string;
+  /** Bytes. */
+  readonly flowLogMaxSize: number;
+  readonly flowLogRate: number;
+  readonly flowLogBurst: number;
+  readonly conntrackMetrics: boolean;
+  readonly conntrackSysctls: boolean;
 }
 
 export class ConfigError extends Error {
@@ -146,5 +166,12 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     autostart: c.NATGW_AUTOSTART,
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
+    flowLog: c.NATGW_FLOW_LOG,
+    flowLogFile: c.NATGW_FLOW_LOG_FILE,
+    flowLogMaxSize: c.NATGW_FLOW_LOG_MAX_SIZE,
+    flowLogRate: c.NATGW_FLOW_LOG_RATE,
+    flowLogBurst: c.NATGW_FLOW_LOG_BURST,
+    conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
+    conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
   };
 }

@@ -6,7 +6,7 @@ import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
-import { Metrics } from '../engine/metrics.js';
+import { Observer, daemonMetrics } from '../observe/observer.js';
 import { createApp } from '../api/app.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
@@ -41,8 +41,15 @@ export async function serve(config: Config): Promise<number> {
 
   const exec = new SystemExecutor(log);
   const engine = new Engine({ config, exec, log });
-  const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
+  const observer = new Observer({ config, exec, log });
+  const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const agent = new Agent({ engine, log, metrics });
+  // Flow classification follows every applied state (after the agent's own hook).
+  const agentOnSync = engine.onSync;
+  engine.onSync = (e) => {
+    agentOnSync?.(e);
+    if (e.ok) observer.setState(e.state);
+  };
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
 
@@ -79,6 +86,12 @@ export async function serve(config: Config): Promise<number> {
       reconciler.request(why);
     },
   });
+
+  void engine
+    .loadState()
+    .catch(() => undefined)
+    .then((s) => observer.start(conntrack, s))
+    .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
   const startup = (async () => {
@@ -118,6 +131,7 @@ export async function serve(config: Config): Promise<number> {
       monitor.stop();
       await reconciler.stop();
       await agent.close();
+      await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);
       (singleton as net.Server).close();
