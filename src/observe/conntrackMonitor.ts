@@ -100,7 +100,7 @@ export class ConntrackMonitor {
     const tool = this.opts.tool ?? 'conntrack';
     let child: ChildProcess;
     try {
-      child = spawn(tool, [...EVENT_ARGS], { stdio: ['ignore', 'pipe', 'pipe'], env: { LC_ALL: 'C' } });
+      child = spawn(tool, [...EVENT_ARGS], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
     } catch (e) {
       this.opts.log.warn({ err: e }, 'conntrack events: cannot start conntrack');
       return this.scheduleRestart();
