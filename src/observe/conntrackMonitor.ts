@@ -7,7 +7,7 @@ import { FlowIndex, type FlowClass } from './classify.js';
 import { flowRecord, type FlowLog } from './flowLog.js';
 
 /** The event stream: NEW and DESTROY only, with the event time and the entry id pairing the two. */
-export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id'] as const;
+export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id', '-b', String(8 << 20)] as const;
 /** Longest line kept; conntrack's lines are a few hundred bytes, anything longer is garbage. */
 const MAX_LINE = 4096;
 /** Connections remembered (id → EIP and kind); beyond this, new ones are neither remembered nor counted. */
@@ -117,6 +117,11 @@ export class ConntrackMonitor {
     let stderr = '';
     child.stderr!.setEncoding('utf8').on('data', (d: string) => {
       if (stderr.length < MAX_LINE) stderr += d;
+      // The socket overran and events were lost (conntrack keeps running): counts are re-read.
+      if (d.includes('ENOBUFS') && !this.seeding) {
+        this.opts.log.warn('conntrack events: events lost (ENOBUFS); re-reading the table');
+        this.seeding = this.seed().finally(() => (this.seeding = undefined));
+      }
     });
     child.once('error', (e) => this.opts.log.warn({ err: e }, 'conntrack events: conntrack failed'));
     child.once('close', (code, signal) => {

@@ -1,3 +1,4 @@
+import { createWriteStream } from 'node:fs';
 import type { ConntrackEntry, Counters, Tuple } from './conntrackEvents.js';
 import { translatedOf, type FlowClass, type FlowKind } from './classify.js';
 import { TokenBucket } from './rateLimit.js';
@@ -55,15 +56,21 @@ export interface FlowSink {
   close(): Promise<void>;
 }
 
-/** stdout: lines beyond what the pipe has taken (`maxPendingBytes`) are dropped, never buffered without bound. */
+/**
+ * stdout through a stream of its own on fd 1: its writes run off the event loop (process.stdout
+ * writes to a pipe synchronously and would stall commands behind a slow reader), and lines
+ * beyond what the pipe has taken (`maxPendingBytes`) are dropped, never buffered without bound.
+ */
 export function stdoutSink(maxPendingBytes = 4 * 1024 * 1024): FlowSink {
+  const out = createWriteStream('', { fd: 1, autoClose: false });
+  out.on('error', () => undefined);
   return {
     write(line) {
-      if (process.stdout.writableLength > maxPendingBytes) return false;
-      process.stdout.write(`${line}\n`);
+      if (out.writableLength > maxPendingBytes) return false;
+      out.write(`${line}\n`);
       return true;
     },
-    close: async () => undefined,
+    close: () => new Promise<void>((resolve) => out.end(() => resolve())),
   };
 }
 
