@@ -75,6 +75,44 @@ describe('parseConntrackLine', () => {
   });
 });
 
+// Captured in natgw's test topology (nftables backend): SNAT 10.0.1.6 → 172.20.0.10, DNAT
+// 172.20.0.10:8080 → 10.0.1.6:80, FIP 172.20.0.11 ↔ 10.0.1.7; the DESTROYs came from expiry
+// (no timeout column), with accounting and timestamps on.
+const NATGW_EVENTS = [
+  '[1796045938.952373]\t    [NEW] ipv4     2 tcp      6 120 SYN_SENT src=10.0.1.6 dst=172.20.0.100 sport=40001 dport=7001 [UNREPLIED] src=172.20.0.100 dst=172.20.0.10 sport=7001 dport=40001 id=4265518758',
+  '[1796045939.354995]\t    [NEW] ipv4     2 tcp      6 120 SYN_SENT src=172.20.0.100 dst=172.20.0.10 sport=40002 dport=8080 [UNREPLIED] src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40002 id=3703823808',
+  '[1796045939.700646]\t    [NEW] ipv4     2 udp      17 1 src=10.0.1.7 dst=172.20.0.100 sport=40004 dport=7002 [UNREPLIED] src=172.20.0.100 dst=172.20.0.11 sport=7002 dport=40004 id=3471850376',
+  '[1796045957.137831]\t[DESTROY] ipv4     2 udp      17 src=10.0.1.7 dst=172.20.0.100 sport=40004 dport=7002 packets=1 bytes=34 src=172.20.0.100 dst=172.20.0.11 sport=7002 dport=40004 packets=1 bytes=51 delta-time=1 id=3471850376',
+  '[1796045957.138472]\t[DESTROY] ipv4     2 tcp      6 TIME_WAIT src=10.0.1.6 dst=172.20.0.100 sport=40001 dport=7001 packets=4 bytes=216 src=172.20.0.100 dst=172.20.0.10 sport=7001 dport=40001 packets=4 bytes=239 [ASSURED] delta-time=1 id=4265518758',
+  '[1796045957.138614]\t[DESTROY] ipv4     2 tcp      6 TIME_WAIT src=172.20.0.100 dst=172.20.0.10 sport=40002 dport=8080 packets=4 bytes=216 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40002 packets=4 bytes=240 [ASSURED] delta-time=1 id=3703823808',
+];
+
+describe('real natgw events', () => {
+  const idx = new FlowIndex({
+    ...emptyState('eth0', 'net1'),
+    eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11', prefixLength: 24 }],
+    snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false }],
+    dnats: [{ eip: '172.20.0.10', port: 8080, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 }],
+    fips: [{ eip: '172.20.0.11', internalIp: '10.0.1.7' }],
+  });
+
+  it('parses every line and classifies it', () => {
+    const got = NATGW_EVENTS.map((l) => {
+      const e = parseConntrackLine(l)!;
+      const c = idx.classify(e)!;
+      return `${e.event} ${c.kind} ${c.eip} ${e.original.sport}${e.originalCounters ? ` ${e.originalCounters.bytes}/${e.replyCounters!.bytes}` : ''}`;
+    });
+    expect(got).toEqual([
+      'new snat 172.20.0.10 40001',
+      'new dnat 172.20.0.10 40002',
+      'new fip 172.20.0.11 40004',
+      'destroy fip 172.20.0.11 40004 34/51',
+      'destroy snat 172.20.0.10 40001 216/239',
+      'destroy dnat 172.20.0.10 40002 216/240',
+    ]);
+  });
+});
+
 describe('parseConntrackStats', () => {
   it('sums every statistic over CPUs', () => {
     const s = parseConntrackStats(STATS);
