@@ -80,11 +80,13 @@ const rawSchema = z.object({
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
   // Flow logs: one JSON line per translated connection at its start and end (conntrack events).
   NATGW_FLOW_LOG: z.enum(['off', 'file', 'stdout']).default('off'),
-  // The flow-log file (NATGW_FLOW_LOG=file), rotated by size to <file>.1.
+  // The flow-log file (NATGW_FLOW_LOG=file).
   NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log'),
+  // Size of the flow-log file at which it is rotated to <file>.1.
   NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
-  // Flow-log lines per second (token bucket refill) and burst; lines above are dropped and counted.
+  // Flow-log lines per second (token-bucket refill); lines above it are dropped and counted.
   NATGW_FLOW_LOG_RATE: z.coerce.number().int().min(1).max(1_000_000).default(1000),
+  // Flow-log lines allowed at once before the rate applies (token-bucket size).
   NATGW_FLOW_LOG_BURST: z.coerce.number().int().min(1).max(1_000_000).default(2000),
   // Follow conntrack events for the per-EIP connection metrics even without flow logs.
   NATGW_CONNTRACK_METRICS: bool.default(true),
