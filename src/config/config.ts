@@ -47,6 +47,21 @@ const size = (key: string, min: number, max: number) =>
     return bytes;
   }).meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
 
+/** A whole number within bounds, written in decimal. */
+const count = (key: string, min: number, max: number) =>
+  z
+    .string()
+    .transform((s, ctx) => {
+      const t = s.trim();
+      const n = /^\d{1,10}$/.test(t) ? Number(t) : Number.NaN;
+      if (!(n >= min && n <= max)) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be a whole number from ${min} to ${max}, got ${t || 'nothing'}` });
+        return z.NEVER;
+      }
+      return n;
+    })
+    .meta({ values: `a whole number, ${min} to ${max}` });
+
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
   optionalText
@@ -105,6 +120,20 @@ export const configSchema = z.object({
     .describe('Largest HTTP request body; the default admits the state document of a 20,000-object gateway.'),
   NATGW_CONNTRACK_CLEANUP: bool.prefault('true')
     .describe('After the first full apply, delete conntrack entries committed untranslated while natgw\'s rules were absent (Kube-OVN #4193), before reporting ready.'),
+  NATGW_FLOW_LOG: z.enum(['off', 'file', 'stdout']).default('off')
+    .describe('Flow logs: one JSON line (`"type":"flow"`) per translated connection at its start and end, from conntrack events.'),
+  NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log').meta({ values: 'a path' })
+    .describe('The flow-log file (`NATGW_FLOW_LOG=file`).'),
+  NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3).prefault('64mb')
+    .describe('Size at which the flow-log file is rotated to `<file>.1`.'),
+  NATGW_FLOW_LOG_RATE: count('NATGW_FLOW_LOG_RATE', 1, 1_000_000).prefault('1000')
+    .describe('Flow-log lines per second (token-bucket refill); lines above it are dropped and counted.'),
+  NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000).prefault('2000')
+    .describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
+  NATGW_CONNTRACK_METRICS: bool.prefault('true')
+    .describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
+  NATGW_CONNTRACK_SYSCTLS: bool.prefault('false')
+    .describe('Set `nf_conntrack_acct=1` and `nf_conntrack_timestamp=1` in the pod\'s network namespace at start (bytes and durations in flow logs).'),
 });
 const rawSchema = configSchema;
 
@@ -138,6 +167,14 @@ export interface Config {
   readonly bodyLimit: number;
   /** Restart hygiene: delete untranslated conntrack entries after the first apply. */
   readonly conntrackCleanup: boolean;
+  readonly flowLog: 'off' | 'file' | 'stdout';
+  readonly flowLogFile: string;
+  /** Bytes. */
+  readonly flowLogMaxSize: number;
+  readonly flowLogRate: number;
+  readonly flowLogBurst: number;
+  readonly conntrackMetrics: boolean;
+  readonly conntrackSysctls: boolean;
 }
 
 export class ConfigError extends Error {
@@ -182,5 +219,12 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
     conntrackCleanup: c.NATGW_CONNTRACK_CLEANUP,
+    flowLog: c.NATGW_FLOW_LOG,
+    flowLogFile: c.NATGW_FLOW_LOG_FILE,
+    flowLogMaxSize: c.NATGW_FLOW_LOG_MAX_SIZE,
+    flowLogRate: c.NATGW_FLOW_LOG_RATE,
+    flowLogBurst: c.NATGW_FLOW_LOG_BURST,
+    conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
+    conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
   };
 }

@@ -6,7 +6,7 @@ import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
-import { Metrics } from '../engine/metrics.js';
+import { Observer, daemonMetrics } from '../observe/observer.js';
 import { createApp } from '../api/app.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
@@ -42,9 +42,16 @@ export async function serve(config: Config): Promise<number> {
 
   const exec = new SystemExecutor(log);
   const engine = new Engine({ config, exec, log });
-  const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
+  const observer = new Observer({ config, exec, log });
+  const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
   const agent = new Agent({ engine, log, metrics, hygiene });
+  // Flow classification follows every applied state (after the agent's own hook).
+  const agentOnSync = engine.onSync;
+  engine.onSync = (e) => {
+    agentOnSync?.(e);
+    if (e.ok) observer.setState(e.state);
+  };
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
 
@@ -86,6 +93,12 @@ export async function serve(config: Config): Promise<number> {
     },
   });
 
+  void engine
+    .loadState()
+    .catch(() => undefined)
+    .then((s) => observer.start(conntrack, s))
+    .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
+
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
   const startup = (async () => {
     try {
@@ -125,6 +138,7 @@ export async function serve(config: Config): Promise<number> {
       hygiene.stop();
       await reconciler.stop();
       await agent.close();
+      await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);
       (singleton as net.Server).close();

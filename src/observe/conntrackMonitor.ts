@@ -1,0 +1,217 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import type { Logger } from 'pino';
+import type { Executor } from '../system/exec.js';
+import type { DesiredState } from '../state/state.js';
+import { parseConntrackLine, type ConntrackEntry } from './conntrackEvents.js';
+import { FlowIndex, type FlowClass } from './classify.js';
+import { flowRecord, type FlowLog } from './flowLog.js';
+
+/** The event stream: NEW and DESTROY only, with the event time and the entry id pairing the two. */
+export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id', '-b', String(8 << 20)] as const;
+/** Longest line kept; conntrack's lines are a few hundred bytes, anything longer is garbage. */
+const MAX_LINE = 4096;
+/** Connections remembered (id → EIP and kind); beyond this, new ones are neither remembered nor counted. */
+export const MAX_TRACKED = 1 << 20;
+const BACKOFF_MIN_MS = 250;
+const BACKOFF_MAX_MS = 30_000;
+/** A child that lived this long is considered healthy again: the backoff restarts from the minimum. */
+const HEALTHY_AFTER_MS = 60_000;
+
+export interface ConntrackMonitorOptions {
+  readonly exec: Executor;
+  readonly log: Logger;
+  readonly flowLog?: FlowLog;
+  /** Each classified NEW event (feeds natgw_flow_starts_total). */
+  readonly onStart?: (c: FlowClass) => void;
+  readonly onRestart?: () => void;
+  /** The conntrack binary (tests may point elsewhere). */
+  readonly tool?: string;
+}
+
+const labelKey = (c: FlowClass): string => `${c.eip}|${c.kind}`;
+
+/**
+ * Follows the kernel's conntrack events in the daemon's network namespace through a supervised
+ * `conntrack -E` child: writes flow lines and keeps the count of open connections per EIP and
+ * kind. The child is read as a stream and never waited on, so nothing here can hold up a
+ * command; when it dies it is restarted with backoff, and the table is read once more
+ * (`conntrack -L`) because events were lost in between.
+ */
+export class ConntrackMonitor {
+  private index = new FlowIndex();
+  private readonly active = new Map<number, FlowClass>();
+  private readonly counts = new Map<string, { c: FlowClass; n: number }>();
+  private child: ChildProcess | undefined;
+  private stopped = true;
+  private backoff = BACKOFF_MIN_MS;
+  private restartTimer: NodeJS.Timeout | undefined;
+  /** While a seed listing runs: ids destroyed meanwhile, which the listing may still show. */
+  private destroyedWhileSeeding: Set<number> | undefined;
+  /** While a seed listing runs: ids that started meanwhile, which the listing may miss. */
+  private startedWhileSeeding: Set<number> | undefined;
+  private seeding: Promise<void> | undefined;
+  private upSince = 0;
+
+  constructor(private readonly opts: ConntrackMonitorOptions) {}
+
+  /** Whether the event child is running. */
+  get up(): boolean {
+    return this.child !== undefined;
+  }
+
+  /** Rebuild the lookup index (on every applied state). */
+  setState(s: Pick<DesiredState, 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats'>): void {
+    this.index = new FlowIndex(s);
+  }
+
+  /** Open connections per EIP and kind (only those with at least one ever seen). */
+  connections(): { eip: string; kind: string; n: number }[] {
+    return [...this.counts.values()].map(({ c, n }) => ({ eip: c.eip, kind: c.kind, n }));
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.spawnChild();
+  }
+
+  /** Kill the child and wait until it is gone. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.restartTimer);
+    const child = this.child;
+    if (child && child.exitCode === null && child.signalCode === null) {
+      const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+      child.kill('SIGTERM');
+      const t = setTimeout(() => child.kill('SIGKILL'), 2000);
+      await gone;
+      clearTimeout(t);
+    }
+    await this.seeding?.catch(() => undefined);
+    await this.opts.flowLog?.close();
+  }
+
+  /** Resolves once the current seed listing (if any) has been applied. */
+  async seeded(): Promise<void> {
+    await this.seeding;
+  }
+
+  private spawnChild(): void {
+    const tool = this.opts.tool ?? 'conntrack';
+    let child: ChildProcess;
+    try {
+      child = spawn(tool, [...EVENT_ARGS], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
+    } catch (e) {
+      this.opts.log.warn({ err: e }, 'conntrack events: cannot start conntrack');
+      return this.scheduleRestart();
+    }
+    this.child = child;
+    this.upSince = Date.now();
+    let partial = '';
+    child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
+      const lines = (partial + chunk).split('\n');
+      partial = lines.pop() ?? '';
+      if (partial.length > MAX_LINE) partial = '';
+      for (const line of lines) if (line.length <= MAX_LINE) this.onLine(line);
+    });
+    let stderr = '';
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+      if (stderr.length < MAX_LINE) stderr += d;
+      // The socket overran and events were lost (conntrack keeps running): counts are re-read.
+      if (d.includes('ENOBUFS') && !this.seeding) {
+        this.opts.log.warn('conntrack events: events lost (ENOBUFS); re-reading the table');
+        this.seeding = this.seed().finally(() => (this.seeding = undefined));
+      }
+    });
+    child.once('error', (e) => this.opts.log.warn({ err: e }, 'conntrack events: conntrack failed'));
+    child.once('close', (code, signal) => {
+      if (this.child === child) this.child = undefined;
+      if (this.stopped) return;
+      this.opts.log.warn({ code, signal, stderr: stderr.trim().slice(0, 500) }, 'conntrack events: conntrack exited; restarting');
+      if (Date.now() - this.upSince > HEALTHY_AFTER_MS) this.backoff = BACKOFF_MIN_MS;
+      this.opts.onRestart?.();
+      this.scheduleRestart();
+    });
+    // The listing after the subscription: an entry created in between shows up in both, which
+    // the id map absorbs; one destroyed in between is remembered and not counted again.
+    this.seeding = this.seed().finally(() => (this.seeding = undefined));
+  }
+
+  private scheduleRestart(): void {
+    if (this.stopped) return;
+    const wait = this.backoff;
+    this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
+    this.restartTimer = setTimeout(() => this.spawnChild(), wait);
+    this.restartTimer.unref();
+  }
+
+  private async seed(): Promise<void> {
+    this.destroyedWhileSeeding = new Set();
+    this.startedWhileSeeding = new Set();
+    try {
+      const entries: ConntrackEntry[] = [];
+      for (const family of ['ipv4', 'ipv6']) {
+        const r = await this.opts.exec.run({ file: this.opts.tool ?? 'conntrack', args: ['-L', '-f', family, '-o', 'extended,id'], timeoutMs: 60_000 });
+        if (r.exitCode !== 0 && r.stdout.trim() === '') continue;
+        for (const line of r.stdout.split('\n')) {
+          const e = parseConntrackLine(line);
+          if (e) entries.push(e);
+        }
+      }
+      const destroyed = this.destroyedWhileSeeding;
+      const started = this.startedWhileSeeding;
+      // Events were lost before this listing (a restart): it replaces what was remembered.
+      const listed = new Set(entries.map((e) => e.id));
+      for (const id of [...this.active.keys()]) if (!listed.has(id) && !started.has(id)) this.forget(id);
+      for (const e of entries) {
+        if (e.id === undefined || destroyed.has(e.id)) continue;
+        const c = this.index.classify(e);
+        if (c) this.remember(e.id, c);
+      }
+    } catch (e) {
+      this.opts.log.warn({ err: e }, 'conntrack events: listing the table failed; counts start from the events');
+    } finally {
+      this.destroyedWhileSeeding = undefined;
+      this.startedWhileSeeding = undefined;
+    }
+  }
+
+  private remember(id: number, c: FlowClass): void {
+    if (this.active.has(id) || this.active.size >= MAX_TRACKED) return;
+    this.active.set(id, c);
+    const k = labelKey(c);
+    const row = this.counts.get(k);
+    if (row) row.n++;
+    else this.counts.set(k, { c, n: 1 });
+  }
+
+  private forget(id: number): FlowClass | undefined {
+    const c = this.active.get(id);
+    if (!c) return undefined;
+    this.active.delete(id);
+    const row = this.counts.get(labelKey(c));
+    if (row) row.n = Math.max(0, row.n - 1);
+    return c;
+  }
+
+  /** One line of the event stream. */
+  onLine(line: string): void {
+    const e = parseConntrackLine(line);
+    if (!e?.event) return;
+    if (e.event === 'new') {
+      const c = this.index.classify(e);
+      if (!c) return;
+      if (e.id !== undefined) {
+        this.remember(e.id, c);
+        this.startedWhileSeeding?.add(e.id);
+      }
+      this.opts.onStart?.(c);
+      this.opts.flowLog?.log(flowRecord(e, c, Date.now() / 1000));
+      return;
+    }
+    if (e.id !== undefined) this.destroyedWhileSeeding?.add(e.id);
+    // The class it had at its start: its rule may be gone by now (a flush after a delete).
+    const c = (e.id !== undefined ? this.forget(e.id) : undefined) ?? this.index.classify(e);
+    if (c) this.opts.flowLog?.log(flowRecord(e, c, Date.now() / 1000));
+  }
+}

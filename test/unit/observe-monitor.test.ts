@@ -1,0 +1,116 @@
+/**
+ * ConntrackMonitor's bookkeeping: seeding from a listing, counting NEW/DESTROY per EIP and
+ * kind, end lines for connections whose rule is gone, and restarting a dead event child. The
+ * event child is a stand-in script (the real one is proven in test/netns/flow-log.test.ts).
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pino from 'pino';
+import { ConntrackMonitor } from '../../src/observe/conntrackMonitor.js';
+import { FlowLog, type FlowSink } from '../../src/observe/flowLog.js';
+import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
+import { emptyState } from '../../src/state/state.js';
+import { waitFor } from '../helpers/poll.js';
+
+const EIP = '172.20.0.10';
+const state = {
+  ...emptyState('eth0', 'net1'),
+  eips: [{ address: EIP, prefixLength: 24 }],
+  snats: [{ eip: EIP, cidr: '10.0.1.0/24', randomFully: false }],
+  dnats: [{ eip: EIP, port: 8080, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }],
+};
+
+const snatLine = (id: number, sport: number, event?: 'NEW' | 'DESTROY') =>
+  `${event ? `[1796044351.5]\t[${event}] ` : ''}ipv4     2 tcp      6 120 SYN_SENT src=10.0.1.6 dst=172.20.0.100 sport=${sport} dport=7001 [UNREPLIED] src=172.20.0.100 dst=${EIP} sport=7001 dport=${sport} id=${id}`;
+const dnatLine = (id: number, event: 'NEW' | 'DESTROY') =>
+  `[1796044351.5]\t[${event}] ipv4     2 tcp      6 120 SYN_SENT src=172.20.0.100 dst=${EIP} sport=5000 dport=8080 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=5000 id=${id}`;
+
+const dirs: string[] = [];
+const monitors: ConntrackMonitor[] = [];
+afterEach(async () => {
+  await Promise.all(monitors.splice(0).map((m) => m.stop()));
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+/** A stand-in conntrack: `-E` sleeps (or exits at once with `dies`); `-L` answers from the fake executor. */
+function fakeTool(dies = false): string {
+  const d = mkdtempSync(join(tmpdir(), 'natgw-ct-'));
+  dirs.push(d);
+  const p = join(d, 'conntrack');
+  writeFileSync(p, dies ? '#!/bin/sh\nexit 1\n' : '#!/bin/sh\nexec sleep 600\n');
+  chmodSync(p, 0o755);
+  return p;
+}
+
+function listing(lines: string[]): Executor & { calls: ExecRequest[] } {
+  const calls: ExecRequest[] = [];
+  return {
+    calls,
+    run: async (req): Promise<ExecResult> => {
+      calls.push(req);
+      const v4 = req.args.includes('ipv4');
+      return { command: req.file, exitCode: 0, stdout: v4 ? lines.join('\n') : '', stderr: '', timedOut: false, failedToStart: false };
+    },
+    spawnDetached: () => undefined,
+  };
+}
+
+function setup(seed: string[], opts: { dies?: boolean } = {}) {
+  const written: string[] = [];
+  const sink: FlowSink = { write: (l) => (written.push(l), true), close: async () => undefined };
+  const restarts: number[] = [];
+  const exec = listing(seed);
+  const m = new ConntrackMonitor({
+    exec,
+    log: pino({ level: 'silent' }),
+    flowLog: new FlowLog({ sink, ratePerS: 1000, burst: 1000 }),
+    tool: fakeTool(opts.dies),
+    onRestart: () => restarts.push(1),
+  });
+  monitors.push(m);
+  m.setState(state);
+  return { m, written, restarts, exec };
+}
+
+const count = (m: ConntrackMonitor, kind: string) => m.connections().find((c) => c.eip === EIP && c.kind === kind)?.n ?? 0;
+
+describe('ConntrackMonitor', () => {
+  it('seeds the counts from the table, then follows NEW and DESTROY', async () => {
+    const { m, written } = setup([snatLine(1, 40001), snatLine(2, 40002)]);
+    m.start();
+    await waitFor(async () => count(m, 'snat') === 2, { what: 'two seeded SNAT connections' });
+    m.onLine(dnatLine(3, 'NEW'));
+    m.onLine(snatLine(1, 40001, 'DESTROY'));
+    expect(count(m, 'snat')).toBe(1);
+    expect(count(m, 'dnat')).toBe(1);
+    // A duplicate NEW (listed and seen as an event) counts once.
+    m.onLine(dnatLine(3, 'NEW'));
+    expect(count(m, 'dnat')).toBe(1);
+    expect(written.map((l) => JSON.parse(l).event)).toEqual(['start', 'end', 'start']);
+  });
+
+  it('ends a connection with the class it started with, after its rule is gone', async () => {
+    const { m, written } = setup([]);
+    m.onLine(dnatLine(7, 'NEW'));
+    m.setState(emptyState('eth0', 'net1'));
+    m.onLine(dnatLine(7, 'DESTROY'));
+    expect(count(m, 'dnat')).toBe(0);
+    expect(written.map((l) => [JSON.parse(l).event, JSON.parse(l).kind])).toEqual([['start', 'dnat'], ['end', 'dnat']]);
+    // Unknown and untranslated entries write nothing.
+    m.onLine('[1.0]\t[NEW] ipv4 2 tcp 6 120 SYN_SENT src=10.0.1.6 dst=10.0.2.5 sport=1 dport=2 src=10.0.2.5 dst=10.0.1.6 sport=2 dport=1 id=9');
+    expect(written).toHaveLength(2);
+  });
+
+  it('restarts a child that dies, with backoff, and reads the table again each time', async () => {
+    const { m, restarts, exec } = setup([snatLine(1, 40001)], { dies: true });
+    m.start();
+    await waitFor(async () => restarts.length >= 2, { what: 'two restarts', timeoutMs: 5000 });
+    await m.stop();
+    const listings = exec.calls.filter((c) => c.args.includes('-L') && c.args.includes('ipv4')).length;
+    expect(listings).toBeGreaterThanOrEqual(2);
+    expect(count(m, 'snat')).toBe(1);
+    expect(m.up).toBe(false);
+  });
+});
