@@ -80,6 +80,9 @@ const rawSchema = z.object({
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
 });
 
+/** The keys above: what an env file or the environment may set (NATGW_ENV_FILE, read from the environment only, is not one). */
+export const CONFIG_KEYS: readonly string[] = Object.keys(rawSchema.shape);
+
 export interface Config {
   readonly envFile: string;
   readonly vpcInterface: string;
