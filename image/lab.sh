@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 image=${NATGW_IMAGE:-localhost/natgw:dev}
+# The host's side: the tools the lab's checks use, podman, npm ci and the build of the checkout.
+NATGW_IMAGE_TOOLS=1 bash scripts/setup.sh
 if [ "${NATGW_IMAGE_REBUILD:-0}" = 1 ] || ! podman image exists "$image" 2>/dev/null; then
   bash image/build.sh
 fi
-# The lab's own side (namespaces, traffic, checks) runs from the checkout.
-[ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error
-npm run build --silent
+# The lab's own side (namespaces, traffic, checks) runs from the checkout; natgw runs from the image.
 exec node dist/scripts/imageLab.js "$image"
