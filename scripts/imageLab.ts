@@ -13,9 +13,11 @@
  * NATGW_IMAGE_LAB_MODE=podman|chroot forces a path; by default podman is tried first.
  */
 import { execFile } from 'node:child_process';
-import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
-import { join } from 'node:path';
+import { mkdirSync, readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { parseAllDocuments } from 'yaml';
 import { ADDR, createTopology, REPO_ROOT, type ExecResult, type Topology } from '../test/helpers/netns.js';
+import { parsePeer, request, startServer, type ServerHandle } from '../test/helpers/traffic.js';
 import { waitFor } from '../test/helpers/poll.js';
 import { runLab, type NatgwRunner } from './lab.js';
 
@@ -47,7 +49,19 @@ async function hostOk(argv: readonly string[], timeoutMs?: number): Promise<stri
   return r.stdout.trim();
 }
 
-/** A running "pod" of the image in the gateway namespace, PID 1 `sleep infinity`. */
+/**
+ * What a pod's PID 1 runs: `sleep infinity` (the controller's pod spec), or the image's own
+ * ENTRYPOINT and CMD (natgw as the main process), with this environment.
+ */
+interface PodCommand {
+  readonly argv: 'sleep' | 'image';
+  readonly env: Readonly<Record<string, string>>;
+  /** Written into the pod's root before PID 1 starts (what volume mounts would provide). */
+  readonly files?: Readonly<Record<string, string>>;
+}
+const SLEEP: PodCommand = { argv: 'sleep', env: {} };
+
+/** A running "pod" of the image in the gateway namespace. */
 interface Pod {
   /** PID 1 of the pod's PID namespace, as this host sees it. */
   readonly pid1: number;
@@ -62,10 +76,16 @@ function envPairs(env: Readonly<Record<string, string>>): string[] {
   return Object.entries({ ...IMAGE_ENV, ...env }).map(([k, v]) => `${k}=${v}`);
 }
 
-async function startPodmanPod(topo: Topology): Promise<Pod> {
+async function startPodmanPod(topo: Topology, cmd: PodCommand): Promise<Pod> {
   const name = podName(topo);
+  const run = cmd.argv === 'sleep' ? ['--entrypoint', 'sleep', IMAGE, 'infinity'] : [IMAGE];
+  const env = Object.entries(cmd.env).flatMap(([k, v]) => ['-e', `${k}=${v}`]);
   // Privileged and in the gateway's network namespace, as Kube-OVN's gateway pod is.
-  await hostOk(['podman', 'run', '-d', '--name', name, '--privileged', '--network', `ns:/run/netns/${topo.ns.gw}`, '--entrypoint', 'sleep', IMAGE, 'infinity']);
+  await hostOk(['podman', 'create', '--name', name, '--privileged', '--network', `ns:/run/netns/${topo.ns.gw}`, ...env, ...run]);
+  const root = await hostOk(['podman', 'mount', name]);
+  writeFiles(root, cmd.files);
+  await hostOk(['podman', 'umount', name]);
+  await hostOk(['podman', 'start', name]);
   const pid1 = Number(await hostOk(['podman', 'inspect', '--format', '{{.State.Pid}}', name]));
   return {
     pid1,
@@ -74,24 +94,42 @@ async function startPodmanPod(topo: Topology): Promise<Pod> {
   };
 }
 
-async function startChrootPod(topo: Topology): Promise<Pod> {
+function writeFiles(root: string, files: Readonly<Record<string, string>> = {}): void {
+  for (const [path, text] of Object.entries(files)) {
+    mkdirSync(dirname(join(root, path)), { recursive: true });
+    writeFileSync(join(root, path), text, { mode: 0o600 });
+  }
+}
+
+/** The image's ENTRYPOINT and CMD, as a runtime would start them. */
+async function imageCommand(): Promise<string[]> {
+  const cfg = JSON.parse(await hostOk(['podman', 'image', 'inspect', '--format', '{{json .Config}}', IMAGE])) as { Entrypoint?: string[]; Cmd?: string[] };
+  return [...(cfg.Entrypoint ?? []), ...(cfg.Cmd ?? [])];
+}
+
+async function startChrootPod(topo: Topology, cmd: PodCommand): Promise<Pod> {
   const name = podName(topo);
+  const argv = cmd.argv === 'sleep' ? ['sleep', 'infinity'] : await imageCommand();
+  const comm = (argv[0] ?? '').split('/').at(-1) ?? '';
   // A container's own writable root, not the read-only image mount: the state dir lives in it.
   await hostOk(['podman', 'create', '--name', name, IMAGE]);
   let pid1 = 0;
   let sleeper: ReturnType<Topology['spawn']> | undefined;
   try {
     const root = await hostOk(['podman', 'mount', name]);
-    sleeper = topo.spawn('gw', ['unshare', '--pid', '--fork', '--mount-proc', 'bash', ENTER, root, 'sleep', 'infinity']);
+    writeFiles(root, cmd.files);
+    // `env -i`: PID 1 gets the pod's environment, nothing of this host's.
+    const env = ['env', '-i', ...envPairs(cmd.env)];
+    sleeper = topo.spawn('gw', ['unshare', '--pid', '--fork', '--mount-proc', 'bash', ENTER, root, ...env, ...argv]);
     const unsharePid = sleeper.pid;
     if (unsharePid === undefined) throw new Error('could not start unshare');
     // `ip netns exec` execs unshare in place; its one child becomes PID 1 and ends up as sleep.
     pid1 = await waitFor(
       async () => {
         const child = Number(readFileSync(`/proc/${unsharePid}/task/${unsharePid}/children`, 'utf8').trim().split(' ')[0]);
-        return child > 0 && readFileSync(`/proc/${child}/comm`, 'utf8').trim() === 'sleep' ? child : undefined;
+        return child > 0 && readFileSync(`/proc/${child}/comm`, 'utf8').trim() === comm ? child : undefined;
       },
-      { what: `sleep infinity as PID 1 of the chroot pod ${name}`, timeoutMs: 15_000, intervalMs: 50 },
+      { what: `${argv.join(' ')} as PID 1 of the chroot pod ${name}`, timeoutMs: 15_000, intervalMs: 50 },
     );
   } catch (err) {
     sleeper?.kill('SIGKILL');
@@ -126,7 +164,8 @@ async function chooseMode(): Promise<{ mode: Mode; why: string }> {
   return { mode: 'chroot', why: `\`podman run\` fails here: ${reason}` };
 }
 
-const startPod = (mode: Mode, topo: Topology): Promise<Pod> => (mode === 'podman' ? startPodmanPod(topo) : startChrootPod(topo));
+const startPod = (mode: Mode, topo: Topology, cmd: PodCommand = SLEEP): Promise<Pod> =>
+  mode === 'podman' ? startPodmanPod(topo, cmd) : startChrootPod(topo, cmd);
 
 /** natgw's environment inside the pod: the lab's keys, with the state under the pod's own root. */
 function podEnv(topo: Topology): Record<string, string> {
@@ -250,11 +289,81 @@ async function zombieCheck(mode: Mode): Promise<number> {
   return failed;
 }
 
+/** What image/deploy/natgw-gateway.yaml gives the pod: the env file, the token, the probes. */
+function deployManifest(): { envFile: string; token: string; probes: Record<'liveness' | 'readiness', string[]> } {
+  const docs = parseAllDocuments(readFileSync(join(REPO_ROOT, 'image', 'deploy', 'natgw-gateway.yaml'), 'utf8')).map((d) => d.toJS() as Record<string, any>);
+  const envFile = docs.find((d) => d.kind === 'ConfigMap')?.data?.['nat-gateway.env'] as string;
+  const token = docs.find((d) => d.kind === 'Secret')?.stringData?.token as string;
+  const main = docs.find((d) => d.kind === 'StatefulSet')?.spec.template.spec.containers[0] as Record<string, any>;
+  return { envFile, token, probes: { liveness: main.livenessProbe.exec.command, readiness: main.readinessProbe.exec.command } };
+}
+
+/**
+ * natgw as the pod's main process, as image/deploy/natgw-gateway.yaml runs it: the image's own
+ * ENTRYPOINT and CMD as PID 1, the manifest's env file and token where its volumes put them,
+ * its probes, commands through the shim, traffic, the TCP API with its token, no zombies.
+ */
+async function mainProcessCheck(mode: Mode): Promise<number> {
+  const manifest = deployManifest();
+  console.log(`\nmain process — PID 1 is the image's own command (${(await imageCommand()).join(' ')}), configured as image/deploy/natgw-gateway.yaml (${mode})`);
+  const topo = await createTopology();
+  const servers: ServerHandle[] = [];
+  let pod: Pod | undefined;
+  let failed = 0;
+  const report = (ok: boolean, what: string) => {
+    console.log(`  ${ok ? '✓' : '✗'} ${what}`);
+    if (!ok) failed++;
+  };
+  try {
+    // The manifest's env file names the lab's upstream gateway; the lab depends on that.
+    if (!manifest.envFile.includes(`GATEWAY_V4=${ADDR.extGateway}`)) throw new Error(`the manifest's env file no longer sets GATEWAY_V4=${ADDR.extGateway}`);
+    const tokenFile = /^NATGW_TOKEN_FILE=(.*)$/m.exec(manifest.envFile)?.[1] ?? '';
+    const port = /^NATGW_LISTEN=.*:(\d+)$/m.exec(manifest.envFile)?.[1] ?? '';
+    pod = await startPod(mode, topo, { argv: 'image', env: {}, files: { '/etc/kube-ovn/nat-gateway.env': manifest.envFile, [tokenFile]: manifest.token } });
+    const p = pod;
+    const probe = (which: 'liveness' | 'readiness') => p.exec(manifest.probes[which], {});
+    const live = await waitFor(async () => (await probe('liveness')).exitCode === 0, { what: 'the liveness probe to pass', timeoutMs: 30_000, intervalMs: 200 }).catch(() => false);
+    report(live, `liveness probe (${manifest.probes.liveness.join(' ')}) passes`);
+    const cmds: string[][] = [['init'], ['eip-add', '172.20.0.10/24'], ['snat-add', `172.20.0.10,${ADDR.vpcCidr}`]];
+    for (const [command, ...rules] of cmds) {
+      const r = await p.exec(['bash', SHIM, command ?? '', ...rules], {});
+      report(r.exitCode === 0 && r.stderr === '', `${SHIM} ${command} ${rules.join(' ')}  (exit ${r.exitCode}${r.stderr ? `, stderr: ${r.stderr.trim()}` : ''})`);
+    }
+    const ready = await waitFor(async () => (await probe('readiness')).exitCode === 0, { what: 'the readiness probe to pass', timeoutMs: 30_000, intervalMs: 200 }).catch(() => false);
+    report(ready, 'readiness probe (/readyz) passes after init');
+    const server = startServer(topo, 'ext', 'tcp', 7001);
+    servers.push(server);
+    await server.ready;
+    const seen = await request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001).then((l) => parsePeer(l).ip, (e: Error) => `failed: ${e.message}`);
+    report(seen === '172.20.0.10', `SNAT (TCP): the external host sees vpc1 as the EIP (${seen})`);
+    const url = `http://${ADDR.gw}:${port}`;
+    const curl = (path: string, ...extra: string[]) =>
+      topo.exec('vpc1', ['curl', '-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '5', ...extra, `${url}${path}`], { reject: false }).then((r) => r.stdout);
+    const codes = [await curl('/healthz'), await curl('/v1/state'), await curl('/v1/state', '-H', `Authorization: Bearer ${manifest.token}`)];
+    report(codes.join(' ') === '200 401 200', `TCP API ${url}: /healthz open, /v1/state 401 without and 200 with the Secret's token (${codes.join(' ')})`);
+    const procs = podProcesses(p.pid1);
+    const pid1 = procs.find((x) => x.pid === p.pid1);
+    const daemons = procs.filter((x) => x.cmdline.includes('natgw.js serve') && x.state !== 'Z');
+    const parent = daemons[0] === undefined ? -1 : Number(/^PPid:\s*(\d+)/m.exec(readFileSync(`/proc/${daemons[0].pid}/status`, 'utf8'))?.[1]);
+    report(daemons.length === 1 && parent === p.pid1, `one daemon, PID 1's child (PID 1: ${pid1?.cmdline}; daemon: ${daemons.map((d) => d.cmdline).join(' | ')})`);
+    const zombies = procs.filter((x) => x.state === 'Z');
+    report(zombies.length === 0, `zombie processes: ${zombies.length} (of ${procs.length} in the pod)`);
+  } catch (err) {
+    report(false, `error: ${String(err)}`);
+  } finally {
+    await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
+    await pod?.remove().catch(() => undefined);
+    await topo.cleanup();
+  }
+  return failed;
+}
+
 async function main(): Promise<number> {
   const size = Number(await hostOk(['podman', 'image', 'inspect', '--format', '{{.Size}}', IMAGE]));
   const { mode, why } = await chooseMode();
   console.log(`image ${IMAGE}: ${(size / 1e6).toFixed(1)} MB; path: ${mode} (${why})`);
   let failed = await runLab(new ImageRunner(mode), `natgw image lab (${mode})`);
+  failed += await mainProcessCheck(mode);
   failed += await zombieCheck(mode);
   console.log(failed === 0 ? '\nall checks passed; pods and namespaces removed' : `\n${failed} check(s) FAILED; pods and namespaces removed`);
   return failed === 0 ? 0 : 1;
