@@ -9,6 +9,9 @@
  *   files as a `podman mount`ed container, entered with chroot (image/chroot-enter.sh) under
  *   `unshare --pid --fork --mount-proc`, with `nsenter` standing in for `podman exec`.
  *
+ * The podman path is written for machines where `podman run` works; the machine this was
+ * developed on has none, so only the chroot path has run there.
+ *
  * Run as root: `node dist/scripts/imageLab.js [image]` (image/lab.sh builds first).
  * NATGW_IMAGE_LAB_MODE=podman|chroot forces a path; by default podman is tried first.
  */
