@@ -4,27 +4,43 @@
  * controller does), sends real TCP, UDP and ICMP through it, prints what was verified, and
  * cleans up — for each backend. Run as root: `npm run lab`.
  */
-import { ADDR, createTopology, type Topology } from '../test/helpers/netns.js';
+import { pathToFileURL } from 'node:url';
+import { ADDR, createTopology, type ExecResult, type Topology } from '../test/helpers/netns.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../test/helpers/traffic.js';
 
 const EIP = '172.20.0.10';
 const FIP = '172.20.0.11';
 
-interface Check {
+/**
+ * How the lab runs `nat-gateway.sh <command> [rule]` in the gateway namespace: the checkout's
+ * shim by default; the image lab (scripts/imageLab.ts) runs the image's own.
+ */
+export interface NatgwRunner {
+  /** Called once the topology exists, before the first command. */
+  setup?(topo: Topology): Promise<void>;
+  run(topo: Topology, command: string, ...rules: string[]): Promise<ExecResult>;
+  /** Called before the topology is removed, whether the lab passed or not. */
+  teardown?(topo: Topology): Promise<void>;
+}
+
+const checkoutShim: NatgwRunner = { run: (topo, command, ...rules) => topo.natgw(command, ...rules) };
+
+export interface Check {
   readonly what: string;
   readonly ok: boolean;
   readonly detail: string;
 }
 
-async function labFor(mode: 'iptables' | 'nftables'): Promise<Check[]> {
+export async function labFor(mode: 'iptables' | 'nftables', runner: NatgwRunner = checkoutShim): Promise<Check[]> {
   const topo: Topology = await createTopology({ lateExternal: true });
   const servers: ServerHandle[] = [];
   const checks: Check[] = [];
   const check = (what: string, ok: boolean, detail: string) => checks.push({ what, ok, detail });
   try {
     Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: mode, GATEWAY_V4: ADDR.extGateway });
+    await runner.setup?.(topo);
     // Multus attaches net1 late: init starts first and waits for it.
-    const init = topo.natgw('init');
+    const init = runner.run(topo, 'init');
     setTimeout(() => void topo.attachExternal(), 1000);
     const r = await init;
     check('init waits for a late net1', r.exitCode === 0 && r.stderr === '', r.stdout.trim().split('\n').join(' | '));
@@ -41,7 +57,7 @@ async function labFor(mode: 'iptables' | 'nftables'): Promise<Check[]> {
       ['snat-add', `${EIP},${ADDR.sub2Cidr}`],
       ['nft-dnat-map-add', `${EIP},9090,tcp,${ADDR.vpc1}:81@${ADDR.vpc2}:81`],
     ] as const) {
-      const res = await topo.natgw(cmd, rule);
+      const res = await runner.run(topo, cmd, rule);
       check(`${cmd} ${rule}`, res.exitCode === 0 && res.stderr === '', `exit ${res.exitCode}${res.stderr ? `, stderr: ${res.stderr.trim()}` : ''}`);
     }
 
@@ -85,25 +101,33 @@ async function labFor(mode: 'iptables' | 'nftables'): Promise<Check[]> {
     check('share DNAT: 20 connections to EIP:9090 spread over both backends', answered === 20 && backends.size === 2, `${answered}/20 answered; ${spread}`);
   } finally {
     await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
+    await runner.teardown?.(topo).catch((e: unknown) => check('runner teardown', false, String(e)));
     await topo.cleanup();
   }
   return checks;
 }
 
-async function main(): Promise<number> {
+/** Both backends through `runner`; prints every check and returns how many failed. */
+export async function runLab(runner: NatgwRunner = checkoutShim, title = 'natgw lab'): Promise<number> {
   let failed = 0;
   for (const mode of ['iptables', 'nftables'] as const) {
-    console.log(`\nnatgw lab — backend: ${mode}`);
-    for (const c of await labFor(mode)) {
+    console.log(`\n${title} — backend: ${mode}`);
+    for (const c of await labFor(mode, runner)) {
       console.log(`  ${c.ok ? '✓' : '✗'} ${c.what}  (${c.detail})`);
       if (!c.ok) failed++;
     }
   }
+  return failed;
+}
+
+async function main(): Promise<number> {
+  const failed = await runLab();
   console.log(failed === 0 ? '\nall checks passed; namespaces removed' : `\n${failed} check(s) FAILED; namespaces removed`);
   return failed === 0 ? 0 : 1;
 }
 
-main().then((code) => process.exit(code), (e: unknown) => {
+// Imported by the image lab, run by `npm run lab`.
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) main().then((code) => process.exit(code), (e: unknown) => {
   console.error(e);
   process.exit(1);
 });

@@ -142,6 +142,9 @@ export const ENV_ONLY_KEYS = {
   NATGW_ENV_FILE: { default: DEFAULT_ENV_FILE, values: 'a path', description: 'Where the env file is.' },
 } as const;
 
+/** The keys above: what an env file or the environment may set (NATGW_ENV_FILE, read from the environment only, is not one). */
+export const CONFIG_KEYS: readonly string[] = Object.keys(rawSchema.shape);
+
 export interface Config {
   readonly envFile: string;
   readonly vpcInterface: string;

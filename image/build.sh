@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds natgw's image from a clean clone with one command and no registry, as root:
+#   1. a Debian root filesystem (debootstrap --variant=minbase), cached as a tarball outside
+#      the checkout so later runs skip it;
+#   2. `podman import` of it, plus this machine's Node.js (image/Containerfile.base): the base;
+#   3. `podman build` of image/Dockerfile with --build-arg BASE=<that base>.
+# With a registry at hand, `podman build -f image/Dockerfile .` alone uses the official node image.
+#
+# NATGW_IMAGE (localhost/natgw:dev), NATGW_IMAGE_CACHE (/var/cache/natgw-image),
+# NATGW_IMAGE_SUITE (bookworm), NATGW_IMAGE_MIRROR (http://deb.debian.org/debian) and
+# NATGW_IMAGE_BUILD_CA (a CA bundle for npm in the build; default NODE_EXTRA_CA_CERTS) override.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+image=${NATGW_IMAGE:-localhost/natgw:dev}
+cache=${NATGW_IMAGE_CACHE:-/var/cache/natgw-image}
+suite=${NATGW_IMAGE_SUITE:-bookworm}
+mirror=${NATGW_IMAGE_MIRROR:-http://deb.debian.org/debian}
+
+say() { printf '==> %s\n' "$*"; }
+
+# The tools themselves (Debian packages), installed once.
+need=()
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
+if [ "${#need[@]}" -gt 0 ]; then
+  say "installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# 1. The Debian root filesystem, cached.
+mkdir -p "$cache"
+rootfs_tar=$cache/debian-$suite-minbase-slim.tar
+if [ ! -s "$rootfs_tar" ]; then
+  say "debootstrap --variant=minbase $suite (a few minutes, once; cached in $rootfs_tar)"
+  work=$(mktemp -d "$cache/rootfs.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  debootstrap --variant=minbase "$suite" "$work/root" "$mirror" >"$cache/debootstrap.log" 2>&1 || {
+    tail -20 "$cache/debootstrap.log" >&2
+    exit 1
+  }
+  r=$work/root
+  # Package lists, apt's caches, documentation, manuals and translations are not part of a
+  # base image (copyright files stay); dpkg leaves them out of later installs too, as in
+  # Debian's slim images.
+  rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/*.bin "$r"/var/cache/apt/archives/*.deb
+  find "$r/usr/share/doc" -mindepth 1 -not -type d -not -name copyright -delete
+  rm -rf "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/*
+  printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+    'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' 'path-exclude /usr/share/locale/*' \
+    >"$r/etc/dpkg/dpkg.cfg.d/slim"
+  printf '%s\n' 'APT::Install-Recommends "false";' >"$r/etc/apt/apt.conf.d/99no-recommends"
+  tar --numeric-owner -C "$work/root" -cf "$rootfs_tar.part" .
+  mv "$rootfs_tar.part" "$rootfs_tar"
+  rm -rf "$work"
+  trap - EXIT
+fi
+
+# 2. The base image: Debian plus this machine's Node.js (the binary and its npm).
+node_bin=$(readlink -f "$(command -v node)")
+node_version=$(node --version)
+case $node_version in
+  v20.*) ;;
+  *) echo "the image needs Node.js 20; this machine has $node_version" >&2; exit 1 ;;
+esac
+npm_dir=$(cd "$(dirname "$node_bin")/../lib/node_modules/npm" 2>/dev/null && pwd) || {
+  echo "npm not found next to $node_bin (expected ../lib/node_modules/npm)" >&2
+  exit 1
+}
+debian_image=localhost/natgw-debian:$suite-minbase-slim
+base_image=localhost/natgw-base:$suite-node${node_version#v}
+if ! podman image exists "$debian_image"; then
+  say "podman import $rootfs_tar → $debian_image"
+  podman import --quiet "$rootfs_tar" "$debian_image" >/dev/null
+fi
+if ! podman image exists "$base_image"; then
+  say "base image $base_image (Debian $suite + Node.js $node_version from $node_bin)"
+  ctx=$(mktemp -d)
+  trap 'rm -rf "$ctx"' EXIT
+  cp "$node_bin" "$ctx/node"
+  cp -a "$npm_dir" "$ctx/npm"
+  cp image/Containerfile.base "$ctx/Containerfile"
+  # chroot isolation: the build's RUN steps need no OCI runtime (crun/runc cannot set rlimits here).
+  podman build --quiet --isolation=chroot --network=host --build-arg "DEBIAN=$debian_image" \
+    -t "$base_image" "$ctx" >/dev/null
+  rm -rf "$ctx"
+  trap - EXIT
+fi
+
+# 3. natgw's image. npm in the build stage trusts what this machine's Node.js trusts.
+secret=()
+ca=${NATGW_IMAGE_BUILD_CA:-${NODE_EXTRA_CA_CERTS:-}}
+[ -n "$ca" ] && [ -s "$ca" ] && secret=(--secret "id=build-ca,src=$ca")
+say "podman build image/Dockerfile (BASE=$base_image) → $image"
+podman build --isolation=chroot --network=host --layers --build-arg "BASE=$base_image" "${secret[@]}" \
+  -f image/Dockerfile -t "$image" .
+size=$(podman image inspect --format '{{.Size}}' "$image")
+say "built $image: $((size / 1000000)) MB ($size bytes)"
