@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 # curl: the shim's client for a running daemon (image/nat-gateway.sh), as in the image.
-pkgs=(nftables iptables iproute2 conntrack iputils-arping iputils-ping procps ca-certificates curl)
+pkgs=(nftables iptables iproute2 conntrack conntrackd iputils-arping iputils-ping procps ca-certificates curl)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

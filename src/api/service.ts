@@ -68,3 +68,10 @@ export interface Readiness {
   readonly lastSync: { readonly ok: boolean; readonly at: string; readonly error?: string } | null;
   readonly reasons: readonly string[];
 }
+
+/** Replica sync and takeover (src/ha), as the API sees it: GET /v1/ha, POST /v1/ha/takeover, the `ha` part of /readyz. */
+export interface HaService {
+  status(): Promise<{ readonly digest: string }>;
+  takeover(reason: string): Promise<object>;
+  health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
+}

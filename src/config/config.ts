@@ -78,6 +78,23 @@ const rawSchema = z.object({
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  // Replica sync (src/ha): the peer replica's sync address; empty turns conntrackd off.
+  // conntrackd's FTFW over UDP pairs exactly two replicas, so one address.
+  NATGW_HA_PEERS: optionalText.refine((s) => s === undefined || (!s.includes(',') && (isIpv4(s) || isIpv6(s))), 'must be the one IP address of the peer replica on the sync network'),
+  // The interface conntrackd syncs over (its first address is the local end unless NATGW_HA_SYNC_ADDRESS is set).
+  NATGW_HA_SYNC_INTERFACE: optionalText.refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name'),
+  // This replica's address on the sync network (default: the sync interface's first address of the peer's family).
+  NATGW_HA_SYNC_ADDRESS: optionalText.refine((s) => s === undefined || isIpv4(s) || isIpv6(s), 'must be an IP address'),
+  // UDP port of conntrackd's sync channel, the same on both replicas.
+  NATGW_HA_SYNC_PORT: z.string().trim().regex(/^\d{1,5}$/, 'must be a port number').transform(Number).pipe(z.number().int().min(1).max(65535)).default(3780),
+  // Sync is reported unhealthy when nothing arrived from the peer for this long (1s to 10m).
+  NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000).default(10_000),
+  // The conntrackd binary natgw runs and supervises.
+  NATGW_CONNTRACKD: z.string().trim().min(1).default('conntrackd'),
+  // The peer's natgw TCP API (http://addr:port or https://…): its digest is compared every resync period.
+  NATGW_HA_PEER_API: optionalText.refine((s) => s === undefined || /^https?:\/\/[^\s/]+\/?$/.test(s), 'must be http://host:port or https://host:port'),
+  // Bearer token for the peer's API (default: NATGW_TOKEN_FILE, the same secret on both replicas).
+  NATGW_HA_PEER_TOKEN_FILE: optionalText,
 });
 
 export interface Config {
@@ -103,6 +120,20 @@ export interface Config {
   readonly networkStatusFile: string;
   /** Bytes. */
   readonly bodyLimit: number;
+  /** Absent where a Config is built by hand (tests): HA off. */
+  readonly ha?: HaConfig;
+}
+
+/** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
+export interface HaConfig {
+  readonly peer?: string;
+  readonly syncInterface?: string;
+  readonly syncAddress?: string;
+  readonly port: number;
+  readonly syncTimeoutMs: number;
+  readonly conntrackd: string;
+  readonly peerApi?: string;
+  readonly peerTokenFile?: string;
 }
 
 export class ConfigError extends Error {
@@ -146,5 +177,15 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     autostart: c.NATGW_AUTOSTART,
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
+    ha: {
+      peer: c.NATGW_HA_PEERS === undefined ? undefined : canonicalIp(c.NATGW_HA_PEERS),
+      syncInterface: c.NATGW_HA_SYNC_INTERFACE,
+      syncAddress: c.NATGW_HA_SYNC_ADDRESS === undefined ? undefined : canonicalIp(c.NATGW_HA_SYNC_ADDRESS),
+      port: c.NATGW_HA_SYNC_PORT,
+      syncTimeoutMs: c.NATGW_HA_SYNC_TIMEOUT,
+      conntrackd: c.NATGW_CONNTRACKD,
+      peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
+      peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
+    },
   };
 }

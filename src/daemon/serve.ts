@@ -11,6 +11,9 @@ import { createApp } from '../api/app.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
+import { HaManager } from '../ha/manager.js';
+import { HaMetrics } from '../ha/metrics.js';
+import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 
 /**
@@ -43,8 +46,18 @@ export async function serve(config: Config): Promise<number> {
   const engine = new Engine({ config, exec, log });
   const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
   const agent = new Agent({ engine, log, metrics });
+  const digest = async () => digestOf(await engine.loadState());
+  const ha = new HaManager({
+    config,
+    exec,
+    log,
+    metrics: new HaMetrics(metrics.registry, digest),
+    loadState: () => engine.loadState(),
+    digest,
+    announce: (ifname, ip) => engine.link.announce(ifname, ip),
+  });
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
 
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
@@ -99,6 +112,8 @@ export async function serve(config: Config): Promise<number> {
     monitor.start();
     reconciler.start();
   })();
+  // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
+  const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
 
   const code = await new Promise<number>((resolve) => {
     const stop = (signal: string) => {
@@ -116,6 +131,8 @@ export async function serve(config: Config): Promise<number> {
     const shutdown = async () => {
       const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
       monitor.stop();
+      await haStarted;
+      await ha.stop();
       await reconciler.stop();
       await agent.close();
       await Promise.all(closing);
@@ -126,6 +143,10 @@ export async function serve(config: Config): Promise<number> {
     // listener handles any more, which would kill the process in the middle of the drain.
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
+    // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
+    process.on('SIGUSR2', () => {
+      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+    });
   });
   void startup;
   log.info({ code }, 'natgw stopped');
