@@ -228,8 +228,16 @@ export class HaManager implements HaService {
     return { enabled: true, healthy: reasons.length === 0, reasons };
   }
 
+  private wasHealthy: boolean | null = null;
+
   private updateHealth(): void {
-    this.d.metrics.healthy.set(this.health().healthy ? 1 : 0);
+    const h = this.health();
+    this.d.metrics.healthy.set(h.healthy ? 1 : 0);
+    if (!h.enabled || h.healthy === this.wasHealthy) return;
+    // Only changes are logged: an operator sees when sync was lost and when it came back.
+    if (h.healthy) this.d.log.info({ peer: this.ha?.peer }, 'replica sync healthy');
+    else if (this.wasHealthy) this.d.log.warn({ reasons: h.reasons }, 'replica sync unhealthy (NAT is not affected)');
+    this.wasHealthy = h.healthy;
   }
 
   async status(): Promise<{ digest: string } & Record<string, unknown>> {
