@@ -1,6 +1,8 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 
+const PEER_TIMEOUT_MS = 5000;
+
 export interface PeerView {
   readonly api: string;
   readonly digest: string | null;
@@ -63,7 +65,8 @@ export class PeerCompare {
       const token = this.o.tokenFile ? (await fs.readFile(this.o.tokenFile, 'utf8')).trim() : undefined;
       const res = await fetch(`${this.o.api}/v1/ha`, {
         headers: token ? { authorization: `Bearer ${token}` } : {},
-        signal: AbortSignal.timeout(Math.min(this.o.periodMs, 5000)),
+        // Not tied to the period: a busy peer answering late is slow, not divergent.
+        signal: AbortSignal.timeout(PEER_TIMEOUT_MS),
       });
       if (!res.ok) throw new Error(`HTTP ${res.status} from ${this.o.api}/v1/ha${res.status === 401 ? ' (check NATGW_HA_PEER_TOKEN_FILE)' : ''}`);
       const body = (await res.json()) as { digest?: unknown };

@@ -100,7 +100,7 @@ describe('replicas that disagree', () => {
       for (const r of ['ga', 'gb'] as const) {
         await waitFor(async () => (await metric(t, r, 'natgw_ha_peer_divergent')) === want && (await metric(t, r, 'natgw_ha_peer_reachable')) === 1, {
           what: `natgw_ha_peer_divergent ${want} on ${r}`,
-          timeoutMs: 10_000,
+          timeoutMs: 20_000,
         }).catch(async (e: unknown) => {
           throw new Error(`${(e as Error).message}\n${JSON.stringify(await haStatus(t, r))}\n${a.logs()}`);
         });
@@ -124,5 +124,12 @@ describe('replicas that disagree', () => {
     await legacy(t, 'gb', 'dnat-add', `${EIP},8080,tcp,${HA_ADDR.vpc1},80`);
     await agree(0);
     expect(a.logs()).toContain('replicas agree again');
+
+    // SIGUSR2 is the takeover for hooks without HTTP; without conntrackd it announces the EIPs only.
+    const pid = ok(await api(t.socket('ga'), 'GET', '/healthz'), 'healthz').body.pid as number;
+    process.kill(pid, 'SIGUSR2');
+    const took = await waitFor(async () => (await haStatus(t, 'ga')).lastTakeover ?? undefined, { what: 'the SIGUSR2 takeover' });
+    expect(took).toMatchObject({ reason: 'SIGUSR2', committed: false, announced: [EIP], interface: 'net1' });
+    expect(await metric(t, 'ga', 'natgw_ha_takeovers_total', 'outcome="announced-only"')).toBe(1);
   }, 120_000);
 });
