@@ -7,6 +7,7 @@
  *   once they agree; the digest is on /metrics (natgw_state_info) and in GET /v1/state.
  */
 import { writeFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { BACKENDS } from '../helpers/backends.js';
@@ -131,5 +132,33 @@ describe('replicas that disagree', () => {
     const took = await waitFor(async () => (await haStatus(t, 'ga')).lastTakeover ?? undefined, { what: 'the SIGUSR2 takeover' });
     expect(took).toMatchObject({ reason: 'SIGUSR2', committed: false, announced: [EIP], interface: 'net1' });
     expect(await metric(t, 'ga', 'natgw_ha_takeovers_total', 'outcome="announced-only"')).toBe(1);
+  }, 120_000);
+});
+
+describe('a natgw killed outright', () => {
+  it('the next natgw stops the conntrackd it left behind and starts its own on the same socket', async () => {
+    const t = await HaTopology.create();
+    topo = t;
+    const env = { GATEWAY_NETFILTER_MODE: 'nftables', ...syncEnv('ga') };
+    const first = await startReplica(t, 'ga', env);
+    await startReplica(t, 'gb', { GATEWAY_NETFILTER_MODE: 'nftables', ...syncEnv('gb') });
+    const old = await waitFor(async () => (await haStatus(t, 'ga')).conntrackd?.pid as number | undefined, { what: 'conntrackd on A' });
+    const natgwPid = ok(await api(t.socket('ga'), 'GET', '/healthz'), 'healthz').body.pid as number;
+    process.kill(natgwPid, 'SIGKILL');
+    await new Promise<void>((r) => (first.child.exitCode !== null || first.child.signalCode !== null ? r() : first.child.once('exit', () => r())));
+
+    const second = await startReplica(t, 'ga', env);
+    const now = await waitFor(
+      async () => {
+        const s = await haStatus(t, 'ga');
+        return s.health.healthy === true ? s : undefined;
+      },
+      { what: 'sync healthy on the new natgw', timeoutMs: 20_000 },
+    );
+    expect(now.conntrackd.pid).not.toBe(old);
+    expect(now.conntrackd.restarts).toBe(0);
+    const oldAlive = await readFile(`/proc/${old}/cmdline`, 'utf8').then((c) => c.includes('conntrackd'), () => false);
+    expect(oldAlive, 'the orphaned conntrackd is gone').toBe(false);
+    expect(second.logs()).toContain('stopping a conntrackd left running by an earlier natgw');
   }, 120_000);
 });
