@@ -127,7 +127,8 @@ export class Supervisor {
     const delay = Math.min(this.o.maxBackoffMs ?? 30_000, min * 2 ** this.failures);
     this.failures++;
     this.restarts++;
-    this.o.log.warn({ child: this.o.file, code, signal, error, ranMs, restartInMs: delay }, `${this.o.file} exited; restarting it after a backoff (NAT is not affected)`);
+    const what = code === null && signal === null ? 'could not start' : 'exited';
+    this.o.log.warn({ child: this.o.file, code, signal, error, ranMs, restartInMs: delay }, `${this.o.file} ${what}; restarting it after a backoff (NAT is not affected)`);
     this.nextStartAt = Date.now() + delay;
     this.set('backoff');
     this.timer = setTimeout(() => void this.launch(), delay);
