@@ -8,7 +8,7 @@ import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.
 import { parseStateBody } from './stateDoc.js';
 import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
-import type { AgentService } from './service.js';
+import type { AgentService, HaService } from './service.js';
 
 export interface AppDeps {
   readonly agent: AgentService;
@@ -19,6 +19,8 @@ export interface AppDeps {
   readonly auth?: AuthOptions;
   /** True once SIGTERM arrived: new requests get 503. */
   readonly shuttingDown?: () => boolean;
+  /** Replica sync and takeover (src/ha); without it GET /v1/ha says sync is off. */
+  readonly ha?: HaService;
 }
 
 const legacyBody = z
@@ -155,7 +157,8 @@ export function createApp(deps: AppDeps): Express {
   });
   app.get('/readyz', (_req, res) => {
     const r = agent.readiness();
-    res.status(r.ready ? 200 : 503).json(r);
+    // Sync health is reported, not gated on: a replica whose peer is gone must keep serving.
+    res.status(r.ready ? 200 : 503).json(deps.ha ? { ...r, ha: deps.ha.health() } : r);
   });
   app.get('/metrics', async (_req, res) => {
     const m = await agent.metrics();
@@ -208,6 +211,18 @@ export function createApp(deps: AppDeps): Express {
   });
 
   mountStatus(app, agent);
+
+  // ---- replicas ----
+  app.get('/v1/ha', async (_req, res) => {
+    if (deps.ha) res.json(await deps.ha.status());
+    else res.json({ enabled: false, digest: (await agent.stateDocument()).digest });
+  });
+  app.post('/v1/ha/takeover', async (req, res) => {
+    if (!deps.ha) throw new HttpError(503, 'unavailable', 'takeover needs the daemon (natgw serve)');
+    const reason = typeof req.query.reason === 'string' ? req.query.reason.slice(0, 200) : 'api';
+    res.locals.log = { command: 'ha-takeover', outcome: 'ok' };
+    res.json(await deps.ha.takeover(reason));
+  });
 
   // ---- resources ----
   for (const def of RESOURCES) mountResource(app, def, agent);

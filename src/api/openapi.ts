@@ -234,6 +234,61 @@ export function buildOpenApi(): Json {
         },
       },
     },
+    '/v1/ha': {
+      get: {
+        operationId: 'get-ha',
+        tags: ['Replicas'],
+        summary: 'Replica sync (conntrackd), the desired-state digest, the peer comparison and the last takeover',
+        description: 'A peer replica reads `digest` from here to compare desired states (NATGW_HA_PEER_API). Without replica sync, `enabled` is false and `digest` is still there.',
+        responses: {
+          '200': json(
+            {
+              type: 'object',
+              required: ['enabled', 'digest'],
+              properties: {
+                enabled: { type: 'boolean' },
+                digest: { type: 'string', description: 'The same digest as GET /v1/state' },
+                health: { type: 'object', properties: { enabled: { type: 'boolean' }, healthy: { type: 'boolean' }, reasons: { type: 'array', items: { type: 'string' } } } },
+                conntrackd: { type: ['object', 'null'], description: 'The supervised process: state, pid, restarts, last exit' },
+                sync: { type: ['object', 'null'], description: 'Peer and local sync address, last exchange, conntrackd statistics' },
+                peerApi: { type: ['object', 'null'], description: "The peer's digest as last read, whether it differs, the last error" },
+                lastTakeover: { type: ['object', 'null'] },
+              },
+            },
+            'Replica status',
+          ),
+          '401': commonErrors['401'],
+        },
+      },
+    },
+    '/v1/ha/takeover': {
+      post: {
+        operationId: 'ha-takeover',
+        tags: ['Replicas'],
+        summary: 'This replica becomes the active path: commit the peer\'s flows (conntrackd -c), then gratuitous ARP for every EIP',
+        description: 'For a BFD or keepalived hook (SIGUSR2 does the same). Without replica sync it only announces the EIPs.',
+        parameters: [{ name: 'reason', in: 'query', required: false, schema: { type: 'string', maxLength: 200 }, description: 'Recorded in the log and in lastTakeover' }],
+        responses: {
+          '200': json(
+            {
+              type: 'object',
+              properties: {
+                reason: { type: 'string' },
+                at: { type: 'string' },
+                committed: { type: 'boolean' },
+                commitError: { type: 'string' },
+                announced: { type: 'array', items: { type: 'string' } },
+                interface: { type: 'string' },
+                ms: { type: 'integer' },
+              },
+            },
+            'Done',
+          ),
+          '401': commonErrors['401'],
+          '503': errorResponse('Not the daemon (no replica part), or shutting down.'),
+        },
+      },
+    },
   };
   for (const def of RESOURCES) Object.assign(paths, resourcePaths(def));
   Object.assign(paths, statusOpenApi());

@@ -88,3 +88,10 @@ export interface DriftCheck {
   /** What a resync would apply to repair it. */
   readonly script: string;
 }
+
+/** Replica sync and takeover (src/ha), as the API sees it: GET /v1/ha, POST /v1/ha/takeover, the `ha` part of /readyz. */
+export interface HaService {
+  status(): Promise<{ readonly digest: string }>;
+  takeover(reason: string): Promise<object>;
+  health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
+}

@@ -134,6 +134,27 @@ export const configSchema = z.object({
     .describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
   NATGW_CONNTRACK_SYSCTLS: bool.prefault('false')
     .describe('Set `nf_conntrack_acct=1` and `nf_conntrack_timestamp=1` in the pod\'s network namespace at start (bytes and durations in flow logs).'),
+  // conntrackd's FTFW over UDP pairs exactly two replicas, so one address.
+  NATGW_HA_PEERS: optionalText
+    .refine((s) => s === undefined || (!s.includes(',') && (isIpv4(s) || isIpv6(s))), 'must be the one IP address of the peer replica on the sync network')
+    .meta({ values: 'an IP address' })
+    .describe('Replica sync: the peer replica\'s address on the sync network; unset turns conntrackd off.'),
+  NATGW_HA_SYNC_INTERFACE: optionalText.refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name').meta({ values: 'an interface name' })
+    .describe('The interface conntrackd syncs over (its first address is the local end unless NATGW_HA_SYNC_ADDRESS is set).'),
+  NATGW_HA_SYNC_ADDRESS: optionalText.refine((s) => s === undefined || isIpv4(s) || isIpv6(s), 'must be an IP address').meta({ values: 'an IP address' })
+    .describe('This replica\'s address on the sync network (default: the sync interface\'s first address of the peer\'s family).'),
+  NATGW_HA_SYNC_PORT: count('NATGW_HA_SYNC_PORT', 1, 65535).prefault('3780')
+    .describe('UDP port of conntrackd\'s sync channel, the same on both replicas.'),
+  NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000).prefault('10s')
+    .describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
+  NATGW_CONNTRACKD: z.string().trim().min(1).default('conntrackd').meta({ values: 'a command or path' })
+    .describe('The conntrackd binary natgw runs and supervises.'),
+  NATGW_HA_PEER_API: optionalText
+    .refine((s) => s === undefined || /^https?:\/\/[^\s/]+\/?$/.test(s), 'must be http://host:port or https://host:port')
+    .meta({ values: 'http(s)://host:port' })
+    .describe('The peer\'s natgw TCP API: its state digest is compared every resync period (a metric and a log line, never a change).'),
+  NATGW_HA_PEER_TOKEN_FILE: optionalText.meta({ values: 'a path' })
+    .describe('Bearer token for the peer\'s API (default: NATGW_TOKEN_FILE, the same secret on both replicas).'),
 });
 const rawSchema = configSchema;
 
@@ -178,6 +199,20 @@ export interface Config {
   readonly flowLogBurst: number;
   readonly conntrackMetrics: boolean;
   readonly conntrackSysctls: boolean;
+  /** Absent where a Config is built by hand (tests): HA off. */
+  readonly ha?: HaConfig;
+}
+
+/** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
+export interface HaConfig {
+  readonly peer?: string;
+  readonly syncInterface?: string;
+  readonly syncAddress?: string;
+  readonly port: number;
+  readonly syncTimeoutMs: number;
+  readonly conntrackd: string;
+  readonly peerApi?: string;
+  readonly peerTokenFile?: string;
 }
 
 export class ConfigError extends Error {
@@ -229,5 +264,15 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     flowLogBurst: c.NATGW_FLOW_LOG_BURST,
     conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
     conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
+    ha: {
+      peer: c.NATGW_HA_PEERS === undefined ? undefined : canonicalIp(c.NATGW_HA_PEERS),
+      syncInterface: c.NATGW_HA_SYNC_INTERFACE,
+      syncAddress: c.NATGW_HA_SYNC_ADDRESS === undefined ? undefined : canonicalIp(c.NATGW_HA_SYNC_ADDRESS),
+      port: c.NATGW_HA_SYNC_PORT,
+      syncTimeoutMs: c.NATGW_HA_SYNC_TIMEOUT,
+      conntrackd: c.NATGW_CONNTRACKD,
+      peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
+      peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
+    },
   };
 }

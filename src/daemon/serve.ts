@@ -12,6 +12,9 @@ import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
 import { RestartHygiene } from './hygiene.js';
+import { HaManager } from '../ha/manager.js';
+import { HaMetrics } from '../ha/metrics.js';
+import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 
 /**
@@ -46,6 +49,16 @@ export async function serve(config: Config): Promise<number> {
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
   const agent = new Agent({ engine, log, metrics, hygiene });
+  const digest = async () => digestOf(await engine.loadState());
+  const ha = new HaManager({
+    config,
+    exec,
+    log,
+    metrics: new HaMetrics(metrics.registry, digest),
+    loadState: () => engine.loadState(),
+    digest,
+    announce: (ifname, ip) => engine.link.announce(ifname, ip),
+  });
   // Flow classification follows every applied state (after the agent's own hook).
   const agentOnSync = engine.onSync;
   engine.onSync = (e) => {
@@ -53,7 +66,7 @@ export async function serve(config: Config): Promise<number> {
     if (e.ok) observer.setState(e.state);
   };
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown };
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
 
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
@@ -118,6 +131,8 @@ export async function serve(config: Config): Promise<number> {
     monitor.start();
     reconciler.start();
   })();
+  // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
+  const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
 
   const code = await new Promise<number>((resolve) => {
     const stop = (signal: string) => {
@@ -136,6 +151,8 @@ export async function serve(config: Config): Promise<number> {
       const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
       monitor.stop();
       hygiene.stop();
+      await haStarted;
+      await ha.stop();
       await reconciler.stop();
       await agent.close();
       await observer.stop();
@@ -147,6 +164,10 @@ export async function serve(config: Config): Promise<number> {
     // listener handles any more, which would kill the process in the middle of the drain.
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
+    // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
+    process.on('SIGUSR2', () => {
+      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+    });
   });
   void startup;
   log.info({ code }, 'natgw stopped');

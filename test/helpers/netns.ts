@@ -148,7 +148,7 @@ export class ExecFailedError extends Error {
 const DEFAULT_EXEC_TIMEOUT_MS = 30_000;
 
 /** Spawn in a new process group so a timeout or cleanup can kill the whole tree. */
-function spawnTracked(argv: readonly string[], env: NodeJS.ProcessEnv, track: Set<ChildProcess>): ChildProcess {
+export function spawnTracked(argv: readonly string[], env: NodeJS.ProcessEnv, track: Set<ChildProcess>): ChildProcess {
   const [file, ...args] = argv;
   if (file === undefined) throw new Error('empty argv');
   const child = spawn(file, args, { env, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
@@ -160,7 +160,7 @@ function spawnTracked(argv: readonly string[], env: NodeJS.ProcessEnv, track: Se
   return child;
 }
 
-function killTree(child: ChildProcess): void {
+export function killTree(child: ChildProcess): void {
   if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
   try {
     process.kill(-child.pid, 'SIGKILL');
@@ -170,7 +170,7 @@ function killTree(child: ChildProcess): void {
   }
 }
 
-function runProcess(
+export function runProcess(
   argv: readonly string[],
   env: NodeJS.ProcessEnv,
   opts: ExecOptions,

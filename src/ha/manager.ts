@@ -1,0 +1,294 @@
+import { promises as fs } from 'node:fs';
+import type { Logger } from 'pino';
+import type { Config, HaConfig } from '../config/config.js';
+import type { Executor } from '../system/exec.js';
+import type { DesiredState } from '../state/state.js';
+import { isIpv4, isIpv6 } from '../model/net.js';
+import type { HaService } from '../api/service.js';
+import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
+import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
+import { Supervisor } from './supervisor.js';
+import { PeerCompare, type PeerView } from './peer.js';
+import type { HaMetrics } from './metrics.js';
+
+export interface HaDeps {
+  readonly config: Config;
+  readonly exec: Executor;
+  readonly log: Logger;
+  readonly metrics: HaMetrics;
+  readonly loadState: () => Promise<DesiredState>;
+  readonly digest: () => Promise<string>;
+  /** Gratuitous ARP for one address (LinkManager.announce). */
+  readonly announce: (ifname: string, ip: string) => void;
+}
+
+export interface TakeoverResult {
+  readonly reason: string;
+  readonly at: string;
+  /** The peer's flows were written into the kernel (conntrackd -c). */
+  readonly committed: boolean;
+  readonly commitError?: string;
+  /** EIPs announced by gratuitous ARP, after the commit. */
+  readonly announced: readonly string[];
+  readonly interface: string;
+  readonly ms: number;
+}
+
+const COMMIT_TIMEOUT_MS = 1000;
+const STATS_TIMEOUT_MS = 2000;
+
+/**
+ * Replica sync: renders conntrackd's configuration, supervises conntrackd, reads its
+ * statistics into metrics and health, compares the desired state with the peer's, and performs
+ * a takeover. Off (and quiet after one log line) without NATGW_HA_PEERS or without conntrackd:
+ * then natgw runs exactly as without this part. Nothing here can stop NAT: every failure is
+ * logged, counted and retried.
+ */
+export class HaManager implements HaService {
+  private readonly ha: HaConfig | undefined;
+  private readonly paths: ConntrackdPaths;
+  private supervisor: Supervisor | undefined;
+  private peer: PeerCompare | undefined;
+  private offReason: string | null = null;
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> | undefined;
+  private localAddress: string | undefined;
+  private stats: ConntrackdStats | null = null;
+  private statsError: string | null = null;
+  private lastExchange: number | null = null;
+  private lastReceived: { pid: number; packets: number } | null = null;
+  private needsResync = false;
+  private lastTakeover: TakeoverResult | null = null;
+  private stopped = false;
+
+  constructor(private readonly d: HaDeps) {
+    this.ha = d.config.ha;
+    this.paths = conntrackdPaths(d.config.stateDir);
+  }
+
+  private get enabled(): boolean {
+    return this.supervisor !== undefined;
+  }
+
+  /** Start sync (where configured and installed) and the peer comparison (where configured). */
+  async start(): Promise<void> {
+    const ha = this.ha;
+    if (ha?.peerApi) {
+      this.peer = new PeerCompare({
+        api: ha.peerApi,
+        tokenFile: ha.peerTokenFile,
+        periodMs: this.d.config.resyncMs,
+        log: this.d.log,
+        own: this.d.digest,
+        onResult: (v) => this.observePeer(v),
+      });
+      this.peer.start();
+    }
+    if (!ha?.peer) {
+      this.offReason = 'NATGW_HA_PEERS is not set';
+      this.d.log.info('replica sync off: NATGW_HA_PEERS is not set (natgw runs as a single gateway)');
+      return;
+    }
+    const probe = await this.d.exec.run({ file: ha.conntrackd, args: ['-v'], timeoutMs: 5000 });
+    if (probe.failedToStart) {
+      this.offReason = `${ha.conntrackd} is not installed`;
+      this.d.log.warn({ conntrackd: ha.conntrackd }, 'replica sync off: conntrackd is not installed (install conntrackd, or set NATGW_CONNTRACKD); NAT runs as without replicas');
+      return;
+    }
+    if (this.stopped) return;
+    this.d.metrics.enabled.set(1);
+    this.supervisor = new Supervisor({
+      file: ha.conntrackd,
+      args: ['-C', this.paths.config],
+      log: this.d.log,
+      beforeStart: () => this.prepare(),
+      onSpawn: (pid) => {
+        this.needsResync = true;
+        void fs.writeFile(this.paths.pid, `${pid}\n`).catch(() => undefined);
+      },
+      onState: (s) => {
+        this.d.metrics.conntrackdUp.set(s === 'running' ? 1 : 0);
+        if (s === 'backoff') this.d.metrics.restarts.inc();
+        this.updateHealth();
+      },
+    });
+    this.d.log.info({ peer: ha.peer, port: ha.port, interface: ha.syncInterface, config: this.paths.config }, 'replica sync on: supervising conntrackd (FTFW over UDP)');
+    this.supervisor.start();
+    const period = Math.max(250, Math.min(2000, Math.floor(ha.syncTimeoutMs / 4)));
+    const tick = (): void => {
+      this.ticking = this.poll().finally(() => {
+        this.ticking = undefined;
+        if (!this.stopped) this.timer = setTimeout(tick, period).unref();
+      });
+    };
+    this.timer = setTimeout(tick, period).unref();
+  }
+
+  /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
+  private async prepare(): Promise<void> {
+    const ha = this.ha as HaConfig & { peer: string };
+    const local = ha.syncAddress ?? (await this.addressOf(ha.syncInterface, ha.peer));
+    this.localAddress = local;
+    await fs.mkdir(this.paths.dir, { recursive: true, mode: 0o700 });
+    const text = renderConntrackdConf({ localAddress: local, peerAddress: ha.peer, syncInterface: ha.syncInterface, port: ha.port, paths: this.paths });
+    await fs.writeFile(this.paths.config, text, { mode: 0o600 });
+    await this.killOrphan();
+    // conntrackd refuses to start while its lock file exists; only a dead instance of ours can have left it.
+    await fs.unlink(this.paths.lock).catch(() => undefined);
+  }
+
+  /** A conntrackd that a killed natgw left running on our config (recorded pid, our config path in its command line). */
+  private async killOrphan(): Promise<void> {
+    const pid = Number((await fs.readFile(this.paths.pid, 'utf8').catch(() => '')).trim());
+    if (!Number.isInteger(pid) || pid <= 1) return;
+    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+    if (!cmdline.split('\0').includes(this.paths.config)) return;
+    this.d.log.warn({ pid }, 'stopping a conntrackd left running by an earlier natgw');
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      return;
+    }
+    const deadline = Date.now() + 2000;
+    while (Date.now() < deadline && (await fs.stat(`/proc/${pid}`).then(() => true, () => false))) await new Promise((r) => setTimeout(r, 20));
+  }
+
+  private async addressOf(ifname: string | undefined, peer: string): Promise<string> {
+    if (!ifname) throw new Error('set NATGW_HA_SYNC_INTERFACE or NATGW_HA_SYNC_ADDRESS: conntrackd needs the local end of the sync channel');
+    const r = await this.d.exec.run({ file: 'ip', args: ['-j', 'addr', 'show', 'dev', ifname], timeoutMs: 5000 });
+    if (r.exitCode !== 0) throw new Error(`sync interface ${ifname} not found (yet)`);
+    const links = JSON.parse(r.stdout || '[]') as Array<{ addr_info?: Array<{ family?: string; local?: string; scope?: string }> }>;
+    const want = isIpv6(peer) ? 'inet6' : 'inet';
+    const a = links.flatMap((l) => l.addr_info ?? []).find((x) => x.family === want && x.local && (want === 'inet' || x.scope === 'global'));
+    if (!a?.local) throw new Error(`sync interface ${ifname} has no ${want === 'inet' ? 'IPv4' : 'IPv6'} address (yet)`);
+    return a.local;
+  }
+
+  private conntrackd(args: readonly string[], timeoutMs: number) {
+    return this.d.exec.run({ file: (this.ha as HaConfig).conntrackd, args: ['-C', this.paths.config, ...args], timeoutMs });
+  }
+
+  /** Read conntrackd's statistics; after each (re)start, ask the peer for its flows and send ours. */
+  private async poll(): Promise<void> {
+    const sup = this.supervisor;
+    const pid = sup?.pid;
+    if (!sup || pid === undefined) {
+      this.stats = null;
+      this.updateHealth();
+      return;
+    }
+    const r = await this.conntrackd(['-s'], STATS_TIMEOUT_MS).catch((e: unknown) => ({ exitCode: -1, stdout: '', stderr: String(e) }));
+    if (r.exitCode !== 0) {
+      this.statsError = `conntrackd does not answer on ${this.paths.socket}: ${(r.stderr || r.stdout).trim().split('\n').pop() ?? ''}`;
+      this.updateHealth();
+      return;
+    }
+    try {
+      const s = parseConntrackdStats(r.stdout);
+      this.stats = s;
+      this.statsError = null;
+      this.d.metrics.observeStats(s);
+      const prev = this.lastReceived;
+      if ((prev === null || prev.pid !== pid) ? s.channel.packetsReceived > 0 : s.channel.packetsReceived > prev.packets) {
+        this.lastExchange = Date.now();
+        this.d.metrics.lastExchange.set(this.lastExchange / 1000);
+      }
+      this.lastReceived = { pid, packets: s.channel.packetsReceived };
+    } catch (e) {
+      this.statsError = e instanceof Error ? e.message : String(e);
+    }
+    if (this.needsResync) {
+      // A fresh conntrackd has an empty external cache and the peer does not know it restarted.
+      this.needsResync = false;
+      await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
+      await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(() => undefined);
+    }
+    this.updateHealth();
+  }
+
+  private observePeer(v: PeerView): void {
+    this.d.metrics.peerReachable.set(v.error === null ? 1 : 0);
+    if (v.divergent !== null) this.d.metrics.peerDivergent.set(v.divergent ? 1 : 0);
+  }
+
+  health(): { enabled: boolean; healthy: boolean; reasons: string[] } {
+    if (!this.enabled) return { enabled: false, healthy: false, reasons: [`replica sync off: ${this.offReason ?? 'not started'}`] };
+    const reasons: string[] = [];
+    const sup = this.supervisor as Supervisor;
+    const ha = this.ha as HaConfig;
+    if (sup.state !== 'running') {
+      const last = sup.lastExit;
+      const why = last ? (last.error ?? (last.signal ? `killed by ${last.signal}` : `exit ${last.code}`)) : 'starting';
+      reasons.push(`conntrackd is not running (${sup.state}; last: ${why}; restarts: ${sup.restarts})`);
+    } else if (this.statsError) {
+      reasons.push(this.statsError);
+    } else if (this.lastExchange === null || Date.now() - this.lastExchange > ha.syncTimeoutMs) {
+      reasons.push(`nothing received from the peer ${ha.peer} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`);
+    }
+    return { enabled: true, healthy: reasons.length === 0, reasons };
+  }
+
+  private wasHealthy: boolean | null = null;
+
+  private updateHealth(): void {
+    const h = this.health();
+    this.d.metrics.healthy.set(h.healthy ? 1 : 0);
+    if (!h.enabled || h.healthy === this.wasHealthy) return;
+    // Only changes are logged: an operator sees when sync was lost and when it came back.
+    if (h.healthy) this.d.log.info({ peer: this.ha?.peer }, 'replica sync healthy');
+    else if (this.wasHealthy) this.d.log.warn({ reasons: h.reasons }, 'replica sync unhealthy (NAT is not affected)');
+    this.wasHealthy = h.healthy;
+  }
+
+  async status(): Promise<{ digest: string } & Record<string, unknown>> {
+    const sup = this.supervisor;
+    return {
+      enabled: this.enabled,
+      digest: await this.d.digest(),
+      health: this.health(),
+      conntrackd: sup
+        ? { state: sup.state, pid: sup.pid ?? null, restarts: sup.restarts, lastExit: sup.lastExit, config: this.paths.config, socket: this.paths.socket }
+        : null,
+      sync: this.ha?.peer
+        ? { peer: this.ha.peer, localAddress: this.localAddress ?? null, port: this.ha.port, lastExchange: this.lastExchange === null ? null : new Date(this.lastExchange).toISOString(), stats: this.stats }
+        : null,
+      peerApi: this.peer?.last ?? null,
+      lastTakeover: this.lastTakeover,
+    };
+  }
+
+  /**
+   * This replica becomes the active path: first the peer's flows into the kernel (so the
+   * first packet of every moved flow finds its NAT mapping), then gratuitous ARP for every
+   * IPv4 EIP (so the external segment sends to this replica). Without sync it still announces.
+   */
+  async takeover(reason: string): Promise<TakeoverResult> {
+    const started = Date.now();
+    let committed = false;
+    let commitError: string | undefined;
+    if (this.supervisor?.state === 'running') {
+      const r = await this.conntrackd(['-c'], COMMIT_TIMEOUT_MS).catch((e: unknown) => ({ exitCode: -1, stdout: '', stderr: String(e), timedOut: false }));
+      committed = r.exitCode === 0;
+      if (!committed) commitError = (r.stderr || r.stdout).trim() || `exit ${r.exitCode}`;
+    } else {
+      commitError = this.enabled ? 'conntrackd is not running' : `replica sync off: ${this.offReason ?? 'not started'}`;
+    }
+    const state = await this.d.loadState();
+    const announced = state.eips.map((e) => e.address).filter(isIpv4);
+    for (const ip of announced) this.d.announce(state.interfaces.ext, ip);
+    const result: TakeoverResult = { reason, at: new Date(started).toISOString(), committed, commitError, announced, interface: state.interfaces.ext, ms: Date.now() - started };
+    this.lastTakeover = result;
+    this.d.metrics.takeovers.inc({ outcome: committed ? 'committed' : 'announced-only' });
+    this.d.log.info({ ...result, announced: announced.length }, 'takeover: this replica is the active path');
+    return result;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.ticking;
+    await this.peer?.stop();
+    await this.supervisor?.stop();
+    await fs.unlink(this.paths.pid).catch(() => undefined);
+  }
+}
