@@ -85,10 +85,10 @@ export function parseFipDel(rule: string): string {
 
 /** A port or a port range `a-b` (a < b), as the dnat rules' port fields take it. */
 function portOrRange(kind: string, rule: string, what: string, s: string): { port: number; portEnd?: number } {
-  const dash = s.indexOf('-');
-  if (dash === -1) return { port: port(kind, rule, what, s) };
-  const a = parsePort(s.slice(0, dash));
-  const b = parsePort(s.slice(dash + 1));
+  const m = /^(\d+)-(\d+)$/.exec(s);
+  if (!m) return { port: port(kind, rule, what, s) };
+  const a = parsePort(m[1] ?? '');
+  const b = parsePort(m[2] ?? '');
   if (a === null || b === null || b <= a) throw bad(kind, rule, `${what} '${s}' is not a port range a-b with 1 <= a < b <= 65535`);
   return { port: a, portEnd: b };
 }
@@ -99,18 +99,21 @@ function portOrRange(kind: string, rule: string, what: string, s: string): { por
  */
 export function parseDnatAdd(rule: string): Dnat {
   const [eip = '', p = '', proto = '', ip = '', ip2 = ''] = fields(rule, 'dnat', 5);
+  const e = eipField('dnat', rule, eip);
   const ext = portOrRange('dnat', rule, 'port', p);
+  const pr = protocol('dnat', rule, proto);
+  const internalIp = ipv4('dnat', rule, 'internal ip', ip);
   const int = portOrRange('dnat', rule, 'internal port', ip2);
   if (ext.portEnd !== undefined && (int.port !== ext.port || (int.portEnd !== undefined && int.portEnd !== ext.portEnd))) {
     throw bad('dnat', rule, `internal port '${ip2}' must be the external range '${p}' (or its first port): nftables NAT cannot shift a port range`);
   }
   if (ext.portEnd === undefined && int.portEnd !== undefined) throw bad('dnat', rule, `internal port '${ip2}' is a range but port '${p}' is not`);
   return {
-    eip: eipField('dnat', rule, eip),
+    eip: e,
     port: ext.port,
     ...(ext.portEnd !== undefined ? { portEnd: ext.portEnd } : {}),
-    protocol: protocol('dnat', rule, proto),
-    internalIp: ipv4('dnat', rule, 'internal ip', ip),
+    protocol: pr,
+    internalIp,
     internalPort: int.port,
   };
 }
@@ -118,8 +121,9 @@ export function parseDnatAdd(rule: string): Dnat {
 export function parseDnatDel(rule: string): DnatId {
   // The controller may send the full five-field rule to a delete; only the identity counts.
   const [eip = '', p = '', proto = ''] = fields(rule, 'dnat', 3, 5);
+  const e = eipField('dnat', rule, eip);
   const ext = portOrRange('dnat', rule, 'port', p);
-  return { eip: eipField('dnat', rule, eip), ...ext, protocol: protocol('dnat', rule, proto) };
+  return { eip: e, ...ext, protocol: protocol('dnat', rule, proto) };
 }
 
 export function parseSnatAdd(rule: string): Snat {
