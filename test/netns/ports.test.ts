@@ -165,3 +165,41 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
     expect(parseLocal(await request(topo, 'ext', 'tcp', EIP, OUTSIDE_PORT, { localAddress: ADDR.extHost })).port).toBe(OUTSIDE_PORT);
   });
 });
+
+/**
+ * Why a shifted range (8000-8002 onto 9000-9002) is refused: nftables has no way to ask the
+ * kernel for an offset mapping, and a plain `dnat to ip:9000-9002` keeps a port only when it is
+ * already inside the target range, else takes the range's first free port. If this ever maps
+ * 8001 onto 9001, the refusal in the model can be lifted.
+ */
+describe('the kernel without an offset mapping', () => {
+  let topo: Topology;
+  const servers: ServerHandle[] = [];
+
+  beforeAll(async () => {
+    topo = await createTopology();
+    for (const p of [9000, 9001, 9002]) servers.push(startServer(topo, 'vpc1', 'tcp', p, '0.0.0.0', { reportLocal: true }));
+    await Promise.all(servers.map((s) => s.ready));
+  }, HOOK_TIMEOUT);
+
+  afterAll(async () => {
+    await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
+    await topo?.cleanup();
+  }, HOOK_TIMEOUT);
+
+  it('maps every port of a shifted nft dnat range onto the first port, not by offset', async () => {
+    const script = [
+      'table ip shiftprobe {',
+      '  chain out {',
+      '    type nat hook output priority -100; policy accept;',
+      `    ip daddr ${ADDR.vpc1} tcp dport 8000-8002 dnat ip to ${ADDR.vpc1}:9000-9002`,
+      '  }',
+      '}',
+      '',
+    ].join('\n');
+    await topo.exec('gw', ['nft', '-f', '-'], { input: script });
+    const reached = [];
+    for (const port of [8001, 8002]) reached.push(parseLocal(await request(topo, 'gw', 'tcp', ADDR.vpc1, port)).port);
+    expect(reached).toEqual([9000, 9000]);
+  });
+});
