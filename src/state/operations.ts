@@ -134,19 +134,24 @@ function dnatConflict(d: Dnat, holder: Dnat, what: string): ConflictError {
 
 /**
  * Another DNAT of the same eip and protocol holding a port of `d` under another identity (a
- * range over a single port, or two ranges that overlap); undefined when none does.
+ * range over a single port, or two ranges that overlap); undefined when none does. `lists` are
+ * the ranges by eip and protocol (the state's, and the batch's own), `singles` the identity
+ * indexes (the state's, and the batch's own): no scan of the whole list.
  */
-function overlapHolder(d: Dnat, byKey: ReadonlyMap<string, Dnat>, ranges: ReadonlyMap<string, Dnat[]>, added: ReadonlyMap<string, Dnat>): Dnat | undefined {
+function overlapHolder(d: Dnat, lists: ReadonlyArray<ReadonlyMap<string, Dnat[]>>, singles: ReadonlyArray<ReadonlyMap<string, Dnat>>): Dnat | undefined {
   const key = dnatKey(d);
-  const other = (x: Dnat | undefined): x is Dnat => x !== undefined && dnatKey(x) !== key && x.eip === d.eip && x.protocol === d.protocol && overlaps(x, d);
-  const inRange = ranges.get(eipProto(d))?.find(other);
-  if (inRange) return inRange;
-  for (const x of added.values()) if (other(x)) return x;
+  const other = (x: Dnat | undefined): x is Dnat => x !== undefined && dnatKey(x) !== key && overlaps(x, d);
+  for (const ranges of lists) {
+    const hit = ranges.get(eipProto(d))?.find(other);
+    if (hit) return hit;
+  }
   if (d.portEnd === undefined) return undefined;
   // A range holds each of its ports: a single-port DNAT on any of them is a conflict.
   for (let p = d.port; p <= d.portEnd; p++) {
-    const single = byKey.get(`${d.eip}|${p}|${d.protocol}`);
-    if (other(single)) return single;
+    for (const byKey of singles) {
+      const single = byKey.get(`${d.eip}|${p}|${d.protocol}`);
+      if (other(single)) return single;
+    }
   }
   return undefined;
 }
@@ -155,6 +160,7 @@ export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
   const byKey = indexOf(s.dnats, dnatKey);
   const ranges = rangesOf(s.dnats);
   const added = new Map<string, Dnat>();
+  const addedRanges = new Map<string, Dnat[]>();
   for (const d of ds) {
     const existing = byKey.get(dnatKey(d)) ?? added.get(dnatKey(d));
     if (existing) {
@@ -162,20 +168,20 @@ export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
       throw dnatConflict(d, existing, 'already exists');
     }
     // Only a range can overlap under another identity, or a single port inside a range.
-    if (d.portEnd !== undefined || ranges.size > 0 || added.size > 0) {
-      const holder = overlapHolder(d, byKey, ranges, added);
+    if (d.portEnd !== undefined || ranges.size > 0 || addedRanges.size > 0) {
+      const holder = overlapHolder(d, [ranges, addedRanges], [byKey, added]);
       if (holder) throw dnatConflict(d, holder, 'overlaps the existing rule');
     }
     added.set(dnatKey(d), d);
+    if (d.portEnd !== undefined) addedRanges.set(eipProto(d), [...(addedRanges.get(eipProto(d)) ?? []), d]);
   }
   if (!added.size) return unchanged(s);
   const dnats = appended(s.dnats, [...added.values()], byKey, dnatKey);
-  const newRanges = [...added.values()].filter((d) => d.portEnd !== undefined);
   rangeIndexes.delete(s.dnats);
-  if (newRanges.length === 0) rangeIndexes.set(dnats, ranges);
+  if (addedRanges.size === 0) rangeIndexes.set(dnats, ranges);
   else {
     const idx = new Map(ranges);
-    for (const d of newRanges) idx.set(eipProto(d), [...(idx.get(eipProto(d)) ?? []), d]);
+    for (const [k, list] of addedRanges) idx.set(k, [...(idx.get(k) ?? []), ...list]);
     rangeIndexes.set(dnats, idx);
   }
   return { state: { ...s, dnats }, effects: [] };
