@@ -44,6 +44,8 @@ export interface ResourceDef<T = unknown, I = unknown> {
   /** Identity fields, in URL order. */
   readonly idFields: readonly string[];
   readonly idExample: string;
+  /** More on the identity's form, for the API document (e.g. a DNAT's port range). */
+  readonly idNote?: string;
   /** Identity fields that are numbers in the body (ports, priorities). */
   readonly numericIdFields: readonly string[];
   readonly idSchema: z.ZodType<I>;
@@ -152,6 +154,7 @@ const dnats = define<Dnat, DnatId>({
   description: 'A port forward from an EIP to a VPC address (dnat-add / dnat-del), or of a port range (path `172.20.0.10,8000-8100,tcp`, body `portEnd`), each port onto the same port of internalIp. Another target for an existing identity, or a range overlapping another DNAT of that eip and protocol, is a conflict (409, naming the holder) unless ?replace=true replaces the same identity.',
   idFields: ['eip', 'port', 'protocol'],
   idExample: '172.20.0.10,8080,tcp',
+  idNote: 'The port may be a range a-b, e.g. 172.20.0.10,8000-8100,tcp (the body then needs only internalIp)',
   numericIdFields: ['port'],
   idSchema: z
     .object({ eip: ipSchema, port: portOrRangeSchema, protocol: protocolSchema })

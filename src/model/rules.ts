@@ -46,7 +46,12 @@ export const snatSchema = z
      * A pool: new connections take these EIPs in turn (the first is `eip`), so a busy subnet is
      * not limited to one EIP's source ports. Absent for a single-EIP SNAT.
      */
-    eips: z.array(ipSchema).min(2).max(MAX_SNAT_POOL).optional(),
+    eips: z
+      .array(ipSchema)
+      .min(2)
+      .max(MAX_SNAT_POOL)
+      .optional()
+      .describe('A pool of EIPs starting with eip: new connections take them in turn'),
   })
   .superRefine((s, ctx) => {
     if (!s.eips) return;
@@ -68,7 +73,7 @@ export const dnatSchema = z
      * maps each port onto the same port of internalIp (internalPort must equal port): the
      * kernel's nftables NAT cannot shift a port range by an offset.
      */
-    portEnd: portSchema.optional(),
+    portEnd: portSchema.optional().describe('Last port of an external range port-portEnd, each port forwarded to the same internal port'),
     protocol: protocolSchema,
     internalIp: ipSchema,
     internalPort: portSchema,
