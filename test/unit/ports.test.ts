@@ -19,6 +19,8 @@ import { adoptFromSave } from '../../src/dataplane/netfilter/iptables/adopt.js';
 import { desiredTables } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { parseSave } from '../../src/dataplane/netfilter/iptables/save.js';
 import { matches } from '../../src/dataplane/conntrack.js';
+import { normaliseDesired } from '../../src/api/stateDoc.js';
+import { HttpError } from '../../src/api/errors.js';
 import type { NatgwRule } from '../../src/dataplane/netfilter/nft/types.js';
 
 const EIP = '172.20.0.10';
@@ -114,6 +116,20 @@ describe('overlap conflicts', () => {
     // A single port's identity is not the range's.
     expect(delDnats(s, [{ eip: EIP, port: 8000, protocol: 'tcp' }]).state.dnats).toHaveLength(1);
     expect(dnatKey(RANGE)).not.toBe(dnatKey(single(8000)));
+  });
+
+  it('a whole declarative state with overlapping DNATs is refused (400) naming the holder', () => {
+    const s = { ...base, dnats: [RANGE, single(8100)] };
+    let err: unknown;
+    try {
+      normaliseDesired(s);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(HttpError);
+    expect((err as HttpError).status).toBe(400);
+    expect((err as Error).message).toContain('dnats: dnat (172.20.0.10, 8100, tcp) overlaps the existing rule: -A SHARED_DNAT -d 172.20.0.10/32 -p tcp -m tcp --dport 8000:8100');
+    expect(normaliseDesired({ ...base, dnats: [RANGE, single(8101)] }).dnats).toHaveLength(2);
   });
 
   it('SNAT pools keep longest-prefix-first order', () => {
