@@ -13,6 +13,7 @@ import { desiredStateSchema } from '../../src/state/state.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
+import { waitFor } from '../helpers/poll.js';
 import { conntrackCount, parseLocal, parsePeer, request, startServer, tryRequest, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, type Daemon } from './daemon-util.js';
 
@@ -72,7 +73,8 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
   beforeAll(async () => {
     topo = await createTopology();
     Object.assign(topo.env, backend.env, { GATEWAY_V4: ADDR.extGateway });
-    daemon = await startDaemon(topo);
+    // A resync every second: the steady-state test waits for one that ran after everything was applied.
+    daemon = await startDaemon(topo, { NATGW_RESYNC_PERIOD: '1s' });
     for (const p of [...RANGE_PORTS, OUTSIDE_PORT]) servers.push(startServer(topo, 'vpc1', 'tcp', p, '0.0.0.0', { reportLocal: true }));
     servers.push(startServer(topo, 'ext', 'tcp', SERVER_PORT, ADDR.extHost));
     await Promise.all(servers.map((s) => s.ready));
@@ -143,6 +145,17 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
   }, 180_000);
 
   it('a full read-back of ranges and pools finds nothing to repair, and adopts them as they are', async () => {
+    // The daemon's own resync, after everything above was applied, repairs nothing.
+    const since = new Date().toISOString();
+    const resynced = await waitFor(
+      async () => {
+        const d = ok(await api(sock(), 'GET', '/v1/state'), 'GET /v1/state').body.drift;
+        return d.last && d.last.at > since ? d : undefined;
+      },
+      { what: 'a resync after the changes', timeoutMs: 20_000, intervalMs: 100 },
+    );
+    expect(resynced.last.changes).toEqual({ netfilter: 0, shareDnat: 0, link: 0, qos: 0 });
+    // And a backend that never applied anything reads the kernel back and plans nothing.
     const state = ok(await api(sock(), 'GET', '/v1/state'), 'GET /v1/state').body;
     const want = natTablesOf(desiredStateSchema.parse(state.desired));
     const fresh = freshBackend();
