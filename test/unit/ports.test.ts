@@ -191,6 +191,18 @@ describe('nftables', () => {
     expect(recogniseRule(thirdEip, 'ip')).toBeNull();
   });
 
+  it('IPv6 (API only): a range and a pool render and read back in table ip6 natgw', () => {
+    const range: NatgwRule = { kind: 'range-dnat', eip: 'fd00:20::10', protocol: 'udp', port: 5000, portEnd: 5010, internalIp: 'fd00:1::6' };
+    const pool: NatgwRule = { kind: 'snat', cidr: 'fd00:1::/64', eip: 'fd00:20::10', randomFully: false, pool: ['fd00:20::10', 'fd00:20::11'] };
+    expect(ruleText(range, 'ip6')).toBe('ip6 daddr fd00:20::10 udp dport 5000-5010 dnat ip6 to [fd00:1::6]:5000-5010');
+    expect(ruleText(pool, 'ip6')).toBe('ip6 saddr fd00:1::/64 snat ip6 to numgen inc mod 2 map { 0 : fd00:20::10, 1 : fd00:20::11 }');
+    expect(recogniseRule(ruleJson(range, 'ip6'), 'ip6')).toEqual(range);
+    expect(recogniseRule(ruleJson(pool, 'ip6'), 'ip6')).toEqual(pool);
+    expect(dnatSpec({ eip: 'fd00:20::10', port: 5000, portEnd: 5010, protocol: 'udp', internalIp: 'fd00:1::6', internalPort: 5000 })).toBe(
+      '-d fd00:20::10/128 -p udp -m udp --dport 5000:5010 -j DNAT --to-destination [fd00:1::6]:5000-5010',
+    );
+  });
+
   it('a partial sync hands a range change to a full sync, and inserts a pool rule in place', () => {
     const prev: NatTables = { ...tables, dnats: [], snats: [] };
     const view = { tables: prev, families: new Set(['ip'] as const) };
