@@ -23,7 +23,7 @@ const idParam = (def: ResourceDef): Json => ({
   name: 'id',
   in: 'path',
   required: true,
-  description: `The identity: ${def.idFields.join(',')} (comma-separated; a CIDR's "/" written %2F)`,
+  description: `The identity: ${def.idFields.join(',')} (comma-separated; a CIDR's "/" written %2F)${def.idNote ? `. ${def.idNote}` : ''}`,
   schema: { type: 'string' },
   example: def.idExample,
 });

@@ -5,7 +5,7 @@ import type { OpResult } from '../state/operations.js';
 import type { DesiredState } from '../state/state.js';
 import {
   type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  dnatKey, dnatSchema, eipKey, eipSchema, fipKey, fipSchema, ipSchema, ipv4Schema, networkCidrSchema, portSchema,
+  type DnatId, dnatKey, dnatSchema, eipKey, portText, eipSchema, fipKey, fipSchema, ipSchema, ipv4Schema, networkCidrSchema, portSchema,
   protocolSchema, routeKey, routeSchema, shareDnatSchema, snatKey, snatSchema, ifnameSchema,
 } from '../model/rules.js';
 import {
@@ -46,6 +46,8 @@ export interface ResourceDef<T = unknown, I = unknown> {
   /** Identity fields, in URL order. */
   readonly idFields: readonly string[];
   readonly idExample: string;
+  /** More on the identity's form, for the API document (e.g. a DNAT's port range). */
+  readonly idNote?: string;
   /** Identity fields that are numbers in the body (ports, priorities). */
   readonly numericIdFields: readonly string[];
   readonly idSchema: z.ZodType<I>;
@@ -62,6 +64,8 @@ export interface ResourceDef<T = unknown, I = unknown> {
   key(x: I | T): string;
   /** Last checks a schema cannot express (e.g. prefix length per family). */
   check?(x: T): void;
+  /** The identity segment when it is not the idFields joined by commas (a DNAT's port range). */
+  idText?(x: T): string;
   /** Fill in body fields derived from the identity (e.g. a share-DNAT's protocol text). */
   prepare?(idRaw: Record<string, unknown>, body: Record<string, unknown>): Record<string, unknown>;
   put(s: DesiredState, x: T, ctx: PutContext): OpResult;
@@ -106,7 +110,7 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   path: 'snats',
   stateKey: 'snats',
   title: 'SNAT',
-  description: 'Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del). The CIDR is canonicalised; rules are kept longest prefix first.',
+  description: 'Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity\'s eip): new connections take the pool\'s EIPs in turn. The CIDR is canonicalised; rules are kept longest prefix first.',
   idFields: ['eip', 'cidr'],
   idExample: '172.20.0.10,10.0.1.0%2F24',
   numericIdFields: [],
@@ -120,21 +124,51 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   key: (x) => snatKey(x),
   put: (s, x, ctx) => {
     const existing = s.snats.find((y) => snatKey(y) === snatKey(x));
-    if (ctx.replace && existing && existing.randomFully !== x.randomFully) return chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
+    const samePool = (a?: readonly string[], b?: readonly string[]) => (a ?? []).join(',') === (b ?? []).join(',');
+    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips))) {
+      return chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
+    }
     return Ops.addSnat(s, x);
   },
   del: (s, id) => Ops.delSnat(s, id),
 });
 
-const dnats = define<Dnat, Pick<Dnat, 'eip' | 'port' | 'protocol'>>({
+/** A port `8080` or a port range `8000-8100` in a DNAT's path: { port, portEnd? }. */
+const portOrRangeSchema = z.union([
+  portSchema.transform((port) => ({ port })),
+  z
+    .string()
+    .regex(/^\d{1,5}-\d{1,5}$/, 'must be a port or a port range a-b')
+    .transform((t, ctx) => {
+      const [port = 0, portEnd = 0] = t.split('-').map(Number);
+      if (port < 1 || portEnd > 65535 || portEnd <= port) {
+        ctx.addIssue({ code: 'custom', message: 'must be a port range a-b with 1 <= a < b <= 65535' });
+        return z.NEVER;
+      }
+      return { port, portEnd };
+    }),
+]);
+
+const dnats = define<Dnat, DnatId>({
   path: 'dnats',
   stateKey: 'dnats',
   title: 'DNAT',
-  description: 'A port forward from an EIP to a VPC address (dnat-add / dnat-del). Another target for an existing identity is a conflict (409, the script\'s message) unless ?replace=true.',
+  description: 'A port forward from an EIP to a VPC address (dnat-add / dnat-del), or of a port range (path `172.20.0.10,8000-8100,tcp`, body `portEnd`), each port onto the same port of internalIp. Another target for an existing identity, or a range overlapping another DNAT of that eip and protocol, is a conflict (409, naming the holder) unless ?replace=true replaces the same identity.',
   idFields: ['eip', 'port', 'protocol'],
   idExample: '172.20.0.10,8080,tcp',
+  idNote: 'The port may be a range a-b, e.g. 172.20.0.10,8000-8100,tcp (the body then needs only internalIp)',
   numericIdFields: ['port'],
-  idSchema: z.object({ eip: ipSchema, port: portSchema, protocol: protocolSchema }),
+  idSchema: z
+    .object({ eip: ipSchema, port: portOrRangeSchema, protocol: protocolSchema })
+    .transform(({ port, ...rest }) => ({ ...rest, ...port })),
+  idText: (x) => `${x.eip},${portText(x)},${x.protocol}`,
+  // A range in the path becomes the body's port and portEnd (and the internal port, which must equal it).
+  prepare: (idRaw, body) => {
+    const m = typeof idRaw.port === 'string' ? /^(\d{1,5})-(\d{1,5})$/.exec(idRaw.port) : null;
+    if (!m) return body;
+    const port = Number(m[1]);
+    return { ...body, port, portEnd: body.portEnd ?? Number(m[2]), internalPort: body.internalPort ?? port };
+  },
   schema: dnatSchema,
   readOnly: [],
   bodyExample: { internalIp: '10.0.1.6', internalPort: 80 },
@@ -295,6 +329,7 @@ export const RESOURCES: readonly ResourceDef[] = [eips, snats, dnats, fips, shar
 
 /** The identity segment of a stored object, as it appears in URLs (before percent-encoding). */
 export function idOf(def: ResourceDef, x: unknown): string {
+  if (def.idText) return def.idText(x);
   const o = x as Record<string, unknown>;
   return def.idFields.map((f) => String(o[f] ?? '')).join(',');
 }

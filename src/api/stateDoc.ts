@@ -2,8 +2,9 @@ import { createHash } from 'node:crypto';
 import { canonicalJson } from '../model/canonical.js';
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 import { allocateQos } from '../state/qosOperations.js';
-import { prefixOf } from '../model/rules.js';
-import type { Effect } from '../state/operations.js';
+import { dnatKey, prefixOf } from '../model/rules.js';
+import { addDnats, type Effect } from '../state/operations.js';
+import { ConflictError } from '../model/errors.js';
 import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
 import type { ObjectDiff } from './service.js';
@@ -46,6 +47,14 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
       }
       seen.set(k, i);
     });
+  }
+  // Port ranges must not overlap another DNAT of their eip and protocol: the operations' check.
+  try {
+    addDnats({ ...s, dnats: [] }, s.dnats);
+  } catch (err) {
+    if (!(err instanceof ConflictError)) throw err;
+    const field = `${fieldPrefix}dnats`;
+    throw new HttpError(400, 'validation', `${field}: ${err.message}`, { field, in: 'body' });
   }
   const snats = s.snats
     .map((x, i) => ({ x, i }))
@@ -91,9 +100,11 @@ export function effectsOf(prev: DesiredState, next: DesiredState): Effect[] {
   const nextFips = new Map(next.fips.map((f) => [f.eip, f.internalIp]));
   for (const f of prev.fips) if (nextFips.get(f.eip) !== f.internalIp) effects.push({ kind: 'conntrack-flush', dst: f.eip });
   const dnatTarget = (d: { internalIp: string; internalPort: number }) => `${d.internalIp}:${d.internalPort}`;
-  const nextDnats = new Map(next.dnats.map((d) => [`${d.eip}|${d.port}|${d.protocol}`, dnatTarget(d)]));
+  const nextDnats = new Map(next.dnats.map((d) => [dnatKey(d), dnatTarget(d)]));
   for (const d of prev.dnats) {
-    if (nextDnats.get(`${d.eip}|${d.port}|${d.protocol}`) !== dnatTarget(d)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
+    if (nextDnats.get(dnatKey(d)) !== dnatTarget(d)) {
+      effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
+    }
   }
   const nextShare = new Set(next.shareDnats.map((d) => `${d.eip}|${d.port}|${d.protocol}`));
   for (const d of prev.shareDnats) {

@@ -7,6 +7,8 @@ export interface ConntrackFilter {
   readonly dst: string;
   readonly protocol?: 'tcp' | 'udp';
   readonly port?: number;
+  /** With port: the last port of a range (conntrack's own filter takes one port only). */
+  readonly portEnd?: number;
 }
 
 /** PURE: conntrack arguments deleting entries whose ORIGINAL destination matches. */
@@ -46,7 +48,9 @@ export function parseConntrackList(text: string): TrackedFlow[] {
 export function matches(f: ConntrackFilter, flow: TrackedFlow): boolean {
   if (canonicalIp(f.dst) !== flow.dst) return false;
   if (f.protocol && f.protocol !== flow.protocol) return false;
-  return !(f.protocol && f.port !== undefined && f.port !== flow.dport);
+  if (!f.protocol || f.port === undefined) return true;
+  if (f.portEnd === undefined) return f.port === flow.dport;
+  return flow.dport !== undefined && flow.dport >= f.port && flow.dport <= f.portEnd;
 }
 
 /**
@@ -99,6 +103,7 @@ export class Conntrack {
   }
 
   async flush(f: ConntrackFilter): Promise<number> {
+    if (f.portEnd !== undefined && f.protocol && f.port !== undefined) return this.flushRange(f);
     const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
@@ -137,6 +142,24 @@ export class Conntrack {
       }
     };
     await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, stale.length) }, worker));
+    return deleted;
+  }
+
+  /**
+   * A port range: conntrack filters on one destination port, so the entries to that address and
+   * protocol are listed once and a delete runs for each port of the range that has any (not for
+   * each of up to 65,535 ports).
+   */
+  private async flushRange(f: ConntrackFilter): Promise<number> {
+    const fam = familyOf(f.dst) === 4 ? 'ipv4' : 'ipv6';
+    const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-p', f.protocol ?? 'tcp', '--orig-dst', f.dst] });
+    if (r.failedToStart) {
+      this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
+      return 0;
+    }
+    const ports = [...new Set(parseConntrackList(r.stdout).filter((flow) => matches(f, flow)).map((flow) => flow.dport as number))];
+    let deleted = 0;
+    for (const port of ports) deleted += await this.flush({ dst: f.dst, protocol: f.protocol as 'tcp' | 'udp', port });
     return deleted;
   }
 }

@@ -1,6 +1,6 @@
 import { ValidationError } from './errors.js';
 import { isIpv4, parseCidr, formatCidr, parsePort } from './net.js';
-import type { Dnat, Fip, Protocol, Route, ShareDnat, Snat } from './rules.js';
+import type { Dnat, DnatId, Fip, Protocol, Route, ShareDnat, Snat } from './rules.js';
 
 /**
  * Parsers for the script's comma-separated rule strings (SPEC §2). Each returns a typed
@@ -83,21 +83,47 @@ export function parseFipDel(rule: string): string {
   return eipField('floating-ip', rule, eip);
 }
 
+/** A port or a port range `a-b` (a < b), as the dnat rules' port fields take it. */
+function portOrRange(kind: string, rule: string, what: string, s: string): { port: number; portEnd?: number } {
+  const m = /^(\d+)-(\d+)$/.exec(s);
+  if (!m) return { port: port(kind, rule, what, s) };
+  const a = parsePort(m[1] ?? '');
+  const b = parsePort(m[2] ?? '');
+  if (a === null || b === null || b <= a) throw bad(kind, rule, `${what} '${s}' is not a port range a-b with 1 <= a < b <= 65535`);
+  return { port: a, portEnd: b };
+}
+
+/**
+ * `eip,port,protocol,internalIp,internalPort`, where port may be a range `8000-8100`; the
+ * internal port of a range is the same range (or its first port): each port maps onto itself.
+ */
 export function parseDnatAdd(rule: string): Dnat {
   const [eip = '', p = '', proto = '', ip = '', ip2 = ''] = fields(rule, 'dnat', 5);
+  const e = eipField('dnat', rule, eip);
+  const ext = portOrRange('dnat', rule, 'port', p);
+  const pr = protocol('dnat', rule, proto);
+  const internalIp = ipv4('dnat', rule, 'internal ip', ip);
+  const int = portOrRange('dnat', rule, 'internal port', ip2);
+  if (ext.portEnd !== undefined && (int.port !== ext.port || (int.portEnd !== undefined && int.portEnd !== ext.portEnd))) {
+    throw bad('dnat', rule, `internal port '${ip2}' must be the external range '${p}' (or its first port): nftables NAT cannot shift a port range`);
+  }
+  if (ext.portEnd === undefined && int.portEnd !== undefined) throw bad('dnat', rule, `internal port '${ip2}' is a range but port '${p}' is not`);
   return {
-    eip: eipField('dnat', rule, eip),
-    port: port('dnat', rule, 'port', p),
-    protocol: protocol('dnat', rule, proto),
-    internalIp: ipv4('dnat', rule, 'internal ip', ip),
-    internalPort: port('dnat', rule, 'internal port', ip2),
+    eip: e,
+    port: ext.port,
+    ...(ext.portEnd !== undefined ? { portEnd: ext.portEnd } : {}),
+    protocol: pr,
+    internalIp,
+    internalPort: int.port,
   };
 }
 
-export function parseDnatDel(rule: string): Pick<Dnat, 'eip' | 'port' | 'protocol'> {
+export function parseDnatDel(rule: string): DnatId {
   // The controller may send the full five-field rule to a delete; only the identity counts.
   const [eip = '', p = '', proto = ''] = fields(rule, 'dnat', 3, 5);
-  return { eip: eipField('dnat', rule, eip), port: port('dnat', rule, 'port', p), protocol: protocol('dnat', rule, proto) };
+  const e = eipField('dnat', rule, eip);
+  const ext = portOrRange('dnat', rule, 'port', p);
+  return { eip: e, ...ext, protocol: protocol('dnat', rule, proto) };
 }
 
 export function parseSnatAdd(rule: string): Snat {

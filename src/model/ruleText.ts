@@ -30,11 +30,32 @@ export function fipSnatSpec(f: Fip): string {
 }
 
 export function dnatSpec(d: Dnat): string {
+  if (d.portEnd !== undefined) {
+    // A range maps each port onto itself (internalPort is the range's first port).
+    return `-d ${d.eip}/${hostLen(d.eip)} -p ${d.protocol} -m ${d.protocol} --dport ${d.port}:${d.portEnd} -j DNAT --to-destination ${withPort(d.internalIp, d.port)}-${d.portEnd}`;
+  }
   return `-d ${d.eip}/${hostLen(d.eip)} -p ${d.protocol} -m ${d.protocol} --dport ${d.port} -j DNAT --to-destination ${withPort(d.internalIp, d.internalPort)}`;
 }
 
 export function snatSpec(s: Snat, extIf: string): string {
   return `-s ${s.cidr} -o ${extIf} -j SNAT --to-source ${s.eip}${s.randomFully ? ' --random-fully' : ''}`;
+}
+
+/**
+ * A SNAT's lines: one for a single EIP; for a pool of N, one per EIP, each but the last taking
+ * every (N-k)-th new connection that reaches it (`statistic --mode nth`; a NAT chain sees only a
+ * connection's first packet), so connections take the EIPs in turn. `--to-source a-b` would not
+ * do: the kernel picks an address of a range by a hash of the source and destination addresses,
+ * so one VPC host talking to one server would never leave the first EIP.
+ */
+export function snatSpecs(s: Snat, extIf: string): string[] {
+  const pool = s.eips;
+  if (!pool) return [snatSpec(s, extIf)];
+  const opt = s.randomFully ? ' --random-fully' : '';
+  return pool.map((eip, k) => {
+    const nth = k < pool.length - 1 ? ` -m statistic --mode nth --every ${pool.length - k} --packet 0` : '';
+    return `-s ${s.cidr} -o ${extIf}${nth} -j SNAT --to-source ${eip}${opt}`;
+  });
 }
 
 export function hairpinSpec(eip: string, vpcIf: string): string {

@@ -33,20 +33,62 @@ export const eipSchema = z.object({
 });
 export type Eip = z.infer<typeof eipSchema>;
 
-export const snatSchema = z.object({
-  eip: ipSchema,
-  cidr: networkCidrSchema,
-  randomFully: z.boolean().default(false),
-});
+/** The most EIPs one SNAT pool spreads over (each is one element of the rule's own map). */
+export const MAX_SNAT_POOL = 16;
+
+export const snatSchema = z
+  .object({
+    /** The identity's EIP; for a pool, its first address. */
+    eip: ipSchema,
+    cidr: networkCidrSchema,
+    randomFully: z.boolean().default(false),
+    /**
+     * A pool: new connections take these EIPs in turn (the first is `eip`), so a busy subnet is
+     * not limited to one EIP's source ports. Absent for a single-EIP SNAT.
+     */
+    eips: z
+      .array(ipSchema)
+      .min(2)
+      .max(MAX_SNAT_POOL)
+      .optional()
+      .describe('A pool of EIPs starting with eip: new connections take them in turn'),
+  })
+  .superRefine((s, ctx) => {
+    if (!s.eips) return;
+    if (s.eips[0] !== s.eip) ctx.addIssue({ code: 'custom', path: ['eips'], message: `must start with the SNAT's eip ${s.eip}` });
+    if (new Set(s.eips).size !== s.eips.length) ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must not repeat an address' });
+    if (s.eips.some((e) => e.includes(':') !== s.eip.includes(':'))) {
+      ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must all be of the eip\'s IP family' });
+    }
+  });
 export type Snat = z.infer<typeof snatSchema>;
 
-export const dnatSchema = z.object({
-  eip: ipSchema,
-  port: portSchema,
-  protocol: protocolSchema,
-  internalIp: ipSchema,
-  internalPort: portSchema,
-});
+export const dnatSchema = z
+  .object({
+    eip: ipSchema,
+    /** The external port; for a range, its first port. */
+    port: portSchema,
+    /**
+     * The last port of an external range `port`-`portEnd`; absent for a single port. A range
+     * maps each port onto the same port of internalIp (internalPort must equal port): the
+     * kernel's nftables NAT cannot shift a port range by an offset.
+     */
+    portEnd: portSchema.optional().describe('Last port of an external range port-portEnd, each port forwarded to the same internal port'),
+    protocol: protocolSchema,
+    internalIp: ipSchema,
+    internalPort: portSchema,
+  })
+  .superRefine((d, ctx) => {
+    if (d.portEnd === undefined) return;
+    if (d.portEnd <= d.port) ctx.addIssue({ code: 'custom', path: ['portEnd'], message: `must be above port ${d.port}` });
+    if (d.internalPort !== d.port) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['internalPort'],
+        message: `must equal port ${d.port}: a port range maps onto the same internal ports (nftables NAT cannot shift a range)`,
+      });
+    }
+  });
 export type Dnat = z.infer<typeof dnatSchema>;
 
 export const fipSchema = z.object({
@@ -76,17 +118,24 @@ export type Route = z.infer<typeof routeSchema>;
 
 // ---- identities: the keys under which an add is strict and a delete is lenient ----
 const snatKeys = new WeakMap<Pick<Snat, 'eip' | 'cidr'>, string>();
-const dnatKeys = new WeakMap<Pick<Dnat, 'eip' | 'port' | 'protocol'>, string>();
+/** A DNAT's identity: (eip, port or port range, protocol). */
+export type DnatId = Pick<Dnat, 'eip' | 'port' | 'protocol'> & { readonly portEnd?: number | undefined };
+const dnatKeys = new WeakMap<DnatId, string>();
+/** `8080`, or `8000-8100` for a range: the port field of the legacy rule and of the API path. */
+export const portText = (d: { readonly port: number; readonly portEnd?: number | undefined }): string =>
+  d.portEnd === undefined ? String(d.port) : `${d.port}-${d.portEnd}`;
+/** The pool of a SNAT: its EIPs in order (one for a plain SNAT). */
+export const snatEips = (s: Pick<Snat, 'eip' | 'eips'>): readonly string[] => s.eips ?? [s.eip];
 export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoText(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
-export const dnatKey = (d: Pick<Dnat, 'eip' | 'port' | 'protocol'>): string => memoText(dnatKeys, d, (x) => `${x.eip}|${x.port}|${x.protocol}`);
+export const dnatKey = (d: DnatId): string => memoText(dnatKeys, d, (x) => `${x.eip}|${portText(x)}|${x.protocol}`);
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;
 export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;
 export const eipKey = (e: Pick<Eip, 'address'>): string => e.address;
 
 /** An allocation-free identity test, for scans that need no key index. */
-export const sameDnat = (a: Pick<Dnat, 'eip' | 'port' | 'protocol'>, b: Pick<Dnat, 'eip' | 'port' | 'protocol'>): boolean =>
-  a.eip === b.eip && a.port === b.port && a.protocol === b.protocol;
+export const sameDnat = (a: DnatId, b: DnatId): boolean =>
+  a.eip === b.eip && a.port === b.port && a.protocol === b.protocol && a.portEnd === b.portEnd;
 
 export function prefixOf(cidr: string): number {
   return Number(cidr.slice(cidr.indexOf('/') + 1));

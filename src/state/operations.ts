@@ -1,7 +1,7 @@
 import { ConflictError } from '../model/errors.js';
 import {
-  type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  dnatKey, fipKey, prefixOf, sameDnat, snatKey,
+  type Dnat, type DnatId, type Eip, type Fip, type Route, type ShareDnat, type Snat,
+  dnatKey, fipKey, portText, prefixOf, sameDnat, snatKey,
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
@@ -15,7 +15,7 @@ import type { DesiredState } from './state.js';
 
 export type Effect =
   | { kind: 'garp'; ip: string }
-  | { kind: 'conntrack-flush'; dst: string; protocol?: 'tcp' | 'udp'; port?: number };
+  | { kind: 'conntrack-flush'; dst: string; protocol?: 'tcp' | 'udp'; port?: number; portEnd?: number };
 
 export interface OpResult {
   readonly state: DesiredState;
@@ -105,33 +105,101 @@ export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
 
 export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [eip]);
 
+/**
+ * The port ranges of a DNAT list by eip and protocol, kept with the list like the identity index:
+ * an overlap check walks the ranges of one eip and protocol only, never the whole list.
+ */
+const rangeIndexes = new WeakMap<readonly Dnat[], Map<string, Dnat[]>>();
+const eipProto = (d: Pick<Dnat, 'eip' | 'protocol'>): string => `${d.eip}|${d.protocol}`;
+
+function rangesOf(list: readonly Dnat[]): Map<string, Dnat[]> {
+  let idx = rangeIndexes.get(list);
+  if (!idx) {
+    idx = new Map();
+    for (const d of list) if (d.portEnd !== undefined) idx.set(eipProto(d), [...(idx.get(eipProto(d)) ?? []), d]);
+    rangeIndexes.set(list, idx);
+  }
+  return idx;
+}
+
+const lastPort = (d: Pick<Dnat, 'port' | 'portEnd'>): number => d.portEnd ?? d.port;
+const overlaps = (a: Pick<Dnat, 'port' | 'portEnd'>, b: Pick<Dnat, 'port' | 'portEnd'>): boolean =>
+  a.port <= lastPort(b) && b.port <= lastPort(a);
+
+function dnatConflict(d: Dnat, holder: Dnat, what: string): ConflictError {
+  return new ConflictError(
+    `dnat (${d.eip}, ${portText(d)}, ${d.protocol}) ${what}: ${appendLine(CHAINS.sharedDnat, dnatSpec(holder))}, but expected ${d.internalIp}:${d.internalPort}`,
+  );
+}
+
+/**
+ * Another DNAT of the same eip and protocol holding a port of `d` under another identity (a
+ * range over a single port, or two ranges that overlap); undefined when none does. `lists` are
+ * the ranges by eip and protocol (the state's, and the batch's own), `singles` the identity
+ * indexes (the state's, and the batch's own): no scan of the whole list.
+ */
+function overlapHolder(d: Dnat, lists: ReadonlyArray<ReadonlyMap<string, Dnat[]>>, singles: ReadonlyArray<ReadonlyMap<string, Dnat>>): Dnat | undefined {
+  const key = dnatKey(d);
+  const other = (x: Dnat | undefined): x is Dnat => x !== undefined && dnatKey(x) !== key && overlaps(x, d);
+  for (const ranges of lists) {
+    const hit = ranges.get(eipProto(d))?.find(other);
+    if (hit) return hit;
+  }
+  if (d.portEnd === undefined) return undefined;
+  // A range holds each of its ports: a single-port DNAT on any of them is a conflict.
+  for (let p = d.port; p <= d.portEnd; p++) {
+    for (const byKey of singles) {
+      const single = byKey.get(`${d.eip}|${p}|${d.protocol}`);
+      if (other(single)) return single;
+    }
+  }
+  return undefined;
+}
+
 export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
   const byKey = indexOf(s.dnats, dnatKey);
+  const ranges = rangesOf(s.dnats);
   const added = new Map<string, Dnat>();
+  const addedRanges = new Map<string, Dnat[]>();
   for (const d of ds) {
     const existing = byKey.get(dnatKey(d)) ?? added.get(dnatKey(d));
     if (existing) {
       if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) continue;
-      throw new ConflictError(
-        `dnat (${d.eip}, ${d.port}, ${d.protocol}) already exists: ${appendLine(CHAINS.sharedDnat, dnatSpec(existing))}, but expected ${d.internalIp}:${d.internalPort}`,
-      );
+      throw dnatConflict(d, existing, 'already exists');
+    }
+    // Only a range can overlap under another identity, or a single port inside a range.
+    if (d.portEnd !== undefined || ranges.size > 0 || addedRanges.size > 0) {
+      const holder = overlapHolder(d, [ranges, addedRanges], [byKey, added]);
+      if (holder) throw dnatConflict(d, holder, 'overlaps the existing rule');
     }
     added.set(dnatKey(d), d);
+    if (d.portEnd !== undefined) addedRanges.set(eipProto(d), [...(addedRanges.get(eipProto(d)) ?? []), d]);
   }
-  return added.size ? { state: { ...s, dnats: appended(s.dnats, [...added.values()], byKey, dnatKey) }, effects: [] } : unchanged(s);
+  if (!added.size) return unchanged(s);
+  const dnats = appended(s.dnats, [...added.values()], byKey, dnatKey);
+  rangeIndexes.delete(s.dnats);
+  if (addedRanges.size === 0) rangeIndexes.set(dnats, ranges);
+  else {
+    const idx = new Map(ranges);
+    for (const [k, list] of addedRanges) idx.set(k, [...(idx.get(k) ?? []), ...list]);
+    rangeIndexes.set(dnats, idx);
+  }
+  return { state: { ...s, dnats }, effects: [] };
 }
 
 export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
 
-export function delDnats(s: DesiredState, ids: readonly Pick<Dnat, 'eip' | 'port' | 'protocol'>[]): OpResult {
+export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
   const gone = new Set(ids.map(dnatKey));
   return {
     state: { ...s, dnats: s.dnats.filter((x) => !gone.has(dnatKey(x))) },
-    effects: ids.map((id) => ({ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port })),
+    effects: ids.map((id) => ({
+      kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port, ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
+    })),
   };
 }
 
-export const delDnat = (s: DesiredState, id: Pick<Dnat, 'eip' | 'port' | 'protocol'>): OpResult => delDnats(s, [id]);
+export const delDnat = (s: DesiredState, id: DnatId): OpResult => delDnats(s, [id]);
 
 export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
   const present = new Set(s.snats.map(snatKey));

@@ -10,10 +10,11 @@ import type { SavedTable } from './save.js';
  * have natgw's shape are left out (and so will be removed by the next sync of that chain).
  */
 const MARK = /^-i (\S+) -j MARK --set-xmark 0x1\/0x1$/;
-const SNAT = /^-s (\S+) -o (\S+) -j SNAT --to-source (\S+?)( --random-fully)?$/;
+const SNAT = /^-s (\S+) -o (\S+)(?: -m statistic --mode nth --every (\d+) --packet 0)? -j SNAT --to-source (\S+?)( --random-fully)?$/;
 const FIP_DNAT = /^-d (\S+)\/(?:32|128) -j DNAT --to-destination (\S+)$/;
 const FIP_SNAT = /^-s (\S+)\/(?:32|128) -j SNAT --to-source (\S+)$/;
 const DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)$/;
+const RANGE_DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+):(\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)-(\d+)$/;
 const HAIRPIN = /^-o (\S+) -m mark --mark 0x1\/0x1 -m conntrack --ctstate DNAT --ctorigdst (\S+) -j SNAT --to-source \S+ --random-fully$/;
 
 export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | null {
@@ -24,14 +25,35 @@ export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | 
   for (const r of rules(mangle, CHAINS.vpcMark)) vpcIf ??= MARK.exec(r)?.[1];
 
   const snats: Snat[] = [];
+  // A pool is a run of lines for one CIDR: `--every N`, `--every N-1`, …, `--every 2`, then
+  // one without statistic (snatSpecs); the run's EIPs in order are the pool.
+  let run: { cidr: string; eips: string[]; left: number; randomFully: boolean } | undefined;
   for (const r of rules(nat, CHAINS.sharedSnat)) {
     const m = SNAT.exec(r);
-    if (!m || !isIp(m[3] ?? '')) continue;
+    if (!m || !isIp(m[4] ?? '')) continue;
     // A rule mixing families is not natgw's.
-    const c = parseCidr(m[1] ?? '', { clearHostBits: true, family: familyOf(m[3] ?? '') });
+    const c = parseCidr(m[1] ?? '', { clearHostBits: true, family: familyOf(m[4] ?? '') });
     if (!c) continue;
     extIf ??= m[2];
-    snats.push({ eip: m[3] ?? '', cidr: formatCidr(c), randomFully: m[4] !== undefined });
+    const cidr = formatCidr(c);
+    const eip = m[4] ?? '';
+    const randomFully = m[5] !== undefined;
+    const every = m[3] === undefined ? undefined : Number(m[3]);
+    if (run && run.cidr === cidr && run.randomFully === randomFully && (every === undefined ? run.left === 1 : every === run.left)) {
+      run.eips.push(eip);
+      run.left--;
+      if (every === undefined) {
+        snats.push({ eip: run.eips[0] ?? eip, cidr, randomFully, eips: run.eips });
+        run = undefined;
+      }
+      continue;
+    }
+    run = undefined;
+    if (every !== undefined) {
+      if (every >= 2) run = { cidr, eips: [eip], left: every - 1, randomFully };
+      continue;
+    }
+    snats.push({ eip, cidr, randomFully });
   }
 
   const fips: Fip[] = [];
@@ -52,6 +74,12 @@ export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | 
 
   const dnats: Dnat[] = [];
   for (const r of rules(nat, CHAINS.sharedDnat)) {
+    const rm = RANGE_DNAT.exec(r);
+    if (rm && rm[3] === rm[6] && rm[4] === rm[7] && Number(rm[3]) < Number(rm[4])) {
+      const port = Number(rm[3]);
+      dnats.push({ eip: rm[1] ?? '', protocol: rm[2] as 'tcp' | 'udp', port, portEnd: Number(rm[4]), internalIp: rm[5] ?? '', internalPort: port });
+      continue;
+    }
     const m = DNAT.exec(r);
     if (!m) continue;
     dnats.push({

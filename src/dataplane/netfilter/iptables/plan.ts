@@ -1,7 +1,7 @@
 import { canonicalOrder, type NatTables } from '../backend.js';
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { memoText } from '../../../model/memo.js';
-import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpec, vpcMarkSpec } from '../../../model/ruleText.js';
+import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
 /**
@@ -31,7 +31,7 @@ export function desiredTables(given: NatTables): Record<TableName, TableWant> {
     [CHAINS.exclusiveDnat, want.fips.map((f) => memoText(fipDnatCache, f, fipDnatSpec))],
     [CHAINS.exclusiveSnat, want.fips.map((f) => memoText(fipSnatCache, f, fipSnatSpec))],
     [CHAINS.sharedDnat, want.dnats.map((d) => memoText(dnatCache, d, dnatSpec))],
-    [CHAINS.sharedSnat, want.snats.map((s) => snatSpec(s, want.extIf))],
+    [CHAINS.sharedSnat, want.snats.flatMap((s) => snatSpecs(s, want.extIf))],
     [CHAINS.hairpinSnat, want.eips.map((e) => hairpinSpec(e, want.vpcIf))],
   ]);
   return {

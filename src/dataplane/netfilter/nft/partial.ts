@@ -17,7 +17,7 @@ import { compareIp, type NatTables } from '../backend.js';
 import { refDiff } from '../../../state/refDiff.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import {
-  CHAIN, NftRenderError, SET, famOf, natgwTable, needsFamily, nftRule, ruleText, textPlan, type NatgwRule, type NftFamily, type NftPlan, type NftTxPlan,
+  CHAIN, NftRenderError, SET, famOf, natgwTable, needsFamily, nftRule, ruleText, snatRule, textPlan, type NatgwRule, type NftFamily, type NftPlan, type NftTxPlan,
 } from './render.js';
 import { NftTransaction, type NftElement } from './transaction.js';
 
@@ -80,7 +80,7 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): Array<{ readonly rul
     if (famOf(s.eip) !== fam || seen.has(snatKey(s))) continue;
     seen.add(snatKey(s));
     checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
-    const rule: NatgwRule = { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully };
+    const rule: NatgwRule = snatRule(s);
     out.push({ rule, text: ruleText(rule, fam) });
   }
   return out;
@@ -115,6 +115,9 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const byFam = <T>(items: readonly T[], ip: (t: T) => string, fam: NftFamily): T[] => items.filter((t) => famOf(ip(t)) === fam);
 
   const dn = changed(prev.dnats, next.dnats);
+  // A port range is a rule in prerouting, not a map element: a change of one takes a full sync
+  // (ranges are few; the full sync inserts or deletes just that rule by handle).
+  if (dn.added.some((d) => d.portEnd !== undefined) || dn.removed.some((d) => d.portEnd !== undefined)) return null;
   dn.added.forEach((d) => checkFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
   const fp = changed(prev.fips, next.fips);
   fp.added.forEach((f) => checkFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));

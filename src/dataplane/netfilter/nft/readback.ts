@@ -236,13 +236,32 @@ function snatCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | un
       : isObj(right) && isObj(right['prefix'])
         ? `${String(right['prefix']['addr'])}/${String(right['prefix']['len'])}`
         : undefined;
-  const eip = stringAt(expr, 1, 'snat', 'addr');
+  // A pool lists its EIPs as the data of an anonymous map keyed by numgen: [[0, eip], [1, eip], …].
+  const poolData = dig(expr, 1, 'snat', 'addr', 'map', 'data', 'set');
+  const pool = Array.isArray(poolData)
+    ? poolData.map((e) => (Array.isArray(e) && typeof e[1] === 'string' && isIp(e[1]) ? canonicalIp(e[1]) : '')).filter((e) => e !== '')
+    : undefined;
+  const eip = pool ? pool[0] : stringAt(expr, 1, 'snat', 'addr');
   if (cidrText === undefined || eip === undefined || !isIp(eip)) return undefined;
+  if (pool && (pool.length < 2 || pool.length !== (poolData as unknown[]).length)) return undefined;
   const c = parseCidr(cidrText, { clearHostBits: true, family: fam === 'ip' ? 4 : 6 });
   if (!c || familyOf(eip) !== (fam === 'ip' ? 4 : 6)) return undefined;
   const flags = dig(expr, 1, 'snat', 'flags');
   const randomFully = flags === 'fully-random' || (Array.isArray(flags) && flags.includes('fully-random'));
-  return { kind: 'snat', cidr: formatCidr(c), eip: canonicalIp(eip), randomFully };
+  return { kind: 'snat', cidr: formatCidr(c), eip: canonicalIp(eip), randomFully, ...(pool ? { pool } : {}) };
+}
+
+/** Lift a port-range DNAT's parameters (`<fam> daddr <eip> <proto> dport a-b dnat to <ip>:a-b`). */
+function rangeDnatCandidate(expr: readonly unknown[]): NatgwRule | undefined {
+  const eip = stringAt(expr, 0, 'match', 'right');
+  const protocol = stringAt(expr, 1, 'match', 'left', 'payload', 'protocol');
+  const range = dig(expr, 1, 'match', 'right', 'range');
+  const internalIp = stringAt(expr, 2, 'dnat', 'addr');
+  if (eip === undefined || !isIp(eip) || internalIp === undefined || !isIp(internalIp)) return undefined;
+  if ((protocol !== 'tcp' && protocol !== 'udp') || !Array.isArray(range)) return undefined;
+  const [port, portEnd] = range;
+  if (typeof port !== 'number' || typeof portEnd !== 'number') return undefined;
+  return { kind: 'range-dnat', eip: canonicalIp(eip), protocol, port, portEnd, internalIp: canonicalIp(internalIp) };
 }
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
@@ -254,6 +273,8 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   }
   const snat = snatCandidate(expr, fam);
   if (snat) candidates.push(snat);
+  const range = rangeDnatCandidate(expr);
+  if (range) candidates.push(range);
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 
@@ -304,7 +325,7 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
   const elements = (set: string): readonly NftElementDump[] => dump.sets.get(set)?.elements ?? [];
   const eips = elements(SET.hairpinEips).map((e) => e.key).filter(isIp);
   const snats: Snat[] = rulesOf(CHAIN.sharedSnat).flatMap((r) =>
-    r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully }] : [],
+    r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully, ...(r.pool ? { eips: [...r.pool] } : {}) }] : [],
   );
   // Several EIPs may bind one internal IP; the SNAT map names the one that came first, so
   // that one is put first again (the renderer takes the first binding in the given order).
@@ -323,6 +344,10 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
     if (!Number.isInteger(p) || p < 1 || p > 65535 || !Number.isInteger(ip2) || ip2 < 1 || ip2 > 65535) return [];
     return [{ eip, port: p, protocol: proto, internalIp: ip, internalPort: ip2 }];
   });
+  for (const r of rulesOf(CHAIN.prerouting)) {
+    if (r.kind !== 'range-dnat' || !(r.port >= 1 && r.port < r.portEnd && r.portEnd <= 65535)) continue;
+    dnats.push({ eip: r.eip, port: r.port, portEnd: r.portEnd, protocol: r.protocol, internalIp: r.internalIp, internalPort: r.port });
+  }
   return { ...(vpcIf ? { vpcIf } : {}), ...(extIf ? { extIf } : {}), eips, snats, dnats, fips };
 }
 

@@ -15,7 +15,9 @@
  *                                                           oifname "<ext>" jump shared_snat
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
+ *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
  *   chain shared_snat (regular)                             ip saddr <cidr> snat ip to <eip> [fully-random]   (longest prefix first)
+ *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
@@ -38,6 +40,12 @@
  * the rules naming it); map and set elements are added and deleted one by one (a changed value is
  * delete + add in the same transaction). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
+ *
+ * Port ranges are rules of their own after the port_dnat map rule, not map elements: the map's
+ * partial sync and read-back stay as they are for single ports, and ranges are few (an overlap
+ * is refused, so order among them does not matter). A SNAT pool spreads by `numgen inc` rather
+ * than `snat to a-b`: the kernel picks an address of a range by a hash of source and destination,
+ * so one VPC host talking to one server would only ever get the first EIP of the range.
  *
  * Every value placed in a script comes from NatTables, validated by the zod schemas in src/model;
  * interface names are quoted. Handles come from nft's own JSON (numbers).
@@ -113,8 +121,14 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
         `oifname "${r.vpcIf}" meta mark & 0x${VPC_MARK.toString(16)} == 0x${VPC_MARK.toString(16)} ct status dnat ` +
         `ct original ${fam} daddr @${SET.hairpinEips} snat ${fam} to ct original ${fam} daddr fully-random`
       );
-    case 'snat':
-      return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${r.eip}${r.randomFully ? ' fully-random' : ''}`;
+    case 'snat': {
+      const to = r.pool ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }` : r.eip;
+      return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${to}${r.randomFully ? ' fully-random' : ''}`;
+    }
+    case 'range-dnat': {
+      const to = fam === 'ip' ? r.internalIp : `[${r.internalIp}]`;
+      return `${fam} daddr ${r.eip} ${r.protocol} dport ${r.port}-${r.portEnd} dnat ${fam} to ${to}:${r.port}-${r.portEnd}`;
+    }
   }
 }
 
@@ -166,12 +180,28 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       const c = parseCidr(r.cidr);
       if (!c) throw new NftRenderError(`invalid CIDR ${r.cidr}`);
       const right = c.prefix === hostBits(fam) ? c.address : { prefix: { addr: c.address, len: c.prefix } };
+      const addr = r.pool
+        ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } }
+        : r.eip;
       return [
         match('==', payload(fam, 'saddr'), right),
-        { snat: { addr: r.eip, ...(r.randomFully ? { flags: 'fully-random' } : {}) } },
+        { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } },
+      ];
+    }
+    case 'range-dnat': {
+      const range = { range: [r.port, r.portEnd] };
+      return [
+        match('==', payload(fam, 'daddr'), r.eip),
+        match('==', payload(r.protocol, 'dport'), range),
+        { dnat: { addr: r.internalIp, port: range } },
       ];
     }
   }
+}
+
+/** A SNAT as the rule shared_snat holds for it. */
+export function snatRule(s: Snat): NatgwRule {
+  return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }
 
 // ---------------------------------------------------------------------------------
@@ -248,13 +278,21 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   dnats.forEach((d) => checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
   const snats: Snat[] = firstBy(mine(want.snats, (s) => s.eip), snatKey);
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
+  snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
   const eips = firstBy(mine(want.eips, (e) => e), (e) => e);
 
   const fipDnat = new Map(fips.map((f) => [f.eip, f.internalIp] as const));
   // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
   const fipSnat = new Map<string, string>();
   for (const f of fips) if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
-  const portDnat = new Map(dnats.map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const));
+  const portDnat = new Map(
+    dnats.filter((d) => d.portEnd === undefined).map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const),
+  );
+  const rangeDnats = dnats.flatMap((d): NatgwRule[] =>
+    d.portEnd === undefined
+      ? []
+      : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
+  );
   const hairpin = new Map(eips.map((e) => [e, undefined] as const));
 
   return {
@@ -280,7 +318,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.prerouting,
         base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
-        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }],
+        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
@@ -289,7 +327,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       },
       {
         name: CHAIN.sharedSnat,
-        rules: snats.map((s): NatgwRule => ({ kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully })),
+        rules: snats.map(snatRule),
       },
     ],
   };

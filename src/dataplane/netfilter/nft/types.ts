@@ -14,7 +14,23 @@ export type NatgwRule =
   | { readonly kind: 'fip-snat' }
   | { readonly kind: 'snat-jump'; readonly extIf: string }
   | { readonly kind: 'hairpin'; readonly vpcIf: string }
-  | { readonly kind: 'snat'; readonly cidr: string; readonly eip: string; readonly randomFully: boolean };
+  | {
+      readonly kind: 'snat';
+      readonly cidr: string;
+      readonly eip: string;
+      readonly randomFully: boolean;
+      /** A pool (its first address is eip): new connections take its EIPs in turn. */
+      readonly pool?: readonly string[];
+    }
+  /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
+  | {
+      readonly kind: 'range-dnat';
+      readonly eip: string;
+      readonly protocol: 'tcp' | 'udp';
+      readonly port: number;
+      readonly portEnd: number;
+      readonly internalIp: string;
+    };
 
 export interface NftBaseHook {
   readonly type: string;
