@@ -154,7 +154,7 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
       },
       { what: 'a resync after the changes', timeoutMs: 20_000, intervalMs: 100 },
     );
-    expect(resynced.last.changes).toEqual({ netfilter: 0, shareDnat: 0, link: 0, qos: 0 });
+    expect(Object.values(resynced.last.changes).every((n) => n === 0), JSON.stringify(resynced.last.changes)).toBe(true);
     // And a backend that never applied anything reads the kernel back and plans nothing.
     const state = ok(await api(sock(), 'GET', '/v1/state'), 'GET /v1/state').body;
     const want = natTablesOf(desiredStateSchema.parse(state.desired));
