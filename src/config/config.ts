@@ -78,6 +78,14 @@ const rawSchema = z.object({
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
   NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).default(64 * 1024 ** 2),
+  // The deadline of every tool run (nft, iptables-restore, ip, tc, conntrack): a hung tool is killed and the change fails.
+  NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000).default(30_000),
+  // Connections the TCP listener holds at once; more are refused.
+  NATGW_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(10_000).default(64),
+  // How long a TCP client may take to send its request headers.
+  NATGW_HEADERS_TIMEOUT: duration('NATGW_HEADERS_TIMEOUT', 1000, 600_000).default(10_000),
+  // How long a TCP client may take to send its whole request (headers and body).
+  NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000).default(120_000),
 });
 
 export interface Config {
@@ -103,6 +111,10 @@ export interface Config {
   readonly networkStatusFile: string;
   /** Bytes. */
   readonly bodyLimit: number;
+  readonly toolTimeoutMs: number;
+  readonly maxConnections: number;
+  readonly headersTimeoutMs: number;
+  readonly requestTimeoutMs: number;
 }
 
 export class ConfigError extends Error {
@@ -146,5 +158,9 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     autostart: c.NATGW_AUTOSTART,
     networkStatusFile: c.NATGW_NETWORK_STATUS_FILE,
     bodyLimit: c.NATGW_BODY_LIMIT,
+    toolTimeoutMs: c.NATGW_TOOL_TIMEOUT,
+    maxConnections: c.NATGW_MAX_CONNECTIONS,
+    headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,
+    requestTimeoutMs: c.NATGW_REQUEST_TIMEOUT,
   };
 }

@@ -39,7 +39,7 @@ export async function serve(config: Config): Promise<number> {
     return 1;
   }
 
-  const exec = new SystemExecutor(log);
+  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
   const engine = new Engine({ config, exec, log });
   const metrics = new Metrics({ processMetrics: true, eipTraffic: () => engine.eipCounters.read() });
   const agent = new Agent({ engine, log, metrics });
