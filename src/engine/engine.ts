@@ -1,3 +1,4 @@
+import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
@@ -105,7 +106,7 @@ export class Engine {
         },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
-    this.link = new LinkManager(deps.exec, deps.log);
+    this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
@@ -188,6 +189,7 @@ export class Engine {
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
       let report: ApplyReport;
@@ -202,13 +204,27 @@ export class Engine {
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
         }
-        if (!opts.dryRun) await this.store.commit(state, next);
+        if (!opts.dryRun) {
+          try {
+            await this.store.commit(state, next);
+          } catch (e) {
+            // Not durable, so not acknowledged: the kernel goes back to the state that is.
+            this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
+            this.distrust();
+            await this.reconcile(state, next, backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
+              this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
+            );
+            throw e;
+          }
+        }
       } catch (e) {
         if (!opts.dryRun) {
           this.distrust();
           this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
         }
         throw e;
+      } finally {
+        this.link.endTransaction();
       }
       if (!opts.dryRun) {
         this.trusted = { state: next, backend, choice, stamp: await this.store.stamp() };
@@ -249,7 +265,7 @@ export class Engine {
     for (const part of this.parts(backend)) {
       if (part.name === 'qos' && !opts.qos) continue;
       if (!part.concerns(want, previous)) continue;
-      if (mode === 'partial' && previous && part.inputs.every((k) => want[k] === previous[k])) continue;
+      if (mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k])) continue;
       try {
         const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
         applied.push(part);
@@ -286,7 +302,7 @@ export class Engine {
     const flushes: ConntrackFilter[] = [];
     for (const e of effects) {
       if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
-      else flushes.push(e);
+      else if (e.kind === 'conntrack-flush') flushes.push(e);
     }
     if (flushes.length > 0) await this.conntrack.flushAll(flushes);
   }
@@ -296,6 +312,7 @@ export class Engine {
     const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
     const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges;
     if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
+    await this.conntrack.retryFailed();
     return report;
   }
 

@@ -30,6 +30,8 @@ export interface Part {
   readonly name: PartName;
   /** The fields of the desired state this part renders: a partial sync skips it when none changed. */
   readonly inputs: readonly (keyof DesiredState)[];
+  /** Work of its own beyond the state's fields (a delete of an unlisted object): a partial sync must not skip it. */
+  pending?(): boolean;
   /** Whether this part has anything to hold for `want` (or to remove, given `from`). */
   concerns(want: DesiredState, from: DesiredState | undefined): boolean;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
@@ -80,6 +82,7 @@ export function linkPart(link: LinkManager): Part {
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
+    pending: () => link.hasReleases(),
     concerns: () => true,
     async sync(want, from, opts) {
       const r = await link.sync(want, from, opts);
