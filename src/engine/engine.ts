@@ -248,8 +248,10 @@ export class Engine {
 
   /**
    * Make the kernel hold `want`, part by part. In a partial sync a part whose inputs did not
-   * change is not touched at all. When a part fails, the parts already applied are put back as
-   * they were (synced to `previous`, in reverse order), so a failed change stays all-or-nothing.
+   * change is not touched at all. When a part fails, it and the parts already applied are put
+   * back as they were (synced to `previous`, in reverse order), so a failed change stays
+   * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
+   * netfilter parts own whole tables, the link part its ownership record).
    */
   async reconcile(
     want: DesiredState,
@@ -273,7 +275,9 @@ export class Engine {
         script += r.script;
         notes.push(...r.notes);
       } catch (e) {
-        if (!opts.dryRun) await this.rollBack(applied, previous, want, mode);
+        // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
+        // the error applied (an atomic part finds nothing to put back).
+        if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode);
         throw e;
       }
     }
