@@ -65,7 +65,7 @@ const rawSchema = z.object({
   NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto'),
   NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000).default(30_000),
   NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw'),
-  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET),
+  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET).refine((s) => Buffer.byteLength(s) <= 107, 'must be at most 107 bytes (the kernel\'s limit on a Unix socket path)'),
   NATGW_LISTEN: optionalText,
   NATGW_TOKEN_FILE: optionalText,
   NATGW_TLS_CERT: optionalText,
