@@ -58,3 +58,24 @@ describe('conntrack flush failures', () => {
     expect(ports).toEqual(['8090', '8091', '8090']);
   });
 });
+
+describe('backend choice', () => {
+  const nftFailing = (present: boolean, timedOut = false) => ({
+    present: async () => present,
+    list: async () => {
+      throw new ToolError('nft -j list table ip natgw', 'the listing', timedOut ? 124 : 1, 'netlink: Error: Could not process rule: Device or resource busy', undefined, timedOut);
+    },
+    run: async () => undefined,
+  });
+
+  it('a listing that fails while nft works is no evidence either way: the choice fails and is retried', async () => {
+    const { BackendProbe } = await import('../../src/engine/backendSelect.js');
+    await expect(new BackendProbe(new RecordingExecutor(), nftFailing(true)).ownsNft()).rejects.toBeInstanceOf(ToolError);
+    await expect(new BackendProbe(new RecordingExecutor(), nftFailing(false, true)).ownsNft()).rejects.toThrow(/listing/);
+  });
+
+  it('where nft cannot work at all, natgw owns nothing in it', async () => {
+    const { BackendProbe } = await import('../../src/engine/backendSelect.js');
+    expect(await new BackendProbe(new RecordingExecutor(), nftFailing(false)).ownsNft()).toBe(false);
+  });
+});
