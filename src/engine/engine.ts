@@ -266,7 +266,7 @@ export class Engine {
     const applied: Part[] = [];
     for (const part of this.parts(backend)) {
       if (part.name === 'qos' && !opts.qos) continue;
-      if (!part.concerns(want, previous)) continue;
+      if (!part.concerns(want, previous) && !(mode === 'full' && part.repairsInFull)) continue;
       if (mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k])) continue;
       try {
         const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });

@@ -75,7 +75,7 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
     ok(await api(sock, 'PUT', '/v1/state', oldDoc), 'back to old');
     const seen: string[] = [];
     for (let round = 0; round < ROUNDS; round++) {
-      const at = Math.floor(random() * span * 1.2);
+      const at = Math.floor(random() * span * 2.5);
       const put = api(sock, 'PUT', '/v1/state', newDoc).catch(() => undefined);
       await new Promise((r) => setTimeout(r, at));
       await stopDaemon(daemon!, 'SIGKILL');
@@ -86,6 +86,13 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
       const now = await dump();
       const which = now === kernel.old ? 'old' : now === kernel.new ? 'new' : 'mix';
       seen.push(`${at}ms:${which}`);
+      if (which === 'mix') {
+        const lines = (t: string) => new Set(t.split('\n'));
+        const [o, n, c] = [lines(kernel.old), lines(kernel.new), lines(now)];
+        const odd = [...c].filter((l) => !o.has(l)).slice(0, 10).map((l) => `+ ${l}`);
+        const missing = [...o].filter((l) => !c.has(l) && !n.has(l)).slice(0, 10).map((l) => `- ${l}`);
+        seen.push(`\nbeside old:\n${[...odd, ...missing].join('\n')}`);
+      }
       expect(which, `round ${round} (seed ${SEED}, kill after ${at} ms): ${seen.join(' ')}`).not.toBe('mix');
       expect(persisted, `round ${round}: the persisted state says ${which}`).toBe(digest[which as 'old' | 'new']);
       if (which === 'new') ok(await api(sock, 'PUT', '/v1/state', oldDoc), 'back to old');
