@@ -15,6 +15,7 @@ const SAVE4 = `*nat
 :SHARED_SNAT - [0:0]
 -A SNAT_FILTER -j SHARED_SNAT
 -A SHARED_SNAT -s 10.0.1.0/24 -o net1 -j SNAT --to-source 172.20.0.10
+-A SHARED_SNAT -o net1 -j SNAT --to-source 172.20.0.11
 COMMIT
 `;
 
@@ -37,7 +38,11 @@ describe('iptables listings', () => {
   it('an ip6tables that cannot work here holds nothing', async () => {
     for (const ip6 of [{ exitCode: 127, failedToStart: true }, { exitCode: 1, stderr: "ip6tables-save v1.8.9 (legacy): can't initialize ip6tables table `nat': Table does not exist" }]) {
       const nat = await backendAnswering(ip6).readBack();
-      expect(nat?.snats).toEqual([{ eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false }]);
+      // iptables-save prints a SNAT of every source without `-s`: it is 0.0.0.0/0.
+      expect(nat?.snats).toEqual([
+        { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false },
+        { eip: '172.20.0.11', cidr: '0.0.0.0/0', randomFully: false },
+      ]);
     }
   });
 });
@@ -56,6 +61,15 @@ describe('conntrack flush failures', () => {
     expect(ct.pendingFlushes).toBe(0);
     const ports = exec.calls.map((c) => c.args[c.args.length - 1]);
     expect(ports).toEqual(['8090', '8091', '8090']);
+  });
+});
+
+describe('SNAT of every source', () => {
+  it('renders as iptables-save prints it (no -s), so a resync finds it equal', async () => {
+    const { snatSpec } = await import('../../src/model/ruleText.js');
+    expect(snatSpec({ eip: '172.20.0.11', cidr: '0.0.0.0/0', randomFully: false }, 'net1')).toBe('-o net1 -j SNAT --to-source 172.20.0.11');
+    expect(snatSpec({ eip: 'fd00:20::10', cidr: '::/0', randomFully: true }, 'net1')).toBe('-o net1 -j SNAT --to-source fd00:20::10 --random-fully');
+    expect(snatSpec({ eip: '172.20.0.11', cidr: '10.0.0.0/8', randomFully: false }, 'net1')).toBe('-s 10.0.0.0/8 -o net1 -j SNAT --to-source 172.20.0.11');
   });
 });
 
