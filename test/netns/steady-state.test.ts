@@ -72,4 +72,15 @@ describe.each(BACKENDS)('steady state on $name', (b: BackendCase) => {
     expect((await topo.exec('gw', ['ip', '-6', 'route', 'show', 'default'])).stdout).toContain('via fd00:20::1 dev net1');
     expect((await topo.exec('gw', ['ip', '-o', 'addr', 'show', 'dev', 'net1'])).stdout).toContain('fd00:20::10/64');
   }, 120_000);
+
+  it('stays quiet once the last share DNAT is gone (its table is still read back at every full sync)', async () => {
+    await legacy('nft-dnat-map-del', '172.20.0.10,9000,tcp');
+    // The first full sync may delete the stale chain the kernel held a moment.
+    const first = await fullSyncs();
+    await waitFor(async () => (await fullSyncs()) >= first + 2, { what: 'two full resyncs', timeoutMs: 20_000 });
+    const base = await repairs();
+    const from = await fullSyncs();
+    await waitFor(async () => (await fullSyncs()) >= from + 5, { what: '5 full resyncs', timeoutMs: 60_000 });
+    expect(await repairs()).toBe(base);
+  }, 120_000);
 });
