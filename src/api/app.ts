@@ -157,8 +157,10 @@ export function createApp(deps: AppDeps): Express {
   });
   app.get('/readyz', (_req, res) => {
     const r = agent.readiness();
+    // Over TCP the probe is open (tenant-reachable): the status only. The reasons name
+    // interfaces and carry tool stderr and file paths; they stay on the Unix socket and in the log.
     // Sync health is reported, not gated on: a replica whose peer is gone must keep serving.
-    res.status(r.ready ? 200 : 503).json(deps.ha ? { ...r, ha: deps.ha.health() } : r);
+    res.status(r.ready ? 200 : 503).json(deps.auth ? { ready: r.ready } : deps.ha ? { ...r, ha: deps.ha.health() } : r);
   });
   app.get('/metrics', async (_req, res) => {
     const m = await agent.metrics();
@@ -230,7 +232,7 @@ export function createApp(deps: AppDeps): Express {
   app.use((req, res) => {
     res.status(404).json({ error: 'not-found', message: `no route for ${req.method} ${req.path}` });
   });
-  app.use(errorHandler(log));
+  app.use(errorHandler(log, { redact: deps.auth !== undefined }));
   return app;
 }
 

@@ -1,4 +1,5 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
+import fs from 'node:fs';
 import type { TLSSocket } from 'node:tls';
 import type { RequestHandler } from 'express';
 
@@ -10,6 +11,11 @@ import type { RequestHandler } from 'express';
 export interface AuthOptions {
   /** The shared secret (contents of NATGW_TOKEN_FILE, trimmed). */
   readonly token?: string;
+  /**
+   * NATGW_TOKEN_FILE: re-read whenever its mtime, size or inode changes, so a rotated token
+   * takes effect without a restart. A file that becomes unreadable or empty admits nobody.
+   */
+  readonly tokenFile?: string;
   /** TLS with NATGW_TLS_CLIENT_CA: a client whose certificate verified is authenticated. */
   readonly clientCerts?: boolean;
 }
@@ -23,7 +29,33 @@ export function tokenMatches(given: string, expected: string): boolean {
   return timingSafeEqual(digest(given), digest(expected));
 }
 
+/** The token now in `file` (a stat per request; read again only when the file changed). */
+export function tokenReader(file: string, initial?: string): () => string | undefined {
+  let key = '';
+  let token = initial;
+  return () => {
+    let st: fs.Stats;
+    try {
+      st = fs.statSync(file);
+    } catch {
+      return undefined;
+    }
+    const now = `${st.ino}:${st.size}:${st.mtimeMs}`;
+    if (now !== key) {
+      try {
+        const t = fs.readFileSync(file, 'utf8').trim();
+        token = t === '' || /\s/.test(t) ? undefined : t;
+      } catch {
+        token = undefined;
+      }
+      key = now;
+    }
+    return token;
+  };
+}
+
 export function authenticate(opts: AuthOptions): RequestHandler {
+  const currentToken = opts.tokenFile ? tokenReader(opts.tokenFile) : () => opts.token;
   return (req, res, next) => {
     if (OPEN_PATHS.has(req.path)) {
       next();
@@ -35,7 +67,8 @@ export function authenticate(opts: AuthOptions): RequestHandler {
     }
     const header = req.get('authorization') ?? '';
     const m = /^Bearer[ ]+(\S+)\s*$/i.exec(header);
-    if (opts.token !== undefined && m && tokenMatches(m[1]!, opts.token)) {
+    const token = m ? currentToken() : undefined;
+    if (token !== undefined && m && tokenMatches(m[1]!, token)) {
       next();
       return;
     }

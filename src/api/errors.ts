@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type { ErrorRequestHandler } from 'express';
 import type { Logger } from 'pino';
 import { z } from 'zod';
@@ -75,15 +76,36 @@ export function toHttp(e: unknown): { status: number; body: ErrorBody } {
   return { status: 500, body: { error: 'internal', message: msg.startsWith('Error:') ? msg : `Error: ${msg}` } };
 }
 
-export function errorHandler(log: Logger): ErrorRequestHandler {
+/**
+ * `redact` (the TCP listener): a 5xx body carries a stable message and an error id, never the
+ * tool's stderr or a file path; the full error is in the log under that id. A 4xx answer is
+ * about the caller's own input and keeps its text.
+ */
+export function errorHandler(log: Logger, opts: { readonly redact?: boolean } = {}): ErrorRequestHandler {
   return (err, req, res, next) => {
     if (res.headersSent) {
       next(err);
       return;
     }
-    const { status, body } = toHttp(err);
-    res.locals.error = body;
-    if (status >= 500) log.error({ err, reqId: res.locals.reqId, path: req.path }, 'request failed');
+    const { status, body: full } = toHttp(err);
+    const errorId = String(res.locals.reqId ?? randomUUID());
+    const body: ErrorBody & { errorId?: string } =
+      opts.redact && status >= 500 ? { error: full.error, message: redactedMessage(full.error), errorId } : full;
+    res.locals.error = full;
+    if (status >= 500) log.error({ err, reqId: res.locals.reqId, errorId, path: req.path }, 'request failed');
     res.status(status).json(body);
   };
+}
+
+function redactedMessage(code: string): string {
+  switch (code) {
+    case 'apply-failed':
+      return 'the kernel refused the change; nothing was applied (details in the natgw log under errorId)';
+    case 'interface-missing':
+      return 'an interface natgw needs is missing (details in the natgw log under errorId)';
+    case 'shutting-down':
+      return 'natgw is shutting down';
+    default:
+      return 'internal error (details in the natgw log under errorId)';
+  }
 }

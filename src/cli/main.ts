@@ -44,7 +44,7 @@ async function main(argv: readonly string[]): Promise<number> {
     import('../engine/engine.js'),
     import('../engine/legacy.js'),
   ]);
-  const engine = new Engine({ config, exec: new SystemExecutor(log), log });
+  const engine = new Engine({ config, exec: new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs }), log });
   const out = await runLegacy(engine, command, args);
   // Its arping children finish before this process exits: none is left for PID 1 to reap.
   await engine.link.settle();

@@ -99,7 +99,12 @@ export const configSchema = z.object({
     .describe('How long `init` and the daemon at start wait for both interfaces.'),
   NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw').meta({ values: 'a directory' })
     .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
-  NATGW_SOCKET: z.string().min(1).default(DEFAULT_SOCKET).meta({ values: 'a path' })
+  NATGW_SOCKET: z
+    .string()
+    .min(1)
+    .default(DEFAULT_SOCKET)
+    .refine((s) => Buffer.byteLength(s) <= 107, "must be at most 107 bytes (the kernel's limit on a Unix socket path)")
+    .meta({ values: 'a path of at most 107 bytes' })
     .describe('The daemon\'s Unix socket (mode 0600); the shim and the CLI talk to it.'),
   NATGW_LISTEN: optionalText.meta({ values: 'host:port' })
     .describe('Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification.'),
@@ -155,6 +160,14 @@ export const configSchema = z.object({
     .describe('The peer\'s natgw TCP API: its state digest is compared every resync period (a metric and a log line, never a change).'),
   NATGW_HA_PEER_TOKEN_FILE: optionalText.meta({ values: 'a path' })
     .describe('Bearer token for the peer\'s API (default: NATGW_TOKEN_FILE, the same secret on both replicas).'),
+  NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000).prefault('30s')
+    .describe('The deadline of every tool run (nft, iptables-restore, ip, tc, conntrack): a hung tool is killed and the change fails.'),
+  NATGW_MAX_CONNECTIONS: count('NATGW_MAX_CONNECTIONS', 1, 10_000).prefault('64')
+    .describe('Connections the TCP listener holds at once; more are refused.'),
+  NATGW_HEADERS_TIMEOUT: duration('NATGW_HEADERS_TIMEOUT', 1000, 600_000).prefault('10s')
+    .describe('How long a TCP client may take to send its request headers.'),
+  NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000).prefault('2m')
+    .describe('How long a TCP client may take to send its whole request (headers and body).'),
 });
 const rawSchema = configSchema;
 
@@ -199,6 +212,10 @@ export interface Config {
   readonly flowLogBurst: number;
   readonly conntrackMetrics: boolean;
   readonly conntrackSysctls: boolean;
+  readonly toolTimeoutMs: number;
+  readonly maxConnections: number;
+  readonly headersTimeoutMs: number;
+  readonly requestTimeoutMs: number;
   /** Absent where a Config is built by hand (tests): HA off. */
   readonly ha?: HaConfig;
 }
@@ -264,6 +281,10 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     flowLogBurst: c.NATGW_FLOW_LOG_BURST,
     conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
     conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
+    toolTimeoutMs: c.NATGW_TOOL_TIMEOUT,
+    maxConnections: c.NATGW_MAX_CONNECTIONS,
+    headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,
+    requestTimeoutMs: c.NATGW_REQUEST_TIMEOUT,
     ha: {
       peer: c.NATGW_HA_PEERS === undefined ? undefined : canonicalIp(c.NATGW_HA_PEERS),
       syncInterface: c.NATGW_HA_SYNC_INTERFACE,

@@ -18,6 +18,8 @@ export interface TcpSettings {
   readonly port: number;
   readonly auth: AuthOptions;
   readonly tls?: { readonly cert: Buffer; readonly key: Buffer; readonly ca?: Buffer };
+  /** NATGW_MAX_CONNECTIONS, NATGW_HEADERS_TIMEOUT, NATGW_REQUEST_TIMEOUT. */
+  readonly limits?: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
 }
 
 /** `host:port`, `[v6]:port` or `:port` (all addresses). */
@@ -73,7 +75,7 @@ export async function tcpSettings(config: Config): Promise<TcpSettings | undefin
           ca: config.tlsClientCa ? await readSecret(config.tlsClientCa, 'NATGW_TLS_CLIENT_CA') : undefined,
         }
       : undefined;
-  return { ...addr, auth: { token, clientCerts }, tls };
+  return { ...addr, auth: { token, ...(config.tokenFile ? { tokenFile: config.tokenFile } : {}), clientCerts }, tls, limits: { maxConnections: config.maxConnections, headersTimeoutMs: config.headersTimeoutMs, requestTimeoutMs: config.requestTimeoutMs } };
 }
 
 function listen(server: net.Server, target: string | { host: string; port: number }): Promise<void> {
@@ -144,16 +146,26 @@ export async function listenUnix(app: Express, socketPath: string): Promise<http
 }
 
 export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Server | https.Server> {
+  // Node checks the header and request deadlines on this interval (30 s by default).
+  const checking = { connectionsCheckingInterval: 1000 };
   const server = s.tls
     ? https.createServer(
         {
+          ...checking,
           cert: s.tls.cert,
           key: s.tls.key,
           ...(s.tls.ca ? { ca: s.tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
         },
         app,
       )
-    : http.createServer(app);
+    : http.createServer(checking, app);
+  // The TCP side is tenant-reachable: a slow or flooding client must not hold the daemon's
+  // sockets or memory. (The Unix socket is root-local and keeps Node's defaults.)
+  if (s.limits) {
+    server.maxConnections = s.limits.maxConnections;
+    server.headersTimeout = s.limits.headersTimeoutMs;
+    server.requestTimeout = Math.max(s.limits.requestTimeoutMs, s.limits.headersTimeoutMs);
+  }
   await listen(server, { host: s.host, port: s.port });
   return server;
 }

@@ -19,6 +19,8 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
   return args;
 }
 
+/** A flush that keeps failing is given up after this many attempts (logged each time). */
+const MAX_FLUSH_ATTEMPTS = 5;
 /** Flushes run side by side, this many at a time. */
 const FLUSH_PARALLELISM = 8;
 /** Above this many filters, one listing picks the filters that match anything before any delete runs. */
@@ -69,7 +71,9 @@ export class Conntrack {
    * per family first, and a delete only for the filters that match a tracked connection, instead
    * of a process per filter. A listing that fails falls back to a delete per filter.
    */
-  async flushAll(filters: readonly ConntrackFilter[]): Promise<number> {
+  async flushAll(given: readonly ConntrackFilter[]): Promise<number> {
+    // Flushes that failed before go again with these (and at every resync, see retryFailed).
+    const filters = this.failed.size > 0 ? [...given, ...[...this.failed.values()].map((x) => x.filter)] : given;
     let todo = filters;
     if (filters.length > LIST_FIRST_ABOVE) {
       const flows = await this.list(filters);
@@ -102,14 +106,45 @@ export class Conntrack {
     return flows;
   }
 
+  /**
+   * Flushes that failed (a hung or crashed conntrack, a netlink error), by filter, with the
+   * attempts made: the change itself is applied and acknowledged, so a failure here is logged
+   * at error and retried with the next flush and at every resync, a bounded number of times.
+   */
+  private readonly failed = new Map<string, { filter: ConntrackFilter; attempts: number }>();
+
+  /** Flushes still owed (for the log and tests). */
+  get pendingFlushes(): number {
+    return this.failed.size;
+  }
+
+  /** Retry the flushes that failed before (the resync calls this). */
+  async retryFailed(): Promise<number> {
+    return this.failed.size > 0 ? this.flushAll([]) : 0;
+  }
+
   async flush(f: ConntrackFilter): Promise<number> {
     if (f.portEnd !== undefined && f.protocol && f.port !== undefined) return this.flushRange(f);
+    const key = conntrackDeleteArgs(f).join(' ');
     const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
+      this.failed.delete(key);
       return 0;
     }
     const m = /(\d+) flow entries have been deleted/.exec(r.stderr + r.stdout);
+    // conntrack exits 1 with its summary line when nothing matched: that is success.
+    if (r.timedOut || (r.exitCode !== 0 && !m)) {
+      const attempts = (this.failed.get(key)?.attempts ?? 0) + 1;
+      if (attempts >= MAX_FLUSH_ATTEMPTS) this.failed.delete(key);
+      else this.failed.set(key, { filter: f, attempts });
+      this.log?.error(
+        { filter: f, exitCode: r.exitCode, timedOut: r.timedOut, stderr: r.stderr.trim().slice(0, 500), attempts, willRetry: attempts < MAX_FLUSH_ATTEMPTS },
+        'conntrack flush failed: connections may keep the old translation',
+      );
+      return 0;
+    }
+    this.failed.delete(key);
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;

@@ -1,6 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
+import { writeFileAtomic } from '../state/store.js';
 import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
@@ -21,6 +22,8 @@ export interface LinkAddress {
 export interface LinkRoute {
   readonly dst: string;
   readonly gateway?: string;
+  /** `ip -j route`'s protocol (absent for `boot`, what `ip route replace` makes). */
+  readonly protocol?: string;
 }
 
 export interface LinkView {
@@ -37,8 +40,19 @@ export type LinkOp =
   | { readonly kind: 'route-del'; readonly cidr: string }
   | { readonly kind: 'default'; readonly gateway: string };
 
-/** PURE: the changes that take `have` to `want`, given what natgw programmed before. */
-export function linkOps(have: LinkView, want: DesiredState, previous: DesiredState | undefined): LinkOp[] {
+/**
+ * What natgw may remove besides what the previous state lists: addresses (any prefix) on EXT
+ * and route destinations on VPC that it owns by its durable record (an add that failed half-way
+ * or a crash mid-apply left them) or that a delete command named (SPEC §5: a delete removes the
+ * object it names whether or not the state lists it).
+ */
+export interface LinkOwned {
+  readonly addresses: ReadonlySet<string>;
+  readonly routes: ReadonlySet<string>;
+}
+
+/** PURE: the changes that take `have` to `want`, given what natgw programmed before and owns. */
+export function linkOps(have: LinkView, want: DesiredState, previous: DesiredState | undefined, owned?: LinkOwned): LinkOp[] {
   const ops: LinkOp[] = [];
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
@@ -60,9 +74,10 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
     ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength });
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
-  for (const e of previous?.eips ?? []) {
-    if (wantedEips.has(e.address)) continue;
-    for (const len of prefixesOf(e.address)) deletes.add(`${e.address}/${len}`);
+  const removable = new Set([...(previous?.eips ?? []).map((e) => e.address), ...(owned?.addresses ?? [])]);
+  for (const address of removable) {
+    if (wantedEips.has(address)) continue;
+    for (const len of prefixesOf(address)) deletes.add(`${address}/${len}`);
   }
   // Deleted in the reverse of the kernel's order: secondaries before their primary, so that
   // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
@@ -78,8 +93,8 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
     if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
-  for (const r of previous?.routes ?? []) {
-    if (!wantedRoutes.has(r.cidr) && routeHave.has(r.cidr)) ops.push({ kind: 'route-del', cidr: r.cidr });
+  for (const cidr of new Set([...(previous?.routes ?? []).map((r) => r.cidr), ...(owned?.routes ?? [])])) {
+    if (!wantedRoutes.has(cidr) && routeHave.has(cidr)) ops.push({ kind: 'route-del', cidr });
   }
 
   for (const gw of [want.defaultRoutes.v4, want.defaultRoutes.v6]) {
@@ -261,14 +276,98 @@ export interface LinkSyncOptions extends SyncOptions {
 const ARP_PARALLELISM = 8;
 const ARP_TIMEOUT_MS = 10_000;
 
+/**
+ * The durable ownership record of the link part (`owned.json` in the state dir): the EIP
+ * addresses on EXT and the route destinations on VPC that natgw may have put into the kernel.
+ *
+ * Netfilter and share DNAT need no such record: their transactions are atomic and everything
+ * in natgw's own tables and chains is natgw's, so a full sync converges them whatever a crash
+ * left. Addresses and routes share their interfaces with other owners (the pod's own address,
+ * the CNI's routes) and `ip -batch` stops half-way on an error, so the link part writes its
+ * intent before touching the kernel: the record grows by what a change adds BEFORE it runs and
+ * shrinks to what the state wants only AFTER it succeeded. Whatever happens in between (a
+ * refused line, a hung tool, kill -9), the next sync finds every address and route natgw may
+ * have added in the record and removes those the state does not want (roll forward to the
+ * state that was persisted, which is the old or the new one).
+ */
+export interface OwnedRecord {
+  readonly ext: string;
+  readonly vpc: string;
+  readonly addresses: readonly string[];
+  readonly routes: readonly string[];
+}
+
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
+  /** The durable record as last read or written (undefined: not read yet). */
+  private owned: OwnedRecord | undefined;
+  /** Objects a delete command named in the transaction under way (see release). */
+  private releasing: { addresses: Set<string>; routes: Set<string> } = { addresses: new Set(), routes: new Set() };
 
   constructor(
     private readonly exec: Executor,
     private readonly log?: Logger,
+    /** Where the ownership record lives; without one (unit tests) only the previous state counts. */
+    private readonly ownedFile?: string,
   ) {}
+
+  /**
+   * A delete command named these objects: the transaction under way removes them from natgw's
+   * interfaces even where the state does not list them (SPEC §5). Cleared by endTransaction.
+   */
+  release(what: { readonly addresses?: readonly string[]; readonly routes?: readonly string[] }): void {
+    for (const a of what.addresses ?? []) this.releasing.addresses.add(a);
+    for (const r of what.routes ?? []) this.releasing.routes.add(r);
+  }
+
+  /** Whether a sync has removals of its own to do even where the state did not change. */
+  hasReleases(): boolean {
+    return this.releasing.addresses.size > 0 || this.releasing.routes.size > 0;
+  }
+
+  endTransaction(): void {
+    this.releasing = { addresses: new Set(), routes: new Set() };
+  }
+
+  /** The ownership record (read once, then kept: only this process writes it, under the lock). */
+  async ownedRecord(): Promise<OwnedRecord | undefined> {
+    if (!this.ownedFile) return undefined;
+    if (this.owned) return this.owned;
+    try {
+      const raw = JSON.parse(await fs.readFile(this.ownedFile, 'utf8')) as Partial<OwnedRecord>;
+      const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
+      if (typeof raw.ext === 'string' && typeof raw.vpc === 'string') {
+        this.owned = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
+      }
+    } catch (e) {
+      // A missing record owns nothing; an unreadable one too (the state's own lists still count).
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') this.log?.warn({ err: e, file: this.ownedFile }, 'ownership record unreadable: ignored');
+    }
+    return this.owned;
+  }
+
+  private async writeOwned(rec: OwnedRecord): Promise<void> {
+    if (!this.ownedFile) return;
+    const cur = this.owned;
+    const same = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
+    if (cur && cur.ext === rec.ext && cur.vpc === rec.vpc && same(cur.addresses, rec.addresses) && same(cur.routes, rec.routes)) return;
+    // The record must be durable before the kernel changes (intent) and is re-read by the next
+    // process: the same atomic write as the state file.
+    this.owned = undefined;
+    await writeFileAtomic(this.ownedFile, JSON.stringify(rec) + '\n');
+    this.owned = rec;
+  }
+
+  /** What the record and the delete commands under way let a sync of `want` remove. */
+  private async removable(want: DesiredState): Promise<LinkOwned> {
+    const rec = await this.ownedRecord();
+    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc;
+    return {
+      addresses: new Set([...(mine ? rec.addresses : []), ...this.releasing.addresses]),
+      routes: new Set([...(mine ? rec.routes : []), ...this.releasing.routes]),
+    };
+  }
 
   async exists(ifname: string): Promise<boolean> {
     const r = await this.exec.run({ file: 'ip', args: ['link', 'show', 'dev', ifname] });
@@ -309,7 +408,8 @@ export class LinkManager {
       this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
     ]);
-    const routes = (x: unknown): LinkRoute[] => ((x ?? []) as { dst: string; gateway?: string }[]).map((r) => ({ dst: r.dst, gateway: r.gateway }));
+    const routes = (x: unknown): LinkRoute[] =>
+      ((x ?? []) as { dst: string; gateway?: string; protocol?: string }[]).map((r) => ({ dst: r.dst, gateway: r.gateway, ...(r.protocol ? { protocol: r.protocol } : {}) }));
     return {
       extAddresses: addressesOf((v4[0] ?? []) as IpAddrJson[]),
       vpcRoutes: [...routes(v4[1]), ...routes(v6[0])],
@@ -347,23 +447,42 @@ export class LinkManager {
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
-    const kept = opts.mode === 'partial' && opts.view === undefined ? this.viewFor(want) : undefined;
+    // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
+    const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = opts.view ?? kept ?? (await this.view(want));
-    const ops = linkOps(have, want, previous);
+    const owned = await this.removable(want);
+    const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? lines.join('\n') + '\n' : '';
     if (opts.dryRun) return { changes: lines.length, script };
+    const settled: OwnedRecord = {
+      ext: want.interfaces.ext,
+      vpc: want.interfaces.vpc,
+      addresses: [...new Set(want.eips.map((e) => e.address))],
+      routes: [...new Set(want.routes.map((r) => r.cidr))],
+    };
     if (lines.length === 0) {
+      await this.writeOwned(settled);
       this.trust(want, have);
       return { changes: 0, script };
     }
+    // Intent first: everything this change may add joins what natgw already owns.
+    const rec = await this.ownedRecord();
+    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
+    await this.writeOwned({
+      ...settled,
+      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...settled.addresses])],
+      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...settled.routes])],
+    });
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
     const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     if (r.exitCode !== 0) {
-      // `ip -batch` stops at the first error with the lines before it applied: the kernel is somewhere in between.
+      // `ip -batch` stops at the first error with the lines before it applied: the kernel is
+      // somewhere in between, and the record (intent) lets the next sync finish the job.
       this.forget();
       throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
     }
+    await this.writeOwned(settled);
     const after = linkViewAfter(have, ops);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
     if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);

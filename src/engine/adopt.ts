@@ -14,7 +14,7 @@ import { isInterfaceName } from '../model/net.js';
 export interface AdoptSources {
   readonly config: Pick<Config, 'vpcInterface' | 'extInterface'>;
   readonly shareDnat: Pick<ShareDnatTable, 'readBack'>;
-  readonly link: Pick<LinkManager, 'addresses' | 'view'>;
+  readonly link: Pick<LinkManager, 'addresses' | 'view' | 'ownedRecord'>;
   readonly qos: Pick<QosManager, 'readBack'>;
   readonly deps: { readonly exec: Executor };
 }
@@ -34,16 +34,27 @@ export async function adoptState(engine: AdoptSources, backend: NetfilterBackend
   const ext = (nat?.extIf && isInterfaceName(nat.extIf) ? nat.extIf : undefined) ?? (await findExtByEips(engine, hairpinEips)) ?? cfg.extInterface;
 
   const addrs = await engine.link.addresses(ext);
-  // The EIPs are natgw's addresses on the external interface (hairpin rules name them too).
+  // Which addresses and routes are natgw's: those its ownership record lists (the state dir
+  // survived, the state file did not), and the addresses a hairpin rule names (every eip-add,
+  // the script's too, writes one; the evidence lives in the kernel beside the address). The
+  // interface's other addresses — the pod's own, from its network attachment — are not EIPs.
+  const record = await engine.link.ownedRecord();
+  const recorded = record && record.ext === ext && record.vpc === vpc ? record : undefined;
+  const ownedAddresses = new Set([...hairpinEips, ...(recorded?.addresses ?? [])]);
   const eips = addrs
-    .filter((a) => a.scope === 'global' && (a.family === 4 || hairpinEips.has(a.address)))
+    .filter((a) => a.scope === 'global' && ownedAddresses.has(a.address))
     .map((a) => ({ address: a.address, prefixLength: a.prefixLength }));
 
   const probe = desiredStateSchema.parse({ interfaces: { vpc, ext } });
   const view = await engine.link.view(probe);
+  const cidrOf = (dst: string): string => (dst.includes('/') ? dst : `${dst}/${dst.includes(':') ? 128 : 32}`);
+  // Routes: the record's; without a record, the gateway routes `ip route replace` makes
+  // (protocol boot) — not the kernel's, a routing daemon's or a static configuration's.
+  const recordedRoutes = recorded ? new Set(recorded.routes) : undefined;
   const routes = view.vpcRoutes
     .filter((r) => r.gateway !== undefined && r.dst !== 'default')
-    .map((r) => ({ cidr: r.dst.includes('/') ? r.dst : `${r.dst}/${r.dst.includes(':') ? 128 : 32}`, nexthop: r.gateway ?? '' }));
+    .filter((r) => (recordedRoutes ? recordedRoutes.has(cidrOf(r.dst)) : r.protocol === undefined || r.protocol === 'boot'))
+    .map((r) => ({ cidr: cidrOf(r.dst), nexthop: r.gateway ?? '' }));
   const v4 = view.extDefaults.find((d) => d.gateway && !d.gateway.includes(':'))?.gateway;
   const v6 = view.extDefaults.find((d) => d.gateway?.includes(':'))?.gateway;
   const qos = await engine.qos.readBack(ext, [ext, vpc]);

@@ -9,6 +9,7 @@ import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
 import { CHAINS } from '../model/ruleText.js';
+import { ToolError } from '../model/errors.js';
 
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
@@ -59,15 +60,24 @@ export class BackendProbe implements BackendEvidence {
     // on first access): look at the list of legacy tables first, and create nothing.
     if (variant === 'legacy' && !(await legacyTableMayExist('nat'))) return false;
     const r = await this.exec.run({ file: toolsFor(variant).save, args: ['-t', 'nat'] });
+    // A hung listing is no answer at all (see ownsNft).
+    if (r.timedOut) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, true);
     return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
   }
 
-  /** Any failure to list (no nft, no permission) is no evidence of ownership. */
+  /**
+   * Where nft cannot work here at all (no binary, no nf_tables), natgw owns nothing in it. A
+   * listing that fails while nft works (a hang, a transient error) is not "owns nothing": that
+   * answer would choose iptables beside a populated nft table and leave both doing NAT, so the
+   * failure propagates and the transaction is retried instead.
+   */
   async ownsNft(): Promise<boolean> {
     try {
       return (await this.nft.list('ip', NATGW_TABLE)) !== null;
-    } catch {
-      return false;
+    } catch (e) {
+      if (e instanceof ToolError && e.timedOut) throw e;
+      if (!(await this.nft.present())) return false;
+      throw e;
     }
   }
 }

@@ -1,3 +1,4 @@
+import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
@@ -109,7 +110,7 @@ export class Engine {
         },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
-    this.link = new LinkManager(deps.exec, deps.log);
+    this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log);
@@ -195,6 +196,7 @@ export class Engine {
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
       let report: ApplyReport;
@@ -209,13 +211,27 @@ export class Engine {
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
         }
-        if (!opts.dryRun) await this.store.commit(state, next);
+        if (!opts.dryRun) {
+          try {
+            await this.store.commit(state, next);
+          } catch (e) {
+            // Not durable, so not acknowledged: the kernel goes back to the state that is.
+            this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
+            this.distrust();
+            await this.reconcile(state, next, backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
+              this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
+            );
+            throw e;
+          }
+        }
       } catch (e) {
         if (!opts.dryRun) {
           this.distrust();
           this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
         }
         throw e;
+      } finally {
+        this.link.endTransaction();
       }
       if (!opts.dryRun) {
         this.trusted = { state: next, backend, choice, stamp: await this.store.stamp() };
@@ -239,8 +255,10 @@ export class Engine {
 
   /**
    * Make the kernel hold `want`, part by part. In a partial sync a part whose inputs did not
-   * change is not touched at all. When a part fails, the parts already applied are put back as
-   * they were (synced to `previous`, in reverse order), so a failed change stays all-or-nothing.
+   * change is not touched at all. When a part fails, it and the parts already applied are put
+   * back as they were (synced to `previous`, in reverse order), so a failed change stays
+   * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
+   * netfilter parts own whole tables, the link part its ownership record).
    */
   async reconcile(
     want: DesiredState,
@@ -255,8 +273,8 @@ export class Engine {
     const applied: Part[] = [];
     for (const part of this.parts(backend)) {
       if (part.name === 'qos' && !opts.qos) continue;
-      if (!part.concerns(want, previous)) continue;
-      if (mode === 'partial' && previous && part.inputs.every((k) => want[k] === previous[k])) continue;
+      if (!part.concerns(want, previous) && !(mode === 'full' && part.repairsInFull)) continue;
+      if (mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k])) continue;
       try {
         const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
         applied.push(part);
@@ -264,7 +282,9 @@ export class Engine {
         script += r.script;
         notes.push(...r.notes);
       } catch (e) {
-        if (!opts.dryRun) await this.rollBack(applied, previous, want, mode);
+        // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
+        // the error applied (an atomic part finds nothing to put back).
+        if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode);
         throw e;
       }
     }
@@ -293,7 +313,7 @@ export class Engine {
     const flushes: ConntrackFilter[] = [];
     for (const e of effects) {
       if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
-      else flushes.push(e);
+      else if (e.kind === 'conntrack-flush') flushes.push(e);
     }
     if (flushes.length > 0) await this.conntrack.flushAll(flushes);
   }
@@ -303,6 +323,7 @@ export class Engine {
     const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
     const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0);
     if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
+    await this.conntrack.retryFailed();
     return report;
   }
 

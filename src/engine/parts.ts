@@ -31,6 +31,13 @@ export interface Part {
   readonly name: PartName;
   /** The fields of the desired state this part renders: a partial sync skips it when none changed. */
   readonly inputs: readonly (keyof DesiredState)[];
+  /** Work of its own beyond the state's fields (a delete of an unlisted object): a partial sync must not skip it. */
+  pending?(): boolean;
+  /**
+   * A full sync runs this part even where `concerns` says no: what a crash left in its own
+   * objects (which no state lists any more) is found only by reading them back.
+   */
+  readonly repairsInFull?: boolean;
   /** Whether this part has anything to hold for `want` (or to remove, given `from`). */
   concerns(want: DesiredState, from: DesiredState | undefined): boolean;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
@@ -69,6 +76,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
   return {
     name: 'shareDnat',
     inputs: ['shareDnats'],
+    repairsInFull: true,
     concerns: (want, from) => want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0,
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
@@ -81,6 +89,7 @@ export function linkPart(link: LinkManager): Part {
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
+    pending: () => link.hasReleases(),
     concerns: () => true,
     async sync(want, from, opts) {
       const r = await link.sync(want, from, opts);

@@ -71,7 +71,8 @@ export class ToolError extends SystemError {
     readonly script?: string,
     readonly timedOut = false,
   ) {
-    const why = timedOut ? 'timed out' : stderr.trim().split('\n')[0] || `exit status ${exitCode}`;
+    // A timed-out run's stderr begins with the executor's own line: how long, and which key sets it.
+    const why = stderr.trim().split('\n')[0] || (timedOut ? 'timed out' : `exit status ${exitCode}`);
     super(`Error: ${command} refused ${action}: ${why}`);
   }
 }

@@ -38,7 +38,10 @@ export function dnatSpec(d: Dnat): string {
 }
 
 export function snatSpec(s: Snat, extIf: string): string {
-  return `-s ${s.cidr} -o ${extIf} -j SNAT --to-source ${s.eip}${s.randomFully ? ' --random-fully' : ''}`;
+  // iptables drops a match of every source (`-s 0.0.0.0/0`, `-s ::/0`) from what it saves: the
+  // rule is rendered as it reads back, or every resync would replace it.
+  const src = /\/0$/.test(s.cidr) ? '' : `-s ${s.cidr} `;
+  return `${src}-o ${extIf} -j SNAT --to-source ${s.eip}${s.randomFully ? ' --random-fully' : ''}`;
 }
 
 /**

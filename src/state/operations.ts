@@ -15,7 +15,12 @@ import type { DesiredState } from './state.js';
 
 export type Effect =
   | { kind: 'garp'; ip: string }
-  | { kind: 'conntrack-flush'; dst: string; protocol?: 'tcp' | 'udp'; port?: number; portEnd?: number };
+  | { kind: 'conntrack-flush'; dst: string; protocol?: 'tcp' | 'udp'; port?: number; portEnd?: number }
+  /**
+   * A delete named an address or route: it leaves natgw's interface whether or not the state
+   * listed it (SPEC §5). Unlike the others this is carried out inside the transaction.
+   */
+  | { kind: 'release'; address?: string; route?: string };
 
 export interface OpResult {
   readonly state: DesiredState;
@@ -33,7 +38,7 @@ export function addRoute(s: DesiredState, r: Route): OpResult {
 }
 
 export function delRoute(s: DesiredState, cidr: string): OpResult {
-  return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects: [] };
+  return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects: [{ kind: 'release', route: cidr }] };
 }
 
 export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: string }): OpResult {
@@ -49,7 +54,7 @@ export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: 
 }
 
 export function delEip(s: DesiredState, address: string): OpResult {
-  return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects: [] };
+  return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects: [{ kind: 'release', address }] };
 }
 
 // The three collections that grow to thousands come with batch forms: one index and one copy

@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
+import { SystemError } from '../model/errors.js';
 import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
@@ -11,6 +12,25 @@ import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from
  * directory) so a crash leaves either the old or the new document, never half of one.
  */
 export async function writeFileAtomic(file: string, data: string): Promise<void> {
+  try {
+    await writeAtomically(file, data);
+  } catch (e) {
+    throw durableError(file, e);
+  }
+}
+
+/**
+ * A write to the state dir failed (a full or read-only disk): nothing was acknowledged. The
+ * message names the file and the key that places it, so the user knows where to look.
+ */
+export function durableError(file: string, e: unknown): SystemError {
+  if (e instanceof SystemError) return e;
+  const code = (e as NodeJS.ErrnoException).code;
+  const why = code === 'ENOSPC' ? 'no space left on device' : code === 'EROFS' ? 'read-only file system' : (e as Error).message;
+  return new SystemError(`Error: cannot write ${file} (NATGW_STATE_DIR): ${why}; the change was not applied`);
+}
+
+async function writeAtomically(file: string, data: string): Promise<void> {
   await fs.mkdir(path.dirname(file), { recursive: true });
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
   try {
@@ -101,6 +121,8 @@ export class StateStore {
   /** sha256 of the snapshot body last loaded or written here: the journal's base. */
   private snapshotSha: string | undefined;
   private journalEntries = 0;
+  /** Held by this process (withLock): only then may load set a file aside. */
+  private lockDepth = 0;
 
   constructor(
     readonly dir: string,
@@ -171,6 +193,9 @@ export class StateStore {
    * adopted from the kernel as after a lost file.
    */
   private async setAside(reason: string): Promise<undefined> {
+    // Only the lock holder moves files: a reader outside the lock (GET /v1/state) could
+    // otherwise rename a file a writer is replacing, or set aside its fresh snapshot.
+    if (this.lockDepth === 0) return undefined;
     const aside = `${this.stateFile}.unreadable-${Date.now()}`;
     await fs.rename(this.stateFile, aside).catch(() => undefined);
     this.onCorrupt?.(aside, reason);
@@ -211,14 +236,20 @@ export class StateStore {
     const fresh = this.journalEntries === 0;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
     // snapshot is never replayed onto a newer one.
-    const fh = await fs.open(this.journalFile, fresh ? 'w' : 'a', 0o600);
     try {
-      await fh.writeFile(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line);
-      await fh.datasync();
-    } finally {
-      await fh.close();
+      const fh = await fs.open(this.journalFile, fresh ? 'w' : 'a', 0o600);
+      try {
+        await fh.writeFile(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line);
+        await fh.datasync();
+      } finally {
+        await fh.close();
+      }
+      if (fresh) await syncDir(this.dir);
+    } catch (e) {
+      // A torn line is ignored on load; the next commit must not append after it.
+      this.snapshotSha = undefined;
+      throw durableError(this.journalFile, e);
     }
-    if (fresh) await syncDir(this.dir);
     this.journalEntries++;
   }
 
@@ -281,9 +312,11 @@ export class StateStore {
       // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
       onCompromised: (err) => this.onCompromised?.(err),
     });
+    this.lockDepth++;
     try {
       return await fn();
     } finally {
+      this.lockDepth--;
       await release().catch(() => undefined);
     }
   }

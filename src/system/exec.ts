@@ -37,6 +37,16 @@ export class ExecError extends Error {
   }
 }
 
+/** SIGKILL to the whole process group the tool leads (it was started detached: its own group). */
+function killGroup(pid: number | undefined): void {
+  if (pid === undefined) return;
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+}
+
 function firstLine(s: string): string {
   return s.trim().split('\n')[0] ?? '';
 }
@@ -50,26 +60,54 @@ export async function runChecked(exec: Executor, req: ExecRequest): Promise<Exec
 
 const DEFAULT_TIMEOUT_MS = 30_000;
 
+/**
+ * Every run has a deadline (NATGW_TOOL_TIMEOUT caps every per-call timeout): a tool that hangs
+ * would otherwise hold the engine's queue, and with it every command, forever. The tool runs
+ * in a process group of its own and the whole group is killed at the deadline, because a
+ * wrapper (a shell script, `ip -batch` feeding a child) can leave a grandchild holding the
+ * output pipes open, and the run would not end even after its direct child died.
+ */
 export class SystemExecutor implements Executor {
-  constructor(private readonly log?: Logger) {}
+  private readonly deadlineMs: number;
+
+  constructor(
+    private readonly log?: Logger,
+    opts: { readonly deadlineMs?: number } = {},
+  ) {
+    this.deadlineMs = opts.deadlineMs ?? DEFAULT_TIMEOUT_MS;
+  }
 
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
-    const r = await execa(req.file, [...req.args], {
+    const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
+    const child = execa(req.file, [...req.args], {
       input: req.input,
       reject: false,
       stripFinalNewline: false,
-      timeout: req.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+      detached: true,
       env: { LC_ALL: 'C' },
     });
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      killGroup(child.pid);
+    }, limit);
+    let r: Awaited<typeof child>;
+    try {
+      r = await child;
+    } finally {
+      clearTimeout(timer);
+    }
+    const command = [req.file, ...req.args].join(' ');
     const result: ExecResult = {
-      command: [req.file, ...req.args].join(' '),
-      exitCode: r.exitCode ?? (r.failed ? 127 : 0),
+      command,
+      exitCode: timedOut ? (r.exitCode ?? 124) || 124 : (r.exitCode ?? (r.failed ? 127 : 0)),
       stdout: String(r.stdout ?? ''),
-      stderr: String(r.stderr ?? ''),
-      timedOut: r.timedOut,
-      failedToStart: r.exitCode === undefined && !r.timedOut,
+      stderr: timedOut ? `${command}: timed out after ${limit} ms (NATGW_TOOL_TIMEOUT) and was killed\n${String(r.stderr ?? '')}` : String(r.stderr ?? ''),
+      timedOut,
+      failedToStart: r.exitCode === undefined && !timedOut && r.signal === undefined,
     };
+    if (timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
     this.log?.debug(
       { cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 },
       'exec',

@@ -340,3 +340,19 @@ describe('loadConfig', () => {
     );
   });
 });
+
+describe('hardening keys (issue 12)', () => {
+  it('bounds the tool deadline and the TCP limits, naming the key', async () => {
+    const c = await loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw.env' });
+    expect(c.toolTimeoutMs).toBe(30_000);
+    expect(c.maxConnections).toBe(64);
+    expect(c.headersTimeoutMs).toBe(10_000);
+    expect(c.requestTimeoutMs).toBe(120_000);
+    const bad = (env: Record<string, string>) => loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw.env', ...env });
+    await expect(bad({ NATGW_TOOL_TIMEOUT: '0s' })).rejects.toThrow(/NATGW_TOOL_TIMEOUT must be between 1s and 600s/);
+    await expect(bad({ NATGW_MAX_CONNECTIONS: '0' })).rejects.toThrow(/NATGW_MAX_CONNECTIONS/);
+    await expect(bad({ NATGW_MAX_CONNECTIONS: 'many' })).rejects.toThrow(/NATGW_MAX_CONNECTIONS/);
+    await expect(bad({ NATGW_HEADERS_TIMEOUT: '2h' })).rejects.toThrow(/NATGW_HEADERS_TIMEOUT/);
+    await expect(bad({ NATGW_SOCKET: `/run/${'x'.repeat(120)}.sock` })).rejects.toThrow(/NATGW_SOCKET: must be at most 107 bytes/);
+  });
+});

@@ -3,7 +3,7 @@
  * addresses, routes and default routes, removing only what natgw itself programmed before.
  */
 import { describe, expect, it } from 'vitest';
-import { planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/link.js';
+import { linkOps, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 function state(patch: Partial<DesiredState> = {}): DesiredState {
@@ -193,5 +193,26 @@ describe('planLink: a complete plan', () => {
   it('uses the interface names of the desired state', () => {
     const want = { ...state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }], routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }] }), interfaces: { vpc: 'net2', ext: 'net3' } };
     expect(planLink(view(), want, undefined)).toEqual(['addr replace 172.18.0.10/24 dev net3', 'route replace 10.1.0.0/16 via 10.0.0.1 dev net2']);
+  });
+});
+
+describe('linkOps: what natgw owns besides the previous state', () => {
+  const owned = (addresses: string[], routes: string[] = []) => ({ addresses: new Set(addresses), routes: new Set(routes) });
+  const lines = (have: LinkView, want: DesiredState, prev: DesiredState | undefined, o: ReturnType<typeof owned>) =>
+    linkOps(have, want, prev, o).map((op) => `${op.kind} ${'address' in op ? `${op.address}/${op.prefixLength}` : op.kind === 'default' ? op.gateway : op.cidr}`);
+
+  it('removes an owned address the state does not list (every prefix), and keeps the pod\'s own', () => {
+    const have = view({ addrs: [addr('172.20.0.2', 16), addr('172.20.0.77', 16), addr('172.20.0.77', 24)] });
+    expect(lines(have, state(), state(), owned(['172.20.0.77']))).toEqual(['addr-del 172.20.0.77/24', 'addr-del 172.20.0.77/16']);
+  });
+
+  it('keeps an owned address the state wants', () => {
+    const want = state({ eips: [{ address: '172.20.0.77', prefixLength: 16 }] });
+    expect(lines(view({ addrs: [addr('172.20.0.77', 16)] }), want, undefined, owned(['172.20.0.77']))).toEqual([]);
+  });
+
+  it('removes an owned route that is present and unwanted; an absent one is nothing to do', () => {
+    const have = view({ routes: [{ dst: '10.1.0.0/16', gateway: '10.0.0.1' }, { dst: '10.3.0.0/16', gateway: '10.0.0.1' }] });
+    expect(lines(have, state(), undefined, owned([], ['10.1.0.0/16', '10.2.0.0/16']))).toEqual(['route-del 10.1.0.0/16']);
   });
 });

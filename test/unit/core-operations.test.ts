@@ -274,9 +274,11 @@ describe('EIPs', () => {
     const r = run(s, (x) => delEip(x, '1.2.3.4'));
     expect(r.state.eips).toEqual([{ address: '1.2.3.5', prefixLength: 24 }]);
     expect(r.state.defaultRoutes).toEqual({ v4: '1.2.3.1' });
-    expect(r.effects).toEqual([]);
+    // The delete names its address: it leaves the interface whether or not the state listed it (SPEC §5).
+    expect(r.effects).toEqual([{ kind: 'release', address: '1.2.3.4' }]);
     const r2 = run(s, (x) => delEip(x, '9.9.9.9'));
     expect(r2.state).toEqual(s);
+    expect(r2.effects).toEqual([{ kind: 'release', address: '9.9.9.9' }]);
   });
 });
 
@@ -333,6 +335,7 @@ describe('routes', () => {
     const s = frozen({ routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }, { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }] });
     expect(run(s, (x) => delRoute(x, '10.1.0.0/16')).state.routes).toEqual([{ cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }]);
     expect(run(s, (x) => delRoute(x, '10.9.0.0/16')).state).toEqual(s);
+    expect(run(s, (x) => delRoute(x, '10.9.0.0/16')).effects).toEqual([{ kind: 'release', route: '10.9.0.0/16' }]);
   });
 });
 

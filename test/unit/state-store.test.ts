@@ -30,12 +30,23 @@ describe('StateStore', () => {
     const told: string[] = [];
     const store = new StateStore(d, (file) => told.push(file));
     writeFileSync(store.stateFile, '{"sha256":"x","state":{ truncated');
+    // A reader outside the lock (GET /v1/state) reads nothing from it but moves nothing.
     expect(await store.load()).toBeUndefined();
+    expect(told).toHaveLength(0);
+    expect(readdirSync(d).some((f) => f.startsWith('state.json.unreadable-'))).toBe(false);
+    expect(await store.withLock(() => store.load())).toBeUndefined();
     expect(told).toHaveLength(1);
     expect(readdirSync(d).some((f) => f.startsWith('state.json.unreadable-'))).toBe(true);
     writeFileSync(store.stateFile, JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'bad name!' } }));
-    expect(await store.load()).toBeUndefined();
+    expect(await store.withLock(() => store.load())).toBeUndefined();
     expect(told).toHaveLength(2);
+  });
+
+  it('a full disk is a clear error naming the file and the key', async () => {
+    const store = new StateStore(dir());
+    const { durableError } = await import('../../src/state/store.js');
+    const e = durableError(store.stateFile, Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' }));
+    expect(e.message).toBe(`Error: cannot write ${store.stateFile} (NATGW_STATE_DIR): no space left on device; the change was not applied`);
   });
 
   it('serialises writers through the lock', async () => {

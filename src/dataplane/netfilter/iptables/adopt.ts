@@ -10,7 +10,7 @@ import type { SavedTable } from './save.js';
  * have natgw's shape are left out (and so will be removed by the next sync of that chain).
  */
 const MARK = /^-i (\S+) -j MARK --set-xmark 0x1\/0x1$/;
-const SNAT = /^-s (\S+) -o (\S+)(?: -m statistic --mode nth --every (\d+) --packet 0)? -j SNAT --to-source (\S+?)( --random-fully)?$/;
+const SNAT = /^(?:-s (\S+) )?-o (\S+)(?: -m statistic --mode nth --every (\d+) --packet 0)? -j SNAT --to-source (\S+?)( --random-fully)?$/;
 const FIP_DNAT = /^-d (\S+)\/(?:32|128) -j DNAT --to-destination (\S+)$/;
 const FIP_SNAT = /^-s (\S+)\/(?:32|128) -j SNAT --to-source (\S+)$/;
 const DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)$/;
@@ -32,7 +32,8 @@ export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | 
     const m = SNAT.exec(r);
     if (!m || !isIp(m[4] ?? '')) continue;
     // A rule mixing families is not natgw's.
-    const c = parseCidr(m[1] ?? '', { clearHostBits: true, family: familyOf(m[4] ?? '') });
+    // No `-s`: every source (iptables-save drops `-s 0.0.0.0/0`).
+    const c = parseCidr(m[1] ?? (familyOf(m[4] ?? '') === 6 ? '::/0' : '0.0.0.0/0'), { clearHostBits: true, family: familyOf(m[4] ?? '') });
     if (!c) continue;
     extIf ??= m[2];
     const cidr = formatCidr(c);

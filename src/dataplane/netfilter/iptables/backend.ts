@@ -74,7 +74,9 @@ export class IptablesBackend implements NetfilterBackend {
     }
     const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
     // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
-    if (r.exitCode !== 0 && family === 6) return emptyTable;
+    // Any other failure (a hang, a lock, a crash) is not an empty table: reading it as one
+    // would plan to re-create what is there, or adopt nothing.
+    if (r.exitCode !== 0 && family === 6 && ip6Unusable(r)) return emptyTable;
     if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
     return parseSave(r.stdout);
   }
@@ -189,4 +191,10 @@ export class IptablesBackend implements NetfilterBackend {
     const r = await runChecked(this.exec, { file: toolsFor(this.variant).cmd, args: ['--version'] });
     return r.stdout.trim().split('\n')[0] ?? '';
   }
+}
+
+/** ip6tables cannot work here at all (no binary, no IPv6 tables in this kernel), as opposed to failing this once. */
+function ip6Unusable(r: { failedToStart: boolean; timedOut: boolean; stderr: string }): boolean {
+  if (r.failedToStart) return true;
+  return !r.timedOut && /table does not exist|can't initialize|address family not supported|protocol not supported/i.test(r.stderr);
 }
