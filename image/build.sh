@@ -7,7 +7,8 @@
 # With a registry at hand, `podman build -f image/Dockerfile .` alone uses the official node image.
 #
 # NATGW_IMAGE (localhost/natgw:dev), NATGW_IMAGE_CACHE (/var/cache/natgw-image),
-# NATGW_IMAGE_SUITE (bookworm), NATGW_IMAGE_MIRROR (http://deb.debian.org/debian) and
+# NATGW_IMAGE_SUITE (bookworm), NATGW_IMAGE_MIRROR (default: the first Debian archive this
+# machine's apt sources name) and
 # NATGW_IMAGE_BUILD_CA (a CA bundle for npm in the build; default NODE_EXTRA_CA_CERTS) override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,15 @@ cd "$(dirname "$0")/.."
 image=${NATGW_IMAGE:-localhost/natgw:dev}
 cache=${NATGW_IMAGE_CACHE:-/var/cache/natgw-image}
 suite=${NATGW_IMAGE_SUITE:-bookworm}
-mirror=${NATGW_IMAGE_MIRROR:-http://deb.debian.org/debian}
+# The archive apt already uses here (deb822 or one-line sources), so the build reaches exactly
+# what this machine's package manager reaches.
+apt_mirror() {
+  { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
+    grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'; } |
+    grep -v -- '-security' | head -n1
+}
+mirror=${NATGW_IMAGE_MIRROR:-$(apt_mirror)}
+[ -n "$mirror" ] || { echo "no Debian archive in the apt sources: set NATGW_IMAGE_MIRROR" >&2; exit 1; }
 
 say() { printf '==> %s\n' "$*"; }
 
