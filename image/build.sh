@@ -22,8 +22,9 @@ apt_mirror() {
   { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
     grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'; } |
     grep -v -- '-security' | head -n1
-}
-mirror=${NATGW_IMAGE_MIRROR:-$(apt_mirror)}
+} 2>/dev/null
+# (a missing sources file is no error: the first URI found, or nothing)
+mirror=${NATGW_IMAGE_MIRROR:-$(apt_mirror || true)}
 [ -n "$mirror" ] || { echo "no Debian archive in the apt sources: set NATGW_IMAGE_MIRROR" >&2; exit 1; }
 
 say() { printf '==> %s\n' "$*"; }
