@@ -1,0 +1,310 @@
+/**
+ * Soak: `npm run soak -- --minutes N [--seed S] [--backends nftables,iptables-legacy,iptables-nft]`.
+ * Outside CI (root, network namespaces). For each backend in turn (the time split evenly) it runs
+ * a real daemon in a gateway namespace and repeats rounds of: random operations from several
+ * concurrent API clients (REST and legacy), sometimes drift injected behind natgw's back (a
+ * flushed chain or map, a deleted table, route or EIP address), sometimes a daemon restart
+ * (SIGTERM or SIGKILL). After each round it waits (polling, with a deadline) until the kernel,
+ * read independently with the tools themselves (test/helpers/kernelFacts.ts), equals a model of
+ * the acknowledged operations, and reports any divergence. Seeded, so a failure reproduces;
+ * prints progress; stops by itself; exits 1 on any divergence.
+ */
+import { ADDR, createTopology, type Topology } from '../test/helpers/netns.js';
+import { kernelFacts, type NetfilterKind } from '../test/helpers/kernelFacts.js';
+import { prng } from '../test/helpers/prng.js';
+import { waitFor } from '../test/helpers/poll.js';
+import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from '../test/netns/daemon-util.js';
+
+const EIP = '172.20.0.10';
+const CLIENTS = 4;
+const OPS_PER_CLIENT = 8;
+
+interface Args {
+  minutes: number;
+  seed: number;
+  backends: NetfilterKind[];
+}
+
+function parseArgs(argv: readonly string[]): Args {
+  const args: Args = { minutes: 5, seed: Date.now() % 100_000, backends: ['nftables', 'iptables-legacy', 'iptables-nft'] };
+  for (let i = 0; i < argv.length; i++) {
+    const v = argv[i + 1];
+    switch (argv[i]) {
+      case '--minutes':
+        args.minutes = Number(v);
+        i++;
+        break;
+      case '--seed':
+        args.seed = Number(v);
+        i++;
+        break;
+      case '--backends':
+        args.backends = (v ?? '').split(',').filter(Boolean) as NetfilterKind[];
+        i++;
+        break;
+      default:
+        throw new Error(`unknown argument ${argv[i]} (use --minutes N, --seed S, --backends a,b)`);
+    }
+  }
+  if (!(args.minutes > 0) || !Number.isFinite(args.seed) || args.backends.length === 0) throw new Error('bad arguments');
+  return args;
+}
+
+const ENV: Record<NetfilterKind, Record<string, string>> = {
+  nftables: { GATEWAY_NETFILTER_MODE: 'nftables' },
+  'iptables-legacy': { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'legacy' },
+  'iptables-nft': { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'nft' },
+};
+
+type Kind = 'dnat' | 'fip' | 'snat' | 'route';
+interface Op {
+  readonly kind: Kind;
+  readonly verb: 'add' | 'replace' | 'del';
+  readonly slot: number;
+  readonly target: number;
+  readonly legacy: boolean;
+}
+
+const ident = {
+  dnatPort: (c: number, k: number) => 10000 + c * 10 + k,
+  fipEip: (c: number, k: number) => `172.21.${c}.${k + 1}`,
+  snatCidr: (c: number, k: number) => `10.100.${c}.${k * 64}/26`,
+  routeCidr: (c: number, k: number) => `10.200.${c * 4 + k}.0/24`,
+};
+const targets = {
+  ip: (t: number) => [ADDR.vpc1, ADDR.vpc2][t]!,
+  port: (t: number) => [80, 8080][t]!,
+  nexthop: (t: number) => [ADDR.rtr, '10.0.1.253'][t]!,
+};
+
+/** What the acknowledged operations leave behind: facts in kernelFacts' spelling. */
+class Model {
+  readonly dnats = new Map<string, number>();
+  readonly fips = new Map<string, number>();
+  readonly snats = new Map<string, boolean>();
+  readonly routes = new Map<string, number>();
+
+  /** Apply an acknowledged operation; a refused one (conflict) changed nothing. */
+  apply(c: number, op: Op): void {
+    const key = op.kind === 'dnat' ? String(ident.dnatPort(c, op.slot)) : op.kind === 'fip' ? ident.fipEip(c, op.slot) : op.kind === 'snat' ? ident.snatCidr(c, op.slot) : ident.routeCidr(c, op.slot);
+    const map: Map<string, number | boolean> = op.kind === 'dnat' ? this.dnats : op.kind === 'fip' ? this.fips : op.kind === 'snat' ? this.snats : this.routes;
+    if (op.verb === 'del') map.delete(key);
+    else if (op.kind === 'snat') {
+      if (!map.has(key) || op.verb === 'replace') map.set(key, op.target === 1);
+    } else map.set(key, op.target);
+  }
+
+  conflicts(c: number, op: Op): boolean {
+    if (op.verb !== 'add' || (op.kind !== 'dnat' && op.kind !== 'fip')) return false;
+    const have = op.kind === 'dnat' ? this.dnats.get(String(ident.dnatPort(c, op.slot))) : this.fips.get(ident.fipEip(c, op.slot));
+    return have !== undefined && have !== op.target;
+  }
+
+  facts(): string[] {
+    return [
+      ...[...this.dnats].map(([port, t]) => `dnat ${EIP},${port},tcp -> ${targets.ip(t)}:${targets.port(t)}`),
+      ...[...this.fips].map(([eip, t]) => `fip ${eip} -> ${targets.ip(t)}`),
+      ...[...this.snats].map(([cidr, rf]) => `snat ${EIP},${cidr}${rf ? ' random-fully' : ''}`),
+      ...[...this.routes].map(([cidr, t]) => `route ${cidr} via ${targets.nexthop(t)}`),
+    ].sort();
+  }
+}
+
+function call(c: number, op: Op): { method: string; path: string; body?: unknown } {
+  const t = op.target;
+  if (op.legacy) {
+    const rule = (() => {
+      switch (op.kind) {
+        case 'dnat': {
+          const id = `${EIP},${ident.dnatPort(c, op.slot)},tcp`;
+          return op.verb === 'del' ? ['dnat-del', id] : ['dnat-add', `${id},${targets.ip(t)},${targets.port(t)}`];
+        }
+        case 'fip':
+          return op.verb === 'del' ? ['floating-ip-del', ident.fipEip(c, op.slot)] : ['floating-ip-add', `${ident.fipEip(c, op.slot)},${targets.ip(t)}`];
+        case 'snat': {
+          const id = `${EIP},${ident.snatCidr(c, op.slot)}`;
+          return op.verb === 'del' ? ['snat-del', id] : ['snat-add', t === 1 ? `${id},--random-fully` : id];
+        }
+        case 'route':
+          return op.verb === 'del' ? ['subnet-route-del', ident.routeCidr(c, op.slot)] : ['subnet-route-add', `${ident.routeCidr(c, op.slot)},${targets.nexthop(t)}`];
+      }
+    })();
+    return { method: 'POST', path: '/v1/legacy', body: { command: rule[0], rules: [rule[1]] } };
+  }
+  const q = op.verb === 'replace' ? '?replace=true' : '';
+  const enc = encodeURIComponent;
+  const [path, body] = (() => {
+    switch (op.kind) {
+      case 'dnat':
+        return [`/v1/dnats/${EIP},${ident.dnatPort(c, op.slot)},tcp`, { internalIp: targets.ip(t), internalPort: targets.port(t) }];
+      case 'fip':
+        return [`/v1/fips/${ident.fipEip(c, op.slot)}`, { internalIp: targets.ip(t) }];
+      case 'snat':
+        return [`/v1/snats/${EIP},${enc(ident.snatCidr(c, op.slot))}`, { randomFully: t === 1 }];
+      case 'route':
+        return [`/v1/routes/${enc(ident.routeCidr(c, op.slot))}`, { nexthop: targets.nexthop(t) }];
+    }
+  })();
+  return op.verb === 'del' ? { method: 'DELETE', path } : { method: 'PUT', path: path + q, body };
+}
+
+/** 'ok', 'conflict', or the unexpected answer. */
+function outcome(op: Op, r: ApiResponse): string {
+  if (op.legacy) {
+    if (r.status !== 200) return `HTTP ${r.status} ${r.text}`;
+    const out = r.body as { status: number; stdout: string; stderr: string };
+    if (out.status === 0 && out.stderr === '') return 'ok';
+    if (out.status === 1 && out.stderr === '' && /already (exists|bindTo rule)/.test(out.stdout)) return 'conflict';
+    return JSON.stringify(out);
+  }
+  if (r.status >= 200 && r.status < 300) return 'ok';
+  if (r.status === 409) return 'conflict';
+  return `HTTP ${r.status} ${r.text}`;
+}
+
+/** Drift behind natgw's back, as a person or another tool would cause it. */
+function drifts(kind: NetfilterKind, model: Model): Array<{ what: string; argv: string[] }> {
+  const out: Array<{ what: string; argv: string[] }> = [];
+  if (kind === 'nftables') {
+    out.push({ what: 'flush map port_dnat', argv: ['nft', 'flush', 'map', 'ip', 'natgw', 'port_dnat'] });
+    out.push({ what: 'flush chain shared_snat', argv: ['nft', 'flush', 'chain', 'ip', 'natgw', 'shared_snat'] });
+    out.push({ what: 'flush map fip_snat', argv: ['nft', 'flush', 'map', 'ip', 'natgw', 'fip_snat'] });
+    out.push({ what: 'delete table ip natgw', argv: ['nft', 'delete', 'table', 'ip', 'natgw'] });
+  } else {
+    const ipt = kind === 'iptables-legacy' ? 'iptables-legacy' : 'iptables-nft';
+    for (const chain of ['SHARED_DNAT', 'SHARED_SNAT', 'EXCLUSIVE_DNAT', 'EXCLUSIVE_SNAT']) out.push({ what: `flush ${chain}`, argv: [ipt, '-t', 'nat', '-F', chain] });
+  }
+  const route = [...model.routes.keys()][0];
+  if (route) out.push({ what: `delete route ${route}`, argv: ['ip', 'route', 'del', route, 'dev', 'eth0'] });
+  out.push({ what: 'delete the EIP address', argv: ['ip', 'addr', 'del', `${EIP}/24`, 'dev', 'net1'] });
+  return out;
+}
+
+async function eipPresent(topo: Topology): Promise<boolean> {
+  const r = await topo.exec('gw', ['ip', '-4', '-o', 'addr', 'show', 'dev', 'net1']);
+  return r.stdout.includes(` ${EIP}/24 `);
+}
+
+function diff(want: readonly string[], got: readonly string[]): string {
+  const w = new Set(want);
+  const g = new Set(got);
+  return [...want.filter((x) => !g.has(x)).map((x) => `  missing: ${x}`), ...got.filter((x) => !w.has(x)).map((x) => `  extra:   ${x}`)].join('\n');
+}
+
+interface Tally {
+  rounds: number;
+  ops: number;
+  conflicts: number;
+  drifts: number;
+  restarts: number;
+  divergences: number;
+}
+
+async function soakBackend(kind: NetfilterKind, untilMs: number, seed: number): Promise<Tally> {
+  const rnd = prng(seed);
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
+  const tally: Tally = { rounds: 0, ops: 0, conflicts: 0, drifts: 0, restarts: 0, divergences: 0 };
+  const topo = await createTopology();
+  const sock = socketOf(topo);
+  let daemon: Daemon | undefined;
+  const env = { ...ENV[kind], NATGW_RESYNC_PERIOD: '1s' };
+  try {
+    daemon = await startDaemon(topo, env);
+    ok(await api(sock, 'POST', '/v1/legacy', { command: 'init', rules: [] }), 'init');
+    const eip = ok(await api(sock, 'POST', '/v1/legacy', { command: 'eip-add', rules: [`${EIP}/24`] }), 'eip-add').body;
+    if (eip.status !== 0) throw new Error(`eip-add: ${JSON.stringify(eip)}`);
+    await waitReady(topo, daemon);
+    const model = new Model();
+    while (Date.now() < untilMs) {
+      tally.rounds++;
+      const unexpected: string[] = [];
+      await Promise.all(
+        Array.from({ length: CLIENTS }, async (_, c) => {
+          for (let i = 0; i < OPS_PER_CLIENT; i++) {
+            const legacy = rnd() < 0.5;
+            const op: Op = {
+              kind: pick(['dnat', 'fip', 'snat', 'route'] as const),
+              verb: legacy ? pick(['add', 'add', 'del'] as const) : pick(['add', 'add', 'replace', 'del'] as const),
+              slot: Math.floor(rnd() * 3),
+              target: Math.floor(rnd() * 2),
+              legacy,
+            };
+            const expectConflict = model.conflicts(c, op);
+            const req = call(c, op);
+            const got = outcome(op, await api(sock, req.method, req.path, req.body));
+            tally.ops++;
+            if (got === 'ok') model.apply(c, op);
+            else if (got === 'conflict') tally.conflicts++;
+            if (got !== (expectConflict ? 'conflict' : 'ok')) unexpected.push(`client ${c} ${JSON.stringify(op)} → ${got}`);
+          }
+        }),
+      );
+      let event = 'ops';
+      const r = rnd();
+      if (r < 0.3) {
+        const d = pick(drifts(kind, model));
+        await topo.exec('gw', d.argv, { reject: false });
+        tally.drifts++;
+        event = `drift: ${d.what}`;
+      } else if (r < 0.4) {
+        const signal = rnd() < 0.5 ? 'SIGKILL' : 'SIGTERM';
+        await stopDaemon(daemon, signal);
+        daemon = await startDaemon(topo, env);
+        await waitReady(topo, daemon, 60_000);
+        tally.restarts++;
+        event = `restart (${signal})`;
+      }
+      const want = model.facts();
+      let got: string[] = [];
+      const converged = await waitFor(
+        async () => {
+          got = await kernelFacts(topo, kind);
+          return diff(want, got) === '' && (await eipPresent(topo));
+        },
+        { what: 'the kernel to match the model', timeoutMs: 30_000, intervalMs: 200 },
+      ).then(
+        () => true,
+        () => false,
+      );
+      if (!converged || unexpected.length > 0) {
+        tally.divergences++;
+        console.log(`[${kind}] round ${tally.rounds} after ${event}: DIVERGENCE`);
+        if (unexpected.length) console.log(`  unexpected answers:\n  ${unexpected.join('\n  ')}`);
+        if (!converged) console.log(`${diff(want, got)}${(await eipPresent(topo)) ? '' : '\n  missing: EIP address'}`);
+        // The model no longer describes the kernel: later rounds would only repeat this finding.
+        break;
+      }
+      if (tally.rounds % 10 === 0 || event !== 'ops') {
+        const left = Math.max(0, Math.round((untilMs - Date.now()) / 1000));
+        console.log(`[${kind}] round ${tally.rounds}: ${tally.ops} ops, ${want.length} objects, ${event}; converged (${left} s left)`);
+      }
+    }
+  } finally {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo.cleanup();
+  }
+  return tally;
+}
+
+async function main(): Promise<void> {
+  const args = parseArgs(process.argv.slice(2));
+  const started = Date.now();
+  const slice = (args.minutes * 60_000) / args.backends.length;
+  console.log(`soak: ${args.minutes} min, seed ${args.seed}, backends ${args.backends.join(', ')}`);
+  let failed = false;
+  for (const [i, kind] of args.backends.entries()) {
+    const t = await soakBackend(kind, started + slice * (i + 1), args.seed + i);
+    console.log(
+      `[${kind}] done: ${t.rounds} rounds, ${t.ops} operations (${t.conflicts} conflicts), ${t.drifts} drifts injected, ` +
+        `${t.restarts} restarts, ${t.divergences} divergences`,
+    );
+    if (t.divergences > 0) failed = true;
+  }
+  console.log(`soak: ${((Date.now() - started) / 60_000).toFixed(1)} min, ${failed ? 'DIVERGENCE FOUND' : 'no divergence'}`);
+  process.exitCode = failed ? 1 : 0;
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : e);
+  process.exitCode = 2;
+});
