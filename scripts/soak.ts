@@ -85,6 +85,36 @@ function diff(want: readonly string[], got: readonly string[]): string {
   return [...want.filter((x) => !g.has(x)).map((x) => `  missing: ${x}`), ...got.filter((x) => !w.has(x)).map((x) => `  extra:   ${x}`)].join('\n');
 }
 
+/** What helps explain a divergence: natgw's own desired state against the model, the processes in the namespace, the daemon's warnings. */
+async function diagnose(topo: Topology, daemon: Daemon, want: readonly string[]): Promise<string> {
+  const out: string[] = [];
+  const st = await api(socketOf(topo), 'GET', '/v1/state').catch(() => undefined);
+  const d = st?.body?.desired;
+  if (d) {
+    const desired = [
+      ...d.dnats.map((x: { eip: string; port: number; protocol: string; internalIp: string; internalPort: number }) => `dnat ${x.eip},${x.port},${x.protocol} -> ${x.internalIp}:${x.internalPort}`),
+      ...d.fips.map((x: { eip: string; internalIp: string }) => `fip ${x.eip} -> ${x.internalIp}`),
+      ...d.snats.map((x: { eip: string; cidr: string; randomFully: boolean }) => `snat ${x.eip},${x.cidr}${x.randomFully ? ' random-fully' : ''}`),
+      ...d.routes.map((x: { cidr: string; nexthop: string }) => `route ${x.cidr} via ${x.nexthop}`),
+    ].sort();
+    const dd = diff(want, desired);
+    out.push(`  natgw's desired state ${dd === '' ? 'equals the model' : `differs from the model:\n${dd}`}`);
+    out.push(`  drift: ${JSON.stringify(st?.body?.drift ?? null).slice(0, 600)}`);
+  } else out.push(`  GET /v1/state failed: ${st?.status} ${st?.text ?? ''}`);
+  const pids = (await topo.exec('gw', ['ip', 'netns', 'pids', topo.ns.gw], { reject: false })).stdout.split('\n').filter(Boolean);
+  for (const pid of pids) {
+    const cmd = (await topo.exec('gw', ['cat', `/proc/${pid}/cmdline`], { reject: false })).stdout.replace(/\0/g, ' ').slice(0, 160);
+    out.push(`  process ${pid}${Number(pid) === daemon.pid ? ' (the daemon)' : ''}: ${cmd}`);
+  }
+  const warnings = daemon
+    .logs()
+    .split('\n')
+    .filter((l) => /"level":(40|50|60)/.test(l))
+    .slice(-15);
+  out.push(`  daemon warnings (last ${warnings.length}):\n    ${warnings.map((l) => l.slice(0, 400)).join('\n    ')}`);
+  return out.join('\n');
+}
+
 interface Tally {
   rounds: number;
   ops: number;
@@ -158,6 +188,7 @@ async function soakBackend(kind: NetfilterKind, untilMs: number, seed: number): 
         console.log(`[${kind}] round ${tally.rounds} after ${event}: DIVERGENCE`);
         if (unexpected.length) console.log(`  unexpected answers:\n  ${unexpected.join('\n  ')}`);
         if (!converged) console.log(`${diff(want, got)}${(await eipPresent(topo)) ? '' : '\n  missing: EIP address'}`);
+        console.log(await diagnose(topo, daemon, want));
         // The model no longer describes the kernel: later rounds would only repeat this finding.
         break;
       }
