@@ -124,6 +124,10 @@ interface Tally {
   divergences: number;
 }
 
+/** Ctrl-C or SIGTERM ends the current round and cleans up instead of leaving namespaces and a daemon behind. */
+let stopping = false;
+for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => (stopping = true));
+
 async function soakBackend(kind: NetfilterKind, untilMs: number, seed: number): Promise<Tally> {
   const rnd = prng(seed);
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)]!;
@@ -139,7 +143,7 @@ async function soakBackend(kind: NetfilterKind, untilMs: number, seed: number): 
     if (eip.status !== 0) throw new Error(`eip-add: ${JSON.stringify(eip)}`);
     await waitReady(topo, daemon);
     const model = new Model();
-    while (Date.now() < untilMs) {
+    while (Date.now() < untilMs && !stopping) {
       tally.rounds++;
       const unexpected: string[] = [];
       await Promise.all(
@@ -211,6 +215,7 @@ async function main(): Promise<void> {
   console.log(`soak: ${args.minutes} min, seed ${args.seed}, backends ${args.backends.join(', ')}`);
   let failed = false;
   for (const [i, kind] of args.backends.entries()) {
+    if (stopping) break;
     const t = await soakBackend(kind, started + slice * (i + 1), args.seed + i);
     console.log(
       `[${kind}] done: ${t.rounds} rounds, ${t.ops} operations (${t.conflicts} conflicts), ${t.drifts} drifts injected, ` +
