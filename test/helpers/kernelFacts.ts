@@ -28,9 +28,10 @@ export function factsFromIptablesSave(text: string): string[] {
       facts.push(`fip-snat ${m[1]} -> ${m[2]}`);
       continue;
     }
-    m = /^-A SHARED_SNAT -s (\S+) -o \S+ -j SNAT --to-source (\S+?)( --random-fully)?$/.exec(line);
+    // iptables-save leaves out `-s 0.0.0.0/0`.
+    m = /^-A SHARED_SNAT (?:-s (\S+) )?-o \S+ -j SNAT --to-source (\S+?)( --random-fully)?$/.exec(line);
     if (m) {
-      const cidr = m[1]!.includes('/') ? m[1]! : `${m[1]}/32`;
+      const cidr = m[1] === undefined ? '0.0.0.0/0' : m[1].includes('/') ? m[1] : `${m[1]}/32`;
       facts.push(`snat ${m[2]},${cidr}${m[3] ? ' random-fully' : ''}`);
       continue;
     }
