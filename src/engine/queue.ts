@@ -108,6 +108,11 @@ export class ChangeBatcher {
     private readonly maxBatch = 64,
   ) {}
 
+  /** Requests accepted and not yet taken into a batch (lets a test see that they are all queued). */
+  get waiting(): number {
+    return this.pending.length;
+  }
+
   submit(req: ChangeRequest): Promise<ChangeResult> {
     return new Promise<ChangeResult>((resolve, reject) => {
       this.pending.push({ req, resolve, reject });

@@ -18,7 +18,7 @@ function fields(rule: string, kind: string, min: number, max = min): string[] {
 }
 
 /** Control characters are escaped so a message stays one line in the controller's log. */
-function printable(s: string): string {
+export function printable(s: string): string {
   return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
 }
 
@@ -145,18 +145,18 @@ export function parseShareDnatAdd(rule: string): ShareDnat {
   const parts = rule.split(',');
   const [eip = '', p = '', proto = '', backendText = ''] = parts;
   if (parts.length < 4 || eip === '' || p === '' || proto === '') {
-    throw new ValidationError(`Error: invalid nft-dnat-map rule: ${rule}`);
+    throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
   }
   const { eip: e, port: portNum, protocol: pr, protocolText } = shareIdentity(eip, p, proto);
   const backendTexts = parts.slice(3).join(',').split('@').filter((b) => b !== '');
-  if (backendText === '' || backendTexts.length === 0) throw new ValidationError(`Error: no backends specified in rule: ${rule}`);
+  if (backendText === '' || backendTexts.length === 0) throw new ValidationError(printable(`Error: no backends specified in rule: ${rule}`));
   const backends = backendTexts.map((b) => {
     const colon = b.lastIndexOf(':');
     const ip = colon === -1 ? b : b.slice(0, colon);
     const bp = colon === -1 ? '' : b.slice(colon + 1);
-    if (!isIpv4(ip)) throw new ValidationError(`Error: invalid backend ip in nft-dnat-map rule: ${ip}`);
+    if (!isIpv4(ip)) throw new ValidationError(printable(`Error: invalid backend ip in nft-dnat-map rule: ${ip}`));
     const n = parsePort(bp);
-    if (n === null) throw new ValidationError(`Error: invalid backend port in nft-dnat-map rule: ${bp}`);
+    if (n === null) throw new ValidationError(printable(`Error: invalid backend port in nft-dnat-map rule: ${bp}`));
     return { ip, port: n };
   });
   return { eip: e, port: portNum, protocol: pr, protocolText, backends };
@@ -166,16 +166,16 @@ export function parseShareDnatDel(rule: string): Pick<ShareDnat, 'eip' | 'port' 
   const parts = rule.split(',');
   const [eip = '', p = '', proto = ''] = parts;
   if (parts.length < 3 || eip === '' || p === '' || proto === '') {
-    throw new ValidationError(`Error: invalid nft-dnat-map rule: ${rule}`);
+    throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
   }
   return shareIdentity(eip, p, proto);
 }
 
 function shareIdentity(eip: string, p: string, proto: string): Pick<ShareDnat, 'eip' | 'port' | 'protocol' | 'protocolText'> {
-  if (!isIpv4(eip)) throw new ValidationError(`Error: invalid eip in nft-dnat-map rule: ${eip}`);
+  if (!isIpv4(eip)) throw new ValidationError(printable(`Error: invalid eip in nft-dnat-map rule: ${eip}`));
   const n = parsePort(p);
-  if (n === null) throw new ValidationError(`Error: invalid external port in nft-dnat-map rule: ${p}`);
-  if (!/^(tcp|udp|TCP|UDP)$/.test(proto)) throw new ValidationError(`Error: invalid protocol in nft-dnat-map rule: ${proto}`);
+  if (n === null) throw new ValidationError(printable(`Error: invalid external port in nft-dnat-map rule: ${p}`));
+  if (!/^(tcp|udp|TCP|UDP)$/.test(proto)) throw new ValidationError(printable(`Error: invalid protocol in nft-dnat-map rule: ${proto}`));
   return { eip, port: n, protocol: proto.toLowerCase() as Protocol, protocolText: proto };
 }
 

@@ -1,4 +1,5 @@
 import { ValidationError } from './errors.js';
+import { printable } from './legacy.js';
 import { isInterfaceName, isIpv4, parseCidr } from './net.js';
 import {
   type Direction, type EipQos, type GwQos, type GwQosId,
@@ -14,7 +15,7 @@ import {
 const kindOf = (direction: Direction): string => `eip-${direction}-qos`;
 
 function bad(kind: string, rule: string, why: string): ValidationError {
-  return new ValidationError(`Error: invalid ${kind} rule '${rule}': ${why}`);
+  return new ValidationError(printable(`Error: invalid ${kind} rule '${rule}': ${why}`));
 }
 
 /** `a.b.c.d` or `a.b.c.d/len`: the address part counts (the script strips the suffix too). */

@@ -36,6 +36,14 @@ export type Eip = z.infer<typeof eipSchema>;
 /** The most EIPs one SNAT pool spreads over (each is one element of the rule's own map). */
 export const MAX_SNAT_POOL = 16;
 
+/**
+ * A rule translating between families cannot be rendered (NAT stays within one family): refused
+ * with the other rules' validation, before anything reaches the kernel.
+ */
+function sameFamily(ctx: z.RefinementCtx, eip: string, other: string, path: string): void {
+  if (eip.includes(':') !== other.includes(':')) ctx.addIssue({ code: 'custom', path: [path], message: `must be of the same IP family as eip ${eip}` });
+}
+
 export const snatSchema = z
   .object({
     /** The identity's EIP; for a pool, its first address. */
@@ -54,6 +62,7 @@ export const snatSchema = z
       .describe('A pool of EIPs starting with eip: new connections take them in turn'),
   })
   .superRefine((s, ctx) => {
+    sameFamily(ctx, s.eip, s.cidr, 'cidr');
     if (!s.eips) return;
     if (s.eips[0] !== s.eip) ctx.addIssue({ code: 'custom', path: ['eips'], message: `must start with the SNAT's eip ${s.eip}` });
     if (new Set(s.eips).size !== s.eips.length) ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must not repeat an address' });
@@ -79,6 +88,7 @@ export const dnatSchema = z
     internalPort: portSchema,
   })
   .superRefine((d, ctx) => {
+    sameFamily(ctx, d.eip, d.internalIp, 'internalIp');
     if (d.portEnd === undefined) return;
     if (d.portEnd <= d.port) ctx.addIssue({ code: 'custom', path: ['portEnd'], message: `must be above port ${d.port}` });
     if (d.internalPort !== d.port) {
@@ -91,10 +101,12 @@ export const dnatSchema = z
   });
 export type Dnat = z.infer<typeof dnatSchema>;
 
-export const fipSchema = z.object({
-  eip: ipSchema,
-  internalIp: ipSchema,
-});
+export const fipSchema = z
+  .object({
+    eip: ipSchema,
+    internalIp: ipSchema,
+  })
+  .superRefine((f, ctx) => sameFamily(ctx, f.eip, f.internalIp, 'internalIp'));
 export type Fip = z.infer<typeof fipSchema>;
 
 export const backendSchema = z.object({ ip: ipv4Schema, port: portSchema });

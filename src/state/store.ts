@@ -123,6 +123,12 @@ export class StateStore {
   private journalEntries = 0;
   /** Held by this process (withLock): only then may load set a file aside. */
   private lockDepth = 0;
+  /**
+   * The journal ends in a line that did not verify (a crash while appending). A line appended
+   * after it would be glued to the torn text and fail to verify too, losing that change and
+   * every later one at the next load: the next commit writes a snapshot instead.
+   */
+  private journalTorn = false;
 
   constructor(
     readonly dir: string,
@@ -152,6 +158,7 @@ export class StateStore {
   async load(): Promise<DesiredState | undefined> {
     this.snapshotSha = undefined;
     this.journalEntries = 0;
+    this.journalTorn = false;
     const snapshot = await this.loadSnapshot();
     if (snapshot === undefined || this.snapshotSha === undefined) return snapshot;
     return this.replayJournal(snapshot, this.snapshotSha);
@@ -209,6 +216,7 @@ export class StateStore {
     await writeFileAtomic(this.stateFile, `{"sha256":"${sha}","state":${body}}\n`);
     this.snapshotSha = sha;
     this.journalEntries = 0;
+    this.journalTorn = false;
     // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
     await fs.rm(this.journalFile, { force: true });
   }
@@ -221,7 +229,7 @@ export class StateStore {
   async commit(before: DesiredState, after: DesiredState): Promise<void> {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
     // set-aside file) the store writes one, even for an unchanged state.
-    if (this.snapshotSha === undefined) return this.save(after);
+    if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
     if (before === after) return;
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
@@ -269,19 +277,25 @@ export class StateStore {
     if (lines[0] !== `{"base":"${sha}"}`) return snapshot;
     let state = snapshot;
     let entries = 0;
+    let torn = !text.endsWith('\n');
     for (const line of lines.slice(1)) {
       if (line === '') continue;
       const sp = line.indexOf(' ');
       const payload = line.slice(sp + 1);
-      if (sp !== 64 || sha256(payload) !== line.slice(0, 64)) break;
+      if (sp !== 64 || sha256(payload) !== line.slice(0, 64)) {
+        torn = true;
+        break;
+      }
       try {
         state = applyDelta(state, JSON.parse(payload) as StateDelta);
       } catch {
+        torn = true;
         break;
       }
       entries++;
     }
     this.journalEntries = entries;
+    this.journalTorn = torn;
     return state;
   }
 

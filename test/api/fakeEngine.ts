@@ -26,6 +26,8 @@ export class FakeEngine implements EngineLike {
   initialized = true;
   /** Milliseconds each apply takes. */
   applyDelayMs = 0;
+  /** While set, every apply waits for it: a test holds a transaction open until it has queued what it needs. */
+  gate: Promise<void> | undefined;
   /** Return an error to make the "kernel" refuse this state. */
   refuse: (s: DesiredState) => Error | undefined = () => undefined;
   transactions = 0;
@@ -66,6 +68,7 @@ export class FakeEngine implements EngineLike {
       this.transactions++;
       const started = performance.now();
       if (this.applyDelayMs) await new Promise((r) => setTimeout(r, this.applyDelayMs));
+      if (this.gate) await this.gate;
       const changed = JSON.stringify(next) !== JSON.stringify(this.state);
       const report: ApplyReport = {
         netfilterChanges: changed ? 1 : 0,

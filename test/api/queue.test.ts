@@ -11,6 +11,7 @@ import { SerialQueue, QueueClosedError } from '../../src/engine/queue.js';
 import type { Agent } from '../../src/daemon/agent.js';
 import { SystemError } from '../../src/model/errors.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
+import { waitFor } from '../helpers/poll.js';
 
 describe('SerialQueue', () => {
   it('runs jobs one at a time, in order, each with its own result or error', async () => {
@@ -63,11 +64,15 @@ describe('merged transactions', () => {
   it('merges concurrent requests into few transactions, each request with its own outcome', async () => {
     await put(1000).expect(201);
     const before = engine.transactions;
-    // While a slow apply runs (a QoS command: never merged with NAT changes), 20 API requests arrive; one conflicts.
-    const blocker = request(app).post('/v1/legacy').send({ command: 'eip-egress-qos-add', rules: ['172.20.0.10,1,10,1'] });
-    const blockerDone = blocker.then((r) => r);
-    await new Promise((r) => setTimeout(r, 5));
-    const reqs = [...Array.from({ length: 19 }, (_, i) => put(2000 + i)), put(1000, '10.0.1.99')];
+    // While an apply is held open (a QoS command: never merged with NAT changes), 20 API requests arrive; one conflicts.
+    let release!: () => void;
+    engine.gate = new Promise<void>((r) => (release = r));
+    const blockerDone = request(app).post('/v1/legacy').send({ command: 'eip-egress-qos-add', rules: ['172.20.0.10,1,10,1'] }).then((r) => r);
+    await waitFor(async () => engine.transactions > before, { what: 'the blocker to be applying', timeoutMs: 5000, intervalMs: 1 });
+    const reqs = [...Array.from({ length: 19 }, (_, i) => put(2000 + i)), put(1000, '10.0.1.99')].map((r) => r.then((x) => x));
+    await waitFor(async () => agent.batcher.waiting === 20, { what: 'all 20 requests queued behind the blocker', timeoutMs: 5000, intervalMs: 1 });
+    engine.gate = undefined;
+    release();
     const results = await Promise.all(reqs);
     expect((await blockerDone).body.status).toBe(0);
     expect(results.slice(0, 19).map((r) => r.status)).toEqual(Array(19).fill(201));

@@ -33,7 +33,7 @@ interface ShownFilter {
   readonly pref: number;
   readonly protocol: string;
   readonly kind: string;
-  /** u32 `800::1`. */
+  /** u32 `800::1`; matchall `0x1` (iproute2's f_matchall.c prints `handle 0x…`, never `fh`). */
   readonly fh: string;
   readonly flowid?: number;
   readonly keys: { value: number; mask: number; off: number }[];
@@ -47,7 +47,7 @@ function parseFilters(text: string): ShownFilter[] {
   const out: { pref: number; protocol: string; kind: string; fh: string; flowid?: number; keys: ShownFilter['keys']; redirectTo?: string }[] = [];
   let cur: (typeof out)[number] | undefined;
   for (const line of text.split('\n')) {
-    const head = /^filter (?:parent \S+ )?protocol (\S+) pref (\d+) (\S+) .*\bfh (\S+)/.exec(line);
+    const head = /^filter (?:parent \S+ )?protocol (\S+) pref (\d+) (\S+) .*\b(?:fh|handle) (\S+)/.exec(line);
     if (line.startsWith('filter ')) {
       cur = undefined;
       if (head && !/ ht divisor /.test(line)) {

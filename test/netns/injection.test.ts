@@ -1,0 +1,110 @@
+/**
+ * The injection corpus (test/corpus/injection.json, every case with the reason it is hostile)
+ * through the command shim against a real daemon in a gateway namespace, on every backend.
+ * Every case must be refused (status 1, one reason line, nothing else on stderr) and the kernel
+ * must stay byte-identical: one dump of everything natgw could touch before and after the whole
+ * corpus, plus spot dumps every SPOT cases (per-case dumps would multiply the run time by ten).
+ */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
+import { BACKENDS, type BackendCase } from '../helpers/backends.js';
+import { api, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+
+interface InjectionCase {
+  readonly command: string;
+  readonly rules: readonly string[];
+  readonly why: string;
+}
+const CORPUS = (JSON.parse(readFileSync(path.join(REPO_ROOT, 'test', 'corpus', 'injection.json'), 'utf8')) as { cases: InjectionCase[] }).cases;
+const SPOT = 40;
+const EIP = '172.20.0.10';
+
+/** Everything natgw could touch, as the tools print it (generation timestamps of *-save and packet counters dropped). */
+async function kernelDump(topo: Topology): Promise<string> {
+  const run = async (argv: string[]) => {
+    const r = await topo.exec('gw', argv, { reject: false });
+    return `$ ${argv.join(' ')} (${r.exitCode})\n${r.stdout}${r.stderr}`;
+  };
+  const parts = [
+    await run(['nft', 'list', 'ruleset']),
+    (await run(['iptables-legacy-save'])).replace(/^# (Generated|Completed) .*\n/gm, ''),
+    (await run(['ip6tables-legacy-save'])).replace(/^# (Generated|Completed) .*\n/gm, ''),
+    await run(['ip', 'addr', 'show']),
+    await run(['ip', 'route', 'show', 'table', 'all']),
+    await run(['ip', '-6', 'route', 'show', 'table', 'all']),
+    await run(['ip', 'link', 'show']),
+  ];
+  for (const dev of ['eth0', 'net1', 'ifb-net1']) {
+    for (const what of ['qdisc', 'class', 'filter']) parts.push(await run(['tc', what, 'show', 'dev', dev]));
+  }
+  // Packet counters count packets (IPv6 neighbour discovery on the links, for one), not configuration.
+  return parts.join('\n').replace(/\[\d+:\d+\]/g, '[n:n]').replace(/packets \d+ bytes \d+/g, 'packets n bytes n');
+}
+
+/** The lines that differ, for the message. */
+function changed(a: string, b: string): string {
+  const al = new Set(a.split('\n'));
+  const bl = new Set(b.split('\n'));
+  return [...a.split('\n').filter((l) => !bl.has(l)).map((l) => `- ${l}`), ...b.split('\n').filter((l) => !al.has(l)).map((l) => `+ ${l}`)].join('\n');
+}
+
+describe.each(BACKENDS)('the injection corpus on $name', (backend: BackendCase) => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+
+  beforeAll(async () => {
+    topo = await createTopology();
+    Object.assign(topo.env, backend.env, { GATEWAY_V4: ADDR.extGateway });
+    daemon = await startDaemon(topo);
+    // A gateway with something of every kind, so a case that touched anything would show.
+    for (const [cmd, rule] of [
+      ['init', undefined],
+      ['eip-add', `${EIP}/24`],
+      ['dnat-add', `${EIP},8080,tcp,${ADDR.vpc1},80`],
+      ['snat-add', `${EIP},${ADDR.vpcCidr}`],
+      ['floating-ip-add', `172.20.0.11,${ADDR.vpc2}`],
+      ['subnet-route-add', `${ADDR.sub2Cidr},${ADDR.rtr}`],
+      ['nft-dnat-map-add', `${EIP},9000,tcp,${ADDR.vpc1}:80@${ADDR.vpc2}:80`],
+      ['eip-egress-qos-add', `${EIP},1,10,1`],
+    ] as const) {
+      const r = rule === undefined ? await topo.natgw(cmd) : await topo.natgw(cmd, rule);
+      if (r.exitCode !== 0 || r.stderr !== '') throw new Error(`${cmd} ${rule ?? ''}: ${r.exitCode} ${r.stdout} ${r.stderr}`);
+    }
+    await waitReady(topo, daemon);
+  });
+  afterAll(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo?.cleanup();
+  });
+
+  it(`refuses all ${CORPUS.length} cases with one reason line each and leaves the kernel byte-identical (packet counters aside)`, async () => {
+    const before = await kernelDump(topo);
+    const wrong: string[] = [];
+    let spot = before;
+    for (const [i, c] of CORPUS.entries()) {
+      const r = await topo.natgw(c.command, ...c.rules);
+      const header = `${c.command} ${c.rules.join(' ')}\n`;
+      const reason = c.command === 'init' ? r.stderr : r.stdout.startsWith(header) ? r.stdout.slice(header.length) : r.stdout;
+      const problems = [
+        r.exitCode !== 1 && `exit ${r.exitCode}`,
+        c.command !== 'init' && r.stderr !== '' && `stderr ${JSON.stringify(r.stderr.slice(0, 300))}`,
+        c.command !== 'init' && !r.stdout.startsWith(header) && 'stdout does not start with the command line',
+        !/^Error: [^\n]*\n$/.test(reason) && `reason ${JSON.stringify(reason.slice(0, 300))}`,
+      ].filter(Boolean);
+      if (problems.length) wrong.push(`#${i} ${c.why}: ${problems.join('; ')}`);
+      if ((i + 1) % SPOT === 0) {
+        const now = await kernelDump(topo);
+        if (now !== spot) wrong.push(`kernel changed by cases ${i + 1 - SPOT}..${i}:\n${changed(spot, now)}`);
+        spot = now;
+      }
+    }
+    expect(wrong).toEqual([]);
+    // The daemon took every case and is still the same process, still ready.
+    expect((await api(socketOf(topo), 'GET', '/healthz')).body?.pid).toBe(daemon!.pid);
+    expect((await api(socketOf(topo), 'GET', '/readyz')).status).toBe(200);
+    expect(await kernelDump(topo)).toBe(before);
+    expect(daemon!.stderr()).toBe('');
+  }, 900_000);
+});
