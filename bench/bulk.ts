@@ -59,26 +59,34 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
     progress(`${opts.backend} bulk ${size}: dry run, then PUT /v1/state into an empty gateway`);
     let backend: BackendInfo = { kind: opts.backend };
     let script = '';
-    const first = await withRetryIfVanished(`${opts.backend} bulk PUT`, () => Gateway.withDaemon(opts), async (gw) => {
-      const dry = await gw.putState(doc, '?dryRun=true');
-      script = String(dry.body?.script ?? '');
-      const put = await gw.putState(doc);
-      backend = await gw.backendInfo();
-      const rssAfterPut = gw.daemon?.memory();
-      copyStateFiles(gw.topo.stateDir, saved);
-      progress(`${opts.backend} bulk ${size}: warm restart (kernel intact)`);
-      await gw.stopDaemon();
-      const warm = await gw.startDaemon();
-      return { dryRunMs: round(dry.ms), putStateMs: round(put.ms), rssAfterPut, restartWarm: { ...warm, rss: gw.daemon?.memory() } };
-    });
+    const first = await withRetryIfVanished(
+      `${opts.backend} bulk PUT`,
+      () => Gateway.withDaemon(opts),
+      async (gw) => {
+        const dry = await gw.putState(doc, '?dryRun=true');
+        script = String(dry.body?.script ?? '');
+        const put = await gw.putState(doc);
+        backend = await gw.backendInfo();
+        const rssAfterPut = gw.daemon?.memory();
+        copyStateFiles(gw.topo.stateDir, saved);
+        progress(`${opts.backend} bulk ${size}: warm restart (kernel intact)`);
+        await gw.stopDaemon();
+        const warm = await gw.startDaemon();
+        return { dryRunMs: round(dry.ms), putStateMs: round(put.ms), rssAfterPut, restartWarm: { ...warm, rss: gw.daemon?.memory() } };
+      },
+    );
     const parts = splitScript(script);
     const raw = await rawApply(opts, backend, parts);
     progress(`${opts.backend} bulk ${size}: restore at daemon start in a fresh namespace`);
-    const restoreCold = await withRetryIfVanished(`${opts.backend} restore`, () => Gateway.bare(opts), async (gw) => {
-      copyStateFiles(saved, gw.topo.stateDir);
-      const t = await gw.startDaemon();
-      return { ...t, rss: gw.daemon?.memory() };
-    });
+    const restoreCold = await withRetryIfVanished(
+      `${opts.backend} restore`,
+      () => Gateway.bare(opts),
+      async (gw) => {
+        copyStateFiles(saved, gw.topo.stateDir);
+        const t = await gw.startDaemon();
+        return { ...t, rss: gw.daemon?.memory() };
+      },
+    );
     return {
       size,
       documentBytes: Buffer.byteLength(JSON.stringify(doc)),
@@ -95,14 +103,23 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
 
 const lines = (s: string): number => (s === '' ? 0 : s.trimEnd().split('\n').length);
 
-async function rawApply(opts: GatewayOptions, backend: BackendInfo, parts: { netfilter: string; link: string }): Promise<Pick<BulkFigures, 'rawNetfilterMs' | 'rawLinkMs' | 'rawError'>> {
+async function rawApply(
+  opts: GatewayOptions,
+  backend: BackendInfo,
+  parts: { netfilter: string; link: string },
+): Promise<Pick<BulkFigures, 'rawNetfilterMs' | 'rawLinkMs' | 'rawError'>> {
   progress(`${opts.backend}: the same ruleset with one raw ${backend.kind === 'nftables' ? 'nft -f' : 'iptables-restore'} in a fresh namespace`);
-  return withRetryIfVanished(`${opts.backend} raw apply`, () => Gateway.bare(opts), async (gw) => {
-    const nfArgv = backend.kind === 'nftables' ? ['nft', '-f', '-'] : [iptablesTools(backend.variant).restore, '--noflush', '--wait'];
-    const nf = await gw.runner.run(nfArgv, { input: parts.netfilter, timeoutMs: 600_000 });
-    if (nf.exitCode !== 0) return { rawError: `${nfArgv.join(' ')}: exit ${nf.exitCode}: ${nf.stderr.trim().slice(0, 500)}` };
-    const link = parts.link ? await gw.runner.run(['ip', '-batch', '-'], { input: parts.link, timeoutMs: 600_000 }) : undefined;
-    if (link && link.exitCode !== 0) return { rawNetfilterMs: round(nf.ms), rawError: `ip -batch -: exit ${link.exitCode}: ${link.stderr.trim().slice(0, 500)}` };
-    return { rawNetfilterMs: round(nf.ms), rawLinkMs: round(link?.ms ?? 0) };
-  });
+  return withRetryIfVanished(
+    `${opts.backend} raw apply`,
+    () => Gateway.bare(opts),
+    async (gw) => {
+      const nfArgv = backend.kind === 'nftables' ? ['nft', '-f', '-'] : [iptablesTools(backend.variant).restore, '--noflush', '--wait'];
+      const nf = await gw.runner.run(nfArgv, { input: parts.netfilter, timeoutMs: 600_000 });
+      if (nf.exitCode !== 0) return { rawError: `${nfArgv.join(' ')}: exit ${nf.exitCode}: ${nf.stderr.trim().slice(0, 500)}` };
+      const link = parts.link ? await gw.runner.run(['ip', '-batch', '-'], { input: parts.link, timeoutMs: 600_000 }) : undefined;
+      if (link && link.exitCode !== 0)
+        return { rawNetfilterMs: round(nf.ms), rawError: `ip -batch -: exit ${link.exitCode}: ${link.stderr.trim().slice(0, 500)}` };
+      return { rawNetfilterMs: round(nf.ms), rawLinkMs: round(link?.ms ?? 0) };
+    },
+  );
 }

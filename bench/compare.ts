@@ -33,7 +33,10 @@ const EIP = poolEip(0);
 
 /** The sequence's calls: [command, rule] in the order the controller would send them. */
 export function sequence(n: number): Array<[SequenceCommand, string[]]> {
-  const calls: Array<[SequenceCommand, string[]]> = [['init', ['eth0,net1']], ['eip-add', [`${EIP}/16`]]];
+  const calls: Array<[SequenceCommand, string[]]> = [
+    ['init', ['eth0,net1']],
+    ['eip-add', [`${EIP}/16`]],
+  ];
   for (let i = 0; i < n; i++) calls.push(['snat-add', [`${EIP},10.${100 + (i >> 8)}.${i & 255}.0/24`]]);
   for (let i = 0; i < n; i++) calls.push(['dnat-add', [`${EIP},${1000 + i},tcp,10.0.1.${2 + (i % 250)},80`]]);
   for (let i = 0; i < n; i++) calls.push(['floating-ip-add', [`${in16(172, 21, i)},${in16(10, 2, i)}`]]);
@@ -87,8 +90,10 @@ export async function compare(prefixText: string, sizes: readonly number[], back
       const natgw: CompareRun['natgw'] = {};
       for (const backend of backends) {
         progress(`compare N=${n}: natgw shim, ${backend}`);
-        natgw[backend] = await withRetryIfVanished(`compare N=${n} natgw ${backend}`, () => Gateway.withDaemon({ backend, resync }), (gw) =>
-          runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`),
+        natgw[backend] = await withRetryIfVanished(
+          `compare N=${n} natgw ${backend}`,
+          () => Gateway.withDaemon({ backend, resync }),
+          (gw) => runSequence(gw, ['bash', SHIM], gw.shimEnv(), n, `natgw ${backend}`),
         );
       }
       runs.push({ n, target, natgw });

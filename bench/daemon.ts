@@ -76,10 +76,12 @@ export class Daemon {
     // Drained continuously: a daemon blocked on a full log pipe would be measured as slow.
     child.stdout?.setEncoding('utf8').on('data', (d: string) => (this.out = (this.out + d).slice(-16384)));
     child.stderr?.setEncoding('utf8').on('data', (d: string) => (this.err = (this.err + d).slice(-16384)));
-    this.exited = new Promise((resolve) => child.once('exit', (code, signal) => {
-      this.gone = true;
-      resolve(code ?? (signal ? 128 : 1));
-    }));
+    this.exited = new Promise((resolve) =>
+      child.once('exit', (code, signal) => {
+        this.gone = true;
+        resolve(code ?? (signal ? 128 : 1));
+      }),
+    );
   }
 
   get socket(): string {

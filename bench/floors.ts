@@ -48,7 +48,8 @@ async function nftFloor(gw: Gateway, mapSize: number, n: number): Promise<{ s: S
     table = FLOOR_TABLE;
     map = 'm';
     const lines = [`add table ip ${table}`, `add map ip ${table} ${map} { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }`];
-    for (let i = 0; i < mapSize; i++) lines.push(`add element ip ${table} ${map} { 172.30.${(i >> 8) & 255}.${i & 255} . tcp . ${1 + (i >> 16)} : 10.0.1.6 . 80 }`);
+    for (let i = 0; i < mapSize; i++)
+      lines.push(`add element ip ${table} ${map} { 172.30.${(i >> 8) & 255}.${i & 255} . tcp . ${1 + (i >> 16)} : 10.0.1.6 . 80 }`);
     await gw.runner.ok(['nft', '-f', '-'], { input: `${lines.join('\n')}\n` });
   }
   try {
@@ -103,10 +104,11 @@ export async function hasCurl(gw: Gateway): Promise<boolean> {
 export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: number, n: number, curl: boolean): Promise<Floors> {
   const k: { s: Summary; what: string; del?: Summary } =
     backend.kind === 'nftables' ? await nftFloor(gw, mapSize, n) : await iptablesFloor(gw, backend.variant, n);
-  const proc = (argv: string[]) => series(n, async () => {
-    const r = await gw.runner.run(argv);
-    return { ms: r.ms, ok: r.exitCode === 0 };
-  });
+  const proc = (argv: string[]) =>
+    series(n, async () => {
+      const r = await gw.runner.run(argv);
+      return { ms: r.ms, ok: r.exitCode === 0 };
+    });
   return {
     kernel: k.s,
     kernelWhat: k.what,

@@ -96,7 +96,9 @@ export class Gateway {
     const [r, ms] = await timed(() => api(this.socket, 'PUT', `/v1/state${query}`, doc));
     if (r.status === 413 && bodyLimitOverride === undefined) {
       const bytes = Buffer.byteLength(JSON.stringify(doc));
-      note(`the daemon's default body limit refused a ${(bytes / 1048576).toFixed(1)} MiB state document (HTTP 413); the rest of the run sets NATGW_BODY_LIMIT=${FALLBACK_BODY_LIMIT}`);
+      note(
+        `the daemon's default body limit refused a ${(bytes / 1048576).toFixed(1)} MiB state document (HTTP 413); the rest of the run sets NATGW_BODY_LIMIT=${FALLBACK_BODY_LIMIT}`,
+      );
       bodyLimitOverride = FALLBACK_BODY_LIMIT;
       await this.stopDaemon();
       await this.startDaemon();

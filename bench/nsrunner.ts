@@ -67,7 +67,9 @@ function run(req: RunRequest): Promise<RunResult> {
  */
 function privateEtc(dir: string): void {
   for (const d of ['upper', 'work']) mkdirSync(join(dir, d), { recursive: true });
-  const r = spawnSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=/etc,upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}`, '/etc'], { encoding: 'utf8' });
+  const r = spawnSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=/etc,upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}`, '/etc'], {
+    encoding: 'utf8',
+  });
   if (r.status !== 0) {
     process.stderr.write(`bench runner: cannot make /etc private: ${r.stderr || r.error}\n`);
     process.exit(1);

@@ -29,11 +29,14 @@ const HELP = `npm run bench -- [flags]            (root; everything runs in thro
   --no-connrate                 skip the connections-per-second figure                [BENCH_CONNRATE=0]`;
 
 const list = (s: string): number[] =>
-  s.split(',').filter(Boolean).map((x) => {
-    const n = Number(x.trim());
-    if (!Number.isInteger(n) || n < 1) throw new Error(`not a positive integer: ${x}`);
-    return n;
-  });
+  s
+    .split(',')
+    .filter(Boolean)
+    .map((x) => {
+      const n = Number(x.trim());
+      if (!Number.isInteger(n) || n < 1) throw new Error(`not a positive integer: ${x}`);
+      return n;
+    });
 
 export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): Options {
   const flags = new Map<string, string>();

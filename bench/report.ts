@@ -10,7 +10,11 @@ type Row = readonly string[];
 function table(title: string, head: Row, rows: readonly Row[]): string {
   const all = [head, ...rows];
   const widths = head.map((_, i) => Math.max(...all.map((r) => (r[i] ?? '').length)));
-  const line = (r: Row) => r.map((c, i) => (i === 0 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ').trimEnd();
+  const line = (r: Row) =>
+    r
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd();
   return [title, line(head), ...rows.map(line)].join('\n');
 }
 
@@ -61,7 +65,9 @@ export function backendSection(b: BackendFigures): string {
     out.push(
       table('\nFloors, ms median/p99 (same namespace, same runner)', head, [
         [`kernel: ${fl.kernelWhat}`, ...sizes.map((s) => cell(s.floors.kernel))],
-        ...(fl.kernelDelete ? [['kernel: nft delete element (the same, again: a delete waits for RCU)', ...sizes.map((s) => cell(s.floors.kernelDelete))] as Row] : []),
+        ...(fl.kernelDelete
+          ? [['kernel: nft delete element (the same, again: a delete waits for RCU)', ...sizes.map((s) => cell(s.floors.kernelDelete))] as Row]
+          : []),
         ['node -e 0', ...sizes.map((s) => cell(s.floors.node))],
         ['bash -c true', ...sizes.map((s) => cell(s.floors.bash))],
         [fl.client ? 'client: curl --unix-socket … /healthz' : 'client: curl not installed (node -e 0 stands in)', ...sizes.map((s) => cell(s.floors.client))],
@@ -72,21 +78,34 @@ export function backendSection(b: BackendFigures): string {
       COMMANDS.map((c) => [label(c), ...sizes.map((s) => cell(figs(s)[c], s.floors.kernel.median))]);
     out.push(
       table('\nPer command, ms median/p99 ×(median ÷ kernel floor median); !n = n failed samples', head, [
-        ...rows((s) => s.api, (c) => API_LABEL[c]),
-        ...rows((s) => s.shim, (c) => `shim ${c}`),
+        ...rows(
+          (s) => s.api,
+          (c) => API_LABEL[c],
+        ),
+        ...rows(
+          (s) => s.shim,
+          (c) => `shim ${c}`,
+        ),
       ]),
     );
     out.push(
-      table('\nShim ÷ ideal shim call (bash + client + kernel floor), medians', head,
-        COMMANDS.map((c) => [`shim ${c}`, ...sizes.map((s) => times(ratio(s.shim[c]?.median ?? Number.NaN, idealShim(s))))])),
+      table(
+        '\nShim ÷ ideal shim call (bash + client + kernel floor), medians',
+        head,
+        COMMANDS.map((c) => [`shim ${c}`, ...sizes.map((s) => times(ratio(s.shim[c]?.median ?? Number.NaN, idealShim(s))))]),
+      ),
     );
-    const errs = sizes.flatMap((s) => [...Object.entries(s.api), ...Object.entries(s.shim)].filter(([, f]) => f?.firstError).map(([c, f]) => `size ${s.mix.size} ${c}: ${f?.firstError}`));
+    const errs = sizes.flatMap((s) =>
+      [...Object.entries(s.api), ...Object.entries(s.shim)].filter(([, f]) => f?.firstError).map(([c, f]) => `size ${s.mix.size} ${c}: ${f?.firstError}`),
+    );
     if (errs.length) out.push(`\nFirst failure per series:\n  ${[...new Set(errs)].join('\n  ')}`);
   }
   if (b.connRate) {
     const c = b.connRate;
     const pos = (p: number | undefined) => (c.positions && p !== undefined ? ` (rule ${p} of ${c.positions.of} in SHARED_DNAT)` : '');
-    out.push(`\nNew TCP connections/s through a DNAT at size ${c.size}: first ${c.firstPerSec}${pos(c.positions?.first)}, last ${c.lastPerSec}${pos(c.positions?.last)}`);
+    out.push(
+      `\nNew TCP connections/s through a DNAT at size ${c.size}: first ${c.firstPerSec}${pos(c.positions?.first)}, last ${c.lastPerSec}${pos(c.positions?.last)}`,
+    );
   }
   if (b.bulk) out.push(bulkReport(b));
   if (b.errors.length) out.push(`\nERRORS:\n  ${b.errors.join('\n  ')}`);
@@ -98,8 +117,12 @@ function bulkReport(b: BackendFigures): string {
   const raw = k.rawNetfilterMs;
   const rawAll = raw === undefined ? undefined : raw + (k.rawLinkMs ?? 0);
   const tool = b.backend === 'nftables' ? 'nft -f -' : 'iptables-restore --noflush';
-  const row = (label: string, ms: number | undefined, vs = true): Row =>
-    [label, num(ms, 0), vs ? times(ratio(ms ?? Number.NaN, raw ?? Number.NaN)) : '', vs ? times(ratio(ms ?? Number.NaN, rawAll ?? Number.NaN)) : ''];
+  const row = (label: string, ms: number | undefined, vs = true): Row => [
+    label,
+    num(ms, 0),
+    vs ? times(ratio(ms ?? Number.NaN, raw ?? Number.NaN)) : '',
+    vs ? times(ratio(ms ?? Number.NaN, rawAll ?? Number.NaN)) : '',
+  ];
   const title = `\nBulk at size ${k.size} (state document ${(k.documentBytes / 1048576).toFixed(1)} MiB; rendered script: ${k.scriptLines.netfilter} netfilter + ${k.scriptLines.link} address/route lines)`;
   const rows: Row[] = [
     row(`raw: ONE ${tool}, fresh namespace`, raw, false),
@@ -119,10 +142,14 @@ function compareReport(prefix: string, run: CompareRun): string {
   const head = ['command', 'target', ...backends.flatMap((b) => [`natgw ${b}`, 'target÷natgw'])];
   const rows: Row[] = SEQUENCE.map((c) => {
     const t = run.target.perCommand[c];
-    return [c, cell(t), ...backends.flatMap((b) => {
-      const s = run.natgw[b]?.perCommand[c];
-      return [cell(s), times(ratio(t.median, s?.median ?? Number.NaN))];
-    })];
+    return [
+      c,
+      cell(t),
+      ...backends.flatMap((b) => {
+        const s = run.natgw[b]?.perCommand[c];
+        return [cell(s), times(ratio(t.median, s?.median ?? Number.NaN))];
+      }),
+    ];
   });
   rows.push([
     'whole sequence, s (sum of calls)',
@@ -131,7 +158,9 @@ function compareReport(prefix: string, run: CompareRun): string {
   ]);
   const errs = [
     ...SEQUENCE.filter((c) => run.target.perCommand[c].firstError).map((c) => `target ${c}: ${run.target.perCommand[c].firstError}`),
-    ...backends.flatMap((b) => SEQUENCE.filter((c) => run.natgw[b]?.perCommand[c].firstError).map((c) => `natgw ${b} ${c}: ${run.natgw[b]?.perCommand[c].firstError}`)),
+    ...backends.flatMap((b) =>
+      SEQUENCE.filter((c) => run.natgw[b]?.perCommand[c].firstError).map((c) => `natgw ${b} ${c}: ${run.natgw[b]?.perCommand[c].firstError}`),
+    ),
   ];
   const title = `\nCompare N=${run.n}: '${prefix}' vs natgw's shim (daemon running), ms median/p99, one exec per call; !n = n calls failed (timed all the same)`;
   return table(title, head, rows) + (errs.length ? `\nfailures (first of each):\n  ${errs.join('\n  ')}` : '');
@@ -144,7 +173,9 @@ function compareReport(prefix: string, run: CompareRun): string {
 export function headerSection(r: Results): string {
   const o = r.options;
   return [
-    `natgw bench — ${Object.entries(r.environment).map(([k, v]) => `${k} ${v}`).join(', ')}`,
+    `natgw bench — ${Object.entries(r.environment)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ')}`,
     `samples ${o.samples} per figure; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
   ].join('\n');
 }

@@ -55,7 +55,7 @@ async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): 
           break;
         } catch (e) {
           if (!(e instanceof VanishedError || gw.vanished()) || attempt >= 2) throw e;
-          note(vanishedNote(`${backend} size ${size}`) + ' (its fill is then from an empty gateway)');
+          note(`${vanishedNote(`${backend} size ${size}`)} (its fill is then from an empty gateway)`);
           await gw.cleanup();
           gw = await make();
         }
@@ -110,7 +110,10 @@ async function main(): Promise<void> {
       iptables: version(['iptables', '--version']),
       curl: version(['curl', '--version']).split(' ').slice(0, 2).join(' '),
       // Other work on the machine shows up in every figure; the load says how much there was.
-      'load at start': os.loadavg().map((x) => x.toFixed(1)).join(' '),
+      'load at start': os
+        .loadavg()
+        .map((x) => x.toFixed(1))
+        .join(' '),
     },
     backends: [],
     notes: [],
@@ -131,7 +134,10 @@ async function main(): Promise<void> {
     }
     console.log(compareSection(results.compare));
   }
-  results.environment['load at end'] = os.loadavg().map((x) => x.toFixed(1)).join(' ');
+  results.environment['load at end'] = os
+    .loadavg()
+    .map((x) => x.toFixed(1))
+    .join(' ');
   results.notes.push(...runNotes);
   console.log(closingSection(results));
   console.log(JSON.stringify(results));

@@ -38,7 +38,8 @@ export class NsRunner {
   /** Like run(), but a non-zero exit is an error naming the command. */
   async ok(argv: readonly string[], opts: Omit<RunRequest, 'argv'> = {}): Promise<RunResult> {
     const r = await this.run(argv, opts);
-    if (r.exitCode !== 0) throw new Error(`${argv.join(' ')} → exit ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}: ${(r.stderr || r.stdout).trim().slice(0, 2000)}`);
+    if (r.exitCode !== 0)
+      throw new Error(`${argv.join(' ')} → exit ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}: ${(r.stderr || r.stdout).trim().slice(0, 2000)}`);
     return r;
   }
 

@@ -57,7 +57,13 @@ export function stateDoc(size: number, fipEips: boolean): StateDoc {
   ];
   for (let i = 0; i < size; i++) {
     const round = Math.floor(i / pool);
-    dnats.push({ eip: poolEip(i % pool), port: 1024 + round, protocol: round % 2 ? 'udp' : 'tcp', internalIp: in16(10, 1, i % 60000), internalPort: 80 + (i % 1000) });
+    dnats.push({
+      eip: poolEip(i % pool),
+      port: 1024 + round,
+      protocol: round % 2 ? 'udp' : 'tcp',
+      internalIp: in16(10, 1, i % 60000),
+      internalPort: 80 + (i % 1000),
+    });
   }
   const fips = Array.from({ length: size }, (_, i) => ({ eip: in16(172, 21, i), internalIp: in16(10, 2, i) }));
   if (fipEips) eips.push(...fips.map((f) => ({ address: f.eip, prefixLength: 16 })));

@@ -151,7 +151,11 @@ async function startChrootPod(topo: Topology, cmd: PodCommand): Promise<Pod> {
       } catch {
         // Already gone.
       }
-      await waitFor(async () => sleeper?.exitCode !== null || sleeper.signalCode !== null, { what: `pod ${name} to stop`, timeoutMs: 15_000, intervalMs: 50 }).catch(() => undefined);
+      await waitFor(async () => sleeper?.exitCode !== null || sleeper.signalCode !== null, {
+        what: `pod ${name} to stop`,
+        timeoutMs: 15_000,
+        intervalMs: 50,
+      }).catch(() => undefined);
       await host(['podman', 'umount', name]);
       await host(['podman', 'rm', '-f', name]);
     },
@@ -275,7 +279,10 @@ async function zombieCheck(mode: Mode): Promise<number> {
     const daemon = procs.find((p) => p.cmdline.includes('natgw.js serve') && p.state !== 'Z');
     report(daemon !== undefined, `the autostarted daemon runs: ${daemon ? `pid ${daemon.pid}, ${daemon.cmdline}` : 'none'}`);
     const zombies = procs.filter((p) => p.state === 'Z');
-    report(zombies.length === 0, `zombie processes: ${zombies.length} (of ${procs.length} in the pod: ${procs.map((p) => `${p.pid} ${p.state} ${p.cmdline.slice(0, 40)}`).join(' | ')})`);
+    report(
+      zombies.length === 0,
+      `zombie processes: ${zombies.length} (of ${procs.length} in the pod: ${procs.map((p) => `${p.pid} ${p.state} ${p.cmdline.slice(0, 40)}`).join(' | ')})`,
+    );
     // Control: the count above can fail. An orphan that exits under this PID 1 stays a zombie.
     const orphan = await pod.exec(['bash', '-c', '(sleep 0 &)'], {});
     const seen = await waitFor(async () => podProcesses(pod?.pid1 ?? 0).filter((p) => p.state === 'Z').length || undefined, {
@@ -308,7 +315,9 @@ function deployManifest(): { envFile: string; token: string; probes: Record<'liv
  */
 async function mainProcessCheck(mode: Mode): Promise<number> {
   const manifest = deployManifest();
-  console.log(`\nmain process — PID 1 is the image's own command (${(await imageCommand()).join(' ')}), configured as image/deploy/natgw-gateway.yaml (${mode})`);
+  console.log(
+    `\nmain process — PID 1 is the image's own command (${(await imageCommand()).join(' ')}), configured as image/deploy/natgw-gateway.yaml (${mode})`,
+  );
   const topo = await createTopology();
   const servers: ServerHandle[] = [];
   let pod: Pod | undefined;
@@ -325,30 +334,49 @@ async function mainProcessCheck(mode: Mode): Promise<number> {
     pod = await startPod(mode, topo, { argv: 'image', env: {}, files: { '/etc/kube-ovn/nat-gateway.env': manifest.envFile, [tokenFile]: manifest.token } });
     const p = pod;
     const probe = (which: 'liveness' | 'readiness') => p.exec(manifest.probes[which], {});
-    const live = await waitFor(async () => (await probe('liveness')).exitCode === 0, { what: 'the liveness probe to pass', timeoutMs: 30_000, intervalMs: 200 }).catch(() => false);
+    const live = await waitFor(async () => (await probe('liveness')).exitCode === 0, {
+      what: 'the liveness probe to pass',
+      timeoutMs: 30_000,
+      intervalMs: 200,
+    }).catch(() => false);
     report(live, `liveness probe (${manifest.probes.liveness.join(' ')}) passes`);
     const cmds: string[][] = [['init'], ['eip-add', '172.20.0.10/24'], ['snat-add', `172.20.0.10,${ADDR.vpcCidr}`]];
     for (const [command, ...rules] of cmds) {
       const r = await p.exec(['bash', SHIM, command ?? '', ...rules], {});
-      report(r.exitCode === 0 && r.stderr === '', `${SHIM} ${command} ${rules.join(' ')}  (exit ${r.exitCode}${r.stderr ? `, stderr: ${r.stderr.trim()}` : ''})`);
+      report(
+        r.exitCode === 0 && r.stderr === '',
+        `${SHIM} ${command} ${rules.join(' ')}  (exit ${r.exitCode}${r.stderr ? `, stderr: ${r.stderr.trim()}` : ''})`,
+      );
     }
-    const ready = await waitFor(async () => (await probe('readiness')).exitCode === 0, { what: 'the readiness probe to pass', timeoutMs: 30_000, intervalMs: 200 }).catch(() => false);
+    const ready = await waitFor(async () => (await probe('readiness')).exitCode === 0, {
+      what: 'the readiness probe to pass',
+      timeoutMs: 30_000,
+      intervalMs: 200,
+    }).catch(() => false);
     report(ready, 'readiness probe (/readyz) passes after init');
     const server = startServer(topo, 'ext', 'tcp', 7001);
     servers.push(server);
     await server.ready;
-    const seen = await request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001).then((l) => parsePeer(l).ip, (e: Error) => `failed: ${e.message}`);
+    const seen = await request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001).then(
+      (l) => parsePeer(l).ip,
+      (e: Error) => `failed: ${e.message}`,
+    );
     report(seen === '172.20.0.10', `SNAT (TCP): the external host sees vpc1 as the EIP (${seen})`);
     const url = `http://${ADDR.gw}:${port}`;
     const curl = (path: string, ...extra: string[]) =>
-      topo.exec('vpc1', ['curl', '-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '5', ...extra, `${url}${path}`], { reject: false }).then((r) => r.stdout);
+      topo
+        .exec('vpc1', ['curl', '-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '5', ...extra, `${url}${path}`], { reject: false })
+        .then((r) => r.stdout);
     const codes = [await curl('/healthz'), await curl('/v1/state'), await curl('/v1/state', '-H', `Authorization: Bearer ${manifest.token}`)];
     report(codes.join(' ') === '200 401 200', `TCP API ${url}: /healthz open, /v1/state 401 without and 200 with the Secret's token (${codes.join(' ')})`);
     const procs = podProcesses(p.pid1);
     const pid1 = procs.find((x) => x.pid === p.pid1);
     const daemons = procs.filter((x) => x.cmdline.includes('natgw.js serve') && x.state !== 'Z');
     const parent = daemons[0] === undefined ? -1 : Number(/^PPid:\s*(\d+)/m.exec(readFileSync(`/proc/${daemons[0].pid}/status`, 'utf8'))?.[1]);
-    report(daemons.length === 1 && parent === p.pid1, `one daemon, PID 1's child (PID 1: ${pid1?.cmdline}; daemon: ${daemons.map((d) => d.cmdline).join(' | ')})`);
+    report(
+      daemons.length === 1 && parent === p.pid1,
+      `one daemon, PID 1's child (PID 1: ${pid1?.cmdline}; daemon: ${daemons.map((d) => d.cmdline).join(' | ')})`,
+    );
     const zombies = procs.filter((x) => x.state === 'Z');
     report(zombies.length === 0, `zombie processes: ${zombies.length} (of ${procs.length} in the pod)`);
   } catch (err) {

@@ -62,13 +62,23 @@ export async function labFor(mode: 'iptables' | 'nftables', runner: NatgwRunner 
     }
 
     for (const [ns, proto, port] of [
-      ['ext', 'tcp', 7001], ['vpc1', 'tcp', 80], ['vpc1', 'udp', 53], ['vpc2', 'tcp', 9000], ['vpc1', 'tcp', 81], ['vpc2', 'tcp', 81], ['sub2', 'tcp', 7002],
+      ['ext', 'tcp', 7001],
+      ['vpc1', 'tcp', 80],
+      ['vpc1', 'udp', 53],
+      ['vpc2', 'tcp', 9000],
+      ['vpc1', 'tcp', 81],
+      ['vpc2', 'tcp', 81],
+      ['sub2', 'tcp', 7002],
     ] as const) {
       const s = startServer(topo, ns, proto, port);
       servers.push(s);
       await s.ready;
     }
-    const seen = async (fn: () => Promise<string>) => fn().then((l) => parsePeer(l).ip, (e: Error) => `failed: ${e.message}`);
+    const seen = async (fn: () => Promise<string>) =>
+      fn().then(
+        (l) => parsePeer(l).ip,
+        (e: Error) => `failed: ${e.message}`,
+      );
 
     let ip = await seen(() => request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001));
     check('SNAT (TCP): the external host sees vpc1 as the EIP', ip === EIP, `source seen: ${ip}`);
@@ -88,7 +98,13 @@ export async function labFor(mode: 'iptables' | 'nftables', runner: NatgwRunner 
     check('subnet route: the second VPC subnet reaches out through SNAT', ip === EIP, `source seen: ${ip}`);
     let answered = 0;
     for (let i = 0; i < 20; i++) {
-      if (await request(topo, 'ext', 'tcp', EIP, 9090, { localAddress: ADDR.extHost }).then(() => true, () => false)) answered++;
+      if (
+        await request(topo, 'ext', 'tcp', EIP, 9090, { localAddress: ADDR.extHost }).then(
+          () => true,
+          () => false,
+        )
+      )
+        answered++;
     }
     // Which backend took each connection: the reply source of its conntrack entry.
     const ct = await topo.exec('gw', ['conntrack', '-L', '-p', 'tcp', '--orig-dst', EIP, '--orig-port-dst', '9090'], { reject: false });
@@ -127,7 +143,11 @@ async function main(): Promise<number> {
 }
 
 // Imported by the image lab, run by `npm run lab`.
-if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) main().then((code) => process.exit(code), (e: unknown) => {
-  console.error(e);
-  process.exit(1);
-});
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href)
+  main().then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      console.error(e);
+      process.exit(1);
+    },
+  );

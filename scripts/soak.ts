@@ -66,7 +66,8 @@ function drifts(kind: NetfilterKind, model: Model): Array<{ what: string; argv: 
     out.push({ what: 'delete table ip natgw', argv: ['nft', 'delete', 'table', 'ip', 'natgw'] });
   } else {
     const ipt = kind === 'iptables-legacy' ? 'iptables-legacy' : 'iptables-nft';
-    for (const chain of ['SHARED_DNAT', 'SHARED_SNAT', 'EXCLUSIVE_DNAT', 'EXCLUSIVE_SNAT']) out.push({ what: `flush ${chain}`, argv: [ipt, '-t', 'nat', '-F', chain] });
+    for (const chain of ['SHARED_DNAT', 'SHARED_SNAT', 'EXCLUSIVE_DNAT', 'EXCLUSIVE_SNAT'])
+      out.push({ what: `flush ${chain}`, argv: [ipt, '-t', 'nat', '-F', chain] });
   }
   const route = [...model.routes.keys()][0];
   if (route) out.push({ what: `delete route ${route}`, argv: ['ip', 'route', 'del', route, 'dev', 'eth0'] });
@@ -92,7 +93,10 @@ async function diagnose(topo: Topology, daemon: Daemon, want: readonly string[])
   const d = st?.body?.desired;
   if (d) {
     const desired = [
-      ...d.dnats.map((x: { eip: string; port: number; protocol: string; internalIp: string; internalPort: number }) => `dnat ${x.eip},${x.port},${x.protocol} -> ${x.internalIp}:${x.internalPort}`),
+      ...d.dnats.map(
+        (x: { eip: string; port: number; protocol: string; internalIp: string; internalPort: number }) =>
+          `dnat ${x.eip},${x.port},${x.protocol} -> ${x.internalIp}:${x.internalPort}`,
+      ),
       ...d.fips.map((x: { eip: string; internalIp: string }) => `fip ${x.eip} -> ${x.internalIp}`),
       ...d.snats.map((x: { eip: string; cidr: string; randomFully: boolean }) => `snat ${x.eip},${x.cidr}${x.randomFully ? ' random-fully' : ''}`),
       ...d.routes.map((x: { cidr: string; nexthop: string }) => `route ${x.cidr} via ${x.nexthop}`),

@@ -205,7 +205,10 @@ export function createApp(deps: AppDeps): Express {
   app.put('/v1/state', async (req, res) => {
     const dryRun = boolQuery(req, 'dryRun');
     const next = parseStateBody(objectBody(req));
-    const ifMatch = req.get('if-match')?.replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
+    const ifMatch = req
+      .get('if-match')
+      ?.replace(/^W\//, '')
+      .replace(/^"(.*)"$/, '$1');
     const result = await agent.replaceState(next, { dryRun, ifMatch });
     res.locals.log = { command: dryRun ? 'state-plan' : 'state-replace', outcome: 'ok' };
     if (!dryRun) res.set('ETag', `"${result.digest}"`);

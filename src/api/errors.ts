@@ -68,7 +68,8 @@ export function toHttp(e: unknown): { status: number; body: ErrorBody } {
   const bp = e as { status?: number; statusCode?: number; type?: string; message?: string; expose?: boolean };
   const status = bp.status ?? bp.statusCode;
   if (typeof status === 'number' && status >= 400 && status < 500) {
-    if (bp.type === 'entity.too.large') return { status: 413, body: { error: 'too-large', message: 'request body exceeds the configured limit (NATGW_BODY_LIMIT)' } };
+    if (bp.type === 'entity.too.large')
+      return { status: 413, body: { error: 'too-large', message: 'request body exceeds the configured limit (NATGW_BODY_LIMIT)' } };
     if (bp.type === 'entity.parse.failed') return { status: 400, body: { error: 'validation', message: 'body: not valid JSON', field: 'body', in: 'body' } };
     return { status, body: { error: 'bad-request', message: bp.expose !== false && bp.message ? bp.message : 'bad request' } };
   }
@@ -89,8 +90,7 @@ export function errorHandler(log: Logger, opts: { readonly redact?: boolean } = 
     }
     const { status, body: full } = toHttp(err);
     const errorId = String(res.locals.reqId ?? randomUUID());
-    const body: ErrorBody & { errorId?: string } =
-      opts.redact && status >= 500 ? { error: full.error, message: redactedMessage(full.error), errorId } : full;
+    const body: ErrorBody & { errorId?: string } = opts.redact && status >= 500 ? { error: full.error, message: redactedMessage(full.error), errorId } : full;
     res.locals.error = full;
     if (status >= 500) log.error({ err, reqId: res.locals.reqId, errorId, path: req.path }, 'request failed');
     res.status(status).json(body);

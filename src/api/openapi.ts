@@ -33,7 +33,7 @@ const schemaName = (def: ResourceDef): string => def.title.replace(/[^A-Za-z]/g,
 const commonErrors = {
   '400': errorResponse('Invalid identity or body: `field` names the field and `message` the reason. Nothing was applied.'),
   '401': errorResponse('TCP only: missing or wrong bearer token.'),
-  '409': errorResponse('Conflict (the script\'s message) or gateway not initialized. Nothing was applied.'),
+  '409': errorResponse("Conflict (the script's message) or gateway not initialized. Nothing was applied."),
   '413': errorResponse('Body larger than NATGW_BODY_LIMIT.'),
   '500': errorResponse('The kernel refused the change. Nothing was applied.'),
   '503': errorResponse('Shutting down, or an interface is missing.'),
@@ -67,7 +67,15 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
         summary: `Create or update a ${def.title} (idempotent)`,
         description: `${def.description}${guard} Identity fields may be repeated in the body but must match the path.${def.readOnly.length ? ` Read-only fields ignored: ${def.readOnly.join(', ')}.` : ''}`,
         parameters: def.replaceable
-          ? [{ name: 'replace', in: 'query', required: false, schema: { type: 'boolean', default: false }, description: 'Replace an existing object with another target instead of answering 409' }]
+          ? [
+              {
+                name: 'replace',
+                in: 'query',
+                required: false,
+                schema: { type: 'boolean', default: false },
+                description: 'Replace an existing object with another target instead of answering 409',
+              },
+            ]
           : [],
         requestBody: { required: true, content: { 'application/json': { schema: ref(name), example: def.bodyExample } } },
         responses: {
@@ -81,7 +89,14 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
         tags: [def.title],
         summary: `Delete a ${def.title} (absent is success)`,
         description: guard.trim() || undefined,
-        responses: { '204': { description: 'Deleted, or was not there' }, '400': commonErrors['400'], '401': commonErrors['401'], '409': commonErrors['409'], '500': commonErrors['500'], '503': commonErrors['503'] },
+        responses: {
+          '204': { description: 'Deleted, or was not there' },
+          '400': commonErrors['400'],
+          '401': commonErrors['401'],
+          '409': commonErrors['409'],
+          '500': commonErrors['500'],
+          '503': commonErrors['503'],
+        },
       },
     },
   };
@@ -93,7 +108,10 @@ export function buildOpenApi(): Json {
       type: 'object',
       required: ['error', 'message'],
       properties: {
-        error: { type: 'string', description: 'validation | conflict | not-initialized | not-found | unauthorized | too-large | apply-failed | shutting-down | internal' },
+        error: {
+          type: 'string',
+          description: 'validation | conflict | not-initialized | not-found | unauthorized | too-large | apply-failed | shutting-down | internal',
+        },
         message: { type: 'string', description: 'For conflicts: exactly the message the shim prints' },
         field: { type: 'string' },
         in: { type: 'string', enum: ['body', 'path', 'query', 'header'] },
@@ -110,7 +128,9 @@ export function buildOpenApi(): Json {
   for (const def of RESOURCES) schemas[schemaName(def)] = jsonSchema(def.schema);
 
   const paths: Json = {
-    '/healthz': { get: { operationId: 'healthz', tags: ['Probes'], summary: 'Process alive (open over TCP)', responses: { '200': json({ type: 'object' }, 'Alive') } } },
+    '/healthz': {
+      get: { operationId: 'healthz', tags: ['Probes'], summary: 'Process alive (open over TCP)', responses: { '200': json({ type: 'object' }, 'Alive') } },
+    },
     '/readyz': {
       get: {
         operationId: 'readyz',
@@ -120,9 +140,16 @@ export function buildOpenApi(): Json {
       },
     },
     '/metrics': {
-      get: { operationId: 'metrics', tags: ['Probes'], summary: 'Prometheus metrics', responses: { '200': { description: 'Prometheus text format', content: { 'text/plain': { schema: { type: 'string' } } } } } },
+      get: {
+        operationId: 'metrics',
+        tags: ['Probes'],
+        summary: 'Prometheus metrics',
+        responses: { '200': { description: 'Prometheus text format', content: { 'text/plain': { schema: { type: 'string' } } } } },
+      },
     },
-    '/v1/openapi.json': { get: { operationId: 'openapi', tags: ['Meta'], summary: 'This document', responses: { '200': json({ type: 'object' }, 'OpenAPI 3 document') } } },
+    '/v1/openapi.json': {
+      get: { operationId: 'openapi', tags: ['Meta'], summary: 'This document', responses: { '200': json({ type: 'object' }, 'OpenAPI 3 document') } },
+    },
     '/v1/legacy': {
       post: {
         operationId: 'legacy',
@@ -143,17 +170,23 @@ export function buildOpenApi(): Json {
             },
           },
         },
-        responses: { '200': json(ref('CommandOutput'), 'The command ran'), '400': commonErrors['400'], '401': commonErrors['401'], '413': commonErrors['413'], '503': commonErrors['503'] },
+        responses: {
+          '200': json(ref('CommandOutput'), 'The command ran'),
+          '400': commonErrors['400'],
+          '401': commonErrors['401'],
+          '413': commonErrors['413'],
+          '503': commonErrors['503'],
+        },
       },
     },
     '/v1/legacy/raw': {
       post: {
         operationId: 'legacy-raw',
         tags: ['Legacy'],
-        summary: 'Run a nat-gateway.sh command; form-encoded request, raw output (the shim\'s curl client)',
+        summary: "Run a nat-gateway.sh command; form-encoded request, raw output (the shim's curl client)",
         description:
           'The same command as POST /v1/legacy, shaped for a client without a JSON parser: the body is `command=<c>` followed by one `rule=<r>` per argument, in order (`curl --data-urlencode`); empty rules are kept. ' +
-          'On HTTP 200 the response body is the command\'s stdout byte for byte, `X-Natgw-Status` its exit status and `X-Natgw-Stderr` its stderr, in which every byte but printable ASCII other than space and backslash is written `\\xHH` (bash: `printf %b`). ' +
+          "On HTTP 200 the response body is the command's stdout byte for byte, `X-Natgw-Status` its exit status and `X-Natgw-Stderr` its stderr, in which every byte but printable ASCII other than space and backslash is written `\\xHH` (bash: `printf %b`). " +
           'HTTP 200 whenever the command ran, whatever its own status; 4xx only for a malformed request. Same body limit as JSON.',
         requestBody: {
           required: true,
@@ -177,8 +210,12 @@ export function buildOpenApi(): Json {
           '200': {
             description: 'The command ran: stdout in the body, status and stderr in headers',
             headers: {
-              'X-Natgw-Status': { required: true, description: 'The command\'s exit status', schema: { type: 'integer' } },
-              'X-Natgw-Stderr': { required: true, description: 'The command\'s stderr, bytes outside printable ASCII (and space and backslash) as \\xHH', schema: { type: 'string' } },
+              'X-Natgw-Status': { required: true, description: "The command's exit status", schema: { type: 'integer' } },
+              'X-Natgw-Stderr': {
+                required: true,
+                description: "The command's stderr, bytes outside printable ASCII (and space and backslash) as \\xHH",
+                schema: { type: 'string' },
+              },
             },
             content: { 'text/plain': { schema: { type: 'string' } } },
           },
@@ -204,7 +241,8 @@ export function buildOpenApi(): Json {
                 lastApplied: { oneOf: [ref('DesiredState'), { type: 'null' }] },
                 drift: {
                   type: 'object',
-                  description: 'What the resyncs\' read-back of the kernel found: `last` (the latest), `lastRepair` (the latest that found drift and repaired it), `repairs` (how many did)',
+                  description:
+                    "What the resyncs' read-back of the kernel found: `last` (the latest), `lastRepair` (the latest that found drift and repaired it), `repairs` (how many did)",
                   properties: { last: { type: ['object', 'null'] }, lastRepair: { type: ['object', 'null'] }, repairs: { type: 'integer' } },
                 },
                 backend: { type: ['object', 'null'] },
@@ -223,12 +261,38 @@ export function buildOpenApi(): Json {
         summary: 'Replace the whole desired state in one transaction',
         description: 'Accepts the document GET /v1/state returns (read-only fields ignored) or a bare desired state. Duplicate identities are a 400.',
         parameters: [
-          { name: 'dryRun', in: 'query', required: false, schema: { type: 'boolean', default: false }, description: 'Return the plan and the rendered backend script; change nothing' },
+          {
+            name: 'dryRun',
+            in: 'query',
+            required: false,
+            schema: { type: 'boolean', default: false },
+            description: 'Return the plan and the rendered backend script; change nothing',
+          },
           { name: 'If-Match', in: 'header', required: false, schema: { type: 'string' }, description: 'Digest the current desired state must have (else 412)' },
         ],
-        requestBody: { required: true, content: { 'application/json': { schema: { oneOf: [ref('DesiredState'), { type: 'object', required: ['desired'], properties: { desired: ref('DesiredState') } }] } } } },
+        requestBody: {
+          required: true,
+          content: {
+            'application/json': {
+              schema: { oneOf: [ref('DesiredState'), { type: 'object', required: ['desired'], properties: { desired: ref('DesiredState') } }] },
+            },
+          },
+        },
         responses: {
-          '200': json({ type: 'object', properties: { dryRun: { type: 'boolean' }, plan: { type: 'object' }, report: { type: 'object' }, script: { type: 'string' }, generation: { type: 'integer' }, digest: { type: 'string' } } }, 'Applied (or planned)'),
+          '200': json(
+            {
+              type: 'object',
+              properties: {
+                dryRun: { type: 'boolean' },
+                plan: { type: 'object' },
+                report: { type: 'object' },
+                script: { type: 'string' },
+                generation: { type: 'integer' },
+                digest: { type: 'string' },
+              },
+            },
+            'Applied (or planned)',
+          ),
           '412': errorResponse('If-Match did not match the current digest'),
           ...commonErrors,
         },
@@ -239,7 +303,8 @@ export function buildOpenApi(): Json {
         operationId: 'get-ha',
         tags: ['Replicas'],
         summary: 'Replica sync (conntrackd), the desired-state digest, the peer comparison and the last takeover',
-        description: 'A peer replica reads `digest` from here to compare desired states (NATGW_HA_PEER_API). Without replica sync, `enabled` is false and `digest` is still there.',
+        description:
+          'A peer replica reads `digest` from here to compare desired states (NATGW_HA_PEER_API). Without replica sync, `enabled` is false and `digest` is still there.',
         responses: {
           '200': json(
             {
@@ -248,7 +313,10 @@ export function buildOpenApi(): Json {
               properties: {
                 enabled: { type: 'boolean' },
                 digest: { type: 'string', description: 'The same digest as GET /v1/state' },
-                health: { type: 'object', properties: { enabled: { type: 'boolean' }, healthy: { type: 'boolean' }, reasons: { type: 'array', items: { type: 'string' } } } },
+                health: {
+                  type: 'object',
+                  properties: { enabled: { type: 'boolean' }, healthy: { type: 'boolean' }, reasons: { type: 'array', items: { type: 'string' } } },
+                },
                 conntrackd: { type: ['object', 'null'], description: 'The supervised process: state, pid, restarts, last exit' },
                 sync: { type: ['object', 'null'], description: 'Peer and local sync address, last exchange, conntrackd statistics' },
                 peerApi: { type: ['object', 'null'], description: "The peer's digest as last read, whether it differs, the last error" },
@@ -265,9 +333,11 @@ export function buildOpenApi(): Json {
       post: {
         operationId: 'ha-takeover',
         tags: ['Replicas'],
-        summary: 'This replica becomes the active path: commit the peer\'s flows (conntrackd -c), then gratuitous ARP for every EIP',
+        summary: "This replica becomes the active path: commit the peer's flows (conntrackd -c), then gratuitous ARP for every EIP",
         description: 'For a BFD or keepalived hook (SIGUSR2 does the same). Without replica sync it only announces the EIPs.',
-        parameters: [{ name: 'reason', in: 'query', required: false, schema: { type: 'string', maxLength: 200 }, description: 'Recorded in the log and in lastTakeover' }],
+        parameters: [
+          { name: 'reason', in: 'query', required: false, schema: { type: 'string', maxLength: 200 }, description: 'Recorded in the log and in lastTakeover' },
+        ],
         responses: {
           '200': json(
             {

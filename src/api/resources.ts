@@ -4,13 +4,33 @@ import * as QOps from '../state/qosOperations.js';
 import type { OpResult } from '../state/operations.js';
 import type { DesiredState } from '../state/state.js';
 import {
-  type Dnat, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  type DnatId, dnatKey, dnatSchema, eipKey, portText, eipSchema, fipKey, fipSchema, ipSchema, ipv4Schema, networkCidrSchema, portSchema,
-  protocolSchema, routeKey, routeSchema, shareDnatSchema, snatKey, snatSchema, ifnameSchema,
+  type Dnat,
+  type Eip,
+  type Fip,
+  type Route,
+  type ShareDnat,
+  type Snat,
+  type DnatId,
+  dnatKey,
+  dnatSchema,
+  eipKey,
+  portText,
+  eipSchema,
+  fipKey,
+  fipSchema,
+  ipSchema,
+  ipv4Schema,
+  networkCidrSchema,
+  portSchema,
+  protocolSchema,
+  routeKey,
+  routeSchema,
+  shareDnatSchema,
+  snatKey,
+  snatSchema,
+  ifnameSchema,
 } from '../model/rules.js';
-import {
-  type EipQos, type GwQos, type GwQosId, canonicalQosCidr, directionSchema, eipQosKey, eipQosSchema, gwQosKey, gwQosSchema,
-} from '../model/qos.js';
+import { type EipQos, type GwQos, type GwQosId, canonicalQosCidr, directionSchema, eipQosKey, eipQosSchema, gwQosKey, gwQosSchema } from '../model/qos.js';
 import { familyOf } from '../model/net.js';
 import { type Neighbour, neighbourKey, neighbourSchema } from '../model/neighbour.js';
 import * as NOps from '../state/neighbourOperations.js';
@@ -85,7 +105,8 @@ const eips = define<Eip, { address: string }>({
   path: 'eips',
   stateKey: 'eips',
   title: 'EIP',
-  description: 'An external address on EXT (eip-add / eip-del), with its hairpin SNAT; creating one installs the default routes from GATEWAY_V4/GATEWAY_V6 as eip-add does.',
+  description:
+    'An external address on EXT (eip-add / eip-del), with its hairpin SNAT; creating one installs the default routes from GATEWAY_V4/GATEWAY_V6 as eip-add does.',
   idFields: ['address'],
   idExample: '172.20.0.10',
   numericIdFields: [],
@@ -110,7 +131,8 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   path: 'snats',
   stateKey: 'snats',
   title: 'SNAT',
-  description: 'Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity\'s eip): new connections take the pool\'s EIPs in turn. The CIDR is canonicalised; rules are kept longest prefix first.',
+  description:
+    "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn. The CIDR is canonicalised; rules are kept longest prefix first.",
   idFields: ['eip', 'cidr'],
   idExample: '172.20.0.10,10.0.1.0%2F24',
   numericIdFields: [],
@@ -153,14 +175,13 @@ const dnats = define<Dnat, DnatId>({
   path: 'dnats',
   stateKey: 'dnats',
   title: 'DNAT',
-  description: 'A port forward from an EIP to a VPC address (dnat-add / dnat-del), or of a port range (path `172.20.0.10,8000-8100,tcp`, body `portEnd`), each port onto the same port of internalIp. Another target for an existing identity, or a range overlapping another DNAT of that eip and protocol, is a conflict (409, naming the holder) unless ?replace=true replaces the same identity.',
+  description:
+    'A port forward from an EIP to a VPC address (dnat-add / dnat-del), or of a port range (path `172.20.0.10,8000-8100,tcp`, body `portEnd`), each port onto the same port of internalIp. Another target for an existing identity, or a range overlapping another DNAT of that eip and protocol, is a conflict (409, naming the holder) unless ?replace=true replaces the same identity.',
   idFields: ['eip', 'port', 'protocol'],
   idExample: '172.20.0.10,8080,tcp',
   idNote: 'The port may be a range a-b, e.g. 172.20.0.10,8000-8100,tcp (the body then needs only internalIp)',
   numericIdFields: ['port'],
-  idSchema: z
-    .object({ eip: ipSchema, port: portOrRangeSchema, protocol: protocolSchema })
-    .transform(({ port, ...rest }) => ({ ...rest, ...port })),
+  idSchema: z.object({ eip: ipSchema, port: portOrRangeSchema, protocol: protocolSchema }).transform(({ port, ...rest }) => ({ ...rest, ...port })),
   idText: (x) => `${x.eip},${portText(x)},${x.protocol}`,
   // A range in the path becomes the body's port and portEnd (and the internal port, which must equal it).
   prepare: (idRaw, body) => {
@@ -190,7 +211,8 @@ const fips = define<Fip, Pick<Fip, 'eip'>>({
   path: 'fips',
   stateKey: 'fips',
   title: 'FIP',
-  description: 'A floating IP: 1:1 NAT between an EIP and a VPC address (floating-ip-add / floating-ip-del). Another internal address is a conflict (409) unless ?replace=true.',
+  description:
+    'A floating IP: 1:1 NAT between an EIP and a VPC address (floating-ip-add / floating-ip-del). Another internal address is a conflict (409) unless ?replace=true.',
   idFields: ['eip'],
   idExample: '172.20.0.11',
   numericIdFields: [],
@@ -214,14 +236,20 @@ const shareDnats = define<ShareDnat, Pick<ShareDnat, 'eip' | 'port' | 'protocol'
   path: 'share-dnats',
   stateKey: 'shareDnats',
   title: 'Share DNAT',
-  description: 'A load-balanced DNAT in nftables table ip kube-ovn (nft-dnat-map-add / -del). PUT replaces the backends atomically. protocolText (default: the protocol as written in the path) names the chain, as in the script.',
+  description:
+    'A load-balanced DNAT in nftables table ip kube-ovn (nft-dnat-map-add / -del). PUT replaces the backends atomically. protocolText (default: the protocol as written in the path) names the chain, as in the script.',
   idFields: ['eip', 'port', 'protocol'],
   idExample: '172.20.0.10,9000,tcp',
   numericIdFields: ['port'],
   idSchema: z.object({ eip: ipv4Schema, port: portSchema, protocol: protocolSchema }),
   schema: shareDnatSchema,
   readOnly: [],
-  bodyExample: { backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] },
+  bodyExample: {
+    backends: [
+      { ip: '10.0.1.6', port: 80 },
+      { ip: '10.0.1.7', port: 80 },
+    ],
+  },
   guarded: true,
   qos: false,
   replaceable: false,
@@ -258,7 +286,8 @@ const eipQos = define<EipQos, Pick<EipQos, 'direction' | 'ip'>>({
   path: 'eip-qos',
   stateKey: 'eipQos',
   title: 'EIP QoS',
-  description: 'Shaping of the traffic from (egress) or to (ingress) one EIP (eip-*-qos-add / -del). PUT updates the rate in place. classId and handle are allocated by natgw.',
+  description:
+    'Shaping of the traffic from (egress) or to (ingress) one EIP (eip-*-qos-add / -del). PUT updates the rate in place. classId and handle are allocated by natgw.',
   idFields: ['direction', 'ip'],
   idExample: 'egress,172.20.0.10',
   numericIdFields: [],
@@ -278,7 +307,8 @@ const qos = define<GwQos, GwQosId>({
   path: 'qos',
   stateKey: 'qos',
   title: 'Gateway QoS',
-  description: 'A gateway-wide shaping rule (qos-add / qos-del). Identity: direction,dev,priority,classifier,matchDirection,cidr (the last two empty for matchall). matchType defaults to ip for u32 and empty for matchall. classId and handle are allocated by natgw.',
+  description:
+    'A gateway-wide shaping rule (qos-add / qos-del). Identity: direction,dev,priority,classifier,matchDirection,cidr (the last two empty for matchall). matchType defaults to ip for u32 and empty for matchall. classId and handle are allocated by natgw.',
   idFields: ['direction', 'dev', 'priority', 'classifier', 'matchDirection', 'cidr'],
   idExample: 'egress,net1,10,u32,dst,10.0.1.0%2F24',
   numericIdFields: ['priority'],
@@ -309,7 +339,8 @@ const neighbours = define<Neighbour, Pick<Neighbour, 'address' | 'dev'>>({
   path: 'neighbours',
   stateKey: 'neighbours',
   title: 'Static neighbour',
-  description: 'A PERMANENT neighbour entry natgw owns: address on dev with mac, or without mac the synthetic 0a:58 followed by the IPv4 address (IPv6: its last four bytes), so the kernel never sends ARP or neighbour solicitations for it. Re-applied when the device is recreated or its entries are flushed. PUT updates the MAC in place.',
+  description:
+    'A PERMANENT neighbour entry natgw owns: address on dev with mac, or without mac the synthetic 0a:58 followed by the IPv4 address (IPv6: its last four bytes), so the kernel never sends ARP or neighbour solicitations for it. Re-applied when the device is recreated or its entries are flushed. PUT updates the MAC in place.',
   idFields: ['dev', 'address'],
   idExample: 'eth0,10.0.1.50',
   numericIdFields: [],

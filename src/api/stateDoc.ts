@@ -21,7 +21,10 @@ export function digestOf(s: DesiredState): string {
  */
 export function parseStateBody(body: unknown): DesiredState {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) {
-    throw new HttpError(400, 'validation', 'body: must be a JSON object (the document GET /v1/state returns, or its desired state)', { field: 'body', in: 'body' });
+    throw new HttpError(400, 'validation', 'body: must be a JSON object (the document GET /v1/state returns, or its desired state)', {
+      field: 'body',
+      in: 'body',
+    });
   }
   const o = body as Record<string, unknown>;
   const wrapped = 'desired' in o;
@@ -84,7 +87,9 @@ export function planOf(prev: DesiredState, next: DesiredState): Record<string, O
     for (const k of before.keys()) if (!after.has(k)) removed++;
     plan[def.path] = { added, removed, changed };
   }
-  const scalars = canonicalJson({ i: prev.initialized, f: prev.interfaces, d: prev.defaultRoutes }) !== canonicalJson({ i: next.initialized, f: next.interfaces, d: next.defaultRoutes });
+  const scalars =
+    canonicalJson({ i: prev.initialized, f: prev.interfaces, d: prev.defaultRoutes }) !==
+    canonicalJson({ i: next.initialized, f: next.interfaces, d: next.defaultRoutes });
   plan.gateway = { added: 0, removed: 0, changed: scalars ? 1 : 0 };
   return plan;
 }

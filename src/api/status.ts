@@ -124,12 +124,24 @@ export function statusOpenApi(): Record<string, unknown> {
                     objects: { type: 'object', description: 'Per kind (resource path): desired and applied counts', additionalProperties: counts },
                     lastSync: {
                       type: ['object', 'null'],
-                      properties: { ok: { type: 'boolean' }, at: { type: 'string' }, kind: { type: 'string', enum: ['full', 'partial'] }, ms: { type: 'integer' }, error: { type: 'string' } },
+                      properties: {
+                        ok: { type: 'boolean' },
+                        at: { type: 'string' },
+                        kind: { type: 'string', enum: ['full', 'partial'] },
+                        ms: { type: 'integer' },
+                        error: { type: 'string' },
+                      },
                     },
                     drift: {
                       type: 'object',
-                      description: '`repairs`: resyncs that found and repaired drift; `last`/`lastRepair`: their read-backs; `check`: the read-back asked for with ?check=true',
-                      properties: { repairs: { type: 'integer' }, last: { type: ['object', 'null'] }, lastRepair: { type: ['object', 'null'] }, check: { type: 'object' } },
+                      description:
+                        '`repairs`: resyncs that found and repaired drift; `last`/`lastRepair`: their read-backs; `check`: the read-back asked for with ?check=true',
+                      properties: {
+                        repairs: { type: 'integer' },
+                        last: { type: ['object', 'null'] },
+                        lastRepair: { type: ['object', 'null'] },
+                        check: { type: 'object' },
+                      },
                     },
                   },
                 },

@@ -9,9 +9,7 @@ import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../config/socketPath.js';
  * resolution), or TCP with the bearer token. These commands never start a daemon and never
  * touch the kernel themselves: no daemon is an error that says how to get one.
  */
-export type Target =
-  | { readonly kind: 'socket'; readonly socket: string }
-  | { readonly kind: 'tcp'; readonly url: URL; readonly token?: string };
+export type Target = { readonly kind: 'socket'; readonly socket: string } | { readonly kind: 'tcp'; readonly url: URL; readonly token?: string };
 
 export interface TargetOptions {
   readonly socket?: string;

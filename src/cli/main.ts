@@ -12,7 +12,14 @@ import { tryRunningDaemon } from './forward.js';
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
   // natgw's own commands and help; `help` alone stays the script's command.
-  if (command === 'status' || command === 'apply' || command === 'get' || command === '--help' || command === '-h' || (command === 'help' && ['status', 'apply', 'get'].includes(args[0] ?? ''))) {
+  if (
+    command === 'status' ||
+    command === 'apply' ||
+    command === 'get' ||
+    command === '--help' ||
+    command === '-h' ||
+    (command === 'help' && ['status', 'apply', 'get'].includes(args[0] ?? ''))
+  ) {
     const { runAgent, isAgentCommand } = await import('./commands/index.js');
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
@@ -20,7 +27,7 @@ async function main(argv: readonly string[]): Promise<number> {
   if (fast) return emit(fast);
 
   const { loadConfig, ConfigError } = await import('../config/config.js');
-  let config;
+  let config: Awaited<ReturnType<typeof loadConfig>>;
   try {
     config = await loadConfig();
   } catch (e) {

@@ -16,13 +16,14 @@ export function renderTable(headers: readonly string[], rows: readonly (readonly
       .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i] ?? 0)))
       .join('  ')
       .trimEnd();
-  return [line(headers), ...rows.map(line)].join('\n') + '\n';
+  return `${[line(headers), ...rows.map(line)].join('\n')}\n`;
 }
 
 /** A field's value as one cell: share-DNAT backends as ip:port, ip:port. */
 export function cellOf(v: unknown): string {
   if (v === undefined || v === null) return '';
-  if (Array.isArray(v)) return v.map((x) => (x && typeof x === 'object' && 'ip' in x && 'port' in x ? `${String(x.ip)}:${String(x.port)}` : cellOf(x))).join(', ');
+  if (Array.isArray(v))
+    return v.map((x) => (x && typeof x === 'object' && 'ip' in x && 'port' in x ? `${String(x.ip)}:${String(x.port)}` : cellOf(x))).join(', ');
   if (typeof v === 'object') return canonicalJson(v);
   return String(v);
 }
@@ -61,7 +62,10 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
   kv('Backend', b ? `${b.kind}${b.variant ? ` (${b.variant})` : ''}, mode ${s.mode}` : `none chosen yet, mode ${s.mode}`);
   if (!s.interfaces.present && s.interfaces.missing.length) kv('Interfaces', `missing ${s.interfaces.missing.join(', ')}`);
   kv('Generation', String(s.generation));
-  kv('Applied', s.appliedDigest === null ? 'nothing applied by this daemon yet' : s.inSync ? 'the desired state (digests equal)' : 'differs from the desired state');
+  kv(
+    'Applied',
+    s.appliedDigest === null ? 'nothing applied by this daemon yet' : s.inSync ? 'the desired state (digests equal)' : 'differs from the desired state',
+  );
   kv('Digest', s.digest);
   const ls = s.lastSync;
   if (!ls) kv('Last sync', 'none yet');
@@ -70,18 +74,30 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
     kv('Last sync', `${what}, ${ago(ls.at, now)}${ls.error ? `: ${ls.error}` : ''}`);
   }
   const d = s.drift;
-  const last = d.last ? `last read-back ${ago(d.last.at, now)} (${d.last.reason}): ${d.last.repaired ? `repaired ${changesText(d.last.changes)}` : 'no drift'}` : 'no read-back yet';
+  const last = d.last
+    ? `last read-back ${ago(d.last.at, now)} (${d.last.reason}): ${d.last.repaired ? `repaired ${changesText(d.last.changes)}` : 'no drift'}`
+    : 'no read-back yet';
   kv('Drift', `${d.repairs} repair${d.repairs === 1 ? '' : 's'}; ${last}`);
   if (d.lastRepair && d.lastRepair !== d.last && d.lastRepair.at !== d.last?.at) {
     kv('', `last repair ${ago(d.lastRepair.at, now)} (${d.lastRepair.reason}): ${changesText(d.lastRepair.changes)}`);
   }
   if (d.check) {
-    kv('Drift now', d.check.drifted ? `YES: ${sumChanges(d.check.changes)} change(s) to repair (${changesText(d.check.changes)}); the next resync repairs them` : 'none (the kernel holds the desired state)');
+    kv(
+      'Drift now',
+      d.check.drifted
+        ? `YES: ${sumChanges(d.check.changes)} change(s) to repair (${changesText(d.check.changes)}); the next resync repairs them`
+        : 'none (the kernel holds the desired state)',
+    );
   }
   out.push('');
-  const rows = Object.entries(s.objects).map(([kind, c]) => [kind, String(c.desired), c.applied === null ? '-' : String(c.applied), c.applied !== null && c.applied !== c.desired ? '*' : '']);
+  const rows = Object.entries(s.objects).map(([kind, c]) => [
+    kind,
+    String(c.desired),
+    c.applied === null ? '-' : String(c.applied),
+    c.applied !== null && c.applied !== c.desired ? '*' : '',
+  ]);
   out.push(renderTable(['KIND', 'DESIRED', 'APPLIED', ''], rows).trimEnd());
-  return out.join('\n') + '\n';
+  return `${out.join('\n')}\n`;
 }
 
 // ---- the plan as a diff ----

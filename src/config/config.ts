@@ -6,46 +6,56 @@ export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 
-
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
 const duration = (key: string, minMs: number, maxMs: number) =>
-  z.string().transform((s, ctx) => {
-    const ms = parseDuration(s);
-    if (ms === null) {
-      ctx.addIssue({ code: 'custom', message: `${key} must be a duration such as 500ms, 30s or 2m` });
-      return z.NEVER;
-    }
-    if (ms < minMs || ms > maxMs) {
-      ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatMs(minMs)} and ${formatMs(maxMs)}, got ${s.trim()}` });
-      return z.NEVER;
-    }
-    return ms;
-  }).meta({ values: `a duration, ${formatMs(minMs)} to ${formatMs(maxMs)}` });
+  z
+    .string()
+    .transform((s, ctx) => {
+      const ms = parseDuration(s);
+      if (ms === null) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be a duration such as 500ms, 30s or 2m` });
+        return z.NEVER;
+      }
+      if (ms < minMs || ms > maxMs) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatMs(minMs)} and ${formatMs(maxMs)}, got ${s.trim()}` });
+        return z.NEVER;
+      }
+      return ms;
+    })
+    .meta({ values: `a duration, ${formatMs(minMs)} to ${formatMs(maxMs)}` });
 
 const formatMs = (ms: number): string => (ms % 3_600_000 === 0 && ms > 0 ? `${ms / 3_600_000}h` : ms % 1000 === 0 && ms > 0 ? `${ms / 1000}s` : `${ms}ms`);
 
 const SIZE_UNITS: Record<string, number> = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 };
 
 const formatSize = (bytes: number): string => {
-  for (const [unit, n] of [['gb', 1024 ** 3], ['mb', 1024 ** 2], ['kb', 1024]] as const) if (bytes % n === 0 && bytes >= n) return `${bytes / n}${unit}`;
+  for (const [unit, n] of [
+    ['gb', 1024 ** 3],
+    ['mb', 1024 ** 2],
+    ['kb', 1024],
+  ] as const)
+    if (bytes % n === 0 && bytes >= n) return `${bytes / n}${unit}`;
   return `${bytes}b`;
 };
 
 /** A size such as `512kb` or `64mb` (bare numbers are bytes) within bounds, in bytes. */
 const size = (key: string, min: number, max: number) =>
-  z.string().transform((s, ctx) => {
-    const m = /^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$/i.exec(s);
-    const bytes = m ? Math.round(Number(m[1]) * (SIZE_UNITS[(m[2] ?? 'b').toLowerCase()] ?? 1)) : Number.NaN;
-    if (!Number.isFinite(bytes)) {
-      ctx.addIssue({ code: 'custom', message: `${key} must be a size such as 512kb or 64mb, got ${s.trim() || 'nothing'}` });
-      return z.NEVER;
-    }
-    if (bytes < min || bytes > max) {
-      ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatSize(min)} and ${formatSize(max)}, got ${s.trim()}` });
-      return z.NEVER;
-    }
-    return bytes;
-  }).meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
+  z
+    .string()
+    .transform((s, ctx) => {
+      const m = /^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$/i.exec(s);
+      const bytes = m ? Math.round(Number(m[1]) * (SIZE_UNITS[(m[2] ?? 'b').toLowerCase()] ?? 1)) : Number.NaN;
+      if (!Number.isFinite(bytes)) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be a size such as 512kb or 64mb, got ${s.trim() || 'nothing'}` });
+        return z.NEVER;
+      }
+      if (bytes < min || bytes > max) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatSize(min)} and ${formatSize(max)}, got ${s.trim()}` });
+        return z.NEVER;
+      }
+      return bytes;
+    })
+    .meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
 
 /** A whole number within bounds, written in decimal. */
 const count = (key: string, min: number, max: number) =>
@@ -76,7 +86,10 @@ const bool = z
   .transform((s) => ['true', '1', 'yes', 'on'].includes(s))
   .meta({ values: 'true or false (also 1/0, yes/no, on/off)' });
 
-const optionalText = z.string().optional().transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
+const optionalText = z
+  .string()
+  .optional()
+  .transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
 
 /**
  * Every key natgw reads, with its default (SPEC §4.3). Each key's `describe()` text and its
@@ -84,20 +97,37 @@ const optionalText = z.string().optional().transform((s) => (s === undefined || 
  * a test fails when the two disagree), so a key is documented where it is defined.
  */
 export const configSchema = z.object({
-  VPC_INTERFACE: z.string().default('eth0').refine(isInterfaceName, 'must be an interface name').meta({ values: 'an interface name' })
+  VPC_INTERFACE: z
+    .string()
+    .default('eth0')
+    .refine(isInterfaceName, 'must be an interface name')
+    .meta({ values: 'an interface name' })
     .describe('Interface facing the VPC (`init` writes the names it used back into the env file).'),
-  EXTERNAL_INTERFACE: z.string().default('net1').refine(isInterfaceName, 'must be an interface name').meta({ values: 'an interface name' })
+  EXTERNAL_INTERFACE: z
+    .string()
+    .default('net1')
+    .refine(isInterfaceName, 'must be an interface name')
+    .meta({ values: 'an interface name' })
     .describe('Interface facing the external network, attached late by Multus; natgw waits for it.'),
   GATEWAY_V4: gateway(isIpv4, 'IPv4').describe('Upstream IPv4 gateway: `eip-add` installs `default via <gw> dev <EXT> onlink`.'),
-  GATEWAY_V6: gateway(isIpv6, 'IPv6').describe('Upstream IPv6 gateway, as GATEWAY_V4 (any spelling; compared in the kernel\'s form).'),
+  GATEWAY_V6: gateway(isIpv6, 'IPv6').describe("Upstream IPv6 gateway, as GATEWAY_V4 (any spelling; compared in the kernel's form)."),
   QOS_DEBUG: optionalText.meta({ values: 'true or false' }).describe('Verbose QoS logging, as in the script.'),
-  GATEWAY_NETFILTER_MODE: z.enum(['auto', 'nftables', 'iptables']).default('auto')
-    .describe('Netfilter backend. `auto`: a recorded choice, then the rules natgw already owns here, else iptables (the script\'s layout).'),
-  NATGW_IPTABLES_VARIANT: z.enum(['auto', 'legacy', 'nft']).default('auto')
-    .describe('iptables variant; `auto` uses the script\'s probe (`iptables-legacy -t nat -S INPUT 1` answers: legacy).'),
-  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000).prefault('30s')
+  GATEWAY_NETFILTER_MODE: z
+    .enum(['auto', 'nftables', 'iptables'])
+    .default('auto')
+    .describe("Netfilter backend. `auto`: a recorded choice, then the rules natgw already owns here, else iptables (the script's layout)."),
+  NATGW_IPTABLES_VARIANT: z
+    .enum(['auto', 'legacy', 'nft'])
+    .default('auto')
+    .describe("iptables variant; `auto` uses the script's probe (`iptables-legacy -t nat -S INPUT 1` answers: legacy)."),
+  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000)
+    .prefault('30s')
     .describe('How long `init` and the daemon at start wait for both interfaces.'),
-  NATGW_STATE_DIR: z.string().min(1).default('/var/lib/natgw').meta({ values: 'a directory' })
+  NATGW_STATE_DIR: z
+    .string()
+    .min(1)
+    .default('/var/lib/natgw')
+    .meta({ values: 'a directory' })
     .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
   NATGW_SOCKET: z
     .string()
@@ -105,68 +135,95 @@ export const configSchema = z.object({
     .default(DEFAULT_SOCKET)
     .refine((s) => Buffer.byteLength(s) <= 107, "must be at most 107 bytes (the kernel's limit on a Unix socket path)")
     .meta({ values: 'a path of at most 107 bytes' })
-    .describe('The daemon\'s Unix socket (mode 0600); the shim and the CLI talk to it.'),
-  NATGW_LISTEN: optionalText.meta({ values: 'host:port' })
+    .describe("The daemon's Unix socket (mode 0600); the shim and the CLI talk to it."),
+  NATGW_LISTEN: optionalText
+    .meta({ values: 'host:port' })
     .describe('Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification.'),
   NATGW_TOKEN_FILE: optionalText.meta({ values: 'a path' }).describe('Bearer token for the TCP API.'),
   NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
   NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
   NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),
-  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000).prefault('30s')
+  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000)
+    .prefault('30s')
     .describe('Period of the full sync: read back everything natgw owns and repair drift.'),
-  NATGW_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
-    .describe('Log level of the daemon\'s JSON log on stdout.'),
+  NATGW_LOG_LEVEL: z
+    .enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
+    .default('info')
+    .describe("Log level of the daemon's JSON log on stdout."),
   NATGW_AUTOSTART: bool.prefault('true').describe('Whether the shim starts the daemon when none answers.'),
-  NATGW_NETWORK_STATUS_FILE: z.string().default('/etc/podinfo/network-status').meta({ values: 'a path' })
-    .describe('Downward-API file with the pod\'s Multus network-status annotation (optional).'),
+  NATGW_NETWORK_STATUS_FILE: z
+    .string()
+    .default('/etc/podinfo/network-status')
+    .meta({ values: 'a path' })
+    .describe("Downward-API file with the pod's Multus network-status annotation (optional)."),
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
-  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3).prefault('64mb')
+  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3)
+    .prefault('64mb')
     .describe('Largest HTTP request body; the default admits the state document of a 20,000-object gateway.'),
-  NATGW_CONNTRACK_CLEANUP: bool.prefault('true')
-    .describe('After the first full apply, delete conntrack entries committed untranslated while natgw\'s rules were absent (Kube-OVN #4193), before reporting ready.'),
-  NATGW_FLOW_LOG: z.enum(['off', 'file', 'stdout']).default('off')
+  NATGW_CONNTRACK_CLEANUP: bool
+    .prefault('true')
+    .describe(
+      "After the first full apply, delete conntrack entries committed untranslated while natgw's rules were absent (Kube-OVN #4193), before reporting ready.",
+    ),
+  NATGW_FLOW_LOG: z
+    .enum(['off', 'file', 'stdout'])
+    .default('off')
     .describe('Flow logs: one JSON line (`"type":"flow"`) per translated connection at its start and end, from conntrack events.'),
-  NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log').meta({ values: 'a path' })
-    .describe('The flow-log file (`NATGW_FLOW_LOG=file`).'),
-  NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3).prefault('64mb')
+  NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log').meta({ values: 'a path' }).describe('The flow-log file (`NATGW_FLOW_LOG=file`).'),
+  NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3)
+    .prefault('64mb')
     .describe('Size at which the flow-log file is rotated to `<file>.1`.'),
-  NATGW_FLOW_LOG_RATE: count('NATGW_FLOW_LOG_RATE', 1, 1_000_000).prefault('1000')
+  NATGW_FLOW_LOG_RATE: count('NATGW_FLOW_LOG_RATE', 1, 1_000_000)
+    .prefault('1000')
     .describe('Flow-log lines per second (token-bucket refill); lines above it are dropped and counted.'),
-  NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000).prefault('2000')
+  NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000)
+    .prefault('2000')
     .describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
-  NATGW_CONNTRACK_METRICS: bool.prefault('true')
-    .describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
-  NATGW_CONNTRACK_SYSCTLS: bool.prefault('false')
-    .describe('Set `nf_conntrack_acct=1` and `nf_conntrack_timestamp=1` in the pod\'s network namespace at start (bytes and durations in flow logs).'),
+  NATGW_CONNTRACK_METRICS: bool.prefault('true').describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
+  NATGW_CONNTRACK_SYSCTLS: bool
+    .prefault('false')
+    .describe("Set `nf_conntrack_acct=1` and `nf_conntrack_timestamp=1` in the pod's network namespace at start (bytes and durations in flow logs)."),
   // conntrackd's FTFW over UDP pairs exactly two replicas, so one address.
   NATGW_HA_PEERS: optionalText
     .refine((s) => s === undefined || (!s.includes(',') && (isIpv4(s) || isIpv6(s))), 'must be the one IP address of the peer replica on the sync network')
     .meta({ values: 'an IP address' })
-    .describe('Replica sync: the peer replica\'s address on the sync network; unset turns conntrackd off.'),
-  NATGW_HA_SYNC_INTERFACE: optionalText.refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name').meta({ values: 'an interface name' })
+    .describe("Replica sync: the peer replica's address on the sync network; unset turns conntrackd off."),
+  NATGW_HA_SYNC_INTERFACE: optionalText
+    .refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name')
+    .meta({ values: 'an interface name' })
     .describe('The interface conntrackd syncs over (its first address is the local end unless NATGW_HA_SYNC_ADDRESS is set).'),
-  NATGW_HA_SYNC_ADDRESS: optionalText.refine((s) => s === undefined || isIpv4(s) || isIpv6(s), 'must be an IP address').meta({ values: 'an IP address' })
-    .describe('This replica\'s address on the sync network (default: the sync interface\'s first address of the peer\'s family).'),
-  NATGW_HA_SYNC_PORT: count('NATGW_HA_SYNC_PORT', 1, 65535).prefault('3780')
-    .describe('UDP port of conntrackd\'s sync channel, the same on both replicas.'),
-  NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000).prefault('10s')
+  NATGW_HA_SYNC_ADDRESS: optionalText
+    .refine((s) => s === undefined || isIpv4(s) || isIpv6(s), 'must be an IP address')
+    .meta({ values: 'an IP address' })
+    .describe("This replica's address on the sync network (default: the sync interface's first address of the peer's family)."),
+  NATGW_HA_SYNC_PORT: count('NATGW_HA_SYNC_PORT', 1, 65535).prefault('3780').describe("UDP port of conntrackd's sync channel, the same on both replicas."),
+  NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000)
+    .prefault('10s')
     .describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
-  NATGW_CONNTRACKD: z.string().trim().min(1).default('conntrackd').meta({ values: 'a command or path' })
+  NATGW_CONNTRACKD: z
+    .string()
+    .trim()
+    .min(1)
+    .default('conntrackd')
+    .meta({ values: 'a command or path' })
     .describe('The conntrackd binary natgw runs and supervises.'),
   NATGW_HA_PEER_API: optionalText
     .refine((s) => s === undefined || /^https?:\/\/[^\s/]+\/?$/.test(s), 'must be http://host:port or https://host:port')
     .meta({ values: 'http(s)://host:port' })
-    .describe('The peer\'s natgw TCP API: its state digest is compared every resync period (a metric and a log line, never a change).'),
-  NATGW_HA_PEER_TOKEN_FILE: optionalText.meta({ values: 'a path' })
-    .describe('Bearer token for the peer\'s API (default: NATGW_TOKEN_FILE, the same secret on both replicas).'),
-  NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000).prefault('30s')
+    .describe("The peer's natgw TCP API: its state digest is compared every resync period (a metric and a log line, never a change)."),
+  NATGW_HA_PEER_TOKEN_FILE: optionalText
+    .meta({ values: 'a path' })
+    .describe("Bearer token for the peer's API (default: NATGW_TOKEN_FILE, the same secret on both replicas)."),
+  NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000)
+    .prefault('30s')
     .describe('The deadline of every tool run (nft, iptables-restore, ip, tc, conntrack): a hung tool is killed and the change fails.'),
-  NATGW_MAX_CONNECTIONS: count('NATGW_MAX_CONNECTIONS', 1, 10_000).prefault('64')
-    .describe('Connections the TCP listener holds at once; more are refused.'),
-  NATGW_HEADERS_TIMEOUT: duration('NATGW_HEADERS_TIMEOUT', 1000, 600_000).prefault('10s')
+  NATGW_MAX_CONNECTIONS: count('NATGW_MAX_CONNECTIONS', 1, 10_000).prefault('64').describe('Connections the TCP listener holds at once; more are refused.'),
+  NATGW_HEADERS_TIMEOUT: duration('NATGW_HEADERS_TIMEOUT', 1000, 600_000)
+    .prefault('10s')
     .describe('How long a TCP client may take to send its request headers.'),
-  NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000).prefault('2m')
+  NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000)
+    .prefault('2m')
     .describe('How long a TCP client may take to send its whole request (headers and body).'),
 });
 const rawSchema = configSchema;
@@ -247,7 +304,12 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
   }
   const parsed = rawSchema.safeParse(merged);
   if (!parsed.success) {
-    const msg = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    // Messages quote the value given; a control character in it must not break the one-line error.
+    const msg = parsed.error.issues
+      .map((i) => `${i.path.join('.')}: ${i.message}`)
+      .join('; ')
+      // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what this escapes
+      .replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
     throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
   }
   const c = parsed.data;

@@ -30,7 +30,11 @@ function describeValues(all: Layer[]): string {
     const values = z.globalRegistry.get(l as unknown as z.ZodType)?.values;
     if (typeof values === 'string') return values;
   }
-  for (const l of all) if (l._zod.def.type === 'enum') return Object.values(l._zod.def.entries as Record<string, string>).map((v) => `\`${v}\``).join(' \\| ');
+  for (const l of all)
+    if (l._zod.def.type === 'enum')
+      return Object.values(l._zod.def.entries as Record<string, string>)
+        .map((v) => `\`${v}\``)
+        .join(' \\| ');
   return 'text';
 }
 
@@ -48,7 +52,8 @@ export function configKeyDocs(): KeyDoc[] {
     const all = layers(schema as unknown as Layer);
     return { key, default: describeDefault(all), values: describeValues(all), description: (schema as unknown as z.ZodType).description ?? '' };
   });
-  for (const [key, d] of Object.entries(ENV_ONLY_KEYS)) docs.push({ key, default: `\`${d.default}\``, values: d.values, description: `${d.description} Environment only.` });
+  for (const [key, d] of Object.entries(ENV_ONLY_KEYS))
+    docs.push({ key, default: `\`${d.default}\``, values: d.values, description: `${d.description} Environment only.` });
   return docs;
 }
 

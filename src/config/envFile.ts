@@ -74,7 +74,7 @@ export async function updateEnvFile(file: string, values: Record<string, string>
   const tmp = `${file}.tmp-${process.pid}`;
   const fh = await fs.open(tmp, 'w', 0o644);
   try {
-    await fh.writeFile(next.join('\n') + '\n');
+    await fh.writeFile(`${next.join('\n')}\n`);
     await fh.sync();
   } catch (e) {
     await fh.close().catch(() => undefined);

@@ -49,8 +49,16 @@ const UNQUEUED = new Set(['get-iptables-version', 'help', '--help', '-h']);
  * transaction of their own.
  */
 const MERGEABLE = new Set([
-  'subnet-route-add', 'subnet-route-del', 'eip-add', 'eip-del', 'floating-ip-add', 'floating-ip-del',
-  'dnat-add', 'dnat-del', 'snat-add', 'snat-del',
+  'subnet-route-add',
+  'subnet-route-del',
+  'eip-add',
+  'eip-del',
+  'floating-ip-add',
+  'floating-ip-del',
+  'dnat-add',
+  'dnat-del',
+  'snat-add',
+  'snat-del',
 ]);
 
 const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
@@ -164,7 +172,10 @@ export class Agent implements AgentService {
         ({ state: current }) => {
           prev = current;
           if (opts.ifMatch !== undefined && opts.ifMatch !== digestOf(current)) {
-            throw new HttpError(412, 'precondition-failed', `If-Match: the desired state's digest is ${digestOf(current)}, not ${opts.ifMatch}`, { field: 'If-Match', in: 'header' });
+            throw new HttpError(412, 'precondition-failed', `If-Match: the desired state's digest is ${digestOf(current)}, not ${opts.ifMatch}`, {
+              field: 'If-Match',
+              in: 'header',
+            });
           }
           return { state: internState(current, next), effects: effectsOf(current, next) };
         },
@@ -198,7 +209,13 @@ export class Agent implements AgentService {
       this.lastReadBack = {
         at: new Date().toISOString(),
         reason,
-        changes: { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges, neighbours: report.neighbourChanges ?? 0 },
+        changes: {
+          netfilter: report.netfilterChanges,
+          shareDnat: report.shareDnatChanges,
+          link: report.linkChanges,
+          qos: report.qosChanges,
+          neighbours: report.neighbourChanges ?? 0,
+        },
         repaired: n > 0,
         script: report.script,
       };
@@ -278,7 +295,8 @@ export class Agent implements AgentService {
 
   private updateReady(): void {
     const why: string[] = [];
-    if (!this.interfaces.present) why.push(this.interfaces.missing.length ? `waiting for interface(s) ${this.interfaces.missing.join(', ')}` : 'interfaces not checked yet');
+    if (!this.interfaces.present)
+      why.push(this.interfaces.missing.length ? `waiting for interface(s) ${this.interfaces.missing.join(', ')}` : 'interfaces not checked yet');
     if (!this.lastSync) why.push('no sync yet');
     else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
     else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');

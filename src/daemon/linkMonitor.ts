@@ -24,7 +24,7 @@ export interface LinkMonitorOptions {
 /** PURE: the name of a link an `ip -o monitor link` line reports up (flags with UP), else undefined. */
 export function linkUpOf(line: string): string | undefined {
   const m = /^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
-  return m && m[2]?.split(',').includes('UP') ? m[1] : undefined;
+  return m?.[2]?.split(',').includes('UP') ? m[1] : undefined;
 }
 
 /**

@@ -75,7 +75,12 @@ export async function tcpSettings(config: Config): Promise<TcpSettings | undefin
           ca: config.tlsClientCa ? await readSecret(config.tlsClientCa, 'NATGW_TLS_CLIENT_CA') : undefined,
         }
       : undefined;
-  return { ...addr, auth: { token, ...(config.tokenFile ? { tokenFile: config.tokenFile } : {}), clientCerts }, tls, limits: { maxConnections: config.maxConnections, headersTimeoutMs: config.headersTimeoutMs, requestTimeoutMs: config.requestTimeoutMs } };
+  return {
+    ...addr,
+    auth: { token, ...(config.tokenFile ? { tokenFile: config.tokenFile } : {}), clientCerts },
+    tls,
+    limits: { maxConnections: config.maxConnections, headersTimeoutMs: config.headersTimeoutMs, requestTimeoutMs: config.requestTimeoutMs },
+  };
 }
 
 function listen(server: net.Server, target: string | { host: string; port: number }): Promise<void> {

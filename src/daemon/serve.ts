@@ -25,7 +25,7 @@ import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSe
  */
 export async function serve(config: Config): Promise<number> {
   const log = daemonLogger(config.logLevel);
-  let tcp;
+  let tcp: Awaited<ReturnType<typeof tcpSettings>>;
   try {
     tcp = await tcpSettings(config);
   } catch (e) {
@@ -122,7 +122,10 @@ export async function serve(config: Config): Promise<number> {
       });
       agent.setInterfaces(missing);
       if (missing.length > 0) {
-        log.warn({ missing, waitedMs: config.interfaceWaitMs }, 'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)');
+        log.warn(
+          { missing, waitedMs: config.interfaceWaitMs },
+          'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)',
+        );
       }
     } catch (e) {
       log.error({ err: e }, 'start-up check failed; the reconciler retries');

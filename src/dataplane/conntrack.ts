@@ -160,7 +160,8 @@ export class Conntrack {
     for (const fam of ['ipv4', 'ipv6'] as const) {
       const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs });
       if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
-        if (r.failedToStart || !/0 flow entries/.test(r.stderr)) this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
+        if (r.failedToStart || !/0 flow entries/.test(r.stderr))
+          this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
         continue;
       }
       stale.push(...staleEntries(parseConntrackExtended(r.stdout), targets));
@@ -192,7 +193,13 @@ export class Conntrack {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
       return 0;
     }
-    const ports = [...new Set(parseConntrackList(r.stdout).filter((flow) => matches(f, flow)).map((flow) => flow.dport as number))];
+    const ports = [
+      ...new Set(
+        parseConntrackList(r.stdout)
+          .filter((flow) => matches(f, flow))
+          .map((flow) => flow.dport as number),
+      ),
+    ];
     let deleted = 0;
     for (const port of ports) deleted += await this.flush({ dst: f.dst, protocol: f.protocol as 'tcp' | 'udp', port });
     return deleted;

@@ -79,7 +79,13 @@ export interface HygieneTargets {
 }
 
 export function targetsOf(s: DesiredState): HygieneTargets {
-  const dsts = new Set<string>([...s.eips.map((e) => e.address), ...s.dnats.map((d) => d.eip), ...s.fips.map((f) => f.eip), ...s.snats.map((x) => x.eip), ...s.shareDnats.map((d) => d.eip)]);
+  const dsts = new Set<string>([
+    ...s.eips.map((e) => e.address),
+    ...s.dnats.map((d) => d.eip),
+    ...s.fips.map((f) => f.eip),
+    ...s.snats.map((x) => x.eip),
+    ...s.shareDnats.map((d) => d.eip),
+  ]);
   return { dsts, srcCidrs: s.snats.map((x) => x.cidr), srcs: new Set(s.fips.map((f) => f.internalIp)) };
 }
 
@@ -105,7 +111,21 @@ export function staleEntries(entries: readonly TrackedEntry[], t: HygieneTargets
 /** PURE: `conntrack -D` arguments that delete exactly this entry (both tuples given). */
 export function deleteEntryArgs(e: TrackedEntry): string[] {
   const { orig: o, reply: r } = e;
-  const args = ['-D', '-f', e.family === 4 ? 'ipv4' : 'ipv6', '-p', e.protocol, '--orig-src', o.src, '--orig-dst', o.dst, '--reply-src', r.src, '--reply-dst', r.dst];
+  const args = [
+    '-D',
+    '-f',
+    e.family === 4 ? 'ipv4' : 'ipv6',
+    '-p',
+    e.protocol,
+    '--orig-src',
+    o.src,
+    '--orig-dst',
+    o.dst,
+    '--reply-src',
+    r.src,
+    '--reply-dst',
+    r.dst,
+  ];
   if (o.sport !== undefined && o.dport !== undefined) args.push('--orig-port-src', String(o.sport), '--orig-port-dst', String(o.dport));
   const icmp = e.protocol === 'icmp' ? 'icmp' : e.protocol === 'icmpv6' ? 'icmpv6' : undefined;
   if (icmp && o.type !== undefined && o.code !== undefined && o.id !== undefined) {

@@ -82,8 +82,7 @@ export function accountingTx(have: ReadonlySet<string> | undefined, want: readon
   return NftTransaction.concat(new NftTransaction().addTable(T).deleteTable(T), skeletonTx(), elementsTx(new Set(), want));
 }
 
-export const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[]): string =>
-  accountingTx(have, want).text();
+export const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[]): string => accountingTx(have, want).text();
 
 interface ElemJson {
   elem?: { val?: unknown; counter?: { packets?: number; bytes?: number } };
@@ -107,7 +106,9 @@ function accounting(sets: ReadonlyMap<string, readonly { val: string; packets: n
 /** PURE: the accounting table as the NftClient lists it → counters per EIP, and whether the skeleton is whole. */
 export function accountingOf(dump: NftTableDump): Accounting {
   const sets = new Map(
-    [...dump.sets.values()].map((s) => [s.name, s.elements.map((e) => ({ val: e.key, packets: e.counter?.packets ?? 0, bytes: e.counter?.bytes ?? 0 }))] as const),
+    [...dump.sets.values()].map(
+      (s) => [s.name, s.elements.map((e) => ({ val: e.key, packets: e.counter?.packets ?? 0, bytes: e.counter?.bytes ?? 0 }))] as const,
+    ),
   );
   const rules = [...dump.chains.values()].reduce((n, c) => n + c.rules.length, 0);
   return accounting(sets, dump.chains.size, rules);
@@ -145,7 +146,11 @@ export class EipCounters {
 
   private readonly nft: NftClient;
 
-  constructor(exec: Executor, private readonly log?: Logger, nft?: NftClient) {
+  constructor(
+    exec: Executor,
+    private readonly log?: Logger,
+    nft?: NftClient,
+  ) {
     this.nft = nft ?? new SystemNftClient(exec);
   }
 

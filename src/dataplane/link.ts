@@ -137,7 +137,8 @@ export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView 
       case 'route-replace':
         routes = [...routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr), { dst: op.cidr, gateway: op.nexthop }];
         // A default route is keyed without its device: this one takes the place of EXT's.
-        if (op.cidr === '0.0.0.0/0' || op.cidr === '::/0') defaults = defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== familyOf(op.nexthop));
+        if (op.cidr === '0.0.0.0/0' || op.cidr === '::/0')
+          defaults = defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== familyOf(op.nexthop));
         break;
       case 'route-del':
         routes = routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr);
@@ -230,7 +231,11 @@ function addressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): L
   }
   // A promoted secondary sits in both lists: it counts among the primaries.
   const seen = new Set<LinkAddress>();
-  const once = (a: LinkAddress): boolean => alive(a) && !seen.has(a) && (seen.add(a), true);
+  const once = (a: LinkAddress): boolean => {
+    if (!alive(a) || seen.has(a)) return false;
+    seen.add(a);
+    return true;
+  };
   return [...primaries.filter(once), ...secondaries.filter(once), ...newV6.reverse().filter(once), ...oldV6.filter(once)];
 }
 
@@ -355,7 +360,7 @@ export class LinkManager {
     // The record must be durable before the kernel changes (intent) and is re-read by the next
     // process: the same atomic write as the state file.
     this.owned = undefined;
-    await writeFileAtomic(this.ownedFile, JSON.stringify(rec) + '\n');
+    await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
     this.owned = rec;
   }
 
@@ -409,7 +414,11 @@ export class LinkManager {
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
     ]);
     const routes = (x: unknown): LinkRoute[] =>
-      ((x ?? []) as { dst: string; gateway?: string; protocol?: string }[]).map((r) => ({ dst: r.dst, gateway: r.gateway, ...(r.protocol ? { protocol: r.protocol } : {}) }));
+      ((x ?? []) as { dst: string; gateway?: string; protocol?: string }[]).map((r) => ({
+        dst: r.dst,
+        gateway: r.gateway,
+        ...(r.protocol ? { protocol: r.protocol } : {}),
+      }));
     return {
       extAddresses: addressesOf((v4[0] ?? []) as IpAddrJson[]),
       vpcRoutes: [...routes(v4[1]), ...routes(v6[0])],
@@ -419,7 +428,7 @@ export class LinkManager {
 
   /** One JSON document per batch line; a line that failed (missing device) yields nothing. */
   private async batchJson(args: string[], lines: string[]): Promise<unknown[]> {
-    const r = await this.exec.run({ file: 'ip', args, input: lines.join('\n') + '\n' });
+    const r = await this.exec.run({ file: 'ip', args, input: `${lines.join('\n')}\n` });
     return r.stdout
       .split('\n')
       .filter((l) => l.startsWith('['))
@@ -453,7 +462,7 @@ export class LinkManager {
     const owned = await this.removable(want);
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
-    const script = lines.length ? lines.join('\n') + '\n' : '';
+    const script = lines.length ? `${lines.join('\n')}\n` : '';
     if (opts.dryRun) return { changes: lines.length, script };
     const settled: OwnedRecord = {
       ext: want.interfaces.ext,

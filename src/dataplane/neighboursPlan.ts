@@ -60,7 +60,9 @@ export function planNeighbours(have: NeighbourView, want: readonly Neighbour[], 
 /** PURE: `ip -batch` lines (values come from validated schemas: addresses, names, MACs). */
 export function renderNeighbours(ops: readonly NeighbourOp[]): string {
   return ops
-    .map((op) => (op.kind === 'replace' ? `neigh replace ${op.address} lladdr ${op.mac} nud permanent dev ${op.dev}\n` : `neigh del ${op.address} dev ${op.dev}\n`))
+    .map((op) =>
+      op.kind === 'replace' ? `neigh replace ${op.address} lladdr ${op.mac} nud permanent dev ${op.dev}\n` : `neigh del ${op.address} dev ${op.dev}\n`,
+    )
     .join('');
 }
 

@@ -41,9 +41,7 @@ export async function adoptState(engine: AdoptSources, backend: NetfilterBackend
   const record = await engine.link.ownedRecord();
   const recorded = record && record.ext === ext && record.vpc === vpc ? record : undefined;
   const ownedAddresses = new Set([...hairpinEips, ...(recorded?.addresses ?? [])]);
-  const eips = addrs
-    .filter((a) => a.scope === 'global' && ownedAddresses.has(a.address))
-    .map((a) => ({ address: a.address, prefixLength: a.prefixLength }));
+  const eips = addrs.filter((a) => a.scope === 'global' && ownedAddresses.has(a.address)).map((a) => ({ address: a.address, prefixLength: a.prefixLength }));
 
   const probe = desiredStateSchema.parse({ interfaces: { vpc, ext } });
   const view = await engine.link.view(probe);

@@ -45,7 +45,10 @@ export interface BackendEvidence {
 export class BackendProbe implements BackendEvidence {
   private readonly nft: NftClient;
 
-  constructor(private readonly exec: Executor, nft?: NftClient) {
+  constructor(
+    private readonly exec: Executor,
+    nft?: NftClient,
+  ) {
     this.nft = nft ?? new SystemNftClient(exec);
   }
 

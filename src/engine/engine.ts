@@ -150,7 +150,10 @@ export class Engine {
   private async adoptOrEmpty(backend: NetfilterBackend): Promise<DesiredState> {
     const adopted = await adoptState(this, backend);
     if (adopted) {
-      this.log.info({ eips: adopted.eips.length, dnats: adopted.dnats.length, snats: adopted.snats.length, fips: adopted.fips.length }, 'no state file: adopted the rules natgw owns from the kernel');
+      this.log.info(
+        { eips: adopted.eips.length, dnats: adopted.dnats.length, snats: adopted.snats.length, fips: adopted.fips.length },
+        'no state file: adopted the rules natgw owns from the kernel',
+      );
       return adopted;
     }
     return emptyState(this.config.vpcInterface, this.config.extInterface);
@@ -239,7 +242,11 @@ export class Engine {
         this.generation++;
         this.onSync?.({ ok: true, kind, ms: performance.now() - started, report, state: next });
         // Full syncs are rare and say why the kernel was read back; partial ones are every command.
-        const line = { kind, ms: Math.round(performance.now() - started), changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0) };
+        const line = {
+          kind,
+          ms: Math.round(performance.now() - started),
+          changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0),
+        };
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
         await this.runEffects(next, effects);
@@ -250,7 +257,13 @@ export class Engine {
 
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */
   private parts(backend: NetfilterBackend): readonly Part[] {
-    return [netfilterPart(backend, this.eipCounters, this.log), shareDnatPart(this.shareDnat), linkPart(this.link), qosPart(this.qos), neighboursPart(this.neighbours)];
+    return [
+      netfilterPart(backend, this.eipCounters, this.log),
+      shareDnatPart(this.shareDnat),
+      linkPart(this.link),
+      qosPart(this.qos),
+      neighboursPart(this.neighbours),
+    ];
   }
 
   /**
@@ -288,7 +301,15 @@ export class Engine {
         throw e;
       }
     }
-    return { netfilterChanges: changes.netfilter, shareDnatChanges: changes.shareDnat, linkChanges: changes.link, qosChanges: changes.qos, neighbourChanges: changes.neighbours, script, notes };
+    return {
+      netfilterChanges: changes.netfilter,
+      shareDnatChanges: changes.shareDnat,
+      linkChanges: changes.link,
+      qosChanges: changes.qos,
+      neighbourChanges: changes.neighbours,
+      script,
+      notes,
+    };
   }
 
   private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {

@@ -34,10 +34,13 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
     await engine.link.ensureUp(names.ext);
     await engine.link.promoteSecondaries(names.ext);
 
-    await engine.transact(({ state }) => ({
-      state: { ...state, initialized: true, interfaces: { vpc: names.vpc, ext: names.ext } },
-      effects: [],
-    }), { qos: true, mode: 'full' });
+    await engine.transact(
+      ({ state }) => ({
+        state: { ...state, initialized: true, interfaces: { vpc: names.vpc, ext: names.ext } },
+        effects: [],
+      }),
+      { qos: true, mode: 'full' },
+    );
 
     await loadIfb(engine, out);
     const v4 = (await engine.link.addresses(names.ext)).filter((a) => a.family === 4 && a.scope === 'global');

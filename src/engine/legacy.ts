@@ -77,8 +77,18 @@ const mutating: Record<string, MutatingCommand> = {
   }),
   'eip-ingress-qos-add': command({ guarded: false, qos: true, parse: (r) => Q.parseEipQosAdd(r, 'ingress'), apply: each(QOps.addEipQos) }),
   'eip-egress-qos-add': command({ guarded: false, qos: true, parse: (r) => Q.parseEipQosAdd(r, 'egress'), apply: each(QOps.addEipQos) }),
-  'eip-ingress-qos-del': command<string>({ guarded: false, qos: true, parse: (r) => Q.parseEipQosDel(r, 'ingress'), apply: each((s, ip) => QOps.delEipQos(s, 'ingress', ip)) }),
-  'eip-egress-qos-del': command<string>({ guarded: false, qos: true, parse: (r) => Q.parseEipQosDel(r, 'egress'), apply: each((s, ip) => QOps.delEipQos(s, 'egress', ip)) }),
+  'eip-ingress-qos-del': command<string>({
+    guarded: false,
+    qos: true,
+    parse: (r) => Q.parseEipQosDel(r, 'ingress'),
+    apply: each((s, ip) => QOps.delEipQos(s, 'ingress', ip)),
+  }),
+  'eip-egress-qos-del': command<string>({
+    guarded: false,
+    qos: true,
+    parse: (r) => Q.parseEipQosDel(r, 'egress'),
+    apply: each((s, ip) => QOps.delEipQos(s, 'egress', ip)),
+  }),
   'qos-add': command({ guarded: false, qos: true, parse: Q.parseGwQos, apply: each(QOps.addGwQos) }),
   'qos-del': command({ guarded: false, qos: true, parse: Q.parseGwQosDel, apply: each(QOps.delGwQos) }),
 };
@@ -139,12 +149,12 @@ export async function runLegacy(engine: Engine, command: string | undefined, arg
       return out.result(0);
     }
     const items = rules.map((r) => spec.parse(r, engine.config));
-    const { report } = await engine.transact(
-      ({ state }) => spec.apply(state, items, out),
-      { guarded: spec.guarded, qos: spec.qos ?? false },
-    );
+    const { report } = await engine.transact(({ state }) => spec.apply(state, items, out), { guarded: spec.guarded, qos: spec.qos ?? false });
     for (const n of report.notes) out.line(n);
-    log.info({ rules, ms: Date.now() - started, changes: report.netfilterChanges + report.linkChanges + report.shareDnatChanges + report.qosChanges }, 'command done');
+    log.info(
+      { rules, ms: Date.now() - started, changes: report.netfilterChanges + report.linkChanges + report.shareDnatChanges + report.qosChanges },
+      'command done',
+    );
     return out.result(0);
   } catch (e) {
     return failure(out, e, log, rules);

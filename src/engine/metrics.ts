@@ -38,7 +38,9 @@ export class Metrics {
             }
           },
         });
-      perEip('natgw_eip_packets', 'Packets to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxPackets : t.txPackets));
+      perEip('natgw_eip_packets', 'Packets to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) =>
+        rx ? t.rxPackets : t.txPackets,
+      );
       perEip('natgw_eip_bytes', 'Bytes to (rx, before DNAT) and from (tx, after SNAT) each EIP; a kernel counter', (t, rx) => (rx ? t.rxBytes : t.txBytes));
     }
     this.syncs = new Counter({
@@ -55,7 +57,11 @@ export class Metrics {
       registers,
     });
     this.objects = new Gauge({ name: 'natgw_objects', help: 'Objects in the desired state, by kind', labelNames: ['kind'], registers });
-    this.driftRepairs = new Counter({ name: 'natgw_drift_repairs_total', help: 'Resyncs that found the kernel differing from the desired state and repaired it', registers });
+    this.driftRepairs = new Counter({
+      name: 'natgw_drift_repairs_total',
+      help: 'Resyncs that found the kernel differing from the desired state and repaired it',
+      registers,
+    });
     this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);

@@ -18,7 +18,7 @@ export class Output {
   }
 
   result(status: number): CommandOutput {
-    const join = (l: string[]) => (l.length ? l.join('\n') + '\n' : '');
+    const join = (l: string[]) => (l.length ? `${l.join('\n')}\n` : '');
     return { status, stdout: join(this.out), stderr: join(this.err) };
   }
 }

@@ -92,7 +92,10 @@ export class HaManager implements HaService {
     const probe = await this.d.exec.run({ file: ha.conntrackd, args: ['-v'], timeoutMs: 5000 });
     if (probe.failedToStart) {
       this.offReason = `${ha.conntrackd} is not installed`;
-      this.d.log.warn({ conntrackd: ha.conntrackd }, 'replica sync off: conntrackd is not installed (install conntrackd, or set NATGW_CONNTRACKD); NAT runs as without replicas');
+      this.d.log.warn(
+        { conntrackd: ha.conntrackd },
+        'replica sync off: conntrackd is not installed (install conntrackd, or set NATGW_CONNTRACKD); NAT runs as without replicas',
+      );
       return;
     }
     if (this.stopped) return;
@@ -112,7 +115,10 @@ export class HaManager implements HaService {
         this.updateHealth();
       },
     });
-    this.d.log.info({ peer: ha.peer, port: ha.port, interface: ha.syncInterface, config: this.paths.config }, 'replica sync on: supervising conntrackd (FTFW over UDP)');
+    this.d.log.info(
+      { peer: ha.peer, port: ha.port, interface: ha.syncInterface, config: this.paths.config },
+      'replica sync on: supervising conntrackd (FTFW over UDP)',
+    );
     this.supervisor.start();
     const period = Math.max(250, Math.min(2000, Math.floor(ha.syncTimeoutMs / 4)));
     const tick = (): void => {
@@ -150,7 +156,14 @@ export class HaManager implements HaService {
       return;
     }
     const deadline = Date.now() + 2000;
-    while (Date.now() < deadline && (await fs.stat(`/proc/${pid}`).then(() => true, () => false))) await new Promise((r) => setTimeout(r, 20));
+    while (
+      Date.now() < deadline &&
+      (await fs.stat(`/proc/${pid}`).then(
+        () => true,
+        () => false,
+      ))
+    )
+      await new Promise((r) => setTimeout(r, 20));
   }
 
   private async addressOf(ifname: string | undefined, peer: string): Promise<string> {
@@ -189,7 +202,7 @@ export class HaManager implements HaService {
       this.statsError = null;
       this.d.metrics.observeStats(s);
       const prev = this.lastReceived;
-      if ((prev === null || prev.pid !== pid) ? s.channel.packetsReceived > 0 : s.channel.packetsReceived > prev.packets) {
+      if (prev === null || prev.pid !== pid ? s.channel.packetsReceived > 0 : s.channel.packetsReceived > prev.packets) {
         this.lastExchange = Date.now();
         this.d.metrics.lastExchange.set(this.lastExchange / 1000);
       }
@@ -223,7 +236,9 @@ export class HaManager implements HaService {
     } else if (this.statsError) {
       reasons.push(this.statsError);
     } else if (this.lastExchange === null || Date.now() - this.lastExchange > ha.syncTimeoutMs) {
-      reasons.push(`nothing received from the peer ${ha.peer} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`);
+      reasons.push(
+        `nothing received from the peer ${ha.peer} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`,
+      );
     }
     return { enabled: true, healthy: reasons.length === 0, reasons };
   }
@@ -250,7 +265,13 @@ export class HaManager implements HaService {
         ? { state: sup.state, pid: sup.pid ?? null, restarts: sup.restarts, lastExit: sup.lastExit, config: this.paths.config, socket: this.paths.socket }
         : null,
       sync: this.ha?.peer
-        ? { peer: this.ha.peer, localAddress: this.localAddress ?? null, port: this.ha.port, lastExchange: this.lastExchange === null ? null : new Date(this.lastExchange).toISOString(), stats: this.stats }
+        ? {
+            peer: this.ha.peer,
+            localAddress: this.localAddress ?? null,
+            port: this.ha.port,
+            lastExchange: this.lastExchange === null ? null : new Date(this.lastExchange).toISOString(),
+            stats: this.stats,
+          }
         : null,
       peerApi: this.peer?.last ?? null,
       lastTakeover: this.lastTakeover,
@@ -276,7 +297,15 @@ export class HaManager implements HaService {
     const state = await this.d.loadState();
     const announced = state.eips.map((e) => e.address).filter(isIpv4);
     for (const ip of announced) this.d.announce(state.interfaces.ext, ip);
-    const result: TakeoverResult = { reason, at: new Date(started).toISOString(), committed, commitError, announced, interface: state.interfaces.ext, ms: Date.now() - started };
+    const result: TakeoverResult = {
+      reason,
+      at: new Date(started).toISOString(),
+      committed,
+      commitError,
+      announced,
+      interface: state.interfaces.ext,
+      ms: Date.now() - started,
+    };
     this.lastTakeover = result;
     this.d.metrics.takeovers.inc({ outcome: committed ? 'committed' : 'announced-only' });
     this.d.log.info({ ...result, announced: announced.length }, 'takeover: this replica is the active path');

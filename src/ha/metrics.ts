@@ -32,8 +32,16 @@ export class HaMetrics {
         if (d !== undefined) this.set({ digest: d }, 1);
       },
     });
-    this.enabled = new Gauge({ name: 'natgw_ha_sync_enabled', help: '1 when replica sync with conntrackd is configured and conntrackd is installed', registers });
-    this.healthy = new Gauge({ name: 'natgw_ha_sync_healthy', help: '1 when conntrackd runs, answers, and heard from the peer within NATGW_HA_SYNC_TIMEOUT', registers });
+    this.enabled = new Gauge({
+      name: 'natgw_ha_sync_enabled',
+      help: '1 when replica sync with conntrackd is configured and conntrackd is installed',
+      registers,
+    });
+    this.healthy = new Gauge({
+      name: 'natgw_ha_sync_healthy',
+      help: '1 when conntrackd runs, answers, and heard from the peer within NATGW_HA_SYNC_TIMEOUT',
+      registers,
+    });
     this.conntrackdUp = new Gauge({ name: 'natgw_ha_conntrackd_up', help: '1 while the supervised conntrackd process runs', registers });
     this.restarts = new Counter({ name: 'natgw_ha_conntrackd_restarts_total', help: 'Times conntrackd exited and natgw started it again', registers });
     this.entries = new Gauge({
@@ -42,18 +50,41 @@ export class HaMetrics {
       labelNames: ['direction'],
       registers,
     });
-    this.cacheEntries = new Gauge({ name: 'natgw_ha_sync_cache_entries', help: "Flows now in conntrackd's internal (own) and external (peer's) cache", labelNames: ['cache'], registers });
-    this.packets = new Gauge({ name: 'natgw_ha_sync_packets', help: 'Packets on the sync channel since conntrackd started', labelNames: ['direction'], registers });
+    this.cacheEntries = new Gauge({
+      name: 'natgw_ha_sync_cache_entries',
+      help: "Flows now in conntrackd's internal (own) and external (peer's) cache",
+      labelNames: ['cache'],
+      registers,
+    });
+    this.packets = new Gauge({
+      name: 'natgw_ha_sync_packets',
+      help: 'Packets on the sync channel since conntrackd started',
+      labelNames: ['direction'],
+      registers,
+    });
     this.errors = new Gauge({
       name: 'natgw_ha_sync_errors',
       help: 'Sync errors since conntrackd started: send and receive errors on the channel, malformed and lost messages, failed cache operations',
       labelNames: ['kind'],
       registers,
     });
-    this.lastExchange = new Gauge({ name: 'natgw_ha_sync_last_exchange_timestamp_seconds', help: 'When conntrackd last received anything from the peer (Unix time; 0: never)', registers });
-    this.peerDivergent = new Gauge({ name: 'natgw_ha_peer_divergent', help: "1 when the peer's desired-state digest differs from this replica's (NATGW_HA_PEER_API)", registers });
+    this.lastExchange = new Gauge({
+      name: 'natgw_ha_sync_last_exchange_timestamp_seconds',
+      help: 'When conntrackd last received anything from the peer (Unix time; 0: never)',
+      registers,
+    });
+    this.peerDivergent = new Gauge({
+      name: 'natgw_ha_peer_divergent',
+      help: "1 when the peer's desired-state digest differs from this replica's (NATGW_HA_PEER_API)",
+      registers,
+    });
     this.peerReachable = new Gauge({ name: 'natgw_ha_peer_reachable', help: "1 when the last read of the peer's digest succeeded", registers });
-    this.takeovers = new Counter({ name: 'natgw_ha_takeovers_total', help: 'Takeovers (commit of the external cache, gratuitous ARP for every EIP)', labelNames: ['outcome'], registers });
+    this.takeovers = new Counter({
+      name: 'natgw_ha_takeovers_total',
+      help: 'Takeovers (commit of the external cache, gratuitous ARP for every EIP)',
+      labelNames: ['outcome'],
+      registers,
+    });
     for (const g of [this.enabled, this.healthy, this.conntrackdUp, this.lastExchange, this.peerDivergent, this.peerReachable]) g.set(0);
   }
 

@@ -43,10 +43,12 @@ export class PeerCompare {
   start(): void {
     if (this.timer) return;
     const tick = (): void => {
-      this.running = this.check().then(() => undefined).finally(() => {
-        this.running = undefined;
-        if (this.timer) this.timer = setTimeout(tick, this.o.periodMs).unref();
-      });
+      this.running = this.check()
+        .then(() => undefined)
+        .finally(() => {
+          this.running = undefined;
+          if (this.timer) this.timer = setTimeout(tick, this.o.periodMs).unref();
+        });
     };
     this.timer = setTimeout(tick, 0).unref();
   }
@@ -74,7 +76,10 @@ export class PeerCompare {
       const own = await this.o.own();
       next = { api: this.o.api, digest: body.digest, divergent: body.digest !== own, checkedAt: new Date().toISOString(), error: null };
       if (next.divergent && before.divergent !== true) {
-        this.o.log.warn({ peer: this.o.api, own, theirs: body.digest }, "replicas disagree: the peer's desired state differs from this one (natgw changes nothing; resend the rules to both)");
+        this.o.log.warn(
+          { peer: this.o.api, own, theirs: body.digest },
+          "replicas disagree: the peer's desired state differs from this one (natgw changes nothing; resend the rules to both)",
+        );
       } else if (!next.divergent && before.divergent === true) {
         this.o.log.info({ peer: this.o.api, digest: own }, 'replicas agree again');
       }

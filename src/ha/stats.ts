@@ -64,7 +64,15 @@ function cache(text: string, name: 'internal' | 'external'): CacheStats {
   const [created, createFailed] = pair('created');
   const [updated, updateFailed] = pair('updated');
   const [destroyed, destroyFailed] = pair('destroyed');
-  return { active: num(b, /^current active connections:\s+(\d+)/, `active connections in cache ${name}`), created, createFailed, updated, updateFailed, destroyed, destroyFailed };
+  return {
+    active: num(b, /^current active connections:\s+(\d+)/, `active connections in cache ${name}`),
+    created,
+    createFailed,
+    updated,
+    updateFailed,
+    destroyed,
+    destroyFailed,
+  };
 }
 
 /**
@@ -73,7 +81,7 @@ function cache(text: string, name: 'internal' | 'external'): CacheStats {
  */
 export function parseConntrackdStats(text: string): ConntrackdStats {
   const udp = block(text, /^(UDP|TCP|Multicast) traffic/);
-  if (!udp) throw new StatsParseError("conntrackd -s: no sync channel traffic section (is conntrackd in sync mode?)");
+  if (!udp) throw new StatsParseError('conntrackd -s: no sync channel traffic section (is conntrackd in sync mode?)');
   const device = /device=([^\s):]+)/.exec(udp[0] ?? '')?.[1] ?? '';
   const pairOf = (re: RegExp, what: string): [number, number] => {
     for (const l of udp) {

@@ -128,7 +128,10 @@ export class Supervisor {
     this.failures++;
     this.restarts++;
     const what = code === null && signal === null ? 'could not start' : 'exited';
-    this.o.log.warn({ child: this.o.file, code, signal, error, ranMs, restartInMs: delay }, `${this.o.file} ${what}; restarting it after a backoff (NAT is not affected)`);
+    this.o.log.warn(
+      { child: this.o.file, code, signal, error, ranMs, restartInMs: delay },
+      `${this.o.file} ${what}; restarting it after a backoff (NAT is not affected)`,
+    );
     this.nextStartAt = Date.now() + delay;
     this.set('backoff');
     this.timer = setTimeout(() => void this.launch(), delay);

@@ -18,7 +18,9 @@ export function canonicalJson(v: unknown): string {
     text = `[${v.map((x: unknown) => (x === undefined ? 'null' : canonicalJson(x))).join(',')}]`;
   } else {
     const o = v as Record<string, unknown>;
-    const keys = Object.keys(o).filter((k) => o[k] !== undefined).sort();
+    const keys = Object.keys(o)
+      .filter((k) => o[k] !== undefined)
+      .sort();
     text = `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
   }
   texts.set(v, text);

@@ -19,6 +19,7 @@ function fields(rule: string, kind: string, min: number, max = min): string[] {
 
 /** Control characters are escaped so a message stays one line in the controller's log. */
 export function printable(s: string): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what this escapes
   return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
 }
 
@@ -148,7 +149,11 @@ export function parseShareDnatAdd(rule: string): ShareDnat {
     throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
   }
   const { eip: e, port: portNum, protocol: pr, protocolText } = shareIdentity(eip, p, proto);
-  const backendTexts = parts.slice(3).join(',').split('@').filter((b) => b !== '');
+  const backendTexts = parts
+    .slice(3)
+    .join(',')
+    .split('@')
+    .filter((b) => b !== '');
   if (backendText === '' || backendTexts.length === 0) throw new ValidationError(printable(`Error: no backends specified in rule: ${rule}`));
   const backends = backendTexts.map((b) => {
     const colon = b.lastIndexOf(':');

@@ -52,9 +52,10 @@ export function parseCidr(s: string, opts: { clearHostBits?: boolean; family?: F
   }
   let address = canonicalIp(addr);
   if (opts.clearHostBits) {
-    address = ipaddr.IPv4.isValid(address) && fam === 4
-      ? ipaddr.IPv4.networkAddressFromCIDR(`${address}/${prefix}`).toString()
-      : ipaddr.IPv6.networkAddressFromCIDR(`${address}/${prefix}`).toString();
+    address =
+      ipaddr.IPv4.isValid(address) && fam === 4
+        ? ipaddr.IPv4.networkAddressFromCIDR(`${address}/${prefix}`).toString()
+        : ipaddr.IPv6.networkAddressFromCIDR(`${address}/${prefix}`).toString();
   }
   return { address, prefix };
 }

@@ -102,7 +102,10 @@ export function gwQosShapeIssues(q: Pick<GwQos, 'direction' | 'dev' | 'classifie
 }[] {
   const issues: { field: string; message: string }[] = [];
   if (q.direction === 'ingress' && ifbName(q.dev).length > IFNAMSIZ_MAX) {
-    issues.push({ field: 'dev', message: `interface name '${q.dev}' is too long for its IFB device '${ifbName(q.dev)}' (at most ${IFNAMSIZ_MAX - IFB_PREFIX.length} characters)` });
+    issues.push({
+      field: 'dev',
+      message: `interface name '${q.dev}' is too long for its IFB device '${ifbName(q.dev)}' (at most ${IFNAMSIZ_MAX - IFB_PREFIX.length} characters)`,
+    });
   }
   if (q.classifier === 'u32') {
     if (q.matchType !== 'ip') issues.push({ field: 'matchType', message: `match type '${q.matchType}' is not ip` });
@@ -120,8 +123,7 @@ export function gwQosShapeIssues(q: Pick<GwQos, 'direction' | 'dev' | 'classifie
 
 // ---- identities ----
 export const eipQosKey = (q: Pick<EipQos, 'direction' | 'ip'>): string => `${q.direction}|${q.ip}`;
-export const gwQosKey = (q: GwQosId): string =>
-  [q.direction, q.dev, tcPrio(q.priority), q.classifier, q.matchDirection, q.cidr].join('|');
+export const gwQosKey = (q: GwQosId): string => [q.direction, q.dev, tcPrio(q.priority), q.classifier, q.matchDirection, q.cidr].join('|');
 
 // ---- naming and numbering shared by the allocator and the renderer ----
 

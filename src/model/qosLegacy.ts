@@ -2,8 +2,18 @@ import { ValidationError } from './errors.js';
 import { printable } from './legacy.js';
 import { isInterfaceName, isIpv4, parseCidr } from './net.js';
 import {
-  type Direction, type EipQos, type GwQos, type GwQosId,
-  canonicalDecimal, canonicalQosCidr, gwQosShapeIssues, burstBytes, rateBytesPerSecond, MAX_BURST_MB, MAX_RATE_MBIT, MIN_RATE_MBIT,
+  type Direction,
+  type EipQos,
+  type GwQos,
+  type GwQosId,
+  canonicalDecimal,
+  canonicalQosCidr,
+  gwQosShapeIssues,
+  burstBytes,
+  rateBytesPerSecond,
+  MAX_BURST_MB,
+  MAX_RATE_MBIT,
+  MIN_RATE_MBIT,
 } from './qos.js';
 
 /**
@@ -36,7 +46,8 @@ function priority(kind: string, rule: string, s: string): number {
 function positiveDecimal(kind: string, rule: string, what: 'rate' | 'burst', s: string): string {
   if (!/^(\d+(\.\d+)?|\.\d+)$/.test(s) || !(Number(s) > 0)) throw bad(kind, rule, `${what} '${s}' is not a positive decimal`);
   if (what === 'rate' && Number(s) > MAX_RATE_MBIT) throw bad(kind, rule, `rate '${s}' exceeds ${MAX_RATE_MBIT} Mbit/s`);
-  if (what === 'rate' && rateBytesPerSecond(s) < 1) throw bad(kind, rule, `rate '${s}' is below ${MIN_RATE_MBIT} Mbit/s (one byte per second, the least tc can express)`);
+  if (what === 'rate' && rateBytesPerSecond(s) < 1)
+    throw bad(kind, rule, `rate '${s}' is below ${MIN_RATE_MBIT} Mbit/s (one byte per second, the least tc can express)`);
   if (what === 'burst' && Number(s) > MAX_BURST_MB) throw bad(kind, rule, `burst '${s}' exceeds ${MAX_BURST_MB} MB`);
   if (what === 'burst' && burstBytes(s) < 1) throw bad(kind, rule, `burst '${s}' is less than one byte`);
   return canonicalDecimal(s);
@@ -93,9 +104,17 @@ function gwIdentity(rule: string, parts: readonly string[]): GwQosId & Pick<GwQo
 export function parseGwQos(rule: string): GwQos {
   const parts = rule.split(',');
   if (parts.length !== 9) {
-    throw bad('qos', rule, `expected 9 comma-separated fields (direction,dev,priority,classifier,matchType,matchDirection,cidr,rate,burst), got ${parts.length}`);
+    throw bad(
+      'qos',
+      rule,
+      `expected 9 comma-separated fields (direction,dev,priority,classifier,matchType,matchDirection,cidr,rate,burst), got ${parts.length}`,
+    );
   }
-  return { ...gwIdentity(rule, parts), rate: positiveDecimal('qos', rule, 'rate', parts[7] ?? ''), burst: positiveDecimal('qos', rule, 'burst', parts[8] ?? '') };
+  return {
+    ...gwIdentity(rule, parts),
+    rate: positiveDecimal('qos', rule, 'rate', parts[7] ?? ''),
+    burst: positiveDecimal('qos', rule, 'burst', parts[8] ?? ''),
+  };
 }
 
 /**
@@ -105,7 +124,11 @@ export function parseGwQos(rule: string): GwQos {
 export function parseGwQosDel(rule: string): GwQosId {
   const parts = rule.split(',');
   if (parts.length !== 7 && parts.length !== 9) {
-    throw bad('qos', rule, `expected 7 or 9 comma-separated fields (direction,dev,priority,classifier,matchType,matchDirection,cidr[,rate,burst]), got ${parts.length}`);
+    throw bad(
+      'qos',
+      rule,
+      `expected 7 or 9 comma-separated fields (direction,dev,priority,classifier,matchType,matchDirection,cidr[,rate,burst]), got ${parts.length}`,
+    );
   }
   const { matchType: _unused, ...id } = gwIdentity(rule, parts);
   return id;

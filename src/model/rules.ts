@@ -54,12 +54,7 @@ export const snatSchema = z
      * A pool: new connections take these EIPs in turn (the first is `eip`), so a busy subnet is
      * not limited to one EIP's source ports. Absent for a single-EIP SNAT.
      */
-    eips: z
-      .array(ipSchema)
-      .min(2)
-      .max(MAX_SNAT_POOL)
-      .optional()
-      .describe('A pool of EIPs starting with eip: new connections take them in turn'),
+    eips: z.array(ipSchema).min(2).max(MAX_SNAT_POOL).optional().describe('A pool of EIPs starting with eip: new connections take them in turn'),
   })
   .superRefine((s, ctx) => {
     sameFamily(ctx, s.eip, s.cidr, 'cidr');
@@ -67,7 +62,7 @@ export const snatSchema = z
     if (s.eips[0] !== s.eip) ctx.addIssue({ code: 'custom', path: ['eips'], message: `must start with the SNAT's eip ${s.eip}` });
     if (new Set(s.eips).size !== s.eips.length) ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must not repeat an address' });
     if (s.eips.some((e) => e.includes(':') !== s.eip.includes(':'))) {
-      ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must all be of the eip\'s IP family' });
+      ctx.addIssue({ code: 'custom', path: ['eips'], message: "must all be of the eip's IP family" });
     }
   });
 export type Snat = z.infer<typeof snatSchema>;
@@ -146,8 +141,7 @@ export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;
 export const eipKey = (e: Pick<Eip, 'address'>): string => e.address;
 
 /** An allocation-free identity test, for scans that need no key index. */
-export const sameDnat = (a: DnatId, b: DnatId): boolean =>
-  a.eip === b.eip && a.port === b.port && a.protocol === b.protocol && a.portEnd === b.portEnd;
+export const sameDnat = (a: DnatId, b: DnatId): boolean => a.eip === b.eip && a.port === b.port && a.protocol === b.protocol && a.portEnd === b.portEnd;
 
 export function prefixOf(cidr: string): number {
   return Number(cidr.slice(cidr.indexOf('/') + 1));

@@ -114,7 +114,18 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
 }
 
 /** Kernel conntrack statistics natgw exports (`conntrack -S`, summed over CPUs). */
-export const CONNTRACK_STATS = ['found', 'invalid', 'insert', 'insert_failed', 'drop', 'early_drop', 'error', 'search_restart', 'clash_resolve', 'chaintoolong'] as const;
+export const CONNTRACK_STATS = [
+  'found',
+  'invalid',
+  'insert',
+  'insert_failed',
+  'drop',
+  'early_drop',
+  'error',
+  'search_restart',
+  'clash_resolve',
+  'chaintoolong',
+] as const;
 export type ConntrackStat = (typeof CONNTRACK_STATS)[number];
 
 /** PURE: `conntrack -S` output (one `cpu=N key=value …` line per CPU) → each statistic summed over CPUs. */

@@ -63,7 +63,7 @@ export class ConntrackMetrics {
       registers,
       async collect() {
         const r = await opts.exec.run({ file: 'conntrack', args: ['-S'], timeoutMs: 5000 }).catch(() => undefined);
-        if (!r || r.exitCode !== 0) return;
+        if (r?.exitCode !== 0) return;
         const stats = parseConntrackStats(r.stdout);
         for (const stat of CONNTRACK_STATS) {
           const v = stats.get(stat);
@@ -92,7 +92,12 @@ export class ConntrackMetrics {
         },
       });
     }
-    this.flowStarts = new Counter({ name: 'natgw_flow_starts_total', help: 'Connections started through natgw, per EIP and kind', labelNames: ['eip', 'kind'], registers });
+    this.flowStarts = new Counter({
+      name: 'natgw_flow_starts_total',
+      help: 'Connections started through natgw, per EIP and kind',
+      labelNames: ['eip', 'kind'],
+      registers,
+    });
     this.flowLogLines = new Counter({ name: 'natgw_flow_log_lines_total', help: 'Flow-log lines written', registers });
     this.flowLogDropped = new Counter({
       name: 'natgw_flow_log_dropped_total',
@@ -100,7 +105,11 @@ export class ConntrackMetrics {
       labelNames: ['reason'],
       registers,
     });
-    this.monitorRestarts = new Counter({ name: 'natgw_conntrack_events_restarts_total', help: 'Restarts of the conntrack -E child (events in between were lost; counts are re-read)', registers });
+    this.monitorRestarts = new Counter({
+      name: 'natgw_conntrack_events_restarts_total',
+      help: 'Restarts of the conntrack -E child (events in between were lost; counts are re-read)',
+      registers,
+    });
     for (const reason of ['rate', 'backlog']) this.flowLogDropped.inc({ reason }, 0);
   }
 

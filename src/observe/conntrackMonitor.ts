@@ -103,7 +103,8 @@ export class ConntrackMonitor {
       child = spawn(tool, [...EVENT_ARGS], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
     } catch (e) {
       this.opts.log.warn({ err: e }, 'conntrack events: cannot start conntrack');
-      return this.scheduleRestart();
+      this.scheduleRestart();
+      return;
     }
     this.child = child;
     this.upSince = Date.now();

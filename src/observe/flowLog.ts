@@ -25,8 +25,7 @@ export interface FlowRecord {
   readonly durationS?: number;
 }
 
-const pair = (o: Counters | undefined, r: Counters | undefined, k: keyof Counters) =>
-  o && r ? { original: o[k], reply: r[k] } : undefined;
+const pair = (o: Counters | undefined, r: Counters | undefined, k: keyof Counters) => (o && r ? { original: o[k], reply: r[k] } : undefined);
 
 /** PURE: a classified conntrack event → its flow line. */
 export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number): FlowRecord {
@@ -97,8 +96,14 @@ export class FlowLog {
   }
 
   log(r: FlowRecord): void {
-    if (!this.bucket.take()) return this.opts.onDrop?.('rate');
-    if (!this.opts.sink.write(JSON.stringify(r))) return this.opts.onDrop?.('backlog');
+    if (!this.bucket.take()) {
+      this.opts.onDrop?.('rate');
+      return;
+    }
+    if (!this.opts.sink.write(JSON.stringify(r))) {
+      this.opts.onDrop?.('backlog');
+      return;
+    }
     this.opts.onWrite?.();
   }
 

@@ -8,10 +8,7 @@ import { ConntrackMonitor } from './conntrackMonitor.js';
 import { ConntrackMetrics, conntrackAcctOn, enableConntrackSysctls } from './conntrackMetrics.js';
 import { FlowLog, fileSink, stdoutSink } from './flowLog.js';
 
-type ObserveConfig = Pick<
-  Config,
-  'flowLog' | 'flowLogFile' | 'flowLogMaxSize' | 'flowLogRate' | 'flowLogBurst' | 'conntrackMetrics' | 'conntrackSysctls'
->;
+type ObserveConfig = Pick<Config, 'flowLog' | 'flowLogFile' | 'flowLogMaxSize' | 'flowLogRate' | 'flowLogBurst' | 'conntrackMetrics' | 'conntrackSysctls'>;
 
 /**
  * The daemon's metrics registry: the agent's metrics plus the conntrack and flow metrics. The
@@ -36,9 +33,7 @@ export class Observer {
   private latest: DesiredState | undefined;
   private stopped = false;
 
-  constructor(
-    private readonly deps: { readonly config: ObserveConfig; readonly exec: Executor; readonly log: Logger },
-  ) {}
+  constructor(private readonly deps: { readonly config: ObserveConfig; readonly exec: Executor; readonly log: Logger }) {}
 
   /** For daemonMetrics(): the monitor once started. */
   readonly current = (): ConntrackMonitor | undefined => this.monitor;

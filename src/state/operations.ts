@@ -1,7 +1,18 @@
 import { ConflictError } from '../model/errors.js';
 import {
-  type Dnat, type DnatId, type Eip, type Fip, type Route, type ShareDnat, type Snat,
-  dnatKey, fipKey, portText, prefixOf, sameDnat, snatKey,
+  type Dnat,
+  type DnatId,
+  type Eip,
+  type Fip,
+  type Route,
+  type ShareDnat,
+  type Snat,
+  dnatKey,
+  fipKey,
+  portText,
+  prefixOf,
+  sameDnat,
+  snatKey,
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
@@ -128,8 +139,7 @@ function rangesOf(list: readonly Dnat[]): Map<string, Dnat[]> {
 }
 
 const lastPort = (d: Pick<Dnat, 'port' | 'portEnd'>): number => d.portEnd ?? d.port;
-const overlaps = (a: Pick<Dnat, 'port' | 'portEnd'>, b: Pick<Dnat, 'port' | 'portEnd'>): boolean =>
-  a.port <= lastPort(b) && b.port <= lastPort(a);
+const overlaps = (a: Pick<Dnat, 'port' | 'portEnd'>, b: Pick<Dnat, 'port' | 'portEnd'>): boolean => a.port <= lastPort(b) && b.port <= lastPort(a);
 
 function dnatConflict(d: Dnat, holder: Dnat, what: string): ConflictError {
   return new ConflictError(
@@ -199,7 +209,11 @@ export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
   return {
     state: { ...s, dnats: s.dnats.filter((x) => !gone.has(dnatKey(x))) },
     effects: ids.map((id) => ({
-      kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port, ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
+      kind: 'conntrack-flush',
+      dst: id.eip,
+      protocol: id.protocol,
+      port: id.port,
+      ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
     })),
   };
 }

@@ -1,8 +1,26 @@
 import { ConflictError, ValidationError } from '../model/errors.js';
 import {
-  type ClassRange, type Direction, type EipQos, type GwQos, type GwQosId,
-  CLASS_RANGES, DEFAULT_CLASS, GW_HANDLE_MIN, HANDLE_MAX, HANDLE_MIN, CATCH_ALL_HANDLE, IFNAMSIZ_MAX,
-  eipFirstClassId, eipQosDevice, eipQosKey, gwClassRange, gwFirstClassId, gwQosDevice, gwQosKey, ifbName, tcPrio,
+  type ClassRange,
+  type Direction,
+  type EipQos,
+  type GwQos,
+  type GwQosId,
+  CLASS_RANGES,
+  DEFAULT_CLASS,
+  GW_HANDLE_MIN,
+  HANDLE_MAX,
+  HANDLE_MIN,
+  CATCH_ALL_HANDLE,
+  IFNAMSIZ_MAX,
+  eipFirstClassId,
+  eipQosDevice,
+  eipQosKey,
+  gwClassRange,
+  gwFirstClassId,
+  gwQosDevice,
+  gwQosKey,
+  ifbName,
+  tcPrio,
 } from '../model/qos.js';
 import type { OpResult } from './operations.js';
 import type { DesiredState } from './state.js';
@@ -42,8 +60,7 @@ function gwSlot(q: GwQos): Slot {
   };
 }
 
-const inRange = (id: number, range: ClassRange): boolean =>
-  id >= CLASS_RANGES[range].min && id <= CLASS_RANGES[range].max && id !== DEFAULT_CLASS;
+const inRange = (id: number, range: ClassRange): boolean => id >= CLASS_RANGES[range].min && id <= CLASS_RANGES[range].max && id !== DEFAULT_CLASS;
 
 /** Deterministic linear probe from the first choice, wrapping inside the range. */
 export function probeClassId(range: ClassRange, first: number, used: ReadonlySet<number>, device = ''): number {
@@ -161,7 +178,12 @@ export function allocateQos(s: DesiredState, hints: AllocationHints = {}): Desir
 
   const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
   const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
-  if (eipOut.every((q, i) => sameIds(q, eipQos[i]!)) && gwOut.every((q, i) => sameIds(q, qos[i]!)) && eipQos.length === s.eipQos.length && qos.length === s.qos.length) {
+  if (
+    eipOut.every((q, i) => sameIds(q, eipQos[i]!)) &&
+    gwOut.every((q, i) => sameIds(q, qos[i]!)) &&
+    eipQos.length === s.eipQos.length &&
+    qos.length === s.qos.length
+  ) {
     return s;
   }
   return { ...s, eipQos: eipOut, qos: gwOut };
@@ -191,8 +213,7 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
 
 const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
 
-const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean =>
-  a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
+const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 
 /** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit. */
 function checkIfbName(rule: string, dev: string): void {

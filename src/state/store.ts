@@ -65,7 +65,15 @@ async function syncDir(dir: string): Promise<void> {
 }
 
 const COLLECTION_SIZE = (s: DesiredState): number =>
-  s.eips.length + s.snats.length + s.dnats.length + s.fips.length + s.shareDnats.length + s.routes.length + s.eipQos.length + s.qos.length + s.neighbours.length;
+  s.eips.length +
+  s.snats.length +
+  s.dnats.length +
+  s.fips.length +
+  s.shareDnats.length +
+  s.routes.length +
+  s.eipQos.length +
+  s.qos.length +
+  s.neighbours.length;
 
 async function readJson(file: string): Promise<unknown | undefined> {
   try {
@@ -81,9 +89,7 @@ export const backendRecordSchema = z.object({
   kind: z.enum(['iptables', 'nftables']),
   variant: z.enum(['legacy', 'nft']).optional(),
   /** The previous backend whose objects still wait to be removed (SPEC §4.3 switching). */
-  pendingCleanup: z
-    .object({ kind: z.enum(['iptables', 'nftables']), variant: z.enum(['legacy', 'nft']).optional() })
-    .optional(),
+  pendingCleanup: z.object({ kind: z.enum(['iptables', 'nftables']), variant: z.enum(['legacy', 'nft']).optional() }).optional(),
 });
 export type BackendRecord = z.infer<typeof backendRecordSchema>;
 
@@ -307,7 +313,7 @@ export class StateStore {
   }
 
   async saveBackend(rec: BackendRecord): Promise<void> {
-    await writeFileAtomic(this.backendFile, JSON.stringify(rec) + '\n');
+    await writeFileAtomic(this.backendFile, `${JSON.stringify(rec)}\n`);
   }
 
   /**

@@ -108,10 +108,7 @@ export class SystemExecutor implements Executor {
       failedToStart: r.exitCode === undefined && !timedOut && r.signal === undefined,
     };
     if (timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
-    this.log?.debug(
-      { cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 },
-      'exec',
-    );
+    this.log?.debug({ cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 }, 'exec');
     return result;
   }
 

@@ -42,7 +42,7 @@ describe('resources', () => {
     await request(app).get(`/v1/dnats/${EIP},9999,tcp`).expect(404);
   });
 
-  it('answers 409 with exactly the shim\'s conflict message, and applies nothing', async () => {
+  it("answers 409 with exactly the shim's conflict message, and applies nothing", async () => {
     await request(app).put(`/v1/dnats/${DNAT_ID}`).send({ internalIp: '10.0.1.6', internalPort: 80 }).expect(201);
     const before = structuredClone(engine.state);
     const gen = engine.generation;
@@ -50,7 +50,10 @@ describe('resources', () => {
     expect(engine.state).toEqual(before);
     expect(engine.generation).toBe(gen);
 
-    const shim = await request(app).post('/v1/legacy').send({ command: 'dnat-add', rules: [`${DNAT_ID},10.0.1.7,81`] }).expect(200);
+    const shim = await request(app)
+      .post('/v1/legacy')
+      .send({ command: 'dnat-add', rules: [`${DNAT_ID},10.0.1.7,81`] })
+      .expect(200);
     expect(shim.body.status).toBe(1);
     const shimLines = (shim.body.stdout as string).split('\n');
     expect(api.body).toEqual({ error: 'conflict', message: shimLines[1] });
@@ -59,10 +62,13 @@ describe('resources', () => {
     );
   });
 
-  it('gives a FIP the shim\'s conflict text too, and replaces a target with ?replace=true', async () => {
+  it("gives a FIP the shim's conflict text too, and replaces a target with ?replace=true", async () => {
     await request(app).put('/v1/fips/172.20.0.11').send({ internalIp: '10.0.1.6' }).expect(201);
     const conflict = await request(app).put('/v1/fips/172.20.0.11').send({ internalIp: '10.0.1.7' }).expect(409);
-    const shim = await request(app).post('/v1/legacy').send({ command: 'floating-ip-add', rules: ['172.20.0.11,10.0.1.7'] }).expect(200);
+    const shim = await request(app)
+      .post('/v1/legacy')
+      .send({ command: 'floating-ip-add', rules: ['172.20.0.11,10.0.1.7'] })
+      .expect(200);
     expect(conflict.body.message).toBe((shim.body.stdout as string).split('\n')[1]);
 
     const replaced = await request(app).put('/v1/fips/172.20.0.11?replace=true').send({ internalIp: '10.0.1.7' }).expect(200);
@@ -141,7 +147,12 @@ describe('resources', () => {
   it('serves every kind: share-DNATs keep the protocol text, QoS rules get ids allocated', async () => {
     const sd = await request(app)
       .put(`/v1/share-dnats/${EIP},9000,TCP`)
-      .send({ backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] })
+      .send({
+        backends: [
+          { ip: '10.0.1.6', port: 80 },
+          { ip: '10.0.1.7', port: 80 },
+        ],
+      })
       .expect(201);
     expect(sd.body).toMatchObject({ protocol: 'tcp', protocolText: 'TCP' });
     const q = await request(app).put('/v1/qos/egress,net1,10,u32,dst,10.0.1.0%2F24').send({ rate: '100', burst: '2', classId: 5 }).expect(201);
@@ -155,12 +166,18 @@ describe('resources', () => {
 });
 
 describe('POST /v1/legacy', () => {
-  it('returns the command\'s status, stdout and stderr exactly, with HTTP 200 whenever it ran', async () => {
-    const ok = await request(app).post('/v1/legacy').send({ command: 'dnat-add', rules: [`${DNAT_ID},10.0.1.6,80`] }).expect(200);
+  it("returns the command's status, stdout and stderr exactly, with HTTP 200 whenever it ran", async () => {
+    const ok = await request(app)
+      .post('/v1/legacy')
+      .send({ command: 'dnat-add', rules: [`${DNAT_ID},10.0.1.6,80`] })
+      .expect(200);
     expect(ok.body).toEqual({ status: 0, stdout: `dnat-add ${DNAT_ID},10.0.1.6,80\n`, stderr: '' });
     expect(engine.state.dnats).toHaveLength(1);
 
-    const bad = await request(app).post('/v1/legacy').send({ command: 'dnat-add', rules: [`${EIP},x,tcp,10.0.1.6,80`] }).expect(200);
+    const bad = await request(app)
+      .post('/v1/legacy')
+      .send({ command: 'dnat-add', rules: [`${EIP},x,tcp,10.0.1.6,80`] })
+      .expect(200);
     expect(bad.body.status).toBe(1);
     expect(bad.body.stderr).toBe('');
 
@@ -169,7 +186,10 @@ describe('POST /v1/legacy', () => {
     expect(unknown.body.stdout).toMatch(/^Unknown command: frobnicate\n\nUsage:/);
 
     engine.initialized = false;
-    const guarded = await request(app).post('/v1/legacy').send({ command: 'eip-add', rules: [`${EIP}/24`] }).expect(200);
+    const guarded = await request(app)
+      .post('/v1/legacy')
+      .send({ command: 'eip-add', rules: [`${EIP}/24`] })
+      .expect(200);
     expect(guarded.body).toEqual({ status: 1, stdout: `eip-add ${EIP}/24\n`, stderr: 'nat gateway not initialized\n' });
   });
 
@@ -236,7 +256,10 @@ describe('the whole state', () => {
     dup.desired.fips.push({ eip: '172.20.0.11', internalIp: '10.0.1.8' });
     const d = await request(app).put('/v1/state').send(dup).expect(400);
     expect(d.body).toMatchObject({ field: 'desired.fips[1]' });
-    const bad = await request(app).put('/v1/state').send({ desired: { interfaces: { vpc: 'eth0' } } }).expect(400);
+    const bad = await request(app)
+      .put('/v1/state')
+      .send({ desired: { interfaces: { vpc: 'eth0' } } })
+      .expect(400);
     expect(bad.body.field).toBe('desired.interfaces.ext');
     expect(engine.generation).toBe(gen + 1);
   });

@@ -64,7 +64,12 @@ export class FakeEngine implements EngineLike {
     try {
       if (opts.guarded && !this.initialized) throw new NotInitializedError();
       const backend = this.backend();
-      const { state: next, effects } = await fn({ state: this.state, backend, choice: { kind: 'iptables', variant: 'legacy' }, initialized: async () => this.initialized });
+      const { state: next, effects } = await fn({
+        state: this.state,
+        backend,
+        choice: { kind: 'iptables', variant: 'legacy' },
+        initialized: async () => this.initialized,
+      });
       this.transactions++;
       const started = performance.now();
       if (this.applyDelayMs) await new Promise((r) => setTimeout(r, this.applyDelayMs));

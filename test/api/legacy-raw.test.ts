@@ -51,7 +51,11 @@ const raw = (body: string) =>
     .send(body);
 
 /** Undo escapeStderr the way bash's printf %b does. */
-const unescape = (s: string) => Buffer.from(s.replace(/\\x([0-9a-f]{2})/g, (_, h: string) => String.fromCharCode(parseInt(h, 16))), 'latin1').toString('utf8');
+const unescapeStderr = (s: string) =>
+  Buffer.from(
+    s.replace(/\\x([0-9a-f]{2})/g, (_, h: string) => String.fromCharCode(parseInt(h, 16))),
+    'latin1',
+  ).toString('utf8');
 
 describe('POST /v1/legacy/raw', () => {
   it('runs the command exactly as POST /v1/legacy does', async () => {
@@ -59,7 +63,7 @@ describe('POST /v1/legacy/raw', () => {
       ['dnat-add', [`${EIP},8080,tcp,10.0.1.6,80`]],
       ['dnat-add', [`${EIP},8080,tcp,10.0.1.7,80`]],
       ['dnat-add', [`${EIP},x,tcp,10.0.1.6,80`]],
-      ['frobnicate', ['a b', '', "'$(x)'\n\"q\""]],
+      ['frobnicate', ['a b', '', '\'$(x)\'\n"q"']],
       ['', []],
     ];
     for (const [command, rules] of cases) {
@@ -68,7 +72,7 @@ describe('POST /v1/legacy/raw', () => {
       expect(viaForm.headers['content-type']).toMatch(/^text\/plain/);
       expect((viaForm.body as Buffer).toString('utf8')).toBe(viaJson.body.stdout);
       expect(viaForm.headers['x-natgw-status']).toBe(String(viaJson.body.status));
-      expect(unescape(viaForm.headers['x-natgw-stderr'] ?? 'missing')).toBe(viaJson.body.stderr);
+      expect(unescapeStderr(viaForm.headers['x-natgw-stderr'] ?? 'missing')).toBe(viaJson.body.stderr);
     }
     engine.initialized = false;
     const guarded = await raw(form('eip-add', [`${EIP}/24`])).expect(200);
@@ -126,7 +130,7 @@ describe('POST /v1/legacy/raw', () => {
     const e = escapeStderr(text);
     expect(e).toMatch(/^[\x21-\x7e]*$/);
     expect(e).not.toMatch(/\\(?!x[0-9a-f]{2})/);
-    expect(unescape(e)).toBe(text);
+    expect(unescapeStderr(e)).toBe(text);
     expect(escapeStderr('')).toBe('');
   });
 });

@@ -26,10 +26,12 @@ const app = () => {
 
 const get = (socketPath: string) =>
   new Promise<number>((resolve, reject) => {
-    http.get({ socketPath, path: '/healthz' }, (res) => {
-      res.resume();
-      resolve(res.statusCode ?? 0);
-    }).on('error', reject);
+    http
+      .get({ socketPath, path: '/healthz' }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      })
+      .on('error', reject);
   });
 
 describe('the Unix socket', () => {

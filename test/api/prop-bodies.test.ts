@@ -33,12 +33,22 @@ const hostileText = fc.oneof(
   fc.constantFrom('$(reboot)', '`id`', '}', ';', '#', '\n', '\0', '-j ACCEPT', '--random-fully', '1e3', ' 80', '0x50'),
   fc.string({ maxLength: 20 }),
 );
-const hostileValue = fc.oneof(hostileText, fc.integer(), fc.double(), fc.boolean(), fc.constant(null), fc.array(hostileText, { maxLength: 3 }), fc.jsonValue({ maxDepth: 2 }));
+const hostileValue = fc.oneof(
+  hostileText,
+  fc.integer(),
+  fc.double(),
+  fc.boolean(),
+  fc.constant(null),
+  fc.array(hostileText, { maxLength: 3 }),
+  fc.jsonValue({ maxDepth: 2 }),
+);
 
 /** A resource's example body with some fields replaced by hostile values, or extra fields added. */
 const mutatedBody = (example: Record<string, unknown>) =>
   fc.oneof(
-    fc.dictionary(fc.constantFrom(...Object.keys(example), 'extra', '__proto__', 'constructor'), hostileValue, { maxKeys: 4 }).map((d) => ({ ...example, ...d })),
+    fc
+      .dictionary(fc.constantFrom(...Object.keys(example), 'extra', '__proto__', 'constructor'), hostileValue, { maxKeys: 4 })
+      .map((d) => ({ ...example, ...d })),
     fc.jsonValue({ maxDepth: 3 }),
   );
 
@@ -53,11 +63,17 @@ describe('arbitrary API input', () => {
   it.each(RESOURCES.map((d) => [d.path, d] as const))('PUT /v1/%s/<id>: accepted, or refused without reaching a tool', async (_p, def) => {
     await fc.assert(
       fc.asyncProperty(
-        fc.oneof(fc.constant(def.idExample), hostileText.filter((s) => s !== '' && !s.includes('/'))),
+        fc.oneof(
+          fc.constant(def.idExample),
+          hostileText.filter((s) => s !== '' && !s.includes('/')),
+        ),
         mutatedBody(def.bodyExample),
         async (id, body) => {
           const before = kernel.calls.length;
-          const r = await request(app).put(`/v1/${def.path}/${encodeURIComponent(id)}`).type('json').send(JSON.stringify(body));
+          const r = await request(app)
+            .put(`/v1/${def.path}/${encodeURIComponent(id)}`)
+            .type('json')
+            .send(JSON.stringify(body));
           // The fake kernel has no QoS devices: valid QoS input reaches it and is refused there (apply-failed), as a kernel would.
           if (r.status === 500 && r.body?.error === 'apply-failed' && def.qos) return;
           if (r.status >= 400) {
@@ -72,14 +88,17 @@ describe('arbitrary API input', () => {
 
   it.each(RESOURCES.map((d) => [d.path, d] as const))('DELETE /v1/%s/<arbitrary id>: refused without reaching a tool, or done', async (_p, def) => {
     await fc.assert(
-      fc.asyncProperty(hostileText.filter((s) => s !== ''), async (id) => {
-        const before = kernel.calls.length;
-        const r = await request(app).delete(`/v1/${def.path}/${encodeURIComponent(id)}`);
-        if (r.status >= 400) {
-          expectRefusal(r, `DELETE ${def.path}/${id}`);
-          expect(kernel.calls.slice(before)).toEqual([]);
-        }
-      }),
+      fc.asyncProperty(
+        hostileText.filter((s) => s !== ''),
+        async (id) => {
+          const before = kernel.calls.length;
+          const r = await request(app).delete(`/v1/${def.path}/${encodeURIComponent(id)}`);
+          if (r.status >= 400) {
+            expectRefusal(r, `DELETE ${def.path}/${id}`);
+            expect(kernel.calls.slice(before)).toEqual([]);
+          }
+        },
+      ),
       { numRuns: RUNS },
     );
   });
@@ -88,13 +107,19 @@ describe('arbitrary API input', () => {
     const objectsOf = (def: (typeof RESOURCES)[number]) => fc.array(mutatedBody({ ...def.bodyExample }), { maxLength: 3 });
     const doc = fc.oneof(
       fc.jsonValue({ maxDepth: 3 }),
-      fc.record({ snats: objectsOf(RESOURCES.find((d) => d.stateKey === 'snats')!), dnats: objectsOf(RESOURCES.find((d) => d.stateKey === 'dnats')!) }, { requiredKeys: [] }),
+      fc.record(
+        { snats: objectsOf(RESOURCES.find((d) => d.stateKey === 'snats')!), dnats: objectsOf(RESOURCES.find((d) => d.stateKey === 'dnats')!) },
+        { requiredKeys: [] },
+      ),
       fc.record({ desired: fc.jsonValue({ maxDepth: 3 }) }),
     );
     await fc.assert(
       fc.asyncProperty(doc, fc.boolean(), async (body, dry) => {
         const before = kernel.calls.length;
-        const r = await request(app).put(`/v1/state${dry ? '?dryRun=true' : ''}`).type('json').send(JSON.stringify(body));
+        const r = await request(app)
+          .put(`/v1/state${dry ? '?dryRun=true' : ''}`)
+          .type('json')
+          .send(JSON.stringify(body));
         if (r.status >= 400) {
           expectRefusal(r, `PUT /v1/state ${JSON.stringify(body)}`);
           expect(kernel.calls.slice(before)).toEqual([]);
@@ -104,15 +129,29 @@ describe('arbitrary API input', () => {
     );
   });
 
-  it('POST /v1/legacy with arbitrary requests: 400 without a tool call, or the command\'s own answer', async () => {
+  it("POST /v1/legacy with arbitrary requests: 400 without a tool call, or the command's own answer", async () => {
     const body = fc.oneof(
       fc.jsonValue({ maxDepth: 2 }),
-      fc.record({ command: fc.oneof(hostileText, fc.constantFrom('dnat-add', 'snat-add', 'help', 'init')), rules: fc.oneof(fc.array(hostileText, { maxLength: 3 }), hostileValue) }, { requiredKeys: [] }),
+      fc.record(
+        {
+          command: fc.oneof(hostileText, fc.constantFrom('dnat-add', 'snat-add', 'help', 'init')),
+          rules: fc.oneof(fc.array(hostileText, { maxLength: 3 }), hostileValue),
+        },
+        { requiredKeys: [] },
+      ),
     );
     await fc.assert(
       fc.asyncProperty(body, async (b) => {
         // init with arbitrary interface names would wait for them: a refusal is what is tested here.
-        fc.pre(!(b && typeof b === 'object' && (b as { command?: unknown }).command === 'init' && Array.isArray((b as { rules?: unknown }).rules) && (b as { rules: unknown[] }).rules.length === 0));
+        fc.pre(
+          !(
+            b &&
+            typeof b === 'object' &&
+            (b as { command?: unknown }).command === 'init' &&
+            Array.isArray((b as { rules?: unknown }).rules) &&
+            (b as { rules: unknown[] }).rules.length === 0
+          ),
+        );
         const before = kernel.calls.length;
         const r = await request(app).post('/v1/legacy').type('json').send(JSON.stringify(b));
         if (r.status === 200) {
@@ -151,7 +190,9 @@ describe('valid generated objects round-trip through PUT and GET', () => {
   it('SNATs', async () => {
     await fc.assert(
       fc.asyncProperty(ipv4, ipv4, fc.integer({ min: 8, max: 32 }), fc.boolean(), async (eip, addr, len, rf) => {
-        const put = await request(app).put(`/v1/snats/${eip},${encodeURIComponent(`${addr}/${len}`)}?replace=true`).send({ randomFully: rf });
+        const put = await request(app)
+          .put(`/v1/snats/${eip},${encodeURIComponent(`${addr}/${len}`)}?replace=true`)
+          .send({ randomFully: rf });
         expect([200, 201], put.text).toContain(put.status);
         const cidr = put.body.cidr as string;
         const got = await request(app).get(`/v1/snats/${eip},${encodeURIComponent(cidr)}`);

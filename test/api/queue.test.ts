@@ -18,16 +18,18 @@ describe('SerialQueue', () => {
     const q = new SerialQueue();
     const log: string[] = [];
     let running = 0;
-    const job = (name: string, fail = false) => async () => {
-      running++;
-      expect(running).toBe(1);
-      log.push(`start ${name}`);
-      await new Promise((r) => setTimeout(r, 5));
-      log.push(`end ${name}`);
-      running--;
-      if (fail) throw new Error(name);
-      return name;
-    };
+    const job =
+      (name: string, fail = false) =>
+      async () => {
+        running++;
+        expect(running).toBe(1);
+        log.push(`start ${name}`);
+        await new Promise((r) => setTimeout(r, 5));
+        log.push(`end ${name}`);
+        running--;
+        if (fail) throw new Error(name);
+        return name;
+      };
     const results = await Promise.allSettled([q.run(job('a')), q.run(job('b', true)), q.run(job('c'))]);
     expect(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as Error).message))).toEqual(['a', 'b', 'c']);
     expect(log).toEqual(['start a', 'end a', 'start b', 'end b', 'start c', 'end c']);
@@ -58,8 +60,7 @@ describe('merged transactions', () => {
     app = createApp({ agent, log: engine.log, bodyLimit: '1mb' });
   });
 
-  const put = (port: number, ip = '10.0.1.6') =>
-    request(app).put(`/v1/dnats/172.20.0.10,${port},tcp`).send({ internalIp: ip, internalPort: 80 });
+  const put = (port: number, ip = '10.0.1.6') => request(app).put(`/v1/dnats/172.20.0.10,${port},tcp`).send({ internalIp: ip, internalPort: 80 });
 
   it('merges concurrent requests into few transactions, each request with its own outcome', async () => {
     await put(1000).expect(201);
@@ -67,7 +68,10 @@ describe('merged transactions', () => {
     // While an apply is held open (a QoS command: never merged with NAT changes), 20 API requests arrive; one conflicts.
     let release!: () => void;
     engine.gate = new Promise<void>((r) => (release = r));
-    const blockerDone = request(app).post('/v1/legacy').send({ command: 'eip-egress-qos-add', rules: ['172.20.0.10,1,10,1'] }).then((r) => r);
+    const blockerDone = request(app)
+      .post('/v1/legacy')
+      .send({ command: 'eip-egress-qos-add', rules: ['172.20.0.10,1,10,1'] })
+      .then((r) => r);
     await waitFor(async () => engine.transactions > before, { what: 'the blocker to be applying', timeoutMs: 5000, intervalMs: 1 });
     const reqs = [...Array.from({ length: 19 }, (_, i) => put(2000 + i)), put(1000, '10.0.1.99')].map((r) => r.then((x) => x));
     await waitFor(async () => agent.batcher.waiting === 20, { what: 'all 20 requests queued behind the blocker', timeoutMs: 5000, intervalMs: 1 });
@@ -87,7 +91,10 @@ describe('merged transactions', () => {
   it('merges script commands too, each with exactly its own output', async () => {
     await put(1).expect(201);
     const t = engine.transactions;
-    const legacy = (command: string, rule: string) => request(app).post('/v1/legacy').send({ command, rules: [rule] });
+    const legacy = (command: string, rule: string) =>
+      request(app)
+        .post('/v1/legacy')
+        .send({ command, rules: [rule] });
     const results = await Promise.all([
       legacy('dnat-add', '172.20.0.10,2,tcp,10.0.1.6,80'),
       legacy('dnat-add', '172.20.0.10,1,tcp,10.0.1.7,80'),
@@ -97,7 +104,9 @@ describe('merged transactions', () => {
     ]);
     expect(results.map((r) => r.body.status)).toEqual([0, 1, 0, 1, 0]);
     expect(results[0]!.body).toEqual({ status: 0, stdout: 'dnat-add 172.20.0.10,2,tcp,10.0.1.6,80\n', stderr: '' });
-    expect(results[1]!.body.stdout).toMatch(/^dnat-add 172\.20\.0\.10,1,tcp,10\.0\.1\.7,80\ndnat \(172\.20\.0\.10, 1, tcp\) already exists: .* but expected 10\.0\.1\.7:80\n$/);
+    expect(results[1]!.body.stdout).toMatch(
+      /^dnat-add 172\.20\.0\.10,1,tcp,10\.0\.1\.7,80\ndnat \(172\.20\.0\.10, 1, tcp\) already exists: .* but expected 10\.0\.1\.7:80\n$/,
+    );
     expect(results[1]!.body.stderr).toBe('');
     expect(engine.transactions - t).toBeLessThanOrEqual(2);
     expect(engine.state.dnats.map((d) => d.port).sort()).toEqual([1, 2]);

@@ -32,6 +32,11 @@ export async function ownedNetfilter(topo: Topology, b: BackendCase): Promise<st
 export async function ownedLinks(topo: Topology): Promise<string> {
   const addr = await topo.exec('gw', ['ip', '-4', '-o', 'addr', 'show', 'dev', 'net1']);
   const routes = await topo.exec('gw', ['ip', 'route', 'show']);
-  const strip = (s: string) => s.split('\n').map((l) => l.replace(/\s+valid_lft.*$/, '').replace(/^\d+:\s+/, '')).sort().join('\n');
+  const strip = (s: string) =>
+    s
+      .split('\n')
+      .map((l) => l.replace(/\s+valid_lft.*$/, '').replace(/^\d+:\s+/, ''))
+      .sort()
+      .join('\n');
   return `${strip(addr.stdout)}\n--\n${strip(routes.stdout)}`;
 }

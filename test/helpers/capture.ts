@@ -18,10 +18,13 @@ export async function startCapture(topo: Topology, ns: NsRef, ifname: string, fi
   child.stdout?.setEncoding('utf8').on('data', (d: string) => (out += d));
   child.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
   const gone = new Promise<void>((r) => child.once('exit', () => r()));
-  await waitFor(async () => {
-    if (child.exitCode !== null) throw new Error(`tcpdump exited: ${err}`);
-    return /listening on/.test(err);
-  }, { what: `tcpdump on ${ifname} to listen`, timeoutMs: 10_000, intervalMs: 20 });
+  await waitFor(
+    async () => {
+      if (child.exitCode !== null) throw new Error(`tcpdump exited: ${err}`);
+      return /listening on/.test(err);
+    },
+    { what: `tcpdump on ${ifname} to listen`, timeoutMs: 10_000, intervalMs: 20 },
+  );
   return {
     lines: () => out.split('\n').filter((l) => l.trim() !== ''),
     stop: async () => {

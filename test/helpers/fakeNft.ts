@@ -95,7 +95,12 @@ export class FakeNftClient implements NftClient {
     const chains = new Map<string, NftChainDump>(
       [...t.chains.values()].map((c) => [
         c.name,
-        { name: c.name, handle: c.handle, ...(c.base ? { base: { ...c.base } } : {}), rules: c.rules.map((r) => ({ handle: r.handle, expr: structuredClone([...r.expr]) })) },
+        {
+          name: c.name,
+          handle: c.handle,
+          ...(c.base ? { base: { ...c.base } } : {}),
+          rules: c.rules.map((r) => ({ handle: r.handle, expr: structuredClone([...r.expr]) })),
+        },
       ]),
     );
     const sets = new Map<string, NftSetDump>(

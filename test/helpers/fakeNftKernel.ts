@@ -172,15 +172,20 @@ export class Batch {
   private one(op: NftOp): void {
     switch (op.object) {
       case 'table':
-        return this.onTable(op);
+        this.onTable(op);
+        return;
       case 'chain':
-        return this.onChain(op);
+        this.onChain(op);
+        return;
       case 'set':
-        return this.onSet(op);
+        this.onSet(op);
+        return;
       case 'element':
-        return this.onElements(op);
+        this.onElements(op);
+        return;
       case 'rule':
-        return this.onRule(op);
+        this.onRule(op);
+        return;
     }
   }
 

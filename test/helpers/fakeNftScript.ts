@@ -5,7 +5,12 @@
  * the fake must never guess what nft would have made of it.
  */
 import {
-  NftTransaction, type NftBaseChainSpec, type NftElement, type NftPriority, type NftTableFamily, type NftTableRef,
+  NftTransaction,
+  type NftBaseChainSpec,
+  type NftElement,
+  type NftPriority,
+  type NftTableFamily,
+  type NftTableRef,
 } from '../../src/dataplane/netfilter/nft/transaction.js';
 
 const FAMILIES: readonly string[] = ['ip', 'ip6', 'inet'];
@@ -94,7 +99,12 @@ function parseLine(tx: NftTransaction, line: string): void {
       if (!name) break;
       const els = elements(rest, line);
       if (verb === 'add') tx.addElements(t, name, els);
-      else tx.deleteElements(t, name, els.map((e) => e.key));
+      else
+        tx.deleteElements(
+          t,
+          name,
+          els.map((e) => e.key),
+        );
       return;
     }
     case 'add rule':

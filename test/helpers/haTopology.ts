@@ -86,7 +86,9 @@ export class HaTopology {
 
   /** natgw's environment for one replica: its own state dir, socket and env file. */
   natgwEnv(r: Replica, extra: Record<string, string> = {}): Record<string, string> {
-    const inherited = Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[1] !== undefined && !/^(NATGW_|GATEWAY_)/.test(e[0])));
+    const inherited = Object.fromEntries(
+      Object.entries(process.env).filter((e): e is [string, string] => e[1] !== undefined && !/^(NATGW_|GATEWAY_)/.test(e[0])),
+    );
     const dir = this.stateDir[r];
     return {
       ...inherited,
@@ -119,7 +121,12 @@ export class HaTopology {
       live.add(this.ns[r]);
       await runProcess(['ip', 'netns', 'add', this.ns[r]], process.env, {}, new Set());
       await this.ip(r, ['link', 'set', 'lo', 'up']);
-      const sysctls = ['net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.default.rp_filter=0', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1'];
+      const sysctls = [
+        'net.ipv4.conf.all.rp_filter=0',
+        'net.ipv4.conf.default.rp_filter=0',
+        'net.ipv6.conf.all.disable_ipv6=1',
+        'net.ipv6.conf.default.disable_ipv6=1',
+      ];
       if (r === 'ga' || r === 'gb') sysctls.push('net.ipv4.ip_forward=1');
       if (r === 'vpc1' || r === 'vpc2') sysctls.push('net.ipv4.conf.all.accept_redirects=0', 'net.ipv4.conf.default.accept_redirects=0');
       await this.exec(r, ['sysctl', '-q', '-w', ...sysctls]);
@@ -141,7 +148,10 @@ export class HaTopology {
     // The external side: its addresses on lo, so that neither link going down takes them away.
     await this.ip('ext', ['addr', 'add', `${HA_ADDR.extGateway}/32`, 'dev', 'lo']);
     await this.ip('ext', ['addr', 'add', `${HA_ADDR.extHost}/32`, 'dev', 'lo']);
-    for (const [r, e] of [['ga', 'e-a'], ['gb', 'e-b']] as const) {
+    for (const [r, e] of [
+      ['ga', 'e-a'],
+      ['gb', 'e-b'],
+    ] as const) {
       await this.ip(r, ['link', 'add', 'net1', 'type', 'veth', 'peer', 'name', e, 'netns', this.ns.ext]);
       await this.ip(r, ['link', 'set', 'net1', 'up']);
       await this.ip('ext', ['link', 'set', e, 'up']);
@@ -172,7 +182,10 @@ export class HaTopology {
       for (const ns of Object.values(this.ns)) {
         for (let round = 0; round < 5; round++) {
           const r = await runProcess(['ip', 'netns', 'pids', ns], process.env, { reject: false }, new Set());
-          const pids = r.stdout.split('\n').map((l) => Number(l.trim())).filter((n) => Number.isInteger(n) && n > 1 && n !== process.pid);
+          const pids = r.stdout
+            .split('\n')
+            .map((l) => Number(l.trim()))
+            .filter((n) => Number.isInteger(n) && n > 1 && n !== process.pid);
           if (pids.length === 0) break;
           for (const p of pids) {
             try {

@@ -45,7 +45,10 @@ function nftElements(text: string, name: string): string[] {
   const block = new RegExp(`(?:map|set) ${name} \\{([^]*?)\\n\\t\\}`).exec(text)?.[1];
   const els = block === undefined ? undefined : /elements = \{([^}]*)\}/.exec(block)?.[1];
   if (els === undefined) return [];
-  return els.split(',').map((e) => e.replace(/\s+/g, ' ').trim()).filter(Boolean);
+  return els
+    .split(',')
+    .map((e) => e.replace(/\s+/g, ' ').trim())
+    .filter(Boolean);
 }
 
 /** Facts from `nft list table ip natgw` (the maps and the shared_snat chain). */
@@ -63,7 +66,7 @@ export function factsFromNftText(text: string): string[] {
     const m = /^(\S+) : (\S+)$/.exec(e);
     facts.push(m ? `fip-snat ${m[1]} -> ${m[2]}` : `unrecognised fip_snat ${e}`);
   }
-  const chain = /chain shared_snat \{([^]*?)\n\t\}/.exec(text)?.[1] ?? '';
+  const chain = /chain shared_snat \{([\s\S]*?)\n\t\}/.exec(text)?.[1] ?? '';
   for (const raw of chain.split('\n')) {
     const line = raw.trim();
     if (line === '') continue;
@@ -82,7 +85,7 @@ export function factsFromNftText(text: string): string[] {
 export function factsFromRoutes(text: string): string[] {
   const facts: string[] = [];
   for (const line of text.split('\n')) {
-    const m = /^(\S+) via (\S+) /.exec(line.trim() + ' ');
+    const m = /^(\S+) via (\S+) /.exec(`${line.trim()} `);
     if (m && m[1] !== 'default') facts.push(`route ${m[1]!.includes('/') ? m[1] : `${m[1]}/32`} via ${m[2]}`);
   }
   return facts.sort();

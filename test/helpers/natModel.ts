@@ -51,7 +51,14 @@ export class Model {
 
   /** Apply an acknowledged operation; a refused one (conflict) changed nothing. */
   apply(c: number, op: Op): void {
-    const key = op.kind === 'dnat' ? String(ident.dnatPort(c, op.slot)) : op.kind === 'fip' ? ident.fipEip(c, op.slot) : op.kind === 'snat' ? ident.snatCidr(c, op.slot) : ident.routeCidr(c, op.slot);
+    const key =
+      op.kind === 'dnat'
+        ? String(ident.dnatPort(c, op.slot))
+        : op.kind === 'fip'
+          ? ident.fipEip(c, op.slot)
+          : op.kind === 'snat'
+            ? ident.snatCidr(c, op.slot)
+            : ident.routeCidr(c, op.slot);
     const map: Map<string, number | boolean> = op.kind === 'dnat' ? this.dnats : op.kind === 'fip' ? this.fips : op.kind === 'snat' ? this.snats : this.routes;
     if (op.verb === 'del') map.delete(key);
     else if (op.kind === 'snat') {
@@ -90,7 +97,9 @@ export function legacyArgs(c: number, op: Op): [string, string] {
       return op.verb === 'del' ? ['snat-del', id] : ['snat-add', t === 1 ? `${id},--random-fully` : id];
     }
     case 'route':
-      return op.verb === 'del' ? ['subnet-route-del', ident.routeCidr(c, op.slot)] : ['subnet-route-add', `${ident.routeCidr(c, op.slot)},${targets.nexthop(t)}`];
+      return op.verb === 'del'
+        ? ['subnet-route-del', ident.routeCidr(c, op.slot)]
+        : ['subnet-route-add', `${ident.routeCidr(c, op.slot)},${targets.nexthop(t)}`];
   }
 }
 

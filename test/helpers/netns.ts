@@ -139,8 +139,7 @@ export class ExecFailedError extends Error {
     readonly result: ExecResult,
   ) {
     super(
-      `${argv.join(' ')} ${result.timedOut ? 'timed out' : `exited ${result.exitCode}`}\n` +
-        `stdout: ${result.stdout.trim()}\nstderr: ${result.stderr.trim()}`,
+      `${argv.join(' ')} ${result.timedOut ? 'timed out' : `exited ${result.exitCode}`}\n` + `stdout: ${result.stdout.trim()}\nstderr: ${result.stderr.trim()}`,
     );
   }
 }
@@ -170,12 +169,7 @@ export function killTree(child: ChildProcess): void {
   }
 }
 
-export function runProcess(
-  argv: readonly string[],
-  env: NodeJS.ProcessEnv,
-  opts: ExecOptions,
-  track: Set<ChildProcess>,
-): Promise<ExecResult> {
+export function runProcess(argv: readonly string[], env: NodeJS.ProcessEnv, opts: ExecOptions, track: Set<ChildProcess>): Promise<ExecResult> {
   return new Promise((resolvePromise, rejectPromise) => {
     const child = spawnTracked(argv, env, track);
     let stdout = '';
@@ -326,9 +320,7 @@ class NetnsTopology implements Topology {
 
   natgwEnv(): Record<string, string> {
     const inherited = Object.fromEntries(
-      Object.entries(process.env).filter(
-        (e): e is [string, string] => e[1] !== undefined && !NATGW_ENV_PREFIXES.some((p) => e[0].startsWith(p)),
-      ),
+      Object.entries(process.env).filter((e): e is [string, string] => e[1] !== undefined && !NATGW_ENV_PREFIXES.some((p) => e[0].startsWith(p))),
     );
     return {
       ...inherited,
@@ -356,8 +348,7 @@ class NetnsTopology implements Topology {
     const r = await this.natgw(command, ...rules);
     if (r.exitCode !== 0 || r.stderr !== '') {
       throw new Error(
-        `natgw ${[command, ...rules].join(' ')} → exit ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}\n` +
-          `stdout: ${r.stdout}\nstderr: ${r.stderr}`,
+        `natgw ${[command, ...rules].join(' ')} → exit ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}\n` + `stdout: ${r.stdout}\nstderr: ${r.stderr}`,
       );
     }
     return r.stdout;
@@ -545,8 +536,8 @@ class NetnsTopology implements Topology {
 }
 
 function defaultIptablesVariant(): Promise<'legacy' | 'nft'> {
-  cachedDefaultIptablesVariant ??= runProcess(['iptables', '--version'], process.env, { reject: false }, new Set()).then(
-    (r) => (r.stdout.includes('nf_tables') ? 'nft' : 'legacy'),
+  cachedDefaultIptablesVariant ??= runProcess(['iptables', '--version'], process.env, { reject: false }, new Set()).then((r) =>
+    r.stdout.includes('nf_tables') ? 'nft' : 'legacy',
   );
   return cachedDefaultIptablesVariant;
 }

@@ -21,10 +21,7 @@ const NO_VALUE = Symbol('no value yet');
  * that value. A throwing attempt counts as "not yet" (the thing polled may simply not
  * exist yet); the last value or error is reported if the deadline passes.
  */
-export async function waitFor<T>(
-  fn: () => Promise<T | undefined | false>,
-  opts: WaitForOptions,
-): Promise<T> {
+export async function waitFor<T>(fn: () => Promise<T | undefined | false>, opts: WaitForOptions): Promise<T> {
   const timeoutMs = opts.timeoutMs ?? 10_000;
   const intervalMs = opts.intervalMs ?? 100;
   const deadline = Date.now() + timeoutMs;

@@ -149,9 +149,7 @@ function firstLine(child: ChildProcess, lines: Interface, pred: (line: string) =
     lines.on('line', (line) => {
       if (pred(line)) resolve(line);
     });
-    child.once('exit', (code, signal) =>
-      reject(new Error(`${what} exited (${code ?? signal}) before it was ready: ${stderr.trim()}`)),
-    );
+    child.once('exit', (code, signal) => reject(new Error(`${what} exited (${code ?? signal}) before it was ready: ${stderr.trim()}`)));
   });
 }
 
@@ -226,14 +224,7 @@ const NODE_START_SLACK_MS = 10_000;
  * One request to a startServer() server; returns its answer line (`peer=<ip>:<port>`).
  * Throws on timeout, refusal or any other failure.
  */
-export async function request(
-  topo: Topology,
-  ns: NsRef,
-  proto: Proto,
-  host: string,
-  port: number,
-  opts: RequestOptions = {},
-): Promise<string> {
+export async function request(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions = {}): Promise<string> {
   const timeoutMs = opts.timeoutMs ?? 3000;
   const args = [proto, host, port, timeoutMs, opts.localAddress ?? '', opts.localPort ?? ''];
   const r = await topo.exec(ns, nodeScript(REQUEST_CLIENT, args), {
@@ -247,14 +238,7 @@ export async function request(
 }
 
 /** request(), but null instead of an error: for asserting that traffic does NOT pass. */
-export async function tryRequest(
-  topo: Topology,
-  ns: NsRef,
-  proto: Proto,
-  host: string,
-  port: number,
-  opts: RequestOptions = {},
-): Promise<string | null> {
+export async function tryRequest(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions = {}): Promise<string | null> {
   return request(topo, ns, proto, host, port, opts).catch(() => null);
 }
 

@@ -25,7 +25,11 @@ describe.each(BACKENDS)('adoption scope ($name)', (b: BackendCase) => {
     await topo.exec('gw', ['ip', 'route', 'add', '10.0.9.0/24', 'via', ADDR.rtr, 'dev', 'eth0', 'proto', 'static']);
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
-    for (const [command, rule] of [['init', ''], ['eip-add', '172.20.0.10/24'], ['subnet-route-add', `10.0.2.0/24,${ADDR.rtr}`]] as const) {
+    for (const [command, rule] of [
+      ['init', ''],
+      ['eip-add', '172.20.0.10/24'],
+      ['subnet-route-add', `10.0.2.0/24,${ADDR.rtr}`],
+    ] as const) {
       const r = ok(await api(sock, 'POST', '/v1/legacy', { command, rules: rule ? [rule] : [] }), command);
       expect(r.body.status, r.text).toBe(0);
     }
@@ -36,7 +40,7 @@ describe.each(BACKENDS)('adoption scope ($name)', (b: BackendCase) => {
     await topo?.cleanup();
   });
 
-  it('adopts the EIP and natgw\'s route, not the pod\'s own address or the static route', async () => {
+  it("adopts the EIP and natgw's route, not the pod's own address or the static route", async () => {
     await stopDaemon(daemon!, 'SIGKILL');
     daemon = undefined;
     for (const f of ['state.json', 'state.journal', 'owned.json', 'backend.json']) rmSync(`${topo.stateDir}/${f}`, { force: true });
@@ -46,7 +50,10 @@ describe.each(BACKENDS)('adoption scope ($name)', (b: BackendCase) => {
     expect(desired.eips).toEqual([{ address: '172.20.0.10', prefixLength: 24 }]);
     expect(desired.routes).toEqual([{ cidr: '10.0.2.0/24', nexthop: ADDR.rtr }]);
     // A later delete of everything natgw holds leaves the others' objects in place.
-    for (const [command, rule] of [['eip-del', '172.20.0.10/24'], ['subnet-route-del', '10.0.2.0/24']] as const) {
+    for (const [command, rule] of [
+      ['eip-del', '172.20.0.10/24'],
+      ['subnet-route-del', '10.0.2.0/24'],
+    ] as const) {
       const r = ok(await api(sock, 'POST', '/v1/legacy', { command, rules: [rule] }), command);
       expect(r.body.status, r.text).toBe(0);
     }

@@ -31,8 +31,7 @@ const PATHS = [
   .map((steps) => ({ name: steps.map((s) => s.name).join(' → '), steps }));
 
 /** What backend.json must hold for a backend case. */
-const recordOf = (b: BackendCase): Record<string, string> =>
-  b.iptablesVariant ? { kind: 'iptables', variant: b.iptablesVariant } : { kind: 'nftables' };
+const recordOf = (b: BackendCase): Record<string, string> => (b.iptablesVariant ? { kind: 'iptables', variant: b.iptablesVariant } : { kind: 'nftables' });
 
 /** natgw's objects of one backend as text: '' when it owns nothing there. */
 async function natgwObjects(topo: Topology, b: BackendCase): Promise<string> {
@@ -80,11 +79,7 @@ describe.each(PATHS)('backend switch $name', ({ steps }) => {
     const first = steps[0] as BackendCase;
     useBackend(first);
     topo.env.GATEWAY_V4 = ADDR.extGateway;
-    servers.push(
-      startServer(topo, 'ext', 'tcp', 7001),
-      startEchoServer(topo, 'vpc1', 80),
-      startServer(topo, 'vpc2', 'tcp', 9000),
-    );
+    servers.push(startServer(topo, 'ext', 'tcp', 7001), startEchoServer(topo, 'vpc1', 80), startServer(topo, 'vpc2', 'tcp', 9000));
     await Promise.all(servers.map((s) => s.ready));
   });
   afterAll(async () => {
@@ -131,7 +126,8 @@ describe.each(PATHS)('backend switch $name', ({ steps }) => {
           `--ctorigdst ${EIP} -j SNAT --to-source ${EIP} --random-fully`,
           `--ctorigdst ${EIP2} -j SNAT --to-source ${EIP2} --random-fully`,
           '-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1',
-        ]) expect(owned).toContain(line);
+        ])
+          expect(owned).toContain(line);
       } else {
         expect(owned).toContain(`${EIP} . tcp . 8080 : ${ADDR.vpc1} . 80`);
         expect(owned).toContain(`${EIP2} : ${ADDR.vpc2}`);

@@ -134,7 +134,9 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
     const table = await cliOk(['get', 'dnats']);
     expect(table.split('\n')[0]).toMatch(/^ID\s+INTERNALIP\s+INTERNALPORT$/);
     expect(table).toMatch(new RegExp(`^${EIP},8080,tcp\\s+${ADDR.vpc1.replace(/\./g, '\\.')}\\s+80$`, 'm'));
-    expect(JSON.parse(await cliOk(['get', 'dnat', '--json']))).toEqual([{ id: `${EIP},8080,tcp`, eip: EIP, port: 8080, protocol: 'tcp', internalIp: ADDR.vpc1, internalPort: 80 }]);
+    expect(JSON.parse(await cliOk(['get', 'dnat', '--json']))).toEqual([
+      { id: `${EIP},8080,tcp`, eip: EIP, port: 8080, protocol: 'tcp', internalIp: ADDR.vpc1, internalPort: 80 },
+    ]);
     expect(await cliOk(['get', 'fips'])).toBe('No FIP objects.\n');
 
     // Another target and no SNAT: ~ and - lines, and the traffic follows.
@@ -152,8 +154,14 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
     expect(ok(await api(sock, 'GET', '/v1/state'), 'state').body.generation).toBe(generation);
     // --json: one document on stdout, for scripts.
     const asJson = JSON.parse(await cliOk(['apply', '-f', first, '--dry-run', '--json']));
-    expect(asJson).toMatchObject({ dryRun: true, applied: false, plan: { snats: { added: 1, removed: 0, changed: 0 }, dnats: { added: 0, removed: 0, changed: 1 } } });
-    expect(asJson.diff.kinds.find((k: { kind: string }) => k.kind === 'dnats').changed).toEqual([{ id: `${EIP},8080,tcp`, fields: [`internalIp: ${ADDR.vpc2} -> ${ADDR.vpc1}`] }]);
+    expect(asJson).toMatchObject({
+      dryRun: true,
+      applied: false,
+      plan: { snats: { added: 1, removed: 0, changed: 0 }, dnats: { added: 0, removed: 0, changed: 1 } },
+    });
+    expect(asJson.diff.kinds.find((k: { kind: string }) => k.kind === 'dnats').changed).toEqual([
+      { id: `${EIP},8080,tcp`, fields: [`internalIp: ${ADDR.vpc2} -> ${ADDR.vpc1}`] },
+    ]);
     expect(ok(await api(sock, 'GET', '/v1/state'), 'state').body.generation).toBe(generation);
   });
 
@@ -167,10 +175,27 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
     expect(bad.stdout).toBe('');
     expect(bad.stderr).toMatch(new RegExp(`^Error: .*bad\\.yaml:${portLine + 1}: desired\\.dnats\\[0\\]\\.port: .+\\n$`));
 
-    const json = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, initialized: true, fips: [{ eip: EIP, internalIp: ADDR.vpc1 }, { eip: EIP, internalIp: ADDR.vpc2 }] }, null, 2);
+    const json = JSON.stringify(
+      {
+        interfaces: { vpc: 'eth0', ext: 'net1' },
+        initialized: true,
+        fips: [
+          { eip: EIP, internalIp: ADDR.vpc1 },
+          { eip: EIP, internalIp: ADDR.vpc2 },
+        ],
+      },
+      null,
+      2,
+    );
     // The duplicate is named at the line where its object opens.
     const jsonLines = json.split('\n');
-    const dupLine = jsonLines.slice(0, jsonLines.findIndex((l) => l.includes(ADDR.vpc2))).lastIndexOf('    {') + 1;
+    const dupLine =
+      jsonLines
+        .slice(
+          0,
+          jsonLines.findIndex((l) => l.includes(ADDR.vpc2)),
+        )
+        .lastIndexOf('    {') + 1;
     const dup = await cli(['apply', '-f', file('dup.json', json), '--dry-run']);
     expect(dup.exitCode).toBe(1);
     expect(dup.stderr).toMatch(new RegExp(`dup\\.json:${dupLine}: fips\\[1\\]: duplicate FIP identity`));
@@ -203,7 +228,7 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
     expect(drifted.drift.repairs).toBe(repairsBefore);
     // A check repairs nothing.
     expect(await tryRequest(topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost, timeoutMs: 1000 })).toBeNull();
-    expect(await cliOk(['status', '--check'])).toMatch(/^Drift now:   YES: \d+ change\(s\) to repair \(netfilter \d+/m);
+    expect(await cliOk(['status', '--check'])).toMatch(/^Drift now: {3}YES: \d+ change\(s\) to repair \(netfilter \d+/m);
 
     // An address deleted is a link event: the daemon resyncs and repairs everything.
     await topo.exec('gw', ['ip', 'addr', 'del', `${EIP}/24`, 'dev', 'net1']);

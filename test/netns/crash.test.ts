@@ -31,7 +31,12 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
   const dump = async (): Promise<string> => {
     const addrs = (await topo.exec('gw', ['ip', '-o', '-4', 'addr', 'show', 'dev', 'net1'])).stdout;
     const routes = (await topo.exec('gw', ['ip', 'route', 'show', 'dev', 'eth0'])).stdout;
-    const clean = (s: string) => s.split('\n').map((l) => l.replace(/\s+valid_lft.*$/, '').replace(/^\d+:\s+/, '')).sort().join('\n');
+    const clean = (s: string) =>
+      s
+        .split('\n')
+        .map((l) => l.replace(/\s+valid_lft.*$/, '').replace(/^\d+:\s+/, ''))
+        .sort()
+        .join('\n');
     const share = (await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'kube-ovn'], { reject: false })).stdout;
     return `${await ownedNetfilter(topo, b)}\n--\n${share}\n--\n${clean(addrs)}\n--\n${clean(routes)}`;
   };
@@ -50,9 +55,30 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
     const base = (await api(sock, 'GET', '/v1/state')).body.desired;
     const eips = (from: number) => Array.from({ length: 20 }, (_, i) => ({ address: `172.20.0.${from + i}`, prefixLength: 24 }));
     const routes = (third: number) => Array.from({ length: 20 }, (_, i) => ({ cidr: `10.${third}.${i}.0/24`, nexthop: ADDR.rtr }));
-    oldDoc = { desired: { ...base, eips: eips(10), routes: routes(50), dnats: [{ eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 }] } };
-    const dnats = Array.from({ length: OBJECTS }, (_, i) => ({ eip: `172.20.0.${40 + (i % 20)}`, port: 1024 + Math.floor(i / 20), protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 }));
-    newDoc = { desired: { ...base, eips: eips(40), routes: routes(60), dnats, shareDnats: [{ eip: '172.20.0.40', port: 9000, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 80 }] }] } };
+    oldDoc = {
+      desired: {
+        ...base,
+        eips: eips(10),
+        routes: routes(50),
+        dnats: [{ eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 }],
+      },
+    };
+    const dnats = Array.from({ length: OBJECTS }, (_, i) => ({
+      eip: `172.20.0.${40 + (i % 20)}`,
+      port: 1024 + Math.floor(i / 20),
+      protocol: 'tcp',
+      internalIp: '10.0.1.6',
+      internalPort: 80,
+    }));
+    newDoc = {
+      desired: {
+        ...base,
+        eips: eips(40),
+        routes: routes(60),
+        dnats,
+        shareDnats: [{ eip: '172.20.0.40', port: 9000, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 80 }] }],
+      },
+    };
     for (const which of ['new', 'old'] as const) {
       const r = ok(await api(sock, 'PUT', '/v1/state', which === 'new' ? newDoc : oldDoc), `PUT ${which}`);
       digest[which] = r.body.digest;
@@ -89,8 +115,14 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
       if (which === 'mix') {
         const lines = (t: string) => new Set(t.split('\n'));
         const [o, n, c] = [lines(kernel.old), lines(kernel.new), lines(now)];
-        const odd = [...c].filter((l) => !o.has(l)).slice(0, 10).map((l) => `+ ${l}`);
-        const missing = [...o].filter((l) => !c.has(l) && !n.has(l)).slice(0, 10).map((l) => `- ${l}`);
+        const odd = [...c]
+          .filter((l) => !o.has(l))
+          .slice(0, 10)
+          .map((l) => `+ ${l}`);
+        const missing = [...o]
+          .filter((l) => !c.has(l) && !n.has(l))
+          .slice(0, 10)
+          .map((l) => `- ${l}`);
         seen.push(`\nbeside old:\n${[...odd, ...missing].join('\n')}`);
       }
       expect(which, `round ${round} (seed ${SEED}, kill after ${at} ms): ${seen.join(' ')}`).not.toBe('mix');

@@ -17,7 +17,6 @@ const CLIENTS = 20;
 const OPS = 50;
 const EIP = '172.20.0.10';
 
-
 type Kind = 'dnat' | 'fip' | 'snat' | 'route';
 type Verb = 'add' | 'replace' | 'del';
 type Expect = 'ok' | 'conflict';
@@ -57,7 +56,7 @@ class Model {
     switch (op.kind) {
       case 'dnat': {
         const port = ident.dnatPort(c, op.slot);
-        if (op.verb === 'del') return this.dnats.delete(port), 'ok';
+        if (op.verb === 'del') return (this.dnats.delete(port), 'ok');
         const have = this.dnats.get(port);
         if (op.verb === 'add' && have !== undefined && have !== op.target) return 'conflict';
         this.dnats.set(port, op.target);
@@ -65,7 +64,7 @@ class Model {
       }
       case 'fip': {
         const eip = ident.fipEip(c, op.slot);
-        if (op.verb === 'del') return this.fips.delete(eip), 'ok';
+        if (op.verb === 'del') return (this.fips.delete(eip), 'ok');
         const have = this.fips.get(eip);
         if (op.verb === 'add' && have !== undefined && have !== op.target) return 'conflict';
         this.fips.set(eip, op.target);
@@ -73,14 +72,14 @@ class Model {
       }
       case 'snat': {
         const cidr = ident.snatCidr(c, op.slot);
-        if (op.verb === 'del') return this.snats.delete(cidr), 'ok';
+        if (op.verb === 'del') return (this.snats.delete(cidr), 'ok');
         const randomFully = op.target === 1;
         if (!this.snats.has(cidr) || op.verb === 'replace') this.snats.set(cidr, randomFully);
         return 'ok';
       }
       case 'route': {
         const cidr = ident.routeCidr(c, op.slot);
-        if (op.verb === 'del') return this.routes.delete(cidr), 'ok';
+        if (op.verb === 'del') return (this.routes.delete(cidr), 'ok');
         this.routes.set(cidr, op.target);
         return 'ok';
       }
@@ -117,7 +116,9 @@ function restCall(c: number, op: Op): { method: string; path: string; body?: unk
   switch (op.kind) {
     case 'dnat': {
       const path = `/v1/dnats/${EIP},${ident.dnatPort(c, op.slot)},tcp`;
-      return op.verb === 'del' ? { method: 'DELETE', path } : { method: 'PUT', path: path + q, body: { internalIp: targets.ip(t), internalPort: targets.port(t) } };
+      return op.verb === 'del'
+        ? { method: 'DELETE', path }
+        : { method: 'PUT', path: path + q, body: { internalIp: targets.ip(t), internalPort: targets.port(t) } };
     }
     case 'fip': {
       const path = `/v1/fips/${ident.fipEip(c, op.slot)}`;
@@ -204,7 +205,9 @@ describe('the daemon under concurrent clients', () => {
     const total = CLIENTS * OPS;
     const metrics = (await api(sock, 'GET', '/metrics')).text;
     const syncs = [...metrics.matchAll(/^natgw_syncs_total\{kind="\w+",outcome="success"\} (\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
-    console.info(`${total} operations in ${elapsed.toFixed(1)} s: ${(total / elapsed).toFixed(0)} ops/s over the socket, ${conflicts} conflicts, ${syncs} successful applies in all`);
+    console.info(
+      `${total} operations in ${elapsed.toFixed(1)} s: ${(total / elapsed).toFixed(0)} ops/s over the socket, ${conflicts} conflicts, ${syncs} successful applies in all`,
+    );
     expect(mismatches).toEqual([]);
     expect(conflicts).toBeGreaterThan(0);
 

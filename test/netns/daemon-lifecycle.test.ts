@@ -49,7 +49,7 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
     await topo?.cleanup();
   });
 
-  it('serves at once on a 0600 socket, takes the shim\'s commands and reports ready', async () => {
+  it("serves at once on a 0600 socket, takes the shim's commands and reports ready", async () => {
     daemon = await startDaemon(topo);
     expect(statSync(sock).mode & 0o777).toBe(0o600);
     // With the daemon up (and autostart off) the shim forwards: its log line shows where it ran.
@@ -86,8 +86,16 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
   it('puts EIPs and the default route back on a recreated net1 without any command', async () => {
     await topo.recreateExternal();
     const recreatedAt = Date.now();
-    await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), { what: 'the EIP back on net1', timeoutMs: 5000, intervalMs: 50 });
-    await waitFor(async () => (await defaultRoute(topo)).includes(`via ${ADDR.extGateway}`), { what: 'the default route back', timeoutMs: 5000, intervalMs: 50 });
+    await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), {
+      what: 'the EIP back on net1',
+      timeoutMs: 5000,
+      intervalMs: 50,
+    });
+    await waitFor(async () => (await defaultRoute(topo)).includes(`via ${ADDR.extGateway}`), {
+      what: 'the default route back',
+      timeoutMs: 5000,
+      intervalMs: 50,
+    });
     console.info(`[${backend.name}] recreated net1 repaired after ${Date.now() - recreatedAt} ms`);
     expect(parsePeer(await reach(8080)).ip).toBe(ADDR.extHost);
     await waitReady(topo, daemon);

@@ -71,19 +71,29 @@ describe('daemon robustness', () => {
     ok(await api(sock, 'PUT', `/v1/eips/${EIP}`, { prefixLength: 24 }), 'eip');
     await waitReady(topo, daemon);
 
-    const monitors = await waitFor(async () => {
-      const m = childrenOf(daemon!.pid, 'monitor');
-      return m.length === 1 ? m : undefined;
-    }, { what: 'the daemon\'s ip monitor' });
+    const monitors = await waitFor(
+      async () => {
+        const m = childrenOf(daemon!.pid, 'monitor');
+        return m.length === 1 ? m : undefined;
+      },
+      { what: "the daemon's ip monitor" },
+    );
     process.kill(monitors[0]!, 'SIGKILL');
-    await waitFor(async () => {
-      const m = childrenOf(daemon!.pid, 'monitor');
-      return m.length === 1 && m[0] !== monitors[0];
-    }, { what: 'a new ip monitor', timeoutMs: 10_000 });
+    await waitFor(
+      async () => {
+        const m = childrenOf(daemon!.pid, 'monitor');
+        return m.length === 1 && m[0] !== monitors[0];
+      },
+      { what: 'a new ip monitor', timeoutMs: 10_000 },
+    );
     expect(daemon.logs()).toContain('link monitor exited; restarting');
 
     await topo.recreateExternal();
-    await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), { what: 'the EIP back on the new net1', timeoutMs: 5000, intervalMs: 50 });
+    await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), {
+      what: 'the EIP back on the new net1',
+      timeoutMs: 5000,
+      intervalMs: 50,
+    });
     const route = await topo.exec('gw', ['ip', '-4', 'route', 'show', 'default']);
     expect(route.stdout).toContain(`via ${ADDR.extGateway} dev net1`);
   });

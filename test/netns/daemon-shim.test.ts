@@ -104,7 +104,10 @@ describe('the shim on every path', () => {
     daemon = await startDaemon(topo);
     const forwarded = await runSequence(topo);
     // Through curl (/v1/legacy/raw) where it is installed, else through Node.js (/v1/legacy).
-    const requests = daemon.logs().split('\n').filter((l) => l.includes('"path":"/v1/legacy"') || l.includes('"path":"/v1/legacy/raw"')).length;
+    const requests = daemon
+      .logs()
+      .split('\n')
+      .filter((l) => l.includes('"path":"/v1/legacy"') || l.includes('"path":"/v1/legacy/raw"')).length;
     expect(requests).toBe(SEQUENCE.filter(([c]) => !['get-iptables-version', 'help'].includes(c ?? '')).length);
     expect(await stopDaemon(daemon)).toBe(0);
     daemon = undefined;

@@ -34,7 +34,11 @@ req.on('error', (e) => console.log(JSON.stringify({ status: 0, body: e.message }
 req.end(method === 'POST' ? JSON.stringify({ command: 'help' }) : undefined);
 `;
 
-async function call(topo: Topology, url: string, opts: { method?: string; token?: string; ca?: string; cert?: string; key?: string } = {}): Promise<{ status: number; body: string }> {
+async function call(
+  topo: Topology,
+  url: string,
+  opts: { method?: string; token?: string; ca?: string; cert?: string; key?: string } = {},
+): Promise<{ status: number; body: string }> {
   const args = [url, opts.method ?? 'GET', opts.token ?? '', opts.ca ?? '', opts.cert ?? '', opts.key ?? ''];
   const r = await topo.exec('vpc1', [process.execPath, '-e', CLIENT, ...args.map(String)]);
   return JSON.parse(r.stdout) as { status: number; body: string };
@@ -57,10 +61,33 @@ function makeCerts(dir: string): Record<'ca' | 'caKey' | 'serverCert' | 'serverK
   ssl('req', '-x509', ...ec, '-keyout', f('ca.key'), '-out', f('ca.crt'), '-days', '1', '-subj', '/CN=natgw-test-ca');
   writeFileSync(f('server.ext'), `subjectAltName=IP:${ADDR.gw}\n`);
   ssl('req', ...ec, '-keyout', f('server.key'), '-out', f('server.csr'), '-subj', '/CN=natgw');
-  ssl('x509', '-req', '-in', f('server.csr'), '-CA', f('ca.crt'), '-CAkey', f('ca.key'), '-CAcreateserial', '-out', f('server.crt'), '-days', '1', '-extfile', f('server.ext'));
+  ssl(
+    'x509',
+    '-req',
+    '-in',
+    f('server.csr'),
+    '-CA',
+    f('ca.crt'),
+    '-CAkey',
+    f('ca.key'),
+    '-CAcreateserial',
+    '-out',
+    f('server.crt'),
+    '-days',
+    '1',
+    '-extfile',
+    f('server.ext'),
+  );
   ssl('req', ...ec, '-keyout', f('client.key'), '-out', f('client.csr'), '-subj', '/CN=kube-ovn-controller');
   ssl('x509', '-req', '-in', f('client.csr'), '-CA', f('ca.crt'), '-CAkey', f('ca.key'), '-CAcreateserial', '-out', f('client.crt'), '-days', '1');
-  return { ca: f('ca.crt'), caKey: f('ca.key'), serverCert: f('server.crt'), serverKey: f('server.key'), clientCert: f('client.crt'), clientKey: f('client.key') };
+  return {
+    ca: f('ca.crt'),
+    caKey: f('ca.key'),
+    serverCert: f('server.crt'),
+    serverKey: f('server.key'),
+    clientCert: f('client.crt'),
+    clientKey: f('client.key'),
+  };
 }
 
 describe('the API over TCP', () => {
@@ -111,7 +138,12 @@ describe('the API over TCP', () => {
 
   it.skipIf(!hasOpenssl())('with TLS client verification: a verified client certificate is enough, none is 401', async () => {
     const c = makeCerts(topo.stateDir);
-    daemon = await startDaemon(topo, { NATGW_LISTEN: `${ADDR.gw}:${PORT}`, NATGW_TLS_CERT: c.serverCert, NATGW_TLS_KEY: c.serverKey, NATGW_TLS_CLIENT_CA: c.ca });
+    daemon = await startDaemon(topo, {
+      NATGW_LISTEN: `${ADDR.gw}:${PORT}`,
+      NATGW_TLS_CERT: c.serverCert,
+      NATGW_TLS_KEY: c.serverKey,
+      NATGW_TLS_CLIENT_CA: c.ca,
+    });
     const tls = `https://${ADDR.gw}:${PORT}`;
     expect((await call(topo, `${tls}/healthz`, { ca: c.ca })).status).toBe(200);
     expect((await call(topo, `${tls}/v1/state`, { ca: c.ca })).status).toBe(401);

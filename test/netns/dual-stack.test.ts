@@ -31,7 +31,11 @@ describe.each(BACKENDS)('IPv6 through the API on $name', (backend: BackendCase) 
       await topo.exec(h, ['ip', '-6', 'route', 'replace', 'default', 'via', VPC6.gw]);
     }
     await topo.exec('ext', ['ip', '-6', 'addr', 'add', `${EXT_HOST6}/64`, 'dev', 'e0', 'nodad']);
-    for (const [ns, port] of [['vpc1', 80], ['vpc2', 9000], ['ext', 7001]] as const) {
+    for (const [ns, port] of [
+      ['vpc1', 80],
+      ['vpc2', 9000],
+      ['ext', 7001],
+    ] as const) {
       const s = startServer(topo, ns, 'tcp', port, '::');
       servers.push(s);
       await s.ready;
@@ -74,7 +78,13 @@ describe.each(BACKENDS)('IPv6 through the API on $name', (backend: BackendCase) 
   });
 
   it('removing the last IPv6 object removes the IPv6 skeleton', async () => {
-    for (const path of [`/v1/fips/${FIP6}`, `/v1/dnats/${EIP6},8080,tcp`, `/v1/snats/${EIP6},${encodeURIComponent('fd00:1::/64')}`, `/v1/eips/${FIP6}`, `/v1/eips/${EIP6}`]) {
+    for (const path of [
+      `/v1/fips/${FIP6}`,
+      `/v1/dnats/${EIP6},8080,tcp`,
+      `/v1/snats/${EIP6},${encodeURIComponent('fd00:1::/64')}`,
+      `/v1/eips/${FIP6}`,
+      `/v1/eips/${EIP6}`,
+    ]) {
       expect((await api(sock, 'DELETE', path)).status, path).toBe(204);
     }
     if (backend.iptablesVariant) {

@@ -25,7 +25,10 @@ describe.each(BACKENDS)('per-EIP counters on $name', (backend: BackendCase) => {
   beforeAll(async () => {
     topo = await createTopology();
     Object.assign(topo.env, backend.env);
-    for (const [ns, port] of [['vpc1', 80], ['ext', 7001]] as const) {
+    for (const [ns, port] of [
+      ['vpc1', 80],
+      ['ext', 7001],
+    ] as const) {
       const s = startServer(topo, ns, 'tcp', port);
       servers.push(s);
       await s.ready;

@@ -28,7 +28,12 @@ import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { prng } from '../helpers/prng.js';
 
 const NS = `ngfk${randomBytes(3).toString('hex')}`;
-const TABLES: ReadonlyArray<[NftTableFamily, string]> = [['ip', NATGW_TABLE], ['ip6', NATGW_TABLE], ['ip', KUBE_OVN_TABLE], ['inet', ACCT_TABLE]];
+const TABLES: ReadonlyArray<[NftTableFamily, string]> = [
+  ['ip', NATGW_TABLE],
+  ['ip6', NATGW_TABLE],
+  ['ip', KUBE_OVN_TABLE],
+  ['inet', ACCT_TABLE],
+];
 
 beforeAll(async () => {
   await execa('ip', ['netns', 'add', NS]);
@@ -91,7 +96,13 @@ class Twins {
 // The random walk's moves
 // ---------------------------------------------------------------------------------
 
-const dnat = (i: number, to: number): Dnat => ({ eip: `172.20.0.${10 + (i % 5)}`, port: 1000 + i, protocol: i % 3 === 0 ? 'udp' : 'tcp', internalIp: `10.0.1.${to}`, internalPort: 80 + (i % 7) });
+const dnat = (i: number, to: number): Dnat => ({
+  eip: `172.20.0.${10 + (i % 5)}`,
+  port: 1000 + i,
+  protocol: i % 3 === 0 ? 'udp' : 'tcp',
+  internalIp: `10.0.1.${to}`,
+  internalPort: 80 + (i % 7),
+});
 const fip = (i: number, to: number): Fip => ({ eip: `172.20.1.${i}`, internalIp: `10.0.2.${to}` });
 const fip6 = (i: number): Fip => ({ eip: `fd00:20::${i + 16}`, internalIp: `fd00:10::${i + 2}` });
 const snat = (i: number): Snat => {
@@ -204,7 +215,9 @@ describe('the fake nft against the kernel', () => {
         // sync may be refused by both.
         const [, f] = await k.lists('ip', NATGW_TABLE);
         const T = { family: 'ip', name: NATGW_TABLE } as const;
-        const element = [SET.portDnat, SET.fipDnat, SET.hairpinEips].map((n) => f?.sets.get(n)?.elements.at(-1) && ([n, f.sets.get(n)!.elements.at(-1)!.key] as const))[Math.floor(rnd() * 3)];
+        const element = [SET.portDnat, SET.fipDnat, SET.hairpinEips].map(
+          (n) => f?.sets.get(n)?.elements.at(-1) && ([n, f.sets.get(n)!.elements.at(-1)!.key] as const),
+        )[Math.floor(rnd() * 3)];
         const snatRule = f?.chains.get(CHAIN.sharedSnat)?.rules[0];
         const gone = t.dnats[0];
         const drift = new NftTransaction();
@@ -236,10 +249,14 @@ describe('the fake nft against the kernel', () => {
 
   it('refuses what the kernel refuses, with its errno, and consumes handles as it does', async () => {
     const k = new Twins();
-    await k.run('add table ip f\nadd chain ip f c\nadd chain ip f d\nadd set ip f s { type ipv4_addr; }\nadd map ip f m { type ipv4_addr : ipv4_addr; }\n' +
-      'add map ip f v { type ipv4_addr : verdict; }\nadd chain ip f b { type nat hook postrouting priority srcnat; policy accept; }\n' +
-      'add rule ip f b ip daddr @s\nadd rule ip f b oifname "x" jump c\nadd element ip f v { 1.1.1.1 : goto d }\nadd element ip f m { 1.1.1.1 : 2.2.2.2 }\n' +
-      'add rule ip f c meta l4proto { tcp, udp } counter\n', undefined, 'setup');
+    await k.run(
+      'add table ip f\nadd chain ip f c\nadd chain ip f d\nadd set ip f s { type ipv4_addr; }\nadd map ip f m { type ipv4_addr : ipv4_addr; }\n' +
+        'add map ip f v { type ipv4_addr : verdict; }\nadd chain ip f b { type nat hook postrouting priority srcnat; policy accept; }\n' +
+        'add rule ip f b ip daddr @s\nadd rule ip f b oifname "x" jump c\nadd element ip f v { 1.1.1.1 : goto d }\nadd element ip f m { 1.1.1.1 : 2.2.2.2 }\n' +
+        'add rule ip f c meta l4proto { tcp, udp } counter\n',
+      undefined,
+      'setup',
+    );
     const cases = [
       'delete element ip f m { 9.9.9.9 }',
       'add element ip f m { 1.1.1.1 : 2.2.2.3 }',

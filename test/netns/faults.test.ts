@@ -179,14 +179,18 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
     { name: 'the NAT transaction hangs', fault: () => netfilterFault('hang'), message: /timed out after 2000 ms/ },
     { name: 'ip -batch stops half-way', fault: () => ['ip', 'half', '-batch', '^(addr|route) replace '], message: /injected fault: ip stopped half-way/ },
     { name: 'ip -batch hangs', fault: () => ['ip', 'hang', '-batch', '^(addr|route) replace '], message: /timed out after 2000 ms/ },
-    { name: 'tc -batch stops half-way', fault: () => ['tc', 'half', '-batch', '^(qdisc|class|filter) (add|replace|change) '], message: /injected fault: tc stopped half-way/ },
+    {
+      name: 'tc -batch stops half-way',
+      fault: () => ['tc', 'half', '-batch', '^(qdisc|class|filter) (add|replace|change) '],
+      message: /injected fault: tc stopped half-way/,
+    },
   ];
 
   for (const c of cases) {
     it(`${c.name}: a clear error, kernel and state as before, then the change goes through`, async () => {
       const [tool, mode, args, stdin] = c.fault();
       faults.arm(tool, 1, mode, args, stdin);
-      let r;
+      let r: Awaited<ReturnType<typeof api>>;
       try {
         r = await api(sock, 'PUT', '/v1/state', changedDoc);
       } finally {
@@ -222,7 +226,11 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
     await legacy('dnat-del', '172.20.0.10,8091,tcp');
     await waitFor(
       async () => {
-        const lines = daemon!.logs().slice(logged).split('\n').filter((l) => l.includes('"conntrack flushed"'));
+        const lines = daemon!
+          .logs()
+          .slice(logged)
+          .split('\n')
+          .filter((l) => l.includes('"conntrack flushed"'));
         return lines.some((l) => l.includes('"port":8090')) && lines.some((l) => l.includes('"port":8091'));
       },
       { what: 'the owed flush retried beside the new one', timeoutMs: 10_000 },

@@ -17,7 +17,15 @@ const FIP_EIP = '172.20.0.11';
 const GAUGE_EIP = '172.20.0.12';
 
 /** Short conntrack timeouts in gw, so closed connections end (DESTROY) within seconds. */
-const SHORT_TIMEOUTS = ['tcp_timeout_time_wait', 'tcp_timeout_close', 'tcp_timeout_close_wait', 'tcp_timeout_fin_wait', 'tcp_timeout_last_ack', 'udp_timeout', 'udp_timeout_stream'];
+const SHORT_TIMEOUTS = [
+  'tcp_timeout_time_wait',
+  'tcp_timeout_close',
+  'tcp_timeout_close_wait',
+  'tcp_timeout_fin_wait',
+  'tcp_timeout_last_ack',
+  'udp_timeout',
+  'udp_timeout_stream',
+];
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Line = any;
@@ -121,10 +129,34 @@ describe.each(BACKENDS)('flow logs and connection metrics on $name', (backend: B
     expect([snat.ip, dnat.ip, fipIn.ip, fipOut.ip]).toEqual([EIP, ADDR.extHost, ADDR.extHost, FIP_EIP]);
 
     const expected = [
-      { kind: 'snat', eip: EIP, protocol: 'tcp', original: { src: ADDR.vpc1, sport: 40001, dst: ADDR.extHost, dport: 7001 }, translated: { src: EIP, sport: snat.port, dst: ADDR.extHost, dport: 7001 } },
-      { kind: 'dnat', eip: EIP, protocol: 'tcp', original: { src: ADDR.extHost, sport: 40002, dst: EIP, dport: 8080 }, translated: { src: ADDR.extHost, sport: 40002, dst: ADDR.vpc1, dport: 80 } },
-      { kind: 'fip', eip: FIP_EIP, protocol: 'tcp', original: { src: ADDR.extHost, sport: 40003, dst: FIP_EIP, dport: 9090 }, translated: { src: ADDR.extHost, sport: 40003, dst: ADDR.vpc2, dport: 9090 } },
-      { kind: 'fip', eip: FIP_EIP, protocol: 'udp', original: { src: ADDR.vpc2, sport: 40004, dst: ADDR.extHost, dport: 7002 }, translated: { src: FIP_EIP, sport: fipOut.port, dst: ADDR.extHost, dport: 7002 } },
+      {
+        kind: 'snat',
+        eip: EIP,
+        protocol: 'tcp',
+        original: { src: ADDR.vpc1, sport: 40001, dst: ADDR.extHost, dport: 7001 },
+        translated: { src: EIP, sport: snat.port, dst: ADDR.extHost, dport: 7001 },
+      },
+      {
+        kind: 'dnat',
+        eip: EIP,
+        protocol: 'tcp',
+        original: { src: ADDR.extHost, sport: 40002, dst: EIP, dport: 8080 },
+        translated: { src: ADDR.extHost, sport: 40002, dst: ADDR.vpc1, dport: 80 },
+      },
+      {
+        kind: 'fip',
+        eip: FIP_EIP,
+        protocol: 'tcp',
+        original: { src: ADDR.extHost, sport: 40003, dst: FIP_EIP, dport: 9090 },
+        translated: { src: ADDR.extHost, sport: 40003, dst: ADDR.vpc2, dport: 9090 },
+      },
+      {
+        kind: 'fip',
+        eip: FIP_EIP,
+        protocol: 'udp',
+        original: { src: ADDR.vpc2, sport: 40004, dst: ADDR.extHost, dport: 7002 },
+        translated: { src: FIP_EIP, sport: fipOut.port, dst: ADDR.extHost, dport: 7002 },
+      },
     ];
     const lines = await waitFor(
       async () => {
@@ -171,7 +203,8 @@ describe.each(BACKENDS)('flow logs and connection metrics on $name', (backend: B
 
   it('the per-EIP connection gauge follows open connections up and down, and across a daemon restart', async () => {
     const gauge = async () => sample(await metricsText(topo), 'natgw_conntrack_connections', { eip: GAUGE_EIP, kind: 'dnat' }) || 0;
-    const expectGauge = (n: number, what: string) => waitFor(async () => (await gauge()) === n, { what: `${what}: ${n} connections on ${GAUGE_EIP}`, timeoutMs: 90_000, intervalMs: 250 });
+    const expectGauge = (n: number, what: string) =>
+      waitFor(async () => (await gauge()) === n, { what: `${what}: ${n} connections on ${GAUGE_EIP}`, timeoutMs: 90_000, intervalMs: 250 });
     await expectGauge(0, 'before any connection');
     for (let i = 0; i < 3; i++) flows.push(await startLongFlow(topo, 'ext', GAUGE_EIP, 8081, { localAddress: ADDR.extHost }));
     await expectGauge(3, 'three open');
@@ -256,7 +289,9 @@ describe('flow-log rate limit', () => {
     expect(written).toBeLessThan(N);
     await waitFor(async () => flowLines(flowFile).length === written, { what: `the ${written} written lines on disk` });
     // Reported, not asserted (timing): compare with bench/README's dnat-add figures.
-    console.log(`flow-log burst: ${written} written, ${dropped} dropped; dnat-add took ${quietMs.toFixed(0)} ms before and ${commandMs.toFixed(0)} ms during the burst`);
+    console.log(
+      `flow-log burst: ${written} written, ${dropped} dropped; dnat-add took ${quietMs.toFixed(0)} ms before and ${commandMs.toFixed(0)} ms during the burst`,
+    );
   });
 
   it('stdout mode: flow lines among the daemon log, told apart by their type', async () => {
@@ -268,7 +303,8 @@ describe('flow-log rate limit', () => {
     const d = daemon;
     const line = await waitFor(
       async () =>
-        d.logs()
+        d
+          .logs()
           .split('\n')
           .filter((l) => l.startsWith('{'))
           .map((l) => JSON.parse(l) as Line)
@@ -277,6 +313,11 @@ describe('flow-log rate limit', () => {
     );
     expect(line).toMatchObject({ msg: 'flow', kind: 'dnat', eip: EIP, translated: { dst: ADDR.vpc1, dport: 80 } });
     // The daemon's own log lines carry no type: a reader filters on it.
-    expect(d.logs().split('\n').some((l) => l.includes('"msg":"natgw serving"') && !l.includes('"type"'))).toBe(true);
+    expect(
+      d
+        .logs()
+        .split('\n')
+        .some((l) => l.includes('"msg":"natgw serving"') && !l.includes('"type"')),
+    ).toBe(true);
   });
 });

@@ -84,11 +84,12 @@ async function scenario(b: BackendCase, sync: boolean): Promise<Outcome> {
 
   if (sync) {
     // B's conntrackd holds A's flows in its external cache: the three TCP flows and the UDP one.
-    await waitFor(async () => ((await haStatus(t, 'gb')).sync.stats?.external.active ?? 0) >= 4, { what: "A's flows in B's external cache", timeoutMs: 15_000 }).catch(
-      async (e: unknown) => {
-        throw new Error(`${(e as Error).message}\n${JSON.stringify(await haStatus(t, 'gb'))}\n${logs()}`);
-      },
-    );
+    await waitFor(async () => ((await haStatus(t, 'gb')).sync.stats?.external.active ?? 0) >= 4, {
+      what: "A's flows in B's external cache",
+      timeoutMs: 15_000,
+    }).catch(async (e: unknown) => {
+      throw new Error(`${(e as Error).message}\n${JSON.stringify(await haStatus(t, 'gb'))}\n${logs()}`);
+    });
   }
 
   const takeover = ok(await api(t.socket('gb'), 'POST', '/v1/ha/takeover?reason=test'), 'takeover on B').body;
@@ -123,6 +124,14 @@ describe.each(BACKENDS)('replica failover ($name)', (b) => {
     const withoutSync = await scenario(b, false);
     console.log(`[${b.name}] failover with sync:    ${JSON.stringify(withSync)}`);
     console.log(`[${b.name}] failover without sync: ${JSON.stringify(withoutSync)}`);
-    expect({ ...withSync, takeoverMs: 0 }).toEqual({ snat: true, dnat: true, fip: true, udpSamePort: true, committed: true, snatEntryOnB: true, takeoverMs: 0 });
+    expect({ ...withSync, takeoverMs: 0 }).toEqual({
+      snat: true,
+      dnat: true,
+      fip: true,
+      udpSamePort: true,
+      committed: true,
+      snatEntryOnB: true,
+      takeoverMs: 0,
+    });
   }, 240_000);
 });

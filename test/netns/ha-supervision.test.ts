@@ -157,7 +157,10 @@ describe('a natgw killed outright', () => {
     );
     expect(now.conntrackd.pid).not.toBe(old);
     expect(now.conntrackd.restarts).toBe(0);
-    const oldAlive = await readFile(`/proc/${old}/cmdline`, 'utf8').then((c) => c.includes('conntrackd'), () => false);
+    const oldAlive = await readFile(`/proc/${old}/cmdline`, 'utf8').then(
+      (c) => c.includes('conntrackd'),
+      () => false,
+    );
     expect(oldAlive, 'the orphaned conntrackd is gone').toBe(false);
     expect(second.logs()).toContain('stopping a conntrackd left running by an earlier natgw');
   }, 120_000);

@@ -5,14 +5,7 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  ADDR,
-  createTopology,
-  listNamespaces,
-  normalizeIptablesSave,
-  withTopology,
-  type Topology,
-} from '../helpers/netns.js';
+import { ADDR, createTopology, listNamespaces, normalizeIptablesSave, withTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
 import {
   bulkTransfer,
@@ -65,9 +58,7 @@ describe('netns topology', () => {
   });
 
   it('puts the upstream gateway, the external host and the v6 gateway on ext', async () => {
-    expect(await topo.addresses('ext', 'e0')).toEqual(
-      expect.arrayContaining([`${ADDR.extGateway}/24`, `${ADDR.extHost}/24`, `${ADDR.extGatewayV6}/64`]),
-    );
+    expect(await topo.addresses('ext', 'e0')).toEqual(expect.arrayContaining([`${ADDR.extGateway}/24`, `${ADDR.extHost}/24`, `${ADDR.extGatewayV6}/64`]));
     for (const addr of [ADDR.extGateway, ADDR.extHost, ADDR.extGatewayV6]) {
       expect(await ping(topo, 'ext', addr), addr).toBe(true);
     }
@@ -179,9 +170,7 @@ describe('netns topology', () => {
       await topo.exec('gw', ['iptables-nft', '-t', 'nat', '-F']);
       await topo.exec('gw', ['nft', 'delete', 'table', 'ip', 'nat']);
     }
-    expect(normalizeIptablesSave('# Generated\n*nat\n:INPUT ACCEPT [3:120]\n-A X -j Y\nCOMMIT\n# Completed\n')).toBe(
-      '*nat\n:INPUT ACCEPT\n-A X -j Y\nCOMMIT',
-    );
+    expect(normalizeIptablesSave('# Generated\n*nat\n:INPUT ACCEPT [3:120]\n-A X -j Y\nCOMMIT\n# Completed\n')).toBe('*nat\n:INPUT ACCEPT\n-A X -j Y\nCOMMIT');
   });
 
   it('gives natgw an isolated environment with test overrides', () => {

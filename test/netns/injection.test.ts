@@ -40,14 +40,26 @@ async function kernelDump(topo: Topology): Promise<string> {
     for (const what of ['qdisc', 'class', 'filter']) parts.push(await run(['tc', what, 'show', 'dev', dev]));
   }
   // Packet counters count packets (IPv6 neighbour discovery on the links, for one), not configuration.
-  return parts.join('\n').replace(/\[\d+:\d+\]/g, '[n:n]').replace(/packets \d+ bytes \d+/g, 'packets n bytes n');
+  return parts
+    .join('\n')
+    .replace(/\[\d+:\d+\]/g, '[n:n]')
+    .replace(/packets \d+ bytes \d+/g, 'packets n bytes n');
 }
 
 /** The lines that differ, for the message. */
 function changed(a: string, b: string): string {
   const al = new Set(a.split('\n'));
   const bl = new Set(b.split('\n'));
-  return [...a.split('\n').filter((l) => !bl.has(l)).map((l) => `- ${l}`), ...b.split('\n').filter((l) => !al.has(l)).map((l) => `+ ${l}`)].join('\n');
+  return [
+    ...a
+      .split('\n')
+      .filter((l) => !bl.has(l))
+      .map((l) => `- ${l}`),
+    ...b
+      .split('\n')
+      .filter((l) => !al.has(l))
+      .map((l) => `+ ${l}`),
+  ].join('\n');
 }
 
 describe.each(BACKENDS)('the injection corpus on $name', (backend: BackendCase) => {

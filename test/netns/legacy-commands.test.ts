@@ -62,7 +62,8 @@ describe.each(BACKENDS)('legacy commands on $name', (backend: BackendCase) => {
         '-A POSTROUTING -j SNAT_FILTER',
         '-A DNAT_FILTER -j EXCLUSIVE_DNAT\n-A DNAT_FILTER -j SHARED_DNAT',
         '-A SNAT_FILTER -j EXCLUSIVE_SNAT\n-A SNAT_FILTER -j SHARED_SNAT\n-A SNAT_FILTER -j HAIRPIN_SNAT',
-      ]) expect(nat).toContain(line);
+      ])
+        expect(nat).toContain(line);
       expect(await topo.iptablesSave('mangle', backend.iptablesVariant)).toContain('-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1');
     } else {
       expect(first).toContain('table ip natgw');
@@ -142,10 +143,14 @@ describe.each(BACKENDS)('legacy commands on $name', (backend: BackendCase) => {
     const d = await topo.natgw('dnat-add', `${EIP},8080,TCP,${ADDR.vpc2},81`);
     expect(d.exitCode).toBe(1);
     expect(d.stderr).toBe('');
-    expect(d.stdout).toContain(`dnat (${EIP}, 8080, tcp) already exists: -A SHARED_DNAT -d ${EIP}/32 -p tcp -m tcp --dport 8080 -j DNAT --to-destination ${ADDR.vpc1}:80, but expected ${ADDR.vpc2}:81`);
+    expect(d.stdout).toContain(
+      `dnat (${EIP}, 8080, tcp) already exists: -A SHARED_DNAT -d ${EIP}/32 -p tcp -m tcp --dport 8080 -j DNAT --to-destination ${ADDR.vpc1}:80, but expected ${ADDR.vpc2}:81`,
+    );
     const f = await topo.natgw('floating-ip-add', `${EIP2},${ADDR.vpc1}`);
     expect(f.exitCode).toBe(1);
-    expect(f.stdout).toContain(`eip ${EIP2} already bindTo rule: -A EXCLUSIVE_DNAT -d ${EIP2}/32 -j DNAT --to-destination ${ADDR.vpc2}, but expected internalIp ${ADDR.vpc1}`);
+    expect(f.stdout).toContain(
+      `eip ${EIP2} already bindTo rule: -A EXCLUSIVE_DNAT -d ${EIP2}/32 -j DNAT --to-destination ${ADDR.vpc2}, but expected internalIp ${ADDR.vpc1}`,
+    );
     // A conflict in the second rule keeps the first from being applied too.
     const both = await topo.natgw('dnat-add', `${EIP},8090,tcp,${ADDR.vpc1},80`, `${EIP},8080,tcp,${ADDR.vpc2},80`);
     expect(both.exitCode).toBe(1);
@@ -219,7 +224,10 @@ describe.each(BACKENDS)('legacy commands on $name', (backend: BackendCase) => {
     for (const cidr of ['10.0.0.0/16', '10.0.0.0/20', '10.0.1.0/24', `${ADDR.vpc2}/32`]) await topo.natgwOk('snat-add', `${EIP3},${cidr}`);
     if (backend.iptablesVariant) {
       const nat = await topo.iptablesSave('nat', backend.iptablesVariant);
-      const order = nat.split('\n').filter((l) => l.startsWith('-A SHARED_SNAT') && l.includes(`--to-source ${EIP3}`)).map((l) => l.split(' ')[3]);
+      const order = nat
+        .split('\n')
+        .filter((l) => l.startsWith('-A SHARED_SNAT') && l.includes(`--to-source ${EIP3}`))
+        .map((l) => l.split(' ')[3]);
       expect(order).toEqual([`${ADDR.vpc2}/32`, '10.0.1.0/24', '10.0.0.0/20', '10.0.0.0/16']);
     }
     // The /32 rule wins for vpc2 over the /24 rule of EIP added earlier.
@@ -322,7 +330,7 @@ describe.each(BACKENDS)('late interfaces and redo order on $name', (backend: Bac
       const r = await init;
       expect(r.stderr).toBe('');
       expect(r.exitCode).toBe(0);
-      expect(r.stdout).toContain("INFO: waiting for interface(s) net1");
+      expect(r.stdout).toContain('INFO: waiting for interface(s) net1');
       await topo.natgwOk('eip-add', `${EIP}/24`);
     } finally {
       await topo.cleanup();

@@ -69,7 +69,8 @@ describe('static neighbour entries', () => {
       for (const dst of ['10.9.0.50', 'fd09::50', '10.9.0.60']) {
         void topo.exec('gw', ['ping', '-c', '5', '-i', '0.2', '-W', '1', dst], { reject: false });
       }
-      const echoes = (dst: string) => cap.lines().filter((l) => l.includes(`> ${dst}: ICMP echo request`) || l.includes(`> ${dst}: ICMP6, echo request`)).length;
+      const echoes = (dst: string) =>
+        cap.lines().filter((l) => l.includes(`> ${dst}: ICMP echo request`) || l.includes(`> ${dst}: ICMP6, echo request`)).length;
       await waitFor(async () => echoes('10.9.0.50') >= 3 && echoes('fd09::50') >= 3 && cap.lines().some((l) => l.includes('who-has 10.9.0.60')), {
         what: 'echo requests to both static neighbours on the wire, and the control address resolved by ARP',
         timeoutMs: 10_000,

@@ -12,7 +12,6 @@ import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 
 const HOOK_TIMEOUT = 60_000;
 
-
 const EIP = '172.20.0.10';
 const FIP_EIP = '172.20.0.11';
 
@@ -199,7 +198,11 @@ describe('NftBackend in a network namespace', () => {
   });
 
   it('holds IPv6 objects in table ip6 natgw and drops that table when they go', async () => {
-    const v6: NatTables = { ...WANT, eips: [...WANT.eips, 'fd00:20::10'], snats: [...WANT.snats, { eip: 'fd00:20::10', cidr: 'fd00:1::/64', randomFully: true }] };
+    const v6: NatTables = {
+      ...WANT,
+      eips: [...WANT.eips, 'fd00:20::10'],
+      snats: [...WANT.snats, { eip: 'fd00:20::10', cidr: 'fd00:1::/64', randomFully: true }],
+    };
     await nft.sync(v6);
     const text = await list('ip6');
     expect(text).toContain('ip6 saddr fd00:1::/64 snat to fd00:20::10 fully-random');

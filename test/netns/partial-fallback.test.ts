@@ -30,7 +30,25 @@ async function kernelDnats(topo: Topology, b: BackendCase): Promise<string[]> {
 async function removeByHand(topo: Topology, b: BackendCase, port: number): Promise<void> {
   if (b.iptablesVariant) {
     const tool = `iptables-${b.iptablesVariant}`;
-    await topo.exec('gw', [tool, '-t', 'nat', '-D', 'SHARED_DNAT', '-d', `${EIP}/32`, '-p', 'tcp', '-m', 'tcp', '--dport', String(port), '-j', 'DNAT', '--to-destination', `${ADDR.vpc1}:80`]);
+    await topo.exec('gw', [
+      tool,
+      '-t',
+      'nat',
+      '-D',
+      'SHARED_DNAT',
+      '-d',
+      `${EIP}/32`,
+      '-p',
+      'tcp',
+      '-m',
+      'tcp',
+      '--dport',
+      String(port),
+      '-j',
+      'DNAT',
+      '--to-destination',
+      `${ADDR.vpc1}:80`,
+    ]);
   } else {
     await topo.exec('gw', ['nft', 'delete', 'element', 'ip', 'natgw', 'port_dnat', `{ ${EIP} . tcp . ${port} }`]);
   }
@@ -56,7 +74,8 @@ describe.each(BACKENDS)('partial sync after a change by hand ($name)', (backend:
     expect((await topo.natgw('init')).exitCode).toBe(0);
     await waitReady(topo, daemon);
     ok(await api(sock, 'PUT', `/v1/eips/${EIP}`, { prefixLength: 24 }), 'eip');
-    for (const port of [8081, 8082, 8083]) ok(await api(sock, 'PUT', `/v1/dnats/${EIP},${port},tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), `dnat ${port}`);
+    for (const port of [8081, 8082, 8083])
+      ok(await api(sock, 'PUT', `/v1/dnats/${EIP},${port},tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), `dnat ${port}`);
   });
   afterAll(async () => {
     if (daemon) await stopDaemon(daemon, 'SIGKILL');

@@ -33,7 +33,13 @@ class Recording implements Executor {
 /** A listing: `nft list …`, `iptables-…-save` (under `ip netns exec`, the tool is an argument). */
 const isRead = (r: ExecRequest): boolean => [r.file, ...r.args].some((a) => a === 'list' || a.endsWith('-save'));
 
-const dnat = (i: number, to: number): Dnat => ({ eip: `172.20.0.${10 + (i % 5)}`, port: 1000 + i, protocol: i % 3 === 0 ? 'udp' : 'tcp', internalIp: `10.0.1.${to}`, internalPort: 80 + (i % 7) });
+const dnat = (i: number, to: number): Dnat => ({
+  eip: `172.20.0.${10 + (i % 5)}`,
+  port: 1000 + i,
+  protocol: i % 3 === 0 ? 'udp' : 'tcp',
+  internalIp: `10.0.1.${to}`,
+  internalPort: 80 + (i % 7),
+});
 const fip = (i: number, to: number): Fip => ({ eip: `172.20.1.${i}`, internalIp: `10.0.2.${to}` });
 const snat = (i: number): Snat => {
   const len = [24, 16, 32][i % 3]!;
@@ -108,7 +114,10 @@ describe.each(CASES)('partial netfilter sync ($name)', ({ name, make }) => {
       t = step(t, rnd);
       exec.calls.length = 0;
       await backend.sync(t, { mode: 'partial' });
-      expect(exec.calls.filter(isRead).map((c) => [c.file, ...c.args].join(' ')), `step ${k}`).toEqual([]);
+      expect(
+        exec.calls.filter(isRead).map((c) => [c.file, ...c.args].join(' ')),
+        `step ${k}`,
+      ).toEqual([]);
       if (k % 20 === 19) {
         const fresh = make(new NetnsExecutor(topo.ns.gw));
         const check = await fresh.sync(t, { mode: 'full', dryRun: true });
@@ -123,7 +132,8 @@ describe.each(CASES)('partial netfilter sync ($name)', ({ name, make }) => {
     const a: NatTables = { ...START, dnats: [dnat(1, 5), dnat(2, 5)] };
     await backend.sync(a, { mode: 'full' });
     // Someone removes natgw's DNAT by hand; the partial delete of it then fails in the kernel.
-    if (name === 'nftables') await topo.exec('gw', ['nft', 'delete', 'element', 'ip', 'natgw', 'port_dnat', `{ ${a.dnats[0]!.eip} . ${a.dnats[0]!.protocol} . ${a.dnats[0]!.port} }`]);
+    if (name === 'nftables')
+      await topo.exec('gw', ['nft', 'delete', 'element', 'ip', 'natgw', 'port_dnat', `{ ${a.dnats[0]!.eip} . ${a.dnats[0]!.protocol} . ${a.dnats[0]!.port} }`]);
     else await topo.exec('gw', [`iptables-${name.split('-')[1]}`, '-t', 'nat', '-F', 'SHARED_DNAT']);
     const b: NatTables = { ...a, dnats: [a.dnats[1]!] };
     await expect(backend.sync(b, { mode: 'partial' })).rejects.toThrow();

@@ -84,11 +84,26 @@ describe('partial syncs in a network namespace', () => {
     const steps: DesiredState[] = [
       link(['172.20.0.10/24', '172.20.0.11/24'], [['10.1.0.0/16', '10.0.1.254']], '172.20.0.1'),
       // A secondary, a primary of another subnet, IPv6; the first primary goes (its secondary is promoted).
-      link(['172.20.0.11/24', '172.20.0.12/24', '10.9.0.5/16', '2001:db8::10/64'], [['10.1.0.0/16', '10.0.1.253'], ['10.2.3.4/32', '10.0.1.254']], '172.20.0.254'),
+      link(
+        ['172.20.0.11/24', '172.20.0.12/24', '10.9.0.5/16', '2001:db8::10/64'],
+        [
+          ['10.1.0.0/16', '10.0.1.253'],
+          ['10.2.3.4/32', '10.0.1.254'],
+        ],
+        '172.20.0.254',
+      ),
       // The promoted primary goes in turn; IPv6 swapped and re-prefixed; a host route goes; an IPv6 default.
       link(['172.20.0.12/24', '10.9.0.5/16', '172.20.0.13/24', '2001:db8::11/64'], [['10.1.0.0/16', '10.0.1.253']], '172.20.0.254', '2001:db8::1'),
       // A deleted host route comes back; 10.9.0.5 and the IPv6 EIP change prefix.
-      link(['172.20.0.12/24', '10.9.0.5/24', '2001:db8::11/80'], [['10.1.0.0/16', '10.0.1.253'], ['10.2.3.4/32', '10.0.1.254']], '172.20.0.254', '2001:db8::1'),
+      link(
+        ['172.20.0.12/24', '10.9.0.5/24', '2001:db8::11/80'],
+        [
+          ['10.1.0.0/16', '10.0.1.253'],
+          ['10.2.3.4/32', '10.0.1.254'],
+        ],
+        '172.20.0.254',
+        '2001:db8::1',
+      ),
       link(['172.20.0.13/24'], [], '172.20.0.254', '2001:db8::1'),
     ];
     const x = new Recorder();
@@ -109,13 +124,25 @@ describe('partial syncs in a network namespace', () => {
   it('QoS: tc htb classes and u32 filters, an IFB, new priorities and node deletes', async () => {
     const eip = (direction: 'egress' | 'ingress', ip: string, priority: number, rate: string): EipQos => ({ direction, ip, priority, rate, burst: '1' });
     const gw = (priority: number, over: Partial<GwQos> = {}): GwQos => ({
-      direction: 'egress', dev: 'net1', priority, classifier: 'u32', matchType: 'ip', matchDirection: 'src', cidr: '10.0.0.0/16', rate: '100', burst: '2', ...over,
+      direction: 'egress',
+      dev: 'net1',
+      priority,
+      classifier: 'u32',
+      matchType: 'ip',
+      matchDirection: 'src',
+      cidr: '10.0.0.0/16',
+      rate: '100',
+      burst: '2',
+      ...over,
     });
     const catchAll = gw(3, { classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '50', burst: '1' });
     const add = (s: DesiredState, qs: EipQos[]): DesiredState => qs.reduce((acc, q) => addEipQos(acc, q).state, s);
     const s1 = addGwQos(addGwQos(add(base(), [eip('egress', '10.98.0.2', 1, '10'), eip('ingress', '10.98.0.3', 1, '5')]), gw(2)).state, catchAll).state;
     const s2 = delGwQos(add(s1, [eip('egress', '10.98.0.4', 1, '10'), eip('egress', '10.98.0.2', 1, '20'), eip('egress', '10.98.0.5', 4, '7')]), gw(2)).state;
-    const s3 = addGwQos(delEipQos(delEipQos(s2, 'egress', '10.98.0.4').state, 'ingress', '10.98.0.3').state, gw(2, { matchDirection: 'dst', cidr: '10.1.0.0/16' })).state;
+    const s3 = addGwQos(
+      delEipQos(delEipQos(s2, 'egress', '10.98.0.4').state, 'ingress', '10.98.0.3').state,
+      gw(2, { matchDirection: 'dst', cidr: '10.1.0.0/16' }),
+    ).state;
     const s4 = add(s3, [eip('egress', '10.98.0.6', 6, '1'), eip('egress', '10.98.0.7', 6, '1'), eip('ingress', '10.98.0.8', 2, '3')]);
     // A node of a table made during the partial syncs: its id was predicted, not read.
     const s5 = delEipQos(delEipQos(s4, 'egress', '10.98.0.7').state, 'egress', '10.98.0.5').state;
@@ -127,14 +154,27 @@ describe('partial syncs in a network namespace', () => {
       const r = await m.sync(want, { mode: i === 0 ? 'full' : 'partial' });
       expect(r.changes).toBeGreaterThan(0);
       const ran = x.take();
-      if (i > 0) expect(ran.filter((c) => !c.includes('ngprobe')), `step ${i}: ${r.commands.join('; ')}`).toEqual(['tc -batch -']);
+      if (i > 0)
+        expect(
+          ran.filter((c) => !c.includes('ngprobe')),
+          `step ${i}: ${r.commands.join('; ')}`,
+        ).toEqual(['tc -batch -']);
       const fresh = await new QosManager(new NetnsExecutor(NS)).sync(want);
       expect(fresh.commands, `after step ${i}`).toEqual([]);
     }
   });
 
   it('share DNAT: chains, map elements and stale chains', async () => {
-    const A: ShareDnat = { eip: '172.20.0.10', port: 8080, protocol: 'tcp', protocolText: 'TCP', backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] };
+    const A: ShareDnat = {
+      eip: '172.20.0.10',
+      port: 8080,
+      protocol: 'tcp',
+      protocolText: 'TCP',
+      backends: [
+        { ip: '10.0.1.6', port: 80 },
+        { ip: '10.0.1.7', port: 80 },
+      ],
+    };
     const B: ShareDnat = { eip: '172.20.0.10', port: 5353, protocol: 'udp', protocolText: 'udp', backends: [{ ip: '10.0.1.6', port: 53 }] };
     const C: ShareDnat = { eip: '172.20.0.11', port: 443, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.8', port: 8443 }] };
     const steps: ShareDnat[][] = [

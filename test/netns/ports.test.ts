@@ -154,7 +154,10 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
       },
       { what: 'a resync after the changes', timeoutMs: 20_000, intervalMs: 100 },
     );
-    expect(Object.values(resynced.last.changes).every((n) => n === 0), JSON.stringify(resynced.last.changes)).toBe(true);
+    expect(
+      Object.values(resynced.last.changes).every((n) => n === 0),
+      JSON.stringify(resynced.last.changes),
+    ).toBe(true);
     // And a backend that never applied anything reads the kernel back and plans nothing.
     const state = ok(await api(sock(), 'GET', '/v1/state'), 'GET /v1/state').body;
     const want = natTablesOf(desiredStateSchema.parse(state.desired));
@@ -163,7 +166,9 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
     expect(plan.script).toBe('');
     expect(plan.changes).toBe(0);
     const adopted = await fresh.readBack();
-    expect(adopted?.dnats).toEqual(expect.arrayContaining([expect.objectContaining({ eip: EIP, port: 8000, portEnd: 8100, protocol: 'tcp', internalIp: ADDR.vpc1 })]));
+    expect(adopted?.dnats).toEqual(
+      expect.arrayContaining([expect.objectContaining({ eip: EIP, port: 8000, portEnd: 8100, protocol: 'tcp', internalIp: ADDR.vpc1 })]),
+    );
     expect(adopted?.snats).toEqual(expect.arrayContaining([expect.objectContaining({ eip: EIP, cidr: ADDR.vpcCidr, eips: [EIP, EIP2], randomFully: true })]));
   });
 

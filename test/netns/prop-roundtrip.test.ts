@@ -17,7 +17,14 @@ import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } fr
 const RUNS = Number(process.env.NATGW_PROP_NETNS_RUNS ?? 8);
 
 const octet = fc.integer({ min: 0, max: 255 });
-const unicast = fc.tuple(fc.integer({ min: 1, max: 223 }).filter((o) => o !== 127), octet, octet, fc.integer({ min: 1, max: 254 })).map((o) => o.join('.'));
+const unicast = fc
+  .tuple(
+    fc.integer({ min: 1, max: 223 }).filter((o) => o !== 127),
+    octet,
+    octet,
+    fc.integer({ min: 1, max: 254 }),
+  )
+  .map((o) => o.join('.'));
 const port = fc.integer({ min: 1, max: 65535 });
 const toInt = (ip: string) => ip.split('.').reduce((a, o) => a * 256 + Number(o), 0);
 const fromInt = (n: number) => [24, 16, 8, 0].map((s) => (n >>> s) & 255).join('.');
@@ -64,15 +71,27 @@ describe.each(BACKENDS)('generated rules round-trip on $name', (backend: Backend
     await topo?.cleanup();
   });
 
-  it('the kernel holds exactly the parsed rules; natgw\'s read-back agrees; deleting them leaves nothing', async () => {
+  it("the kernel holds exactly the parsed rules; natgw's read-back agrees; deleting them leaves nothing", async () => {
     const kind = backend.name as NetfilterKind;
     await fc.assert(
       fc.asyncProperty(batch, async (b) => {
         const routes = b.routes.map((r) => ({ cidr: network(fromInt(r.net), r.len), hop: `10.0.1.${r.hop}` }));
-        await legacy('dnat-add', b.dnats.map((d) => `${d.eip},${d.port},${d.protocol},${d.ip},${d.ip2}`));
-        await legacy('snat-add', b.snats.map((s) => `${s.eip},${s.addr}/${s.len}${s.rf ? ',--random-fully' : ''}`));
-        await legacy('floating-ip-add', b.fips.map((f) => `${f.eip},${f.ip}`));
-        await legacy('subnet-route-add', routes.map((r) => `${r.cidr},${r.hop}`));
+        await legacy(
+          'dnat-add',
+          b.dnats.map((d) => `${d.eip},${d.port},${d.protocol},${d.ip},${d.ip2}`),
+        );
+        await legacy(
+          'snat-add',
+          b.snats.map((s) => `${s.eip},${s.addr}/${s.len}${s.rf ? ',--random-fully' : ''}`),
+        );
+        await legacy(
+          'floating-ip-add',
+          b.fips.map((f) => `${f.eip},${f.ip}`),
+        );
+        await legacy(
+          'subnet-route-add',
+          routes.map((r) => `${r.cidr},${r.hop}`),
+        );
 
         const want = [
           ...b.dnats.map((d) => `dnat ${d.eip},${d.port},${d.protocol.toLowerCase()} -> ${d.ip}:${d.ip2}`),
@@ -81,15 +100,29 @@ describe.each(BACKENDS)('generated rules round-trip on $name', (backend: Backend
           ...routes.map((r) => `route ${r.cidr} via ${r.hop}`),
         ].sort();
         const got = await kernelFacts(topo, kind);
-        expect(got, `missing ${JSON.stringify(want.filter((x) => !got.includes(x)))}, extra ${JSON.stringify(got.filter((x) => !want.includes(x)))}`).toEqual(want);
+        expect(got, `missing ${JSON.stringify(want.filter((x) => !got.includes(x)))}, extra ${JSON.stringify(got.filter((x) => !want.includes(x)))}`).toEqual(
+          want,
+        );
         const desired = ok(await api(sock, 'GET', '/v1/state'), 'state').body.desired;
         const dry = ok(await api(sock, 'PUT', '/v1/state?dryRun=true', { desired }), 'dry run').body;
         expect(dry.report).toMatchObject({ netfilterChanges: 0, linkChanges: 0 });
 
-        await legacy('dnat-del', b.dnats.map((d) => `${d.eip},${d.port},${d.protocol}`));
-        await legacy('snat-del', b.snats.map((s) => `${s.eip},${s.addr}/${s.len}`));
-        await legacy('floating-ip-del', b.fips.map((f) => f.eip));
-        await legacy('subnet-route-del', routes.map((r) => r.cidr));
+        await legacy(
+          'dnat-del',
+          b.dnats.map((d) => `${d.eip},${d.port},${d.protocol}`),
+        );
+        await legacy(
+          'snat-del',
+          b.snats.map((s) => `${s.eip},${s.addr}/${s.len}`),
+        );
+        await legacy(
+          'floating-ip-del',
+          b.fips.map((f) => f.eip),
+        );
+        await legacy(
+          'subnet-route-del',
+          routes.map((r) => r.cidr),
+        );
         expect(await kernelFacts(topo, kind)).toEqual([]);
       }),
       { numRuns: RUNS, seed: Number(process.env.NATGW_PROP_SEED ?? 4242), endOnFailure: true },

@@ -70,7 +70,7 @@ function keysMatch(f: ShownFilter, pkt: { src: string; dst: string }): boolean {
   return f.keys.every((k) => {
     if (k.mask === 0) return true;
     const word = k.off === 12 ? ipToInt(pkt.src) : k.off === 16 ? ipToInt(pkt.dst) : undefined;
-    return word !== undefined && ((word & k.mask) >>> 0) === k.value;
+    return word !== undefined && (word & k.mask) >>> 0 === k.value;
   });
 }
 
@@ -88,7 +88,9 @@ describe('QoS through the command line', () => {
   const eipFilter = async (direction: 'egress' | 'ingress', ip: string): Promise<ShownFilter | undefined> => {
     const dev = direction === 'egress' ? EXT : IFB;
     const off = direction === 'egress' ? 12 : 16;
-    return (await filters(dev)).find((f) => f.keys.length === 1 && f.keys[0]!.off === off && f.keys[0]!.mask === 0xffffffff && f.keys[0]!.value === ipToInt(ip));
+    return (await filters(dev)).find(
+      (f) => f.keys.length === 1 && f.keys[0]!.off === off && f.keys[0]!.mask === 0xffffffff && f.keys[0]!.value === ipToInt(ip),
+    );
   };
   const eipClass = async (direction: 'egress' | 'ingress', ip: string): Promise<number> => {
     const f = await eipFilter(direction, ip);
@@ -103,10 +105,13 @@ describe('QoS through the command line', () => {
   };
   /** Wait until a class has counted `atLeast` packets. */
   const waitSent = (dev: string, minor: number, atLeast: number): Promise<number> =>
-    waitFor(async () => {
-      const n = await sentPackets(dev, minor);
-      return n >= atLeast ? n : undefined;
-    }, { what: `class 1:${hex(minor)} on ${dev} to count ${atLeast} packets`, timeoutMs: 5000, intervalMs: 50 });
+    waitFor(
+      async () => {
+        const n = await sentPackets(dev, minor);
+        return n >= atLeast ? n : undefined;
+      },
+      { what: `class 1:${hex(minor)} on ${dev} to count ${atLeast} packets`, timeoutMs: 5000, intervalMs: 50 },
+    );
   /** Three echoes from gw with an EIP as source to the external host: egress on EXT, replies through the IFB. */
   const pingFrom = async (src: string): Promise<void> => {
     await topo.exec('gw', ['ping', '-c', '3', '-i', '0.2', '-W', '2', '-I', src, ADDR.extHost]);
@@ -279,7 +284,9 @@ describe('QoS through the command line', () => {
     for (const ip of pair) await topo.natgwOk('eip-del', `${ip}/24`);
   });
 
-  it('gateway matchall + u32 + EIP rule together: the EIP rule has the best priority for its address and its class counts; qos-del removes exactly one rule', { timeout: LONG_MS }, async () => {
+  it('gateway matchall + u32 + EIP rule together: the EIP rule has the best priority for its address and its class counts; qos-del removes exactly one rule', {
+    timeout: LONG_MS,
+  }, async () => {
     const matchall = 'egress,net1,10,matchall,,,,5,1';
     const u32 = 'egress,net1,5,u32,ip,src,10.0.1.0/24,3,1';
     await qos('qos-add', matchall);
@@ -339,7 +346,7 @@ describe('QoS through the command line', () => {
     await topo.natgwOk('snat-del', `${EIP_A},${ADDR.vpcCidr}`);
   });
 
-  it('a class deleted behind natgw\'s back is back after the next QoS command', async () => {
+  it("a class deleted behind natgw's back is back after the next QoS command", async () => {
     const ec = await eipClass('egress', EIP_A);
     const before = await tcSnapshot();
     const f = await eipFilter('egress', EIP_A);
@@ -376,7 +383,10 @@ describe('QoS through the command line', () => {
     // The rebuilt state holds the same rules with the same class ids and handles.
     const adopted = await store.load();
     const ids = (s: typeof saved) =>
-      [...(s?.eipQos ?? []).map((q) => `${q.direction} ${q.ip} ${q.classId} ${q.handle}`), ...(s?.qos ?? []).map((q) => `${q.direction} ${q.dev} ${q.cidr} ${q.classId} ${q.handle}`)].sort();
+      [
+        ...(s?.eipQos ?? []).map((q) => `${q.direction} ${q.ip} ${q.classId} ${q.handle}`),
+        ...(s?.qos ?? []).map((q) => `${q.direction} ${q.dev} ${q.cidr} ${q.classId} ${q.handle}`),
+      ].sort();
     expect(ids(adopted)).toEqual(ids(saved));
 
     // Once more without the file, with a command for a new rule elsewhere: existing rules stay untouched.

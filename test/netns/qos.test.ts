@@ -24,7 +24,6 @@ const SENDER = '10.98.0.2';
 const RECEIVER = '10.99.0.2';
 const EXT = 'net1';
 
-
 async function inNs(ns: string, argv: string[], reject = true): Promise<{ stdout: string; stderr: string; exitCode: number }> {
   const r = await execa('ip', ['netns', 'exec', ns, ...argv], { reject: false, timeout: 30_000 });
   const out = { stdout: String(r.stdout), stderr: String(r.stderr), exitCode: r.exitCode ?? 1 };
@@ -41,7 +40,15 @@ beforeAll(async () => {
   for (const ns of Object.values(NS)) await execa('ip', ['netns', 'add', ns]);
   await ipIn(NS.snd, ['link', 'add', 's0', 'type', 'veth', 'peer', 'name', 'g0', 'netns', NS.gw]);
   await ipIn(NS.gw, ['link', 'add', EXT, 'type', 'veth', 'peer', 'name', 'r0', 'netns', NS.rcv]);
-  for (const [ns, dev] of [[NS.snd, 's0'], [NS.gw, 'g0'], [NS.gw, EXT], [NS.rcv, 'r0'], [NS.snd, 'lo'], [NS.gw, 'lo'], [NS.rcv, 'lo']] as const) {
+  for (const [ns, dev] of [
+    [NS.snd, 's0'],
+    [NS.gw, 'g0'],
+    [NS.gw, EXT],
+    [NS.rcv, 'r0'],
+    [NS.snd, 'lo'],
+    [NS.gw, 'lo'],
+    [NS.rcv, 'lo'],
+  ] as const) {
     await ipIn(ns, ['link', 'set', dev, 'up']);
   }
   await ipIn(NS.snd, ['addr', 'add', `${SENDER}/16`, 'dev', 's0']);
@@ -57,7 +64,9 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const ns of Object.values(NS)) {
     const pids = await execa('ip', ['netns', 'pids', ns], { reject: false });
-    for (const pid of String(pids.stdout).split('\n').filter((p) => /^\d+$/.test(p))) {
+    for (const pid of String(pids.stdout)
+      .split('\n')
+      .filter((p) => /^\d+$/.test(p))) {
       try {
         process.kill(Number(pid), 'SIGKILL');
       } catch {
@@ -272,10 +281,26 @@ describe('QoS on a real kernel', () => {
     const other = '10.98.7.7';
     await addSenderIp(other);
     const gwU32: GwQos = {
-      direction: 'egress', dev: EXT, priority: 2, classifier: 'u32', matchType: 'ip', matchDirection: 'src', cidr: '10.98.0.0/16', rate: '30', burst: '1',
+      direction: 'egress',
+      dev: EXT,
+      priority: 2,
+      classifier: 'u32',
+      matchType: 'ip',
+      matchDirection: 'src',
+      cidr: '10.98.0.0/16',
+      rate: '30',
+      burst: '1',
     };
     const gwAll: GwQos = {
-      direction: 'egress', dev: EXT, priority: 3, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '40', burst: '1',
+      direction: 'egress',
+      dev: EXT,
+      priority: 3,
+      classifier: 'matchall',
+      matchType: '',
+      matchDirection: '',
+      cidr: '',
+      rate: '40',
+      burst: '1',
     };
     const s = withRules([eip('egress', SENDER, '10', 1)], [gwU32, gwAll]);
     await mgr.sync(s);
@@ -303,7 +328,7 @@ describe('QoS on a real kernel', () => {
     expect(await sentPackets(EXT, m.classId!)).toBeGreaterThanOrEqual(mBefore + 2);
   });
 
-  it('a class and filter deleted behind natgw\'s back come back after sync', async () => {
+  it("a class and filter deleted behind natgw's back come back after sync", async () => {
     const s = withRules([eip('egress', SENDER, '10'), eip('ingress', SENDER, '0.5')]);
     await mgr.sync(s);
     const e = find(s, 'egress', SENDER);
@@ -328,7 +353,15 @@ describe('QoS on a real kernel', () => {
     await addSenderIp(a);
     await addSenderIp(b);
     const gwU32: GwQos = {
-      direction: 'ingress', dev: EXT, priority: 5, classifier: 'u32', matchType: 'ip', matchDirection: 'dst', cidr: '10.98.0.0/16', rate: '1.5', burst: '0.5',
+      direction: 'ingress',
+      dev: EXT,
+      priority: 5,
+      classifier: 'u32',
+      matchType: 'ip',
+      matchDirection: 'dst',
+      cidr: '10.98.0.0/16',
+      rate: '1.5',
+      burst: '0.5',
     };
     const s = withRules([eip('egress', a, '10'), eip('egress', b, '0.5'), eip('ingress', a, '7', 2, '1.5')], [gwU32]);
     await mgr.sync(s);
@@ -350,7 +383,7 @@ describe('QoS on a real kernel', () => {
     expect(r.commands).toEqual([]);
   });
 
-  it('an empty state removes natgw\'s classes and filters but leaves the shared pieces', async () => {
+  it("an empty state removes natgw's classes and filters but leaves the shared pieces", async () => {
     await mgr.sync(withRules([eip('egress', SENDER, '10'), eip('ingress', SENDER, '10')]));
     await mgr.sync(base());
     for (const dev of [EXT, `ifb-${EXT}`]) {

@@ -80,7 +80,9 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
     sock = socketOf(topo);
     // Something besides natgw keeps connection tracking on in the pod (Kube-OVN's own rules do):
     // without it the kernel tracks nothing while natgw's NAT rules are absent.
-    await topo.exec('gw', ['nft', '-f', '-'], { input: 'table ip foreign_ct {\n chain c {\n type filter hook prerouting priority 0; policy accept;\n ct state new counter\n }\n}\n' });
+    await topo.exec('gw', ['nft', '-f', '-'], {
+      input: 'table ip foreign_ct {\n chain c {\n type filter hook prerouting priority 0; policy accept;\n ct state new counter\n }\n}\n',
+    });
     server = startServer(topo, 'vpc1', 'udp', 80);
     await server.ready;
     daemon = await startDaemon(topo);
@@ -105,10 +107,13 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
     daemon = undefined;
     await flushRules(topo, backend);
     await topo.exec('gw', ['conntrack', '-D', '-p', 'udp', '--orig-port-src', String(CLIENT_PORT)], { reject: false });
-    await waitFor(async () => {
-      const es = await flowEntries(topo);
-      return es.length === 1 && !isTranslated(es[0]!);
-    }, { what: 'the flow to commit an untranslated conntrack entry' });
+    await waitFor(
+      async () => {
+        const es = await flowEntries(topo);
+        return es.length === 1 && !isTranslated(es[0]!);
+      },
+      { what: 'the flow to commit an untranslated conntrack entry' },
+    );
   }
 
   /** Wait until ready; the flow's counters at that moment. */
@@ -142,7 +147,9 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
       expect(isTranslated((await flowEntries(topo))[0]!)).toBe(true);
       expect(daemon?.logs()).toMatch(/"deleted":[1-9]\d*,.*restart hygiene/);
       for (const e of EIPS) {
-        await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), { what: `gratuitous ARP for ${e} after the restart` });
+        await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), {
+          what: `gratuitous ARP for ${e} after the restart`,
+        });
       }
     } finally {
       await cap.stop();
@@ -160,7 +167,9 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
     try {
       await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'up']);
       for (const e of EIPS) {
-        await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), { what: `gratuitous ARP for ${e} after net1 was recreated` });
+        await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), {
+          what: `gratuitous ARP for ${e} after net1 was recreated`,
+        });
       }
       expect(parsePeer(await request(topo, 'ext', 'udp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
     } finally {

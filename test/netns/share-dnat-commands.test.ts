@@ -9,7 +9,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import {
-  conntrackCount, parseLocal, parsePeer, request, startEchoServer, startLongFlow, tryRequest, type LongFlow, type ServerHandle,
+  conntrackCount,
+  parseLocal,
+  parsePeer,
+  request,
+  startEchoServer,
+  startLongFlow,
+  tryRequest,
+  type LongFlow,
+  type ServerHandle,
 } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 
@@ -20,7 +28,7 @@ const RULE = `${EIP},${PORT},tcp,${ADDR.vpc1}:${BACKEND_PORT}@${ADDR.vpc2}:${BAC
 
 /** SPEC §2: `dnat-` + the first 12 hex digits of md5(`<eip>:<port>:<protocol as received>`), computed here independently. */
 const chainOf = (eip: string, port: number, protocolText: string): string =>
-  'dnat-' + createHash('md5').update(`${eip}:${port}:${protocolText}`).digest('hex').slice(0, 12);
+  `dnat-${createHash('md5').update(`${eip}:${port}:${protocolText}`).digest('hex').slice(0, 12)}`;
 
 const CHAIN = chainOf(EIP, PORT, 'tcp');
 const FROM_EXT = { localAddress: ADDR.extHost } as const;
@@ -174,7 +182,7 @@ describe.each(BACKENDS)('share DNAT commands on $name', (backend: BackendCase) =
     expect(await flow.check()).toBe(true);
   });
 
-  it('nft-dnat-map-del flushes the identity\'s conntrack entries and removes element and chain', async () => {
+  it("nft-dnat-map-del flushes the identity's conntrack entries and removes element and chain", async () => {
     await request(topo, 'ext', 'tcp', EIP, PORT, FROM_EXT);
     const identity = ['-p', 'tcp', '--orig-dst', EIP, '--orig-port-dst', String(PORT)];
     expect(await conntrackCount(topo, identity)).toBeGreaterThan(0);

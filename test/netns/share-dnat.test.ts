@@ -13,14 +13,16 @@ import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 
 const HOOK_TIMEOUT = 60_000;
 
-
 const EIP = '172.20.0.10';
 const LB: ShareDnat = {
   eip: EIP,
   port: 8080,
   protocol: 'tcp',
   protocolText: 'TCP',
-  backends: [{ ip: ADDR.vpc1, port: 80 }, { ip: ADDR.vpc2, port: 80 }],
+  backends: [
+    { ip: ADDR.vpc1, port: 80 },
+    { ip: ADDR.vpc2, port: 80 },
+  ],
 };
 const ECHO: ShareDnat = { eip: EIP, port: 9090, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: ADDR.vpc1, port: 90 }] };
 
@@ -72,7 +74,9 @@ describe('ShareDnatTable in a network namespace', () => {
     expect(text).toContain('map service-ips {');
     expect(text).toContain('type ipv4_addr . inet_proto . inet_service : verdict');
     expect(text).toContain(`elements = { 172.20.0.10 . tcp . 8080 : goto ${chain} }`);
-    expect(text).toMatch(/chain prerouting \{\s+type nat hook prerouting priority mangle; policy accept;\s+ip daddr \. meta l4proto \. th dport vmap @service-ips\s+\}/);
+    expect(text).toMatch(
+      /chain prerouting \{\s+type nat hook prerouting priority mangle; policy accept;\s+ip daddr \. meta l4proto \. th dport vmap @service-ips\s+\}/,
+    );
     expect(text).toContain(`chain ${chain} {\n\t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }\n\t}`);
     const prio = await topo.exec('gw', ['nft', '-j', 'list', 'chain', 'ip', 'kube-ovn', 'prerouting']);
     expect(prio.stdout).toContain('"prio": -150');

@@ -105,7 +105,11 @@ async function runSequence(topo: Topology, env: Record<string, string>, seq = SE
 }
 
 /** Lines the daemon logged for requests to exactly this path. */
-const countRequests = (d: Daemon, path: string) => d.logs().split('\n').filter((l) => l.includes(`"path":"${path}"`)).length;
+const countRequests = (d: Daemon, path: string) =>
+  d
+    .logs()
+    .split('\n')
+    .filter((l) => l.includes(`"path":"${path}"`)).length;
 
 /**
  * The daemon logs a request once its answer is sent, and the line reaches the test through a
@@ -222,11 +226,12 @@ describe("the shim's curl client", () => {
     expect(text(viaCurl.stderr)).toBe('');
   });
 
-  it('falls back to Node.js, silently, on a 503 or an answer that is not natgw\'s', async () => {
+  it("falls back to Node.js, silently, on a 503 or an answer that is not natgw's", async () => {
     // Stand-ins for a daemon that is shutting down and for something else on the socket. Node.js
     // gets the same answers, gives up on the daemon and runs the command in-process.
     const answers: Record<string, (res: http.ServerResponse) => void> = {
-      'shutting-down': (res) => res.writeHead(503, { 'content-type': 'application/json', connection: 'close' }).end('{"error":"shutting-down","message":"natgw is shutting down"}'),
+      'shutting-down': (res) =>
+        res.writeHead(503, { 'content-type': 'application/json', connection: 'close' }).end('{"error":"shutting-down","message":"natgw is shutting down"}'),
       'not-natgw': (res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('hello\n'),
       'bad-status': (res) => res.writeHead(200, { 'X-Natgw-Status': 'zero', 'X-Natgw-Stderr': '' }).end('dnat-add\n'),
     };
@@ -246,7 +251,10 @@ describe("the shim's curl client", () => {
       const viaCurl = await shim(topo, argv, env);
       expect(seen.slice(0, 2), name).toEqual(['/v1/legacy/raw', '/v1/legacy']);
       const viaNode = await shim(topo, argv, { ...env, NATGW_SHIM_CLIENT: 'node' });
-      expect(seen.filter((u) => u === '/v1/legacy/raw'), name).toHaveLength(1);
+      expect(
+        seen.filter((u) => u === '/v1/legacy/raw'),
+        name,
+      ).toHaveLength(1);
       expect(seen.filter((u) => u === '/v1/legacy').length, name).toBeGreaterThan(1);
       expect(viaCurl, name).toEqual(viaNode);
       expect(text(viaCurl.stderr), name).toBe('');

@@ -41,7 +41,11 @@ describe.each(BACKENDS)('state dir full ($name)', (b: BackendCase) => {
     sock = socketOf(topo);
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
-    for (const [command, rule] of [['init', ''], ['eip-add', '172.20.0.10/24'], ['dnat-add', '172.20.0.10,8080,tcp,10.0.1.6,80']] as const) {
+    for (const [command, rule] of [
+      ['init', ''],
+      ['eip-add', '172.20.0.10/24'],
+      ['dnat-add', '172.20.0.10,8080,tcp,10.0.1.6,80'],
+    ] as const) {
       const r = ok(await api(sock, 'POST', '/v1/legacy', { command, rules: rule ? [rule] : [] }), command);
       expect(r.body.status, r.text).toBe(0);
     }

@@ -63,7 +63,11 @@ describe.each(BACKENDS)('steady state on $name', (b: BackendCase) => {
     const logged = daemon!.logs().length;
     const from = await fullSyncs();
     await waitFor(async () => (await fullSyncs()) >= from + RESYNCS, { what: `${RESYNCS} full resyncs`, timeoutMs: 60_000 });
-    const drift = daemon!.logs().slice(logged).split('\n').filter((l) => l.includes('resync repaired drift'));
+    const drift = daemon!
+      .logs()
+      .slice(logged)
+      .split('\n')
+      .filter((l) => l.includes('resync repaired drift'));
     expect(drift.join('\n')).toBe('');
     expect(await repairs()).toBe(base);
     // And nothing was lost on the way: every kind is still in the kernel.

@@ -125,7 +125,7 @@ describe('decideBackend: auto', () => {
     expect(await decideBackend(cfg('auto'), undefined, new FakeProbe({ ownsIptables: ['nft'], probeVariant: 'legacy' }))).toEqual(IPT_NFT);
   });
 
-  it('nothing recorded or owned: iptables (the script\'s layout) with the probed or forced variant', async () => {
+  it("nothing recorded or owned: iptables (the script's layout) with the probed or forced variant", async () => {
     for (const v of ['legacy', 'nft'] as const) {
       const probe = new FakeProbe({ probeVariant: v });
       expect(await decideBackend(cfg('auto'), undefined, probe)).toEqual({ kind: 'iptables', variant: v });

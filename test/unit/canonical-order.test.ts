@@ -17,7 +17,13 @@ describe('canonicalOrder, kept up to date between commands', () => {
       const i = Math.floor(rnd() * 300);
       const r = rnd();
       if (r < 0.45) {
-        const d: Dnat = { eip: `172.${20 + (i % 3)}.${i % 7}.${i}`, port: 1 + (i % 50), protocol: i % 2 ? 'tcp' : 'udp', internalIp: '10.0.0.1', internalPort: 80 };
+        const d: Dnat = {
+          eip: `172.${20 + (i % 3)}.${i % 7}.${i}`,
+          port: 1 + (i % 50),
+          protocol: i % 2 ? 'tcp' : 'udp',
+          internalIp: '10.0.0.1',
+          internalPort: 80,
+        };
         if (!t.dnats.some((x) => x.eip === d.eip && x.port === d.port && x.protocol === d.protocol)) t = { ...t, dnats: [...t.dnats, d] };
       } else if (r < 0.7) {
         t = { ...t, dnats: t.dnats.filter((_, k) => k !== i % Math.max(1, t.dnats.length)) };
@@ -45,8 +51,15 @@ describe('canonicalOrder, kept up to date between commands', () => {
       const i = Math.floor(rnd() * 500);
       const which = step % 2 === 0;
       const t = which ? v4 : v6;
-      const d: Dnat = { eip: which ? `172.20.${i % 9}.${i % 250}` : `fd00::${i.toString(16)}`, port: 1 + i, protocol: 'tcp', internalIp: which ? '10.0.0.1' : 'fd00:1::1', internalPort: 80 };
-      const next = rnd() < 0.7 && !t.dnats.some((x) => x.eip === d.eip && x.port === d.port) ? { ...t, dnats: [...t.dnats, d] } : { ...t, dnats: t.dnats.slice(1) };
+      const d: Dnat = {
+        eip: which ? `172.20.${i % 9}.${i % 250}` : `fd00::${i.toString(16)}`,
+        port: 1 + i,
+        protocol: 'tcp',
+        internalIp: which ? '10.0.0.1' : 'fd00:1::1',
+        internalPort: 80,
+      };
+      const next =
+        rnd() < 0.7 && !t.dnats.some((x) => x.eip === d.eip && x.port === d.port) ? { ...t, dnats: [...t.dnats, d] } : { ...t, dnats: t.dnats.slice(1) };
       if (which) v4 = next;
       else v6 = next;
       expect(canonicalOrder(next).dnats, `step ${step}`).toEqual(full(next).dnats);

@@ -34,7 +34,15 @@ function fileError(text: string, name = 'state.yaml'): StateFileError {
 
 describe('renderTable', () => {
   it('aligns columns two spaces apart without trailing blanks', () => {
-    expect(renderTable(['A', 'LONGER'], [['xyz', '1'], ['p', '']])).toBe('A    LONGER\nxyz  1\np\n');
+    expect(
+      renderTable(
+        ['A', 'LONGER'],
+        [
+          ['xyz', '1'],
+          ['p', ''],
+        ],
+      ),
+    ).toBe('A    LONGER\nxyz  1\np\n');
   });
 });
 
@@ -65,7 +73,10 @@ describe('diffStates / renderDiff', () => {
   });
 
   it('says so when nothing changes, and ignores allocated QoS ids the file leaves out', () => {
-    const withQos = desiredStateSchema.parse({ ...base, eipQos: [{ direction: 'egress', ip: '172.20.0.10', priority: 1, rate: '10', burst: '1', classId: 3, handle: 3 }] });
+    const withQos = desiredStateSchema.parse({
+      ...base,
+      eipQos: [{ direction: 'egress', ip: '172.20.0.10', priority: 1, rate: '10', burst: '1', classId: 3, handle: 3 }],
+    });
     const { classId: _c, handle: _h, ...bare } = withQos.eipQos[0] as Record<string, unknown>;
     const file = { ...withQos, eipQos: [bare] } as unknown as typeof withQos;
     const d = diffStates(withQos, file);
@@ -101,7 +112,12 @@ describe('renderStatus', () => {
   });
 
   it('reports in sync, last sync detail and per-kind counts', () => {
-    const s = buildStatus({ ...doc(), digest: buildStatus(doc(), readiness, null).appliedDigest! }, readiness, { ok: true, at: '2026-01-01T00:00:00.000Z', kind: 'partial', ms: 3 });
+    const s = buildStatus({ ...doc(), digest: buildStatus(doc(), readiness, null).appliedDigest! }, readiness, {
+      ok: true,
+      at: '2026-01-01T00:00:00.000Z',
+      kind: 'partial',
+      ms: 3,
+    });
     expect(s.inSync).toBe(true);
     const text = renderStatus(s, new Date('2026-01-01T00:00:10.000Z'));
     expect(text).toContain('Ready:       yes\n');
@@ -115,13 +131,19 @@ describe('renderStatus', () => {
 
   it('reports not ready, a difference, repairs and drift found by a check', () => {
     const notReady: Readiness = { ...readiness, ready: false, reasons: ['last sync failed: boom'] };
-    const readBack = { at: '2026-01-01T00:00:00.000Z', reason: 'periodic', changes: { netfilter: 2, shareDnat: 0, link: 1, qos: 0 }, repaired: true, script: 'x' };
-    const s = buildStatus(
-      doc({ lastApplied: { ...base, dnats: [] }, drift: { last: readBack, lastRepair: readBack, repairs: 1 } }),
-      notReady,
-      null,
-      { at: '2026-01-01T00:00:05.000Z', changes: { netfilter: 1, shareDnat: 0, link: 0, qos: 0 }, drifted: true, script: 'add element' },
-    );
+    const readBack = {
+      at: '2026-01-01T00:00:00.000Z',
+      reason: 'periodic',
+      changes: { netfilter: 2, shareDnat: 0, link: 1, qos: 0 },
+      repaired: true,
+      script: 'x',
+    };
+    const s = buildStatus(doc({ lastApplied: { ...base, dnats: [] }, drift: { last: readBack, lastRepair: readBack, repairs: 1 } }), notReady, null, {
+      at: '2026-01-01T00:00:05.000Z',
+      changes: { netfilter: 1, shareDnat: 0, link: 0, qos: 0 },
+      drifted: true,
+      script: 'add element',
+    });
     expect(s.inSync).toBe(false);
     expect(s.drift.last).not.toHaveProperty('script');
     const text = renderStatus(s, new Date('2026-01-01T00:00:10.000Z'));
@@ -137,7 +159,19 @@ describe('renderItems / kindOf', () => {
   it('lists the identity then the other fields', () => {
     const def = kindOf('share-dnat')!;
     expect(def.path).toBe('share-dnats');
-    const text = renderItems(def, [{ id: '172.20.0.10,9000,tcp', eip: '172.20.0.10', port: 9000, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] }]);
+    const text = renderItems(def, [
+      {
+        id: '172.20.0.10,9000,tcp',
+        eip: '172.20.0.10',
+        port: 9000,
+        protocol: 'tcp',
+        protocolText: 'tcp',
+        backends: [
+          { ip: '10.0.1.6', port: 80 },
+          { ip: '10.0.1.7', port: 80 },
+        ],
+      },
+    ]);
     expect(text).toBe('ID                    PROTOCOLTEXT  BACKENDS\n172.20.0.10,9000,tcp  tcp           10.0.1.6:80, 10.0.1.7:80\n');
     expect(renderItems(def, [])).toBe('No Share DNAT objects.\n');
   });
@@ -165,7 +199,17 @@ describe('parseStateFile', () => {
   });
 
   it('names the line and field of a schema error in YAML', () => {
-    const text = ['desired:', '  interfaces: {vpc: eth0, ext: net1}', '  dnats:', '    - eip: 172.20.0.10', '      port: 99999', '      protocol: tcp', '      internalIp: 10.0.1.6', '      internalPort: 80', ''].join('\n');
+    const text = [
+      'desired:',
+      '  interfaces: {vpc: eth0, ext: net1}',
+      '  dnats:',
+      '    - eip: 172.20.0.10',
+      '      port: 99999',
+      '      protocol: tcp',
+      '      internalIp: 10.0.1.6',
+      '      internalPort: 80',
+      '',
+    ].join('\n');
     const e = fileError(text);
     expect(e.line).toBe(5);
     expect(e.field).toBe('desired.dnats[0].port');
@@ -173,7 +217,11 @@ describe('parseStateFile', () => {
   });
 
   it('names the line and field of a schema error in JSON (a missing field: the object lacking it)', () => {
-    const text = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11' }] }, null, 2);
+    const text = JSON.stringify(
+      { interfaces: { vpc: 'eth0', ext: 'net1' }, eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11' }] },
+      null,
+      2,
+    );
     const e = fileError(text, 'state.json');
     expect(e.field).toBe('eips[1].prefixLength');
     const line = text.split('\n').findIndex((l) => l.includes('172.20.0.11')) + 1;
@@ -183,7 +231,13 @@ describe('parseStateFile', () => {
   });
 
   it('names the line of a duplicate identity and of a syntax error', () => {
-    const dup = ['interfaces: {vpc: eth0, ext: net1}', 'fips:', '  - {eip: 172.20.0.11, internalIp: 10.0.1.6}', '  - {eip: 172.20.0.11, internalIp: 10.0.1.7}', ''].join('\n');
+    const dup = [
+      'interfaces: {vpc: eth0, ext: net1}',
+      'fips:',
+      '  - {eip: 172.20.0.11, internalIp: 10.0.1.6}',
+      '  - {eip: 172.20.0.11, internalIp: 10.0.1.7}',
+      '',
+    ].join('\n');
     const e = fileError(dup);
     expect(e.line).toBe(4);
     expect(e.field).toBe('fips[1]');
@@ -203,7 +257,7 @@ describe('parseStateFile', () => {
 });
 
 describe('help', () => {
-  it('natgw --help is the script\'s help text unchanged, then the agent\'s commands', async () => {
+  it("natgw --help is the script's help text unchanged, then the agent's commands", async () => {
     const { HELP } = await import('../../src/engine/legacy.js');
     const { mainHelp, commandHelp, AGENT_COMMANDS } = await import('../../src/cli/commands/help.js');
     const text = await mainHelp();

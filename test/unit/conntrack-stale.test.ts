@@ -17,7 +17,10 @@ conntrack v1.4.7 (conntrack-tools): 7 flow entries have been shown.
 
 const state = desiredStateSchema.parse({
   interfaces: { vpc: 'eth0', ext: 'net1' },
-  eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: 'fd00:20::10', prefixLength: 64 }],
+  eips: [
+    { address: '172.20.0.10', prefixLength: 24 },
+    { address: 'fd00:20::10', prefixLength: 64 },
+  ],
   snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24' }],
   dnats: [{ eip: '172.20.0.10', port: 9000, protocol: 'tcp', internalIp: '10.0.1.1', internalPort: 9001 }],
 });
@@ -56,8 +59,23 @@ describe('restart hygiene: untranslated conntrack entries', () => {
   it('deletes by the exact tuples', () => {
     const [udp, icmp] = staleEntries(entries, targetsOf(state));
     expect(deleteEntryArgs(udp!)).toEqual([
-      '-D', '-f', 'ipv4', '-p', 'udp', '--orig-src', '172.20.0.100', '--orig-dst', '172.20.0.10', '--reply-src', '172.20.0.10', '--reply-dst', '172.20.0.100',
-      '--orig-port-src', '40000', '--orig-port-dst', '8080',
+      '-D',
+      '-f',
+      'ipv4',
+      '-p',
+      'udp',
+      '--orig-src',
+      '172.20.0.100',
+      '--orig-dst',
+      '172.20.0.10',
+      '--reply-src',
+      '172.20.0.10',
+      '--reply-dst',
+      '172.20.0.100',
+      '--orig-port-src',
+      '40000',
+      '--orig-port-dst',
+      '8080',
     ]);
     expect(deleteEntryArgs(icmp!).slice(-6)).toEqual(['--icmp-type', '8', '--icmp-code', '0', '--icmp-id', '11980']);
   });

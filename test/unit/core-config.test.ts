@@ -80,7 +80,7 @@ describe('parseEnvFile', () => {
       'HASH_IN_QUOTES="a # b"',
       'HASH_NO_SPACE=a#b',
       'ESCAPED="say \\"hi\\" \\$HOME \\\\"',
-      "SINGLE='no \\\"escapes\\\" here'",
+      'SINGLE=\'no \\"escapes\\" here\'',
       'EQ=a=b=c',
       'not a line at all',
       '1BAD=x',
@@ -129,10 +129,21 @@ describe('updateEnvFile', () => {
   });
 
   it('replaces keys in place, keeps other keys and comments, appends new keys', async () => {
-    const f = await envFile(['# natgw settings', 'GATEWAY_V4=172.18.0.1', 'VPC_INTERFACE=eth0', '', '# trailing comment', 'NATGW_LOG_LEVEL=debug', ''].join('\n'));
+    const f = await envFile(
+      ['# natgw settings', 'GATEWAY_V4=172.18.0.1', 'VPC_INTERFACE=eth0', '', '# trailing comment', 'NATGW_LOG_LEVEL=debug', ''].join('\n'),
+    );
     await updateEnvFile(f, { VPC_INTERFACE: 'net1', EXTERNAL_INTERFACE: 'net2' });
     expect(await readFile(f, 'utf8')).toBe(
-      ['# natgw settings', 'GATEWAY_V4=172.18.0.1', 'VPC_INTERFACE=net1', '', '# trailing comment', 'NATGW_LOG_LEVEL=debug', 'EXTERNAL_INTERFACE=net2', ''].join('\n'),
+      [
+        '# natgw settings',
+        'GATEWAY_V4=172.18.0.1',
+        'VPC_INTERFACE=net1',
+        '',
+        '# trailing comment',
+        'NATGW_LOG_LEVEL=debug',
+        'EXTERNAL_INTERFACE=net2',
+        '',
+      ].join('\n'),
     );
     expect(await readEnvFile(f)).toEqual({ GATEWAY_V4: '172.18.0.1', VPC_INTERFACE: 'net1', EXTERNAL_INTERFACE: 'net2', NATGW_LOG_LEVEL: 'debug' });
   });
@@ -263,7 +274,16 @@ describe('loadConfig', () => {
 
   it('boolean spellings for NATGW_AUTOSTART', async () => {
     const f = await envFile();
-    for (const [v, want] of [['true', true], ['1', true], ['yes', true], ['ON', true], ['false', false], ['0', false], ['no', false], ['off', false]] as const) {
+    for (const [v, want] of [
+      ['true', true],
+      ['1', true],
+      ['yes', true],
+      ['ON', true],
+      ['false', false],
+      ['0', false],
+      ['no', false],
+      ['off', false],
+    ] as const) {
       expect((await loadConfig({ NATGW_ENV_FILE: f, NATGW_AUTOSTART: v })).autostart, v).toBe(want);
     }
   });

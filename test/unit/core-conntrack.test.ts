@@ -12,8 +12,24 @@ describe('conntrackDeleteArgs', () => {
   });
 
   it('destination, protocol and port (dnat-del, nft-dnat-map-del)', () => {
-    expect(conntrackDeleteArgs({ dst: '172.18.0.10', protocol: 'tcp', port: 8080 })).toEqual(['-D', '--orig-dst', '172.18.0.10', '-p', 'tcp', '--orig-port-dst', '8080']);
-    expect(conntrackDeleteArgs({ dst: '172.18.0.10', protocol: 'udp', port: 53 })).toEqual(['-D', '--orig-dst', '172.18.0.10', '-p', 'udp', '--orig-port-dst', '53']);
+    expect(conntrackDeleteArgs({ dst: '172.18.0.10', protocol: 'tcp', port: 8080 })).toEqual([
+      '-D',
+      '--orig-dst',
+      '172.18.0.10',
+      '-p',
+      'tcp',
+      '--orig-port-dst',
+      '8080',
+    ]);
+    expect(conntrackDeleteArgs({ dst: '172.18.0.10', protocol: 'udp', port: 53 })).toEqual([
+      '-D',
+      '--orig-dst',
+      '172.18.0.10',
+      '-p',
+      'udp',
+      '--orig-port-dst',
+      '53',
+    ]);
   });
 
   it('a protocol without a port; a port without a protocol is not usable by conntrack and is dropped', () => {
@@ -83,7 +99,11 @@ describe('Conntrack.flushAll', () => {
   ].join('\n');
 
   it('a bulk of filters lists once and deletes only where a tracked flow matches', async () => {
-    const exec = new RecordingExecutor((r) => (r.args[0] === '-L' ? { stdout: LISTING, stderr: 'conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n' } : { exitCode: 1, stderr: '0 flow entries have been deleted.\n' }));
+    const exec = new RecordingExecutor((r) =>
+      r.args[0] === '-L'
+        ? { stdout: LISTING, stderr: 'conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n' }
+        : { exitCode: 1, stderr: '0 flow entries have been deleted.\n' },
+    );
     const filters = Array.from({ length: 500 }, (_, i) => ({ dst: '172.18.0.10', protocol: 'tcp' as const, port: 8000 + i }));
     await new Conntrack(exec).flushAll(filters);
     expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 8081']);

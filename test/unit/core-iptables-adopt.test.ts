@@ -72,7 +72,7 @@ describe('adoptFromSave', () => {
 
   it('round trip of many random tables', () => {
     let seed = 12345;
-    const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32);
+    const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
     for (let n = 0; n < 200; n++) {
       const eips = Array.from({ length: Math.floor(rnd() * 5) }, (_, i) => `172.18.${n % 200}.${i + 1}`);
       const cidrs = ['10.0.1.5/32', '10.0.1.0/24', '10.0.0.0/20', '10.0.0.0/16'];
@@ -81,7 +81,15 @@ describe('adoptFromSave', () => {
         extIf: 'net1',
         eips,
         snats: cidrs.flatMap((cidr) => eips.filter(() => rnd() < 0.5).map((eip) => ({ eip, cidr, randomFully: rnd() < 0.5 }))),
-        dnats: eips.filter(() => rnd() < 0.5).map((eip, i) => ({ eip, port: 1 + Math.floor(rnd() * 65535), protocol: rnd() < 0.5 ? ('tcp' as const) : ('udp' as const), internalIp: `10.0.2.${i + 1}`, internalPort: 1 + Math.floor(rnd() * 65535) })),
+        dnats: eips
+          .filter(() => rnd() < 0.5)
+          .map((eip, i) => ({
+            eip,
+            port: 1 + Math.floor(rnd() * 65535),
+            protocol: rnd() < 0.5 ? ('tcp' as const) : ('udp' as const),
+            internalIp: `10.0.2.${i + 1}`,
+            internalPort: 1 + Math.floor(rnd() * 65535),
+          })),
         fips: eips.filter(() => rnd() < 0.5).map((eip, i) => ({ eip: eip.replace(/^172\.18/, '172.19'), internalIp: `10.0.3.${i + 1}` })),
       };
       if (t.snats.length === 0) continue; // extIf is only named by a SNAT rule (see below)
@@ -94,7 +102,10 @@ describe('adoptFromSave', () => {
     const want = desiredTables(FULL);
     const nat = savedOf(want.nat, NAT_BUILTINS);
     const rules = new Map(nat.rules);
-    rules.set('EXCLUSIVE_DNAT', (rules.get('EXCLUSIVE_DNAT') ?? []).filter((r) => !r.includes('172.18.0.21')));
+    rules.set(
+      'EXCLUSIVE_DNAT',
+      (rules.get('EXCLUSIVE_DNAT') ?? []).filter((r) => !r.includes('172.18.0.21')),
+    );
     const got = adoptFromSave({ chains: nat.chains, rules }, savedOf(want.mangle, MANGLE_BUILTINS));
     expect(got?.fips).toHaveLength(3);
     expect(got?.fips).toContainEqual({ eip: '172.18.0.21', internalIp: '10.0.1.8' });
@@ -151,25 +162,29 @@ describe('adoptFromSave', () => {
   });
 
   it('script-written chains (same layout) are adopted: upgrade from nat-gateway.sh', () => {
-    const nat = parseSave([
-      '*nat',
-      ':PREROUTING ACCEPT [0:0]',
-      ':POSTROUTING ACCEPT [0:0]',
-      ':DNAT_FILTER - [0:0]',
-      ':SNAT_FILTER - [0:0]',
-      ':EXCLUSIVE_DNAT - [0:0]',
-      ':EXCLUSIVE_SNAT - [0:0]',
-      ':SHARED_DNAT - [0:0]',
-      ':SHARED_SNAT - [0:0]',
-      '-A PREROUTING -j DNAT_FILTER',
-      '-A POSTROUTING -j SNAT_FILTER',
-      '-A EXCLUSIVE_DNAT -d 1.2.3.4/32 -j DNAT --to-destination 10.0.1.6',
-      '-A EXCLUSIVE_SNAT -s 10.0.1.6/32 -j SNAT --to-source 1.2.3.4',
-      '-A SHARED_DNAT -d 1.2.3.5/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.0.1.7:8080',
-      '-A SHARED_SNAT -s 10.0.1.0/24 -o net1 -j SNAT --to-source 1.2.3.5 --random-fully',
-      'COMMIT',
-    ].join('\n'));
-    const mangle = parseSave('*mangle\n:PREROUTING ACCEPT [0:0]\n:VPC_MARK - [0:0]\n-A PREROUTING -j VPC_MARK\n-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1\nCOMMIT\n');
+    const nat = parseSave(
+      [
+        '*nat',
+        ':PREROUTING ACCEPT [0:0]',
+        ':POSTROUTING ACCEPT [0:0]',
+        ':DNAT_FILTER - [0:0]',
+        ':SNAT_FILTER - [0:0]',
+        ':EXCLUSIVE_DNAT - [0:0]',
+        ':EXCLUSIVE_SNAT - [0:0]',
+        ':SHARED_DNAT - [0:0]',
+        ':SHARED_SNAT - [0:0]',
+        '-A PREROUTING -j DNAT_FILTER',
+        '-A POSTROUTING -j SNAT_FILTER',
+        '-A EXCLUSIVE_DNAT -d 1.2.3.4/32 -j DNAT --to-destination 10.0.1.6',
+        '-A EXCLUSIVE_SNAT -s 10.0.1.6/32 -j SNAT --to-source 1.2.3.4',
+        '-A SHARED_DNAT -d 1.2.3.5/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.0.1.7:8080',
+        '-A SHARED_SNAT -s 10.0.1.0/24 -o net1 -j SNAT --to-source 1.2.3.5 --random-fully',
+        'COMMIT',
+      ].join('\n'),
+    );
+    const mangle = parseSave(
+      '*mangle\n:PREROUTING ACCEPT [0:0]\n:VPC_MARK - [0:0]\n-A PREROUTING -j VPC_MARK\n-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1\nCOMMIT\n',
+    );
     expect(adoptFromSave(nat, mangle)).toEqual({
       vpcIf: 'eth0',
       extIf: 'net1',

@@ -207,7 +207,9 @@ describe('planTable', () => {
     const mangle = planTable(table('mangle'), want.mangle);
     expect(mangle.lines).toEqual([':VPC_MARK - [0:0]', '-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1', '-A PREROUTING -j VPC_MARK']);
     expect(mangle.changes).toBe(2);
-    expect(renderRestore('mangle', mangle)).toBe('*mangle\n:VPC_MARK - [0:0]\n-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1\n-A PREROUTING -j VPC_MARK\nCOMMIT\n');
+    expect(renderRestore('mangle', mangle)).toBe(
+      '*mangle\n:VPC_MARK - [0:0]\n-A VPC_MARK -i eth0 -j MARK --set-xmark 0x1/0x1\n-A PREROUTING -j VPC_MARK\nCOMMIT\n',
+    );
   });
 
   it('an empty kernel with rules: every rule appended, the result is exactly the desired tables', () => {
@@ -350,7 +352,11 @@ describe('planTable', () => {
     expect(plan.lines.filter((l) => l.startsWith(':'))).toEqual([]);
     expectSatisfies(applyLines(have, plan.lines), want.nat, have);
     // Only the missing one is declared.
-    const partial = table('nat', {}, [...want.nat.owned.keys()].filter((c) => c !== 'HAIRPIN_SNAT'));
+    const partial = table(
+      'nat',
+      {},
+      [...want.nat.owned.keys()].filter((c) => c !== 'HAIRPIN_SNAT'),
+    );
     expect(planTable(partial, want.nat).lines.filter((l) => l.startsWith(':'))).toEqual([':HAIRPIN_SNAT - [0:0]']);
   });
 
@@ -385,7 +391,6 @@ describe('planTable', () => {
 // ---------------------------------------------------------------------------------------------
 // Property tests
 // ---------------------------------------------------------------------------------------------
-
 
 function shuffle<T>(rnd: () => number, xs: T[]): T[] {
   for (let i = xs.length - 1; i > 0; i--) {
@@ -490,12 +495,16 @@ describe('planChain property: applying the lines to have yields exactly want', (
 
   it('the duplicate bug in the skeleton: SNAT_FILTER with a second EXCLUSIVE_SNAT jump', () => {
     const want = desiredTables(EMPTY);
-    const have = table('nat', {
-      PREROUTING: ['-j DNAT_FILTER'],
-      POSTROUTING: ['-j SNAT_FILTER'],
-      DNAT_FILTER: ['-j EXCLUSIVE_DNAT', '-j SHARED_DNAT'],
-      SNAT_FILTER: ['-j EXCLUSIVE_SNAT', '-j SHARED_SNAT', '-j HAIRPIN_SNAT', '-j EXCLUSIVE_SNAT'],
-    }, ['EXCLUSIVE_DNAT', 'EXCLUSIVE_SNAT', 'SHARED_DNAT', 'SHARED_SNAT', 'HAIRPIN_SNAT']);
+    const have = table(
+      'nat',
+      {
+        PREROUTING: ['-j DNAT_FILTER'],
+        POSTROUTING: ['-j SNAT_FILTER'],
+        DNAT_FILTER: ['-j EXCLUSIVE_DNAT', '-j SHARED_DNAT'],
+        SNAT_FILTER: ['-j EXCLUSIVE_SNAT', '-j SHARED_SNAT', '-j HAIRPIN_SNAT', '-j EXCLUSIVE_SNAT'],
+      },
+      ['EXCLUSIVE_DNAT', 'EXCLUSIVE_SNAT', 'SHARED_DNAT', 'SHARED_SNAT', 'HAIRPIN_SNAT'],
+    );
     const after = applyLines(have, planTable(have, want.nat).lines);
     expect(after.rules.get('SNAT_FILTER')).toEqual(['-j EXCLUSIVE_SNAT', '-j SHARED_SNAT', '-j HAIRPIN_SNAT']);
   });
@@ -511,7 +520,13 @@ describe('planChain property: applying the lines to have yields exactly want', (
         extIf: 'net1',
         eips: sub(eipsU),
         snats: cidrsU.flatMap((cidr) => sub(eipsU).map((eip) => ({ eip, cidr, randomFully: rnd() < 0.5 }))),
-        dnats: sub(eipsU).map((eip, i) => ({ eip, port: 80 + i, protocol: rnd() < 0.5 ? ('tcp' as const) : ('udp' as const), internalIp: '10.0.1.6', internalPort: 80 })),
+        dnats: sub(eipsU).map((eip, i) => ({
+          eip,
+          port: 80 + i,
+          protocol: rnd() < 0.5 ? ('tcp' as const) : ('udp' as const),
+          internalIp: '10.0.1.6',
+          internalPort: 80,
+        })),
         fips: sub(eipsU).map((eip, i) => ({ eip, internalIp: `10.0.3.${i + 1}` })),
       };
       const want = desiredTables(nat).nat;
@@ -530,7 +545,7 @@ describe('planChain property: applying the lines to have yields exactly want', (
         rules[chain] = h;
       }
       const jumps = (builtin: string, jump: string) => {
-        const l = ['-j KUBE-' + builtin];
+        const l = [`-j KUBE-${builtin}`];
         const copies = Math.floor(rnd() * 3);
         for (let i = 0; i < copies; i++) l.splice(Math.floor(rnd() * (l.length + 1)), 0, jump);
         if (rnd() < 0.5) l.push('-o net9 -j MASQUERADE');
@@ -571,7 +586,8 @@ describe('parseSave', () => {
 });
 
 describe('planChain on long chains', () => {
-  const rules = (from: number, n: number) => Array.from({ length: n }, (_, i) => `-s 10.${(from + i) >> 8}.${(from + i) & 255}.0/24 -j SNAT --to-source 1.2.3.4`);
+  const rules = (from: number, n: number) =>
+    Array.from({ length: n }, (_, i) => `-s 10.${(from + i) >> 8}.${(from + i) & 255}.0/24 -j SNAT --to-source 1.2.3.4`);
 
   it('rewrites a long chain most of whose rules go (one flush, then appends)', () => {
     const plan = planChain('SHARED_SNAT', rules(0, 200), rules(1000, 200));

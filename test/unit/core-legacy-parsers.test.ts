@@ -67,7 +67,18 @@ describe('parseEip', () => {
   });
 
   it('rejects a bad address or prefix', () => {
-    for (const bad of ['10.0.1.256/24', '1.2.3/24', '010.0.0.1/24', '1.2.3.4/33', '1.2.3.4/', '1.2.3.4/x', '2001:db8::1/64', '', '1.2.3.4/24/1', '1.2.3.4/-1']) {
+    for (const bad of [
+      '10.0.1.256/24',
+      '1.2.3/24',
+      '010.0.0.1/24',
+      '1.2.3.4/33',
+      '1.2.3.4/',
+      '1.2.3.4/x',
+      '2001:db8::1/64',
+      '',
+      '1.2.3.4/24/1',
+      '1.2.3.4/-1',
+    ]) {
       expectStdout(() => parseEip(bad), new RegExp(`^Error: invalid eip rule '${esc(bad)}': `));
     }
     expectStdout(
@@ -97,12 +108,21 @@ describe('parseRouteAdd / parseRouteDel', () => {
 
   it('rejects a wrong field count', () => {
     expectStdout(() => parseRouteAdd('10.0.1.0/24'), "Error: invalid subnet-route rule '10.0.1.0/24': expected 2 comma-separated fields, got 1");
-    expectStdout(() => parseRouteAdd('10.0.1.0/24,10.0.0.1,x'), "Error: invalid subnet-route rule '10.0.1.0/24,10.0.0.1,x': expected 2 comma-separated fields, got 3");
+    expectStdout(
+      () => parseRouteAdd('10.0.1.0/24,10.0.0.1,x'),
+      "Error: invalid subnet-route rule '10.0.1.0/24,10.0.0.1,x': expected 2 comma-separated fields, got 3",
+    );
   });
 
   it('rejects a bad cidr or nexthop', () => {
-    expectStdout(() => parseRouteAdd('10.0.1.0/33,10.0.0.1'), "Error: invalid subnet-route rule '10.0.1.0/33,10.0.0.1': cidr '10.0.1.0/33' is not an IPv4 CIDR (a.b.c.d/0-32)");
-    expectStdout(() => parseRouteAdd('10.0.1.0/24,10.0.0.256'), "Error: invalid subnet-route rule '10.0.1.0/24,10.0.0.256': nexthop '10.0.0.256' is not a dotted IPv4 address");
+    expectStdout(
+      () => parseRouteAdd('10.0.1.0/33,10.0.0.1'),
+      "Error: invalid subnet-route rule '10.0.1.0/33,10.0.0.1': cidr '10.0.1.0/33' is not an IPv4 CIDR (a.b.c.d/0-32)",
+    );
+    expectStdout(
+      () => parseRouteAdd('10.0.1.0/24,10.0.0.256'),
+      "Error: invalid subnet-route rule '10.0.1.0/24,10.0.0.256': nexthop '10.0.0.256' is not a dotted IPv4 address",
+    );
     expectStdout(() => parseRouteAdd(',10.0.0.1'), /cidr '' is not an IPv4 CIDR/);
     expectStdout(() => parseRouteAdd('10.0.1.0/24,'), /nexthop '' is not a dotted IPv4 address/);
     expectStdout(() => parseRouteAdd('fd00::/64,10.0.0.1'), /cidr 'fd00::\/64'/);
@@ -146,7 +166,10 @@ describe('parseFipAdd / parseFipDel', () => {
   it('rejects a wrong field count', () => {
     expectStdout(() => parseFipAdd('1.2.3.4'), "Error: invalid floating-ip rule '1.2.3.4': expected 2 comma-separated fields, got 1");
     expectStdout(() => parseFipAdd('1.2.3.4,10.0.1.6,x'), "Error: invalid floating-ip rule '1.2.3.4,10.0.1.6,x': expected 2 comma-separated fields, got 3");
-    expectStdout(() => parseFipDel('1.2.3.4,10.0.1.6,x'), "Error: invalid floating-ip rule '1.2.3.4,10.0.1.6,x': expected 1 to 2 comma-separated fields, got 3");
+    expectStdout(
+      () => parseFipDel('1.2.3.4,10.0.1.6,x'),
+      "Error: invalid floating-ip rule '1.2.3.4,10.0.1.6,x': expected 1 to 2 comma-separated fields, got 3",
+    );
   });
 
   it('rejects bad addresses with the field named', () => {
@@ -156,8 +179,14 @@ describe('parseFipAdd / parseFipDel', () => {
       const rule2 = `1.2.3.4,${bad}`;
       expectStdout(() => parseFipAdd(rule2), `Error: invalid floating-ip rule '${rule2}': internal ip '${bad}' is not a dotted IPv4 address`);
     }
-    expectStdout(() => parseFipAdd('10.0.1.256,10.0.1.6'), "Error: invalid floating-ip rule '10.0.1.256,10.0.1.6': eip '10.0.1.256' is not a dotted IPv4 address");
-    expectStdout(() => parseFipAdd('1.2.3.4/33,10.0.1.6'), "Error: invalid floating-ip rule '1.2.3.4/33,10.0.1.6': eip '1.2.3.4/33' is not an IPv4 address or CIDR");
+    expectStdout(
+      () => parseFipAdd('10.0.1.256,10.0.1.6'),
+      "Error: invalid floating-ip rule '10.0.1.256,10.0.1.6': eip '10.0.1.256' is not a dotted IPv4 address",
+    );
+    expectStdout(
+      () => parseFipAdd('1.2.3.4/33,10.0.1.6'),
+      "Error: invalid floating-ip rule '1.2.3.4/33,10.0.1.6': eip '1.2.3.4/33' is not an IPv4 address or CIDR",
+    );
     expectStdout(() => parseFipAdd('2001:db8::1,10.0.1.6'), /eip '2001:db8::1'/);
     expectStdout(() => parseFipAdd('2001:db8::1/64,10.0.1.6'), /eip '2001:db8::1\/64'/);
     expectStdout(() => parseFipDel(''), "Error: invalid floating-ip rule '': eip '' is not a dotted IPv4 address");
@@ -169,7 +198,10 @@ describe('parseFipAdd / parseFipDel', () => {
       expectStdout(() => parseFipAdd(`${bad},10.0.1.6`), /^Error: invalid floating-ip rule '/);
       expectStdout(() => parseFipDel(bad), /^Error: invalid floating-ip rule '/);
     }
-    expectStdout(() => parseFipAdd('1.2.3.4,10.0.1.6 -j ACCEPT'), "Error: invalid floating-ip rule '1.2.3.4,10.0.1.6 -j ACCEPT': internal ip '10.0.1.6 -j ACCEPT' is not a dotted IPv4 address");
+    expectStdout(
+      () => parseFipAdd('1.2.3.4,10.0.1.6 -j ACCEPT'),
+      "Error: invalid floating-ip rule '1.2.3.4,10.0.1.6 -j ACCEPT': internal ip '10.0.1.6 -j ACCEPT' is not a dotted IPv4 address",
+    );
   });
 });
 
@@ -199,10 +231,19 @@ describe('parseDnatAdd / parseDnatDel', () => {
   });
 
   it('rejects a wrong field count', () => {
-    expectStdout(() => parseDnatAdd('1.2.3.4,8080,tcp,10.0.1.6'), "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6': expected 5 comma-separated fields, got 4");
-    expectStdout(() => parseDnatAdd('1.2.3.4,8080,tcp,10.0.1.6,80,x'), "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6,80,x': expected 5 comma-separated fields, got 6");
+    expectStdout(
+      () => parseDnatAdd('1.2.3.4,8080,tcp,10.0.1.6'),
+      "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6': expected 5 comma-separated fields, got 4",
+    );
+    expectStdout(
+      () => parseDnatAdd('1.2.3.4,8080,tcp,10.0.1.6,80,x'),
+      "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6,80,x': expected 5 comma-separated fields, got 6",
+    );
     expectStdout(() => parseDnatDel('1.2.3.4,8080'), "Error: invalid dnat rule '1.2.3.4,8080': expected 3 to 5 comma-separated fields, got 2");
-    expectStdout(() => parseDnatDel('1.2.3.4,8080,tcp,10.0.1.6,80,x'), "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6,80,x': expected 3 to 5 comma-separated fields, got 6");
+    expectStdout(
+      () => parseDnatDel('1.2.3.4,8080,tcp,10.0.1.6,80,x'),
+      "Error: invalid dnat rule '1.2.3.4,8080,tcp,10.0.1.6,80,x': expected 3 to 5 comma-separated fields, got 6",
+    );
   });
 
   it('rejects bad ports with the field named', () => {
@@ -217,10 +258,16 @@ describe('parseDnatAdd / parseDnatDel', () => {
   });
 
   it('rejects an unknown protocol', () => {
-    expectStdout(() => parseDnatAdd('1.2.3.4,80,sctp,10.0.1.6,80'), "Error: invalid dnat rule '1.2.3.4,80,sctp,10.0.1.6,80': protocol 'sctp' is not tcp or udp");
+    expectStdout(
+      () => parseDnatAdd('1.2.3.4,80,sctp,10.0.1.6,80'),
+      "Error: invalid dnat rule '1.2.3.4,80,sctp,10.0.1.6,80': protocol 'sctp' is not tcp or udp",
+    );
     expectStdout(() => parseDnatDel('1.2.3.4,80,sctp'), "Error: invalid dnat rule '1.2.3.4,80,sctp': protocol 'sctp' is not tcp or udp");
     for (const p of ['', 'icmp', 'tcp ', 'all', '6', 'tcp;id']) {
-      expectStdout(() => parseDnatAdd(`1.2.3.4,80,${p},10.0.1.6,80`), `Error: invalid dnat rule '1.2.3.4,80,${p},10.0.1.6,80': protocol '${p}' is not tcp or udp`);
+      expectStdout(
+        () => parseDnatAdd(`1.2.3.4,80,${p},10.0.1.6,80`),
+        `Error: invalid dnat rule '1.2.3.4,80,${p},10.0.1.6,80': protocol '${p}' is not tcp or udp`,
+      );
     }
   });
 
@@ -282,21 +329,33 @@ describe('parseSnatAdd / parseSnatDel', () => {
 
   it('rejects a wrong field count', () => {
     expectStdout(() => parseSnatAdd('1.2.3.4'), "Error: invalid snat rule '1.2.3.4': expected 2 to 3 comma-separated fields, got 1");
-    expectStdout(() => parseSnatAdd('1.2.3.4,10.0.1.0/24,--random-fully,x'), "Error: invalid snat rule '1.2.3.4,10.0.1.0/24,--random-fully,x': expected 2 to 3 comma-separated fields, got 4");
+    expectStdout(
+      () => parseSnatAdd('1.2.3.4,10.0.1.0/24,--random-fully,x'),
+      "Error: invalid snat rule '1.2.3.4,10.0.1.0/24,--random-fully,x': expected 2 to 3 comma-separated fields, got 4",
+    );
     expectStdout(() => parseSnatDel('1.2.3.4'), "Error: invalid snat rule '1.2.3.4': expected 2 to 3 comma-separated fields, got 1");
   });
 
   it('rejects a bad cidr', () => {
-    expectStdout(() => parseSnatAdd('1.2.3.4,10.0.1.0/33'), "Error: invalid snat rule '1.2.3.4,10.0.1.0/33': cidr '10.0.1.0/33' is not an IPv4 CIDR (a.b.c.d/0-32)");
+    expectStdout(
+      () => parseSnatAdd('1.2.3.4,10.0.1.0/33'),
+      "Error: invalid snat rule '1.2.3.4,10.0.1.0/33': cidr '10.0.1.0/33' is not an IPv4 CIDR (a.b.c.d/0-32)",
+    );
     for (const bad of ['10.0.1.256/24', '10.0.1/24', '010.0.1.0/24', 'fd00::/64', '10.0.1.0/', '10.0.1.0/2x', '', '10.0.1.0/24/8']) {
       expectStdout(() => parseSnatAdd(`1.2.3.4,${bad}`), `Error: invalid snat rule '1.2.3.4,${bad}': cidr '${bad}' is not an IPv4 CIDR (a.b.c.d/0-32)`);
     }
   });
 
   it('rejects an option other than --random-fully', () => {
-    expectStdout(() => parseSnatAdd('1.2.3.4,10.0.1.0/24,--random-fully;x'), "Error: invalid snat rule '1.2.3.4,10.0.1.0/24,--random-fully;x': option '--random-fully;x' is not --random-fully");
+    expectStdout(
+      () => parseSnatAdd('1.2.3.4,10.0.1.0/24,--random-fully;x'),
+      "Error: invalid snat rule '1.2.3.4,10.0.1.0/24,--random-fully;x': option '--random-fully;x' is not --random-fully",
+    );
     for (const opt of ['--random', '-j ACCEPT', '--random-fully -j ACCEPT', '$(id)', ' --random-fully']) {
-      expectStdout(() => parseSnatAdd(`1.2.3.4,10.0.1.0/24,${opt}`), `Error: invalid snat rule '1.2.3.4,10.0.1.0/24,${opt}': option '${opt}' is not --random-fully`);
+      expectStdout(
+        () => parseSnatAdd(`1.2.3.4,10.0.1.0/24,${opt}`),
+        `Error: invalid snat rule '1.2.3.4,10.0.1.0/24,${opt}': option '${opt}' is not --random-fully`,
+      );
     }
   });
 
@@ -308,7 +367,10 @@ describe('parseSnatAdd / parseSnatDel', () => {
     for (const bad of INJECTIONS) {
       expectStdout(() => parseSnatAdd(`1.2.3.4,${bad}`), /^Error: invalid snat rule '.*': cidr '/);
     }
-    expectStdout(() => parseSnatAdd('1.2.3.4,10.0.1.6 -j ACCEPT'), "Error: invalid snat rule '1.2.3.4,10.0.1.6 -j ACCEPT': cidr '10.0.1.6 -j ACCEPT' is not an IPv4 CIDR (a.b.c.d/0-32)");
+    expectStdout(
+      () => parseSnatAdd('1.2.3.4,10.0.1.6 -j ACCEPT'),
+      "Error: invalid snat rule '1.2.3.4,10.0.1.6 -j ACCEPT': cidr '10.0.1.6 -j ACCEPT' is not an IPv4 CIDR (a.b.c.d/0-32)",
+    );
   });
 });
 

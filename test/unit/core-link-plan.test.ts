@@ -33,7 +33,12 @@ describe('planLink: EIP addresses', () => {
   });
 
   it('a missing EIP → addr replace', () => {
-    const want = state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }, { address: '172.18.0.11', prefixLength: 16 }] });
+    const want = state({
+      eips: [
+        { address: '172.18.0.10', prefixLength: 24 },
+        { address: '172.18.0.11', prefixLength: 16 },
+      ],
+    });
     expect(planLink(view(), want, undefined)).toEqual(['addr replace 172.18.0.10/24 dev net1', 'addr replace 172.18.0.11/16 dev net1']);
   });
 
@@ -72,7 +77,12 @@ describe('planLink: EIP addresses', () => {
   });
 
   it('an EIP removed since the previous state → addr del with the prefix the kernel holds', () => {
-    const previous = state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }, { address: '172.18.0.11', prefixLength: 24 }] });
+    const previous = state({
+      eips: [
+        { address: '172.18.0.10', prefixLength: 24 },
+        { address: '172.18.0.11', prefixLength: 24 },
+      ],
+    });
     const want = state({ eips: [{ address: '172.18.0.11', prefixLength: 24 }] });
     const have = view({ addrs: [addr('172.18.0.10', 16), addr('172.18.0.11', 24)] });
     expect(planLink(have, want, previous)).toEqual(['addr del 172.18.0.10/16 dev net1']);
@@ -109,7 +119,12 @@ describe('planLink: VPC routes', () => {
   });
 
   it('present with the same gateway → nothing (host routes shown without a prefix match /32)', () => {
-    const have = view({ routes: [{ dst: '10.1.0.0/16', gateway: '10.0.0.1' }, { dst: '10.2.3.4', gateway: '10.0.0.2' }] });
+    const have = view({
+      routes: [
+        { dst: '10.1.0.0/16', gateway: '10.0.0.1' },
+        { dst: '10.2.3.4', gateway: '10.0.0.2' },
+      ],
+    });
     expect(planLink(have, state({ routes: [r1, r2] }), undefined)).toEqual([]);
   });
 
@@ -143,7 +158,12 @@ describe('planLink: default routes from GATEWAY_V4 / GATEWAY_V6', () => {
 
   it('nothing when present', () => {
     const want = state({ defaultRoutes: { v4: '172.18.0.1', v6: 'fd00::1' } });
-    const have = view({ defaults: [{ dst: 'default', gateway: '172.18.0.1' }, { dst: 'default', gateway: 'fd00::1' }] });
+    const have = view({
+      defaults: [
+        { dst: 'default', gateway: '172.18.0.1' },
+        { dst: 'default', gateway: 'fd00::1' },
+      ],
+    });
     expect(planLink(have, want, want)).toEqual([]);
   });
 
@@ -191,7 +211,10 @@ describe('planLink: a complete plan', () => {
   });
 
   it('uses the interface names of the desired state', () => {
-    const want = { ...state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }], routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }] }), interfaces: { vpc: 'net2', ext: 'net3' } };
+    const want = {
+      ...state({ eips: [{ address: '172.18.0.10', prefixLength: 24 }], routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }] }),
+      interfaces: { vpc: 'net2', ext: 'net3' },
+    };
     expect(planLink(view(), want, undefined)).toEqual(['addr replace 172.18.0.10/24 dev net3', 'route replace 10.1.0.0/16 via 10.0.0.1 dev net2']);
   });
 });
@@ -199,9 +222,11 @@ describe('planLink: a complete plan', () => {
 describe('linkOps: what natgw owns besides the previous state', () => {
   const owned = (addresses: string[], routes: string[] = []) => ({ addresses: new Set(addresses), routes: new Set(routes) });
   const lines = (have: LinkView, want: DesiredState, prev: DesiredState | undefined, o: ReturnType<typeof owned>) =>
-    linkOps(have, want, prev, o).map((op) => `${op.kind} ${'address' in op ? `${op.address}/${op.prefixLength}` : op.kind === 'default' ? op.gateway : op.cidr}`);
+    linkOps(have, want, prev, o).map(
+      (op) => `${op.kind} ${'address' in op ? `${op.address}/${op.prefixLength}` : op.kind === 'default' ? op.gateway : op.cidr}`,
+    );
 
-  it('removes an owned address the state does not list (every prefix), and keeps the pod\'s own', () => {
+  it("removes an owned address the state does not list (every prefix), and keeps the pod's own", () => {
     const have = view({ addrs: [addr('172.20.0.2', 16), addr('172.20.0.77', 16), addr('172.20.0.77', 24)] });
     expect(lines(have, state(), state(), owned(['172.20.0.77']))).toEqual(['addr-del 172.20.0.77/24', 'addr-del 172.20.0.77/16']);
   });
@@ -212,7 +237,12 @@ describe('linkOps: what natgw owns besides the previous state', () => {
   });
 
   it('removes an owned route that is present and unwanted; an absent one is nothing to do', () => {
-    const have = view({ routes: [{ dst: '10.1.0.0/16', gateway: '10.0.0.1' }, { dst: '10.3.0.0/16', gateway: '10.0.0.1' }] });
+    const have = view({
+      routes: [
+        { dst: '10.1.0.0/16', gateway: '10.0.0.1' },
+        { dst: '10.3.0.0/16', gateway: '10.0.0.1' },
+      ],
+    });
     expect(lines(have, state(), undefined, owned([], ['10.1.0.0/16', '10.2.0.0/16']))).toEqual(['route-del 10.1.0.0/16']);
   });
 });

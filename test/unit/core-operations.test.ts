@@ -247,9 +247,19 @@ describe('EIPs', () => {
   });
 
   it('a new prefix length replaces the old one in place', () => {
-    const s = frozen({ eips: [{ address: '1.2.3.3', prefixLength: 24 }, { address: '1.2.3.4', prefixLength: 24 }, { address: '1.2.3.5', prefixLength: 24 }] });
+    const s = frozen({
+      eips: [
+        { address: '1.2.3.3', prefixLength: 24 },
+        { address: '1.2.3.4', prefixLength: 24 },
+        { address: '1.2.3.5', prefixLength: 24 },
+      ],
+    });
     const r = run(s, (x) => addEip(x, { address: '1.2.3.4', prefixLength: 16 }, {}));
-    expect(r.state.eips).toEqual([{ address: '1.2.3.3', prefixLength: 24 }, { address: '1.2.3.4', prefixLength: 16 }, { address: '1.2.3.5', prefixLength: 24 }]);
+    expect(r.state.eips).toEqual([
+      { address: '1.2.3.3', prefixLength: 24 },
+      { address: '1.2.3.4', prefixLength: 16 },
+      { address: '1.2.3.5', prefixLength: 24 },
+    ]);
   });
 
   it('records default routes from the gateways; a later eip-add without them keeps them', () => {
@@ -270,7 +280,13 @@ describe('EIPs', () => {
   });
 
   it('eip-del removes the EIP; default routes stay; absent is success', () => {
-    const s = frozen({ eips: [{ address: '1.2.3.4', prefixLength: 24 }, { address: '1.2.3.5', prefixLength: 24 }], defaultRoutes: { v4: '1.2.3.1' } });
+    const s = frozen({
+      eips: [
+        { address: '1.2.3.4', prefixLength: 24 },
+        { address: '1.2.3.5', prefixLength: 24 },
+      ],
+      defaultRoutes: { v4: '1.2.3.1' },
+    });
     const r = run(s, (x) => delEip(x, '1.2.3.4'));
     expect(r.state.eips).toEqual([{ address: '1.2.3.5', prefixLength: 24 }]);
     expect(r.state.defaultRoutes).toEqual({ v4: '1.2.3.1' });
@@ -294,7 +310,14 @@ describe('share DNAT', () => {
   it('re-adding replaces the backends (and the protocol text) in place, never conflicts', () => {
     const other: ShareDnat = { ...d, port: 81 };
     const s = frozen({ shareDnats: [d, other] });
-    const next: ShareDnat = { ...d, protocolText: 'TCP', backends: [{ ip: '10.0.1.7', port: 80 }, { ip: '10.0.1.8', port: 81 }] };
+    const next: ShareDnat = {
+      ...d,
+      protocolText: 'TCP',
+      backends: [
+        { ip: '10.0.1.7', port: 80 },
+        { ip: '10.0.1.8', port: 81 },
+      ],
+    };
     const r = run(s, (x) => addShareDnat(x, next));
     expect(r.state.shareDnats).toEqual([next, other]);
     expect(r.effects).toEqual([]);
@@ -325,14 +348,27 @@ describe('routes', () => {
   });
 
   it('another nexthop replaces the route in place (ip route replace)', () => {
-    const s = frozen({ routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }, { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }] });
+    const s = frozen({
+      routes: [
+        { cidr: '10.1.0.0/16', nexthop: '10.0.0.1' },
+        { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' },
+      ],
+    });
     const r = run(s, (x) => addRoute(x, { cidr: '10.1.0.0/16', nexthop: '10.0.0.2' }));
-    expect(r.state.routes).toEqual([{ cidr: '10.1.0.0/16', nexthop: '10.0.0.2' }, { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }]);
+    expect(r.state.routes).toEqual([
+      { cidr: '10.1.0.0/16', nexthop: '10.0.0.2' },
+      { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' },
+    ]);
     expect(r.effects).toEqual([]);
   });
 
   it('delete removes by cidr; absent is success', () => {
-    const s = frozen({ routes: [{ cidr: '10.1.0.0/16', nexthop: '10.0.0.1' }, { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }] });
+    const s = frozen({
+      routes: [
+        { cidr: '10.1.0.0/16', nexthop: '10.0.0.1' },
+        { cidr: '10.2.0.0/16', nexthop: '10.0.0.1' },
+      ],
+    });
     expect(run(s, (x) => delRoute(x, '10.1.0.0/16')).state.routes).toEqual([{ cidr: '10.2.0.0/16', nexthop: '10.0.0.1' }]);
     expect(run(s, (x) => delRoute(x, '10.9.0.0/16')).state).toEqual(s);
     expect(run(s, (x) => delRoute(x, '10.9.0.0/16')).effects).toEqual([{ kind: 'release', route: '10.9.0.0/16' }]);

@@ -34,7 +34,15 @@ const noExec: Executor = {
 /** Metric names natgw's registry exports, with a histogram's series names. */
 function exported(): Set<string> {
   const { metrics } = daemonMetrics({
-    config: { flowLog: 'off', flowLogFile: '/nonexistent', flowLogMaxSize: 1 << 20, flowLogRate: 1, flowLogBurst: 1, conntrackMetrics: true, conntrackSysctls: false },
+    config: {
+      flowLog: 'off',
+      flowLogFile: '/nonexistent',
+      flowLogMaxSize: 1 << 20,
+      flowLogRate: 1,
+      flowLogBurst: 1,
+      conntrackMetrics: true,
+      conntrackSysctls: false,
+    },
     exec: noExec,
     eipTraffic: async () => [],
   });
@@ -99,7 +107,15 @@ describe('Grafana dashboard', () => {
 
   it('covers syncs, drift repairs, latency, per-EIP traffic and connections, conntrack fill', () => {
     const used = new Set(exprs.flatMap((e) => metricNames(e.expr)));
-    for (const n of ['natgw_syncs_total', 'natgw_drift_repairs_total', 'natgw_sync_duration_seconds_bucket', 'natgw_eip_bytes', 'natgw_conntrack_connections', 'natgw_conntrack_entries', 'natgw_conntrack_max']) {
+    for (const n of [
+      'natgw_syncs_total',
+      'natgw_drift_repairs_total',
+      'natgw_sync_duration_seconds_bucket',
+      'natgw_eip_bytes',
+      'natgw_conntrack_connections',
+      'natgw_conntrack_entries',
+      'natgw_conntrack_max',
+    ]) {
       expect(used, n).toContain(n);
     }
   });

@@ -136,7 +136,10 @@ describe('image/deploy manifests', () => {
     for (const { o, spec } of podSpecs) {
       for (const c of [...(spec.initContainers ?? []), ...(spec.containers ?? [])]) {
         const names = ((c.env ?? []) as Array<{ name: string }>).map((e) => e.name);
-        expect(names.filter((n) => !ENV_KEYS.has(n)), `${o.file}: env of ${c.name}`).toEqual([]);
+        expect(
+          names.filter((n) => !ENV_KEYS.has(n)),
+          `${o.file}: env of ${c.name}`,
+        ).toEqual([]);
       }
     }
   });
@@ -184,8 +187,7 @@ describe('image/deploy manifests', () => {
     for (const { o, spec } of podSpecs) {
       const volumes = new Map((spec.volumes as Array<Record<string, any>>).map((v) => [v.name as string, v]));
       const main = spec.containers[0] as Record<string, any>;
-      const mountAt = (c: Record<string, any>, path: string) =>
-        ((c.volumeMounts ?? []) as Array<Record<string, any>>).find((m) => m.mountPath === path);
+      const mountAt = (c: Record<string, any>, path: string) => ((c.volumeMounts ?? []) as Array<Record<string, any>>).find((m) => m.mountPath === path);
 
       // init writes interface names back into the env file: not a read-only ConfigMap mount.
       const envMount = mountAt(main, dirname(DEFAULT_ENV_FILE));
@@ -193,7 +195,7 @@ describe('image/deploy manifests', () => {
       expect(volumes.get(envMount?.name)?.emptyDir, `${o.file}: env file dir is an emptyDir`).toBeDefined();
       const copier = ((spec.initContainers ?? []) as Array<Record<string, any>>).find((c) => (c.command as string[] | undefined)?.at(-1) === DEFAULT_ENV_FILE);
       expect(copier, `${o.file}: an init container copies the ConfigMap to ${DEFAULT_ENV_FILE}`).toBeDefined();
-      const source = (copier?.command as string[]).at(-2) ?? '';
+      const source = ((copier?.command ?? []) as string[]).at(-2) ?? '';
       const sourceMount = mountAt(copier ?? {}, dirname(source));
       expect(volumes.get(sourceMount?.name)?.configMap?.name, `${o.file}: ${source} comes from ${cm.name}`).toBe(cm.name);
       expect(posix.basename(source)).toBe(posix.basename(DEFAULT_ENV_FILE));

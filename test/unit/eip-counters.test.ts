@@ -12,7 +12,9 @@ describe('per-EIP accounting (pure)', () => {
   });
 
   it('reads per-element counters from nft JSON and notices a damaged table', () => {
-    const set = (name: string, elem?: unknown[]) => ({ set: { family: 'inet', name, table: 'natgw_acct', type: 'ipv4_addr', handle: 1, ...(elem ? { elem } : {}) } });
+    const set = (name: string, elem?: unknown[]) => ({
+      set: { family: 'inet', name, table: 'natgw_acct', type: 'ipv4_addr', handle: 1, ...(elem ? { elem } : {}) },
+    });
     const whole = {
       nftables: [
         { metainfo: {} },
@@ -23,7 +25,10 @@ describe('per-EIP accounting (pure)', () => {
         set('eip_tx6'),
         { chain: { name: 'rx' } },
         { chain: { name: 'tx' } },
-        { rule: {} }, { rule: {} }, { rule: {} }, { rule: {} },
+        { rule: {} },
+        { rule: {} },
+        { rule: {} },
+        { rule: {} },
       ],
     };
     const r = parseAccounting(JSON.stringify(whole));

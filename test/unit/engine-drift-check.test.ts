@@ -28,7 +28,9 @@ describe('engine: a dry-run full sync (drift check)', () => {
     dirs.push(dir);
     const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
     // An empty kernel: whatever natgw applied is gone (drift), so the check has a repair to render.
-    const exec = new RecordingExecutor((r) => (r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined));
+    const exec = new RecordingExecutor((r) =>
+      r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined,
+    );
     const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
     const events: SyncEvent[] = [];
     engine.onSync = (e) => events.push(e);

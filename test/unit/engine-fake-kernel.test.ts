@@ -33,7 +33,16 @@ const DNAT: Dnat = { eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: 
 const DNAT2: Dnat = { eip: '172.20.0.10', port: 53, protocol: 'udp', internalIp: '10.0.1.8', internalPort: 53 };
 const FIP: Fip = { eip: '172.20.0.20', internalIp: '10.0.1.6' };
 const SNAT: Snat = { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: true };
-const SHARE: ShareDnat = { eip: '172.20.0.10', port: 8443, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 443 }, { ip: '10.0.1.7', port: 443 }] };
+const SHARE: ShareDnat = {
+  eip: '172.20.0.10',
+  port: 8443,
+  protocol: 'tcp',
+  protocolText: 'tcp',
+  backends: [
+    { ip: '10.0.1.6', port: 443 },
+    { ip: '10.0.1.7', port: 443 },
+  ],
+};
 
 /** One fake kernel (nft, iptables, and the order in which the two were written) shared by every engine of a test. */
 class FakeKernel {
@@ -119,7 +128,7 @@ function expectNatgwNft(nft: FakeNftClient): void {
 }
 
 describe('engine on a fake kernel (nftables)', () => {
-  it('init and one command of each kind leave exactly natgw\'s objects; a full resync then finds nothing to change', async () => {
+  it("init and one command of each kind leave exactly natgw's objects; a full resync then finds nothing to change", async () => {
     const k = new FakeKernel();
     const { engine } = await k.engine(stateDir(), NFT);
     await populate(engine);
@@ -132,7 +141,10 @@ describe('engine on a fake kernel (nftables)', () => {
       ['eip_rx6', 'set ipv6_addr counter', []],
       ['eip_tx6', 'set ipv6_addr counter', []],
     ]);
-    expect(acct?.chains.map((c) => c.rules.map((r) => r.rule))).toEqual([['ip daddr @eip_rx4', 'ip6 daddr @eip_rx6'], ['ip saddr @eip_tx4', 'ip6 saddr @eip_tx6']]);
+    expect(acct?.chains.map((c) => c.rules.map((r) => r.rule))).toEqual([
+      ['ip daddr @eip_rx4', 'ip6 daddr @eip_rx6'],
+      ['ip saddr @eip_tx4', 'ip6 saddr @eip_tx6'],
+    ]);
     const share = tableView(k.nft.dump('ip', 'kube-ovn'));
     expect(share?.chains.map((c) => [c.name, c.rules.map((r) => r.rule)])).toEqual([
       ['prerouting', ['vmap']],
@@ -181,7 +193,10 @@ describe('engine on a fake kernel (nftables)', () => {
     k.nft.calls.length = 0;
 
     await engine.transact(({ state }) => Ops.delDnat(state, DNAT), { guarded: true });
-    expect(events.slice(-2).map((e) => [e.kind, e.ok])).toEqual([['partial', false], ['full', true]]);
+    expect(events.slice(-2).map((e) => [e.kind, e.ok])).toEqual([
+      ['partial', false],
+      ['full', true],
+    ]);
     const [refused, ...rest] = k.nft.calls;
     expect(refused).toMatchObject({ kind: 'run', refused: expect.stringMatching(/No such file or directory/) });
     expect(rest.some((c) => c.kind === 'list')).toBe(true);
@@ -191,7 +206,7 @@ describe('engine on a fake kernel (nftables)', () => {
     expect(report.netfilterChanges).toBe(0);
   });
 
-  it('a foreign rule in natgw\'s chain is removed by the next full sync, and only it', async () => {
+  it("a foreign rule in natgw's chain is removed by the next full sync, and only it", async () => {
     const k = new FakeKernel();
     const { engine } = await k.engine(stateDir(), NFT);
     await populate(engine);
@@ -247,7 +262,7 @@ describe('engine on a fake kernel: switching the netfilter backend', () => {
     expect(await nft.engine.currentBackend()).toEqual({ kind: 'nftables' });
   });
 
-  it('nftables → iptables fills iptables first, then removes natgw\'s nft tables (and a refused removal is retried)', async () => {
+  it("nftables → iptables fills iptables first, then removes natgw's nft tables (and a refused removal is retried)", async () => {
     const k = new FakeKernel();
     const dir = stateDir();
     const nft = await k.engine(dir, NFT);

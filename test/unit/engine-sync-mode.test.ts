@@ -21,7 +21,8 @@ afterEach(() => {
 });
 
 const cmd = (r: ExecRequest): string => [r.file, ...r.args].join(' ');
-const isListing = (r: ExecRequest): boolean => r.args.some((a) => a === 'list' || a === 'show' || a.endsWith('-save')) || (r.file === 'ip' && r.args.includes('-j'));
+const isListing = (r: ExecRequest): boolean =>
+  r.args.some((a) => a === 'list' || a === 'show' || a.endsWith('-save')) || (r.file === 'ip' && r.args.includes('-j'));
 
 const dnat = (i: number): Dnat => ({ eip: `172.20.${i >> 8}.${i & 255}`, port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 });
 
@@ -39,7 +40,12 @@ async function setUp(refuse?: (r: ExecRequest) => boolean) {
   const events: SyncEvent[] = [];
   engine.onSync = (e) => events.push(e);
   await engine.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
-  await engine.transact(({ state }) => Ops.addDnats(state, Array.from({ length: 3000 }, (_, i) => dnat(i))));
+  await engine.transact(({ state }) =>
+    Ops.addDnats(
+      state,
+      Array.from({ length: 3000 }, (_, i) => dnat(i)),
+    ),
+  );
   exec.calls.length = 0;
   return { engine, exec, events, dir };
 }
@@ -82,9 +88,14 @@ describe('engine: full and partial syncs', () => {
 
   it('a refused partial transaction is retried once as a full sync, and the command succeeds', async () => {
     let refusals = 1;
-    const { engine, exec, events } = await setUp((r) => r.file === 'nft' && r.args.includes('-f') && (r.input ?? '').includes('172.20.19.140') && refusals-- > 0);
+    const { engine, exec, events } = await setUp(
+      (r) => r.file === 'nft' && r.args.includes('-f') && (r.input ?? '').includes('172.20.19.140') && refusals-- > 0,
+    );
     await engine.transact(({ state }) => Ops.addDnat(state, dnat(5004)), { guarded: true });
-    expect(events.slice(-2).map((e) => [e.kind, e.ok])).toEqual([['partial', false], ['full', true]]);
+    expect(events.slice(-2).map((e) => [e.kind, e.ok])).toEqual([
+      ['partial', false],
+      ['full', true],
+    ]);
     expect(exec.calls.some(isListing)).toBe(true);
     expect((await engine.loadState()).dnats).toContainEqual(dnat(5004));
   });
@@ -93,7 +104,9 @@ describe('engine: full and partial syncs', () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'natgw-engine-'));
     dirs.push(dir);
     const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
-    const exec = new RecordingExecutor((r) => (r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined));
+    const exec = new RecordingExecutor((r) =>
+      r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined,
+    );
     const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
     await engine.transact(({ state }) => ({ state, effects: [] }), { mode: 'full' });
     await expect(engine.transact(({ state }) => Ops.addDnat(state, dnat(1)), { guarded: true })).rejects.toThrow(/not initialized/);
@@ -108,12 +121,17 @@ describe('engine: a dry run changes nothing', () => {
     const record = '{"kind":"iptables","variant":"legacy"}\n';
     writeFileSync(path.join(dir, 'backend.json'), record);
     const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
-    const exec = new RecordingExecutor((r) => (r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined));
+    const exec = new RecordingExecutor((r) =>
+      r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined,
+    );
     const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
     const { report } = await engine.transact(({ state }) => Ops.addDnat({ ...state, initialized: true }, dnat(1)), { dryRun: true });
     expect(report.script).toContain('add element ip natgw port_dnat');
     expect(readFileSync(path.join(dir, 'backend.json'), 'utf8')).toBe(record);
-    const writes = exec.calls.filter((r) => (r.file === 'nft' && r.args.includes('-f')) || r.file.includes('restore') || (r.file === 'ip' && r.args.includes('-batch') && !r.args.includes('-j')));
+    const writes = exec.calls.filter(
+      (r) =>
+        (r.file === 'nft' && r.args.includes('-f')) || r.file.includes('restore') || (r.file === 'ip' && r.args.includes('-batch') && !r.args.includes('-j')),
+    );
     expect(writes.map(cmd)).toEqual([]);
   });
 });

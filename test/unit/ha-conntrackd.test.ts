@@ -55,7 +55,9 @@ describe('renderConntrackdConf', () => {
   it('refuses mixed families, bad ports and text that would break the syntax', () => {
     expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: 'fd00::2', port: 3780, paths })).toThrow(HaConfigError);
     expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: '10.99.0.2', port: 0, paths })).toThrow(/port/);
-    expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: '10.99.0.2', port: 3780, paths: conntrackdPaths('/tmp/a b }') })).toThrow(/cannot be written/);
+    expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: '10.99.0.2', port: 3780, paths: conntrackdPaths('/tmp/a b }') })).toThrow(
+      /cannot be written/,
+    );
   });
 });
 
@@ -87,7 +89,16 @@ describe('HA configuration keys', () => {
 
   it('off by default, with defaults for the rest', async () => {
     const c = await loadConfig(base);
-    expect(c.ha).toEqual({ peer: undefined, syncInterface: undefined, syncAddress: undefined, port: 3780, syncTimeoutMs: 10_000, conntrackd: 'conntrackd', peerApi: undefined, peerTokenFile: undefined });
+    expect(c.ha).toEqual({
+      peer: undefined,
+      syncInterface: undefined,
+      syncAddress: undefined,
+      port: 3780,
+      syncTimeoutMs: 10_000,
+      conntrackd: 'conntrackd',
+      peerApi: undefined,
+      peerTokenFile: undefined,
+    });
   });
 
   it('reads the peer, the sync channel, the peer API and falls back to NATGW_TOKEN_FILE', async () => {
@@ -100,7 +111,14 @@ describe('HA configuration keys', () => {
       NATGW_HA_PEER_API: 'http://10.99.0.2:8080/',
       NATGW_TOKEN_FILE: '/etc/natgw/token',
     });
-    expect(c.ha).toMatchObject({ peer: '10.99.0.2', syncInterface: 'sync0', port: 3781, syncTimeoutMs: 3000, peerApi: 'http://10.99.0.2:8080', peerTokenFile: '/etc/natgw/token' });
+    expect(c.ha).toMatchObject({
+      peer: '10.99.0.2',
+      syncInterface: 'sync0',
+      port: 3781,
+      syncTimeoutMs: 3000,
+      peerApi: 'http://10.99.0.2:8080',
+      peerTokenFile: '/etc/natgw/token',
+    });
   });
 
   it.each([

@@ -32,7 +32,10 @@ function sourceFiles(dir: string): string[] {
   });
 }
 
-interface Edge { readonly to: string; readonly typeOnly: boolean }
+interface Edge {
+  readonly to: string;
+  readonly typeOnly: boolean;
+}
 
 function typeOnly(stmt: ts.ImportDeclaration | ts.ExportDeclaration): boolean {
   if (ts.isExportDeclaration(stmt)) {
@@ -71,7 +74,10 @@ function buildGraphs(): { runtime: Graph; all: Graph; unresolved: string[] } {
     runtime.set(from, runtime.get(from) ?? new Set());
     all.set(from, all.get(from) ?? new Set());
     for (const e of edgesOf(file)) {
-      if (!existsSync(e.to)) { unresolved.push(`${from} → ${relative(ROOT, e.to)}`); continue; }
+      if (!existsSync(e.to)) {
+        unresolved.push(`${from} → ${relative(ROOT, e.to)}`);
+        continue;
+      }
       const to = relative(SRC, e.to);
       all.get(from)!.add(to);
       if (!e.typeOnly) runtime.get(from)!.add(to);
@@ -116,8 +122,7 @@ function findCycles(graph: Graph): string[][] {
 const show = (cycles: string[][]): string[] => cycles.map((c) => [...c, c[0]].join(' → '));
 
 describe('findCycles', () => {
-  const g = (edges: Record<string, string[]>): Graph =>
-    new Map(Object.entries(edges).map(([k, v]) => [k, new Set(v)]));
+  const g = (edges: Record<string, string[]>): Graph => new Map(Object.entries(edges).map(([k, v]) => [k, new Set(v)]));
 
   it('finds none in a DAG, including diamonds', () => {
     expect(findCycles(g({ a: ['b', 'c'], b: ['d'], c: ['d'], d: [] }))).toEqual([]);
@@ -126,8 +131,7 @@ describe('findCycles', () => {
   it('finds self-loops, two-cycles and longer ones, each once', () => {
     expect(show(findCycles(g({ a: ['a'] })))).toEqual(['a → a']);
     expect(show(findCycles(g({ b: ['a'], a: ['b'] })))).toEqual(['a → b → a']);
-    expect(show(findCycles(g({ a: ['b'], b: ['c'], c: ['a', 'd'], d: ['d'] }))))
-      .toEqual(['a → b → c → a', 'd → d']);
+    expect(show(findCycles(g({ a: ['b'], b: ['c'], c: ['a', 'd'], d: ['d'] })))).toEqual(['a → b → c → a', 'd → d']);
   });
 });
 

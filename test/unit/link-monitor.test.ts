@@ -5,8 +5,10 @@ import { mayLoseState } from '../../src/daemon/linkMonitor.js';
 const ADDED_V4 = '3: d0    inet 172.20.0.10/24 scope global d0\\       valid_lft forever preferred_lft forever';
 const ADDED_V6 = '3: d0    inet6 fd00::10/64 scope global nodad \\       valid_lft forever preferred_lft forever';
 const DELETED_V4 = 'Deleted 3: d0    inet 172.20.0.10/24 scope global d0\\       valid_lft forever preferred_lft forever';
-const LINK_DOWN = '3: d0@d1: <BROADCAST,MULTICAST,M-DOWN> mtu 1500 qdisc noqueue state DOWN group default \\    link/ether 82:cc:db:11:54:47 brd ff:ff:ff:ff:ff:ff';
-const LINK_GONE = 'Deleted 3: d0@NONE: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN group default \\    link/ether 82:cc:db:11:54:47 brd ff:ff:ff:ff:ff:ff';
+const LINK_DOWN =
+  '3: d0@d1: <BROADCAST,MULTICAST,M-DOWN> mtu 1500 qdisc noqueue state DOWN group default \\    link/ether 82:cc:db:11:54:47 brd ff:ff:ff:ff:ff:ff';
+const LINK_GONE =
+  'Deleted 3: d0@NONE: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN group default \\    link/ether 82:cc:db:11:54:47 brd ff:ff:ff:ff:ff:ff';
 
 describe('link events that may lose what natgw applied', () => {
   it('a new address is not one (natgw adds EIPs itself)', () => {

@@ -20,7 +20,9 @@ COMMIT
 `;
 
 function backendAnswering(ip6: Partial<ExecResult>): IptablesBackend {
-  const exec = new RecordingExecutor((req: ExecRequest) => (req.file.startsWith('ip6tables') ? ip6 : req.file.endsWith('-save') ? { stdout: SAVE4 } : undefined));
+  const exec = new RecordingExecutor((req: ExecRequest) =>
+    req.file.startsWith('ip6tables') ? ip6 : req.file.endsWith('-save') ? { stdout: SAVE4 } : undefined,
+  );
   return new IptablesBackend(exec, 'legacy');
 }
 
@@ -36,7 +38,10 @@ describe('iptables listings', () => {
   });
 
   it('an ip6tables that cannot work here holds nothing', async () => {
-    for (const ip6 of [{ exitCode: 127, failedToStart: true }, { exitCode: 1, stderr: "ip6tables-save v1.8.9 (legacy): can't initialize ip6tables table `nat': Table does not exist" }]) {
+    for (const ip6 of [
+      { exitCode: 127, failedToStart: true },
+      { exitCode: 1, stderr: "ip6tables-save v1.8.9 (legacy): can't initialize ip6tables table `nat': Table does not exist" },
+    ]) {
       const nat = await backendAnswering(ip6).readBack();
       // iptables-save prints a SNAT of every source without `-s`: it is 0.0.0.0/0.
       expect(nat?.snats).toEqual([
@@ -51,7 +56,9 @@ describe('conntrack flush failures', () => {
   it('are retried with the next flush, and one that matched nothing is success', async () => {
     let fail = true;
     const exec = new RecordingExecutor((req) =>
-      req.args.includes('8090') && fail ? { exitCode: 1, stderr: 'conntrack: netlink error: Resource busy' } : { exitCode: 1, stderr: 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n' },
+      req.args.includes('8090') && fail
+        ? { exitCode: 1, stderr: 'conntrack: netlink error: Resource busy' }
+        : { exitCode: 1, stderr: 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n' },
     );
     const ct = new Conntrack(exec);
     await ct.flushAll([{ dst: '172.20.0.10', protocol: 'tcp', port: 8090 }]);
@@ -77,7 +84,14 @@ describe('backend choice', () => {
   const nftFailing = (present: boolean, timedOut = false) => ({
     present: async () => present,
     list: async () => {
-      throw new ToolError('nft -j list table ip natgw', 'the listing', timedOut ? 124 : 1, 'netlink: Error: Could not process rule: Device or resource busy', undefined, timedOut);
+      throw new ToolError(
+        'nft -j list table ip natgw',
+        'the listing',
+        timedOut ? 124 : 1,
+        'netlink: Error: Could not process rule: Device or resource busy',
+        undefined,
+        timedOut,
+      );
     },
     run: async () => undefined,
   });

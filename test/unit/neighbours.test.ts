@@ -1,20 +1,28 @@
 import { describe, expect, it } from 'vitest';
 import { neighbourSchema, syntheticMac } from '../../src/model/neighbour.js';
 import {
-  deletedNeighbourOf, isNeighbourLine, neighbourViewAfter, parseNeighbours, planNeighbours, renderNeighbours, type NeighbourView,
+  deletedNeighbourOf,
+  isNeighbourLine,
+  neighbourViewAfter,
+  parseNeighbours,
+  planNeighbours,
+  renderNeighbours,
+  type NeighbourView,
 } from '../../src/dataplane/neighboursPlan.js';
 import { linkUpOf, mayLoseState } from '../../src/daemon/linkMonitor.js';
 import { addNeighbour, delNeighbour } from '../../src/state/neighbourOperations.js';
 import { emptyState } from '../../src/state/state.js';
 
 // Captured from `ip -j neigh show nud permanent` and `ip -o monitor link address neigh` (iproute2 6.1).
-const READ_BACK = '[{"dst":"10.9.0.50","dev":"d0","lladdr":"0a:58:0a:09:00:32","state":["PERMANENT"]},{"dst":"fd09::50","dev":"d0","lladdr":"0a:58:00:00:00:50","state":["PERMANENT"]}]';
+const READ_BACK =
+  '[{"dst":"10.9.0.50","dev":"d0","lladdr":"0a:58:0a:09:00:32","state":["PERMANENT"]},{"dst":"fd09::50","dev":"d0","lladdr":"0a:58:00:00:00:50","state":["PERMANENT"]}]';
 const NEIGH_ADDED = '10.9.0.50 dev d0 lladdr 0a:58:0a:09:00:32 PERMANENT ';
 const NEIGH_FAILED = '10.9.0.50 dev d0 FAILED ';
 const NEIGH_DELETED = 'Deleted 10.9.0.50 dev d0 FAILED ';
 const NEIGH_DELETED_V6 = 'Deleted fd09::50 dev d0 lladdr 0a:58:00:00:00:50 PERMANENT ';
 const NEIGH_REACHABLE = '10.0.1.6 dev eth0 lladdr 6e:28:5e:d8:1b:db REACHABLE ';
-const LINK_UP = '7: net1@if6: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP group default \\    link/ether 6e:28:5e:d8:1b:db brd ff:ff:ff:ff:ff:ff link-netns x';
+const LINK_UP =
+  '7: net1@if6: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP group default \\    link/ether 6e:28:5e:d8:1b:db brd ff:ff:ff:ff:ff:ff link-netns x';
 const LINK_DOWN = '3: d0@NONE: <BROADCAST,MULTICAST> mtu 1500 qdisc noqueue state DOWN group default \\    link/ether 6e:28:5e:d8:1b:db brd ff:ff:ff:ff:ff:ff';
 
 const n = (address: string, dev: string, mac?: string) => neighbourSchema.parse({ address, dev, ...(mac ? { mac } : {}) });

@@ -13,9 +13,7 @@ const snat = (cidr: string): Snat => ({ eip: '172.20.0.10', cidr, randomFully: f
 describe('nft partial plan', () => {
   it('the first IPv6 object needs a full sync (a table to create); a v4 one does not', () => {
     expect(renderPartial(view(T, false), { ...T, dnats: [d6a] })).toBeNull();
-    expect(renderPartial(view(T, false), { ...T, dnats: [d4] })?.script).toBe(
-      'add element ip natgw port_dnat { 172.20.0.10 . tcp . 80 : 10.0.1.6 . 8080 }\n',
-    );
+    expect(renderPartial(view(T, false), { ...T, dnats: [d4] })?.script).toBe('add element ip natgw port_dnat { 172.20.0.10 . tcp . 80 : 10.0.1.6 . 8080 }\n');
   });
 
   it('the last IPv6 object gone needs a full sync (the table goes); one of two does not', () => {

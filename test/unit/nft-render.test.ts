@@ -6,11 +6,14 @@
 import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import {
-  hasSkeleton, natTablesFromKernel, natgwKernel, parseTableListing, recogniseRule, type NatgwKernel,
+  hasSkeleton,
+  natTablesFromKernel,
+  natgwKernel,
+  parseTableListing,
+  recogniseRule,
+  type NatgwKernel,
 } from '../../src/dataplane/netfilter/nft/readback.js';
-import {
-  NftRenderError, desiredFamily, keepRules, renderNatgw, renderRemoveAll, ruleText,
-} from '../../src/dataplane/netfilter/nft/render.js';
+import { NftRenderError, desiredFamily, keepRules, renderNatgw, renderRemoveAll, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
 
 /** The state the fixtures were captured for (v4 and v6, two EIPs binding one internal IP). */
 const WANT: NatTables = {
@@ -36,46 +39,270 @@ const WANT: NatTables = {
 
 const REAL_IP = JSON.stringify({
   nftables: [
-    {"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
-    {"table": {"family": "ip", "name": "natgw", "handle": 1}},
-    {"map": {"family": "ip", "name": "fip_dnat", "table": "natgw", "type": "ipv4_addr", "handle": 1, "map": "ipv4_addr", "elem": [["172.20.0.11", "10.0.1.7"], ["172.20.0.12", "10.0.1.7"]]}},
-    {"map": {"family": "ip", "name": "fip_snat", "table": "natgw", "type": "ipv4_addr", "handle": 2, "map": "ipv4_addr", "elem": [["10.0.1.7", "172.20.0.11"]]}},
-    {"map": {"family": "ip", "name": "port_dnat", "table": "natgw", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 3, "map": "ipv4_addr . inet_service", "elem": [[{"concat": ["172.20.0.10", "udp", 53]}, {"concat": ["10.0.1.7", 53]}], [{"concat": ["172.20.0.10", "tcp", 80]}, {"concat": ["10.0.1.6", 8080]}]]}},
-    {"set": {"family": "ip", "name": "hairpin_eips", "table": "natgw", "type": "ipv4_addr", "handle": 4, "elem": ["172.20.0.10", "172.20.0.11"]}},
-    {"chain": {"family": "ip", "table": "natgw", "name": "vpc_mark", "handle": 5, "type": "filter", "hook": "prerouting", "prio": -150, "policy": "accept"}},
-    {"chain": {"family": "ip", "table": "natgw", "name": "prerouting", "handle": 6, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
-    {"chain": {"family": "ip", "table": "natgw", "name": "postrouting", "handle": 7, "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}},
-    {"chain": {"family": "ip", "table": "natgw", "name": "shared_snat", "handle": 8}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "vpc_mark", "handle": 9, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "eth0"}}, {"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"|": [{"meta": {"key": "mark"}}, 1]}}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "prerouting", "handle": 10, "expr": [{"dnat": {"addr": {"map": {"key": {"payload": {"protocol": "ip", "field": "daddr"}}, "data": "@fip_dnat"}}}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "prerouting", "handle": 12, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@port_dnat"}}}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "postrouting", "handle": 13, "expr": [{"snat": {"addr": {"map": {"key": {"payload": {"protocol": "ip", "field": "saddr"}}, "data": "@fip_snat"}}}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "postrouting", "handle": 14, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "net1"}}, {"jump": {"target": "shared_snat"}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "postrouting", "handle": 15, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "eth0"}}, {"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, 1]}, "right": 1}}, {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}, {"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": "@hairpin_eips"}}, {"snat": {"addr": {"ct": {"key": "ip daddr", "dir": "original"}}, "flags": "fully-random"}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "shared_snat", "handle": 16, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "10.0.1.6"}}, {"snat": {"addr": "172.20.0.10", "flags": "fully-random"}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "shared_snat", "handle": 17, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.0.1.0", "len": 24}}}}, {"snat": {"addr": "172.20.0.10"}}]}},
-    {"rule": {"family": "ip", "table": "natgw", "chain": "shared_snat", "handle": 18, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "0.0.0.0", "len": 0}}}}, {"snat": {"addr": "172.20.0.11", "flags": "fully-random"}}]}},
+    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
+    { table: { family: 'ip', name: 'natgw', handle: 1 } },
+    {
+      map: {
+        family: 'ip',
+        name: 'fip_dnat',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 1,
+        map: 'ipv4_addr',
+        elem: [
+          ['172.20.0.11', '10.0.1.7'],
+          ['172.20.0.12', '10.0.1.7'],
+        ],
+      },
+    },
+    { map: { family: 'ip', name: 'fip_snat', table: 'natgw', type: 'ipv4_addr', handle: 2, map: 'ipv4_addr', elem: [['10.0.1.7', '172.20.0.11']] } },
+    {
+      map: {
+        family: 'ip',
+        name: 'port_dnat',
+        table: 'natgw',
+        type: ['ipv4_addr', 'inet_proto', 'inet_service'],
+        handle: 3,
+        map: 'ipv4_addr . inet_service',
+        elem: [
+          [{ concat: ['172.20.0.10', 'udp', 53] }, { concat: ['10.0.1.7', 53] }],
+          [{ concat: ['172.20.0.10', 'tcp', 80] }, { concat: ['10.0.1.6', 8080] }],
+        ],
+      },
+    },
+    { set: { family: 'ip', name: 'hairpin_eips', table: 'natgw', type: 'ipv4_addr', handle: 4, elem: ['172.20.0.10', '172.20.0.11'] } },
+    { chain: { family: 'ip', table: 'natgw', name: 'vpc_mark', handle: 5, type: 'filter', hook: 'prerouting', prio: -150, policy: 'accept' } },
+    { chain: { family: 'ip', table: 'natgw', name: 'prerouting', handle: 6, type: 'nat', hook: 'prerouting', prio: -100, policy: 'accept' } },
+    { chain: { family: 'ip', table: 'natgw', name: 'postrouting', handle: 7, type: 'nat', hook: 'postrouting', prio: 100, policy: 'accept' } },
+    { chain: { family: 'ip', table: 'natgw', name: 'shared_snat', handle: 8 } },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'vpc_mark',
+        handle: 9,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'iifname' } }, right: 'eth0' } },
+          { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, 1] } } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 10,
+        expr: [{ dnat: { addr: { map: { key: { payload: { protocol: 'ip', field: 'daddr' } }, data: '@fip_dnat' } } } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 12,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: { set: ['tcp', 'udp'] } } },
+          {
+            dnat: {
+              family: 'ip',
+              addr: {
+                map: {
+                  key: {
+                    concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }],
+                  },
+                  data: '@port_dnat',
+                },
+              },
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 13,
+        expr: [{ snat: { addr: { map: { key: { payload: { protocol: 'ip', field: 'saddr' } }, data: '@fip_snat' } } } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 14,
+        expr: [{ match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'net1' } }, { jump: { target: 'shared_snat' } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 15,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'eth0' } },
+          { match: { op: '==', left: { '&': [{ meta: { key: 'mark' } }, 1] }, right: 1 } },
+          { match: { op: 'in', left: { ct: { key: 'status' } }, right: 'dnat' } },
+          { match: { op: '==', left: { ct: { key: 'ip daddr', dir: 'original' } }, right: '@hairpin_eips' } },
+          { snat: { addr: { ct: { key: 'ip daddr', dir: 'original' } }, flags: 'fully-random' } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'shared_snat',
+        handle: 16,
+        expr: [
+          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: '10.0.1.6' } },
+          { snat: { addr: '172.20.0.10', flags: 'fully-random' } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'shared_snat',
+        handle: 17,
+        expr: [
+          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: { prefix: { addr: '10.0.1.0', len: 24 } } } },
+          { snat: { addr: '172.20.0.10' } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'shared_snat',
+        handle: 18,
+        expr: [
+          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: { prefix: { addr: '0.0.0.0', len: 0 } } } },
+          { snat: { addr: '172.20.0.11', flags: 'fully-random' } },
+        ],
+      },
+    },
   ],
 });
 const REAL_IP6 = JSON.stringify({
   nftables: [
-    {"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
-    {"table": {"family": "ip6", "name": "natgw", "handle": 2}},
-    {"map": {"family": "ip6", "name": "fip_dnat", "table": "natgw", "type": "ipv6_addr", "handle": 1, "map": "ipv6_addr"}},
-    {"map": {"family": "ip6", "name": "fip_snat", "table": "natgw", "type": "ipv6_addr", "handle": 2, "map": "ipv6_addr"}},
-    {"map": {"family": "ip6", "name": "port_dnat", "table": "natgw", "type": ["ipv6_addr", "inet_proto", "inet_service"], "handle": 3, "map": "ipv6_addr . inet_service", "elem": [[{"concat": ["fd00:20::10", "tcp", 443]}, {"concat": ["fd00:1::6", 8443]}]]}},
-    {"set": {"family": "ip6", "name": "hairpin_eips", "table": "natgw", "type": "ipv6_addr", "handle": 4, "elem": ["fd00:20::10"]}},
-    {"chain": {"family": "ip6", "table": "natgw", "name": "vpc_mark", "handle": 5, "type": "filter", "hook": "prerouting", "prio": -150, "policy": "accept"}},
-    {"chain": {"family": "ip6", "table": "natgw", "name": "prerouting", "handle": 6, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
-    {"chain": {"family": "ip6", "table": "natgw", "name": "postrouting", "handle": 7, "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}},
-    {"chain": {"family": "ip6", "table": "natgw", "name": "shared_snat", "handle": 8}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "vpc_mark", "handle": 9, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "eth0"}}, {"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"|": [{"meta": {"key": "mark"}}, 1]}}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "prerouting", "handle": 10, "expr": [{"dnat": {"addr": {"map": {"key": {"payload": {"protocol": "ip6", "field": "daddr"}}, "data": "@fip_dnat"}}}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "prerouting", "handle": 12, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}}}, {"dnat": {"family": "ip6", "addr": {"map": {"key": {"concat": [{"payload": {"protocol": "ip6", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@port_dnat"}}}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "postrouting", "handle": 13, "expr": [{"snat": {"addr": {"map": {"key": {"payload": {"protocol": "ip6", "field": "saddr"}}, "data": "@fip_snat"}}}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "postrouting", "handle": 14, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "net1"}}, {"jump": {"target": "shared_snat"}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "postrouting", "handle": 15, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "eth0"}}, {"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, 1]}, "right": 1}}, {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}, {"match": {"op": "==", "left": {"ct": {"key": "ip6 daddr", "dir": "original"}}, "right": "@hairpin_eips"}}, {"snat": {"addr": {"ct": {"key": "ip6 daddr", "dir": "original"}}, "flags": "fully-random"}}]}},
-    {"rule": {"family": "ip6", "table": "natgw", "chain": "shared_snat", "handle": 16, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip6", "field": "saddr"}}, "right": {"prefix": {"addr": "fd00:1::", "len": 64}}}}, {"snat": {"addr": "fd00:20::10"}}]}},
+    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
+    { table: { family: 'ip6', name: 'natgw', handle: 2 } },
+    { map: { family: 'ip6', name: 'fip_dnat', table: 'natgw', type: 'ipv6_addr', handle: 1, map: 'ipv6_addr' } },
+    { map: { family: 'ip6', name: 'fip_snat', table: 'natgw', type: 'ipv6_addr', handle: 2, map: 'ipv6_addr' } },
+    {
+      map: {
+        family: 'ip6',
+        name: 'port_dnat',
+        table: 'natgw',
+        type: ['ipv6_addr', 'inet_proto', 'inet_service'],
+        handle: 3,
+        map: 'ipv6_addr . inet_service',
+        elem: [[{ concat: ['fd00:20::10', 'tcp', 443] }, { concat: ['fd00:1::6', 8443] }]],
+      },
+    },
+    { set: { family: 'ip6', name: 'hairpin_eips', table: 'natgw', type: 'ipv6_addr', handle: 4, elem: ['fd00:20::10'] } },
+    { chain: { family: 'ip6', table: 'natgw', name: 'vpc_mark', handle: 5, type: 'filter', hook: 'prerouting', prio: -150, policy: 'accept' } },
+    { chain: { family: 'ip6', table: 'natgw', name: 'prerouting', handle: 6, type: 'nat', hook: 'prerouting', prio: -100, policy: 'accept' } },
+    { chain: { family: 'ip6', table: 'natgw', name: 'postrouting', handle: 7, type: 'nat', hook: 'postrouting', prio: 100, policy: 'accept' } },
+    { chain: { family: 'ip6', table: 'natgw', name: 'shared_snat', handle: 8 } },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'vpc_mark',
+        handle: 9,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'iifname' } }, right: 'eth0' } },
+          { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, 1] } } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 10,
+        expr: [{ dnat: { addr: { map: { key: { payload: { protocol: 'ip6', field: 'daddr' } }, data: '@fip_dnat' } } } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 12,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: { set: ['tcp', 'udp'] } } },
+          {
+            dnat: {
+              family: 'ip6',
+              addr: {
+                map: {
+                  key: {
+                    concat: [{ payload: { protocol: 'ip6', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }],
+                  },
+                  data: '@port_dnat',
+                },
+              },
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 13,
+        expr: [{ snat: { addr: { map: { key: { payload: { protocol: 'ip6', field: 'saddr' } }, data: '@fip_snat' } } } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 14,
+        expr: [{ match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'net1' } }, { jump: { target: 'shared_snat' } }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 15,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'eth0' } },
+          { match: { op: '==', left: { '&': [{ meta: { key: 'mark' } }, 1] }, right: 1 } },
+          { match: { op: 'in', left: { ct: { key: 'status' } }, right: 'dnat' } },
+          { match: { op: '==', left: { ct: { key: 'ip6 daddr', dir: 'original' } }, right: '@hairpin_eips' } },
+          { snat: { addr: { ct: { key: 'ip6 daddr', dir: 'original' } }, flags: 'fully-random' } },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'shared_snat',
+        handle: 16,
+        expr: [
+          { match: { op: '==', left: { payload: { protocol: 'ip6', field: 'saddr' } }, right: { prefix: { addr: 'fd00:1::', len: 64 } } } },
+          { snat: { addr: 'fd00:20::10' } },
+        ],
+      },
+    },
   ],
 });
 
@@ -93,10 +320,7 @@ function edit(fixture: string, fn: (items: Item[]) => Item[]): string {
 const withoutRule = (handle: number) => (items: Item[]) => items.filter((i) => i['rule']?.['handle'] !== handle);
 
 function kernel(ip: string | null, ip6: string | null = REAL_IP6): NatgwKernel {
-  return natgwKernel(
-    ip === null ? null : parseTableListing(ip, 'ip', 'natgw'),
-    ip6 === null ? null : parseTableListing(ip6, 'ip6', 'natgw'),
-  );
+  return natgwKernel(ip === null ? null : parseTableListing(ip, 'ip', 'natgw'), ip6 === null ? null : parseTableListing(ip6, 'ip6', 'natgw'));
 }
 
 const lines = (script: string): string[] => script.split('\n').filter((l) => l !== '');
@@ -135,7 +359,8 @@ describe('render from nothing', () => {
   });
 
   it('orders the base chains as the script does: FIP before DNAT, FIP SNAT before shared SNAT before hairpin', () => {
-    const rulesOf = (chain: string) => script.filter((l) => l.startsWith(`add rule ip natgw ${chain} `)).map((l) => l.slice(`add rule ip natgw ${chain} `.length));
+    const rulesOf = (chain: string) =>
+      script.filter((l) => l.startsWith(`add rule ip natgw ${chain} `)).map((l) => l.slice(`add rule ip natgw ${chain} `.length));
     expect(rulesOf('vpc_mark')).toEqual(['iifname "eth0" meta mark set meta mark | 0x1']);
     expect(rulesOf('prerouting')).toEqual([
       'dnat ip to ip daddr map @fip_dnat',
@@ -315,11 +540,13 @@ describe('repairs', () => {
 
   it('a flushed table (chains and maps empty) gets its rules and elements back, nothing recreated', () => {
     const flushed = edit(REAL_IP, (items) =>
-      items.filter((i) => !i['rule']).map((i) => {
-        const set = i['map'] ?? i['set'];
-        if (set) delete set['elem'];
-        return i;
-      }),
+      items
+        .filter((i) => !i['rule'])
+        .map((i) => {
+          const set = i['map'] ?? i['set'];
+          if (set) delete set['elem'];
+          return i;
+        }),
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
@@ -343,10 +570,7 @@ describe('repairs', () => {
   });
 
   it('a foreign rule in a natgw chain is deleted by handle', () => {
-    const foreign = edit(REAL_IP, (items) => [
-      ...items,
-      { rule: { family: 'ip', table: 'natgw', chain: 'prerouting', handle: 99, expr: [{ accept: null }] } },
-    ]);
+    const foreign = edit(REAL_IP, (items) => [...items, { rule: { family: 'ip', table: 'natgw', chain: 'prerouting', handle: 99, expr: [{ accept: null }] } }]);
     expect(renderNatgw(WANT, kernel(foreign)).script).toBe('delete rule ip natgw prerouting handle 99\n');
   });
 
@@ -399,9 +623,19 @@ describe('interface rename', () => {
 
 describe('pieces', () => {
   it('keepRules keeps the longest common subsequence; unrecognised rules never match', () => {
-    expect(keepRules(['a', 'b', 'c'], ['a', 'b', 'c'])).toEqual([[0, 0], [1, 1], [2, 2]]);
-    expect(keepRules(['a', 'x', 'c'], ['a', 'b', 'c'])).toEqual([[0, 0], [2, 2]]);
-    expect(keepRules(['c', 'a', 'b'], ['a', 'b', 'c'])).toEqual([[1, 0], [2, 1]]);
+    expect(keepRules(['a', 'b', 'c'], ['a', 'b', 'c'])).toEqual([
+      [0, 0],
+      [1, 1],
+      [2, 2],
+    ]);
+    expect(keepRules(['a', 'x', 'c'], ['a', 'b', 'c'])).toEqual([
+      [0, 0],
+      [2, 2],
+    ]);
+    expect(keepRules(['c', 'a', 'b'], ['a', 'b', 'c'])).toEqual([
+      [1, 0],
+      [2, 1],
+    ]);
     expect(keepRules([null, 'a'], ['a'])).toEqual([[1, 0]]);
     expect(keepRules(['a', 'a'], ['a'])).toEqual([[0, 0]]);
     expect(keepRules([], ['a'])).toEqual([]);
@@ -474,8 +708,10 @@ describe('keepRules', () => {
       for (let k = Math.floor(r() * 3); k > 0; k--) actual.splice(Math.floor(r() * (actual.length + 1)), 0, null);
       // Half the cases share a prefix and a suffix, so the fast path is exercised too.
       if (r() < 0.5) {
-        actual.unshift('p'); desired.unshift('p');
-        actual.push('s'); desired.push('s');
+        actual.unshift('p');
+        desired.unshift('p');
+        actual.push('s');
+        desired.push('s');
       }
       const kept = keepRules(actual, desired);
       expectValid(kept, actual, desired);
@@ -485,7 +721,10 @@ describe('keepRules', () => {
 
   it('with duplicated rules keeps the first copy in between, and stays a valid matching', () => {
     expect(keepRules(['b', 'a', 'a'], ['a', 'c'])).toEqual([[1, 0]]);
-    expect(keepRules(['x', 'a', 'b', 'a'], ['b', 'a', 'a'])).toEqual([[2, 0], [3, 2]]);
+    expect(keepRules(['x', 'a', 'b', 'a'], ['b', 'a', 'a'])).toEqual([
+      [2, 0],
+      [3, 2],
+    ]);
     const r = rng(7);
     for (let n = 0; n < 500; n++) {
       const pick = (): string => 'abc'[Math.floor(r() * 3)] as string;

@@ -31,7 +31,10 @@ describe('NftTransaction', () => {
       .addChain(T, { name: 'pre', base: { type: 'nat', hook: 'prerouting', priority: 'dstnat', policy: 'accept' } })
       .addChain(T, { name: 'rx', base: { type: 'filter', hook: 'prerouting', priority: -160 } })
       .addChain(T, { name: 'dnat-0123456789ab' })
-      .addElements(T, 'm', [{ key: '1.2.3.4 . tcp . 80', value: 'goto dnat-0123456789ab' }, { key: '1.2.3.4 . udp . 53', value: 'goto dnat-0123456789ab' }])
+      .addElements(T, 'm', [
+        { key: '1.2.3.4 . tcp . 80', value: 'goto dnat-0123456789ab' },
+        { key: '1.2.3.4 . udp . 53', value: 'goto dnat-0123456789ab' },
+      ])
       .addElements(T, 's', [])
       .deleteElements(T, 's', ['fd00::1'])
       .addRule(T, 'pre', { text: 'iifname "eth0" counter' })
@@ -43,7 +46,7 @@ describe('NftTransaction', () => {
       .deleteSet(T, 'map', 'm')
       .deleteTable(T);
     expect(tx.text()).toBe(
-      [
+      `${[
         'add table ip natgw',
         'add map ip natgw m { type ipv4_addr . inet_proto . inet_service : verdict; }',
         'add set ip natgw s { type ipv4_addr; counter; }',
@@ -60,10 +63,12 @@ describe('NftTransaction', () => {
         'delete chain ip natgw dnat-0123456789ab',
         'delete map ip natgw m',
         'delete table ip natgw',
-      ].join('\n') + '\n',
+      ].join('\n')}\n`,
     );
     expect(new NftTransaction().text()).toBe('');
-    expect(NftTransaction.concat(new NftTransaction().addTable(T), undefined, new NftTransaction().deleteTable(T)).text()).toBe('add table ip natgw\ndelete table ip natgw\n');
+    expect(NftTransaction.concat(new NftTransaction().addTable(T), undefined, new NftTransaction().deleteTable(T)).text()).toBe(
+      'add table ip natgw\ndelete table ip natgw\n',
+    );
   });
 
   it('refuses, where it is added, a value nft could read as syntax', () => {
@@ -89,11 +94,22 @@ describe('FakeNftClient', () => {
     await nft.run(planNatgw(WANT, natgwKernel(null, null)).tx);
     const dump = await nft.list('ip', 'natgw');
     expect([...dump!.chains.values()].flatMap((c) => c.rules.map((r) => recogniseRule(r.expr, 'ip')?.kind))).toEqual([
-      'vpc-mark', 'fip-dnat', 'port-dnat', 'fip-snat', 'snat-jump', 'hairpin', 'snat',
+      'vpc-mark',
+      'fip-dnat',
+      'port-dnat',
+      'fip-snat',
+      'snat-jump',
+      'hairpin',
+      'snat',
     ]);
     // Handles as the kernel numbers them: one counter per table; the port-DNAT rule's `{ tcp, udp }` takes one too.
     expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4]);
-    expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([[5, [9]], [6, [10, 12]], [7, [13, 14, 15]], [8, [16]]]);
+    expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([
+      [5, [9]],
+      [6, [10, 12]],
+      [7, [13, 14, 15]],
+      [8, [16]],
+    ]);
     expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();
   });
@@ -101,7 +117,10 @@ describe('FakeNftClient', () => {
   it('applies all or nothing; a refusal is a ToolError, and handles the kernel gave out stay used', async () => {
     const nft = new FakeNftClient();
     await nft.run('add table ip t\nadd chain ip t c\nadd set ip t s { type ipv4_addr; }\n');
-    const bad = new NftTransaction().addElements({ family: 'ip', name: 't' }, 's', [{ key: '1.1.1.1' }]).addRule({ family: 'ip', name: 't' }, 'c', { text: 'counter' }).deleteRule({ family: 'ip', name: 't' }, 'c', 99);
+    const bad = new NftTransaction()
+      .addElements({ family: 'ip', name: 't' }, 's', [{ key: '1.1.1.1' }])
+      .addRule({ family: 'ip', name: 't' }, 'c', { text: 'counter' })
+      .deleteRule({ family: 'ip', name: 't' }, 'c', 99);
     const err = await nft.run(bad).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ToolError);
     expect((err as ToolError).stderr).toBe('Error: Could not process rule: No such file or directory\ndelete rule ip t c handle 99\n');
@@ -109,11 +128,21 @@ describe('FakeNftClient', () => {
     expect(t.sets.get('s')!.elements).toEqual([]);
     expect(t.chains.get('c')!.rules).toEqual([]);
     await nft.run('add rule ip t c counter\n');
-    expect(nft.dump('ip', 't')!.chains.get('c')!.rules.map((r) => r.handle)).toEqual([4]);
+    expect(
+      nft
+        .dump('ip', 't')!
+        .chains.get('c')!
+        .rules.map((r) => r.handle),
+    ).toEqual([4]);
     // Refused by nft itself (no such set): nothing reached the kernel, nothing was numbered.
     await expect(nft.run('add rule ip t c counter\nadd element ip t zz { 1.1.1.1 }\n')).rejects.toThrow(/No such file or directory/);
     await nft.run('add rule ip t c counter\n');
-    expect(nft.dump('ip', 't')!.chains.get('c')!.rules.map((r) => r.handle)).toEqual([4, 5]);
+    expect(
+      nft
+        .dump('ip', 't')!
+        .chains.get('c')!
+        .rules.map((r) => r.handle),
+    ).toEqual([4, 5]);
     expect(nft.calls.filter((c) => c.kind === 'run' && c.refused).length).toBe(2);
   });
 
@@ -123,7 +152,11 @@ describe('FakeNftClient', () => {
       'add table ip t\nadd map ip t m { type ipv4_addr : ipv4_addr; }\nadd map ip t v { type ipv4_addr : verdict; }\nadd set ip t s { type ipv4_addr; }\n' +
         'add chain ip t d\nadd chain ip t c\nadd rule ip t c ip daddr @s\nadd element ip t v { 1.1.1.1 : goto d }\nadd element ip t m { 1.1.1.1 : 2.2.2.2 }\n',
     );
-    const refusal = (script: string) => nft.run(script).then(() => 'applied', (e: ToolError) => /: ([^:\n]+)\n/.exec(e.stderr)?.[1]);
+    const refusal = (script: string) =>
+      nft.run(script).then(
+        () => 'applied',
+        (e: ToolError) => /: ([^:\n]+)\n/.exec(e.stderr)?.[1],
+      );
     expect(await refusal('add element ip t m { 1.1.1.1 : 2.2.2.2 }\n')).toBe('applied');
     expect(await refusal('add element ip t m { 1.1.1.1 : 3.3.3.3 }\n')).toBe('File exists');
     expect(await refusal('delete element ip t m { 9.9.9.9 }\n')).toBe('No such file or directory');
@@ -132,7 +165,9 @@ describe('FakeNftClient', () => {
     expect(await refusal('delete set ip t s\n')).toBe('Device or resource busy');
     expect(await refusal('add element ip t v { 2.2.2.2 : goto nowhere }\n')).toBe('No such file or directory');
     // Removed in the same transaction, the reference no longer holds the chain.
-    expect(await refusal('delete element ip t v { 1.1.1.1 }\ndelete chain ip t d\nflush chain ip t c\ndelete chain ip t c\ndelete set ip t s\n')).toBe('applied');
+    expect(await refusal('delete element ip t v { 1.1.1.1 }\ndelete chain ip t d\nflush chain ip t c\ndelete chain ip t c\ndelete set ip t s\n')).toBe(
+      'applied',
+    );
     expect([...nft.dump('ip', 't')!.chains.keys()]).toEqual([]);
   });
 });

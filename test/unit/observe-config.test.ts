@@ -28,7 +28,15 @@ describe('flow-log and conntrack configuration', () => {
       NATGW_CONNTRACK_METRICS: 'false',
       NATGW_CONNTRACK_SYSCTLS: 'yes',
     });
-    expect(c).toMatchObject({ flowLog: 'file', flowLogFile: '/tmp/f.log', flowLogMaxSize: 1024 ** 2, flowLogRate: 5, flowLogBurst: 7, conntrackMetrics: false, conntrackSysctls: true });
+    expect(c).toMatchObject({
+      flowLog: 'file',
+      flowLogFile: '/tmp/f.log',
+      flowLogMaxSize: 1024 ** 2,
+      flowLogRate: 5,
+      flowLogBurst: 7,
+      conntrackMetrics: false,
+      conntrackSysctls: true,
+    });
   });
 
   it.each([

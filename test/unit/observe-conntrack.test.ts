@@ -11,11 +11,15 @@ import { FlowLog, flowRecord, type FlowSink } from '../../src/observe/flowLog.js
 import { emptyState } from '../../src/state/state.js';
 
 // `conntrack -E -e NEW,DESTROY -o timestamp,extended,id` (a DNAT by an output hook, UDP, ICMP, a -D).
-const NEW_TCP = '[1796044351.519127]\t    [NEW] ipv4     2 tcp      6 120 SYN_SENT src=10.99.0.1 dst=10.99.0.2 sport=41946 dport=8080 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 sport=9000 dport=41946 id=4219329350';
-const NEW_ICMP = '[1796044351.662377]\t    [NEW] ipv4     2 icmp     1 30 src=10.99.0.1 dst=10.99.0.2 type=8 code=0 id=31334 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 type=0 code=0 id=31334 id=1655812393';
-const DESTROY_UDP = '[1796044351.681118]\t[DESTROY] ipv4     2 udp      17 29 src=10.99.0.1 dst=10.99.0.2 sport=55330 dport=5353 packets=1 bytes=29 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 sport=5353 dport=55330 packets=0 bytes=0 delta-time=0 id=4150140721 [USERSPACE] portid=2529794349 progname=conntrack';
+const NEW_TCP =
+  '[1796044351.519127]\t    [NEW] ipv4     2 tcp      6 120 SYN_SENT src=10.99.0.1 dst=10.99.0.2 sport=41946 dport=8080 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 sport=9000 dport=41946 id=4219329350';
+const NEW_ICMP =
+  '[1796044351.662377]\t    [NEW] ipv4     2 icmp     1 30 src=10.99.0.1 dst=10.99.0.2 type=8 code=0 id=31334 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 type=0 code=0 id=31334 id=1655812393';
+const DESTROY_UDP =
+  '[1796044351.681118]\t[DESTROY] ipv4     2 udp      17 29 src=10.99.0.1 dst=10.99.0.2 sport=55330 dport=5353 packets=1 bytes=29 [UNREPLIED] src=10.99.0.2 dst=10.99.0.1 sport=5353 dport=55330 packets=0 bytes=0 delta-time=0 id=4150140721 [USERSPACE] portid=2529794349 progname=conntrack';
 // `conntrack -L -o extended,id`
-const LIST_TCP = 'ipv4     2 tcp      6 119 TIME_WAIT src=10.99.0.1 dst=10.99.0.2 sport=41946 dport=8080 packets=4 bytes=216 src=10.99.0.2 dst=10.99.0.1 sport=9000 dport=41946 packets=4 bytes=218 [ASSURED] mark=0 delta-time=0 use=1 id=4219329350';
+const LIST_TCP =
+  'ipv4     2 tcp      6 119 TIME_WAIT src=10.99.0.1 dst=10.99.0.2 sport=41946 dport=8080 packets=4 bytes=216 src=10.99.0.2 dst=10.99.0.1 sport=9000 dport=41946 packets=4 bytes=218 [ASSURED] mark=0 delta-time=0 use=1 id=4219329350';
 const STATS = `cpu=0   \tfound=0 invalid=3 insert=0 insert_failed=2 drop=1 early_drop=0 error=0 search_restart=0 clash_resolve=0 chaintoolong=0 
 cpu=1   \tfound=0 invalid=1 insert=0 insert_failed=5 drop=0 early_drop=7 error=0 search_restart=0 clash_resolve=0 chaintoolong=0 
 `;
@@ -62,13 +66,20 @@ describe('parseConntrackLine', () => {
   });
 
   it('ignores summaries, UPDATE events and garbage', () => {
-    for (const l of ['conntrack v1.4.7 (conntrack-tools): 4 flow events have been shown.', '', 'src=1.2.3.4', NEW_TCP.replace('[NEW]', '[UPDATE]'), 'ipv4 2 tcp 6 120 src=x dst=y src=z dst=w']) {
+    for (const l of [
+      'conntrack v1.4.7 (conntrack-tools): 4 flow events have been shown.',
+      '',
+      'src=1.2.3.4',
+      NEW_TCP.replace('[NEW]', '[UPDATE]'),
+      'ipv4 2 tcp 6 120 src=x dst=y src=z dst=w',
+    ]) {
       expect(parseConntrackLine(l)).toBeUndefined();
     }
   });
 
   it('canonicalises IPv6 addresses', () => {
-    const l = '[1.5]\t    [NEW] ipv6     10 tcp      6 120 SYN_SENT src=fd00:0:0::6 dst=fd00:20::100 sport=1 dport=2 [UNREPLIED] src=fd00:20::100 dst=fd00:20::a sport=2 dport=1 id=7';
+    const l =
+      '[1.5]\t    [NEW] ipv6     10 tcp      6 120 SYN_SENT src=fd00:0:0::6 dst=fd00:20::100 sport=1 dport=2 [UNREPLIED] src=fd00:20::100 dst=fd00:20::a sport=2 dport=1 id=7';
     const e = parseConntrackLine(l)!;
     expect(e.family).toBe(6);
     expect(e.original.src).toBe('fd00::6');
@@ -90,7 +101,10 @@ const NATGW_EVENTS = [
 describe('real natgw events', () => {
   const idx = new FlowIndex({
     ...emptyState('eth0', 'net1'),
-    eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11', prefixLength: 24 }],
+    eips: [
+      { address: '172.20.0.10', prefixLength: 24 },
+      { address: '172.20.0.11', prefixLength: 24 },
+    ],
     snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false }],
     dnats: [{ eip: '172.20.0.10', port: 8080, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 }],
     fips: [{ eip: '172.20.0.11', internalIp: '10.0.1.7' }],
@@ -126,7 +140,11 @@ describe('parseConntrackStats', () => {
 describe('FlowIndex.classify', () => {
   const state = {
     ...emptyState('eth0', 'net1'),
-    eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11', prefixLength: 24 }, { address: '172.20.0.12', prefixLength: 24 }],
+    eips: [
+      { address: '172.20.0.10', prefixLength: 24 },
+      { address: '172.20.0.11', prefixLength: 24 },
+      { address: '172.20.0.12', prefixLength: 24 },
+    ],
     snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false }],
     dnats: [{ eip: '172.20.0.10', port: 8080, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }],
     fips: [{ eip: '172.20.0.11', internalIp: '10.0.1.7' }],
@@ -136,24 +154,42 @@ describe('FlowIndex.classify', () => {
   const t = (src: string, sport: number, dst: string, dport: number) => ({ src, sport, dst, dport });
 
   it('SNAT: the reply goes to an EIP the original did not come from', () => {
-    expect(idx.classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '172.20.0.100', 7001), reply: t('172.20.0.100', 7001, '172.20.0.10', 4000) })).toEqual({ kind: 'snat', eip: '172.20.0.10' });
+    expect(idx.classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '172.20.0.100', 7001), reply: t('172.20.0.100', 7001, '172.20.0.10', 4000) })).toEqual(
+      { kind: 'snat', eip: '172.20.0.10' },
+    );
   });
   it('DNAT: the reply comes from the rule’s internal address', () => {
-    expect(idx.classify({ protocol: 'tcp', original: t('172.20.0.100', 5000, '172.20.0.10', 8080), reply: t('10.0.1.6', 80, '172.20.0.100', 5000) })).toEqual({ kind: 'dnat', eip: '172.20.0.10' });
+    expect(idx.classify({ protocol: 'tcp', original: t('172.20.0.100', 5000, '172.20.0.10', 8080), reply: t('10.0.1.6', 80, '172.20.0.100', 5000) })).toEqual({
+      kind: 'dnat',
+      eip: '172.20.0.10',
+    });
   });
   it('FIP both ways', () => {
-    expect(idx.classify({ protocol: 'udp', original: t('172.20.0.100', 5000, '172.20.0.11', 99), reply: t('10.0.1.7', 99, '172.20.0.100', 5000) })).toEqual({ kind: 'fip', eip: '172.20.0.11' });
-    expect(idx.classify({ protocol: 'udp', original: t('10.0.1.7', 5000, '172.20.0.100', 99), reply: t('172.20.0.100', 99, '172.20.0.11', 5000) })).toEqual({ kind: 'fip', eip: '172.20.0.11' });
+    expect(idx.classify({ protocol: 'udp', original: t('172.20.0.100', 5000, '172.20.0.11', 99), reply: t('10.0.1.7', 99, '172.20.0.100', 5000) })).toEqual({
+      kind: 'fip',
+      eip: '172.20.0.11',
+    });
+    expect(idx.classify({ protocol: 'udp', original: t('10.0.1.7', 5000, '172.20.0.100', 99), reply: t('172.20.0.100', 99, '172.20.0.11', 5000) })).toEqual({
+      kind: 'fip',
+      eip: '172.20.0.11',
+    });
   });
   it('share DNAT by EIP, port and protocol', () => {
-    expect(idx.classify({ protocol: 'udp', original: t('172.20.0.100', 5000, '172.20.0.12', 53), reply: t('10.0.1.6', 5353, '172.20.0.100', 5000) })).toEqual({ kind: 'share-dnat', eip: '172.20.0.12' });
+    expect(idx.classify({ protocol: 'udp', original: t('172.20.0.100', 5000, '172.20.0.12', 53), reply: t('10.0.1.6', 5353, '172.20.0.100', 5000) })).toEqual({
+      kind: 'share-dnat',
+      eip: '172.20.0.12',
+    });
   });
   it('nothing for untranslated entries or foreign addresses', () => {
     expect(idx.classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '10.0.2.5', 80), reply: t('10.0.2.5', 80, '10.0.1.6', 4000) })).toBeUndefined();
     expect(idx.classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '1.1.1.1', 80), reply: t('1.1.1.1', 80, '9.9.9.9', 4000) })).toBeUndefined();
     // Traffic to the EIP itself (the gateway answering), not translated.
-    expect(idx.classify({ protocol: 'tcp', original: t('172.20.0.100', 4000, '172.20.0.10', 22), reply: t('172.20.0.10', 22, '172.20.0.100', 4000) })).toBeUndefined();
-    expect(new FlowIndex().classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '172.20.0.100', 7001), reply: t('172.20.0.100', 7001, '172.20.0.10', 4000) })).toBeUndefined();
+    expect(
+      idx.classify({ protocol: 'tcp', original: t('172.20.0.100', 4000, '172.20.0.10', 22), reply: t('172.20.0.10', 22, '172.20.0.100', 4000) }),
+    ).toBeUndefined();
+    expect(
+      new FlowIndex().classify({ protocol: 'tcp', original: t('10.0.1.6', 4000, '172.20.0.100', 7001), reply: t('172.20.0.100', 7001, '172.20.0.10', 4000) }),
+    ).toBeUndefined();
   });
 });
 

@@ -97,7 +97,10 @@ describe('ConntrackMonitor', () => {
     m.setState(emptyState('eth0', 'net1'));
     m.onLine(dnatLine(7, 'DESTROY'));
     expect(count(m, 'dnat')).toBe(0);
-    expect(written.map((l) => [JSON.parse(l).event, JSON.parse(l).kind])).toEqual([['start', 'dnat'], ['end', 'dnat']]);
+    expect(written.map((l) => [JSON.parse(l).event, JSON.parse(l).kind])).toEqual([
+      ['start', 'dnat'],
+      ['end', 'dnat'],
+    ]);
     // Unknown and untranslated entries write nothing.
     m.onLine('[1.0]\t[NEW] ipv4 2 tcp 6 120 SYN_SENT src=10.0.1.6 dst=10.0.2.5 sport=1 dport=2 src=10.0.2.5 dst=10.0.1.6 sport=2 dport=1 id=9');
     expect(written).toHaveLength(2);

@@ -16,15 +16,34 @@ function listing(eips: readonly string[]): string {
   const elems = (fam: 4 | 6) => eips.filter((e) => e.includes(':') === (fam === 6)).map((val) => ({ elem: { val, counter: { packets: 1, bytes: 60 } } }));
   const set = (name: string, fam: 4 | 6) => {
     const elem = elems(fam);
-    return { set: { family: 'inet', name, table: ACCT_TABLE, type: fam === 4 ? 'ipv4_addr' : 'ipv6_addr', handle: 1, flags: ['counter'], ...(elem.length ? { elem } : {}) } };
+    return {
+      set: {
+        family: 'inet',
+        name,
+        table: ACCT_TABLE,
+        type: fam === 4 ? 'ipv4_addr' : 'ipv6_addr',
+        handle: 1,
+        flags: ['counter'],
+        ...(elem.length ? { elem } : {}),
+      },
+    };
   };
   const chain = (name: string) => ({ chain: { family: 'inet', table: ACCT_TABLE, name, handle: 2 } });
   const rule = (chain: string) => ({ rule: { family: 'inet', table: ACCT_TABLE, chain, handle: 3, expr: [] } });
   return JSON.stringify({
     nftables: [
-      { metainfo: {} }, { table: { family: 'inet', name: ACCT_TABLE, handle: 1 } },
-      set('eip_rx4', 4), set('eip_tx4', 4), set('eip_rx6', 6), set('eip_tx6', 6),
-      chain('rx'), chain('tx'), rule('rx'), rule('rx'), rule('tx'), rule('tx'),
+      { metainfo: {} },
+      { table: { family: 'inet', name: ACCT_TABLE, handle: 1 } },
+      set('eip_rx4', 4),
+      set('eip_tx4', 4),
+      set('eip_rx6', 6),
+      set('eip_tx6', 6),
+      chain('rx'),
+      chain('tx'),
+      rule('rx'),
+      rule('rx'),
+      rule('tx'),
+      rule('tx'),
     ],
   });
 }
@@ -75,7 +94,10 @@ describe('EipCounters: partial sync', () => {
 
   it('a failed apply forgets the view: the next partial sync reads again', async () => {
     let refuse = false;
-    const x = fakeNft(() => listing(['1.2.3.4']), () => refuse);
+    const x = fakeNft(
+      () => listing(['1.2.3.4']),
+      () => refuse,
+    );
     const c = new EipCounters(x);
     await c.sync(['1.2.3.4']);
     refuse = true;
@@ -106,7 +128,7 @@ describe('renderAccountingChange (pure)', () => {
 
   it('unknown: the whole table from scratch, valid whether or not it exists', () => {
     expect(renderAccountingChange(undefined, ['1.2.3.4'])).toBe(
-      `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n` + renderSkeleton() + renderElements(new Set(), ['1.2.3.4']),
+      `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n${renderSkeleton()}${renderElements(new Set(), ['1.2.3.4'])}`,
     );
   });
 });

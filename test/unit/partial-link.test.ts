@@ -50,7 +50,8 @@ const AFTER_S3: Listing = {
     `{"family":"inet6","local":"2001:db8::11","prefixlen":64,"scope":"global"},${LL}]}]\n` +
     `[${CONNECTED},{"dst":"10.1.0.0/16","gateway":"10.0.1.253","flags":[]}]\n` +
     '[{"dst":"default","gateway":"172.20.0.254","flags":["onlink"]}]\n',
-  v6: '[{"dst":"fe80::/64","protocol":"kernel","metric":256,"flags":[],"pref":"medium"}]\n' +
+  v6:
+    '[{"dst":"fe80::/64","protocol":"kernel","metric":256,"flags":[],"pref":"medium"}]\n' +
     '[{"dst":"default","gateway":"2001:db8::1","metric":1024,"flags":["onlink"],"pref":"medium"}]\n',
 };
 
@@ -68,7 +69,10 @@ const S1 = state({ eips: ['172.20.0.10/24', '172.20.0.11/24'], routes: [['10.1.0
 /** A new secondary, a new primary in another subnet, IPv6, the first primary deleted (its secondary is promoted), routes and the default changed. */
 const S2 = state({
   eips: ['172.20.0.11/24', '172.20.0.12/24', '10.9.0.5/16', '2001:db8::10/64'],
-  routes: [['10.1.0.0/16', '10.0.1.253'], ['10.2.3.4/32', '10.0.1.254']],
+  routes: [
+    ['10.1.0.0/16', '10.0.1.253'],
+    ['10.2.3.4/32', '10.0.1.254'],
+  ],
   v4: '172.20.0.254',
 });
 /** The promoted primary deleted in turn, IPv6 swapped, a host route deleted, an IPv6 default added. */
@@ -177,7 +181,10 @@ describe('LinkManager: partial sync', () => {
 
   it('a refused batch forgets the view: the next partial sync reads again', async () => {
     let refuse = false;
-    const x = fakeIp(() => INITIAL, () => refuse);
+    const x = fakeIp(
+      () => INITIAL,
+      () => refuse,
+    );
     const m = new PromotingLinks(x);
     await m.sync(S1, undefined);
     refuse = true;
@@ -233,7 +240,7 @@ describe('LinkManager: partial sync', () => {
 });
 
 describe('planLink and the view: details', () => {
-  it('the kernel\'s order (checked on Linux 6.18): a promoted secondary moves behind the last primary; IPv6 newest first', () => {
+  it("the kernel's order (checked on Linux 6.18): a promoted secondary moves behind the last primary; IPv6 newest first", () => {
     const a = (address: string, prefixLength = 24): LinkAddress => ({ address, prefixLength, family: address.includes(':') ? 6 : 4, scope: 'global' });
     const add = (x: LinkAddress): LinkOp => ({ kind: 'addr-replace', address: x.address, prefixLength: x.prefixLength });
     const start = linkViewAfter(
@@ -244,7 +251,10 @@ describe('planLink and the view: details', () => {
     expect(after.extAddresses.map((x) => x.address)).toEqual(['10.1.0.1', '10.0.0.2', '10.1.0.2', '2001:db8::11', '2001:db8::10']);
     // 10.0.0.2 is a primary now: deleting it leaves its subnet empty, promoting nothing.
     expect(linkViewAfter(after, [{ kind: 'addr-del', address: '10.0.0.2', prefixLength: 24 }]).extAddresses.map((x) => x.address)).toEqual([
-      '10.1.0.1', '10.1.0.2', '2001:db8::11', '2001:db8::10',
+      '10.1.0.1',
+      '10.1.0.2',
+      '2001:db8::11',
+      '2001:db8::10',
     ]);
   });
 
@@ -255,14 +265,27 @@ describe('planLink and the view: details', () => {
     expect(planLink(gone, s, undefined)).toEqual(['route replace 10.2.3.4/32 via 10.0.1.254 dev eth0']);
   });
 
-  it('a default route on VPC is listed as `default`: the state\'s 0.0.0.0/0 is present, and stays quiet', () => {
-    const have: LinkView = { extAddresses: [], vpcRoutes: [{ dst: 'default', gateway: '10.0.1.254' }, { dst: 'default', gateway: 'fd00::1' }], extDefaults: [] };
-    const want = state({ eips: [], routes: [['0.0.0.0/0', '10.0.1.254'], ['::/0', 'fd00::1']] });
+  it("a default route on VPC is listed as `default`: the state's 0.0.0.0/0 is present, and stays quiet", () => {
+    const have: LinkView = {
+      extAddresses: [],
+      vpcRoutes: [
+        { dst: 'default', gateway: '10.0.1.254' },
+        { dst: 'default', gateway: 'fd00::1' },
+      ],
+      extDefaults: [],
+    };
+    const want = state({
+      eips: [],
+      routes: [
+        ['0.0.0.0/0', '10.0.1.254'],
+        ['::/0', 'fd00::1'],
+      ],
+    });
     expect(planLink(have, want, want)).toEqual([]);
     expect(planLink(have, state({ eips: [], routes: [] }), want)).toEqual(['route del 0.0.0.0/0 dev eth0', 'route del ::/0 dev eth0']);
   });
 
-  it('a default route is one per family whatever its device: VPC\'s and EXT\'s replace each other', () => {
+  it("a default route is one per family whatever its device: VPC's and EXT's replace each other", () => {
     const have: LinkView = { extAddresses: [], vpcRoutes: [], extDefaults: [{ dst: 'default', gateway: '172.20.0.1' }] };
     const vpcDefault = linkViewAfter(have, [{ kind: 'route-replace', cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }]);
     expect(vpcDefault.extDefaults).toEqual([]);
@@ -282,7 +305,12 @@ describe('planLink and the view: details', () => {
 
   it('deletes thousands of addresses in reverse kernel order without quadratic cost', () => {
     const n = 20_000;
-    const addrs = Array.from({ length: n }, (_, i) => ({ address: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`, prefixLength: 8, family: 4 as const, scope: 'global' }));
+    const addrs = Array.from({ length: n }, (_, i) => ({
+      address: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`,
+      prefixLength: 8,
+      family: 4 as const,
+      scope: 'global',
+    }));
     const previous = { ...state({ eips: [], routes: [] }), eips: addrs.map((a) => ({ address: a.address, prefixLength: 8 })) };
     const started = performance.now();
     const lines = planLink({ extAddresses: addrs, vpcRoutes: [], extDefaults: [] }, state({ eips: [], routes: [] }), previous);

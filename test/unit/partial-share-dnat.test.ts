@@ -11,7 +11,16 @@ import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js
 import { planShareDnat, renderShareDnat, withoutChains } from '../../src/dataplane/netfilter/shareDnatRender.js';
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
 
-const A: ShareDnat = { eip: '172.20.0.10', port: 8080, protocol: 'tcp', protocolText: 'TCP', backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] };
+const A: ShareDnat = {
+  eip: '172.20.0.10',
+  port: 8080,
+  protocol: 'tcp',
+  protocolText: 'TCP',
+  backends: [
+    { ip: '10.0.1.6', port: 80 },
+    { ip: '10.0.1.7', port: 80 },
+  ],
+};
 const B: ShareDnat = { eip: '172.20.0.10', port: 5353, protocol: 'udp', protocolText: 'udp', backends: [{ ip: '10.0.1.6', port: 53 }] };
 const C: ShareDnat = { eip: '172.20.0.11', port: 443, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.8', port: 8443 }] };
 const T1 = [A, B];
@@ -24,25 +33,163 @@ const listing = (items: unknown[]): string =>
   JSON.stringify({ nftables: [{ metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } }, ...items] });
 
 const AFTER_T1 = listing([
-    {"table": {"family": "ip", "name": "kube-ovn", "handle": 1}},,
-    {"map": {"family": "ip", "name": "service-ips", "table": "kube-ovn", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 1, "map": "verdict", "elem": [[{"concat": ["172.20.0.10", "tcp", 8080]}, {"goto": {"target": "dnat-597cdf0ec2be"}}], [{"concat": ["172.20.0.10", "udp", 5353]}, {"goto": {"target": "dnat-a824d77eccbb"}}]]}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "prerouting", "handle": 2, "type": "nat", "hook": "prerouting", "prio": -150, "policy": "accept"}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-597cdf0ec2be", "handle": 4}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-a824d77eccbb", "handle": 7}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "prerouting", "handle": 3, "expr": [{"vmap": {"key": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@service-ips"}}]}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-597cdf0ec2be", "handle": 6, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 2, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.6", 80]}], [1, {"concat": ["10.0.1.7", 80]}]]}}}}}]}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-a824d77eccbb", "handle": 9, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "udp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 1, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.6", 53]}]]}}}}}]}}
+  { table: { family: 'ip', name: 'kube-ovn', handle: 1 } },
+  undefined,
+  {
+    map: {
+      family: 'ip',
+      name: 'service-ips',
+      table: 'kube-ovn',
+      type: ['ipv4_addr', 'inet_proto', 'inet_service'],
+      handle: 1,
+      map: 'verdict',
+      elem: [
+        [{ concat: ['172.20.0.10', 'tcp', 8080] }, { goto: { target: 'dnat-597cdf0ec2be' } }],
+        [{ concat: ['172.20.0.10', 'udp', 5353] }, { goto: { target: 'dnat-a824d77eccbb' } }],
+      ],
+    },
+  },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'prerouting', handle: 2, type: 'nat', hook: 'prerouting', prio: -150, policy: 'accept' } },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-597cdf0ec2be', handle: 4 } },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-a824d77eccbb', handle: 7 } },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'prerouting',
+      handle: 3,
+      expr: [
+        {
+          vmap: {
+            key: { concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }] },
+            data: '@service-ips',
+          },
+        },
+      ],
+    },
+  },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'dnat-597cdf0ec2be',
+      handle: 6,
+      expr: [
+        { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'tcp' } },
+        {
+          dnat: {
+            family: 'ip',
+            addr: {
+              map: {
+                key: { numgen: { mode: 'random', mod: 2, offset: 0 } },
+                data: {
+                  set: [
+                    [0, { concat: ['10.0.1.6', 80] }],
+                    [1, { concat: ['10.0.1.7', 80] }],
+                  ],
+                },
+              },
+            },
+          },
+        },
+      ],
+    },
+  },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'dnat-a824d77eccbb',
+      handle: 9,
+      expr: [
+        { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'udp' } },
+        {
+          dnat: { family: 'ip', addr: { map: { key: { numgen: { mode: 'random', mod: 1, offset: 0 } }, data: { set: [[0, { concat: ['10.0.1.6', 53] }]] } } } },
+        },
+      ],
+    },
+  },
 ]);
 
 const AFTER_T2 = listing([
-    {"table": {"family": "ip", "name": "kube-ovn", "handle": 1}},,
-    {"map": {"family": "ip", "name": "service-ips", "table": "kube-ovn", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 1, "map": "verdict", "elem": [[{"concat": ["172.20.0.10", "tcp", 8080]}, {"goto": {"target": "dnat-597cdf0ec2be"}}], [{"concat": ["172.20.0.11", "tcp", 443]}, {"goto": {"target": "dnat-e75a2a5127d7"}}]]}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "prerouting", "handle": 2, "type": "nat", "hook": "prerouting", "prio": -150, "policy": "accept"}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-597cdf0ec2be", "handle": 4}},,
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-e75a2a5127d7", "handle": 12}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "prerouting", "handle": 3, "expr": [{"vmap": {"key": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@service-ips"}}]}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-597cdf0ec2be", "handle": 11, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 1, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.9", 80]}]]}}}}}]}},,
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-e75a2a5127d7", "handle": 14, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 1, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.8", 8443]}]]}}}}}]}}
+  { table: { family: 'ip', name: 'kube-ovn', handle: 1 } },
+  undefined,
+  {
+    map: {
+      family: 'ip',
+      name: 'service-ips',
+      table: 'kube-ovn',
+      type: ['ipv4_addr', 'inet_proto', 'inet_service'],
+      handle: 1,
+      map: 'verdict',
+      elem: [
+        [{ concat: ['172.20.0.10', 'tcp', 8080] }, { goto: { target: 'dnat-597cdf0ec2be' } }],
+        [{ concat: ['172.20.0.11', 'tcp', 443] }, { goto: { target: 'dnat-e75a2a5127d7' } }],
+      ],
+    },
+  },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'prerouting', handle: 2, type: 'nat', hook: 'prerouting', prio: -150, policy: 'accept' } },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-597cdf0ec2be', handle: 4 } },
+  undefined,
+  { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-e75a2a5127d7', handle: 12 } },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'prerouting',
+      handle: 3,
+      expr: [
+        {
+          vmap: {
+            key: { concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }] },
+            data: '@service-ips',
+          },
+        },
+      ],
+    },
+  },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'dnat-597cdf0ec2be',
+      handle: 11,
+      expr: [
+        { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'tcp' } },
+        {
+          dnat: { family: 'ip', addr: { map: { key: { numgen: { mode: 'random', mod: 1, offset: 0 } }, data: { set: [[0, { concat: ['10.0.1.9', 80] }]] } } } },
+        },
+      ],
+    },
+  },
+  undefined,
+  {
+    rule: {
+      family: 'ip',
+      table: 'kube-ovn',
+      chain: 'dnat-e75a2a5127d7',
+      handle: 14,
+      expr: [
+        { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'tcp' } },
+        {
+          dnat: {
+            family: 'ip',
+            addr: { map: { key: { numgen: { mode: 'random', mod: 1, offset: 0 } }, data: { set: [[0, { concat: ['10.0.1.8', 8443] }]] } } },
+          },
+        },
+      ],
+    },
+  },
 ]);
 
 const LIST = 'nft -j list table ip kube-ovn';
@@ -115,7 +262,10 @@ describe('ShareDnatTable: partial sync', () => {
 
   it('a stale chain the kernel keeps (EBUSY) stays in the view, flushed: the next partial sync deletes it again', async () => {
     let busy = true;
-    const x = fakeNft(() => null, (s) => busy && s.startsWith('delete chain'));
+    const x = fakeNft(
+      () => null,
+      (s) => busy && s.startsWith('delete chain'),
+    );
     const t = new ShareDnatTable(x);
     await t.sync(T1);
     await t.sync(T2, { mode: 'partial' });
@@ -135,7 +285,10 @@ describe('ShareDnatTable: partial sync', () => {
 
   it('a refused transaction forgets the view: the next partial sync reads again', async () => {
     let refuse = false;
-    const x = fakeNft(() => AFTER_T1, () => refuse);
+    const x = fakeNft(
+      () => AFTER_T1,
+      () => refuse,
+    );
     const t = new ShareDnatTable(x);
     await t.sync(T1);
     refuse = true;

@@ -128,7 +128,9 @@ describe('overlap conflicts', () => {
     }
     expect(err).toBeInstanceOf(HttpError);
     expect((err as HttpError).status).toBe(400);
-    expect((err as Error).message).toContain('dnats: dnat (172.20.0.10, 8100, tcp) overlaps the existing rule: -A SHARED_DNAT -d 172.20.0.10/32 -p tcp -m tcp --dport 8000:8100');
+    expect((err as Error).message).toContain(
+      'dnats: dnat (172.20.0.10, 8100, tcp) overlaps the existing rule: -A SHARED_DNAT -d 172.20.0.10/32 -p tcp -m tcp --dport 8000:8100',
+    );
     expect(normaliseDesired({ ...base, dnats: [RANGE, single(8101)] }).dnats).toHaveLength(2);
   });
 
@@ -148,7 +150,17 @@ const KERNEL_POOL_JSON = [
   { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: { prefix: { addr: '10.0.1.0', len: 24 } } } },
   {
     snat: {
-      addr: { map: { key: { numgen: { mode: 'inc', mod: 2, offset: 0 } }, data: { set: [[0, EIP], [1, EIP2]] } } },
+      addr: {
+        map: {
+          key: { numgen: { mode: 'inc', mod: 2, offset: 0 } },
+          data: {
+            set: [
+              [0, EIP],
+              [1, EIP2],
+            ],
+          },
+        },
+      },
       flags: 'fully-random',
     },
   },
@@ -208,7 +220,9 @@ describe('nftables', () => {
     const view = { tables: prev, families: new Set(['ip'] as const) };
     expect(planPartial(view, { ...prev, dnats: [RANGE] })).toBeNull();
     const p = planPartial(view, { ...prev, snats: [POOL] });
-    expect(p?.tx.text()).toContain(`add rule ip natgw shared_snat ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`);
+    expect(p?.tx.text()).toContain(
+      `add rule ip natgw shared_snat ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`,
+    );
   });
 });
 
@@ -222,7 +236,10 @@ describe('iptables', () => {
       `-s 10.0.1.0/24 -o net1 -j SNAT --to-source ${EIP2}`,
     ]);
     const want: NatTables = {
-      vpcIf: 'eth0', extIf: 'net1', eips: [EIP], fips: [],
+      vpcIf: 'eth0',
+      extIf: 'net1',
+      eips: [EIP],
+      fips: [],
       snats: [{ eip: EIP2, cidr: '10.0.1.7/32', randomFully: false }, three, POOL, { eip: EIP, cidr: '0.0.0.0/0', randomFully: false }],
       dnats: [RANGE],
     };

@@ -89,11 +89,17 @@ describe('configuration keys with arbitrary values', () => {
 
   it('parseEnvFile takes arbitrary text without throwing and returns only KEY=value pairs', () => {
     fc.assert(
-      fc.property(fc.oneof(fc.string({ maxLength: 200 }), fc.array(fc.tuple(fc.constantFrom(...KEYS, 'X', 'export X', ''), value), { maxLength: 5 }).map((ls) => ls.map(([k, v]) => `${k}=${v}`).join('\n'))), (text) => {
-        const out = parseEnvFile(text);
-        for (const k of Object.keys(out)) expect(k).toMatch(/^[A-Za-z_][A-Za-z0-9_]*$/);
-        for (const v of Object.values(out)) expect(typeof v).toBe('string');
-      }),
+      fc.property(
+        fc.oneof(
+          fc.string({ maxLength: 200 }),
+          fc.array(fc.tuple(fc.constantFrom(...KEYS, 'X', 'export X', ''), value), { maxLength: 5 }).map((ls) => ls.map(([k, v]) => `${k}=${v}`).join('\n')),
+        ),
+        (text) => {
+          const out = parseEnvFile(text);
+          for (const k of Object.keys(out)) expect(k).toMatch(/^[A-Za-z_][A-Za-z0-9_]*$/);
+          for (const v of Object.values(out)) expect(typeof v).toBe('string');
+        },
+      ),
       { numRuns: RUNS * 5 },
     );
   });

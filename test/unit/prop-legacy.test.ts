@@ -22,7 +22,30 @@ const RUNS = Number(process.env.NATGW_PROP_RUNS ?? 300);
 const piece = fc.oneof(
   fc.constantFrom('172.20.0.10', '10.0.1.6', '0.0.0.0', '255.255.255.255', '1.2.3.4/24', '10.0.0.0/33', '010.0.1.6', '::ffff:10.0.1.6', 'fd00::1'),
   fc.constantFrom('80', '0', '65535', '65536', '-1', '08080', '1e3', ' 80', 'tcp', 'UDP', 'sctp', '--random-fully', '-j ACCEPT'),
-  fc.constantFrom('$(reboot)', '`id`', ';', '}', '#', '\n', '\r', '\0', '|', '&&', "'", '"', ' ', '@', ':', 'ingress', 'egress', 'u32', 'matchall', 'net1', 'eth0', 'a'.repeat(16)),
+  fc.constantFrom(
+    '$(reboot)',
+    '`id`',
+    ';',
+    '}',
+    '#',
+    '\n',
+    '\r',
+    '\0',
+    '|',
+    '&&',
+    "'",
+    '"',
+    ' ',
+    '@',
+    ':',
+    'ingress',
+    'egress',
+    'u32',
+    'matchall',
+    'net1',
+    'eth0',
+    'a'.repeat(16),
+  ),
   fc.string({ maxLength: 12 }),
   fc.string({ unit: 'binary', maxLength: 8 }),
 );
@@ -131,7 +154,13 @@ describe('generated valid rules round-trip through the parsers', () => {
     fc.assert(
       fc.property(ipv4, port, fc.constantFrom('tcp', 'udp', 'TCP', 'UDP'), fc.array(fc.tuple(ipv4, port), { minLength: 1, maxLength: 8 }), (eip, p, pr, bs) => {
         const rule = `${eip},${p},${pr},${bs.map(([ip, bp]) => `${ip}:${bp}`).join('@')}`;
-        expect(P.parseShareDnatAdd(rule)).toEqual({ eip, port: p, protocol: pr.toLowerCase(), protocolText: pr, backends: bs.map(([ip, bp]) => ({ ip, port: bp })) });
+        expect(P.parseShareDnatAdd(rule)).toEqual({
+          eip,
+          port: p,
+          protocol: pr.toLowerCase(),
+          protocolText: pr,
+          backends: bs.map(([ip, bp]) => ({ ip, port: bp })),
+        });
       }),
       { numRuns: RUNS },
     );
@@ -139,7 +168,13 @@ describe('generated valid rules round-trip through the parsers', () => {
   it('eip-*-qos-add', () => {
     fc.assert(
       fc.property(ipv4, fc.integer({ min: 0, max: 65535 }), fc.integer({ min: 1, max: 10000 }), fc.integer({ min: 1, max: 100 }), (ip, prio, rate, burst) => {
-        expect(Q.parseEipQosAdd(`${ip},${prio},${rate},${burst}`, 'egress')).toEqual({ direction: 'egress', ip, priority: prio, rate: String(rate), burst: String(burst) });
+        expect(Q.parseEipQosAdd(`${ip},${prio},${rate},${burst}`, 'egress')).toEqual({
+          direction: 'egress',
+          ip,
+          priority: prio,
+          rate: String(rate),
+          burst: String(burst),
+        });
       }),
       { numRuns: RUNS },
     );
@@ -149,8 +184,18 @@ describe('generated valid rules round-trip through the parsers', () => {
 // ---- refused input never reaches a tool ----
 
 const GUARDED_COMMANDS = [
-  'subnet-route-add', 'subnet-route-del', 'eip-add', 'eip-del', 'floating-ip-add', 'floating-ip-del', 'dnat-add', 'dnat-del',
-  'snat-add', 'snat-del', 'nft-dnat-map-add', 'nft-dnat-map-del',
+  'subnet-route-add',
+  'subnet-route-del',
+  'eip-add',
+  'eip-del',
+  'floating-ip-add',
+  'floating-ip-del',
+  'dnat-add',
+  'dnat-del',
+  'snat-add',
+  'snat-del',
+  'nft-dnat-map-add',
+  'nft-dnat-map-del',
 ] as const;
 const QOS_COMMANDS = ['eip-ingress-qos-add', 'eip-egress-qos-add', 'eip-ingress-qos-del', 'eip-egress-qos-del', 'qos-add', 'qos-del'] as const;
 const PARSE_OF: Record<string, Parser> = {

@@ -1,8 +1,16 @@
 import { describe, expect, it } from 'vitest';
 import { ConflictError, ValidationError } from '../../src/model/errors.js';
 import {
-  type EipQos, type GwQos, CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, GW_HANDLE_MIN,
-  eipFirstClassId, gwFirstClassId, gwQosKey, tcPrio,
+  type EipQos,
+  type GwQos,
+  CATCH_ALL_HANDLE,
+  CLASS_RANGES,
+  DEFAULT_CLASS,
+  GW_HANDLE_MIN,
+  eipFirstClassId,
+  gwFirstClassId,
+  gwQosKey,
+  tcPrio,
 } from '../../src/model/qos.js';
 import { addEipQos, addGwQos, allocateQos, delEipQos, delGwQos, lowestFreeHandle, probeClassId } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
@@ -10,10 +18,28 @@ import { emptyState, type DesiredState } from '../../src/state/state.js';
 const base = (ext = 'net1'): DesiredState => emptyState('eth0', ext);
 const eip = (ip: string, over: Partial<EipQos> = {}): EipQos => ({ direction: 'egress', ip, priority: 1, rate: '10', burst: '1', ...over });
 const u32 = (cidr: string, over: Partial<GwQos> = {}): GwQos => ({
-  direction: 'egress', dev: 'net1', priority: 2, classifier: 'u32', matchType: 'ip', matchDirection: 'src', cidr, rate: '10', burst: '1', ...over,
+  direction: 'egress',
+  dev: 'net1',
+  priority: 2,
+  classifier: 'u32',
+  matchType: 'ip',
+  matchDirection: 'src',
+  cidr,
+  rate: '10',
+  burst: '1',
+  ...over,
 });
 const matchall = (priority: number, over: Partial<GwQos> = {}): GwQos => ({
-  direction: 'egress', dev: 'net1', priority, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '10', burst: '1', ...over,
+  direction: 'egress',
+  dev: 'net1',
+  priority,
+  classifier: 'matchall',
+  matchType: '',
+  matchDirection: '',
+  cidr: '',
+  rate: '10',
+  burst: '1',
+  ...over,
 });
 
 function apply(s: DesiredState, ...rules: (EipQos | GwQos)[]): DesiredState {
@@ -90,7 +116,7 @@ describe('addEipQos', () => {
     expect(apply(base(), eip(a), eip(b))).toEqual(s);
   });
 
-  it('gives ids that differ only above bit 12 distinct handles (the script\'s ENOSPC)', () => {
+  it("gives ids that differ only above bit 12 distinct handles (the script's ENOSPC)", () => {
     const [a, b] = pair((x, y) => x !== y && (x & 0xfff) === (y & 0xfff));
     const s = apply(base(), eip(a), eip(b));
     expect(s.eipQos.map((q) => q.handle)).toEqual([1, 2]);
@@ -124,7 +150,7 @@ describe('addEipQos', () => {
     expect(moved.handle).toBe(2);
   });
 
-  it('rejects ingress shaping when ifb-<EXT> would exceed the kernel\'s name limit', () => {
+  it("rejects ingress shaping when ifb-<EXT> would exceed the kernel's name limit", () => {
     expect(() => addEipQos(base('abcdefghijkl'), eip('1.2.3.4', { direction: 'ingress' }))).toThrow(ValidationError);
     expect(() => addEipQos(base('abcdefghijkl'), eip('1.2.3.4'))).not.toThrow();
   });
@@ -156,7 +182,13 @@ describe('gateway rules', () => {
   });
 
   it('identity is (direction, dev, priority, classifier, matchDirection, cidr); a delete removes only that one', () => {
-    const s = apply(base(), u32('10.0.0.0/8'), u32('10.0.0.0/8', { matchDirection: 'dst' }), u32('10.0.0.0/8', { priority: 3 }), u32('10.0.0.0/8', { direction: 'ingress' }));
+    const s = apply(
+      base(),
+      u32('10.0.0.0/8'),
+      u32('10.0.0.0/8', { matchDirection: 'dst' }),
+      u32('10.0.0.0/8', { priority: 3 }),
+      u32('10.0.0.0/8', { direction: 'ingress' }),
+    );
     expect(s.qos).toHaveLength(4);
     const s2 = delGwQos(s, u32('10.0.0.0/8', { rate: 'ignored' })).state;
     expect(s2.qos.map(gwQosKey)).toEqual(s.qos.slice(1).map(gwQosKey));
@@ -169,7 +201,7 @@ describe('gateway rules', () => {
     expect(s2.qos[0]).toEqual({ ...s1.qos[0], rate: '99' });
   });
 
-  it('priority 0 is the kernel\'s 49152 for identity and handles', () => {
+  it("priority 0 is the kernel's 49152 for identity and handles", () => {
     expect(tcPrio(0)).toBe(49152);
     expect(gwQosKey(u32('10.0.0.0/8', { priority: 0 }))).toBe(gwQosKey(u32('10.0.0.0/8', { priority: 49152 })));
   });
@@ -185,7 +217,12 @@ describe('allocateQos', () => {
   it('fills missing ids, keeps valid ones, and re-allocates a later duplicate or an out-of-range id', () => {
     const s: DesiredState = {
       ...base(),
-      eipQos: [eip('1.2.3.4', { classId: 0x100, handle: 7 }), eip('1.2.3.5', { classId: 0x100, handle: 7 }), eip('1.2.3.6', { classId: 0x9000 }), eip('1.2.3.7')],
+      eipQos: [
+        eip('1.2.3.4', { classId: 0x100, handle: 7 }),
+        eip('1.2.3.5', { classId: 0x100, handle: 7 }),
+        eip('1.2.3.6', { classId: 0x9000 }),
+        eip('1.2.3.7'),
+      ],
     };
     const out = allocateQos(s).eipQos;
     expect(out[0]).toMatchObject({ classId: 0x100, handle: 7 });
@@ -202,7 +239,7 @@ describe('allocateQos', () => {
     expect(allocateQos(s)).toBe(s);
   });
 
-  it('prefers the kernel\'s ids (hints) for rules that have none', () => {
+  it("prefers the kernel's ids (hints) for rules that have none", () => {
     const s: DesiredState = { ...base(), eipQos: [eip('1.2.3.4')], qos: [u32('10.0.0.0/8')] };
     const out = allocateQos(s, { eipQos: [eip('1.2.3.4', { classId: 0x4495, handle: 0x495 })], qos: [u32('10.0.0.0/8', { classId: 0x8888, handle: 0x801 })] });
     expect(out.eipQos[0]).toMatchObject({ classId: 0x4495, handle: 0x495 });

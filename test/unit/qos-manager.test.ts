@@ -51,7 +51,9 @@ describe('QosManager', () => {
     );
     expect(r.changes).toBe(4);
     expect(r.commands[0]).toBe('tc qdisc replace dev net1 root handle 1: htb default 0x9999');
-    expect(out).toEqual(['INFO: QoS kernel probe: no fq_codel (classes keep the kernel default leaf); no matchall (a u32 "match u32 0 0" filter stands in at the same priority)']);
+    expect(out).toEqual([
+      'INFO: QoS kernel probe: no fq_codel (classes keep the kernel default leaf); no matchall (a u32 "match u32 0 0" filter stands in at the same priority)',
+    ]);
     expect(r.notes).toEqual(out);
     // The probe device is created and removed again.
     const probe = x.calls.filter((c) => c.args.join(' ').includes('ngprobe'));
@@ -83,16 +85,32 @@ describe('QosManager', () => {
 
   it('applies what it can and then reports a missing device as an error', async () => {
     const x = fakeKernel();
-    const s = state([eip('1.2.3.4')], [{
-      direction: 'egress', dev: 'eth7', priority: 2, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '1', burst: '1',
-    }]);
+    const s = state(
+      [eip('1.2.3.4')],
+      [
+        {
+          direction: 'egress',
+          dev: 'eth7',
+          priority: 2,
+          classifier: 'matchall',
+          matchType: '',
+          matchDirection: '',
+          cidr: '',
+          rate: '1',
+          burst: '1',
+        },
+      ],
+    );
     await expect(new QosManager(x).sync(s)).rejects.toThrow(new SystemError('Error: QoS device not found: eth7'));
     expect(x.calls.find((c) => c.args[0] === '-batch')?.input).toContain('dev net1');
   });
 
-  it('a tc failure is a SystemError naming the kernel\'s complaint, without tc\'s Warning lines', async () => {
+  it("a tc failure is a SystemError naming the kernel's complaint, without tc's Warning lines", async () => {
     const x = fakeKernel({
-      fail: (req) => (req.args[0] === '-batch' ? { exitCode: 1, stderr: 'Warning: sch_htb: quantum of class 19999 is big.\nError: Exclusivity flag on, cannot modify.\nCommand failed -:1\n' } : undefined),
+      fail: (req) =>
+        req.args[0] === '-batch'
+          ? { exitCode: 1, stderr: 'Warning: sch_htb: quantum of class 19999 is big.\nError: Exclusivity flag on, cannot modify.\nCommand failed -:1\n' }
+          : undefined,
     });
     const err = await new QosManager(x).sync(state([eip('1.2.3.4')])).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(SystemError);
@@ -105,13 +123,16 @@ describe('QosManager', () => {
     expect(mutations(x)).toEqual([]);
   });
 
-  it('readBack reads EXT, the given devices, their IFBs and devices carrying natgw\'s layout', async () => {
+  it("readBack reads EXT, the given devices, their IFBs and devices carrying natgw's layout", async () => {
     const x = fakeKernel({
       links: ['net1', 'ifb-net1', 'eth3', 'eth4'],
       qdiscs: 'qdisc htb 1: dev eth4 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n',
     });
     await new QosManager(x).readBack('net1', ['eth3']);
-    const shown = x.calls.filter((c) => c.args.includes('class')).map((c) => c.args.at(-1)).sort();
+    const shown = x.calls
+      .filter((c) => c.args.includes('class'))
+      .map((c) => c.args.at(-1))
+      .sort();
     expect(shown).toEqual(['eth3', 'eth4', 'ifb-net1', 'net1']);
   });
 });

@@ -82,7 +82,15 @@ describe('parseEipQosDel', () => {
 describe('parseGwQos', () => {
   it('parses a u32 rule, canonicalising the cidr', () => {
     expect(parseGwQos('egress,net1,2,u32,ip,dst,192.168.1.1/32,25,25')).toEqual({
-      direction: 'egress', dev: 'net1', priority: 2, classifier: 'u32', matchType: 'ip', matchDirection: 'dst', cidr: '192.168.1.1/32', rate: '25', burst: '25',
+      direction: 'egress',
+      dev: 'net1',
+      priority: 2,
+      classifier: 'u32',
+      matchType: 'ip',
+      matchDirection: 'dst',
+      cidr: '192.168.1.1/32',
+      rate: '25',
+      burst: '25',
     });
     expect(parseGwQos('ingress,net1,2,u32,ip,src,10.0.0.5/24,1,1').cidr).toBe('10.0.0.0/24');
     expect(parseGwQos('ingress,net1,2,u32,ip,src,10.0.0.5,1,1').cidr).toBe('10.0.0.5/32');
@@ -90,7 +98,15 @@ describe('parseGwQos', () => {
 
   it('parses a matchall rule with fields 5-7 empty (split keeps empty fields)', () => {
     expect(parseGwQos('egress,net1,3,matchall,,,,30,1.5')).toEqual({
-      direction: 'egress', dev: 'net1', priority: 3, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '30', burst: '1.5',
+      direction: 'egress',
+      dev: 'net1',
+      priority: 3,
+      classifier: 'matchall',
+      matchType: '',
+      matchDirection: '',
+      cidr: '',
+      rate: '30',
+      burst: '1.5',
     });
   });
 
@@ -141,11 +157,27 @@ describe('schemas (the API side of the same rules)', () => {
   it('canonicalises rates and cidrs and checks classifier fields', () => {
     expect(eipQosSchema.parse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '10.0', burst: '01' })).toMatchObject({ rate: '10', burst: '1' });
     const gw = gwQosSchema.parse({
-      direction: 'egress', dev: 'net1', priority: 2, classifier: 'u32', matchType: 'ip', matchDirection: 'src', cidr: '10.1.2.3/16', rate: '1', burst: '1',
+      direction: 'egress',
+      dev: 'net1',
+      priority: 2,
+      classifier: 'u32',
+      matchType: 'ip',
+      matchDirection: 'src',
+      cidr: '10.1.2.3/16',
+      rate: '1',
+      burst: '1',
     });
     expect(gw.cidr).toBe('10.1.0.0/16');
     const bad = gwQosSchema.safeParse({
-      direction: 'egress', dev: 'net1', priority: 2, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '10.0.0.0/8', rate: '1', burst: '1',
+      direction: 'egress',
+      dev: 'net1',
+      priority: 2,
+      classifier: 'matchall',
+      matchType: '',
+      matchDirection: '',
+      cidr: '10.0.0.0/8',
+      rate: '1',
+      burst: '1',
     });
     expect(bad.success).toBe(false);
     expect(eipQosSchema.safeParse({ direction: 'egress', ip: '1.2.3.4', priority: 1, rate: '0', burst: '1' }).success).toBe(false);

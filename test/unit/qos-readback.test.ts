@@ -1,7 +1,22 @@
 import { describe, expect, it } from 'vitest';
 import {
-  MAX_BUFFER_USEC, classShaping, expectedTicks, formatDecimal, keysToMatch, matchKey, maxBurstBytes, parseClasses, parseFilters,
-  parseLinks, parseQdiscs, parseRate, parseSize, programmedBurstBytes, rateBytesOf, rulesFromKernel, shapedDevices,
+  MAX_BUFFER_USEC,
+  classShaping,
+  expectedTicks,
+  formatDecimal,
+  keysToMatch,
+  matchKey,
+  maxBurstBytes,
+  parseClasses,
+  parseFilters,
+  parseLinks,
+  parseQdiscs,
+  parseRate,
+  parseSize,
+  programmedBurstBytes,
+  rateBytesOf,
+  rulesFromKernel,
+  shapedDevices,
 } from '../../src/dataplane/qos/readback.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
 
@@ -19,7 +34,6 @@ class htb 1:ff03 root prio 0 quantum 6250 rate 500Kbit ceil 500Kbit linklayer et
 class htb 1:b81e root prio 0 quantum 18750 rate 1500Kbit ceil 1500Kbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [029aaaa0] cbuffer [029aaaa0] 
 class htb 1:1d3a root leaf 8001: prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
 `;
-
 
 const INGRESS = `filter protocol all pref 65535 u32 chain 0 
 filter protocol all pref 65535 u32 chain 0 fh 800: ht divisor 1 
@@ -41,10 +55,13 @@ describe('tc text parsers', () => {
     expect(q).toContainEqual({ dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 });
     expect(q).toContainEqual({ dev: 'net1', kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' });
     expect(q).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8001:', parent: '1:1d3a' });
-    expect(parseQdiscs('qdisc htb 1:[00010000] dev x root refcnt 2 r2q 10 default 9999 direct_packets_stat 0')[0]).toMatchObject({ handle: '1:', defaultMinor: 0x9999 });
+    expect(parseQdiscs('qdisc htb 1:[00010000] dev x root refcnt 2 r2q 10 default 9999 direct_packets_stat 0')[0]).toMatchObject({
+      handle: '1:',
+      defaultMinor: 0x9999,
+    });
   });
 
-  it('shaped devices are those with natgw\'s root signature', () => {
+  it("shaped devices are those with natgw's root signature", () => {
     expect(shapedDevices(parseQdiscs(QDISCS))).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
   });
 
@@ -52,13 +69,22 @@ describe('tc text parsers', () => {
     const c = parseClasses(CLASSES);
     expect(c).toHaveLength(4);
     expect(c[3]).toEqual({
-      kind: 'htb', major: 1, minor: 0x1d3a, parent: 'root', leaf: '8001:',
-      rateBits: 10e6, ceilBits: 10e6, burstBytes: 1048576, cburstBytes: 1048576, bufferTicks: 0xc7fff3, cbufferTicks: 0xc7fff3,
+      kind: 'htb',
+      major: 1,
+      minor: 0x1d3a,
+      parent: 'root',
+      leaf: '8001:',
+      rateBits: 10e6,
+      ceilBits: 10e6,
+      burstBytes: 1048576,
+      cburstBytes: 1048576,
+      bufferTicks: 0xc7fff3,
+      cbufferTicks: 0xc7fff3,
     });
     expect(c[1]).toMatchObject({ minor: 0xff03, rateBits: 500e3, burstBytes: 1536 * 1024 });
   });
 
-  it('u32 filters: priority, handle, class and keys; the redirect\'s target', () => {
+  it("u32 filters: priority, handle, class and keys; the redirect's target", () => {
     const f = parseFilters(FILTERS);
     const nodes = f.filter((x) => x.fh && !x.isTable);
     expect(nodes.map((x) => [x.pref, x.fh, x.htid, x.node, x.flowid?.minor])).toEqual([
@@ -98,7 +124,7 @@ describe('tc text parsers', () => {
 });
 
 describe('matches', () => {
-  it('round-trip between natgw\'s matches and u32 keys', () => {
+  it("round-trip between natgw's matches and u32 keys", () => {
     for (const m of [
       { kind: 'ip', dir: 'src', cidr: '10.98.0.2/32' },
       { kind: 'ip', dir: 'dst', cidr: '10.98.0.0/16' },
@@ -165,7 +191,11 @@ describe('adoption reads back exactly what would be programmed again', () => {
     expect(programmedBurstBytes('0.5', '4095')).toBe(cap);
     expect(programmedBurstBytes('10', '1')).toBe(1048576);
     // Read back, the capped class adopts a burst that programs the same buffer again.
-    const back = classShaping(parseClasses(`class htb 1:2a root prio 0 rate 500Kbit ceil 500Kbit burst 0b cburst 0b buffer [${expectedTicks(rate, cap).toString(16)}] cbuffer [0]\n`)[0]!);
+    const back = classShaping(
+      parseClasses(
+        `class htb 1:2a root prio 0 rate 500Kbit ceil 500Kbit burst 0b cburst 0b buffer [${expectedTicks(rate, cap).toString(16)}] cbuffer [0]\n`,
+      )[0]!,
+    );
     expect(expectedTicks(rate, programmedBurstBytes(back!.rate, back!.burst))).toBe(expectedTicks(rate, cap));
   });
 });
@@ -177,7 +207,9 @@ describe('rulesFromKernel', () => {
       'ifb-net1',
       {
         classes: parseClasses('class htb 1:2a root prio 0 rate 7Mbit ceil 7Mbit burst 1536Kb cburst 1536Kb buffer [01ac923b] cbuffer [01ac923b]\n'),
-        filters: parseFilters(`filter protocol ip pref 2 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:2a not_in_hw \n  match 0a62008c/ffffffff at 16\n`),
+        filters: parseFilters(
+          `filter protocol ip pref 2 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:2a not_in_hw \n  match 0a62008c/ffffffff at 16\n`,
+        ),
       },
     ],
     ['eth1', { classes: parseClasses(CLASSES), filters: parseFilters(MATCHALL) }],
@@ -191,16 +223,43 @@ describe('rulesFromKernel', () => {
     ]);
     expect(r.qos).toEqual([
       {
-        direction: 'egress', dev: 'net1', priority: 2, rate: '1.5', burst: '0.5', classId: 0xb81e,
-        classifier: 'u32', matchType: 'ip', matchDirection: 'dst', cidr: '10.98.0.0/16', handle: 0x800,
+        direction: 'egress',
+        dev: 'net1',
+        priority: 2,
+        rate: '1.5',
+        burst: '0.5',
+        classId: 0xb81e,
+        classifier: 'u32',
+        matchType: 'ip',
+        matchDirection: 'dst',
+        cidr: '10.98.0.0/16',
+        handle: 0x800,
       },
       {
-        direction: 'egress', dev: 'net1', priority: 3, rate: '0.5', burst: '1.5', classId: 0xff03,
-        classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', handle: 0xfff,
+        direction: 'egress',
+        dev: 'net1',
+        priority: 3,
+        rate: '0.5',
+        burst: '1.5',
+        classId: 0xff03,
+        classifier: 'matchall',
+        matchType: '',
+        matchDirection: '',
+        cidr: '',
+        handle: 0xfff,
       },
       {
-        direction: 'egress', dev: 'eth1', priority: 3, rate: '0.5', burst: '1.5', classId: 0xff03,
-        classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', handle: 0xfff,
+        direction: 'egress',
+        dev: 'eth1',
+        priority: 3,
+        rate: '0.5',
+        burst: '1.5',
+        classId: 0xff03,
+        classifier: 'matchall',
+        matchType: '',
+        matchDirection: '',
+        cidr: '',
+        handle: 0xfff,
       },
     ]);
   });

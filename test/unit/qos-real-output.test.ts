@@ -60,20 +60,24 @@ class htb 1:ff0a root leaf 8002: prio 0 quantum 62500 rate 5Mbit ceil 5Mbit link
 `;
 
 describe('fixtures agree with their sources', () => {
-  it('matchall: the selftests\' patterns match the fixtures', () => {
+  it("matchall: the selftests' patterns match the fixtures", () => {
     expect(tdc('^filter parent ffff: protocol ipv6 pref 1 matchall.*handle 0x1.*flowid 1:1.*gact action pass.*ref 1 bind 1', SELFTEST_8BD2)).toBe(1);
     // 1eb9 expects 0 matches *after* deleting pref 2; before the delete its pattern finds that filter.
     expect(tdc('^filter protocol all pref 2 matchall.*handle 0x2 flowid 1:3.*gact action pass', SELFTEST_1EB9)).toBe(1);
   });
-  it('fq_codel: the selftest\'s pattern matches the fixture', () => {
-    expect(tdc('qdisc fq_codel 1: root refcnt [0-9]+ limit 10240p flows 1024 quantum.*target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64', SELFTEST_4957)).toBe(1);
+  it("fq_codel: the selftest's pattern matches the fixture", () => {
+    expect(
+      tdc('qdisc fq_codel 1: root refcnt [0-9]+ limit 10240p flows 1024 quantum.*target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64', SELFTEST_4957),
+    ).toBe(1);
   });
 });
 
 describe('natgw reads real fq_codel and matchall output', () => {
   it('matchall filters: handle (not fh), flowid, the header line left out', () => {
     const f = parseFilters(SELFTEST_8BD2);
-    expect(f).toEqual([expect.objectContaining({ parent: 'ffff:', protocol: 'ipv6', pref: 1, kind: 'matchall', fh: '0x1', node: 1, flowid: { major: 1, minor: 1 } })]);
+    expect(f).toEqual([
+      expect.objectContaining({ parent: 'ffff:', protocol: 'ipv6', pref: 1, kind: 'matchall', fh: '0x1', node: 1, flowid: { major: 1, minor: 1 } }),
+    ]);
     const all = parseFilters(SELFTEST_1EB9);
     expect(all.filter((x) => x.fh !== undefined).map((x) => [x.pref, x.fh, x.flowid?.minor])).toEqual([
       [1, '0x1', 2],
@@ -93,8 +97,17 @@ describe('natgw reads real fq_codel and matchall output', () => {
     const r = rulesFromKernel('net1', [], devices);
     expect(r.qos).toEqual([
       {
-        direction: 'egress', dev: 'net1', priority: 10, rate: '5', burst: '1', classId: 0xff0a,
-        classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', handle: 1,
+        direction: 'egress',
+        dev: 'net1',
+        priority: 10,
+        rate: '5',
+        burst: '1',
+        classId: 0xff0a,
+        classifier: 'matchall',
+        matchType: '',
+        matchDirection: '',
+        cidr: '',
+        handle: 1,
       },
     ]);
   });

@@ -8,13 +8,42 @@ const NONE: QosFeatures = { fqCodel: false, matchall: false };
 const ALL: QosFeatures = { fqCodel: true, matchall: true };
 
 const eip = (ip: string, classId: number, handle: number, over: Partial<EipQos> = {}): EipQos => ({
-  direction: 'egress', ip, priority: 1, rate: '10', burst: '1', classId, handle, ...over,
+  direction: 'egress',
+  ip,
+  priority: 1,
+  rate: '10',
+  burst: '1',
+  classId,
+  handle,
+  ...over,
 });
 const u32 = (cidr: string, classId: number, handle: number, over: Partial<GwQos> = {}): GwQos => ({
-  direction: 'egress', dev: 'net1', priority: 2, classifier: 'u32', matchType: 'ip', matchDirection: 'dst', cidr, rate: '1.5', burst: '0.5', classId, handle, ...over,
+  direction: 'egress',
+  dev: 'net1',
+  priority: 2,
+  classifier: 'u32',
+  matchType: 'ip',
+  matchDirection: 'dst',
+  cidr,
+  rate: '1.5',
+  burst: '0.5',
+  classId,
+  handle,
+  ...over,
 });
 const matchall = (priority: number, classId: number, over: Partial<GwQos> = {}): GwQos => ({
-  direction: 'egress', dev: 'net1', priority, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', rate: '0.5', burst: '1.5', classId, handle: 0xfff, ...over,
+  direction: 'egress',
+  dev: 'net1',
+  priority,
+  classifier: 'matchall',
+  matchType: '',
+  matchDirection: '',
+  cidr: '',
+  rate: '0.5',
+  burst: '1.5',
+  classId,
+  handle: 0xfff,
+  ...over,
 });
 
 /** A kernel snapshot from tc text, as the manager reads it. */
@@ -28,7 +57,10 @@ function kernel(opts: {
     links: (opts.links ?? ['lo', 'net1', 'eth0']).map((name) => ({ name, up: true })),
     qdiscs: parseQdiscs(opts.qdiscs ?? ''),
     devices: new Map(
-      Object.entries(opts.devices ?? {}).map(([d, v]): [string, DeviceTc] => [d, { classes: parseClasses(v.classes ?? ''), filters: parseFilters(v.filters ?? '') }]),
+      Object.entries(opts.devices ?? {}).map(([d, v]): [string, DeviceTc] => [
+        d,
+        { classes: parseClasses(v.classes ?? ''), filters: parseFilters(v.filters ?? '') },
+      ]),
     ),
     ingress: new Map(Object.entries(opts.ingress ?? {}).map(([d, t]) => [d, parseFilters(t)])),
   };
@@ -49,7 +81,7 @@ const RULES = { eips: [eip('10.98.0.2', 0x1d3a, 1)], gws: [u32('10.98.0.0/16', 0
 const captured = (filters = FILTERS, classes = CLASSES) => kernel({ qdiscs: QDISCS, devices: { net1: { classes, filters } } });
 
 describe('renderQos: from nothing', () => {
-  it('an egress EIP rule: root htb, default class, the class and a u32 filter with natgw\'s handle, minors in 0x', () => {
+  it("an egress EIP rule: root htb, default class, the class and a u32 filter with natgw's handle, minors in 0x", () => {
     const p = plan(kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), [eip('1.2.3.4', 0x4495, 1, { rate: '0.5', burst: '1.5' })]);
     expect(p.ip).toEqual([]);
     expect(p.tc).toEqual([
@@ -127,9 +159,13 @@ describe('renderQos: against a kernel that holds things', () => {
     expect(q.tc).toEqual(['class change dev net1 parent 1: classid 1:0x1d3a htb rate 10mbit ceil 10mbit burst 1059062 cburst 1059062']);
   });
 
-  it('a class and filter deleted behind natgw\'s back are added again', () => {
-    const filters = FILTERS.split('\n').filter((l) => !l.includes('800::1') && !l.includes('0a620002')).join('\n');
-    const classes = CLASSES.split('\n').filter((l) => !l.includes('1:1d3a')).join('\n');
+  it("a class and filter deleted behind natgw's back are added again", () => {
+    const filters = FILTERS.split('\n')
+      .filter((l) => !l.includes('800::1') && !l.includes('0a620002'))
+      .join('\n');
+    const classes = CLASSES.split('\n')
+      .filter((l) => !l.includes('1:1d3a'))
+      .join('\n');
     const p = plan(captured(filters, classes), RULES.eips, RULES.gws);
     expect(p.tc).toEqual([
       'class add dev net1 parent 1: classid 1:0x1d3a htb rate 10mbit ceil 10mbit burst 1048576 cburst 1048576',
@@ -163,13 +199,10 @@ describe('renderQos: against a kernel that holds things', () => {
     ]);
   });
 
-  it('a priority held by another classifier kind is cleared before natgw\'s filters go in', () => {
+  it("a priority held by another classifier kind is cleared before natgw's filters go in", () => {
     // The stand-in u32 at prio 3 on a kernel that has matchall: prio 3 becomes a real matchall.
     const p = plan(captured(), RULES.eips, RULES.gws, { fqCodel: false, matchall: true });
-    expect(p.tc).toEqual([
-      'filter del dev net1 parent 1: prio 3',
-      'filter add dev net1 parent 1: protocol ip prio 3 handle 0xfff matchall flowid 1:0xff03',
-    ]);
+    expect(p.tc).toEqual(['filter del dev net1 parent 1: prio 3', 'filter add dev net1 parent 1: protocol ip prio 3 handle 0xfff matchall flowid 1:0xff03']);
   });
 
   it('moving a rule to another priority adds the new filter before it deletes the old one', () => {
@@ -180,11 +213,14 @@ describe('renderQos: against a kernel that holds things', () => {
     ]);
   });
 
-  it('a root qdisc that is not natgw\'s is replaced; one with another default is changed', () => {
+  it("a root qdisc that is not natgw's is replaced; one with another default is changed", () => {
     expect(plan(kernel({ qdiscs: 'qdisc fq_codel 0: dev net1 root refcnt 2 limit 10240p\n' }), [eip('1.2.3.4', 0x10, 1)]).tc[0]).toBe(
       'qdisc replace dev net1 root handle 1: htb default 0x9999',
     );
-    const k = kernel({ qdiscs: 'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0 direct_packets_stat 0\n', devices: { net1: { classes: CLASSES, filters: FILTERS } } });
+    const k = kernel({
+      qdiscs: 'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0 direct_packets_stat 0\n',
+      devices: { net1: { classes: CLASSES, filters: FILTERS } },
+    });
     expect(plan(k, RULES.eips, RULES.gws).tc).toEqual(['qdisc change dev net1 root handle 1: htb default 0x9999']);
   });
 
@@ -213,8 +249,11 @@ describe('renderQos: against a kernel that holds things', () => {
     ]);
   });
 
-  it('leaves devices that are not natgw\'s alone', () => {
-    const k = kernel({ qdiscs: 'qdisc htb 1: dev eth0 root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0\n', devices: { eth0: { classes: CLASSES, filters: FILTERS } } });
+  it("leaves devices that are not natgw's alone", () => {
+    const k = kernel({
+      qdiscs: 'qdisc htb 1: dev eth0 root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0\n',
+      devices: { eth0: { classes: CLASSES, filters: FILTERS } },
+    });
     expect(plan(k, [], []).tc).toEqual([]);
   });
 });

@@ -10,7 +10,11 @@ import { waitFor } from '../helpers/poll.js';
 const log = pino({ level: 'silent' });
 const state = desiredStateSchema.parse({
   interfaces: { vpc: 'eth0', ext: 'net1' },
-  eips: [{ address: '172.20.0.10', prefixLength: 24 }, { address: '172.20.0.11', prefixLength: 24 }, { address: 'fd00::10', prefixLength: 64 }],
+  eips: [
+    { address: '172.20.0.10', prefixLength: 24 },
+    { address: '172.20.0.11', prefixLength: 24 },
+    { address: 'fd00::10', prefixLength: 64 },
+  ],
 });
 
 describe('restart hygiene', () => {

@@ -8,11 +8,25 @@ import { describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { parseTableListing, type NftTableDump } from '../../src/dataplane/netfilter/nft/readback.js';
 import {
-  recogniseShareRule, renderShareDnat, renderShareRemoveAll, shareChainName, shareDnatsFromKernel, shareRuleText,
+  recogniseShareRule,
+  renderShareDnat,
+  renderShareRemoveAll,
+  shareChainName,
+  shareDnatsFromKernel,
+  shareRuleText,
 } from '../../src/dataplane/netfilter/shareDnatRender.js';
 
 const ITEMS: ShareDnat[] = [
-  { eip: '172.20.0.10', port: 8080, protocol: 'tcp', protocolText: 'TCP', backends: [{ ip: '10.0.1.6', port: 80 }, { ip: '10.0.1.7', port: 80 }] },
+  {
+    eip: '172.20.0.10',
+    port: 8080,
+    protocol: 'tcp',
+    protocolText: 'TCP',
+    backends: [
+      { ip: '10.0.1.6', port: 80 },
+      { ip: '10.0.1.7', port: 80 },
+    ],
+  },
   { eip: '172.20.0.10', port: 5353, protocol: 'udp', protocolText: 'udp', backends: [{ ip: '10.0.1.6', port: 53 }] },
 ];
 const TCP_CHAIN = 'dnat-597cdf0ec2be';
@@ -20,15 +34,85 @@ const UDP_CHAIN = 'dnat-a824d77eccbb';
 
 const REAL_KUBE_OVN = JSON.stringify({
   nftables: [
-    {"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
-    {"table": {"family": "ip", "name": "kube-ovn", "handle": 3}},
-    {"map": {"family": "ip", "name": "service-ips", "table": "kube-ovn", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 1, "map": "verdict", "elem": [[{"concat": ["172.20.0.10", "tcp", 8080]}, {"goto": {"target": "dnat-597cdf0ec2be"}}], [{"concat": ["172.20.0.10", "udp", 5353]}, {"goto": {"target": "dnat-a824d77eccbb"}}]]}},
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "prerouting", "handle": 2, "type": "nat", "hook": "prerouting", "prio": -150, "policy": "accept"}},
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-597cdf0ec2be", "handle": 4}},
-    {"chain": {"family": "ip", "table": "kube-ovn", "name": "dnat-a824d77eccbb", "handle": 7}},
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "prerouting", "handle": 3, "expr": [{"vmap": {"key": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@service-ips"}}]}},
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-597cdf0ec2be", "handle": 6, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 2, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.6", 80]}], [1, {"concat": ["10.0.1.7", 80]}]]}}}}}]}},
-    {"rule": {"family": "ip", "table": "kube-ovn", "chain": "dnat-a824d77eccbb", "handle": 9, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "udp"}}, {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 1, "offset": 0}}, "data": {"set": [[0, {"concat": ["10.0.1.6", 53]}]]}}}}}]}},
+    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
+    { table: { family: 'ip', name: 'kube-ovn', handle: 3 } },
+    {
+      map: {
+        family: 'ip',
+        name: 'service-ips',
+        table: 'kube-ovn',
+        type: ['ipv4_addr', 'inet_proto', 'inet_service'],
+        handle: 1,
+        map: 'verdict',
+        elem: [
+          [{ concat: ['172.20.0.10', 'tcp', 8080] }, { goto: { target: 'dnat-597cdf0ec2be' } }],
+          [{ concat: ['172.20.0.10', 'udp', 5353] }, { goto: { target: 'dnat-a824d77eccbb' } }],
+        ],
+      },
+    },
+    { chain: { family: 'ip', table: 'kube-ovn', name: 'prerouting', handle: 2, type: 'nat', hook: 'prerouting', prio: -150, policy: 'accept' } },
+    { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-597cdf0ec2be', handle: 4 } },
+    { chain: { family: 'ip', table: 'kube-ovn', name: 'dnat-a824d77eccbb', handle: 7 } },
+    {
+      rule: {
+        family: 'ip',
+        table: 'kube-ovn',
+        chain: 'prerouting',
+        handle: 3,
+        expr: [
+          {
+            vmap: {
+              key: { concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }] },
+              data: '@service-ips',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'kube-ovn',
+        chain: 'dnat-597cdf0ec2be',
+        handle: 6,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'tcp' } },
+          {
+            dnat: {
+              family: 'ip',
+              addr: {
+                map: {
+                  key: { numgen: { mode: 'random', mod: 2, offset: 0 } },
+                  data: {
+                    set: [
+                      [0, { concat: ['10.0.1.6', 80] }],
+                      [1, { concat: ['10.0.1.7', 80] }],
+                    ],
+                  },
+                },
+              },
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'kube-ovn',
+        chain: 'dnat-a824d77eccbb',
+        handle: 9,
+        expr: [
+          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: 'udp' } },
+          {
+            dnat: {
+              family: 'ip',
+              addr: { map: { key: { numgen: { mode: 'random', mod: 1, offset: 0 } }, data: { set: [[0, { concat: ['10.0.1.6', 53] }]] } } },
+            },
+          },
+        ],
+      },
+    },
   ],
 });
 
@@ -67,7 +151,14 @@ describe('share DNAT objects', () => {
   });
 
   it('keeps the backends in the given order', () => {
-    const d: ShareDnat = { ...ITEMS[0]!, backends: [{ ip: '10.0.1.9', port: 1 }, { ip: '10.0.1.2', port: 2 }, { ip: '10.0.1.5', port: 3 }] };
+    const d: ShareDnat = {
+      ...ITEMS[0]!,
+      backends: [
+        { ip: '10.0.1.9', port: 1 },
+        { ip: '10.0.1.2', port: 2 },
+        { ip: '10.0.1.5', port: 3 },
+      ],
+    };
     expect(shareRuleText(d)).toBe('meta l4proto tcp dnat ip addr . port to numgen random mod 3 map { 0 : 10.0.1.9 . 1, 1 : 10.0.1.2 . 2, 2 : 10.0.1.5 . 3 }');
   });
 
@@ -113,10 +204,7 @@ describe('share DNAT against a real read-back', () => {
 
   it('a removed identity: element deleted and chain flushed now, chain deleted in a second transaction', () => {
     const plan = renderShareDnat([ITEMS[0]!], real());
-    expect(lines(plan.main)).toEqual([
-      'delete element ip kube-ovn service-ips { 172.20.0.10 . udp . 5353 }',
-      `flush chain ip kube-ovn ${UDP_CHAIN}`,
-    ]);
+    expect(lines(plan.main)).toEqual(['delete element ip kube-ovn service-ips { 172.20.0.10 . udp . 5353 }', `flush chain ip kube-ovn ${UDP_CHAIN}`]);
     expect(plan.staleChains).toEqual([UDP_CHAIN]);
     expect(plan.changes).toBe(2);
   });

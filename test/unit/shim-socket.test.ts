@@ -41,7 +41,7 @@ const FILES: readonly (string | undefined)[] = [
   'NATGW_SOCKET="/run/dq sock.sock"\n',
   "NATGW_SOCKET='/run/sq sock.sock'\n",
   'NATGW_SOCKET="/run/\\"esc\\" \\\\ \\$x \\`y\\` \\n.sock"\n',
-  "NATGW_SOCKET='/run/$(x) \\\"raw\\\".sock'\n",
+  'NATGW_SOCKET=\'/run/$(x) \\"raw\\".sock\'\n',
   'NATGW_SOCKET=/run/a.sock # a comment\n',
   'NATGW_SOCKET=/run/a#b.sock\t#\tcomment # more\n',
   'NATGW_SOCKET="/run/quoted # not a comment"\n',
@@ -70,7 +70,10 @@ describe("the shim's socket path", () => {
       for (const base of ENVS) {
         const file = join(dir, `env-${n++}`);
         if (content !== undefined) writeFileSync(file, content);
-        for (const env of [{ ...base, NATGW_ENV_FILE: file }, { ...base, NATGW_ENV_FILE: `  ${file}\t` }]) {
+        for (const env of [
+          { ...base, NATGW_ENV_FILE: file },
+          { ...base, NATGW_ENV_FILE: `  ${file}\t` },
+        ]) {
           const want = await socketPathFromEnv(env);
           expect(bashSocket(env), JSON.stringify({ content, env })).toBe(want);
         }

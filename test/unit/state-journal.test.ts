@@ -33,13 +33,27 @@ function walk(seed: number, steps: number): DesiredState[] {
   for (let k = 0; k < steps; k++) {
     const i = pick(40);
     switch (pick(7)) {
-      case 0: s = Ops.addDnats(s, [dnat(i)]).state; break;
-      case 1: s = Ops.delDnat(s, dnat(i)).state; break;
-      case 2: s = Ops.addFips(s, [fip(i)]).state; break;
-      case 3: s = Ops.delFip(s, fip(i).eip).state; break;
-      case 4: s = Ops.addSnats(s, [snat(i, [16, 24, 32][pick(3)]!)]).state; break;
-      case 5: s = Ops.delSnat(s, snat(i, 24)).state; break;
-      default: s = Ops.addEip(s, { address: `172.20.0.${i}`, prefixLength: [16, 24][pick(2)]! }, { v4: '172.20.0.1' }).state; break;
+      case 0:
+        s = Ops.addDnats(s, [dnat(i)]).state;
+        break;
+      case 1:
+        s = Ops.delDnat(s, dnat(i)).state;
+        break;
+      case 2:
+        s = Ops.addFips(s, [fip(i)]).state;
+        break;
+      case 3:
+        s = Ops.delFip(s, fip(i).eip).state;
+        break;
+      case 4:
+        s = Ops.addSnats(s, [snat(i, [16, 24, 32][pick(3)]!)]).state;
+        break;
+      case 5:
+        s = Ops.delSnat(s, snat(i, 24)).state;
+        break;
+      default:
+        s = Ops.addEip(s, { address: `172.20.0.${i}`, prefixLength: [16, 24][pick(2)]! }, { v4: '172.20.0.1' }).state;
+        break;
     }
     states.push(s);
   }
@@ -103,7 +117,10 @@ describe('StateStore journal', () => {
     const s1 = Ops.addDnats(s0, [dnat(1)]).state;
     await store.commit(s0, s1);
     expect(existsSync(store.journalFile)).toBe(true);
-    const s2 = Ops.addDnats(s1, Array.from({ length: 500 }, (_, i) => dnat(i + 2))).state;
+    const s2 = Ops.addDnats(
+      s1,
+      Array.from({ length: 500 }, (_, i) => dnat(i + 2)),
+    ).state;
     await store.commit(s1, s2);
     expect(existsSync(store.journalFile)).toBe(false);
     expect(await new StateStore(d).load()).toEqual(s2);

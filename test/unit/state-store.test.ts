@@ -10,7 +10,11 @@ const dir = () => mkdtempSync(path.join(tmpdir(), 'natgw-store-'));
 describe('StateStore', () => {
   it('round-trips a state through its sealed file', async () => {
     const store = new StateStore(dir());
-    const s = { ...emptyState('eth0', 'net1'), initialized: true, dnats: [{ eip: '1.2.3.4', port: 80, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }] };
+    const s = {
+      ...emptyState('eth0', 'net1'),
+      initialized: true,
+      dnats: [{ eip: '1.2.3.4', port: 80, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }],
+    };
     await store.save(s);
     expect(await store.load()).toEqual(s);
     expect(readFileSync(store.stateFile, 'utf8')).toMatch(/^\{"sha256":"[0-9a-f]{64}","state":\{/);

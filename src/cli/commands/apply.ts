@@ -30,7 +30,10 @@ class Progress {
     this.phase(text);
     if (!this.enabled || !this.io.errIsTty) return p;
     const from = performance.now();
-    const timer = setInterval(() => this.io.err(`natgw apply: … still ${text.replace(/^\w/, (c) => c.toLowerCase())} (${Math.round((performance.now() - from) / 1000)} s)\n`), 5000);
+    const timer = setInterval(
+      () => this.io.err(`natgw apply: … still ${text.replace(/^\w/, (c) => c.toLowerCase())} (${Math.round((performance.now() - from) / 1000)} s)\n`),
+      5000,
+    );
     timer.unref();
     try {
       return await p;
@@ -44,7 +47,8 @@ class Progress {
   }
 }
 
-const size = (bytes: number): string => (bytes >= 1 << 20 ? `${(bytes / (1 << 20)).toFixed(1)} MB` : bytes >= 1024 ? `${(bytes / 1024).toFixed(1)} KB` : `${bytes} B`);
+const size = (bytes: number): string =>
+  bytes >= 1 << 20 ? `${(bytes / (1 << 20)).toFixed(1)} MB` : bytes >= 1024 ? `${(bytes / 1024).toFixed(1)} KB` : `${bytes} B`;
 
 async function readSource(file: string): Promise<string> {
   try {
@@ -122,14 +126,19 @@ export async function apply(args: readonly string[], io: Io): Promise<number> {
     if (values['show-script'] && plan.script) io.out(`\nScript:\n${plan.script}`);
   }
   if (dryRun || noChange) {
-    if (values.json) io.out(`${JSON.stringify({ dryRun, applied: false, diff, plan: plan.plan, report: plan.report, script: plan.script, digest: current.digest }, null, 2)}\n`);
+    if (values.json)
+      io.out(
+        `${JSON.stringify({ dryRun, applied: false, diff, plan: plan.plan, report: plan.report, script: plan.script, digest: current.digest }, null, 2)}\n`,
+      );
     else io.out(dryRun ? 'Dry run: nothing applied.\n' : 'Nothing to apply.\n');
     progress.phase(`done in ${progress.ms} ms`);
     return 0;
   }
   const result = await progress.during(`daemon applying ${parsed.objects} object(s)`, putState(target, body, current.digest, false));
   if (values.json) {
-    io.out(`${JSON.stringify({ dryRun: false, applied: true, diff, plan: result.plan, report: result.report, generation: result.generation, digest: result.digest }, null, 2)}\n`);
+    io.out(
+      `${JSON.stringify({ dryRun: false, applied: true, diff, plan: result.plan, report: result.report, generation: result.generation, digest: result.digest }, null, 2)}\n`,
+    );
   } else {
     io.out(`Applied: generation ${result.generation}, digest ${result.digest}.\n`);
   }

@@ -25,7 +25,12 @@ export const processIo = (): Io => ({
 });
 
 /** parseArgs with a usage error (exit 2) that names the command's help. */
-export function parseOptions<O extends NonNullable<ParseArgsConfig['options']>>(command: string, args: readonly string[], options: O, allowPositionals = false) {
+export function parseOptions<O extends NonNullable<ParseArgsConfig['options']>>(
+  command: string,
+  args: readonly string[],
+  options: O,
+  allowPositionals = false,
+) {
   try {
     return parseArgs({ args: [...args], options, allowPositionals, strict: true });
   } catch (e) {

@@ -117,8 +117,22 @@ export function compareIp(a: string, b: string): number {
 }
 
 function ipSortKey(ip: string): string {
-  if (!ip.includes(':')) return '4' + ip.split('.').map((o) => o.padStart(3, '0')).join('.');
-  return '6' + ipaddr.IPv6.parse(ip).toNormalizedString().split(':').map((h) => h.padStart(4, '0')).join(':');
+  if (!ip.includes(':'))
+    return (
+      '4' +
+      ip
+        .split('.')
+        .map((o) => o.padStart(3, '0'))
+        .join('.')
+    );
+  return (
+    '6' +
+    ipaddr.IPv6.parse(ip)
+      .toNormalizedString()
+      .split(':')
+      .map((h) => h.padStart(4, '0'))
+      .join(':')
+  );
 }
 
 export interface SyncReport {

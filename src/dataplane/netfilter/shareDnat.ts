@@ -12,7 +12,14 @@ import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/readback.js';
 import {
-  KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, hasUnknownHandle, planShareDnat, planShareRemoveAll, shareDnatsFromKernel, withoutChains,
+  KUBE_OVN_TABLE,
+  type SharePlan,
+  deleteChainsTx,
+  hasUnknownHandle,
+  planShareDnat,
+  planShareRemoveAll,
+  shareDnatsFromKernel,
+  withoutChains,
 } from './shareDnatRender.js';
 
 export class ShareDnatTable {
@@ -21,7 +28,11 @@ export class ShareDnatTable {
 
   private readonly nft: NftClient;
 
-  constructor(exec: Executor, private readonly log?: Logger, nft?: NftClient) {
+  constructor(
+    exec: Executor,
+    private readonly log?: Logger,
+    nft?: NftClient,
+  ) {
     this.nft = nft ?? new SystemNftClient(exec);
   }
 

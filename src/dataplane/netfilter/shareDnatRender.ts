@@ -55,11 +55,7 @@ export function vmapRuleJson(): unknown[] {
     {
       vmap: {
         key: {
-          concat: [
-            { payload: { protocol: 'ip', field: 'daddr' } },
-            { meta: { key: 'l4proto' } },
-            { payload: { protocol: 'th', field: 'dport' } },
-          ],
+          concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }],
         },
         data: `@${SERVICE_MAP}`,
       },
@@ -172,10 +168,7 @@ export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handl
  * stale chains flushed but still there (null: no table, and none made). Handles of new
  * objects are UNKNOWN_HANDLE.
  */
-export function planShareDnat(
-  itemsIn: readonly ShareDnat[],
-  have: NftTableDump | null,
-): { plan: SharePlan; after: NftTableDump | null; tx: NftTransaction } {
+export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): { plan: SharePlan; after: NftTableDump | null; tx: NftTransaction } {
   const items = dedupe(itemsIn);
   const create = new NftTransaction();
   const chainOps = new NftTransaction();
@@ -231,7 +224,12 @@ export function planShareDnat(
     preRules = preRules.filter((r) => r !== extra);
     changes += 1;
   }
-  afterChains.set(SHARE_PREROUTING, { name: SHARE_PREROUTING, handle: pre && preroutingDeclOk(pre) ? pre.handle : UNKNOWN_HANDLE, base: PREROUTING_BASE, rules: preRules });
+  afterChains.set(SHARE_PREROUTING, {
+    name: SHARE_PREROUTING,
+    handle: pre && preroutingDeclOk(pre) ? pre.handle : UNKNOWN_HANDLE,
+    base: PREROUTING_BASE,
+    rules: preRules,
+  });
 
   // Identity chains: created, or replaced atomically (flush + add) when their rule differs.
   const wantedChains = new Set<string>();
@@ -262,13 +260,14 @@ export function planShareDnat(
   delElems.deleteElements(T, SERVICE_MAP, stale);
   changes += stale.length;
   const missing = [...wantElems.entries()].filter(([k, v]) => haveElems.get(k) !== v);
-  addElems.addElements(T, SERVICE_MAP, missing.map(([key, value]) => ({ key, value })));
+  addElems.addElements(
+    T,
+    SERVICE_MAP,
+    missing.map(([key, value]) => ({ key, value })),
+  );
   changes += missing.length;
   const gone = new Set(stale);
-  const elements: NftElementDump[] = [
-    ...(map?.elements ?? []).filter((e) => !gone.has(e.key)),
-    ...missing.map(([key, value]) => ({ key, value })),
-  ];
+  const elements: NftElementDump[] = [...(map?.elements ?? []).filter((e) => !gone.has(e.key)), ...missing.map(([key, value]) => ({ key, value }))];
 
   // Stale identity chains: flushed now, deleted in the second transaction.
   const staleChains = [...chains.values()]
@@ -345,8 +344,7 @@ export function planShareRemoveAll(have: NftTableDump | null): { removal: ShareR
   if (!have) return { removal: { main: '', staleChains: [], wholeTable: false }, tx };
   const pre = have.chains.get(SHARE_PREROUTING);
   const ourChain = (c: NftChainDump): boolean =>
-    (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) ||
-    (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
+    (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) || (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
   const foreign = [...have.chains.values()].some((c) => !ourChain(c)) || [...have.sets.keys()].some((s) => s !== SERVICE_MAP);
   if (!foreign) {
     tx.deleteTable(T);

@@ -6,12 +6,23 @@ import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeQosFeatures } from './probe.js';
 import {
-  type DeviceTc, type FilterMatch, type TcClass, type TcFilter, type TcLink, type TcQdisc,
-  expectedTicks, matchKey, parseClasses, parseFilters, parseLinks, parseQdiscs, rateBytesOf, rulesFromKernel, shapedDevices,
+  type DeviceTc,
+  type FilterMatch,
+  type TcClass,
+  type TcFilter,
+  type TcLink,
+  type TcQdisc,
+  expectedTicks,
+  matchKey,
+  parseClasses,
+  parseFilters,
+  parseLinks,
+  parseQdiscs,
+  rateBytesOf,
+  rulesFromKernel,
+  shapedDevices,
 } from './readback.js';
-import {
-  type DesiredDevice, type KernelQos, type QosFeatures, type QosPlan, desiredDevices, renderQos, tcBatchScript,
-} from './render.js';
+import { type DesiredDevice, type KernelQos, type QosFeatures, type QosPlan, desiredDevices, renderQos, tcBatchScript } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 
 /**
@@ -62,10 +73,7 @@ export class QosManager {
   async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
     const ext = state.interfaces.ext;
     // Which devices the rules name (ids not needed for that), plus those natgw shaped before.
-    const ruleDevices = new Set<string>([
-      ...state.eipQos.map((q) => eipQosDevice(q, ext)),
-      ...state.qos.map((q) => gwQosDevice(q)),
-    ]);
+    const ruleDevices = new Set<string>([...state.eipQos.map((q) => eipQosDevice(q, ext)), ...state.qos.map((q) => gwQosDevice(q))]);
     const ingressOf = new Set<string>([
       ...state.eipQos.filter((q) => q.direction === 'ingress').map(() => ext),
       ...state.qos.filter((q) => q.direction === 'ingress').map((q) => q.dev),
@@ -193,13 +201,15 @@ export class QosManager {
     const devices = new Map<string, DeviceTc>();
     const ingress = new Map<string, readonly TcFilter[]>();
     await Promise.all([
-      ...[...new Set(shaped)].filter((d) => exists.has(d)).map(async (dev) => {
-        const [classes, filters] = await Promise.all([
-          this.read('tc', ['-d', '-raw', 'class', 'show', 'dev', dev]),
-          this.read('tc', ['filter', 'show', 'dev', dev, 'parent', '1:']),
-        ]);
-        devices.set(dev, { classes: parseClasses(classes), filters: parseFilters(filters) });
-      }),
+      ...[...new Set(shaped)]
+        .filter((d) => exists.has(d))
+        .map(async (dev) => {
+          const [classes, filters] = await Promise.all([
+            this.read('tc', ['-d', '-raw', 'class', 'show', 'dev', dev]),
+            this.read('tc', ['filter', 'show', 'dev', dev, 'parent', '1:']),
+          ]);
+          devices.set(dev, { classes: parseClasses(classes), filters: parseFilters(filters) });
+        }),
       ...[...new Set(ingressOf)]
         .filter((d) => base.qdiscs.some((q) => q.dev === d && q.handle === 'ffff:'))
         .map(async (dev) => {
@@ -228,7 +238,10 @@ export class QosManager {
 
 /** The tool's complaint without the `Warning:` lines tc adds (e.g. htb quantum advice). */
 function errorText(r: ExecResult): string {
-  const lines = `${r.stderr}\n${r.stdout}`.split('\n').map((l) => l.trim()).filter((l) => l !== '' && !l.startsWith('Warning:'));
+  const lines = `${r.stderr}\n${r.stdout}`
+    .split('\n')
+    .map((l) => l.trim())
+    .filter((l) => l !== '' && !l.startsWith('Warning:'));
   return lines.slice(0, 3).join('; ') || `exit ${r.exitCode}`;
 }
 
@@ -339,15 +352,15 @@ export function qosViewAfter(view: QosView, plan: QosPlan): QosView | undefined 
   const m: Model = {
     links: [...k.links],
     qdiscs: [...k.qdiscs],
-    devices: new Map([...k.devices].map(([d, t]) => [d, { filters: [...t.filters], others: t.classes.filter((c) => !isOurClass(c)), classes: classTableOf(t.classes) }])),
+    devices: new Map(
+      [...k.devices].map(([d, t]) => [d, { filters: [...t.filters], others: t.classes.filter((c) => !isOurClass(c)), classes: classTableOf(t.classes) }]),
+    ),
     ingress: new Map([...k.ingress].map(([d, f]) => [d, [...f]])),
     cursors: new Map(view.htidCursors),
   };
   for (const args of plan.ip) if (!applyIp(m, args)) return undefined;
   for (const line of plan.tc) if (!applyTc(m, line.split(' '))) return undefined;
-  const devices = new Map<string, DeviceTc>(
-    [...m.devices].map(([d, t]) => [d, { classes: [...t.classes.buckets.flat(), ...t.others], filters: t.filters }]),
-  );
+  const devices = new Map<string, DeviceTc>([...m.devices].map(([d, t]) => [d, { classes: [...t.classes.buckets.flat(), ...t.others], filters: t.filters }]));
   return { kernel: { links: m.links, qdiscs: m.qdiscs, devices, ingress: m.ingress }, htidCursors: m.cursors };
 }
 
@@ -566,10 +579,24 @@ function addRedirect(m: Model, dev: string, t: readonly string[]): boolean {
   const table = have.find((f) => f.pref === pref && isU32Table(f));
   const fresh = !have.some(isU32Table);
   const htid = table?.htid ?? (fresh ? FIRST_HTID : UNKNOWN_HTID);
-  const added: TcFilter[] = table ? [] : [{ protocol, pref, kind: 'u32', keys: [] }, { protocol, pref, kind: 'u32', fh: `${htidText(htid)}:`, htid, isTable: true, keys: [] }];
+  const added: TcFilter[] = table
+    ? []
+    : [
+        { protocol, pref, kind: 'u32', keys: [] },
+        { protocol, pref, kind: 'u32', fh: `${htidText(htid)}:`, htid, isTable: true, keys: [] },
+      ];
   // The kernel numbers the node (800 in a new table); nothing natgw renders names it.
   const node = table ? '?' : '800';
-  added.push({ protocol, pref, kind: 'u32', fh: `${htidText(htid)}::${node}`, htid, ...(table ? {} : { node: 0x800 }), keys: [matchKey({ kind: 'all' })], redirectTo: ifb });
+  added.push({
+    protocol,
+    pref,
+    kind: 'u32',
+    fh: `${htidText(htid)}::${node}`,
+    htid,
+    ...(table ? {} : { node: 0x800 }),
+    keys: [matchKey({ kind: 'all' })],
+    redirectTo: ifb,
+  });
   m.ingress.set(dev, listingOrder([...have, ...added]));
   return true;
 }

@@ -1,7 +1,17 @@
 import {
-  type Direction, type EipQos, type GwQos,
-  CATCH_ALL_HANDLE, CLASS_RANGES, DEFAULT_CLASS, IFB_PREFIX, MAX_BURST_MB, MAX_RATE_MBIT,
-  burstBytes, canonicalDecimal, ifbName, rateBytesPerSecond,
+  type Direction,
+  type EipQos,
+  type GwQos,
+  CATCH_ALL_HANDLE,
+  CLASS_RANGES,
+  DEFAULT_CLASS,
+  IFB_PREFIX,
+  MAX_BURST_MB,
+  MAX_RATE_MBIT,
+  burstBytes,
+  canonicalDecimal,
+  ifbName,
+  rateBytesPerSecond,
 } from '../../model/qos.js';
 import { isInterfaceName } from '../../model/net.js';
 
@@ -89,9 +99,7 @@ export function parseLinks(json: string): TcLink[] {
   }
   if (!Array.isArray(data)) return [];
   return data.flatMap((l: { ifname?: unknown; flags?: unknown }) =>
-    typeof l.ifname === 'string'
-      ? [{ name: l.ifname, up: Array.isArray(l.flags) && l.flags.includes('UP') }]
-      : [],
+    typeof l.ifname === 'string' ? [{ name: l.ifname, up: Array.isArray(l.flags) && l.flags.includes('UP') }] : [],
   );
 }
 
@@ -126,9 +134,20 @@ export function parseQdiscs(text: string): TcQdisc[] {
 // ---------------------------------------------------------------------------------
 
 const RATE_UNITS: Readonly<Record<string, number>> = {
-  bit: 1, kbit: 1e3, mbit: 1e6, gbit: 1e9, tbit: 1e12,
-  kibit: 1024, mibit: 1024 ** 2, gibit: 1024 ** 3, tibit: 1024 ** 4,
-  bps: 8, kbps: 8e3, mbps: 8e6, gbps: 8e9, tbps: 8e12,
+  bit: 1,
+  kbit: 1e3,
+  mbit: 1e6,
+  gbit: 1e9,
+  tbit: 1e12,
+  kibit: 1024,
+  mibit: 1024 ** 2,
+  gibit: 1024 ** 3,
+  tibit: 1024 ** 4,
+  bps: 8,
+  kbps: 8e3,
+  mbps: 8e6,
+  gbps: 8e9,
+  tbps: 8e12,
 };
 
 /** `500Kbit` → 500000 (bits per second). */
@@ -249,8 +268,7 @@ export function parseFilters(text: string): TcFilter[] {
 }
 
 /** The filters that classify (not a priority's header or a u32 hash-table line). */
-export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] =>
-  fs.filter((f) => f.fh !== undefined && !f.isTable);
+export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] => fs.filter((f) => f.fh !== undefined && !f.isTable);
 
 // ---------------------------------------------------------------------------------
 // Matches: u32 keys ⇄ natgw's match forms
@@ -259,9 +277,7 @@ export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] =>
 const IP_SRC_OFF = 12;
 const IP_DST_OFF = 16;
 
-export type FilterMatch =
-  | { readonly kind: 'ip'; readonly dir: 'src' | 'dst'; readonly cidr: string }
-  | { readonly kind: 'all' };
+export type FilterMatch = { readonly kind: 'ip'; readonly dir: 'src' | 'dst'; readonly cidr: string } | { readonly kind: 'all' };
 
 export function prefixMask(len: number): number {
   return len === 0 ? 0 : (0xffffffff << (32 - len)) >>> 0;
@@ -369,8 +385,7 @@ export function classShaping(c: TcClass): { rate: string; burst: string } | unde
 const validBurst = (mb: string): boolean => burstBytes(mb) >= 1 && Number(mb) <= MAX_BURST_MB;
 
 function burstForTicks(ticks: number, rateBytes: number): string {
-  const programs = (mb: string): boolean =>
-    validBurst(mb) && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
+  const programs = (mb: string): boolean => validBurst(mb) && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
   // tc truncates to whole µs, then ticks: the buffer names one µs, and the bytes lie within it.
   const usec = Math.ceil(ticks / TICKS_PER_USEC);
   const mid = Math.max(1, ((usec + 0.5) * rateBytes) / 1e6) / 1048576;
@@ -401,11 +416,7 @@ const inRange = (minor: number, r: { min: number; max: number }): boolean => min
  * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
-export function rulesFromKernel(
-  extIf: string,
-  devs: readonly string[],
-  tc: ReadonlyMap<string, DeviceTc>,
-): { eipQos: EipQos[]; qos: GwQos[] } {
+export function rulesFromKernel(extIf: string, devs: readonly string[], tc: ReadonlyMap<string, DeviceTc>): { eipQos: EipQos[]; qos: GwQos[] } {
   const eipQos: EipQos[] = [];
   const qos: GwQos[] = [];
   const seenEip = new Set<string>();
@@ -413,20 +424,32 @@ export function rulesFromKernel(
 
   for (const f of eachRuleFilter(tc.get(extIf))) {
     const r = eipFromFilter('egress', f.filter, f.cls);
-    if (r && !seenEip.has(`egress|${r.ip}`)) (seenEip.add(`egress|${r.ip}`), eipQos.push(r));
+    if (r && !seenEip.has(`egress|${r.ip}`)) {
+      seenEip.add(`egress|${r.ip}`);
+      eipQos.push(r);
+    }
   }
   for (const f of eachRuleFilter(tc.get(ifbName(extIf)))) {
     const r = eipFromFilter('ingress', f.filter, f.cls);
-    if (r && !seenEip.has(`ingress|${r.ip}`)) (seenEip.add(`ingress|${r.ip}`), eipQos.push(r));
+    if (r && !seenEip.has(`ingress|${r.ip}`)) {
+      seenEip.add(`ingress|${r.ip}`);
+      eipQos.push(r);
+    }
   }
   // Gateway rules may shape EXT itself (their class ranges keep them apart from EIP rules).
   for (const dev of new Set([extIf, ...devs])) {
-    for (const [direction, device] of [['egress', dev], ['ingress', ifbName(dev)]] as const) {
+    for (const [direction, device] of [
+      ['egress', dev],
+      ['ingress', ifbName(dev)],
+    ] as const) {
       for (const f of eachRuleFilter(tc.get(device))) {
         const r = gwFromFilter(direction, dev, f.filter, f.cls);
         if (!r) continue;
         const key = `${direction}|${dev}|${r.priority}|${r.classifier}|${r.matchDirection}|${r.cidr}`;
-        if (!seenGw.has(key)) (seenGw.add(key), qos.push(r));
+        if (!seenGw.has(key)) {
+          seenGw.add(key);
+          qos.push(r);
+        }
       }
     }
   }

@@ -1,10 +1,31 @@
 import {
-  type EipQos, type GwQos,
-  DEFAULT_CLASS, DEFAULT_RATE_MBIT, REDIRECT_PRIO, burstBytes, eipQosDevice, gwQosDevice, hex, tcPrio,
+  type EipQos,
+  type GwQos,
+  DEFAULT_CLASS,
+  DEFAULT_RATE_MBIT,
+  REDIRECT_PRIO,
+  burstBytes,
+  eipQosDevice,
+  gwQosDevice,
+  hex,
+  tcPrio,
 } from '../../model/qos.js';
 import {
-  type DeviceTc, type FilterMatch, type TcClass, type TcFilter, type TcLink, type TcQdisc,
-  MAX_BUFFER_USEC, TICKS_PER_USEC, classifyingFilters, expectedTicks, matchKey, programmedBurstBytes, rateBytesOf, sameKey, shapedDevices,
+  type DeviceTc,
+  type FilterMatch,
+  type TcClass,
+  type TcFilter,
+  type TcLink,
+  type TcQdisc,
+  MAX_BUFFER_USEC,
+  TICKS_PER_USEC,
+  classifyingFilters,
+  expectedTicks,
+  matchKey,
+  programmedBurstBytes,
+  rateBytesOf,
+  sameKey,
+  shapedDevices,
 } from './readback.js';
 
 /**
@@ -190,8 +211,7 @@ function addFilter(dev: string, f: DesiredFilter, kind: 'u32' | 'matchall'): str
 const replaceFilter = (dev: string, fh: string, f: DesiredFilter): string =>
   `filter replace dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${fh} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
 
-const delFilter = (dev: string, f: TcFilter): string =>
-  `filter del dev ${dev} parent 1: protocol ${f.protocol} prio ${f.pref} handle ${f.fh ?? ''} ${f.kind}`;
+const delFilter = (dev: string, f: TcFilter): string => `filter del dev ${dev} parent 1: protocol ${f.protocol} prio ${f.pref} handle ${f.fh ?? ''} ${f.kind}`;
 
 const delPrio = (dev: string, prio: number): string => `filter del dev ${dev} parent 1: prio ${prio}`;
 
@@ -287,7 +307,9 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
       p.classes.push(`class ${write} ${classSpec(dev, c.minor, c.rate, c.burst)}`);
       const bytes = programmedBurstBytes(c.rate, c.burst);
       if (bytes < burstBytes(c.burst)) {
-        notes.push(`INFO: QoS: a burst of ${c.burst} MB at ${c.rate} Mbit/s is more than the kernel can hold (${MAX_BUFFER_USEC / 1e6} s of the rate); class 1:${hex(c.minor)} on ${dev} gets ${bytes} bytes`);
+        notes.push(
+          `INFO: QoS: a burst of ${c.burst} MB at ${c.rate} Mbit/s is more than the kernel can hold (${MAX_BUFFER_USEC / 1e6} s of the rate); class 1:${hex(c.minor)} on ${dev} gets ${bytes} bytes`,
+        );
       }
     }
     if (features.fqCodel) {
@@ -319,7 +341,8 @@ function renderFilters(dev: string, want: readonly DesiredFilter[], have: readon
     const onlyCatchAll = w.length === 1 && w[0]!.catchAll;
     const kind: 'u32' | 'matchall' = onlyCatchAll && features.matchall ? 'matchall' : 'u32';
     if (w.some((f) => f.catchAll) && !onlyCatchAll) {
-      for (const f of w.filter((x) => x.catchAll)) notes.push(`${f.what}: shares priority ${prio} on ${dev} with u32 rules, so a u32 catch-all (match u32 0 0) stands in for matchall`);
+      for (const f of w.filter((x) => x.catchAll))
+        notes.push(`${f.what}: shares priority ${prio} on ${dev} with u32 rules, so a u32 catch-all (match u32 0 0) stands in for matchall`);
     }
 
     const tables = h.filter((f) => f.isTable);
@@ -370,4 +393,3 @@ export function devicesToRead(desired: ReadonlyMap<string, DesiredDevice>, qdisc
   for (const d of desired.values()) if (d.ingressOf !== undefined) ingressOf.add(d.ingressOf);
   return { shaped: [...shaped].sort(), ingressOf: [...ingressOf].sort() };
 }
-

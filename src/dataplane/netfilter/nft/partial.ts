@@ -17,7 +17,20 @@ import { compareIp, type NatTables } from '../backend.js';
 import { refDiff } from '../../../state/refDiff.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import {
-  CHAIN, NftRenderError, SET, famOf, natgwTable, needsFamily, nftRule, ruleText, snatRule, textPlan, type NatgwRule, type NftFamily, type NftPlan, type NftTxPlan,
+  CHAIN,
+  NftRenderError,
+  SET,
+  famOf,
+  natgwTable,
+  needsFamily,
+  nftRule,
+  ruleText,
+  snatRule,
+  textPlan,
+  type NatgwRule,
+  type NftFamily,
+  type NftPlan,
+  type NftTxPlan,
 } from './render.js';
 import { NftTransaction, type NftElement } from './transaction.js';
 
@@ -128,8 +141,13 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const snatsChanged = prev.snats !== next.snats;
   const isV6 = (ip: string) => famOf(ip) === 'ip6';
   const hadV6 = view.families.has('ip6');
-  const addedV6 = dn.added.some((d) => isV6(d.eip)) || fp.added.some((f) => isV6(f.eip)) || ep.added.some(isV6) || (snatsChanged && next.snats.some((x) => isV6(x.eip)));
-  const removedV6 = dn.removed.some((d) => isV6(d.eip)) || fp.removed.some((f) => isV6(f.eip)) || ep.removed.some(isV6) || (snatsChanged && prev.snats.some((x) => isV6(x.eip)));
+  const addedV6 =
+    dn.added.some((d) => isV6(d.eip)) || fp.added.some((f) => isV6(f.eip)) || ep.added.some(isV6) || (snatsChanged && next.snats.some((x) => isV6(x.eip)));
+  const removedV6 =
+    dn.removed.some((d) => isV6(d.eip)) ||
+    fp.removed.some((f) => isV6(f.eip)) ||
+    ep.removed.some(isV6) ||
+    (snatsChanged && prev.snats.some((x) => isV6(x.eip)));
   const needsV6 = hadV6 ? (removedV6 ? needsFamily(next, 'ip6') : true) : addedV6;
   if (needsV6 !== hadV6 || !view.families.has('ip')) return null;
   // A FIP whose internal IP changes hands may change which EIP SNATs it.
@@ -141,9 +159,21 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
     if (!view.families.has(fam)) continue;
     // An identity removed and added again (a changed target) is deleted, then added: one transaction.
     out.delete(fam, SET.portDnat, byFam(dn.removed, (d) => d.eip, fam).map(dnatElementKey));
-    out.add(fam, SET.portDnat, byFam(dn.added, (d) => d.eip, fam).map((d) => ({ key: dnatElementKey(d), value: `${d.internalIp} . ${d.internalPort}` })));
-    out.delete(fam, SET.fipDnat, byFam(fp.removed, (f) => f.eip, fam).map((f) => f.eip));
-    out.add(fam, SET.fipDnat, byFam(fp.added, (f) => f.eip, fam).map((f) => ({ key: f.eip, value: f.internalIp })));
+    out.add(
+      fam,
+      SET.portDnat,
+      byFam(dn.added, (d) => d.eip, fam).map((d) => ({ key: dnatElementKey(d), value: `${d.internalIp} . ${d.internalPort}` })),
+    );
+    out.delete(
+      fam,
+      SET.fipDnat,
+      byFam(fp.removed, (f) => f.eip, fam).map((f) => f.eip),
+    );
+    out.add(
+      fam,
+      SET.fipDnat,
+      byFam(fp.added, (f) => f.eip, fam).map((f) => ({ key: f.eip, value: f.internalIp })),
+    );
     const snatDel: string[] = [];
     const snatAdd: NftElement[] = [];
     for (const ip of touched) {
@@ -157,7 +187,11 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
     out.delete(fam, SET.fipSnat, snatDel);
     out.add(fam, SET.fipSnat, snatAdd);
     out.delete(fam, SET.hairpinEips, [...new Set(byFam(ep.removed, (e) => e, fam))]);
-    out.add(fam, SET.hairpinEips, [...new Set(byFam(ep.added, (e) => e, fam))].map((key) => ({ key })));
+    out.add(
+      fam,
+      SET.hairpinEips,
+      [...new Set(byFam(ep.added, (e) => e, fam))].map((key) => ({ key })),
+    );
 
     if (snatsChanged) {
       const before = snatRules(prev.snats, fam);

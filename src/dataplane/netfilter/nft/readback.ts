@@ -14,13 +14,29 @@ import { prefixOf } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
 import { CHAIN, SET, ruleJson } from './render.js';
 import type {
-  NatgwKernel, NatgwRule, NftBaseHook, NftChainDump, NftElementDump, NftFamily, NftRuleDump, NftSetDump, NftTableDump,
+  NatgwKernel,
+  NatgwRule,
+  NftBaseHook,
+  NftChainDump,
+  NftElementDump,
+  NftFamily,
+  NftRuleDump,
+  NftSetDump,
+  NftTableDump,
   OwnedTable,
 } from './types.js';
 
 // The dump types are named here too: callers (the backend, share DNAT) know them as the read-back's.
 export type {
-  NatgwKernel, NftBaseHook, NftChainDump, NftElementDump, NftRuleDump, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
+  NatgwKernel,
+  NftBaseHook,
+  NftChainDump,
+  NftElementDump,
+  NftRuleDump,
+  NftSetDump,
+  NftTableDump,
+  OwnedRule,
+  OwnedTable,
 } from './types.js';
 
 // ---------------------------------------------------------------------------------
@@ -137,7 +153,7 @@ export function parseTableListing(jsonText: string, family: string, name: string
 
   const chains = new Map<string, NftChainDump>();
   const sets = new Map<string, NftSetDump>();
-  const ours = (o: Obj): boolean => o['family'] === family && (o['table'] === name);
+  const ours = (o: Obj): boolean => o['family'] === family && o['table'] === name;
   const pendingRules: Array<{ chain: string; rule: NftRuleDump }> = [];
 
   for (const item of items) {
@@ -279,9 +295,7 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
 }
 
 export function ownTable(dump: NftTableDump, fam: NftFamily): OwnedTable {
-  const owned = new Map(
-    [...dump.chains.values()].map((c) => [c.name, c.rules.map((r) => ({ handle: r.handle, rule: recogniseRule(r.expr, fam) }))] as const),
-  );
+  const owned = new Map([...dump.chains.values()].map((c) => [c.name, c.rules.map((r) => ({ handle: r.handle, rule: recogniseRule(r.expr, fam) }))] as const));
   return { ...dump, owned };
 }
 
@@ -323,7 +337,9 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
   const extIf = jump?.kind === 'snat-jump' ? jump.extIf : undefined;
 
   const elements = (set: string): readonly NftElementDump[] => dump.sets.get(set)?.elements ?? [];
-  const eips = elements(SET.hairpinEips).map((e) => e.key).filter(isIp);
+  const eips = elements(SET.hairpinEips)
+    .map((e) => e.key)
+    .filter(isIp);
   const snats: Snat[] = rulesOf(CHAIN.sharedSnat).flatMap((r) =>
     r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully, ...(r.pool ? { eips: [...r.pool] } : {}) }] : [],
   );
@@ -359,9 +375,7 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
  */
 export function natTablesFromKernel(k: NatgwKernel): NatTables | null {
   if (!k.ip && !k.ip6) return null;
-  const parts = [k.ip ? familyTables(k.ip) : undefined, k.ip6 ? familyTables(k.ip6) : undefined].filter(
-    (p): p is NonNullable<typeof p> => p !== undefined,
-  );
+  const parts = [k.ip ? familyTables(k.ip) : undefined, k.ip6 ? familyTables(k.ip6) : undefined].filter((p): p is NonNullable<typeof p> => p !== undefined);
   const snats = parts.flatMap((p) => p.snats);
   const sorted = snats
     .map((s, i) => ({ s, i }))
@@ -376,4 +390,3 @@ export function natTablesFromKernel(k: NatgwKernel): NatTables | null {
     fips: parts.flatMap((p) => p.fips),
   };
 }
-

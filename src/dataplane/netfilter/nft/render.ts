@@ -55,9 +55,7 @@ import { parseCidr } from '../../../model/net.js';
 import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
-import type {
-  NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable,
-} from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -146,10 +144,7 @@ export function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): 
 export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
   switch (r.kind) {
     case 'vpc-mark':
-      return [
-        match('==', meta('iifname'), r.vpcIf),
-        { mangle: { key: meta('mark'), value: { '|': [meta('mark'), VPC_MARK] } } },
-      ];
+      return [match('==', meta('iifname'), r.vpcIf), { mangle: { key: meta('mark'), value: { '|': [meta('mark'), VPC_MARK] } } }];
     case 'fip-dnat':
       return [{ dnat: { addr: { map: { key: payload(fam, 'daddr'), data: `@${SET.fipDnat}` } } } }];
     case 'port-dnat':
@@ -180,21 +175,12 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       const c = parseCidr(r.cidr);
       if (!c) throw new NftRenderError(`invalid CIDR ${r.cidr}`);
       const right = c.prefix === hostBits(fam) ? c.address : { prefix: { addr: c.address, len: c.prefix } };
-      const addr = r.pool
-        ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } }
-        : r.eip;
-      return [
-        match('==', payload(fam, 'saddr'), right),
-        { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } },
-      ];
+      const addr = r.pool ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } } : r.eip;
+      return [match('==', payload(fam, 'saddr'), right), { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } }];
     }
     case 'range-dnat': {
       const range = { range: [r.port, r.portEnd] };
-      return [
-        match('==', payload(fam, 'daddr'), r.eip),
-        match('==', payload(r.protocol, 'dport'), range),
-        { dnat: { addr: r.internalIp, port: range } },
-      ];
+      return [match('==', payload(fam, 'daddr'), r.eip), match('==', payload(r.protocol, 'dport'), range), { dnat: { addr: r.internalIp, port: range } }];
     }
   }
 }
@@ -272,14 +258,26 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const mine = <T>(items: readonly T[], ip: (t: T) => string): T[] => items.filter((t) => famOf(ip(t)) === fam);
 
-  const fips: Fip[] = firstBy(mine(want.fips, (f) => f.eip), fipKey);
+  const fips: Fip[] = firstBy(
+    mine(want.fips, (f) => f.eip),
+    fipKey,
+  );
   fips.forEach((f) => checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
-  const dnats: Dnat[] = firstBy(mine(want.dnats, (d) => d.eip), dnatKey);
+  const dnats: Dnat[] = firstBy(
+    mine(want.dnats, (d) => d.eip),
+    dnatKey,
+  );
   dnats.forEach((d) => checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
-  const snats: Snat[] = firstBy(mine(want.snats, (s) => s.eip), snatKey);
+  const snats: Snat[] = firstBy(
+    mine(want.snats, (s) => s.eip),
+    snatKey,
+  );
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
-  const eips = firstBy(mine(want.eips, (e) => e), (e) => e);
+  const eips = firstBy(
+    mine(want.eips, (e) => e),
+    (e) => e,
+  );
 
   const fipDnat = new Map(fips.map((f) => [f.eip, f.internalIp] as const));
   // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
@@ -289,9 +287,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
     dnats.filter((d) => d.portEnd === undefined).map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const),
   );
   const rangeDnats = dnats.flatMap((d): NatgwRule[] =>
-    d.portEnd === undefined
-      ? []
-      : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
+    d.portEnd === undefined ? [] : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
   );
   const hairpin = new Map(eips.map((e) => [e, undefined] as const));
 
@@ -369,9 +365,7 @@ class Script {
 export const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
 
 function chainOf(c: ChainSpec): NftChainSpec {
-  return c.base
-    ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } }
-    : { name: c.name };
+  return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } } : { name: c.name };
 }
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
@@ -468,9 +462,7 @@ export function keepRules(actual: readonly (string | null)[], desired: readonly 
 }
 
 /** keepRules between the common prefix and suffix: actual[lo, ha) against desired[lo, hd). */
-function increasingMatch(
-  actual: readonly (string | null)[], desired: readonly string[], lo: number, ha: number, hd: number,
-): Array<[number, number]> {
+function increasingMatch(actual: readonly (string | null)[], desired: readonly string[], lo: number, ha: number, hd: number): Array<[number, number]> {
   if (ha <= lo || hd <= lo) return [];
   const slots = new Map<string, number[]>();
   for (let d = lo; d < hd; d++) {
@@ -557,12 +549,16 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     }
     return;
   }
-  if (have === null) return renderFresh(sc, spec);
+  if (have === null) {
+    renderFresh(sc, spec);
+    return;
+  }
   if (needsRebuild(spec, have)) {
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
-    return renderFresh(sc, spec);
+    renderFresh(sc, spec);
+    return;
   }
   const t = natgwTable(fam);
   for (const s of spec.sets) {
