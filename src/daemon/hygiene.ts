@@ -3,7 +3,6 @@ import type { Config } from '../config/config.js';
 import type { Conntrack } from '../dataplane/conntrack.js';
 import { targetsOf } from '../dataplane/conntrackStale.js';
 import type { LinkManager } from '../dataplane/link.js';
-import { familyOf } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 
 /** Announcements of every EIP are at least this far apart; a burst of link events makes one more at the end. */
@@ -54,9 +53,8 @@ export class RestartHygiene {
       return;
     }
     this.lastAnnounce = Date.now();
-    const v4 = state.eips.filter((e) => familyOf(e.address) === 4);
-    for (const e of v4) this.deps.link.announce(state.interfaces.ext, e.address);
-    this.deps.log.info({ why, eips: v4.length, ext: state.interfaces.ext }, 'gratuitous ARP queued for every EIP');
+    for (const e of state.eips) this.deps.link.announce(state.interfaces.ext, e.address);
+    this.deps.log.info({ why, eips: state.eips.length, ext: state.interfaces.ext }, 'gratuitous ARP / unsolicited NA queued for every EIP');
   }
 
   stop(): void {

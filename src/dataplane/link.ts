@@ -277,7 +277,19 @@ export interface LinkSyncOptions extends SyncOptions {
   readonly view?: LinkView;
 }
 
-/** arping processes at once, and how long one may take (`-c 3` sends for about 2 s). */
+/**
+ * The tool that tells the external segment an EIP lives here: arping's gratuitous ARP for IPv4;
+ * for IPv6 an unsolicited neighbour advertisement to all nodes with the override flag and the
+ * interface's link-layer address (`na6`, from ipv6toolkit: arping speaks only IPv4, ndisc6 only
+ * solicits, and the kernel announces only after DAD, which natgw skips for EIPs).
+ */
+export function announcement(ifname: string, ip: string): { file: string; args: string[] } {
+  return familyOf(ip) === 4
+    ? { file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip] }
+    : { file: 'na6', args: ['-i', ifname, '-s', ip, '-d', 'ff02::1', '-t', ip, '-o', '-e'] };
+}
+
+/** Announcing processes at once, and how long one may take (`arping -c 3` sends for about 2 s). */
 const ARP_PARALLELISM = 8;
 const ARP_TIMEOUT_MS = 10_000;
 
@@ -520,12 +532,12 @@ export class LinkManager {
   }
 
   /**
-   * Gratuitous ARP without holding the command (the script blocked ~3 s per EIP): queued and
-   * sent a few at a time (a bulk change may announce thousands of EIPs), each arping a child
-   * this process waits for — so it is reaped even where PID 1 (`sleep infinity`) reaps nothing.
+   * Gratuitous ARP (IPv4) or an unsolicited neighbour advertisement (IPv6) without holding the
+   * command (the script blocked ~3 s per EIP): queued and sent a few at a time (a bulk change
+   * may announce thousands of EIPs), each tool a child this process waits for — so it is reaped
+   * even where PID 1 (`sleep infinity`) reaps nothing.
    */
   announce(ifname: string, ip: string): void {
-    if (familyOf(ip) !== 4) return;
     const key = `${ifname} ${ip}`;
     if (this.arpQueued.has(key)) return;
     this.arpQueued.add(key);
@@ -549,12 +561,12 @@ export class LinkManager {
       this.arpQueued.delete(`${ifname} ${ip}`);
       this.arpRunning++;
       void this.exec
-        .run({ file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip], timeoutMs: ARP_TIMEOUT_MS })
+        .run({ ...announcement(ifname, ip), timeoutMs: ARP_TIMEOUT_MS })
         .then(
           (r) => {
-            if (r.exitCode !== 0) this.log?.debug({ ip, ifname, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'gratuitous ARP not sent');
+            if (r.exitCode !== 0 || r.failedToStart) this.log?.debug({ ip, ifname, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'announcement not sent');
           },
-          (e: unknown) => this.log?.debug({ err: e, ip }, 'gratuitous ARP not sent'),
+          (e: unknown) => this.log?.debug({ err: e, ip }, 'announcement not sent'),
         )
         .finally(() => {
           this.arpRunning--;

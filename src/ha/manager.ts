@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config, HaConfig } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { isIpv4, isIpv6 } from '../model/net.js';
+import { isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
@@ -295,7 +295,7 @@ export class HaManager implements HaService {
       commitError = this.enabled ? 'conntrackd is not running' : `replica sync off: ${this.offReason ?? 'not started'}`;
     }
     const state = await this.d.loadState();
-    const announced = state.eips.map((e) => e.address).filter(isIpv4);
+    const announced = state.eips.map((e) => e.address);
     for (const ip of announced) this.d.announce(state.interfaces.ext, ip);
     const result: TakeoverResult = {
       reason,

@@ -17,6 +17,8 @@ import { isTranslated, parseConntrackExtended } from '../../src/dataplane/conntr
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIPS = ['172.20.0.10', '172.20.0.11'];
+/** An IPv6 EIP: announced by an unsolicited neighbour advertisement (na6), not ARP. */
+const EIP6 = 'fd00:20::10';
 const EIP = EIPS[0]!;
 const CLIENT_PORT = 41000;
 
@@ -89,6 +91,7 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
     const init = await topo.natgw('init');
     expect(init.stderr).toBe('');
     for (const e of EIPS) ok(await api(sock, 'PUT', `/v1/eips/${e}`, { prefixLength: 24 }), 'eip');
+    ok(await api(sock, 'PUT', `/v1/eips/${EIP6}`, { prefixLength: 64 }), 'eip6');
     ok(await api(sock, 'PUT', `/v1/dnats/${EIP},8080,udp`, { internalIp: ADDR.vpc1, internalPort: 80 }), 'dnat');
     await waitReady(topo, daemon);
     flow = startFlow(topo);
@@ -138,7 +141,7 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
 
   it('with the cleanup the flow resumes within one second of ready, and every EIP is announced', async () => {
     await breakWhileAway();
-    const cap = await startCapture(topo, 'ext', 'e0', ['arp']);
+    const cap = await startCapture(topo, 'ext', 'e0', ['arp', 'or', 'icmp6']);
     try {
       const at = await restart({});
       // Within ten datagrams of ready (one second at 100 ms), counted rather than timed.
@@ -151,6 +154,9 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
           what: `gratuitous ARP for ${e} after the restart`,
         });
       }
+      await waitFor(async () => cap.lines().some((l) => l.includes(`${EIP6} > ff02::1`) && l.includes(`neighbor advertisement, tgt is ${EIP6}`)), {
+        what: `an unsolicited neighbour advertisement for ${EIP6} after the restart`,
+      });
     } finally {
       await cap.stop();
     }
@@ -163,7 +169,7 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
     await topo.exec('ext', ['ip', 'addr', 'add', `${ADDR.extGateway}/24`, 'dev', 'e0']);
     await topo.exec('ext', ['ip', 'addr', 'add', `${ADDR.extHost}/24`, 'dev', 'e0']);
     await topo.exec('ext', ['ip', 'link', 'set', 'e0', 'up']);
-    const cap = await startCapture(topo, 'ext', 'e0', ['arp']);
+    const cap = await startCapture(topo, 'ext', 'e0', ['arp', 'or', 'icmp6']);
     try {
       await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'up']);
       for (const e of EIPS) {
@@ -171,6 +177,9 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
           what: `gratuitous ARP for ${e} after net1 was recreated`,
         });
       }
+      await waitFor(async () => cap.lines().some((l) => l.includes(`${EIP6} > ff02::1`) && l.includes(`neighbor advertisement, tgt is ${EIP6}`)), {
+        what: `an unsolicited neighbour advertisement for ${EIP6} after net1 was recreated`,
+      });
       expect(parsePeer(await request(topo, 'ext', 'udp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
     } finally {
       await cap.stop();

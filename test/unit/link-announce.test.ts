@@ -22,17 +22,19 @@ class SlowExecutor implements Executor {
 }
 
 describe('gratuitous ARP', () => {
-  it('thousands of EIPs are announced a few at a time, every arping waited for (reaped), none detached', async () => {
+  it('thousands of EIPs are announced a few at a time, every tool waited for (reaped), none detached', async () => {
     const exec = new SlowExecutor();
     const link = new LinkManager(exec);
     for (let i = 0; i < 300; i++) link.announce('net1', `172.20.${i >> 8}.${i & 255}`);
     link.announce('net1', 'fd00::10');
     await link.settle();
-    expect(exec.runs).toHaveLength(300);
+    expect(exec.runs).toHaveLength(301);
     expect(exec.maxRunning).toBeLessThanOrEqual(8);
     expect(exec.maxRunning).toBeGreaterThan(1);
     expect(exec.detached).toEqual([]);
     expect(exec.runs[0]).toMatchObject({ file: 'arping', args: ['-U', '-c', '3', '-I', 'net1', '172.20.0.0'] });
+    // IPv6: an unsolicited neighbour advertisement to all nodes, override flag, the interface's MAC.
+    expect(exec.runs.at(-1)).toMatchObject({ file: 'na6', args: ['-i', 'net1', '-s', 'fd00::10', '-d', 'ff02::1', '-t', 'fd00::10', '-o', '-e'] });
   });
 
   it('an EIP announced again while still queued is sent once (one already being sent goes again)', async () => {

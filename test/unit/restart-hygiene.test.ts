@@ -69,12 +69,12 @@ describe('restart hygiene', () => {
     const h = mk(true);
     await h.afterFirstSync(state);
     expect(cleaned).toBe(1);
-    expect(announced).toEqual(['net1 172.20.0.10', 'net1 172.20.0.11']);
+    expect(announced).toEqual(['net1 172.20.0.10', 'net1 172.20.0.11', 'net1 fd00::10']);
     // A burst of link events: one more round at the end of the gap, not one per event.
     h.announce(state, 'up');
     h.announce(state, 'up');
-    expect(announced).toHaveLength(2);
-    await waitFor(async () => announced.length === 4, { what: 'the trailing announcement', timeoutMs: 3000 });
+    expect(announced).toHaveLength(3);
+    await waitFor(async () => announced.length === 6, { what: 'the trailing announcement', timeoutMs: 3000 });
     h.stop();
     const off = mk(false);
     await off.afterFirstSync(state);
