@@ -303,7 +303,7 @@ describe('planLink and the view: details', () => {
     ]);
   });
 
-  it('deletes thousands of addresses in reverse kernel order without quadratic cost', () => {
+  it('deletes thousands of addresses in reverse kernel order', () => {
     const n = 20_000;
     const addrs = Array.from({ length: n }, (_, i) => ({
       address: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`,
@@ -312,9 +312,9 @@ describe('planLink and the view: details', () => {
       scope: 'global',
     }));
     const previous = { ...state({ eips: [], routes: [] }), eips: addrs.map((a) => ({ address: a.address, prefixLength: 8 })) };
-    const started = performance.now();
+    // Its cost at this size is a figure of the benchmarks (bulk replace), not an assertion here.
     const lines = planLink({ extAddresses: addrs, vpcRoutes: [], extDefaults: [] }, state({ eips: [], routes: [] }), previous);
-    expect(performance.now() - started).toBeLessThan(2000);
+    expect(lines).toHaveLength(n);
     expect(lines[0]).toBe(`addr del ${addrs[n - 1]!.address}/8 dev net1`);
     expect(lines.at(-1)).toBe(`addr del ${addrs[0]!.address}/8 dev net1`);
   });
