@@ -5,6 +5,7 @@ import { DEFAULT_ENV_FILE, DEFAULT_SOCKET } from './socketPath.js';
 export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
+import { printable } from '../model/printable.js';
 
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
 const duration = (key: string, minMs: number, maxMs: number) =>
@@ -305,11 +306,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
   const parsed = rawSchema.safeParse(merged);
   if (!parsed.success) {
     // Messages quote the value given; a control character in it must not break the one-line error.
-    const msg = parsed.error.issues
-      .map((i) => `${i.path.join('.')}: ${i.message}`)
-      .join('; ')
-      // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what this escapes
-      .replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+    const msg = printable(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
     throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
   }
   const c = parsed.data;

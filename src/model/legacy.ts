@@ -1,5 +1,6 @@
 import { ValidationError } from './errors.js';
 import { isIpv4, parseCidr, formatCidr, parsePort } from './net.js';
+import { printable } from './printable.js';
 import type { Dnat, DnatId, Fip, Protocol, Route, ShareDnat, Snat } from './rules.js';
 
 /**
@@ -15,12 +16,6 @@ function fields(rule: string, kind: string, min: number, max = min): string[] {
     throw bad(kind, rule, `expected ${want} comma-separated fields, got ${parts.length}`);
   }
   return parts;
-}
-
-/** Control characters are escaped so a message stays one line in the controller's log. */
-export function printable(s: string): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what this escapes
-  return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
 }
 
 function bad(kind: string, rule: string, why: string): ValidationError {

@@ -1,5 +1,5 @@
 import { ValidationError } from './errors.js';
-import { printable } from './legacy.js';
+import { printable } from './printable.js';
 import { isInterfaceName, isIpv4, parseCidr } from './net.js';
 import {
   type Direction,
