@@ -227,7 +227,6 @@ export const configSchema = z.object({
     .prefault('2m')
     .describe('How long a TCP client may take to send its whole request (headers and body).'),
 });
-const rawSchema = configSchema;
 
 /** Keys read from the environment only, before the env file is found. */
 export const ENV_ONLY_KEYS = {
@@ -235,7 +234,7 @@ export const ENV_ONLY_KEYS = {
 } as const;
 
 /** The keys above: what an env file or the environment may set (NATGW_ENV_FILE, read from the environment only, is not one). */
-export const CONFIG_KEYS: readonly string[] = Object.keys(rawSchema.shape);
+export const CONFIG_KEYS: readonly string[] = Object.keys(configSchema.shape);
 
 export interface Config {
   readonly envFile: string;
@@ -299,11 +298,11 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
   const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
   const fromFile = await readEnvFile(envFile);
   const merged: Record<string, string> = {};
-  for (const key of Object.keys(rawSchema.shape)) {
+  for (const key of CONFIG_KEYS) {
     const v = fromFile[key] ?? env[key];
     if (v !== undefined) merged[key] = v;
   }
-  const parsed = rawSchema.safeParse(merged);
+  const parsed = configSchema.safeParse(merged);
   if (!parsed.success) {
     // Messages quote the value given; a control character in it must not break the one-line error.
     const msg = printable(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
