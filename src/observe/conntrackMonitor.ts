@@ -38,7 +38,9 @@ const labelKey = (c: FlowClass): string => `${c.eip}|${c.kind}`;
  * (`conntrack -L`) because events were lost in between.
  */
 export class ConntrackMonitor {
-  private index = new FlowIndex();
+  /** The rules classified against, and their index, built on first use after they change. */
+  private rules: Pick<DesiredState, 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats'> | undefined;
+  private built: FlowIndex | undefined;
   private readonly active = new Map<number, FlowClass>();
   private readonly counts = new Map<string, { c: FlowClass; n: number }>();
   private child: ChildProcess | undefined;
@@ -59,9 +61,21 @@ export class ConntrackMonitor {
     return this.child !== undefined;
   }
 
-  /** Rebuild the lookup index (on every applied state). */
+  /**
+   * The rules of every applied state. The index is built when the next event needs it, not
+   * here: this runs on the command path, and an unchanged rule set (the same arrays, as a
+   * command that touched other kinds leaves them) keeps the index it has.
+   */
   setState(s: Pick<DesiredState, 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats'>): void {
-    this.index = new FlowIndex(s);
+    const r = this.rules;
+    if (r && r.eips === s.eips && r.snats === s.snats && r.dnats === s.dnats && r.fips === s.fips && r.shareDnats === s.shareDnats) return;
+    this.rules = s;
+    this.built = undefined;
+  }
+
+  private get index(): FlowIndex {
+    this.built ??= new FlowIndex(this.rules);
+    return this.built;
   }
 
   /** Open connections per EIP and kind (only those with at least one ever seen). */
