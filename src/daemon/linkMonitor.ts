@@ -1,6 +1,7 @@
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
 import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
+import { PROBE_DEVICE_PREFIX } from '../dataplane/qos/probe.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
@@ -21,6 +22,9 @@ export interface LinkMonitorOptions {
   readonly onLinkUp?: (ifname: string) => void;
 }
 
+/** A line about the QoS probe's throwaway device (probe.ts names it). */
+const PROBE_LINE = new RegExp(`^(?:Deleted )?\\d+: ${PROBE_DEVICE_PREFIX}[0-9a-f]+[:@\\s]`);
+
 /** PURE: the name of a link an `ip -o monitor link` line reports up (flags with UP), else undefined. */
 export function linkUpOf(line: string): string | undefined {
   const m = /^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
@@ -36,6 +40,9 @@ export function linkUpOf(line: string): string | undefined {
 export function mayLoseState(line: string): boolean {
   // Neighbour events are judged by their entry (LinkMonitor's ownsNeighbour), never wholesale.
   if (isNeighbourLine(line)) return false;
+  // The QoS probe's own throwaway device: its events touch nothing natgw applied, and a full
+  // resync for each would put a read-back behind the first QoS command.
+  if (PROBE_LINE.test(line)) return false;
   if (line.startsWith('Deleted ')) return true;
   return !/^\d+: \S+\s+inet6? /.test(line);
 }

@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
@@ -115,6 +116,13 @@ async function statKey(file: string): Promise<string> {
 /** A journal grows at most this many entries before it is folded into a new snapshot. */
 const JOURNAL_MAX_ENTRIES = 2000;
 
+/** What a load learnt about the files, for the next commit: which snapshot, how long its journal. */
+interface JournalBook {
+  snapshotSha: string | undefined;
+  journalEntries: number;
+  journalTorn: boolean;
+}
+
 const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
 const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
 const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
@@ -127,8 +135,14 @@ export class StateStore {
   /** sha256 of the snapshot body last loaded or written here: the journal's base. */
   private snapshotSha: string | undefined;
   private journalEntries = 0;
-  /** Held by this process (withLock): only then may load set a file aside. */
-  private lockDepth = 0;
+  /**
+   * Set inside withLock's callback, and only there: a counter would also be non-zero for a
+   * reader that runs beside the holder in the same process (GET /v1/state, the reconciler's
+   * interface check), and such a reader must neither set files aside nor reset the writer's
+   * journal bookkeeping (a reset count made the next append truncate the journal, losing
+   * acknowledged changes).
+   */
+  private readonly holder = new AsyncLocalStorage<true>();
   /**
    * The journal ends in a line that did not verify (a crash while appending). A line appended
    * after it would be glued to the torn text and fail to verify too, losing that change and
@@ -162,15 +176,19 @@ export class StateStore {
    * edited or an older format.
    */
   async load(): Promise<DesiredState | undefined> {
-    this.snapshotSha = undefined;
-    this.journalEntries = 0;
-    this.journalTorn = false;
-    const snapshot = await this.loadSnapshot();
-    if (snapshot === undefined || this.snapshotSha === undefined) return snapshot;
-    return this.replayJournal(snapshot, this.snapshotSha);
+    const read: JournalBook = { snapshotSha: undefined, journalEntries: 0, journalTorn: false };
+    const snapshot = await this.loadSnapshot(read);
+    const state = snapshot === undefined || read.snapshotSha === undefined ? snapshot : await this.replayJournal(snapshot, read.snapshotSha, read);
+    // Only the lock holder's load is what its next commit builds on.
+    if (this.holds()) ({ snapshotSha: this.snapshotSha, journalEntries: this.journalEntries, journalTorn: this.journalTorn } = read);
+    return state;
   }
 
-  private async loadSnapshot(): Promise<DesiredState | undefined> {
+  private holds(): boolean {
+    return this.holder.getStore() === true;
+  }
+
+  private async loadSnapshot(read: JournalBook): Promise<DesiredState | undefined> {
     let text: string;
     try {
       text = await fs.readFile(this.stateFile, 'utf8');
@@ -185,7 +203,7 @@ export class StateStore {
         const state = JSON.parse(body) as DesiredState;
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
-          this.snapshotSha = sealed[1];
+          read.snapshotSha = sealed[1];
           return state;
         }
       }
@@ -208,7 +226,7 @@ export class StateStore {
   private async setAside(reason: string): Promise<undefined> {
     // Only the lock holder moves files: a reader outside the lock (GET /v1/state) could
     // otherwise rename a file a writer is replacing, or set aside its fresh snapshot.
-    if (this.lockDepth === 0) return undefined;
+    if (!this.holds()) return undefined;
     const aside = `${this.stateFile}.unreadable-${Date.now()}`;
     await fs.rename(this.stateFile, aside).catch(() => undefined);
     this.onCorrupt?.(aside, reason);
@@ -271,7 +289,7 @@ export class StateStore {
    * Replay the journal onto its snapshot. A torn last line (a crash while appending, before
    * the change was acknowledged) ends the replay; so does any line that does not verify.
    */
-  private async replayJournal(snapshot: DesiredState, sha: string): Promise<DesiredState> {
+  private async replayJournal(snapshot: DesiredState, sha: string, read: JournalBook): Promise<DesiredState> {
     let text: string;
     try {
       text = await fs.readFile(this.journalFile, 'utf8');
@@ -300,8 +318,8 @@ export class StateStore {
       }
       entries++;
     }
-    this.journalEntries = entries;
-    this.journalTorn = torn;
+    read.journalEntries = entries;
+    read.journalTorn = torn;
     return state;
   }
 
@@ -332,11 +350,9 @@ export class StateStore {
       // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
       onCompromised: (err) => this.onCompromised?.(err),
     });
-    this.lockDepth++;
     try {
-      return await fn();
+      return await this.holder.run(true, fn);
     } finally {
-      this.lockDepth--;
       await release().catch(() => undefined);
     }
   }

@@ -21,4 +21,13 @@ describe('link events that may lose what natgw applied', () => {
     expect(mayLoseState(LINK_DOWN)).toBe(true);
     expect(mayLoseState(LINK_GONE)).toBe(true);
   });
+
+  it("the QoS probe's own throwaway device is not one", () => {
+    const probe = (prefix: string) =>
+      `${prefix}4: ngprobeb0ba04d0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN group default \\    link/ether de:d9:7f:c8:92:4c brd ff:ff:ff:ff:ff:ff`;
+    expect(mayLoseState(probe(''))).toBe(false);
+    expect(mayLoseState(probe('Deleted '))).toBe(false);
+    // A device that only starts like it is someone else's.
+    expect(mayLoseState('Deleted 4: ngprobe-x: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN')).toBe(true);
+  });
 });

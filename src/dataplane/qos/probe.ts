@@ -18,7 +18,8 @@ export interface ProbeResult {
 }
 
 /** A name no one else uses: natgw-owned prefix + random suffix, within 15 characters. */
-export const probeDeviceName = (): string => `ngprobe${randomBytes(4).toString('hex')}`;
+export const PROBE_DEVICE_PREFIX = 'ngprobe';
+export const probeDeviceName = (): string => `${PROBE_DEVICE_PREFIX}${randomBytes(4).toString('hex')}`;
 
 export async function probeQosFeatures(exec: Executor, name = probeDeviceName()): Promise<ProbeResult> {
   const ip = (args: string[]) => exec.run({ file: 'ip', args, timeoutMs: 10_000 });
