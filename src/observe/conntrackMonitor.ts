@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { setPriority } from 'node:os';
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
@@ -24,6 +25,11 @@ export const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', fami
  * overload turns into conntrack's lost events (ENOBUFS), never into a queue in the daemon.
  */
 const CHUNK_LINES = 256;
+/**
+ * The event child's nice value: following is best effort, so in a burst the conntrack process
+ * gives the CPU up to the daemon's commands and the datapath, and loses events (ENOBUFS) first.
+ */
+export const FOLLOWER_NICE = 10;
 /** Listing lines parsed between two yields while the table is re-read. */
 const SEED_CHUNK_LINES = 2048;
 /**
@@ -155,6 +161,11 @@ export class ConntrackMonitor {
     }
     this.child = child;
     this.upSince = Date.now();
+    try {
+      if (child.pid !== undefined) setPriority(child.pid, FOLLOWER_NICE);
+    } catch (e) {
+      this.opts.log.debug({ err: e }, 'conntrack events: cannot lower the priority of conntrack');
+    }
     const stdout = child.stdout!;
     let partial = '';
     let queue: string[] = [];
