@@ -109,10 +109,11 @@ async function figures(backend: BackendName, seconds: number, following: boolean
     const starts = metric(after, 'natgw_flow_starts_total', `eip="${EIP}"`) - metric(before, 'natgw_flow_starts_total', `eip="${EIP}"`);
     const written = metric(after, 'natgw_flow_log_lines_total') - metric(before, 'natgw_flow_log_lines_total');
     const dropped = metric(after, 'natgw_flow_log_dropped_total', 'reason="rate"') - metric(before, 'natgw_flow_log_dropped_total', 'reason="rate"');
+    const overruns = metric(after, 'natgw_conntrack_events_overruns_total') - metric(before, 'natgw_conntrack_events_overruns_total');
     const q = median(quiet);
     const b = median(during);
     const text = [
-      `${backend}, flow logs ${following ? 'on' : 'off (and no event follower)'}: burst of ${Number(sent.trim()) || 0} UDP datagrams from new source ports in ${seconds} s (${starts} flow starts counted, ${written} lines written, ${dropped} dropped by the rate limit)`,
+      `${backend}, flow logs ${following ? 'on' : 'off (and no event follower)'}: burst of ${Number(sent.trim()) || 0} UDP datagrams from new source ports in ${seconds} s (${starts} flow starts counted, ${written} lines written, ${dropped} dropped by the rate limit, ${overruns} event overruns)`,
       `  API change median: quiet ${q.toFixed(1)} ms, during the burst ${b.toFixed(1)} ms (×${(b / q).toFixed(2)}; ${during.length} changes); floor: ${floors.kernelWhat} ${floors.kernel.median.toFixed(1)} ms`,
     ].join('\n');
     return { text, quiet: q, during: b };

@@ -34,6 +34,7 @@ export class ConntrackMetrics {
   readonly flowLogLines: Counter;
   readonly flowLogDropped: Counter<'reason'>;
   readonly monitorRestarts: Counter;
+  readonly monitorOverruns: Counter;
 
   constructor(registry: Registry, opts: ConntrackMetricsOptions) {
     const registers = [registry];
@@ -108,6 +109,11 @@ export class ConntrackMetrics {
     this.monitorRestarts = new Counter({
       name: 'natgw_conntrack_events_restarts_total',
       help: 'Restarts of the conntrack -E child (events in between were lost; counts are re-read)',
+      registers,
+    });
+    this.monitorOverruns = new Counter({
+      name: 'natgw_conntrack_events_overruns_total',
+      help: 'Times the conntrack event socket overran (ENOBUFS) and events were lost; the table is then re-read, at most once per 30 s',
       registers,
     });
     for (const reason of ['rate', 'backlog']) this.flowLogDropped.inc({ reason }, 0);

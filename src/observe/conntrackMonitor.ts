@@ -54,6 +54,8 @@ export interface ConntrackMonitorOptions {
   /** Each classified NEW event (feeds natgw_flow_starts_total). */
   readonly onStart?: (c: FlowClass) => void;
   readonly onRestart?: () => void;
+  /** Each report of lost events (ENOBUFS) from the event child. */
+  readonly onOverrun?: () => void;
   /** The conntrack binary (tests may point elsewhere). */
   readonly tool?: string;
   /** RESEED_MIN_INTERVAL_MS unless set (tests). */
@@ -205,7 +207,11 @@ export class ConntrackMonitor {
     child.stderr!.setEncoding('utf8').on('data', (d: string) => {
       if (stderr.length < MAX_LINE) stderr += d;
       // The socket overran and events were lost (conntrack keeps running): counts are re-read.
-      if (d.includes('ENOBUFS')) this.requestSeed('events lost (ENOBUFS)');
+      const overruns = d.split('ENOBUFS').length - 1;
+      if (overruns > 0) {
+        for (let i = 0; i < overruns; i++) this.opts.onOverrun?.();
+        this.requestSeed('events lost (ENOBUFS)');
+      }
     });
     child.once('error', (e) => this.opts.log.warn({ err: e }, 'conntrack events: conntrack failed'));
     child.once('close', (code, signal) => {

@@ -71,6 +71,7 @@ export class Observer {
       flowLog,
       onStart: (c) => metrics.flowStarted(c),
       onRestart: () => metrics.monitorRestarts.inc(),
+      onOverrun: () => metrics.monitorOverruns.inc(),
     });
     const s = this.latest ?? state;
     if (s) this.monitor.setState(s);

@@ -72,6 +72,7 @@ function setup(seed: string[], opts: { dies?: boolean; overruns?: boolean; lines
   const written: string[] = [];
   const sink: FlowSink = { write: (l) => (written.push(l), true), close: async () => undefined };
   const restarts: number[] = [];
+  const overruns: number[] = [];
   const exec = listing(seed);
   const m = new ConntrackMonitor({
     exec,
@@ -79,11 +80,12 @@ function setup(seed: string[], opts: { dies?: boolean; overruns?: boolean; lines
     flowLog: new FlowLog({ sink, ratePerS: opts.rate ?? 1000, burst: opts.rate ?? 1000 }),
     tool: fakeTool(opts.dies, opts.overruns, opts.lines),
     onRestart: () => restarts.push(1),
+    onOverrun: () => overruns.push(1),
     ...(opts.reseedMinIntervalMs !== undefined ? { reseedMinIntervalMs: opts.reseedMinIntervalMs } : {}),
   });
   monitors.push(m);
   m.setState(state);
-  return { m, written, restarts, exec };
+  return { m, written, restarts, overruns, exec };
 }
 
 const count = (m: ConntrackMonitor, kind: string) => m.connections().find((c) => c.eip === EIP && c.kind === kind)?.n ?? 0;
@@ -138,6 +140,7 @@ describe('ConntrackMonitor', () => {
     await waitFor(async () => overrun.m.up && count(overrun.m, 'snat') === 1, { what: 'the first listing' });
     // Five ENOBUFS reports, 50 ms apart, while the child runs; then it marks that it is done.
     await waitFor(async () => existsSync(join(dirs.at(-1)!, 'overran')), { what: 'five ENOBUFS reports' });
+    expect(overrun.overruns).toHaveLength(5);
     for (const { exec } of [dying, overrun]) {
       expect(exec.calls.filter((c) => c.args.includes('-L') && c.args.includes('ipv4'))).toHaveLength(1);
     }
