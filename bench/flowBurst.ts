@@ -1,5 +1,5 @@
 /**
- * `node dist/bench/flowBurst.js [nftables|iptables] [seconds] [off]`: what a burst of new connections
+ * `node dist/bench/flowBurst.js [nftables|iptables] [seconds] [on|off|both]`: what a burst of new connections
  * costs the gateway's own commands while flow logs are on. The daemon writes a flow-log file
  * with a small rate limit (so the burst is mostly dropped and counted); one VPC host sends UDP
  * from a new source port as fast as it can (every datagram a new SNAT conntrack entry, so a
@@ -7,7 +7,8 @@
  * burst, beside the kernel's floor measured the same way as `npm run bench` does. Printed,
  * never asserted (issue 9: the latency during a burst, as a benchmark figure). With `off`, the
  * same burst with flow logs and the event follower off: the part of the cost that is the
- * burst's own load on the machine, not natgw's following of it.
+ * burst's own load on the machine, not natgw's following of it; with `both`, off then on in one
+ * run and their ratio.
  */
 import { performance } from 'node:perf_hooks';
 import { join } from 'node:path';
@@ -55,7 +56,14 @@ let sent = 0;
 })();
 `;
 
-async function figures(backend: BackendName, seconds: number, following: boolean): Promise<string> {
+interface Figures {
+  readonly text: string;
+  /** Median API change latency quiet and during the burst, ms. */
+  readonly quiet: number;
+  readonly during: number;
+}
+
+async function figures(backend: BackendName, seconds: number, following: boolean): Promise<Figures> {
   const gw = await Gateway.bare({ backend, resync: '1h' });
   try {
     Object.assign(
@@ -101,12 +109,14 @@ async function figures(backend: BackendName, seconds: number, following: boolean
     const starts = metric(after, 'natgw_flow_starts_total', `eip="${EIP}"`) - metric(before, 'natgw_flow_starts_total', `eip="${EIP}"`);
     const written = metric(after, 'natgw_flow_log_lines_total') - metric(before, 'natgw_flow_log_lines_total');
     const dropped = metric(after, 'natgw_flow_log_dropped_total', 'reason="rate"') - metric(before, 'natgw_flow_log_dropped_total', 'reason="rate"');
+    const overruns = metric(after, 'natgw_conntrack_events_overruns_total') - metric(before, 'natgw_conntrack_events_overruns_total');
     const q = median(quiet);
     const b = median(during);
-    return [
-      `${backend}, flow logs ${following ? 'on' : 'off (and no event follower)'}: burst of ${Number(sent.trim()) || 0} UDP datagrams from new source ports in ${seconds} s (${starts} flow starts counted, ${written} lines written, ${dropped} dropped by the rate limit)`,
+    const text = [
+      `${backend}, flow logs ${following ? 'on' : 'off (and no event follower)'}: burst of ${Number(sent.trim()) || 0} UDP datagrams from new source ports in ${seconds} s (${starts} flow starts counted, ${written} lines written, ${dropped} dropped by the rate limit, ${overruns} event overruns)`,
       `  API change median: quiet ${q.toFixed(1)} ms, during the burst ${b.toFixed(1)} ms (×${(b / q).toFixed(2)}; ${during.length} changes); floor: ${floors.kernelWhat} ${floors.kernel.median.toFixed(1)} ms`,
     ].join('\n');
+    return { text, quiet: q, during: b };
   } finally {
     await gw.cleanup();
   }
@@ -115,7 +125,20 @@ async function figures(backend: BackendName, seconds: number, following: boolean
 async function main(): Promise<void> {
   const backend = (process.argv[2] ?? 'nftables') as BackendName;
   const seconds = Number(process.argv[3] ?? 20);
-  console.log(await figures(backend, seconds, process.argv[4] !== 'off'));
+  const mode = process.argv[4] ?? 'on';
+  if (mode !== 'both') {
+    console.log((await figures(backend, seconds, mode !== 'off')).text);
+    return;
+  }
+  // Off and on in one run, one after the other, so both see the same machine load.
+  const off = await figures(backend, seconds, false);
+  console.log(off.text);
+  const on = await figures(backend, seconds, true);
+  console.log(on.text);
+  const ratio = (f: Figures) => f.during / f.quiet;
+  console.log(
+    `  flow logs on vs off: during the burst ×${(on.during / off.during).toFixed(2)}; burst/quiet ratio ×${ratio(on).toFixed(2)} on vs ×${ratio(off).toFixed(2)} off (×${(ratio(on) / ratio(off)).toFixed(2)})`,
+  );
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -34,6 +34,7 @@ export class ConntrackMetrics {
   readonly flowLogLines: Counter;
   readonly flowLogDropped: Counter<'reason'>;
   readonly monitorRestarts: Counter;
+  readonly monitorOverruns: Counter;
 
   constructor(registry: Registry, opts: ConntrackMetricsOptions) {
     const registers = [registry];
@@ -110,11 +111,30 @@ export class ConntrackMetrics {
       help: 'Restarts of the conntrack -E child (events in between were lost; counts are re-read)',
       registers,
     });
+    this.monitorOverruns = new Counter({
+      name: 'natgw_conntrack_events_overruns_total',
+      help: 'Times the conntrack event socket overran (ENOBUFS) and events were lost; the table is then re-read, at most once per 30 s',
+      registers,
+    });
     for (const reason of ['rate', 'backlog']) this.flowLogDropped.inc({ reason }, 0);
   }
 
+  /** The counter of each EIP and kind: a burst increments it per event, without hashing labels each time. */
+  private readonly starts = new Map<string, { inc(): void }>();
+
   flowStarted(c: FlowClass): void {
-    this.flowStarts.inc({ eip: c.eip, kind: c.kind });
+    const k = `${c.eip}|${c.kind}`;
+    let child = this.starts.get(k);
+    if (!child) {
+      child = this.flowStarts.labels({ eip: c.eip, kind: c.kind });
+      this.starts.set(k, child);
+    }
+    child.inc();
+  }
+
+  /** The drop counter of one reason, for a caller that counts per line. */
+  dropped(reason: 'rate' | 'backlog'): { inc(): void } {
+    return this.flowLogDropped.labels({ reason });
   }
 }
 

@@ -1,13 +1,43 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { setPriority } from 'node:os';
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { parseConntrackLine, type ConntrackEntry } from './conntrackEvents.js';
+import { parseConntrackLine } from './conntrackEvents.js';
 import { FlowIndex, type FlowClass } from './classify.js';
 import { flowRecord, type FlowLog } from './flowLog.js';
 
-/** The event stream: NEW and DESTROY only, with the event time and the entry id pairing the two. */
-export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id', '-b', String(8 << 20)] as const;
+/**
+ * The event stream: NEW and DESTROY only, with the event time and the entry id pairing the two,
+ * and only translated entries (`--any-nat`): conntrack drops the others in its own process
+ * before printing them, so untranslated traffic through or to the gateway never reaches Node.js.
+ * (conntrack 1.4.7 filters events in user space, one address per option, options ANDed: a
+ * follower per EIP would receive every event once per follower. natgw's rules are the only NAT
+ * in the pod, so "translated" is "natgw's"; the classifier sorts out EIP and kind.)
+ * `--any-nat` goes last: it takes an optional address from the next argument.
+ */
+export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id', '-b', String(8 << 20), '--any-nat'] as const;
+/** The table of one family, translated entries only (the same filter as the events). */
+export const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', family, '-o', 'extended,id', '--any-nat'];
+/**
+ * Event lines handled in one turn of the event loop: the follower then yields (setImmediate) and
+ * pauses its pipe until the backlog is handled, so commands interleave with a burst and an
+ * overload turns into conntrack's lost events (ENOBUFS), never into a queue in the daemon.
+ */
+const CHUNK_LINES = 256;
+/**
+ * The event child's nice value: following is best effort, so in a burst the conntrack process
+ * gives the CPU up to the daemon's commands and the datapath, and loses events (ENOBUFS) first.
+ */
+export const FOLLOWER_NICE = 10;
+/** Listing lines parsed between two yields while the table is re-read. */
+const SEED_CHUNK_LINES = 2048;
+/**
+ * The shortest time between two re-reads of the table after lost events: a burst that overruns
+ * the event socket again and again must not cause listing after listing. Connections that ended
+ * unseen stay counted until the next re-read, at most this long.
+ */
+export const RESEED_MIN_INTERVAL_MS = 30_000;
 /** Longest line kept; conntrack's lines are a few hundred bytes, anything longer is garbage. */
 const MAX_LINE = 4096;
 /** Connections remembered (id → EIP and kind); beyond this, new ones are neither remembered nor counted. */
@@ -24,8 +54,12 @@ export interface ConntrackMonitorOptions {
   /** Each classified NEW event (feeds natgw_flow_starts_total). */
   readonly onStart?: (c: FlowClass) => void;
   readonly onRestart?: () => void;
+  /** Each report of lost events (ENOBUFS) from the event child. */
+  readonly onOverrun?: () => void;
   /** The conntrack binary (tests may point elsewhere). */
   readonly tool?: string;
+  /** RESEED_MIN_INTERVAL_MS unless set (tests). */
+  readonly reseedMinIntervalMs?: number;
 }
 
 const labelKey = (c: FlowClass): string => `${c.eip}|${c.kind}`;
@@ -52,6 +86,11 @@ export class ConntrackMonitor {
   /** While a seed listing runs: ids that started meanwhile, which the listing may miss. */
   private startedWhileSeeding: Set<number> | undefined;
   private seeding: Promise<void> | undefined;
+  /** Events were lost while a listing ran: another one follows, after the interval. */
+  private seedAgain = false;
+  private seedTimer: NodeJS.Timeout | undefined;
+  /** When the last listing ended (performance.now()). */
+  private lastSeedAt = Number.NEGATIVE_INFINITY;
   private upSince = 0;
 
   constructor(private readonly opts: ConntrackMonitorOptions) {}
@@ -93,6 +132,8 @@ export class ConntrackMonitor {
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.restartTimer);
+    clearTimeout(this.seedTimer);
+    this.seedTimer = undefined;
     const child = this.child;
     if (child && child.exitCode === null && child.signalCode === null) {
       const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
@@ -122,20 +163,54 @@ export class ConntrackMonitor {
     }
     this.child = child;
     this.upSince = Date.now();
+    try {
+      if (child.pid !== undefined) setPriority(child.pid, FOLLOWER_NICE);
+    } catch (e) {
+      this.opts.log.debug({ err: e }, 'conntrack events: cannot lower the priority of conntrack');
+    }
+    const stdout = child.stdout!;
     let partial = '';
-    child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
+    let queue: string[] = [];
+    let at = 0;
+    let scheduled = false;
+    const drain = (): void => {
+      scheduled = false;
+      if (this.stopped) return;
+      const end = Math.min(at + CHUNK_LINES, queue.length);
+      for (; at < end; at++) {
+        const line = queue[at]!;
+        if (line.length <= MAX_LINE) this.onLine(line);
+      }
+      if (at < queue.length) {
+        stdout.pause();
+        scheduled = true;
+        setImmediate(drain);
+        return;
+      }
+      queue = [];
+      at = 0;
+      stdout.resume();
+    };
+    stdout.setEncoding('utf8').on('data', (chunk: string) => {
       const lines = (partial + chunk).split('\n');
       partial = lines.pop() ?? '';
       if (partial.length > MAX_LINE) partial = '';
-      for (const line of lines) if (line.length <= MAX_LINE) this.onLine(line);
+      if (queue.length === 0) queue = lines;
+      else for (const line of lines) queue.push(line);
+      if (queue.length - at > CHUNK_LINES) stdout.pause();
+      if (!scheduled) {
+        scheduled = true;
+        setImmediate(drain);
+      }
     });
     let stderr = '';
     child.stderr!.setEncoding('utf8').on('data', (d: string) => {
       if (stderr.length < MAX_LINE) stderr += d;
       // The socket overran and events were lost (conntrack keeps running): counts are re-read.
-      if (d.includes('ENOBUFS') && !this.seeding) {
-        this.opts.log.warn('conntrack events: events lost (ENOBUFS); re-reading the table');
-        this.seeding = this.seed().finally(() => (this.seeding = undefined));
+      const overruns = d.split('ENOBUFS').length - 1;
+      if (overruns > 0) {
+        for (let i = 0; i < overruns; i++) this.opts.onOverrun?.();
+        this.requestSeed('events lost (ENOBUFS)');
       }
     });
     child.once('error', (e) => this.opts.log.warn({ err: e }, 'conntrack events: conntrack failed'));
@@ -149,7 +224,38 @@ export class ConntrackMonitor {
     });
     // The listing after the subscription: an entry created in between shows up in both, which
     // the id map absorbs; one destroyed in between is remembered and not counted again.
-    this.seeding = this.seed().finally(() => (this.seeding = undefined));
+    this.requestSeed(this.lastSeedAt === Number.NEGATIVE_INFINITY ? undefined : 'conntrack restarted');
+  }
+
+  /**
+   * Re-read the table now, or when RESEED_MIN_INTERVAL_MS has passed since the last listing;
+   * requests meanwhile fold into that one. `why` is logged once per listing it leads to.
+   */
+  private requestSeed(why?: string): void {
+    if (this.stopped) return;
+    if (this.seeding) {
+      this.seedAgain = true;
+      return;
+    }
+    if (this.seedTimer) return;
+    const wait = this.lastSeedAt + (this.opts.reseedMinIntervalMs ?? RESEED_MIN_INTERVAL_MS) - performance.now();
+    if (why) this.opts.log.warn({ inMs: Math.max(0, Math.round(wait)) }, `conntrack events: ${why}; re-reading the table`);
+    if (wait > 0) {
+      this.seedTimer = setTimeout(() => {
+        this.seedTimer = undefined;
+        this.requestSeed();
+      }, wait);
+      this.seedTimer.unref();
+      return;
+    }
+    this.seeding = this.seed().finally(() => {
+      this.seeding = undefined;
+      this.lastSeedAt = performance.now();
+      if (this.seedAgain) {
+        this.seedAgain = false;
+        this.requestSeed();
+      }
+    });
   }
 
   private scheduleRestart(): void {
@@ -164,25 +270,34 @@ export class ConntrackMonitor {
     this.destroyedWhileSeeding = new Set();
     this.startedWhileSeeding = new Set();
     try {
-      const entries: ConntrackEntry[] = [];
-      for (const family of ['ipv4', 'ipv6']) {
-        const r = await this.opts.exec.run({ file: this.opts.tool ?? 'conntrack', args: ['-L', '-f', family, '-o', 'extended,id'], timeoutMs: 60_000 });
+      // Ids and classes only: a full table must not be held as parsed entries.
+      const listed = new Set<number>();
+      const classified: [number, FlowClass][] = [];
+      for (const family of ['ipv4', 'ipv6'] as const) {
+        const r = await this.opts.exec.run({ file: this.opts.tool ?? 'conntrack', args: listArgs(family), timeoutMs: 60_000 });
         if (r.exitCode !== 0 && r.stdout.trim() === '') continue;
-        for (const line of r.stdout.split('\n')) {
-          const e = parseConntrackLine(line);
-          if (e) entries.push(e);
+        const text = r.stdout;
+        let n = 0;
+        for (let from = 0; from < text.length; ) {
+          let to = text.indexOf('\n', from);
+          if (to === -1) to = text.length;
+          const e = parseConntrackLine(text.slice(from, to));
+          from = to + 1;
+          if (e?.id !== undefined) {
+            listed.add(e.id);
+            const c = this.index.classify(e);
+            if (c) classified.push([e.id, c]);
+          }
+          // A table of a few hundred thousand entries takes a while: commands go in between.
+          if (++n % SEED_CHUNK_LINES === 0) await new Promise<void>((resolve) => setImmediate(resolve));
+          if (this.stopped) return;
         }
       }
-      const destroyed = this.destroyedWhileSeeding;
-      const started = this.startedWhileSeeding;
+      const destroyed = this.destroyedWhileSeeding!;
+      const started = this.startedWhileSeeding!;
       // Events were lost before this listing (a restart): it replaces what was remembered.
-      const listed = new Set(entries.map((e) => e.id));
       for (const id of [...this.active.keys()]) if (!listed.has(id) && !started.has(id)) this.forget(id);
-      for (const e of entries) {
-        if (e.id === undefined || destroyed.has(e.id)) continue;
-        const c = this.index.classify(e);
-        if (c) this.remember(e.id, c);
-      }
+      for (const [id, c] of classified) if (!destroyed.has(id)) this.remember(id, c);
     } catch (e) {
       this.opts.log.warn({ err: e }, 'conntrack events: listing the table failed; counts start from the events');
     } finally {
@@ -221,12 +336,13 @@ export class ConntrackMonitor {
         this.startedWhileSeeding?.add(e.id);
       }
       this.opts.onStart?.(c);
-      this.opts.flowLog?.log(flowRecord(e, c, Date.now() / 1000));
+      // The line is built only with a token in hand: a burst is mostly dropped, and cheaply.
+      if (this.opts.flowLog?.take()) this.opts.flowLog.write(flowRecord(e, c, Date.now() / 1000));
       return;
     }
     if (e.id !== undefined) this.destroyedWhileSeeding?.add(e.id);
     // The class it had at its start: its rule may be gone by now (a flush after a delete).
     const c = (e.id !== undefined ? this.forget(e.id) : undefined) ?? this.index.classify(e);
-    if (c) this.opts.flowLog?.log(flowRecord(e, c, Date.now() / 1000));
+    if (c && this.opts.flowLog?.take()) this.opts.flowLog.write(flowRecord(e, c, Date.now() / 1000));
   }
 }

@@ -96,10 +96,18 @@ export class FlowLog {
   }
 
   log(r: FlowRecord): void {
-    if (!this.bucket.take()) {
-      this.opts.onDrop?.('rate');
-      return;
-    }
+    if (this.take()) this.write(r);
+  }
+
+  /** A token for one line, or false (the line is dropped and counted): ask before building it. */
+  take(): boolean {
+    if (this.bucket.take()) return true;
+    this.opts.onDrop?.('rate');
+    return false;
+  }
+
+  /** Write one line a token was taken for. */
+  write(r: FlowRecord): void {
     if (!this.opts.sink.write(JSON.stringify(r))) {
       this.opts.onDrop?.('backlog');
       return;

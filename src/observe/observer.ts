@@ -51,11 +51,13 @@ export class Observer {
         config.flowLog === 'stdout'
           ? stdoutSink()
           : fileSink(config.flowLogFile, config.flowLogMaxSize, (e) => log.warn({ err: e, file: config.flowLogFile }, 'flow log: write failed'));
+      const rateDrops = metrics.dropped('rate');
+      const backlogDrops = metrics.dropped('backlog');
       flowLog = new FlowLog({
         sink,
         ratePerS: config.flowLogRate,
         burst: config.flowLogBurst,
-        onDrop: (reason) => metrics.flowLogDropped.inc({ reason }),
+        onDrop: (reason) => (reason === 'rate' ? rateDrops : backlogDrops).inc(),
         onWrite: () => metrics.flowLogLines.inc(),
       });
       if (!(await conntrackAcctOn())) {
@@ -69,6 +71,7 @@ export class Observer {
       flowLog,
       onStart: (c) => metrics.flowStarted(c),
       onRestart: () => metrics.monitorRestarts.inc(),
+      onOverrun: () => metrics.monitorOverruns.inc(),
     });
     const s = this.latest ?? state;
     if (s) this.monitor.setState(s);

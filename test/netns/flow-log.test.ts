@@ -6,6 +6,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync, readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { getPriority } from 'node:os';
+import { FOLLOWER_NICE } from '../../src/observe/conntrackMonitor.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, request, startEchoServer, startLongFlow, startServer, type LongFlow, type ServerHandle } from '../helpers/traffic.js';
@@ -222,6 +224,9 @@ describe.each(BACKENDS)('flow logs and connection metrics on $name', (backend: B
     // The event child dies: natgw restarts it, re-reads the table and keeps counting.
     const child = eventChildOf(daemon!.pid);
     expect(child, 'the conntrack -E child of the daemon').toBeDefined();
+    // Best effort: in a burst the follower gives the CPU up to commands and the datapath first.
+    expect(getPriority(child!)).toBe(FOLLOWER_NICE);
+    expect(readFileSync(`/proc/${child}/cmdline`, 'utf8').split('\0')).toContain('--any-nat');
     process.kill(child!, 'SIGKILL');
     await waitFor(
       async () => {
