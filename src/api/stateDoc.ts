@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { canonicalJson } from '../model/canonical.js';
-import { desiredStateSchema, type DesiredState } from '../state/state.js';
+import type { DesiredState } from '../state/state.js';
+import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
 import { dnatKey, prefixOf } from '../model/rules.js';
 import { addDnats, type Effect } from '../state/operations.js';
@@ -28,7 +29,7 @@ export function parseStateBody(body: unknown): DesiredState {
   }
   const o = body as Record<string, unknown>;
   const wrapped = 'desired' in o;
-  const parsed = desiredStateSchema.safeParse(wrapped ? o.desired : o);
+  const parsed = safeParseDesired(wrapped ? o.desired : o);
   if (!parsed.success) throw validationError(parsed.error, 'body', wrapped ? ['desired'] : []);
   return normaliseDesired(parsed.data, wrapped ? 'desired.' : '');
 }
