@@ -27,11 +27,7 @@ const protocol = fc.constantFrom('tcp', 'udp', 'TCP', 'Udp', 'icmp', '', 6);
 function shaped(pairs: Record<string, fc.Arbitrary<unknown>>): fc.Arbitrary<unknown> {
   const keys = Object.keys(pairs);
   return fc
-    .tuple(
-      fc.record(pairs),
-      fc.constantFrom('as-is', 'as-is', 'as-is', 'reversed', 'drop', 'extra'),
-      fc.nat({ max: keys.length - 1 }),
-    )
+    .tuple(fc.record(pairs), fc.constantFrom('as-is', 'as-is', 'as-is', 'reversed', 'drop', 'extra'), fc.nat({ max: keys.length - 1 }))
     .map(([o, how, i]) => {
       const entries = Object.entries(o);
       if (how === 'reversed') entries.reverse();
