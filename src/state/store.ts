@@ -135,6 +135,11 @@ export class StateStore {
    * every later one at the next load: the next commit writes a snapshot instead.
    */
   private journalTorn = false;
+  /**
+   * The sealed snapshot last read or written here, text and state: a load that finds the same
+   * text (a daemon start reads the state several times) skips the checksum and the parse.
+   */
+  private lastSnapshot: { readonly text: string; readonly sha: string; readonly state: DesiredState } | undefined;
 
   constructor(
     readonly dir: string,
@@ -178,6 +183,11 @@ export class StateStore {
       if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
       throw e;
     }
+    const last = this.lastSnapshot;
+    if (last !== undefined && last.text === text) {
+      this.snapshotSha = last.sha;
+      return last.state;
+    }
     const sealed = SEALED.exec(text.slice(0, SEAL_PREFIX_LEN));
     if (sealed && text.endsWith('}\n')) {
       const body = text.slice(SEAL_PREFIX_LEN, -2);
@@ -186,6 +196,7 @@ export class StateStore {
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
           this.snapshotSha = sealed[1];
+          this.lastSnapshot = { text, sha: sealed[1], state };
           return state;
         }
       }
@@ -219,8 +230,12 @@ export class StateStore {
   async save(state: DesiredState): Promise<void> {
     const body = JSON.stringify(state);
     const sha = sha256(body);
-    await writeFileAtomic(this.stateFile, `{"sha256":"${sha}","state":${body}}\n`);
+    const text = `{"sha256":"${sha}","state":${body}}\n`;
+    this.lastSnapshot = undefined;
+    await writeFileAtomic(this.stateFile, text);
     this.snapshotSha = sha;
+    // Only a state of this schema version is trusted as written (loadSnapshot).
+    if (state.schema === 1) this.lastSnapshot = { text, sha, state };
     this.journalEntries = 0;
     this.journalTorn = false;
     // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
