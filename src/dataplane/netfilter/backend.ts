@@ -60,10 +60,9 @@ class IncrementalSort<T> {
   sort(source: readonly T[], compare: (a: T, b: T) => number): T[] {
     let sorted: T[] | undefined;
     for (const [at, e] of this.recent.entries()) {
-      // A size apart by more than the update handles needs no diff to be ruled out (a bulk change).
-      if (Math.abs(e.source.length - source.length) > MAX_UPDATE) continue;
-      const d = refDiff(e.source, source);
-      if (!d || d.added.length + d.removed.length > MAX_UPDATE) continue;
+      // The diff gives up early on a change larger than an update handles (a bulk change).
+      const d = refDiff(e.source, source, MAX_UPDATE);
+      if (!d) continue;
       sorted = d.added.length + d.removed.length === 0 ? e.sorted : update(e.source, e.sorted, d, compare);
       this.recent.splice(at, 1);
       break;
