@@ -5,7 +5,7 @@ import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
-import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
+import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the
@@ -74,6 +74,12 @@ const COLLECTION_SIZE = (s: DesiredState): number =>
   s.eipQos.length +
   s.qos.length +
   s.neighbours.length;
+
+const GROWTH = (a: DesiredState, b: DesiredState): number => {
+  let n = 0;
+  for (const k of COLLECTIONS) n += Math.abs(a[k].length - b[k].length);
+  return n;
+};
 
 async function readJson(file: string): Promise<unknown | undefined> {
   try {
@@ -252,9 +258,12 @@ export class StateStore {
     // set-aside file) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
     if (before === after) return;
+    const total = COLLECTION_SIZE(after);
+    // A delta holds at least the difference in size of each collection: when that alone is too
+    // large (a bulk PUT), the snapshot is written without describing the change first.
+    if (GROWTH(before, after) > Math.max(64, total / 4)) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
-    const total = COLLECTION_SIZE(after);
     if (delta === null || deltaSize(delta) > Math.max(64, total / 4)) return this.save(after);
     await this.append(delta);
   }
