@@ -166,8 +166,10 @@ export function createApp(deps: AppDeps): Express {
     const m = await agent.metrics();
     res.type(m.contentType).send(m.body);
   });
-  const openapi = buildOpenApi();
+  // Built on first request, not at start: converting every schema is start-up time a restore waits for.
+  let openapi: ReturnType<typeof buildOpenApi> | undefined;
   app.get('/v1/openapi.json', (_req, res) => {
+    openapi ??= buildOpenApi();
     res.json(openapi);
   });
 

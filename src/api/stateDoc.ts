@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { canonicalJson } from '../model/canonical.js';
-import { desiredStateSchema, type DesiredState } from '../state/state.js';
+import type { DesiredState } from '../state/state.js';
+import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
 import { dnatKey, prefixOf } from '../model/rules.js';
 import { addDnats, type Effect } from '../state/operations.js';
@@ -28,7 +29,7 @@ export function parseStateBody(body: unknown): DesiredState {
   }
   const o = body as Record<string, unknown>;
   const wrapped = 'desired' in o;
-  const parsed = desiredStateSchema.safeParse(wrapped ? o.desired : o);
+  const parsed = safeParseDesired(wrapped ? o.desired : o);
   if (!parsed.success) throw validationError(parsed.error, 'body', wrapped ? ['desired'] : []);
   return normaliseDesired(parsed.data, wrapped ? 'desired.' : '');
 }
@@ -102,10 +103,11 @@ export function effectsOf(prev: DesiredState, next: DesiredState): Effect[] {
   const effects: Effect[] = [];
   const oldEips = new Set(prev.eips.map((e) => e.address));
   for (const e of next.eips) if (!oldEips.has(e.address)) effects.push({ kind: 'garp', ip: e.address });
-  const nextFips = new Map(next.fips.map((f) => [f.eip, f.internalIp]));
+  // The lookups of `next` are built only where `prev` has something to look up (not for a bulk PUT into an empty gateway).
+  const nextFips = new Map(prev.fips.length > 0 ? next.fips.map((f) => [f.eip, f.internalIp]) : []);
   for (const f of prev.fips) if (nextFips.get(f.eip) !== f.internalIp) effects.push({ kind: 'conntrack-flush', dst: f.eip });
   const dnatTarget = (d: { internalIp: string; internalPort: number }) => `${d.internalIp}:${d.internalPort}`;
-  const nextDnats = new Map(next.dnats.map((d) => [dnatKey(d), dnatTarget(d)]));
+  const nextDnats = new Map(prev.dnats.length > 0 ? next.dnats.map((d) => [dnatKey(d), dnatTarget(d)]) : []);
   for (const d of prev.dnats) {
     if (nextDnats.get(dnatKey(d)) !== dnatTarget(d)) {
       effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });

@@ -9,6 +9,8 @@ import type { DesiredState } from '../state/state.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
+import { COLLECTIONS } from '../state/delta.js';
+import { canonicalizeSoon } from '../model/canonical.js';
 import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 
@@ -177,7 +179,10 @@ export class Agent implements AgentService {
               in: 'header',
             });
           }
-          return { state: internState(current, next), effects: effectsOf(current, next) };
+          const state = internState(current, next);
+          // The answer's digest needs every new object's text: built while the kernel applies.
+          if (!opts.dryRun) canonicalizeSoon(COLLECTIONS.map((k) => state[k] as readonly unknown[]));
+          return { state, effects: effectsOf(current, next) };
         },
         { dryRun: opts.dryRun, qos: true },
       );

@@ -26,3 +26,30 @@ export function canonicalJson(v: unknown): string {
   texts.set(v, text);
   return text;
 }
+
+/**
+ * Build the texts of the items of `collections` a slice at a time, whenever the event loop is
+ * otherwise idle (setImmediate). A bulk PUT /v1/state answers with the digest of the state it
+ * applied, and the texts of 20,000 new objects are most of that digest: built while the
+ * process waits for `nft -f` or `iptables-restore`, they are looked up afterwards instead.
+ */
+export function canonicalizeSoon(collections: ReadonlyArray<readonly unknown[]>, slice = 1000): void {
+  let c = 0;
+  let i = 0;
+  const step = (): void => {
+    for (let n = 0; n < slice && c < collections.length; ) {
+      const items = collections[c] as readonly unknown[];
+      if (i >= items.length) {
+        // The collection's own text too: joining ten thousand item texts is no small part.
+        canonicalJson(items);
+        c++;
+        i = 0;
+        continue;
+      }
+      canonicalJson(items[i++]);
+      n++;
+    }
+    if (c < collections.length) setImmediate(step);
+  };
+  setImmediate(step);
+}

@@ -16,6 +16,11 @@ export function internState(current: DesiredState, next: DesiredState): DesiredS
     const have = current[k] as readonly object[];
     const want = next[k] as readonly object[];
     if (have === want) continue;
+    // Nothing to intern against (a bulk PUT into an empty gateway): no text to build.
+    if (have.length === 0) {
+      if (want.length === 0) out[k] = have;
+      continue;
+    }
     const byText = new Map<string, object>();
     for (const o of have) byText.set(canonicalJson(o), o);
     const interned = want.map((o) => byText.get(canonicalJson(o)) ?? o);

@@ -7,27 +7,32 @@
  * of both arrays side by side finds the change in O(n) pointer comparisons. A change the walk
  * describes badly (an object inserted in the middle reads as the rest being removed and added
  * again) falls back to matching by reference through a map; null when even that cannot
- * describe it (kept objects changed their order).
+ * describe it (kept objects changed their order), or when the description would exceed
+ * `limit` entries (a caller that only wants small changes stops early on a bulk one).
  */
 export interface RefDiff<T> {
   readonly removed: readonly number[];
   readonly added: ReadonlyArray<readonly [number, T]>;
 }
 
-export function refDiff<T>(before: readonly T[], after: readonly T[]): RefDiff<T> | null {
+export function refDiff<T>(before: readonly T[], after: readonly T[], limit = Number.POSITIVE_INFINITY): RefDiff<T> | null {
   if (before === after) return { removed: [], added: [] };
-  const walked = walk(before, after);
-  const size = walked.removed.length + walked.added.length;
-  if (size <= 8 + 2 * Math.abs(after.length - before.length)) return walked;
-  return matched(before, after);
+  const grown = Math.abs(after.length - before.length);
+  // Every description removes or adds at least the difference in length.
+  if (grown > limit) return null;
+  const walked = walk(before, after, 8 + 2 * grown);
+  if (walked) return walked.removed.length + walked.added.length <= limit ? walked : null;
+  return matched(before, after, limit);
 }
 
-function walk<T>(before: readonly T[], after: readonly T[]): RefDiff<T> {
+/** The side-by-side walk; null as soon as it describes the change with more than `max` entries. */
+function walk<T>(before: readonly T[], after: readonly T[], max: number): RefDiff<T> | null {
   const removed: number[] = [];
   const added: Array<readonly [number, T]> = [];
   let i = 0;
   let j = 0;
   while (i < before.length && j < after.length) {
+    if (removed.length + added.length > max) return null;
     if (before[i] === after[j]) {
       i++;
       j++;
@@ -49,10 +54,11 @@ function walk<T>(before: readonly T[], after: readonly T[]): RefDiff<T> {
     added.push([j, after[j] as T]);
     j++;
   }
-  return { removed, added };
+  return removed.length + added.length > max ? null : { removed, added };
 }
 
-function matched<T>(before: readonly T[], after: readonly T[]): RefDiff<T> | null {
+/** Matching by reference; null when kept objects changed their order or the change exceeds `limit`. */
+function matched<T>(before: readonly T[], after: readonly T[], limit: number): RefDiff<T> | null {
   const oldIndex = new Map<T, number>();
   before.forEach((o, i) => oldIndex.set(o, i));
   const kept = new Set<number>();
@@ -63,6 +69,7 @@ function matched<T>(before: readonly T[], after: readonly T[]): RefDiff<T> | nul
     const at = oldIndex.get(o);
     if (at === undefined || kept.has(at)) {
       added.push([i, o]);
+      if (added.length > limit) return null;
       continue;
     }
     if (at < lastKept) return null;
@@ -71,5 +78,5 @@ function matched<T>(before: readonly T[], after: readonly T[]): RefDiff<T> | nul
   }
   const removed: number[] = [];
   for (let i = 0; i < before.length; i++) if (!kept.has(i)) removed.push(i);
-  return { removed, added };
+  return removed.length + added.length > limit ? null : { removed, added };
 }

@@ -6,7 +6,7 @@ import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
-import { applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
+import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the
@@ -75,6 +75,12 @@ const COLLECTION_SIZE = (s: DesiredState): number =>
   s.eipQos.length +
   s.qos.length +
   s.neighbours.length;
+
+const GROWTH = (a: DesiredState, b: DesiredState): number => {
+  let n = 0;
+  for (const k of COLLECTIONS) n += Math.abs(a[k].length - b[k].length);
+  return n;
+};
 
 async function readJson(file: string): Promise<unknown | undefined> {
   try {
@@ -149,6 +155,11 @@ export class StateStore {
    * every later one at the next load: the next commit writes a snapshot instead.
    */
   private journalTorn = false;
+  /**
+   * The sealed snapshot last read or written here, text and state: a load that finds the same
+   * text (a daemon start reads the state several times) skips the checksum and the parse.
+   */
+  private lastSnapshot: { readonly text: string; readonly sha: string; readonly state: DesiredState } | undefined;
 
   constructor(
     readonly dir: string,
@@ -196,6 +207,11 @@ export class StateStore {
       if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
       throw e;
     }
+    const last = this.lastSnapshot;
+    if (last !== undefined && last.text === text) {
+      read.snapshotSha = last.sha;
+      return last.state;
+    }
     const sealed = SEALED.exec(text.slice(0, SEAL_PREFIX_LEN));
     if (sealed && text.endsWith('}\n')) {
       const body = text.slice(SEAL_PREFIX_LEN, -2);
@@ -204,6 +220,7 @@ export class StateStore {
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
           read.snapshotSha = sealed[1];
+          this.lastSnapshot = { text, sha: sealed[1], state };
           return state;
         }
       }
@@ -237,8 +254,12 @@ export class StateStore {
   async save(state: DesiredState): Promise<void> {
     const body = JSON.stringify(state);
     const sha = sha256(body);
-    await writeFileAtomic(this.stateFile, `{"sha256":"${sha}","state":${body}}\n`);
+    const text = `{"sha256":"${sha}","state":${body}}\n`;
+    this.lastSnapshot = undefined;
+    await writeFileAtomic(this.stateFile, text);
     this.snapshotSha = sha;
+    // Only a state of this schema version is trusted as written (loadSnapshot).
+    if (state.schema === 1) this.lastSnapshot = { text, sha, state };
     this.journalEntries = 0;
     this.journalTorn = false;
     // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
@@ -255,9 +276,12 @@ export class StateStore {
     // set-aside file) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
     if (before === after) return;
+    const total = COLLECTION_SIZE(after);
+    // A delta holds at least the difference in size of each collection: when that alone is too
+    // large (a bulk PUT), the snapshot is written without describing the change first.
+    if (GROWTH(before, after) > Math.max(64, total / 4)) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
-    const total = COLLECTION_SIZE(after);
     if (delta === null || deltaSize(delta) > Math.max(64, total / 4)) return this.save(after);
     await this.append(delta);
   }

@@ -1,3 +1,4 @@
+import { readFile } from 'node:fs/promises';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 
@@ -28,6 +29,12 @@ export interface Executor {
   run(req: ExecRequest): Promise<ExecResult>;
   /** Start a process that outlives the call (gratuitous ARP); its output is discarded. */
   spawnDetached(req: ExecRequest): void;
+  /**
+   * A kernel status file of this process's own network namespace (/proc/net/…), read without a
+   * tool; undefined when unreadable. Absent where the executor is not the kernel's here (fakes,
+   * an executor running tools in another namespace): callers then ask the tool.
+   */
+  readKernelFile?(path: string): Promise<string | undefined>;
 }
 
 export class ExecError extends Error {
@@ -110,6 +117,14 @@ export class SystemExecutor implements Executor {
     if (timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
     this.log?.debug({ cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 }, 'exec');
     return result;
+  }
+
+  async readKernelFile(path: string): Promise<string | undefined> {
+    try {
+      return await readFile(path, 'utf8');
+    } catch {
+      return undefined;
+    }
   }
 
   spawnDetached(req: ExecRequest): void {

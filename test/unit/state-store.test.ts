@@ -20,6 +20,25 @@ describe('StateStore', () => {
     expect(readFileSync(store.stateFile, 'utf8')).toMatch(/^\{"sha256":"[0-9a-f]{64}","state":\{/);
   });
 
+  it('reads an unchanged snapshot once, and any other text in full', async () => {
+    const d = dir();
+    const store = new StateStore(d);
+    const fresh = new StateStore(d);
+    const s = { ...emptyState('eth0', 'net1'), initialized: true };
+    await store.save(s);
+    const first = await fresh.load();
+    expect(first).toEqual(s);
+    // The same text again (a daemon start loads the state several times): the same value.
+    expect(await fresh.load()).toBe(first);
+    // Another writer's snapshot, and then a hand edit of the same length: read anew each time.
+    const other = { ...s, dnats: [{ eip: '1.2.3.4', port: 80, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }] };
+    await store.save(other);
+    expect(await fresh.load()).toEqual(other);
+    const text = readFileSync(store.stateFile, 'utf8');
+    writeFileSync(store.stateFile, text.replace('"port":80', '"port":81'));
+    expect((await fresh.load())?.dnats[0]?.port).toBe(81);
+  });
+
   it('validates a hand-edited file in full (the seal no longer matches), canonicalising it', async () => {
     const store = new StateStore(dir());
     await store.save(emptyState('eth0', 'net1'));

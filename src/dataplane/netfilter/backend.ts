@@ -60,8 +60,9 @@ class IncrementalSort<T> {
   sort(source: readonly T[], compare: (a: T, b: T) => number): T[] {
     let sorted: T[] | undefined;
     for (const [at, e] of this.recent.entries()) {
-      const d = refDiff(e.source, source);
-      if (!d || d.added.length + d.removed.length > 64) continue;
+      // The diff gives up early on a change larger than an update handles (a bulk change).
+      const d = refDiff(e.source, source, MAX_UPDATE);
+      if (!d) continue;
       sorted = d.added.length + d.removed.length === 0 ? e.sorted : update(e.source, e.sorted, d, compare);
       this.recent.splice(at, 1);
       break;
@@ -73,6 +74,8 @@ class IncrementalSort<T> {
 }
 
 const RECENT_SORTS = 2;
+/** The most objects in and out that an update places one by one; more are sorted anew. */
+const MAX_UPDATE = 64;
 
 /** `sorted` (the sort of `source`) with what left filtered out and what came in placed by binary search. */
 function update<T>(source: readonly T[], sorted: readonly T[], d: RefDiff<T>, compare: (a: T, b: T) => number): T[] {

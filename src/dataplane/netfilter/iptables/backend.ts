@@ -72,6 +72,7 @@ export class IptablesBackend implements NetfilterBackend {
       this.guardRead = undefined;
       return cached;
     }
+    if (!(await this.mayExist(table, family))) return emptyTable;
     const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
     // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
     // Any other failure (a hang, a lock, a crash) is not an empty table: reading it as one
@@ -79,6 +80,17 @@ export class IptablesBackend implements NetfilterBackend {
     if (r.exitCode !== 0 && family === 6 && ip6Unusable(r)) return emptyTable;
     if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
     return parseSave(r.stdout);
+  }
+
+  /**
+   * False when the kernel has no such legacy table in this namespace (it then holds nothing of
+   * natgw's). iptables-legacy-save would create the table just to list it empty, which costs
+   * ~0.2 s for ip6tables in a fresh namespace on every full sync of a v4-only gateway.
+   */
+  private async mayExist(table: TableName, family: Family): Promise<boolean> {
+    if (this.variant !== 'legacy' || !this.exec.readKernelFile) return true;
+    const names = await this.exec.readKernelFile(family === 4 ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names');
+    return names === undefined || names.split('\n').includes(table);
   }
 
   async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
