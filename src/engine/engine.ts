@@ -148,7 +148,7 @@ export class Engine {
     this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
-    this.qos = new QosManager(deps.exec, deps.log);
+    this.qos = new QosManager(deps.exec, deps.log, undefined, path.join(deps.config.stateDir, 'qos-intent.json'));
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
@@ -266,6 +266,8 @@ export class Engine {
             );
             throw e;
           }
+          // Acknowledged: what the QoS part created for it is now the state's (its intent settles).
+          await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         }
       } catch (e) {
         if (!opts.dryRun) {
