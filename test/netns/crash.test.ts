@@ -57,7 +57,12 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
   const tcDump = async (): Promise<string> => {
     const run = async (argv: string[]) => (await topo.exec('gw', argv, { reject: false })).stdout;
     const ifb = (await run(['ip', '-o', 'link', 'show', 'dev', 'ifb-net1'])) === '' ? 'no ifb-net1' : 'ifb-net1 exists';
-    const parts = [ifb];
+    // The QoS probe's throwaway device, should a kill have come while it existed.
+    const probes = (await run(['ip', '-o', 'link', 'show']))
+      .split('\n')
+      .filter((l) => l.includes('ngprobe'))
+      .map((l) => l.split(':')[1]?.trim());
+    const parts = [ifb, `probe devices: ${probes.join(' ')}`];
     for (const dev of ['net1', 'ifb-net1']) {
       for (const what of ['qdisc', 'class', 'filter']) parts.push(`tc ${what} ${dev}:\n${await run(['tc', what, 'show', 'dev', dev])}`);
     }

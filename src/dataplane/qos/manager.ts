@@ -6,7 +6,7 @@ import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../
 import type { Executor, ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
-import { type ProbeResult, describe, probeQosFeatures } from './probe.js';
+import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
 import {
   type DeviceTc,
   type FilterMatch,
@@ -157,7 +157,7 @@ export class QosManager {
       try {
         // Intent first: what this change creates joins what earlier unsettled changes did.
         const creates = plan.creates ?? [];
-        if (creates.length > 0) await this.writeIntent({ pieces: mergePieces(pending, creates) });
+        if (creates.length > 0) await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, creates) });
         await this.apply(plan);
       } catch (err) {
         this.forget();
@@ -253,8 +253,20 @@ export class QosManager {
       return assumed;
     }
     if (!this.probed) {
-      this.probe ??= probeQosFeatures(this.exec);
-      const r = await this.probe;
+      this.probe ??= (async () => {
+        const name = probeDeviceName();
+        // A kill while the throwaway device exists must not leave it behind: it is intent too.
+        await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
+        return probeQosFeatures(this.exec, name);
+      })();
+      let r: ProbeResult;
+      try {
+        r = await this.probe;
+      } catch (e) {
+        // The record could not be written (a full state dir): the next sync tries again.
+        this.probe = undefined;
+        throw e;
+      }
       if (!this.probed) {
         this.probed = r;
         this.out?.(r.summary);
