@@ -313,7 +313,7 @@ export class Engine {
    * change is not touched at all. When a part fails, it and the parts already applied are put
    * back as they were (synced to `previous`, in reverse order), so a failed change stays
    * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
-   * netfilter parts own whole tables, the link part its ownership record).
+   * netfilter parts own whole tables, the link part its ownership record, QoS its intent record).
    */
   async reconcile(
     want: DesiredState,
