@@ -188,4 +188,31 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
     expect(await dumps(topo, b)).toEqual(before);
     expect(await stateDigest()).toBe(baseDoc.digest);
   }, 60_000);
+
+  // Last: it takes away the shared pieces the dumps above were taken with.
+  it('tc stops half-way on the first ingress rule: the IFB, ingress qdisc and redirect it made are gone again', async () => {
+    // A gateway whose ingress QoS never existed: no IFB, no ingress qdisc (the daemon stopped meanwhile).
+    await stopDaemon(daemon!, 'SIGTERM');
+    daemon = undefined;
+    await topo.exec('gw', ['tc', 'qdisc', 'del', 'dev', 'net1', 'ingress'], { reject: false });
+    await topo.exec('gw', ['ip', 'link', 'del', 'ifb-net1'], { reject: false });
+    await start();
+    const pristine = await dumps(topo, b);
+    expect(pristine['tc qdisc ifb-net1']).toBe('');
+    // Three lines: the ingress qdisc, the IFB's root and its default class; then the batch fails.
+    faults.arm('tc', 1, 'half', '-batch', '^(qdisc|class|filter) (add|replace|change) ', 3);
+    let r: Awaited<ReturnType<typeof api>>;
+    try {
+      r = await api(sock, 'PUT', '/v1/state', changedDoc);
+    } finally {
+      faults.disarm();
+    }
+    expect(faults.fired()).toContain('tc -batch');
+    expect(r.status).toBe(500);
+    expect(await dumps(topo, b)).toEqual(pristine);
+    expect(await stateDigest()).toBe(baseDoc.digest);
+    // And the change then goes through, creating them.
+    ok(await api(sock, 'PUT', '/v1/state', changedDoc), 'the change after the fault');
+    expect((await dumps(topo, b))['tc filter ingress net1']).toContain('ifb-net1');
+  }, 60_000);
 });
