@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { ApplyReport, Engine, SyncEvent } from '../engine/engine.js';
+import type { ApplyReport, Engine, SyncEvent, SyncListener } from '../engine/engine.js';
 import { ChangeBatcher, SerialQueue, type ChangeRequest, type ChangeResult } from '../engine/queue.js';
 import { Metrics } from '../engine/metrics.js';
 import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
@@ -20,7 +20,8 @@ export interface EngineLike {
   readonly log: Logger;
   readonly lastApplied: DesiredState | undefined;
   readonly generation: number;
-  onSync?: (e: SyncEvent) => void;
+  /** Subscribe to every apply; the function returned unsubscribes. */
+  onSync(listener: SyncListener): () => void;
   transact: Engine['transact'];
   resync(reason: string): Promise<ApplyReport>;
   loadState(): Promise<DesiredState>;
@@ -88,6 +89,7 @@ export class Agent implements AgentService {
   /** Requests to announce every EIP after the next resync (external interface up), and how many were served. */
   private announceAsked = 0;
   private announceServed = 0;
+  private readonly unsubscribe: () => void;
 
   constructor(private readonly deps: AgentDeps) {
     this.metricsRegistry = deps.metrics ?? new Metrics();
@@ -95,7 +97,7 @@ export class Agent implements AgentService {
     this.legacyRunner = deps.runLegacy ?? ((e, c, a) => runLegacy(e as Engine, c, a));
     this.batchingEngine = this.batching(deps.engine);
     this.hygienePending = deps.hygiene !== undefined;
-    deps.engine.onSync = (e) => this.observe(e);
+    this.unsubscribe = deps.engine.onSync((e) => this.observe(e));
   }
 
   get engine(): EngineLike {
@@ -318,7 +320,8 @@ export class Agent implements AgentService {
   }
 
   /** Refuse new jobs and wait for the ones accepted (the running apply included). */
-  close(): Promise<void> {
-    return this.queue.close();
+  async close(): Promise<void> {
+    await this.queue.close();
+    this.unsubscribe();
   }
 }

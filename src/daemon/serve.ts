@@ -59,12 +59,10 @@ export async function serve(config: Config): Promise<number> {
     digest,
     announce: (ifname, ip) => engine.link.announce(ifname, ip),
   });
-  // Flow classification follows every applied state (after the agent's own hook).
-  const agentOnSync = engine.onSync;
-  engine.onSync = (e) => {
-    agentOnSync?.(e);
+  // Flow classification follows every applied state (after the agent's own listener).
+  engine.onSync((e) => {
     if (e.ok) observer.setState(e.state);
-  };
+  });
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
 

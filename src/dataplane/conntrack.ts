@@ -19,6 +19,14 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
   return args;
 }
 
+const isRange = (f: ConntrackFilter): boolean => f.portEnd !== undefined && f.protocol !== undefined && f.port !== undefined;
+
+/** The listing a port range is flushed from: every entry to its address and protocol. */
+const rangeListArgs = (f: ConntrackFilter): string[] => ['-L', '-f', familyOf(f.dst) === 4 ? 'ipv4' : 'ipv6', '-p', f.protocol ?? 'tcp', '--orig-dst', f.dst];
+
+/** One key per flush owed: a range and its first port are different debts. */
+const filterKey = (f: ConntrackFilter): string => `${conntrackDeleteArgs(f).join(' ')}${isRange(f) ? `-${f.portEnd}` : ''}`;
+
 /** A flush that keeps failing is given up after this many attempts (logged each time). */
 const MAX_FLUSH_ATTEMPTS = 5;
 /** Flushes run side by side, this many at a time. */
@@ -124,15 +132,17 @@ export class Conntrack {
   }
 
   async flush(f: ConntrackFilter): Promise<number> {
-    if (f.portEnd !== undefined && f.protocol && f.port !== undefined) return this.flushRange(f);
-    const key = conntrackDeleteArgs(f).join(' ');
-    const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
+    const key = filterKey(f);
+    // A range is listed first (see flushRange); a listing that fails is owed like a delete that fails.
+    const r = isRange(f)
+      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f) })
+      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
       this.failed.delete(key);
       return 0;
     }
-    const m = /(\d+) flow entries have been deleted/.exec(r.stderr + r.stdout);
+    const m = /(\d+) flow entries have been (deleted|shown)/.exec(r.stderr + r.stdout);
     // conntrack exits 1 with its summary line when nothing matched: that is success.
     if (r.timedOut || (r.exitCode !== 0 && !m)) {
       const attempts = (this.failed.get(key)?.attempts ?? 0) + 1;
@@ -145,6 +155,7 @@ export class Conntrack {
       return 0;
     }
     this.failed.delete(key);
+    if (isRange(f)) return this.flushRange(f, r.stdout);
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;
@@ -183,19 +194,14 @@ export class Conntrack {
 
   /**
    * A port range: conntrack filters on one destination port, so the entries to that address and
-   * protocol are listed once and a delete runs for each port of the range that has any (not for
-   * each of up to 65,535 ports).
+   * protocol are listed once (by flush, which owes the range a retry when the listing fails) and a
+   * delete runs for each port of the range that has any (not for each of up to 65,535 ports);
+   * each of those owes its own retry.
    */
-  private async flushRange(f: ConntrackFilter): Promise<number> {
-    const fam = familyOf(f.dst) === 4 ? 'ipv4' : 'ipv6';
-    const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-p', f.protocol ?? 'tcp', '--orig-dst', f.dst] });
-    if (r.failedToStart) {
-      this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
-      return 0;
-    }
+  private async flushRange(f: ConntrackFilter, listing: string): Promise<number> {
     const ports = [
       ...new Set(
-        parseConntrackList(r.stdout)
+        parseConntrackList(listing)
           .filter((flow) => matches(f, flow))
           .map((flow) => flow.dport as number),
       ),

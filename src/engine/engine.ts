@@ -44,6 +44,40 @@ export type SyncEvent =
   | { readonly ok: true; readonly kind: SyncMode; readonly ms: number; readonly report: ApplyReport; readonly state: DesiredState }
   | { readonly ok: false; readonly kind: SyncMode; readonly ms: number; readonly error: unknown };
 
+/** Who hears about every apply. */
+export type SyncListener = (e: SyncEvent) => void;
+
+/**
+ * The observers of every apply, in the order they subscribed (the agent's readiness before
+ * the flow classifier). A listener that throws is logged and skipped: an observer must never
+ * turn an applied change into a failed one.
+ */
+export class SyncListeners {
+  private readonly listeners = new Set<SyncListener>();
+
+  constructor(private readonly log?: Logger) {}
+
+  /** Subscribe; the function returned unsubscribes. */
+  add(listener: SyncListener): () => void {
+    // A wrapper per subscription: the same function subscribed twice is heard twice and unsubscribed once.
+    const entry: SyncListener = (e) => listener(e);
+    this.listeners.add(entry);
+    return () => {
+      this.listeners.delete(entry);
+    };
+  }
+
+  emit(e: SyncEvent): void {
+    for (const l of [...this.listeners]) {
+      try {
+        l(e);
+      } catch (err) {
+        this.log?.error({ err }, 'a sync listener failed; the apply itself stands');
+      }
+    }
+  }
+}
+
 /**
  * What this process applied last and may plan the next change against without reading the
  * kernel back (kube-proxy's partial sync). Valid only while the durable files are exactly as
@@ -95,10 +129,11 @@ export class Engine {
   lastApplied: DesiredState | undefined;
   private trusted: Trusted | undefined;
   generation = 0;
-  /** Observer of every apply (the daemon's metrics and readiness); unset in a shim run. */
-  onSync?: (e: SyncEvent) => void;
+  /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
+  private readonly syncListeners: SyncListeners;
 
   constructor(readonly deps: EngineDeps) {
+    this.syncListeners = new SyncListeners(deps.log);
     this.store =
       deps.store ??
       new StateStore(
@@ -113,10 +148,15 @@ export class Engine {
     this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
-    this.qos = new QosManager(deps.exec, deps.log);
+    this.qos = new QosManager(deps.exec, deps.log, undefined, path.join(deps.config.stateDir, 'qos-intent.json'));
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
+  }
+
+  /** Hear about every (non-dry-run) apply; the function returned unsubscribes. */
+  onSync(listener: SyncListener): () => void {
+    return this.syncListeners.add(listener);
   }
 
   get config(): Config {
@@ -209,7 +249,7 @@ export class Engine {
         } catch (e) {
           if (kind === 'full' || opts.dryRun) throw e;
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
-          this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
+          this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
           this.distrust();
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
@@ -226,11 +266,13 @@ export class Engine {
             );
             throw e;
           }
+          // Acknowledged: what the QoS part created for it is now the state's (its intent settles).
+          await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         }
       } catch (e) {
         if (!opts.dryRun) {
           this.distrust();
-          this.onSync?.({ ok: false, kind, ms: performance.now() - started, error: e });
+          this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
         }
         throw e;
       } finally {
@@ -240,7 +282,7 @@ export class Engine {
         this.trusted = { state: next, backend, choice, stamp: await this.store.stamp() };
         this.lastApplied = next;
         this.generation++;
-        this.onSync?.({ ok: true, kind, ms: performance.now() - started, report, state: next });
+        this.syncListeners.emit({ ok: true, kind, ms: performance.now() - started, report, state: next });
         // Full syncs are rare and say why the kernel was read back; partial ones are every command.
         const line = {
           kind,
@@ -271,7 +313,7 @@ export class Engine {
    * change is not touched at all. When a part fails, it and the parts already applied are put
    * back as they were (synced to `previous`, in reverse order), so a failed change stays
    * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
-   * netfilter parts own whole tables, the link part its ownership record).
+   * netfilter parts own whole tables, the link part its ownership record, QoS its intent record).
    */
   async reconcile(
     want: DesiredState,

@@ -103,8 +103,12 @@ export function qosPart(qos: QosManager): Part {
   return {
     name: 'qos',
     inputs: ['eipQos', 'qos', 'interfaces'],
+    // An interrupted change's shared pieces (its intent record) may be there with no rule listing them.
+    repairsInFull: true,
     concerns: (want, from) => has(want) || has(from),
-    async sync(want, _from, opts) {
+    async sync(want, from, opts) {
+      // Without rules either side the kernel is read only when an unsettled change may have left something.
+      if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
       const r = await qos.sync(want, opts);
       return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
     },

@@ -6,7 +6,7 @@
  */
 import pino from 'pino';
 import { loadConfig, type Config } from '../../src/config/config.js';
-import type { ApplyReport, Engine, SyncEvent, Transaction } from '../../src/engine/engine.js';
+import { SyncListeners, type ApplyReport, type Engine, type SyncListener, type Transaction } from '../../src/engine/engine.js';
 import type { NetfilterBackend } from '../../src/dataplane/netfilter/backend.js';
 import { NotInitializedError, SystemError } from '../../src/model/errors.js';
 import type { Effect, OpResult } from '../../src/state/operations.js';
@@ -20,7 +20,7 @@ export class FakeEngine implements EngineLike {
   readonly log = pino({ level: 'silent' });
   lastApplied: DesiredState | undefined;
   generation = 0;
-  onSync?: (e: SyncEvent) => void;
+  private readonly listeners = new SyncListeners();
   state: DesiredState;
   /** The init guard's evidence. */
   initialized = true;
@@ -33,6 +33,10 @@ export class FakeEngine implements EngineLike {
   transactions = 0;
   readonly effects: Effect[] = [];
   private busy = false;
+
+  onSync(listener: SyncListener): () => void {
+    return this.listeners.add(listener);
+  }
 
   constructor(readonly config: Config) {
     this.state = { ...emptyState('eth0', 'net1'), initialized: true };
@@ -85,7 +89,7 @@ export class FakeEngine implements EngineLike {
       };
       const refused = this.refuse(next);
       if (refused) {
-        if (!opts.dryRun) this.onSync?.({ ok: false, kind: 'partial', ms: performance.now() - started, error: refused });
+        if (!opts.dryRun) this.listeners.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: refused });
         throw refused instanceof SystemError ? refused : new SystemError(refused.message);
       }
       if (!opts.dryRun) {
@@ -93,7 +97,7 @@ export class FakeEngine implements EngineLike {
         this.lastApplied = next;
         this.generation++;
         this.effects.push(...effects);
-        this.onSync?.({ ok: true, kind: 'partial', ms: performance.now() - started, report, state: next });
+        this.listeners.emit({ ok: true, kind: 'partial', ms: performance.now() - started, report, state: next });
       }
       return { state: next, report, effects };
     } finally {

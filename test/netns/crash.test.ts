@@ -2,8 +2,15 @@
  * kill -9 at random points of a large `PUT /v1/state` (issue 12): after the restart the kernel
  * holds the old state or the new one — never a mix — the persisted state says which, and
  * nothing natgw added is left outside it (the netfilter parts own whole tables, the link part
- * its ownership record). The kill points come from a seeded PRNG (printed on failure): a timer
- * here is the fault being injected, not a wait for something to happen.
+ * its ownership record, QoS its intent record). The kill points come from a seeded PRNG
+ * (printed on failure): a timer here is the fault being injected, not a wait for something to
+ * happen.
+ *
+ * The new state brings QoS to a gateway that has none (egress and ingress EIP rules and a
+ * gateway rule: an htb root on net1, the IFB, the ingress qdisc and redirect, classes and
+ * filters). Every other round the kill comes while `tc -batch` hangs after a random number of
+ * its lines (a wrapper on PATH, test/helpers/faults.ts): after the restart `tc` on net1 and the
+ * IFB shows exactly what the old state implies, which is nothing of natgw's.
  *
  * NATGW_CRASH_ROUNDS (default 5) rounds per backend; NATGW_CRASH_OBJECTS (default 5000) DNATs.
  */
@@ -11,6 +18,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { prng } from '../helpers/prng.js';
+import { makeWrappers, type Faults } from '../helpers/faults.js';
+import { waitFor } from '../helpers/poll.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const ROUNDS = Number(process.env.NATGW_CRASH_ROUNDS ?? 5);
@@ -21,6 +30,7 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
   let topo: Topology;
   let daemon: Daemon | undefined;
   let sock: string;
+  let faults: Faults;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   let oldDoc: any;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -38,14 +48,56 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
         .sort()
         .join('\n');
     const share = (await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'kube-ovn'], { reject: false })).stdout;
-    return `${await ownedNetfilter(topo, b)}\n--\n${share}\n--\n${clean(addrs)}\n--\n${clean(routes)}`;
+    return `${await ownedNetfilter(topo, b)}\n--\n${share}\n--\n${clean(addrs)}\n--\n${clean(routes)}\n--\n${await tcDump()}`;
+  };
+  /**
+   * QoS as `tc` prints it on net1 and the IFB. Numbers the kernel picks anew each time a piece
+   * is created (an fq_codel leaf's handle, the mirred action's index) and a counter are masked.
+   */
+  const tcDump = async (): Promise<string> => {
+    const run = async (argv: string[]) => (await topo.exec('gw', argv, { reject: false })).stdout;
+    const ifb = (await run(['ip', '-o', 'link', 'show', 'dev', 'ifb-net1'])) === '' ? 'no ifb-net1' : 'ifb-net1 exists';
+    // The QoS probe's throwaway device, should a kill have come while it existed.
+    const probes = (await run(['ip', '-o', 'link', 'show']))
+      .split('\n')
+      .filter((l) => l.includes('ngprobe'))
+      .map((l) => l.split(':')[1]?.trim());
+    const parts = [ifb, `probe devices: ${probes.join(' ')}`];
+    for (const dev of ['net1', 'ifb-net1']) {
+      for (const what of ['qdisc', 'class', 'filter']) parts.push(`tc ${what} ${dev}:\n${await run(['tc', what, 'show', 'dev', dev])}`);
+    }
+    parts.push(`tc filter net1 ingress:\n${await run(['tc', 'filter', 'show', 'dev', 'net1', 'ingress'])}`);
+    return parts
+      .join('\n')
+      .replace(/qdisc fq_codel [0-9a-f]+:/g, 'qdisc fq_codel N:')
+      .replace(/\bindex \d+/g, 'index N')
+      .replace(/direct_packets_stat \d+/g, 'direct_packets_stat N');
   };
   const start = async () => {
-    daemon = await startDaemon(topo);
+    daemon = await startDaemon(topo, { PATH: `${faults.dir}:${process.env.PATH ?? ''}` });
     await waitReady(topo, daemon, 60_000);
+  };
+  /**
+   * The old state as a gateway that never had QoS holds it. An acknowledged QoS rule leaves its
+   * shared pieces in place when it goes (SPEC), so after the new state they are taken away by
+   * hand, with the daemon stopped, for the next round to create them again.
+   */
+  const backToPristineOld = async () => {
+    ok(await api(sock, 'PUT', '/v1/state', oldDoc), 'back to old');
+    await stopDaemon(daemon!, 'SIGTERM');
+    daemon = undefined;
+    for (const argv of [
+      ['tc', 'qdisc', 'del', 'dev', 'net1', 'root'],
+      ['tc', 'qdisc', 'del', 'dev', 'net1', 'ingress'],
+      ['ip', 'link', 'del', 'ifb-net1'],
+    ]) {
+      await topo.exec('gw', argv, { reject: false });
+    }
+    await start();
   };
 
   beforeAll(async () => {
+    faults = makeWrappers();
     topo = await createTopology();
     Object.assign(topo.env, b.env, { GATEWAY_V4: ADDR.extGateway, NATGW_RESYNC_PERIOD: '1h' });
     sock = socketOf(topo);
@@ -77,19 +129,46 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
         routes: routes(60),
         dnats,
         shareDnats: [{ eip: '172.20.0.40', port: 9000, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 80 }] }],
+        eipQos: [
+          { direction: 'egress', ip: '172.20.0.40', priority: 1, rate: '10', burst: '1' },
+          { direction: 'egress', ip: '172.20.0.41', priority: 1, rate: '20', burst: '1' },
+          { direction: 'ingress', ip: '172.20.0.42', priority: 1, rate: '30', burst: '2' },
+          { direction: 'ingress', ip: '172.20.0.43', priority: 1, rate: '40', burst: '2' },
+        ],
+        qos: [
+          {
+            direction: 'egress',
+            dev: 'net1',
+            priority: 5,
+            classifier: 'u32',
+            matchType: 'ip',
+            matchDirection: 'dst',
+            cidr: '10.0.1.0/24',
+            rate: '100',
+            burst: '1',
+          },
+        ],
       },
     };
-    for (const which of ['new', 'old'] as const) {
-      const r = ok(await api(sock, 'PUT', '/v1/state', which === 'new' ? newDoc : oldDoc), `PUT ${which}`);
-      digest[which] = r.body.digest;
-      kernel[which] = await dump();
-    }
+    const r = ok(await api(sock, 'PUT', '/v1/state', newDoc), 'PUT new');
+    digest.new = r.body.digest;
+    kernel.new = await dump();
+    await backToPristineOld();
+    digest.old = (await api(sock, 'GET', '/v1/state')).body.digest;
+    kernel.old = await dump();
     expect(kernel.old).not.toBe(kernel.new);
+    // The new state brings every shared piece, the old one has none.
+    expect(kernel.new).toContain('ifb-net1 exists');
+    expect(kernel.new).toMatch(/qdisc htb 1: root/);
+    expect(kernel.new).toMatch(/Egress Redirect to device ifb-net1/);
+    expect(kernel.old).toContain('no ifb-net1');
+    expect(kernel.old).not.toMatch(/htb|ingress ffff:/);
   }, 300_000);
 
   afterAll(async () => {
     if (daemon) await stopDaemon(daemon, 'SIGKILL');
     await topo?.cleanup();
+    faults?.remove();
   });
 
   it(`${ROUNDS} rounds: the kernel is the old or the new state after a restart, as persisted`, async () => {
@@ -98,20 +177,31 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
     const t0 = performance.now();
     ok(await api(sock, 'PUT', '/v1/state', newDoc), 'timing PUT');
     const span = performance.now() - t0;
-    ok(await api(sock, 'PUT', '/v1/state', oldDoc), 'back to old');
+    await backToPristineOld();
+    // How many lines the QoS batch has: a hang stops it after 1 to all of them.
+    const tcLines = Number(process.env.NATGW_CRASH_TC_LINES ?? 16);
     const seen: string[] = [];
     for (let round = 0; round < ROUNDS; round++) {
-      const at = Math.floor(random() * span * 2.5);
+      const inTc = round % 2 === 1;
+      const at = inTc ? 0 : Math.floor(random() * span * 2.5);
+      const lines = inTc ? 1 + Math.floor(random() * tcLines) : 0;
+      if (inTc) faults.arm('tc', 1, 'half-hang', '-batch', '^(qdisc|class|filter) (add|replace|change) ', lines);
       const put = api(sock, 'PUT', '/v1/state', newDoc).catch(() => undefined);
-      await new Promise((r) => setTimeout(r, at));
-      await stopDaemon(daemon!, 'SIGKILL');
-      daemon = undefined;
+      try {
+        if (inTc) await waitFor(async () => faults.hanging(), { what: `tc -batch hung after ${lines} lines`, timeoutMs: 120_000 });
+        else await new Promise((r) => setTimeout(r, at));
+        await stopDaemon(daemon!, 'SIGKILL');
+        daemon = undefined;
+      } finally {
+        faults.disarm();
+        faults.endHung();
+      }
       await put;
       await start();
       const persisted = (await api(sock, 'GET', '/v1/state')).body.digest as string;
       const now = await dump();
       const which = now === kernel.old ? 'old' : now === kernel.new ? 'new' : 'mix';
-      seen.push(`${at}ms:${which}`);
+      seen.push(inTc ? `tc+${lines}:${which}` : `${at}ms:${which}`);
       if (which === 'mix') {
         const lines = (t: string) => new Set(t.split('\n'));
         const [o, n, c] = [lines(kernel.old), lines(kernel.new), lines(now)];
@@ -125,9 +215,11 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
           .map((l) => `- ${l}`);
         seen.push(`\nbeside old:\n${[...odd, ...missing].join('\n')}`);
       }
-      expect(which, `round ${round} (seed ${SEED}, kill after ${at} ms): ${seen.join(' ')}`).not.toBe('mix');
+      expect(which, `round ${round} (seed ${SEED}, ${inTc ? `tc hung after ${lines} lines` : `kill after ${at} ms`}): ${seen.join(' ')}`).not.toBe('mix');
+      // A change stopped inside tc was never persisted: the old state, and nothing of the new QoS.
+      if (inTc) expect(which, `round ${round}: killed inside tc`).toBe('old');
       expect(persisted, `round ${round}: the persisted state says ${which}`).toBe(digest[which as 'old' | 'new']);
-      if (which === 'new') ok(await api(sock, 'PUT', '/v1/state', oldDoc), 'back to old');
+      if (which === 'new') await backToPristineOld();
     }
     console.log(`crash rounds on ${b.name} (span ${Math.round(span)} ms): ${seen.join(' ')}`);
   }, 1_800_000);

@@ -7,79 +7,12 @@
  * address it names even where the state does not list it, and a daemon killed while an
  * address change hangs half-way leaves nothing behind after its restart.
  */
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { waitFor } from '../helpers/poll.js';
+import { makeWrappers, type Mode, type Tool } from '../helpers/faults.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
-
-const TOOLS = ['nft', 'iptables-legacy-restore', 'iptables-nft-restore', 'ip', 'tc', 'conntrack'] as const;
-type Tool = (typeof TOOLS)[number];
-type Mode = 'fail' | 'half' | 'hang' | 'half-hang';
-
-/**
- * One bash wrapper per tool. While `<tool>.plan` holds `N MODE ARGS [STDIN-REGEX]`, the calls
- * whose arguments contain ARGS (and whose stdin script has a line matching STDIN-REGEX, when
- * given) are counted, and from the Nth on they misbehave: `fail` (nothing applied), `half`
- * (the real tool gets only the first line of the script, then the call fails: a batch
- * stopped half-way), `hang`, or `half-hang`. A matching regex picks the change forward and
- * not the roll-back that follows it (which deletes), so the engine's retry fails too and its
- * roll-back runs against the real tool. Every other call runs the real tool.
- */
-function makeWrappers(): { dir: string; arm(tool: Tool, n: number, mode: Mode, args: string, stdin?: string): void; disarm(): void; fired(): string } {
-  const dir = mkdtempSync(join(tmpdir(), 'natgw-faults-'));
-  const q = (s: string) => JSON.stringify(s);
-  for (const tool of TOOLS) {
-    const real = execFileSync('bash', ['-c', 'command -v "$1"', '_', tool], { encoding: 'utf8' }).trim();
-    const script = `#!/bin/bash
-plan=${q(join(dir, `${tool}.plan`))}
-count=${q(join(dir, `${tool}.count`))}
-if [ -f "$plan" ]; then
-  { read -r n; read -r mode; read -r args; read -r re; } < "$plan"
-  if [[ "$*" == *"$args"* ]]; then
-    input=""
-    if [ -n "$re" ]; then
-      input=$(mktemp); cat > "$input"
-      if ! grep -qE -- "$re" "$input"; then exec < "$input"; rm -f "$input"; exec ${q(real)} "$@"; fi
-    fi
-    exec 9>>"$count.lock"; flock 9
-    c=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 )); echo "$c" > "$count"
-    exec 9>&-
-    if [ "$c" -ge "$n" ]; then
-      echo "${tool} $*" >> ${q(join(dir, 'fired'))}
-      [ -n "$input" ] && exec < "$input"
-      case "$mode" in
-        hang) echo $$ >> ${q(join(dir, 'hung.pids'))}; exec sleep 600 ;;
-        half) head -n 1 | ${q(real)} "$@"; echo "injected fault: ${tool} stopped half-way" >&2; exit 1 ;;
-        half-hang) head -n 1 | ${q(real)} "$@"; echo $$ >> ${q(join(dir, 'hung.pids'))}; exec sleep 600 ;;
-        *) echo "injected fault: ${tool} failed" >&2; exit 1 ;;
-      esac
-    fi
-    [ -n "$input" ] && exec < "$input"
-  fi
-fi
-exec ${q(real)} "$@"
-`;
-    writeFileSync(join(dir, tool), script);
-    chmodSync(join(dir, tool), 0o755);
-  }
-  return {
-    dir,
-    arm(tool, n, mode, args, stdin = '') {
-      rmSync(join(dir, `${tool}.count`), { force: true });
-      rmSync(join(dir, 'fired'), { force: true });
-      writeFileSync(join(dir, `${tool}.plan`), `${n}\n${mode}\n${args}\n${stdin}\n`);
-    },
-    disarm() {
-      for (const t of TOOLS) rmSync(join(dir, `${t}.plan`), { force: true });
-    },
-    fired: () => (existsSync(join(dir, 'fired')) ? readFileSync(join(dir, 'fired'), 'utf8') : ''),
-  };
-}
 
 /** Everything natgw could have touched, read by tools of the test's own (never the wrappers). */
 async function dumps(topo: Topology, b: BackendCase): Promise<Record<string, string>> {
@@ -158,18 +91,8 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
   afterAll(async () => {
     if (daemon) await stopDaemon(daemon, 'SIGKILL');
     await topo?.cleanup();
-    if (faults) {
-      // A hang the daemon did not kill (it was killed itself) is ended here, by its own pid.
-      const pids = existsSync(join(faults.dir, 'hung.pids')) ? readFileSync(join(faults.dir, 'hung.pids'), 'utf8').split('\n').filter(Boolean) : [];
-      for (const pid of pids) {
-        try {
-          process.kill(Number(pid), 'SIGKILL');
-        } catch {
-          // already gone
-        }
-      }
-      rmSync(faults.dir, { recursive: true, force: true });
-    }
+    // A hang the daemon did not kill (it was killed itself) is ended here, by its own pid.
+    faults?.remove();
   });
 
   // What each fault matches: the forward change (adds), never the roll-back (deletes).
@@ -265,5 +188,32 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
     await start();
     expect(await dumps(topo, b)).toEqual(before);
     expect(await stateDigest()).toBe(baseDoc.digest);
+  }, 60_000);
+
+  // Last: it takes away the shared pieces the dumps above were taken with.
+  it('tc stops half-way on the first ingress rule: the IFB, ingress qdisc and redirect it made are gone again', async () => {
+    // A gateway whose ingress QoS never existed: no IFB, no ingress qdisc (the daemon stopped meanwhile).
+    await stopDaemon(daemon!, 'SIGTERM');
+    daemon = undefined;
+    await topo.exec('gw', ['tc', 'qdisc', 'del', 'dev', 'net1', 'ingress'], { reject: false });
+    await topo.exec('gw', ['ip', 'link', 'del', 'ifb-net1'], { reject: false });
+    await start();
+    const pristine = await dumps(topo, b);
+    expect(pristine['tc qdisc ifb-net1']).toBe('');
+    // Three lines: the ingress qdisc, the IFB's root and its default class; then the batch fails.
+    faults.arm('tc', 1, 'half', '-batch', '^(qdisc|class|filter) (add|replace|change) ', 3);
+    let r: Awaited<ReturnType<typeof api>>;
+    try {
+      r = await api(sock, 'PUT', '/v1/state', changedDoc);
+    } finally {
+      faults.disarm();
+    }
+    expect(faults.fired()).toContain('tc -batch');
+    expect(r.status).toBe(500);
+    expect(await dumps(topo, b)).toEqual(pristine);
+    expect(await stateDigest()).toBe(baseDoc.digest);
+    // And the change then goes through, creating them.
+    ok(await api(sock, 'PUT', '/v1/state', changedDoc), 'the change after the fault');
+    expect((await dumps(topo, b))['tc filter ingress net1']).toContain('ifb-net1');
   }, 60_000);
 });

@@ -118,3 +118,61 @@ describe('Conntrack.flushAll', () => {
     expect(broken.calls.filter((c) => c.args[0] === '-D')).toHaveLength(20);
   });
 });
+
+describe('Conntrack: flushes owed after a failure', () => {
+  const range = { dst: '172.18.0.10', protocol: 'tcp' as const, port: 9000, portEnd: 9010 };
+  const LISTED = [
+    'tcp      6 431999 ESTABLISHED src=172.20.0.100 dst=172.18.0.10 sport=40000 dport=9005 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40000 [ASSURED] mark=0 use=1',
+    'tcp      6 431999 ESTABLISHED src=172.20.0.100 dst=172.18.0.10 sport=40001 dport=8080 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40001 [ASSURED] mark=0 use=1',
+    '',
+  ].join('\n');
+  const shown = 'conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n';
+
+  it('a port range whose listing fails is owed, retried at the next resync, and then deletes its ports', async () => {
+    let listingFails = true;
+    const exec = new RecordingExecutor((r) => {
+      if (r.args[0] === '-L')
+        return listingFails ? { exitCode: 1, stderr: 'conntrack v1.4.7 (conntrack-tools): Operation not permitted\n' } : { stdout: LISTED, stderr: shown };
+      return { stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
+    });
+    const ct = new Conntrack(exec);
+    expect(await ct.flushAll([range])).toBe(0);
+    expect(ct.pendingFlushes).toBe(1);
+    expect(exec.calls.map((c) => c.args[0])).toEqual(['-L']);
+    // Still failing: still owed.
+    await ct.retryFailed();
+    expect(ct.pendingFlushes).toBe(1);
+    listingFails = false;
+    exec.calls.length = 0;
+    expect(await ct.retryFailed()).toBe(1);
+    expect(ct.pendingFlushes).toBe(0);
+    expect(exec.calls.map((c) => c.args.join(' '))).toEqual([
+      '-L -f ipv4 -p tcp --orig-dst 172.18.0.10',
+      '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 9005',
+    ]);
+  });
+
+  it('a timed-out range listing is owed too; a range and a single port of it are separate debts', async () => {
+    const exec = new RecordingExecutor((r) =>
+      r.args[0] === '-L' ? { exitCode: 1, timedOut: true } : { exitCode: 1, stderr: 'failed: Device or resource busy\n' },
+    );
+    const ct = new Conntrack(exec);
+    await ct.flushAll([range, { dst: '172.18.0.10', protocol: 'tcp', port: 9000 }]);
+    expect(ct.pendingFlushes).toBe(2);
+  });
+
+  it('a range is given up after as many attempts as a single port', async () => {
+    const exec = new RecordingExecutor(() => ({ exitCode: 1, stderr: 'conntrack: Operation not permitted\n' }));
+    const ct = new Conntrack(exec);
+    await ct.flushAll([range, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
+    let rounds = 1;
+    while (ct.pendingFlushes > 0 && rounds < 20) {
+      await ct.retryFailed();
+      rounds++;
+    }
+    expect(ct.pendingFlushes).toBe(0);
+    // Both stopped at the same bound: one listing and one delete per attempt.
+    expect(exec.calls.filter((c) => c.args[0] === '-L')).toHaveLength(exec.calls.filter((c) => c.args[0] === '-D').length);
+    expect(rounds).toBeLessThan(20);
+  });
+});

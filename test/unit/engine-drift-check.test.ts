@@ -33,7 +33,7 @@ describe('engine: a dry-run full sync (drift check)', () => {
     );
     const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
     const events: SyncEvent[] = [];
-    engine.onSync = (e) => events.push(e);
+    engine.onSync((e) => events.push(e));
     await engine.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
     await engine.transact(({ state }) => Ops.addDnat(state, dnat(1)));
     const generation = engine.generation;

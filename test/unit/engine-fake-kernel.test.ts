@@ -74,7 +74,7 @@ class FakeKernel {
     const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, ...env });
     const engine = new Engine({ config, exec: this.exec, log: pino({ level: 'silent' }), nft: this.nft });
     const events: SyncEvent[] = [];
-    engine.onSync = (e) => events.push(e);
+    engine.onSync((e) => events.push(e));
     return { engine, events };
   }
 }

@@ -38,7 +38,7 @@ async function setUp(refuse?: (r: ExecRequest) => boolean) {
   });
   const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
   const events: SyncEvent[] = [];
-  engine.onSync = (e) => events.push(e);
+  engine.onSync((e) => events.push(e));
   await engine.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
   await engine.transact(({ state }) =>
     Ops.addDnats(
@@ -110,6 +110,25 @@ describe('engine: full and partial syncs', () => {
     const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
     await engine.transact(({ state }) => ({ state, effects: [] }), { mode: 'full' });
     await expect(engine.transact(({ state }) => Ops.addDnat(state, dnat(1)), { guarded: true })).rejects.toThrow(/not initialized/);
+  });
+});
+
+describe('engine: sync listeners', () => {
+  it('every listener hears every apply in subscription order; unsubscribed ones no more; a throwing one breaks nothing', async () => {
+    const { engine, events } = await setUp();
+    const heard: string[] = [];
+    const offA = engine.onSync((e) => heard.push(`a:${e.kind}`));
+    engine.onSync(() => {
+      throw new Error('a broken observer');
+    });
+    engine.onSync((e) => heard.push(`b:${e.kind}`));
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(5001)));
+    expect(heard).toEqual(['a:partial', 'b:partial']);
+    offA();
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(5002)));
+    expect(heard).toEqual(['a:partial', 'b:partial', 'b:partial']);
+    // The listener of setUp is still subscribed beside them.
+    expect(events.map((e) => e.kind)).toEqual(['full', 'partial', 'partial', 'partial']);
   });
 });
 

@@ -1,3 +1,6 @@
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { QosManager } from '../../src/dataplane/qos/manager.js';
 import { SystemError } from '../../src/model/errors.js';
@@ -134,5 +137,78 @@ describe('QosManager', () => {
       .map((c) => c.args.at(-1))
       .sort();
     expect(shown).toEqual(['eth3', 'eth4', 'ifb-net1', 'net1']);
+  });
+});
+
+describe('QosManager: the intent record', () => {
+  const tmp = () => mkdtempSync(path.join(tmpdir(), 'natgw-qos-intent-'));
+  const read = (file: string) => (existsSync(file) ? (JSON.parse(readFileSync(file, 'utf8')) as { pieces: unknown[] }).pieces : []);
+
+  it('lists the probe device before it exists and the shared pieces before tc runs; settles once the state is persisted', async () => {
+    const dir = tmp();
+    const file = path.join(dir, 'qos-intent.json');
+    const seen: Record<string, unknown[]> = {};
+    const x = fakeKernel({
+      fail: (req) => {
+        const cmd = [req.file, ...req.args].join(' ');
+        if (cmd.startsWith('ip link add ngprobe')) seen.probe = read(file);
+        if (cmd === 'ip link add ifb-net1 type ifb') seen.ifb = read(file);
+        return undefined;
+      },
+    });
+    const m = new QosManager(x, undefined, undefined, file);
+    const s = state([eip('1.2.3.4', { direction: 'ingress' }), eip('1.2.3.5')]);
+    await m.sync(s);
+    expect(seen.probe).toEqual([{ kind: 'ifb', dev: expect.stringMatching(/^ngprobe[0-9a-f]{8}$/) }]);
+    expect(seen.ifb).toEqual(
+      expect.arrayContaining([
+        { kind: 'ifb', dev: 'ifb-net1' },
+        { kind: 'ingress', dev: 'net1' },
+        { kind: 'redirect', dev: 'net1', ifb: 'ifb-net1' },
+        { kind: 'root', dev: 'net1' },
+        { kind: 'root', dev: 'ifb-net1' },
+      ]),
+    );
+    expect(await m.hasPending()).toBe(true);
+    // Another state than the one synced is not what the pieces were made for: nothing settles.
+    await m.settle(state([eip('1.2.3.4', { direction: 'ingress' })]));
+    expect(read(file)).not.toEqual([]);
+    await m.settle(s);
+    expect(read(file)).toEqual([]);
+    expect(await m.hasPending()).toBe(false);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('a new process finds the record of one killed mid-change and removes what the persisted state does not need', async () => {
+    const dir = tmp();
+    const file = path.join(dir, 'qos-intent.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        pieces: [
+          { kind: 'ifb', dev: 'ifb-net1' },
+          { kind: 'ingress', dev: 'net1' },
+          { kind: 'root', dev: 'net1' },
+          { kind: 'ifb', dev: 'ngprobe0badcafe' },
+          // Not a piece natgw writes: never acted on.
+          { kind: 'ifb', dev: 'eth0; reboot' },
+          { kind: 'qdisc', dev: 'eth0' },
+        ],
+      }),
+    );
+    const x = fakeKernel({
+      links: ['lo', 'net1', 'eth0', 'ifb-net1', 'ngprobe0badcafe'],
+      qdiscs:
+        'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\nqdisc ingress ffff: dev net1 parent ffff:fff1 ----------------\n',
+    });
+    const m = new QosManager(x, undefined, undefined, file);
+    const s = state([]);
+    await m.sync(s, { mode: 'full' });
+    const changes = x.calls.filter((c) => !c.args.includes('show')).map((c) => [c.file, ...c.args].join(' '));
+    expect(changes).toEqual(['tc -batch -', 'ip link del ifb-net1', 'ip link del ngprobe0badcafe']);
+    expect(x.calls.find((c) => c.file === 'tc' && c.args[0] === '-batch')?.input).toBe('qdisc del dev net1 ingress\nqdisc del dev net1 root\n');
+    await m.settle(s);
+    expect(read(file)).toEqual([]);
+    rmSync(dir, { recursive: true, force: true });
   });
 });

@@ -257,3 +257,76 @@ describe('renderQos: against a kernel that holds things', () => {
     expect(plan(k, [], []).tc).toEqual([]);
   });
 });
+
+describe('renderQos: the shared pieces of a change that did not take effect', () => {
+  const ingressQdiscs = `${QDISCS}qdisc ingress ffff: dev net1 parent ffff:fff1 ----------------\nqdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n`;
+  const redirect = `filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 terminal flowid not_in_hw \n  match 00000000/00000000 at 0\n\taction order 1: mirred (Egress Redirect to device ifb-net1) stolen\n`;
+  const ifbClasses = `class htb 1:9999 root prio 0 rate 10Gbit ceil 10Gbit burst 0b cburst 0b buffer [0000000f] cbuffer [0000000f]
+class htb 1:10 root prio 0 rate 10Mbit ceil 10Mbit burst 1024Kb cburst 1024Kb buffer [00c7fff3] cbuffer [00c7fff3]
+`;
+  const everything = [
+    { kind: 'ifb', dev: 'ifb-net1' },
+    { kind: 'ingress', dev: 'net1' },
+    { kind: 'redirect', dev: 'net1', ifb: 'ifb-net1' },
+    { kind: 'root', dev: 'ifb-net1' },
+    { kind: 'root', dev: 'net1' },
+  ] as const;
+
+  it('a plan names every shared piece it creates, and only those', () => {
+    const fresh = plan(kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), [
+      eip('1.2.3.4', 0x10, 1, { direction: 'ingress' }),
+      eip('1.2.3.5', 0x11, 2),
+    ]);
+    expect(fresh.creates).toEqual(expect.arrayContaining([...everything]));
+    expect(fresh.creates).toHaveLength(everything.length);
+    // Where they all exist, a new rule creates none.
+    const k = kernel({
+      links: ['net1', 'ifb-net1'],
+      qdiscs: ingressQdiscs,
+      devices: { net1: { classes: CLASSES, filters: FILTERS }, 'ifb-net1': { classes: ifbClasses } },
+      ingress: { net1: redirect },
+    });
+    expect(plan(k, [...RULES.eips, eip('1.2.3.4', 0x20, 2, { direction: 'ingress' })], RULES.gws).creates).toEqual([]);
+  });
+
+  it('the state needs none of them: redirect and ingress qdisc, the root, then the IFB after the script', () => {
+    const k = kernel({
+      links: ['net1', 'ifb-net1'],
+      qdiscs: ingressQdiscs,
+      devices: { net1: { classes: CLASSES, filters: FILTERS }, 'ifb-net1': { classes: ifbClasses } },
+      ingress: { net1: redirect },
+    });
+    const p = renderQos(desiredDevices('net1', [], []), k, NONE, everything);
+    // The ingress qdisc takes the redirect with it; the IFB takes its root; nothing else names them.
+    expect(p.tc).toEqual(['qdisc del dev net1 ingress', 'qdisc del dev net1 root']);
+    expect(p.ipAfter).toEqual([['link', 'del', 'ifb-net1']]);
+    expect(p.ip).toEqual([]);
+  });
+
+  it('what the state needs stays; a piece the kernel does not hold is not removed', () => {
+    const k = kernel({
+      links: ['net1', 'ifb-net1'],
+      qdiscs: ingressQdiscs,
+      devices: { net1: { classes: CLASSES, filters: FILTERS }, 'ifb-net1': { classes: ifbClasses } },
+      ingress: { net1: redirect },
+    });
+    // The egress rules stay (net1's root is needed); the ingress side goes.
+    const p = renderQos(desiredDevices('net1', RULES.eips, RULES.gws), k, NONE, everything);
+    expect(p.tc.filter((l) => / del /.test(l) && !l.includes('parent 1:'))).toEqual(['qdisc del dev net1 ingress']);
+    expect(p.ipAfter).toEqual([['link', 'del', 'ifb-net1']]);
+    expect(p.tc.some((l) => l.includes('ifb-net1'))).toBe(false);
+    // An ingress rule and an egress rule keep every piece.
+    const keep = renderQos(desiredDevices('net1', [...RULES.eips, eip('1.2.3.4', 0x10, 1, { direction: 'ingress' })], RULES.gws), k, NONE, everything);
+    expect(keep.ipAfter).toEqual([]);
+    expect(keep.tc.filter((l) => /^qdisc del|^filter del dev net1 parent ffff:/.test(l))).toEqual([]);
+    // Nothing there (the crash came before the first line): nothing to remove.
+    const bare = renderQos(desiredDevices('net1', [], []), kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), NONE, everything);
+    expect(bare).toMatchObject({ tc: [], ip: [], ipAfter: [] });
+  });
+
+  it('a redirect added to an ingress qdisc that was there before goes on its own, the qdisc stays', () => {
+    const k = kernel({ links: ['net1', 'ifb-net1'], qdiscs: ingressQdiscs, ingress: { net1: redirect } });
+    const p = renderQos(desiredDevices('net1', [], []), k, NONE, [{ kind: 'redirect', dev: 'net1', ifb: 'ifb-net1' }]);
+    expect(p.tc.filter((l) => l.includes('ffff:') || l.startsWith('qdisc del'))).toEqual(['filter del dev net1 parent ffff: prio 65535']);
+  });
+});

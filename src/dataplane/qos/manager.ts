@@ -1,10 +1,12 @@
+import { promises as fs } from 'node:fs';
+import { z } from 'zod';
 import type { Logger } from 'pino';
 import { SystemError, ToolError } from '../../model/errors.js';
 import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../../model/qos.js';
 import type { Executor, ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
-import { type ProbeResult, describe, probeQosFeatures } from './probe.js';
+import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
 import {
   type DeviceTc,
   type FilterMatch,
@@ -22,8 +24,21 @@ import {
   rulesFromKernel,
   shapedDevices,
 } from './readback.js';
-import { type DesiredDevice, type KernelQos, type QosFeatures, type QosPlan, desiredDevices, renderQos, tcBatchScript } from './render.js';
+import {
+  type DesiredDevice,
+  type KernelQos,
+  type QosFeatures,
+  type QosPiece,
+  type QosPlan,
+  desiredDevices,
+  ingressDevicesOf,
+  pieceKey,
+  qosPieceSchema,
+  renderQos,
+  tcBatchScript,
+} from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
+import { writeFileAtomic } from '../../state/store.js';
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
@@ -59,52 +74,96 @@ export interface QosSyncResult {
 const READ_TIMEOUT_MS = 10_000;
 const APPLY_TIMEOUT_MS = 30_000;
 
+/**
+ * The QoS part's intent record (`qos-intent.json` in the state dir): the shared pieces
+ * (QosPiece) a change is about to create, written durably BEFORE `ip`/`tc` run and cleared
+ * only once a state that the kernel was synced to is persisted. `tc -batch` is not atomic and
+ * a crash can stop it after any line: the next sync finds what the interrupted change created
+ * in the record and removes what the persisted state does not need (classes and filters under
+ * natgw's root need no record: a sync removes the stale ones on every device natgw shapes).
+ */
+export interface QosIntent {
+  readonly pieces: readonly QosPiece[];
+}
+
 export class QosManager {
   private trusted: QosView | undefined;
   private probe: Promise<ProbeResult> | undefined;
   private probed: ProbeResult | undefined;
+  /** The intent record as last read or written (undefined: not read yet). */
+  private intent: QosIntent | undefined;
+  /** The QoS the kernel was last synced to by this process (what settle compares with). */
+  private syncedTo: QosOf | undefined;
 
   constructor(
     private readonly exec: Executor,
     private readonly log?: Logger,
     private readonly out?: (line: string) => void,
+    /** Where the intent record lives; without one (unit tests) nothing is recorded. */
+    private readonly intentFile?: string,
   ) {}
+
+  /** Whether a change's shared pieces are still unsettled (a full sync must run the QoS part). */
+  async hasPending(): Promise<boolean> {
+    return (await this.intentRecord()).pieces.length > 0;
+  }
+
+  /**
+   * `state` is persisted: where the kernel was last synced to its QoS, whatever the record
+   * lists is now either needed by an acknowledged rule (so left in place, SPEC) or was removed
+   * by that sync, and the record is cleared.
+   */
+  async settle(state: DesiredState): Promise<void> {
+    if (!this.syncedTo || !sameQos(this.syncedTo, qosOf(state))) return;
+    if ((await this.intentRecord()).pieces.length === 0) return;
+    await this.writeIntent({ pieces: [] });
+  }
 
   async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
     const ext = state.interfaces.ext;
+    const pending = (await this.intentRecord()).pieces;
     // Which devices the rules name (ids not needed for that), plus those natgw shaped before.
     const ruleDevices = new Set<string>([...state.eipQos.map((q) => eipQosDevice(q, ext)), ...state.qos.map((q) => gwQosDevice(q))]);
     const ingressOf = new Set<string>([
       ...state.eipQos.filter((q) => q.direction === 'ingress').map(() => ext),
       ...state.qos.filter((q) => q.direction === 'ingress').map((q) => q.dev),
     ]);
-    const kept = opts.mode === 'partial' && this.trusted && covers(this.trusted.kernel, ruleDevices, ingressOf) ? this.trusted : undefined;
+    // The redirects an interrupted change may have left are read too, to be removed.
+    for (const dev of ingressDevicesOf(pending)) ingressOf.add(dev);
+    const kept =
+      opts.mode === 'partial' && pending.length === 0 && this.trusted && covers(this.trusted.kernel, ruleDevices, ingressOf) ? this.trusted : undefined;
     let view = kept ?? { kernel: await this.readKernel(ruleDevices, ingressOf), htidCursors: new Map<string, number>() };
 
     let desired = this.layout(state, view.kernel);
     const notes: string[] = [];
     const needs = [...desired.values()].some((d) => d.classes.length > 0);
     const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
-    let plan = renderQos(desired, view.kernel, features);
+    let plan = renderQos(desired, view.kernel, features, pending);
     if (kept && plan.tc.some(namesUnknownTable)) {
       // The plan must name a u32 table whose id the kernel chose after the view was read.
       this.log?.debug('qos view lacks a u32 table id; reading back');
       view = { kernel: await this.readKernel(ruleDevices, ingressOf), htidCursors: new Map<string, number>() };
       desired = this.layout(state, view.kernel);
-      plan = renderQos(desired, view.kernel, features);
+      plan = renderQos(desired, view.kernel, features, pending);
     }
     notes.push(...plan.notes);
     for (const n of plan.notes) this.log?.info({ note: n }, 'qos');
 
-    const commands = [...plan.ip.map((a) => `ip ${a.join(' ')}`), ...plan.tc.map((l) => `tc ${l}`)];
-    const changes = plan.ip.length + plan.tc.length;
+    const ipAfter = plan.ipAfter ?? [];
+    const commands = [...plan.ip.map((a) => `ip ${a.join(' ')}`), ...plan.tc.map((l) => `tc ${l}`), ...ipAfter.map((a) => `ip ${a.join(' ')}`)];
+    const changes = plan.ip.length + plan.tc.length + ipAfter.length;
     if (!opts.dryRun) {
+      this.syncedTo = undefined;
       try {
+        // Intent first: what this change creates joins what earlier unsettled changes did.
+        const creates = plan.creates ?? [];
+        if (creates.length > 0) await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, creates) });
         await this.apply(plan);
       } catch (err) {
         this.forget();
         throw err;
       }
+      if (plan.missing.length === 0) this.syncedTo = qosOf(state);
       // A device asked for but missing may appear any moment: read again rather than trust its absence.
       this.trusted = plan.missing.length === 0 ? qosViewAfter(view, plan) : undefined;
     }
@@ -120,6 +179,36 @@ export class QosManager {
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
+  }
+
+  /** The intent record (read once, then kept: only this process writes it, under the lock). */
+  private async intentRecord(): Promise<QosIntent> {
+    if (this.intent) return this.intent;
+    let rec: QosIntent = { pieces: [] };
+    if (this.intentFile) {
+      try {
+        const raw = intentSchema.parse(JSON.parse(await fs.readFile(this.intentFile, 'utf8')));
+        rec = {
+          pieces: raw.pieces.flatMap((p) => {
+            const piece = qosPieceSchema.safeParse(p);
+            return piece.success ? [piece.data] : [];
+          }),
+        };
+      } catch (e) {
+        // A missing record owes nothing; an unreadable one cannot be acted on (logged, then replaced).
+        if ((e as NodeJS.ErrnoException).code !== 'ENOENT') this.log?.warn({ err: e, file: this.intentFile }, 'QoS intent record unreadable: ignored');
+      }
+    }
+    this.intent = rec;
+    return rec;
+  }
+
+  private async writeIntent(rec: QosIntent): Promise<void> {
+    if (!this.intentFile) return;
+    // Durable before the kernel changes, and re-read by the next process after a crash.
+    this.intent = undefined;
+    await writeFileAtomic(this.intentFile, `${JSON.stringify(rec)}\n`);
+    this.intent = rec;
   }
 
   /** Rules without ids (a state written through the API, or adopted) first take the ids the kernel already uses for them. */
@@ -164,8 +253,20 @@ export class QosManager {
       return assumed;
     }
     if (!this.probed) {
-      this.probe ??= probeQosFeatures(this.exec);
-      const r = await this.probe;
+      this.probe ??= (async () => {
+        const name = probeDeviceName();
+        // A kill while the throwaway device exists must not leave it behind: it is intent too.
+        await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
+        return probeQosFeatures(this.exec, name);
+      })();
+      let r: ProbeResult;
+      try {
+        r = await this.probe;
+      } catch (e) {
+        // The record could not be written (a full state dir): the next sync tries again.
+        this.probe = undefined;
+        throw e;
+      }
       if (!this.probed) {
         this.probed = r;
         this.out?.(r.summary);
@@ -182,11 +283,16 @@ export class QosManager {
       if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
     }
     const script = tcBatchScript(plan);
-    if (script === '') return;
-    const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
-    if (r.exitCode !== 0) {
-      this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
-      throw new ToolError('tc -batch -', 'the QoS change', r.exitCode, errorText(r), script, r.timedOut);
+    if (script !== '') {
+      const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
+      if (r.exitCode !== 0) {
+        this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
+        throw new ToolError('tc -batch -', 'the QoS change', r.exitCode, errorText(r), script, r.timedOut);
+      }
+    }
+    for (const args of plan.ipAfter ?? []) {
+      const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
+      if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
     }
   }
 
@@ -244,6 +350,25 @@ function errorText(r: ExecResult): string {
     .filter((l) => l !== '' && !l.startsWith('Warning:'));
   return lines.slice(0, 3).join('; ') || `exit ${r.exitCode}`;
 }
+
+/** What of a state the QoS part renders (settle compares these). */
+interface QosOf {
+  readonly ext: string;
+  readonly eipQos: DesiredState['eipQos'];
+  readonly qos: DesiredState['qos'];
+}
+
+const qosOf = (s: DesiredState): QosOf => ({ ext: s.interfaces.ext, eipQos: s.eipQos, qos: s.qos });
+
+const sameQos = (a: QosOf, b: QosOf): boolean =>
+  a.ext === b.ext &&
+  (a.eipQos === b.eipQos || JSON.stringify(a.eipQos) === JSON.stringify(b.eipQos)) &&
+  (a.qos === b.qos || JSON.stringify(a.qos) === JSON.stringify(b.qos));
+
+const mergePieces = (a: readonly QosPiece[], b: readonly QosPiece[]): QosPiece[] => [...new Map([...a, ...b].map((p) => [pieceKey(p), p])).values()];
+
+/** The record on disk; an entry that is not one natgw writes (an edited file) is dropped, never acted on. */
+const intentSchema = z.object({ pieces: z.array(z.unknown()) });
 
 // ---------------------------------------------------------------------------------
 // The view after a plan (PURE)
@@ -348,6 +473,8 @@ const freshDevice = (): DeviceModel => ({ filters: [], others: [], classes: { si
  * it does not model: the caller then trusts nothing.
  */
 export function qosViewAfter(view: QosView, plan: QosPlan): QosView | undefined {
+  // Removing a shared piece is rare (after an interrupted change): the next sync reads instead.
+  if ((plan.ipAfter?.length ?? 0) > 0) return undefined;
   const k = view.kernel;
   const m: Model = {
     links: [...k.links],

@@ -1,3 +1,5 @@
+import { z } from 'zod';
+import { ifnameSchema } from '../../model/rules.js';
 import {
   type EipQos,
   type GwQos,
@@ -67,7 +69,32 @@ export interface QosPlan {
   readonly notes: readonly string[];
   /** Devices rules were given for that do not exist; nothing was rendered for them. */
   readonly missing: readonly string[];
+  /** The shared pieces this plan creates (what the intent record lists before it runs). */
+  readonly creates?: readonly QosPiece[];
+  /** `ip` argument arrays run after the tc script: IFB devices natgw created and no rule needs. */
+  readonly ipAfter?: readonly (readonly string[])[];
 }
+
+/**
+ * A shared piece of natgw's layout that a plan creates where it was not there before: an htb
+ * root that replaced another root, an IFB device, an ingress qdisc, the redirect into the IFB.
+ * Classes and filters need no such name: under natgw's root every class and filter is natgw's,
+ * and a sync removes the stale ones. A shared piece stays once a rule that needed it is
+ * acknowledged (SPEC: left in place on delete), but one created by a change that never took
+ * effect (failed, or a crash) is removed by the next sync of the state that was persisted.
+ */
+export const qosPieceSchema = z.discriminatedUnion('kind', [
+  z.object({ kind: z.literal('root'), dev: ifnameSchema }).readonly(),
+  z.object({ kind: z.literal('ifb'), dev: ifnameSchema }).readonly(),
+  z.object({ kind: z.literal('ingress'), dev: ifnameSchema }).readonly(),
+  z.object({ kind: z.literal('redirect'), dev: ifnameSchema, ifb: ifnameSchema }).readonly(),
+]);
+export type QosPiece = z.infer<typeof qosPieceSchema>;
+
+export const pieceKey = (p: QosPiece): string => `${p.kind} ${p.dev}${p.kind === 'redirect' ? ` ${p.ifb}` : ''}`;
+
+/** The devices whose `parent ffff:` filters a plan removing `pieces` must have read. */
+export const ingressDevicesOf = (pieces: readonly QosPiece[]): string[] => pieces.filter((p) => p.kind === 'redirect').map((p) => p.dev);
 
 export interface DesiredClass {
   readonly minor: number;
@@ -232,12 +259,18 @@ interface Phases {
 
 const EMPTY_DEVICE: DeviceTc = { classes: [], filters: [] };
 
-export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: KernelQos, features: QosFeatures): QosPlan {
+/**
+ * `owned`: shared pieces natgw created that no acknowledged rule may need yet (the intent
+ * record of a change that did not take effect); those `desired` does not need are removed.
+ */
+export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: KernelQos, features: QosFeatures, owned: readonly QosPiece[] = []): QosPlan {
   const ip: string[][] = [];
   const notes: string[] = [];
   const missing: string[] = [];
+  const creates: QosPiece[] = [];
   const p: Phases = { shared: [], classes: [], filtersFirst: [], filters: [], redirects: [], staleFilters: [], staleClasses: [] };
   const links = new Map(kernel.links.map((l) => [l.name, l]));
+  const removal = renderRemovals(desired, kernel, owned);
 
   // Devices natgw shapes but no longer has rules for still get their stale classes removed.
   const all = new Map(desired);
@@ -248,7 +281,8 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
   for (const d of [...all.values()].sort((a, b) => a.dev.localeCompare(b.dev))) {
     const hasRules = desired.has(d.dev) && (d.classes.length > 0 || d.filters.length > 0);
     if (!hasRules) {
-      if (links.has(d.dev)) renderDevice(d, kernel, features, p, notes, false);
+      // A root (or IFB) that goes takes its classes and filters with it.
+      if (links.has(d.dev) && !removal.gone.has(d.dev)) renderDevice(d, kernel, features, p, notes, false, creates);
       continue;
     }
     if (d.ingressOf !== undefined) {
@@ -256,32 +290,86 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
         missing.push(d.ingressOf);
         continue;
       }
-      renderIfb(d.dev, d.ingressOf, links.get(d.dev), kernel, ip, p);
+      renderIfb(d.dev, d.ingressOf, links.get(d.dev), kernel, ip, p, creates);
     } else if (!links.has(d.dev)) {
       missing.push(d.dev);
       continue;
     }
-    renderDevice(d, kernel, features, p, notes, !links.has(d.dev));
+    renderDevice(d, kernel, features, p, notes, !links.has(d.dev), creates);
   }
 
-  const tc = [...p.shared, ...p.classes, ...p.filtersFirst, ...p.filters, ...p.redirects, ...p.staleFilters, ...p.staleClasses];
-  return { ip, tc, notes, missing: [...new Set(missing)] };
+  const tc = [...p.shared, ...p.classes, ...p.filtersFirst, ...p.filters, ...p.redirects, ...p.staleFilters, ...p.staleClasses, ...removal.tc];
+  return { ip, tc, notes, missing: [...new Set(missing)], creates, ipAfter: removal.ipAfter };
+}
+
+/**
+ * PURE: the commands that remove the shared pieces in `owned` that `desired` does not need and
+ * the kernel holds: the redirect, then the ingress qdisc, then the root (the tc script), and the
+ * IFB last (after the script, so nothing in it names a device already gone).
+ */
+function renderRemovals(
+  desired: ReadonlyMap<string, DesiredDevice>,
+  kernel: KernelQos,
+  owned: readonly QosPiece[],
+): { tc: string[]; ipAfter: string[][]; gone: Set<string> } {
+  const tc: string[] = [];
+  const ipAfter: string[][] = [];
+  const gone = new Set<string>();
+  if (owned.length === 0) return { tc, ipAfter, gone };
+  const links = new Set(kernel.links.map((l) => l.name));
+  const shaping = [...desired.values()].filter((d) => d.classes.length > 0 || d.filters.length > 0);
+  const needsRoot = new Set(shaping.map((d) => d.dev));
+  const needsIngress = new Set(shaping.flatMap((d) => (d.ingressOf !== undefined ? [d.ingressOf] : [])));
+  const unneeded = (pc: QosPiece): boolean =>
+    pc.kind === 'root' || pc.kind === 'ifb' ? !needsRoot.has(pc.dev) : !needsIngress.has(pc.dev) || (pc.kind === 'redirect' && !needsRoot.has(pc.ifb));
+  const drop = new Map<string, QosPiece>();
+  for (const pc of owned) if (unneeded(pc) && links.has(pc.dev)) drop.set(pieceKey(pc), pc);
+  const dropped = (kind: QosPiece['kind'], dev: string) => [...drop.values()].some((pc) => pc.kind === kind && pc.dev === dev);
+  const hasIngress = (dev: string) => kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && q.kind === 'ingress');
+  for (const pc of drop.values()) {
+    if (pc.kind !== 'redirect' || dropped('ingress', pc.dev)) continue;
+    const present = (kernel.ingress.get(pc.dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === pc.ifb);
+    if (present && hasIngress(pc.dev)) tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
+  }
+  for (const pc of drop.values()) if (pc.kind === 'ingress' && hasIngress(pc.dev)) tc.push(`qdisc del dev ${pc.dev} ingress`);
+  for (const pc of drop.values()) {
+    if (pc.kind === 'ifb') {
+      ipAfter.push(['link', 'del', pc.dev]);
+      gone.add(pc.dev);
+    }
+  }
+  for (const pc of drop.values()) {
+    if (pc.kind !== 'root' || gone.has(pc.dev)) continue;
+    const root = kernel.qdiscs.find((q) => q.dev === pc.dev && q.parent === 'root');
+    if (root?.kind === 'htb' && root.handle === '1:') {
+      tc.push(`qdisc del dev ${pc.dev} root`);
+      gone.add(pc.dev);
+    }
+  }
+  return { tc, ipAfter, gone };
 }
 
 /** IFB device up, ingress qdisc on the shaped device, and the redirect into the IFB. */
-function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: KernelQos, ip: string[][], p: Phases): void {
-  if (!link) ip.push(['link', 'add', ifb, 'type', 'ifb']);
+function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: KernelQos, ip: string[][], p: Phases, creates: QosPiece[]): void {
+  if (!link) {
+    ip.push(['link', 'add', ifb, 'type', 'ifb']);
+    creates.push({ kind: 'ifb', dev: ifb });
+  }
   // The script's lesson: an IFB's default queue of 32 packets drops bursts, so give it 1000.
   if (!link?.up) ip.push(['link', 'set', 'dev', ifb, 'txqueuelen', '1000', 'up']);
   const hasIngress = kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && (q.kind === 'ingress' || q.kind === 'clsact'));
-  if (!hasIngress) p.shared.push(`qdisc add dev ${dev} ingress`);
+  if (!hasIngress) {
+    p.shared.push(`qdisc add dev ${dev} ingress`);
+    creates.push({ kind: 'ingress', dev });
+  }
   const redirected = (kernel.ingress.get(dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
   if (!redirected || !hasIngress) {
     p.redirects.push(`filter add dev ${dev} parent ffff: protocol all prio ${REDIRECT_PRIO} u32 match u32 0 0 action mirred egress redirect dev ${ifb}`);
+    creates.push({ kind: 'redirect', dev, ifb });
   }
 }
 
-function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], fresh: boolean): void {
+function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], fresh: boolean, creates: QosPiece[]): void {
   const dev = d.dev;
   const root = kernel.qdiscs.find((q) => q.dev === dev && q.parent === 'root');
   const ours = root?.kind === 'htb' && root.handle === '1:';
@@ -290,8 +378,10 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
 
   // A root that is not htb 1: takes its classes and filters with it when replaced.
   const tc = ours && !fresh ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
-  if (!ours) p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
-  else if (root.defaultMinor !== DEFAULT_CLASS) p.shared.push(`qdisc change dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
+  if (!ours) {
+    p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
+    creates.push({ kind: 'root', dev });
+  } else if (root.defaultMinor !== DEFAULT_CLASS) p.shared.push(`qdisc change dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
 
   const classes = new Map(tc.classes.filter((c) => c.major === 1).map((c) => [c.minor, c]));
   const def = classes.get(DEFAULT_CLASS);
