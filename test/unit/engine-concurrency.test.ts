@@ -1,0 +1,107 @@
+/**
+ * What runs beside a transaction in the daemon's process (a link event, a GET, a metrics
+ * scrape, the reconciler's interface check) must not change what the transaction, or the
+ * next one, relies on. The sync kind is read from the tools the engine ran: a full sync lists
+ * natgw's table, a partial one runs only its own `nft -f -`.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { afterEach, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../src/config/config.js';
+import { Engine } from '../../src/engine/engine.js';
+import * as Ops from '../../src/state/operations.js';
+import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import type { Dnat } from '../../src/model/rules.js';
+
+const dirs: string[] = [];
+afterEach(() => {
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+const cmd = (r: ExecRequest): string => [r.file, ...r.args].join(' ');
+const isListing = (r: ExecRequest): boolean =>
+  r.args.some((a) => a === 'list' || a === 'show' || a.endsWith('-save')) || (r.file === 'ip' && r.args.includes('-j'));
+const isApply = (r: ExecRequest): boolean => r.file === 'nft' && r.args.includes('-f');
+
+const dnat = (i: number): Dnat => ({ eip: `172.20.0.${i}`, port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 });
+
+/**
+ * An engine on an empty fake kernel, initialized and trusted (the last sync partial-ready).
+ * `during(r)` runs inside every tool call: a test puts its concurrent event there.
+ */
+async function trustedEngine(opts: { refuse?: (r: ExecRequest) => boolean } = {}) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
+  dirs.push(dir);
+  const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
+  const hook: { during?: (r: ExecRequest) => void } = {};
+  const exec = new RecordingExecutor((r) => {
+    hook.during?.(r);
+    if (opts.refuse?.(r)) return { exitCode: 1, stderr: 'Error: Could not process rule: No such file or directory' };
+    if (r.file === 'nft' && r.args.includes('list')) return { exitCode: 1, stderr: 'Error: No such file or directory' };
+    return undefined;
+  });
+  const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
+  await engine.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
+  await engine.transact(({ state }) => Ops.addDnat(state, dnat(1)));
+  exec.calls.length = 0;
+  // Proof that the engine trusts what it applied: the next command lists nothing.
+  await engine.transact(({ state }) => Ops.addDnat(state, dnat(2)), { guarded: true });
+  expect(exec.calls.map(cmd)).toEqual(['nft -f -']);
+  exec.calls.length = 0;
+  return { engine, exec, hook };
+}
+
+describe('engine: a distrust that comes while a transaction runs', () => {
+  it('a link event during a partial apply makes the next command a full sync', async () => {
+    const { engine, exec, hook } = await trustedEngine();
+    // The event lands while the command's nft transaction (planned against the old views) runs.
+    hook.during = (r) => {
+      if (isApply(r)) {
+        hook.during = undefined;
+        engine.distrust();
+      }
+    };
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(3)), { guarded: true });
+    expect(exec.calls.map(cmd)).toEqual(['nft -f -']);
+    exec.calls.length = 0;
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(4)));
+    expect(exec.calls.some(isListing)).toBe(true);
+  });
+
+  it('a link event during a full sync makes the next command a full sync too', async () => {
+    const { engine, exec, hook } = await trustedEngine();
+    hook.during = (r) => {
+      if (isListing(r)) {
+        hook.during = undefined;
+        engine.distrust();
+      }
+    };
+    await engine.transact(({ state }) => ({ state, effects: [] }), { mode: 'full' });
+    exec.calls.length = 0;
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(5)));
+    expect(exec.calls.some(isListing)).toBe(true);
+  });
+
+  it('without an event, the engine trusts again after its own failure-and-retry', async () => {
+    let refusals = 1;
+    const { engine, exec } = await trustedEngine({ refuse: (r) => isApply(r) && (r.input ?? '').includes('172.20.0.6 ') && refusals-- > 0 });
+    // A refused partial apply is retried as a full sync (the engine's own distrust) and succeeds.
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(6)), { guarded: true });
+    expect(exec.calls.some(isListing)).toBe(true);
+    exec.calls.length = 0;
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(7)), { guarded: true });
+    expect(exec.calls.map(cmd)).toEqual(['nft -f -']);
+  });
+
+  it('an event before the transaction takes the lock is seen by that transaction itself', async () => {
+    const { engine, exec } = await trustedEngine();
+    engine.distrust();
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(8)));
+    expect(exec.calls.some(isListing)).toBe(true);
+    exec.calls.length = 0;
+    await engine.transact(({ state }) => Ops.addDnat(state, dnat(9)), { guarded: true });
+    expect(exec.calls.map(cmd)).toEqual(['nft -f -']);
+  });
+});
