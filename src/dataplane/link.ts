@@ -319,6 +319,12 @@ export class LinkManager {
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
   /** The durable record as last read or written (undefined: not read yet). */
   private owned: OwnedRecord | undefined;
+  /**
+   * Bumped when a write of the record starts and ends. A read that overlapped a write (a
+   * reader outside the lock: engine.loadState's adoption) may hold the old record: it must not
+   * become the cache, or the next intent that equals it is never written.
+   */
+  private ownedWrites = 0;
   /** Objects a delete command named in the transaction under way (see release). */
   private releasing: { addresses: Set<string>; routes: Set<string> } = { addresses: new Set(), routes: new Set() };
 
@@ -351,11 +357,14 @@ export class LinkManager {
   async ownedRecord(): Promise<OwnedRecord | undefined> {
     if (!this.ownedFile) return undefined;
     if (this.owned) return this.owned;
+    const writes = this.ownedWrites;
     try {
       const raw = JSON.parse(await fs.readFile(this.ownedFile, 'utf8')) as Partial<OwnedRecord>;
       const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
       if (typeof raw.ext === 'string' && typeof raw.vpc === 'string') {
-        this.owned = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
+        const read: OwnedRecord = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
+        if (writes !== this.ownedWrites || this.owned) return read;
+        this.owned = read;
       }
     } catch (e) {
       // A missing record owns nothing; an unreadable one too (the state's own lists still count).
@@ -372,8 +381,13 @@ export class LinkManager {
     // The record must be durable before the kernel changes (intent) and is re-read by the next
     // process: the same atomic write as the state file.
     this.owned = undefined;
-    await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
-    this.owned = rec;
+    this.ownedWrites++;
+    try {
+      await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
+      this.owned = rec;
+    } finally {
+      this.ownedWrites++;
+    }
   }
 
   /** What the record and the delete commands under way let a sync of `want` remove. */

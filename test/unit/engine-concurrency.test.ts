@@ -4,16 +4,18 @@
  * next one, relies on. The sync kind is read from the tools the engine ran: a full sync lists
  * natgw's table, a partial one runs only its own `nft -f -`.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, promises as fsp, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
 import type { Dnat } from '../../src/model/rules.js';
+import { LinkManager } from '../../src/dataplane/link.js';
+import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -103,5 +105,65 @@ describe('engine: a distrust that comes while a transaction runs', () => {
     exec.calls.length = 0;
     await engine.transact(({ state }) => Ops.addDnat(state, dnat(9)), { guarded: true });
     expect(exec.calls.map(cmd)).toEqual(['nft -f -']);
+  });
+});
+
+describe('link ownership record: a reader outside the lock', () => {
+  const A = '172.20.0.10';
+  const B = '172.20.0.11';
+  const addrJson = (ips: string[]) =>
+    `[{"ifname":"net1","addr_info":[${ips.map((ip) => `{"family":"inet","local":"${ip}","prefixlen":24,"scope":"global"}`).join(',')}]}]\n[]\n[]\n`;
+  const withEips = (ips: string[]): DesiredState => ({ ...emptyState('eth0', 'net1'), initialized: true, eips: ips.map((address) => ({ address, prefixLength: 24 })) });
+
+  it('cannot plant an old record in the cache while the lock holder rewrites it (the next intent then went unrecorded)', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
+    dirs.push(dir);
+    const file = path.join(dir, 'owned.json');
+    writeFileSync(file, `${JSON.stringify({ ext: 'net1', vpc: 'eth0', addresses: [A, B], routes: [] })}\n`);
+    let kernel = [A, B];
+    let refuse = false;
+    const exec = new RecordingExecutor((r) => {
+      if (r.file !== 'ip') return undefined;
+      if (r.args.join(' ') === '-j -batch -') return { stdout: addrJson(kernel) };
+      if (r.args.join(' ') === '-6 -j -batch -') return { stdout: '[]\n[]\n' };
+      if (r.args.join(' ') === '-batch -') return refuse ? { exitCode: 2, stderr: 'RTNETLINK answers: File exists' } : undefined;
+      return undefined;
+    });
+    const link = new LinkManager(exec, pino({ level: 'silent' }), file);
+
+    // The reader (engine.loadState's adoption, for GET /v1/state or the reconciler) starts
+    // reading the record while the holder writes a new one, and finishes after it.
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((r) => (release = r));
+    let reader: Promise<unknown> | undefined;
+    const realOpen = fsp.open.bind(fsp);
+    const realRead = fsp.readFile.bind(fsp) as (f: unknown, o?: unknown) => Promise<string>;
+    const open = vi.spyOn(fsp, 'open').mockImplementation(((f: string, ...rest: unknown[]) => {
+      if (reader === undefined && typeof f === 'string' && f.startsWith(`${file}.tmp-`)) reader = link.ownedRecord();
+      return (realOpen as (...a: unknown[]) => Promise<unknown>)(f, ...rest);
+    }) as typeof fsp.open);
+    const read = vi.spyOn(fsp, 'readFile').mockImplementation((async (f: unknown, o?: unknown) => {
+      const text = await realRead(f, o);
+      if (f === file && reader !== undefined) await gate;
+      return text;
+    }) as typeof fsp.readFile);
+    try {
+      // eip-del B, under the lock: the record shrinks to A after the kernel change.
+      await link.sync(withEips([A]), withEips([A, B]), { mode: 'full' });
+      kernel = [A];
+      expect(reader).toBeDefined();
+      release();
+      await reader;
+    } finally {
+      open.mockRestore();
+      read.mockRestore();
+    }
+    expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toEqual([A]);
+
+    // eip-add B again; `ip -batch` stops half-way (B may be in the kernel): the record must
+    // list B before the kernel is touched, or a restart never removes it.
+    refuse = true;
+    await expect(link.sync(withEips([A, B]), withEips([A]), { mode: 'full' })).rejects.toThrow();
+    expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toContain(B);
   });
 });
