@@ -186,6 +186,7 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     return this.store.withLock(async () => {
       const epoch = this.epoch;
+      this.backends.dropGuardReads();
       const stamp = await this.store.stamp();
       const sameFiles = this.trusted?.stamp.key === stamp.key;
       if (this.trusted && !sameFiles) this.log.info('durable state changed outside this process: full sync');

@@ -16,6 +16,9 @@ import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
 import type { Dnat } from '../../src/model/rules.js';
 import { LinkManager } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
+import { CHAINS, dnatSpec } from '../../src/model/ruleText.js';
+import { FakeIptables } from '../helpers/fakeIptables.js';
+import { FakeNftClient } from '../helpers/fakeNft.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -165,5 +168,48 @@ describe('link ownership record: a reader outside the lock', () => {
     refuse = true;
     await expect(link.sync(withEips([A, B]), withEips([A]), { mode: 'full' })).rejects.toThrow();
     expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toContain(B);
+  });
+});
+
+describe("iptables: the init guard's listing, kept for its own transaction's sync", () => {
+  it('is not consumed by the next transaction after the one that read it failed (it planned against a stale table)', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
+    dirs.push(dir);
+    const ipt = new FakeIptables();
+    const nft = new FakeNftClient();
+    const exec = new RecordingExecutor((r) => ipt.answer(r));
+    const config = await loadConfig({
+      NATGW_ENV_FILE: path.join(dir, 'none.env'),
+      NATGW_STATE_DIR: dir,
+      GATEWAY_NETFILTER_MODE: 'iptables',
+      NATGW_IPTABLES_VARIANT: 'nft',
+    });
+    const log = pino({ level: 'silent' });
+    // The daemon, and an in-process shim run (another process: its own engine) on the same files and kernel.
+    const daemon = new Engine({ config, exec, log, nft });
+    const shim = new Engine({ config, exec, log, nft });
+    const [d1, d2, d3] = [80, 81, 82].map((port) => ({ ...dnat(10), port }));
+    await daemon.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
+    await daemon.transact(({ state }) => Ops.addDnats(state, [d1!, d2!, d3!]));
+    const dnatRules = () => ipt.rules('iptables-nft', 'nat', CHAINS.sharedDnat)?.length ?? 0;
+    expect(dnatRules()).toBe(3);
+
+    // A link event; then a guarded command refused after the guard listed the nat table.
+    daemon.distrust();
+    await expect(
+      daemon.transact(
+        () => {
+          throw new Error('conflict');
+        },
+        { guarded: true },
+      ),
+    ).rejects.toThrow('conflict');
+    // The shim deletes the first DNAT rule; the daemon's next full sync must see that.
+    await shim.transact(({ state }) => Ops.delDnats(state, [d1!]));
+    expect(dnatRules()).toBe(2);
+    await daemon.resync('periodic');
+    // A plan against the stale listing deletes rule 1 by number: the acknowledged d2.
+    expect(ipt.rules('iptables-nft', 'nat', CHAINS.sharedDnat)).toEqual([dnatSpec(d2!), dnatSpec(d3!)]);
+    expect((await daemon.loadState()).dnats).toHaveLength(2);
   });
 });
