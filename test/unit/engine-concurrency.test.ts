@@ -169,6 +169,34 @@ describe('link ownership record: a reader outside the lock', () => {
     await expect(link.sync(withEips([A, B]), withEips([A]), { mode: 'full' })).rejects.toThrow();
     expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toContain(B);
   });
+  it("is re-read when another process rewrote it (an in-process shim run's intent), so a full sync removes what that run may have added", async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
+    dirs.push(dir);
+    const file = path.join(dir, 'owned.json');
+    writeFileSync(file, `${JSON.stringify({ ext: 'net1', vpc: 'eth0', addresses: [A], routes: [] })}\n`);
+    let kernel = [A];
+    let refuse = false;
+    const exec = new RecordingExecutor((r) => {
+      if (r.file !== 'ip') return undefined;
+      if (r.args.join(' ') === '-j -batch -') return { stdout: addrJson(kernel) };
+      if (r.args.join(' ') === '-6 -j -batch -') return { stdout: '[]\n[]\n' };
+      if (r.args.join(' ') === '-batch -' && refuse) return { exitCode: 2, stderr: 'RTNETLINK answers: Cannot assign requested address' };
+      return undefined;
+    });
+    const daemon = new LinkManager(exec, pino({ level: 'silent' }), file);
+    const shim = new LinkManager(exec, pino({ level: 'silent' }), file);
+    await daemon.sync(withEips([A]), withEips([A]), { mode: 'full' });
+    // The shim's eip-add B: intent recorded, the kernel changed half-way, nothing committed.
+    refuse = true;
+    await expect(shim.sync(withEips([A, B]), withEips([A]), { mode: 'full' })).rejects.toThrow();
+    kernel = [A, B];
+    refuse = false;
+    exec.calls.length = 0;
+    // The daemon's resync: the state (and the daemon's previous state) list only A.
+    await daemon.sync(withEips([A]), withEips([A]), { mode: 'full' });
+    expect(exec.calls.filter((r) => r.args.join(' ') === '-batch -').map((r) => r.input)).toEqual([`addr del ${B}/24 dev net1\n`]);
+    expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toEqual([A]);
+  });
 });
 
 describe("iptables: the init guard's listing, kept for its own transaction's sync", () => {
