@@ -369,9 +369,17 @@ export class Engine {
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
+    const before = (await this.store.stamp()).key;
     const t = this.trusted;
-    if (t && t.stamp.key === (await this.store.stamp()).key) return t.state;
-    return (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend());
+    if (t && t.stamp.key === before) return t.state;
+    const saved = await this.store.load();
+    // Outside the lock a commit may replace the files mid-read (a snapshot, then the journal of
+    // a newer one): what was read may lack changes acknowledged before this call. Read again
+    // under the lock, where no commit runs.
+    if ((await this.store.stamp()).key !== before) {
+      return this.store.withLock(async () => (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend()));
+    }
+    return saved ?? this.adoptOrEmpty(await this.peekBackend());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {

@@ -19,6 +19,7 @@ import { emptyState, type DesiredState } from '../../src/state/state.js';
 import { CHAINS, dnatSpec } from '../../src/model/ruleText.js';
 import { FakeIptables } from '../helpers/fakeIptables.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
+import { waitFor } from '../helpers/poll.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -239,5 +240,38 @@ describe("iptables: the init guard's listing, kept for its own transaction's syn
     // A plan against the stale listing deletes rule 1 by number: the acknowledged d2.
     expect(ipt.rules('iptables-nft', 'nat', CHAINS.sharedDnat)).toEqual([dnatSpec(d2!), dnatSpec(d3!)]);
     expect((await daemon.loadState()).dnats).toHaveLength(2);
+  });
+});
+
+describe('engine.loadState outside the lock (GET /v1/state, the reconciler, HA digests)', () => {
+  it('never answers with a state older than what was acknowledged before it started (a commit folded the journal meanwhile)', async () => {
+    const { engine } = await trustedEngine();
+    // A link event: loads go to the files until the next transaction.
+    engine.distrust();
+    const acknowledged = await engine.loadState();
+    expect(acknowledged.dnats.map((d) => d.eip)).toEqual(['172.20.0.1', '172.20.0.2']);
+    const journal = engine.store.journalFile;
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((r) => (release = r));
+    let gated = 0;
+    const realRead = fsp.readFile.bind(fsp) as (f: unknown, o?: unknown) => Promise<string>;
+    const read = vi.spyOn(fsp, 'readFile').mockImplementation((async (f: unknown, o?: unknown) => {
+      // The reader has read the snapshot; its journal read waits for two commits.
+      if (f === journal && gated++ === 0) await gate;
+      return realRead(f, o);
+    }) as typeof fsp.readFile);
+    let got: DesiredState;
+    try {
+      const reader = engine.loadState();
+      await waitFor(async () => gated > 0, { what: 'the reader at the journal', intervalMs: 5 });
+      // A large change (a new snapshot; the old journal goes), then a small one (a new journal on it).
+      await engine.transact(({ state }) => Ops.addDnats(state, Array.from({ length: 100 }, (_, i) => ({ ...dnat(i + 10), port: 2000 + i }))));
+      await engine.transact(({ state }) => Ops.addDnat(state, dnat(200)));
+      release();
+      got = await reader;
+    } finally {
+      read.mockRestore();
+    }
+    for (const d of acknowledged.dnats) expect(got.dnats).toContainEqual(d);
   });
 });
