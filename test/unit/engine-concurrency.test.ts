@@ -117,7 +117,11 @@ describe('link ownership record: a reader outside the lock', () => {
   const B = '172.20.0.11';
   const addrJson = (ips: string[]) =>
     `[{"ifname":"net1","addr_info":[${ips.map((ip) => `{"family":"inet","local":"${ip}","prefixlen":24,"scope":"global"}`).join(',')}]}]\n[]\n[]\n`;
-  const withEips = (ips: string[]): DesiredState => ({ ...emptyState('eth0', 'net1'), initialized: true, eips: ips.map((address) => ({ address, prefixLength: 24 })) });
+  const withEips = (ips: string[]): DesiredState => ({
+    ...emptyState('eth0', 'net1'),
+    initialized: true,
+    eips: ips.map((address) => ({ address, prefixLength: 24 })),
+  });
 
   it('cannot plant an old record in the cache while the lock holder rewrites it (the next intent then went unrecorded)', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
@@ -265,7 +269,12 @@ describe('engine.loadState outside the lock (GET /v1/state, the reconciler, HA d
       const reader = engine.loadState();
       await waitFor(async () => gated > 0, { what: 'the reader at the journal', intervalMs: 5 });
       // A large change (a new snapshot; the old journal goes), then a small one (a new journal on it).
-      await engine.transact(({ state }) => Ops.addDnats(state, Array.from({ length: 100 }, (_, i) => ({ ...dnat(i + 10), port: 2000 + i }))));
+      await engine.transact(({ state }) =>
+        Ops.addDnats(
+          state,
+          Array.from({ length: 100 }, (_, i) => ({ ...dnat(i + 10), port: 2000 + i })),
+        ),
+      );
       await engine.transact(({ state }) => Ops.addDnat(state, dnat(200)));
       release();
       got = await reader;
