@@ -289,6 +289,17 @@ export function announcement(ifname: string, ip: string): { file: string; args: 
     : { file: 'na6', args: ['-i', ifname, '-s', ip, '-d', 'ff02::1', '-t', ip, '-o', '-e'] };
 }
 
+/** A file's identity (inode, size, mtime): '-' when absent. */
+async function fileKey(file: string): Promise<string> {
+  try {
+    const st = await fs.stat(file, { bigint: true });
+    return `${st.ino}:${st.size}:${st.mtimeNs}`;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return '-';
+    throw e;
+  }
+}
+
 /** Announcing processes at once, and how long one may take (`arping -c 3` sends for about 2 s). */
 const ARP_PARALLELISM = 8;
 const ARP_TIMEOUT_MS = 10_000;
@@ -317,8 +328,14 @@ export interface OwnedRecord {
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
-  /** The durable record as last read or written (undefined: not read yet). */
-  private owned: OwnedRecord | undefined;
+  /**
+   * The durable record as last read or written (undefined: not read yet), with the file's
+   * identity then. Kept only while the file keeps that identity: an in-process shim run
+   * (another process) may rewrite it, and a reader outside the lock (engine.loadState's
+   * adoption) may finish reading the old file after this process wrote a new one. A stale
+   * record misses what it should remove, or makes an intent equal to it go unwritten.
+   */
+  private owned: { readonly rec: OwnedRecord; readonly key: string } | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
   private releasing: { addresses: Set<string>; routes: Set<string> } = { addresses: new Set(), routes: new Set() };
 
@@ -347,33 +364,36 @@ export class LinkManager {
     this.releasing = { addresses: new Set(), routes: new Set() };
   }
 
-  /** The ownership record (read once, then kept: only this process writes it, under the lock). */
+  /** The ownership record: kept while the file is as this process last read or wrote it (one stat). */
   async ownedRecord(): Promise<OwnedRecord | undefined> {
     if (!this.ownedFile) return undefined;
-    if (this.owned) return this.owned;
+    const key = await fileKey(this.ownedFile);
+    if (this.owned?.key === key) return this.owned.rec;
     try {
       const raw = JSON.parse(await fs.readFile(this.ownedFile, 'utf8')) as Partial<OwnedRecord>;
       const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
       if (typeof raw.ext === 'string' && typeof raw.vpc === 'string') {
-        this.owned = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
+        const read: OwnedRecord = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
+        this.owned = { rec: read, key };
+        return read;
       }
     } catch (e) {
       // A missing record owns nothing; an unreadable one too (the state's own lists still count).
       if ((e as NodeJS.ErrnoException).code !== 'ENOENT') this.log?.warn({ err: e, file: this.ownedFile }, 'ownership record unreadable: ignored');
     }
-    return this.owned;
+    return undefined;
   }
 
   private async writeOwned(rec: OwnedRecord): Promise<void> {
     if (!this.ownedFile) return;
-    const cur = this.owned;
+    const cur = await this.ownedRecord();
     const same = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
     if (cur && cur.ext === rec.ext && cur.vpc === rec.vpc && same(cur.addresses, rec.addresses) && same(cur.routes, rec.routes)) return;
     // The record must be durable before the kernel changes (intent) and is re-read by the next
     // process: the same atomic write as the state file.
     this.owned = undefined;
     await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
-    this.owned = rec;
+    this.owned = { rec, key: await fileKey(this.ownedFile) };
   }
 
   /** What the record and the delete commands under way let a sync of `want` remove. */

@@ -128,6 +128,12 @@ export class Engine {
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
   private trusted: Trusted | undefined;
+  /**
+   * Bumped by every distrust from outside a transaction (a link event, a lock takeover). A
+   * transaction re-trusts what it applied only if no such distrust came while it ran: its
+   * parts may have planned against views the event invalidated, then kept views of their own.
+   */
+  private epoch = 0;
   generation = 0;
   /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
   private readonly syncListeners: SyncListeners;
@@ -177,6 +183,12 @@ export class Engine {
    * the kernel may have changed behind natgw's back (a link event) or an apply failed.
    */
   distrust(): void {
+    this.epoch++;
+    this.forgetViews();
+  }
+
+  /** distrust() without the epoch: a transaction's own failures must not block its own re-trust. */
+  private forgetViews(): void {
     this.trusted = undefined;
     this.backends.forgetAll();
     this.link.forget();
@@ -213,6 +225,8 @@ export class Engine {
     opts: TransactOptions = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     return this.store.withLock(async () => {
+      const epoch = this.epoch;
+      this.backends.dropGuardReads();
       const stamp = await this.store.stamp();
       const sameFiles = this.trusted?.stamp.key === stamp.key;
       if (this.trusted && !sameFiles) this.log.info('durable state changed outside this process: full sync');
@@ -250,7 +264,7 @@ export class Engine {
           if (kind === 'full' || opts.dryRun) throw e;
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
-          this.distrust();
+          this.forgetViews();
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
         }
@@ -260,7 +274,7 @@ export class Engine {
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
-            this.distrust();
+            this.forgetViews();
             await this.reconcile(state, next, backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
               this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
             );
@@ -271,7 +285,7 @@ export class Engine {
         }
       } catch (e) {
         if (!opts.dryRun) {
-          this.distrust();
+          this.forgetViews();
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
         }
         throw e;
@@ -279,7 +293,8 @@ export class Engine {
         this.link.endTransaction();
       }
       if (!opts.dryRun) {
-        this.trusted = { state: next, backend, choice, stamp: await this.store.stamp() };
+        const after = await this.store.stamp();
+        this.trusted = this.epoch === epoch ? { state: next, backend, choice, stamp: after } : undefined;
         this.lastApplied = next;
         this.generation++;
         this.syncListeners.emit({ ok: true, kind, ms: performance.now() - started, report, state: next });
@@ -396,9 +411,17 @@ export class Engine {
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
+    const before = (await this.store.stamp()).key;
     const t = this.trusted;
-    if (t && t.stamp.key === (await this.store.stamp()).key) return t.state;
-    return (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend());
+    if (t && t.stamp.key === before) return t.state;
+    const saved = await this.store.load();
+    // Outside the lock a commit may replace the files mid-read (a snapshot, then the journal of
+    // a newer one): what was read may lack changes acknowledged before this call. Read again
+    // under the lock, where no commit runs.
+    if ((await this.store.stamp()).key !== before) {
+      return this.store.withLock(async () => (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend()));
+    }
+    return saved ?? this.adoptOrEmpty(await this.peekBackend());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {

@@ -185,6 +185,12 @@ export interface NetfilterBackend {
   readBack(): Promise<NatTables | null>;
   /** Drop the view kept from the last apply: the next sync reads the kernel back. */
   forget(): void;
+  /**
+   * Drop the listing the init guard kept for its transaction's sync (`reuseForSync`). A
+   * transaction that failed before its sync leaves it behind; the next one must not plan
+   * against it: another writer may have changed the table since.
+   */
+  dropGuardRead?(): void;
   /** Remove every object this backend owns (backend switch). */
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */

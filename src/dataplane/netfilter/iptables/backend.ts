@@ -66,6 +66,10 @@ export class IptablesBackend implements NetfilterBackend {
   /** The IPv4 nat table the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; table: SavedTable } | undefined;
 
+  dropGuardRead(): void {
+    this.guardRead = undefined;
+  }
+
   private async read(table: TableName, family: Family = 4): Promise<SavedTable> {
     if (family === 4 && table === 'nat' && this.guardRead && Date.now() - this.guardRead.at < 1000) {
       const cached = this.guardRead.table;

@@ -44,6 +44,10 @@ export class NftBackend implements NetfilterBackend {
   /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; dump: NftTableDump | null } | undefined;
 
+  dropGuardRead(): void {
+    this.guardRead = undefined;
+  }
+
   private async kernel(): Promise<NatgwKernel> {
     const cached = this.guardRead && Date.now() - this.guardRead.at < 1000 ? this.guardRead : undefined;
     this.guardRead = undefined;
