@@ -9,6 +9,8 @@ import { emptyState } from '../../src/state/state.js';
 import { addDnat, addFip, addSnat, delDnat, delFip, delSnat, findByKey } from '../../src/state/operations.js';
 import { dnatKey, fipKey, snatKey } from '../../src/model/rules.js';
 import { SystemExecutor } from '../../src/system/exec.js';
+import { planChain } from '../../src/dataplane/netfilter/iptables/plan.js';
+import { prng } from '../helpers/prng.js';
 
 const base = () => ({ ...emptyState('eth0', 'net1'), initialized: true });
 const dnat = (port: number, internalIp = '10.0.1.6'): Dnat => ({ eip: '172.20.0.10', port, protocol: 'tcp', internalIp, internalPort: 80 });
@@ -76,5 +78,58 @@ describe('SystemExecutor', () => {
   it('runs in the C locale with the environment natgw has', async () => {
     const r = await exec.run({ file: 'bash', args: ['-c', 'echo "$LC_ALL:${PATH:+path}"'] });
     expect(r.stdout).toBe('C:path\n');
+  });
+});
+
+/** iptables' own semantics: `-D C spec` removes the first copy, `-D C n` / `-I C n` are 1-based. */
+function applyChain(have: readonly string[], lines: readonly string[]): string[] {
+  const c = [...have];
+  for (const l of lines) {
+    const m = /^-(D|I|A|F) C(?: (.*))?$/.exec(l);
+    if (!m) throw new Error(`unexpected line ${l}`);
+    const [, op, rest = ''] = m;
+    const num = /^(\d+)(?: (.*))?$/.exec(rest);
+    if (op === 'F') c.length = 0;
+    else if (op === 'A') c.push(rest);
+    else if (op === 'I') c.splice(Number(num?.[1]) - 1, 0, num?.[2] ?? '');
+    else if (num && num[2] === undefined) c.splice(Number(num[1]) - 1, 1);
+    else {
+      const at = c.indexOf(rest);
+      if (at === -1) throw new Error(`-D of an absent rule: ${rest}`);
+      c.splice(at, 1);
+    }
+  }
+  return c;
+}
+
+describe('iptables chain plan: a command-sized change of a long chain', () => {
+  const rnd = prng(0x5eed);
+  const rule = (i: number) => `-d 172.20.0.10/32 -p tcp -m tcp --dport ${i} -j DNAT --to-destination 10.0.1.6:80`;
+
+  it('a few rules added, removed or replaced anywhere: exact result, by spec where a rule occurs once, no rewrite', () => {
+    for (let n = 0; n < 300; n++) {
+      const have = Array.from({ length: 200 }, (_, i) => rule(i));
+      // Now and then a duplicated copy in the kernel: it must go by position, never by spec.
+      if (rnd() < 0.3) have.splice(Math.floor(rnd() * 200), 0, have[Math.floor(rnd() * 200)] as string);
+      const want = [...have];
+      const at = Math.floor(rnd() * want.length);
+      const del = Math.floor(rnd() * 4);
+      const add = Array.from({ length: Math.floor(rnd() * 4) }, (_, k) => rule(1000 + n * 10 + k));
+      want.splice(at, del, ...add);
+      const plan = planChain('C', have, want, { deleteBySpec: true });
+      expect(
+        plan.lines.some((l) => l.startsWith('-F')),
+        JSON.stringify(plan.lines),
+      ).toBe(false);
+      expect(applyChain(have, plan.lines), JSON.stringify({ n, at, del, lines: plan.lines })).toEqual(want);
+      expect(planChain('C', want, want)).toEqual({ lines: [], changes: 0 });
+    }
+  });
+
+  it('one DNAT more: one -I at its place, or -A at the end', () => {
+    const have = [rule(1), rule(2), rule(4)];
+    expect(planChain('C', have, [rule(1), rule(2), rule(3), rule(4)]).lines).toEqual([`-I C 3 ${rule(3)}`]);
+    expect(planChain('C', have, [...have, rule(5)]).lines).toEqual([`-A C ${rule(5)}`]);
+    expect(planChain('C', have, [rule(1), rule(4)], { deleteBySpec: true }).lines).toEqual([`-D C ${rule(2)}`]);
   });
 });
