@@ -126,7 +126,7 @@ export class Conntrack {
   async flush(f: ConntrackFilter): Promise<number> {
     if (f.portEnd !== undefined && f.protocol && f.port !== undefined) return this.flushRange(f);
     const key = conntrackDeleteArgs(f).join(' ');
-    const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
+    const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f), single: true });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
       this.failed.delete(key);
