@@ -9,6 +9,7 @@ import { parseStateBody } from './stateDoc.js';
 import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
 import type { AgentService, HaService } from './service.js';
+import type { DesiredState } from '../state/state.js';
 
 export interface AppDeps {
   readonly agent: AgentService;
@@ -241,6 +242,11 @@ export function createApp(deps: AppDeps): Express {
   return app;
 }
 
+/** The object under identity `key`: by the collection's index where it keeps one, else a scan. */
+function findIn(def: ResourceDef, s: DesiredState, key: string): unknown {
+  return def.find ? def.find(s, key) : listOf(def, s).find((x) => def.key(x) === key);
+}
+
 function mountResource(app: Express, def: ResourceDef, agent: AgentService): void {
   const base = `/v1/${def.path}`;
   const view = (x: unknown) => ({ id: idOf(def, x), ...(x as object) });
@@ -251,7 +257,7 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
 
   app.get(`${base}/:id`, async (req, res) => {
     const { key } = parseIdentity(def, req);
-    const found = listOf(def, await agent.desired()).find((x) => def.key(x) === key);
+    const found = findIn(def, await agent.desired(), key);
     if (found === undefined) throw new HttpError(404, 'not-found', `no ${def.title} ${String(req.params.id)}`);
     res.json(view(found));
   });
@@ -272,13 +278,18 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
       const field = def.idFields.find((f) => String(o[f]) !== String(idParsed[f])) ?? 'id';
       throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
     }
+    // Whether it existed is asked of the state the operation ran on, before the operation
+    // hands that state's identity index on to the next (a batch may run it more than once).
+    let existed = false;
     const result = await agent.change({
       guarded: def.guarded,
       qos: def.qos,
-      op: (s) => def.put(s, obj, { replace, gateways: agent.gateways }),
+      op: (s) => {
+        existed = findIn(def, s, key) !== undefined;
+        return def.put(s, obj, { replace, gateways: agent.gateways });
+      },
     });
-    const existed = listOf(def, result.before).some((x) => def.key(x) === key);
-    const stored = listOf(def, result.after).find((x) => def.key(x) === key) ?? obj;
+    const stored = findIn(def, result.after, key) ?? obj;
     res.locals.log = { command: `put-${def.path}`, id: idOf(def, stored), batch: result.batchSize, outcome: 'ok' };
     res.status(existed ? 200 : 201).json(view(stored));
   });

@@ -135,8 +135,8 @@ export class Conntrack {
     const key = filterKey(f);
     // A range is listed first (see flushRange); a listing that fails is owed like a delete that fails.
     const r = isRange(f)
-      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f) })
-      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
+      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f), single: true })
+      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f), single: true });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
       this.failed.delete(key);

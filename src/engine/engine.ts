@@ -257,6 +257,7 @@ export class Engine {
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
       let report: ApplyReport;
+      let flushing: Promise<unknown> | undefined;
       try {
         try {
           report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
@@ -269,6 +270,9 @@ export class Engine {
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
         }
         if (!opts.dryRun) {
+          // The old translations are out of the kernel: their conntrack entries go while the
+          // change is made durable (a process of its own either way, and neither waits on the other).
+          flushing = this.flushConntrack(effects);
           try {
             await this.store.commit(state, next);
           } catch (e) {
@@ -284,6 +288,8 @@ export class Engine {
           await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         }
       } catch (e) {
+        // The change failed after its flush began: the flush finishes first.
+        await flushing;
         if (!opts.dryRun) {
           this.forgetViews();
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
@@ -306,7 +312,8 @@ export class Engine {
         };
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
-        await this.runEffects(next, effects);
+        this.announce(next, effects);
+        await flushing;
       }
       return { state: next, report, effects };
     });
@@ -383,17 +390,24 @@ export class Engine {
     }
   }
 
+  /** ARP is sent without waiting (queued, a few at a time). */
+  private announce(state: DesiredState, effects: readonly Effect[]): void {
+    for (const e of effects) if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
+  }
+
   /**
-   * ARP is sent without waiting (queued, a few at a time); conntrack flushes are the Conntrack
-   * part's (a batch may carry thousands).
+   * Conntrack flushes are the Conntrack part's (a batch may carry thousands). Never rejects: it
+   * runs beside the commit, and the change is applied whatever the flush's outcome.
    */
-  private async runEffects(state: DesiredState, effects: readonly Effect[]): Promise<void> {
+  private async flushConntrack(effects: readonly Effect[]): Promise<void> {
     const flushes: ConntrackFilter[] = [];
-    for (const e of effects) {
-      if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
-      else if (e.kind === 'conntrack-flush') flushes.push(e);
+    for (const e of effects) if (e.kind === 'conntrack-flush') flushes.push(e);
+    if (flushes.length === 0) return;
+    try {
+      await this.conntrack.flushAll(flushes);
+    } catch (e) {
+      this.log.error({ err: e }, 'conntrack flush failed: connections may keep the old translation');
     }
-    if (flushes.length > 0) await this.conntrack.flushAll(flushes);
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

@@ -83,6 +83,36 @@ function indexOf<T extends object>(list: readonly T[], key: (t: T) => string): M
   return idx;
 }
 
+/** The object of `list` under `k` (the collection's own identity key), through the kept index. */
+export function findByKey<T extends object>(list: readonly T[], key: (t: T) => string, k: string): T | undefined {
+  return indexOf(list, key).get(k);
+}
+
+/**
+ * `list` without the objects under `keys`, or `list` itself when none is there; its index
+ * moves to the new array, so a delete does not make the next add rebuild it.
+ */
+function without<T extends object>(list: T[], keys: Iterable<string>, key: (t: T) => string): T[] {
+  const idx = indexOf(list, key);
+  const gone = new Set<T>();
+  for (const k of keys) {
+    const x = idx.get(k);
+    if (x) gone.add(x);
+  }
+  if (gone.size === 0) return list;
+  if (idx.size !== list.length) {
+    // Two objects under one key (a state that did not come through these operations): by key, as always.
+    const keys2 = new Set([...gone].map(key));
+    indexes.delete(list);
+    return list.filter((x) => !keys2.has(key(x)));
+  }
+  const out = list.filter((x) => !gone.has(x));
+  indexes.delete(list);
+  for (const x of gone) idx.delete(key(x));
+  indexes.set(out, idx);
+  return out;
+}
+
 /** `list` with `added` appended; its index moves to the new array (the old one rebuilds its own if ever asked). */
 function appended<T extends object>(list: readonly T[], added: readonly T[], idx: Map<string, T>, key: (t: T) => string): T[] {
   const out = list.concat(added);
@@ -111,9 +141,8 @@ export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
 export const addFip = (s: DesiredState, f: Fip): OpResult => addFips(s, [f]);
 
 export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
-  const gone = new Set(eips);
   return {
-    state: { ...s, fips: s.fips.filter((x) => !gone.has(x.eip)) },
+    state: { ...s, fips: without(s.fips, eips, fipKey) },
     // Flush even when natgw had no record: a stale entry from before a restart is just as stale.
     effects: eips.map((dst) => ({ kind: 'conntrack-flush', dst })),
   };
@@ -205,9 +234,12 @@ export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
 export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
 
 export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
-  const gone = new Set(ids.map(dnatKey));
+  const dnats = without(s.dnats, ids.map(dnatKey), dnatKey);
+  // The range index follows the list when no range left it (ranges are few; else it is rebuilt when asked).
+  const ranges = rangeIndexes.get(s.dnats);
+  if (dnats !== s.dnats && ranges && !ids.some((id) => id.portEnd !== undefined)) rangeIndexes.set(dnats, ranges);
   return {
-    state: { ...s, dnats: s.dnats.filter((x) => !gone.has(dnatKey(x))) },
+    state: { ...s, dnats },
     effects: ids.map((id) => ({
       kind: 'conntrack-flush',
       dst: id.eip,
@@ -221,25 +253,29 @@ export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
 export const delDnat = (s: DesiredState, id: DnatId): OpResult => delDnats(s, [id]);
 
 export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
-  const present = new Set(s.snats.map(snatKey));
+  const idx = indexOf(s.snats, snatKey);
+  const added = new Map<string, Snat>();
   let snats: Snat[] | undefined;
   for (const n of ns) {
-    if (present.has(snatKey(n))) continue;
-    present.add(snatKey(n));
+    if (idx.has(snatKey(n)) || added.has(snatKey(n))) continue;
+    added.set(snatKey(n), n);
     snats ??= [...s.snats];
     // Longest prefix first; a new rule goes after existing rules of equal length.
     const len = prefixOf(n.cidr);
     const at = snats.findIndex((x) => prefixOf(x.cidr) < len);
     snats.splice(at === -1 ? snats.length : at, 0, n);
   }
-  return snats ? { state: { ...s, snats }, effects: [] } : unchanged(s);
+  if (!snats) return unchanged(s);
+  indexes.delete(s.snats);
+  for (const [k, n] of added) idx.set(k, n);
+  indexes.set(snats, idx);
+  return { state: { ...s, snats }, effects: [] };
 }
 
 export const addSnat = (s: DesiredState, n: Snat): OpResult => addSnats(s, [n]);
 
 export function delSnats(s: DesiredState, ids: readonly Pick<Snat, 'eip' | 'cidr'>[]): OpResult {
-  const gone = new Set(ids.map(snatKey));
-  return { state: { ...s, snats: s.snats.filter((x) => !gone.has(snatKey(x))) }, effects: [] };
+  return { state: { ...s, snats: without(s.snats, ids.map(snatKey), snatKey) }, effects: [] };
 }
 
 export const delSnat = (s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResult => delSnats(s, [id]);

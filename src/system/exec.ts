@@ -1,5 +1,5 @@
+import { spawn, type ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { execa } from 'execa';
 import type { Logger } from 'pino';
 
 /**
@@ -13,6 +13,13 @@ export interface ExecRequest {
   /** Script fed on stdin (iptables-restore, nft -f -, ip -batch -). */
   readonly input?: string;
   readonly timeoutMs?: number;
+  /**
+   * The tool is one binary that starts no process of its own (nft, conntrack): it runs in
+   * natgw's process group and only it is killed at the deadline. Default: a session of its own,
+   * killed whole, for wrappers whose children could hold the output open — which costs every
+   * start about a millisecond more, on the command path.
+   */
+  readonly single?: boolean;
 }
 
 export interface ExecResult {
@@ -87,34 +94,17 @@ export class SystemExecutor implements Executor {
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
     const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
-    const child = execa(req.file, [...req.args], {
-      input: req.input,
-      reject: false,
-      stripFinalNewline: false,
-      detached: true,
-      env: { LC_ALL: 'C' },
-    });
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      killGroup(child.pid);
-    }, limit);
-    let r: Awaited<typeof child>;
-    try {
-      r = await child;
-    } finally {
-      clearTimeout(timer);
-    }
     const command = [req.file, ...req.args].join(' ');
+    const r = await runProcess(req, limit);
     const result: ExecResult = {
       command,
-      exitCode: timedOut ? (r.exitCode ?? 124) || 124 : (r.exitCode ?? (r.failed ? 127 : 0)),
-      stdout: String(r.stdout ?? ''),
-      stderr: timedOut ? `${command}: timed out after ${limit} ms (NATGW_TOOL_TIMEOUT) and was killed\n${String(r.stderr ?? '')}` : String(r.stderr ?? ''),
-      timedOut,
-      failedToStart: r.exitCode === undefined && !timedOut && r.signal === undefined,
+      exitCode: r.timedOut ? r.exitCode || 124 : r.exitCode,
+      stdout: r.stdout,
+      stderr: r.timedOut ? `${command}: timed out after ${limit} ms (NATGW_TOOL_TIMEOUT) and was killed\n${r.stderr}` : r.stderr,
+      timedOut: r.timedOut,
+      failedToStart: r.failedToStart,
     };
-    if (timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
+    if (r.timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
     this.log?.debug({ cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 }, 'exec');
     return result;
   }
@@ -129,14 +119,110 @@ export class SystemExecutor implements Executor {
 
   spawnDetached(req: ExecRequest): void {
     try {
-      const child = execa(req.file, [...req.args], { detached: true, stdio: 'ignore', cleanup: false, reject: false });
+      const child = spawn(req.file, [...req.args], { detached: true, stdio: 'ignore', env: toolEnv() });
+      // A missing binary must not become an uncaught 'error' event.
+      child.on('error', () => undefined);
       child.unref();
-      // A missing binary must not become an unhandled rejection.
-      child.catch(() => undefined);
     } catch {
       // best effort: gratuitous ARP is advisory
     }
   }
+}
+
+/** Output kept per stream before the tool is killed: far above any listing natgw reads. */
+const MAX_OUTPUT_BYTES = 100 * 1024 * 1024;
+
+/** The tools' environment: natgw's own, with messages in the C locale (parsers read them). */
+function toolEnv(): NodeJS.ProcessEnv {
+  return { ...process.env, LC_ALL: 'C' };
+}
+
+interface RawRun {
+  readonly exitCode: number;
+  readonly stdout: string;
+  readonly stderr: string;
+  readonly timedOut: boolean;
+  readonly failedToStart: boolean;
+}
+
+/**
+ * One tool run on child_process directly: a command's only process start is on its critical
+ * path, and a general-purpose wrapper's per-call set-up (option normalisation, stream
+ * pipelines, environment copies) cost several milliseconds of the daemon's event loop each.
+ * Semantics kept from before: stdin fed from `input` (else /dev/null), stdout and stderr
+ * decoded as UTF-8 untouched, a process group of its own (killed whole at the deadline), a
+ * missing binary reported as failedToStart with exit 127, death by a signal as 127.
+ */
+function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
+  return new Promise((resolve) => {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let outBytes = 0;
+    let errBytes = 0;
+    let timedOut = false;
+    let startError: Error | undefined;
+    let overflow = false;
+    let settled = false;
+    let child: ChildProcess;
+    const finish = (code: number | null, signal: NodeJS.Signals | null) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      const failedToStart = startError !== undefined && !timedOut;
+      const note = startError ? `${startError.message}\n` : overflow ? `${req.file}: output above ${MAX_OUTPUT_BYTES} bytes; killed\n` : '';
+      resolve({
+        // Killed at the deadline: 124 as timeout(1) says; by another signal or never started: 127.
+        exitCode: code ?? (timedOut ? 124 : signal !== null || failedToStart ? 127 : 0),
+        stdout: Buffer.concat(out).toString('utf8'),
+        stderr: Buffer.concat(err).toString('utf8') + note,
+        timedOut,
+        failedToStart,
+      });
+    };
+    const kill = () => (req.single ? child?.kill('SIGKILL') : killGroup(child?.pid));
+    const timer = setTimeout(() => {
+      timedOut = true;
+      kill();
+    }, limit);
+    try {
+      child = spawn(req.file, [...req.args], {
+        detached: !req.single,
+        env: toolEnv(),
+        stdio: [req.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+      });
+    } catch (e) {
+      startError = e as Error;
+      finish(null, null);
+      return;
+    }
+    const tooMuch = () => {
+      overflow = true;
+      kill();
+    };
+    child.stdout?.on('data', (d: Buffer) => {
+      outBytes += d.length;
+      if (outBytes > MAX_OUTPUT_BYTES) return tooMuch();
+      out.push(d);
+    });
+    child.stderr?.on('data', (d: Buffer) => {
+      errBytes += d.length;
+      if (errBytes > MAX_OUTPUT_BYTES) return tooMuch();
+      err.push(d);
+    });
+    child.on('error', (e) => {
+      // Failed to start (ENOENT, EACCES): the process never ran.
+      if (child.pid !== undefined) return;
+      startError ??= e;
+      finish(null, null);
+    });
+    // 'close', not 'exit': the output pipes are drained by then.
+    child.on('close', (code, signal) => finish(code, signal));
+    if (child.stdin) {
+      // A tool that exits without reading its script (a usage error) closes the pipe: EPIPE.
+      child.stdin.on('error', () => undefined);
+      child.stdin.end(req.input);
+    }
+  });
 }
 
 /** A recorder for unit tests of planners: answers from a table and remembers what ran. */

@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../../../system/exec.js';
 import { ToolError } from '../../../model/errors.js';
-import { familyOf, type Family } from '../../../model/net.js';
+import type { Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, savedAfter, type TableName } from './plan.js';
@@ -24,15 +24,32 @@ export function toolsFor(variant: IptablesVariant, family: Family = 4): Iptables
 const TABLES: readonly TableName[] = ['nat', 'mangle'];
 const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
 
+/**
+ * The objects of one family, per collection, kept with the collection they were taken from: a
+ * command changes one collection, and the others then keep the very arrays (and, down the
+ * line, the very rule lists) of the last sync, which the planner passes over by reference.
+ */
+const familySplits = new WeakMap<readonly unknown[], { 4?: unknown[]; 6?: unknown[] }>();
+
+function ofOneFamily<T>(list: readonly T[], ip: (t: T) => string, family: Family): T[] {
+  let split = familySplits.get(list);
+  if (!split) {
+    split = {};
+    familySplits.set(list, split);
+  }
+  // Stored addresses are validated: an IPv6 address is one with a colon (familyOf, without the pattern).
+  split[family] ??= list.filter((t) => (ip(t).includes(':') ? 6 : 4) === family);
+  return split[family] as T[];
+}
+
 /** The objects of one address family (an object's family is its EIP's). */
 export function ofFamily(want: NatTables, family: Family): NatTables {
-  const mine = (ip: string) => familyOf(ip) === family;
   return {
     ...want,
-    eips: want.eips.filter(mine),
-    snats: want.snats.filter((s) => mine(s.eip)),
-    dnats: want.dnats.filter((d) => mine(d.eip)),
-    fips: want.fips.filter((f) => mine(f.eip)),
+    eips: ofOneFamily(want.eips, (e) => e, family),
+    snats: ofOneFamily(want.snats, (s) => s.eip, family),
+    dnats: ofOneFamily(want.dnats, (d) => d.eip, family),
+    fips: ofOneFamily(want.fips, (f) => f.eip, family),
   };
 }
 

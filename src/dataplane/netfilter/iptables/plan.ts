@@ -1,5 +1,5 @@
 import { canonicalOrder, type NatTables } from '../backend.js';
-import type { Dnat, Fip } from '../../../model/rules.js';
+import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { memoText } from '../../../model/memo.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
@@ -23,16 +23,40 @@ const fipDnatCache = new WeakMap<Fip, string>();
 const fipSnatCache = new WeakMap<Fip, string>();
 const dnatCache = new WeakMap<Dnat, string>();
 
+/**
+ * A chain's rules derived from one collection (and an interface name), kept with that
+ * collection: an unchanged collection hands the planner the same list as the last sync, which
+ * it passes over by reference instead of comparing ten thousand rules.
+ */
+class Derived<T> {
+  private readonly cache = new WeakMap<readonly T[], { readonly param: string; readonly rules: string[] }>();
+  constructor(private readonly build: (list: readonly T[], param: string) => string[]) {}
+
+  of(list: readonly T[], param = ''): string[] {
+    const hit = this.cache.get(list);
+    if (hit && hit.param === param) return hit.rules;
+    const rules = this.build(list, param);
+    this.cache.set(list, { param, rules });
+    return rules;
+  }
+}
+
+const fipDnatRules = new Derived<Fip>((fips) => fips.map((f) => memoText(fipDnatCache, f, fipDnatSpec)));
+const fipSnatRules = new Derived<Fip>((fips) => fips.map((f) => memoText(fipSnatCache, f, fipSnatSpec)));
+const dnatRules = new Derived<Dnat>((dnats) => dnats.map((d) => memoText(dnatCache, d, dnatSpec)));
+const snatRules = new Derived<Snat>((snats, extIf) => snats.flatMap((s) => snatSpecs(s, extIf)));
+const hairpinRules = new Derived<string>((eips, vpcIf) => eips.map((e) => hairpinSpec(e, vpcIf)));
+
 export function desiredTables(given: NatTables): Record<TableName, TableWant> {
   const want = canonicalOrder(given);
   const nat = new Map<string, string[]>([
     [CHAINS.dnatFilter, [`-j ${CHAINS.exclusiveDnat}`, `-j ${CHAINS.sharedDnat}`]],
     [CHAINS.snatFilter, [`-j ${CHAINS.exclusiveSnat}`, `-j ${CHAINS.sharedSnat}`, `-j ${CHAINS.hairpinSnat}`]],
-    [CHAINS.exclusiveDnat, want.fips.map((f) => memoText(fipDnatCache, f, fipDnatSpec))],
-    [CHAINS.exclusiveSnat, want.fips.map((f) => memoText(fipSnatCache, f, fipSnatSpec))],
-    [CHAINS.sharedDnat, want.dnats.map((d) => memoText(dnatCache, d, dnatSpec))],
-    [CHAINS.sharedSnat, want.snats.flatMap((s) => snatSpecs(s, want.extIf))],
-    [CHAINS.hairpinSnat, want.eips.map((e) => hairpinSpec(e, want.vpcIf))],
+    [CHAINS.exclusiveDnat, fipDnatRules.of(want.fips)],
+    [CHAINS.exclusiveSnat, fipSnatRules.of(want.fips)],
+    [CHAINS.sharedDnat, dnatRules.of(want.dnats)],
+    [CHAINS.sharedSnat, snatRules.of(want.snats, want.extIf)],
+    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.vpcIf)],
   ]);
   return {
     nat: {
@@ -100,6 +124,8 @@ const REWRITE_ABOVE = 64;
 
 export function planChain(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions = {}): TablePlan {
   if (sameList(have, want)) return { lines: [], changes: 0 };
+  const few = fewEdits(chain, have, want, opts);
+  if (few) return few;
   const budget = countOf(want);
   const kept: string[] = [];
   const deleteAt: number[] = [];
@@ -142,7 +168,40 @@ export function planChain(chain: string, have: readonly string[], want: readonly
 }
 
 function sameList(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((x, i) => x === b[i]);
+  return a === b || (a.length === b.length && a.every((x, i) => x === b[i]));
+}
+
+/** At most this many rules between the common ends take the short way (one command's change). */
+const FEW = 8;
+
+/**
+ * A change of a few rules amid many that stay (every command), found by trimming the rules
+ * both ends share: no map of the whole chain. The lines are the ones the general plan below
+ * writes for such a change (deletes last first, then inserts in order). Undefined when the
+ * middle is larger, or holds a rule on both sides (a move): the general plan takes those.
+ */
+function fewEdits(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions): TablePlan | undefined {
+  const max = Math.min(have.length, want.length);
+  let p = 0;
+  while (p < max && have[p] === want[p]) p++;
+  let s = 0;
+  while (s < max - p && have[have.length - 1 - s] === want[want.length - 1 - s]) s++;
+  const gone = have.length - s - p;
+  const come = want.length - s - p;
+  if (gone + come > FEW) return undefined;
+  for (let i = p; i < p + gone; i++) if (want.indexOf(have[i] as string, p) !== -1 && want.indexOf(have[i] as string, p) < p + come) return undefined;
+  const lines: string[] = [];
+  for (let i = p + gone - 1; i >= p; i--) {
+    const spec = have[i] as string;
+    lines.push(opts.deleteBySpec && occursOnce(have, spec) ? `-D ${chain} ${spec}` : `-D ${chain} ${i + 1}`);
+  }
+  for (let j = p; j < p + come; j++) lines.push(s === 0 ? `-A ${chain} ${want[j]}` : `-I ${chain} ${j + 1} ${want[j]}`);
+  return { lines, changes: lines.length };
+}
+
+function occursOnce(list: readonly string[], x: string): boolean {
+  const first = list.indexOf(x);
+  return first !== -1 && list.indexOf(x, first + 1) === -1;
 }
 
 function countOf(list: readonly string[]): Map<string, number> {

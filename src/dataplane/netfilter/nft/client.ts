@@ -46,7 +46,7 @@ export class SystemNftClient implements NftClient {
   async run(tx: NftTransaction | string): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
-    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
+    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script, single: true });
     if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
   }
 }

@@ -32,7 +32,7 @@ import {
   type NftPlan,
   type NftTxPlan,
 } from './render.js';
-import { NftTransaction, type NftElement } from './transaction.js';
+import { NftTransaction, type NftElement, type NftRule } from './transaction.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
 export interface NftView {
@@ -85,16 +85,43 @@ function firstEips(fips: readonly Fip[], internal: ReadonlySet<string>): Map<str
   return first;
 }
 
+/**
+ * A SNAT object's rule and its text, rendered once per object: a SNAT command compares the
+ * whole chain before and after, and the objects it did not touch are the same ones as before.
+ */
+interface RenderedSnat {
+  readonly rule: NatgwRule;
+  readonly text: string;
+  /** The rule as a transaction carries it, built the first time one does. */
+  nft?: NftRule;
+}
+
+const renderedSnats = new WeakMap<Snat, RenderedSnat>();
+
+function renderedSnat(s: Snat, fam: NftFamily): RenderedSnat {
+  let r = renderedSnats.get(s);
+  if (r === undefined) {
+    checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
+    const rule: NatgwRule = snatRule(s);
+    r = { rule, text: ruleText(rule, fam) };
+    renderedSnats.set(s, r);
+  }
+  return r;
+}
+
+function nftOf(r: RenderedSnat, fam: NftFamily): NftRule {
+  r.nft ??= nftRule(r.rule, fam, r.text);
+  return r.nft;
+}
+
 /** The SNAT rules of one family in chain order, with their text (compared before anything is written). */
-function snatRules(snats: readonly Snat[], fam: NftFamily): Array<{ readonly rule: NatgwRule; readonly text: string }> {
+function snatRules(snats: readonly Snat[], fam: NftFamily): RenderedSnat[] {
   const seen = new Set<string>();
-  const out: Array<{ rule: NatgwRule; text: string }> = [];
+  const out: RenderedSnat[] = [];
   for (const s of snats) {
     if (famOf(s.eip) !== fam || seen.has(snatKey(s))) continue;
     seen.add(snatKey(s));
-    checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
-    const rule: NatgwRule = snatRule(s);
-    out.push({ rule, text: ruleText(rule, fam) });
+    out.push(renderedSnat(s, fam));
   }
   return out;
 }
@@ -203,13 +230,13 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
         inserts.forEach((i, k) => {
           const r = after[i] as (typeof after)[number];
           // The chain holds `before` and the k rules inserted so far, in their final order.
-          if (i < before.length + k) out.adds.insertRuleAt(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text), i);
-          else out.adds.addRule(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text));
+          if (i < before.length + k) out.adds.insertRuleAt(t, CHAIN.sharedSnat, nftOf(r, fam), i);
+          else out.adds.addRule(t, CHAIN.sharedSnat, nftOf(r, fam));
         });
         out.changes += inserts.length;
       } else {
         out.adds.flushChain(t, CHAIN.sharedSnat);
-        for (const r of after) out.adds.addRule(t, CHAIN.sharedSnat, nftRule(r.rule, fam, r.text));
+        for (const r of after) out.adds.addRule(t, CHAIN.sharedSnat, nftOf(r, fam));
         out.changes += before.length + after.length;
       }
     }
