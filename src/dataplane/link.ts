@@ -1,6 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
+import { fileIdentity } from '../system/fileIdentity.js';
 import { writeFileAtomic } from '../state/store.js';
 import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
@@ -289,17 +290,6 @@ export function announcement(ifname: string, ip: string): { file: string; args: 
     : { file: 'na6', args: ['-i', ifname, '-s', ip, '-d', 'ff02::1', '-t', ip, '-o', '-e'] };
 }
 
-/** A file's identity (inode, size, mtime): '-' when absent. */
-async function fileKey(file: string): Promise<string> {
-  try {
-    const st = await fs.stat(file, { bigint: true });
-    return `${st.ino}:${st.size}:${st.mtimeNs}`;
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return '-';
-    throw e;
-  }
-}
-
 /** Announcing processes at once, and how long one may take (`arping -c 3` sends for about 2 s). */
 const ARP_PARALLELISM = 8;
 const ARP_TIMEOUT_MS = 10_000;
@@ -367,7 +357,7 @@ export class LinkManager {
   /** The ownership record: kept while the file is as this process last read or wrote it (one stat). */
   async ownedRecord(): Promise<OwnedRecord | undefined> {
     if (!this.ownedFile) return undefined;
-    const key = await fileKey(this.ownedFile);
+    const key = await fileIdentity(this.ownedFile);
     if (this.owned?.key === key) return this.owned.rec;
     try {
       const raw = JSON.parse(await fs.readFile(this.ownedFile, 'utf8')) as Partial<OwnedRecord>;
@@ -393,7 +383,7 @@ export class LinkManager {
     // process: the same atomic write as the state file.
     this.owned = undefined;
     await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
-    this.owned = { rec, key: await fileKey(this.ownedFile) };
+    this.owned = { rec, key: await fileIdentity(this.ownedFile) };
   }
 
   /** What the record and the delete commands under way let a sync of `want` remove. */

@@ -6,6 +6,7 @@ import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
+import { fileIdentity } from '../system/fileIdentity.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
@@ -109,16 +110,6 @@ export interface FilesStamp {
   readonly key: string;
 }
 
-async function statKey(file: string): Promise<string> {
-  try {
-    const st = await fs.stat(file, { bigint: true });
-    return `${st.ino}:${st.size}:${st.mtimeNs}`;
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return '-';
-    throw e;
-  }
-}
-
 /** A journal grows at most this many entries before it is folded into a new snapshot. */
 const JOURNAL_MAX_ENTRIES = 2000;
 
@@ -176,7 +167,7 @@ export class StateStore {
 
   /** See FilesStamp. Three stat calls: cheap enough for every command. */
   async stamp(): Promise<FilesStamp> {
-    const keys = await Promise.all([this.stateFile, this.journalFile, this.backendFile].map(statKey));
+    const keys = await Promise.all([this.stateFile, this.journalFile, this.backendFile].map(fileIdentity));
     return { key: keys.join('|') };
   }
 

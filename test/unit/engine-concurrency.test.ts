@@ -13,6 +13,7 @@ import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import { cmd, isApply, isListing } from '../helpers/execCalls.js';
 import type { Dnat } from '../../src/model/rules.js';
 import { LinkManager } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
@@ -25,11 +26,6 @@ const dirs: string[] = [];
 afterEach(() => {
   for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 });
-
-const cmd = (r: ExecRequest): string => [r.file, ...r.args].join(' ');
-const isListing = (r: ExecRequest): boolean =>
-  r.args.some((a) => a === 'list' || a === 'show' || a.endsWith('-save')) || (r.file === 'ip' && r.args.includes('-j'));
-const isApply = (r: ExecRequest): boolean => r.file === 'nft' && r.args.includes('-f');
 
 const dnat = (i: number): Dnat => ({ eip: `172.20.0.${i}`, port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 });
 

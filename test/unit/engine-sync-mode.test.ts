@@ -13,16 +13,13 @@ import { loadConfig } from '../../src/config/config.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import { cmd, isListing } from '../helpers/execCalls.js';
 import type { Dnat } from '../../src/model/rules.js';
 
 const dirs: string[] = [];
 afterEach(() => {
   for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 });
-
-const cmd = (r: ExecRequest): string => [r.file, ...r.args].join(' ');
-const isListing = (r: ExecRequest): boolean =>
-  r.args.some((a) => a === 'list' || a === 'show' || a.endsWith('-save')) || (r.file === 'ip' && r.args.includes('-j'));
 
 const dnat = (i: number): Dnat => ({ eip: `172.20.${i >> 8}.${i & 255}`, port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 });
 

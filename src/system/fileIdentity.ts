@@ -1,0 +1,16 @@
+import { promises as fs } from 'node:fs';
+
+/**
+ * A file's identity as inode, size and mtime ('-' when absent): what tells this process that
+ * another writer (an in-process shim run, a person, a restored backup) replaced or changed a
+ * file it last read or wrote, with one stat.
+ */
+export async function fileIdentity(file: string): Promise<string> {
+  try {
+    const st = await fs.stat(file, { bigint: true });
+    return `${st.ino}:${st.size}:${st.mtimeNs}`;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return '-';
+    throw e;
+  }
+}
