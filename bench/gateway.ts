@@ -3,7 +3,8 @@
  * `bare`) a running `natgw serve` for one backend. Everything it creates goes with cleanup().
  */
 import { REPO_ROOT, createTopology, type Topology } from '../test/helpers/netns.js';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { Daemon, api, must } from './daemon.js';
 import { NsRunner } from './runner.js';
@@ -106,6 +107,34 @@ export class Gateway {
     }
     must(r, `PUT /v1/state${query}`);
     return { ms, body: r.body };
+  }
+
+  /**
+   * Wait until the gratuitous ARP / unsolicited NA that a fill queued have gone out (natgw runs
+   * up to 8 at a time, ~2 s each: 201 EIPs take ~50 s). Their process starts would otherwise
+   * land in the per-command samples, in natgw's figures and the floors alike.
+   */
+  async settleAnnouncements(deadlineMs = 180_000): Promise<void> {
+    const announcing = () =>
+      execFileSync('ip', ['netns', 'pids', this.topo.ns.gw], { encoding: 'utf8' })
+        .split('\n')
+        .filter(Boolean)
+        .filter((pid) => {
+          try {
+            return /^(arping|na6)$/.test(readFileSync(`/proc/${pid}/comm`, 'utf8').trim());
+          } catch {
+            return false;
+          }
+        }).length;
+    const until = Date.now() + deadlineMs;
+    let n = announcing();
+    if (n > 0) progress(`waiting for ${n}+ announcements to finish`);
+    // Two quiet looks in a row: the queue starts the next batch as one ends.
+    for (let quiet = 0; quiet < 2 && Date.now() < until; quiet = n === 0 ? quiet + 1 : 0) {
+      await new Promise((r) => setTimeout(r, 250));
+      n = announcing();
+    }
+    if (n > 0) note(`announcements still running after ${deadlineMs / 1000} s: they overlap the samples`);
   }
 
   async backendInfo(): Promise<BackendInfo> {

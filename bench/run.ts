@@ -29,6 +29,7 @@ function version(argv: string[]): string {
 async function measureSize(gw: Gateway, backend: BackendName, size: number, o: Options, curl: boolean, b: BackendFigures): Promise<SizeFigures> {
   progress(`${backend} size ${size}: fill (PUT /v1/state)`);
   const fill = await gw.putState(stateDoc(size, o.fipEips));
+  await gw.settleAnnouncements();
   b.info = await gw.backendInfo();
   progress(`${backend} size ${size}: floors`);
   const floors = await measureFloors(gw, b.info, size + 1, o.samples, curl);
