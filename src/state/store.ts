@@ -66,16 +66,11 @@ async function syncDir(dir: string): Promise<void> {
   }
 }
 
-const COLLECTION_SIZE = (s: DesiredState): number =>
-  s.eips.length +
-  s.snats.length +
-  s.dnats.length +
-  s.fips.length +
-  s.shareDnats.length +
-  s.routes.length +
-  s.eipQos.length +
-  s.qos.length +
-  s.neighbours.length;
+const COLLECTION_SIZE = (s: DesiredState): number => {
+  let n = 0;
+  for (const k of COLLECTIONS) n += s[k].length;
+  return n;
+};
 
 const GROWTH = (a: DesiredState, b: DesiredState): number => {
   let n = 0;
@@ -267,13 +262,14 @@ export class StateStore {
     // set-aside file) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
     if (before === after) return;
-    const total = COLLECTION_SIZE(after);
+    // The largest change a journal line describes; a larger one is a new snapshot.
+    const budget = Math.max(64, COLLECTION_SIZE(after) / 4);
     // A delta holds at least the difference in size of each collection: when that alone is too
     // large (a bulk PUT), the snapshot is written without describing the change first.
-    if (GROWTH(before, after) > Math.max(64, total / 4)) return this.save(after);
+    if (GROWTH(before, after) > budget) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
-    if (delta === null || deltaSize(delta) > Math.max(64, total / 4)) return this.save(after);
+    if (delta === null || deltaSize(delta) > budget) return this.save(after);
     await this.append(delta);
   }
 
