@@ -1,9 +1,9 @@
 /**
- * Text derived from an immutable object, built once per object. Rule objects are kept across
- * states, so a collection of ten thousand is keyed and rendered on every command by lookups,
- * not string building.
+ * A value (a rule's text, its rendering) derived from an immutable object, built once per
+ * object. Rule objects are kept across states, so a collection of ten thousand is keyed and
+ * rendered on every command by lookups, not string building.
  */
-export function memoText<T extends object>(cache: WeakMap<T, string>, o: T, build: (o: T) => string): string {
+export function memoOf<T extends object, V>(cache: WeakMap<T, V>, o: T, build: (o: T) => V): V {
   let v = cache.get(o);
   if (v === undefined) {
     v = build(o);

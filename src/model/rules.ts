@@ -1,4 +1,4 @@
-import { memoText } from './memo.js';
+import { memoOf } from './memo.js';
 import { z } from 'zod';
 import { isIp, isIpv4, isInterfaceName, parseCidr, canonicalIp, formatCidr } from './net.js';
 
@@ -133,8 +133,8 @@ export const portText = (d: { readonly port: number; readonly portEnd?: number |
   d.portEnd === undefined ? String(d.port) : `${d.port}-${d.portEnd}`;
 /** The pool of a SNAT: its EIPs in order (one for a plain SNAT). */
 export const snatEips = (s: Pick<Snat, 'eip' | 'eips'>): readonly string[] => s.eips ?? [s.eip];
-export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoText(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
-export const dnatKey = (d: DnatId): string => memoText(dnatKeys, d, (x) => `${x.eip}|${portText(x)}|${x.protocol}`);
+export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoOf(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
+export const dnatKey = (d: DnatId): string => memoOf(dnatKeys, d, (x) => `${x.eip}|${portText(x)}|${x.protocol}`);
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;
 export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;

@@ -1,6 +1,6 @@
 import { canonicalOrder, type NatTables } from '../backend.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
-import { memoText } from '../../../model/memo.js';
+import { memoOf } from '../../../model/memo.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
@@ -41,9 +41,9 @@ class Derived<T> {
   }
 }
 
-const fipDnatRules = new Derived<Fip>((fips) => fips.map((f) => memoText(fipDnatCache, f, fipDnatSpec)));
-const fipSnatRules = new Derived<Fip>((fips) => fips.map((f) => memoText(fipSnatCache, f, fipSnatSpec)));
-const dnatRules = new Derived<Dnat>((dnats) => dnats.map((d) => memoText(dnatCache, d, dnatSpec)));
+const fipDnatRules = new Derived<Fip>((fips) => fips.map((f) => memoOf(fipDnatCache, f, fipDnatSpec)));
+const fipSnatRules = new Derived<Fip>((fips) => fips.map((f) => memoOf(fipSnatCache, f, fipSnatSpec)));
+const dnatRules = new Derived<Dnat>((dnats) => dnats.map((d) => memoOf(dnatCache, d, dnatSpec)));
 const snatRules = new Derived<Snat>((snats, extIf) => snats.flatMap((s) => snatSpecs(s, extIf)));
 const hairpinRules = new Derived<string>((eips, vpcIf) => eips.map((e) => hairpinSpec(e, vpcIf)));
 
@@ -189,7 +189,10 @@ function fewEdits(chain: string, have: readonly string[], want: readonly string[
   const gone = have.length - s - p;
   const come = want.length - s - p;
   if (gone + come > FEW) return undefined;
-  for (let i = p; i < p + gone; i++) if (want.indexOf(have[i] as string, p) !== -1 && want.indexOf(have[i] as string, p) < p + come) return undefined;
+  for (let i = p; i < p + gone; i++) {
+    const at = want.indexOf(have[i] as string, p);
+    if (at !== -1 && at < p + come) return undefined;
+  }
   const lines: string[] = [];
   for (let i = p + gone - 1; i >= p; i--) {
     const spec = have[i] as string;

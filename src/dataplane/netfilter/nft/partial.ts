@@ -32,6 +32,7 @@ import {
   type NftPlan,
   type NftTxPlan,
 } from './render.js';
+import { memoOf } from '../../../model/memo.js';
 import { NftTransaction, type NftElement, type NftRule } from './transaction.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
@@ -99,14 +100,11 @@ interface RenderedSnat {
 const renderedSnats = new WeakMap<Snat, RenderedSnat>();
 
 function renderedSnat(s: Snat, fam: NftFamily): RenderedSnat {
-  let r = renderedSnats.get(s);
-  if (r === undefined) {
+  return memoOf(renderedSnats, s, () => {
     checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
     const rule: NatgwRule = snatRule(s);
-    r = { rule, text: ruleText(rule, fam) };
-    renderedSnats.set(s, r);
-  }
-  return r;
+    return { rule, text: ruleText(rule, fam) };
+  });
 }
 
 function nftOf(r: RenderedSnat, fam: NftFamily): NftRule {
