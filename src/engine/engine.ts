@@ -428,13 +428,11 @@ export class Engine {
     const before = (await this.store.stamp()).key;
     const t = this.trusted;
     if (t && t.stamp.key === before) return t.state;
-    const saved = await this.store.load();
+    let saved = await this.store.load();
     // Outside the lock a commit may replace the files mid-read (a snapshot, then the journal of
     // a newer one): what was read may lack changes acknowledged before this call. Read again
     // under the lock, where no commit runs.
-    if ((await this.store.stamp()).key !== before) {
-      return this.store.withLock(async () => (await this.store.load()) ?? this.adoptOrEmpty(await this.peekBackend()));
-    }
+    if ((await this.store.stamp()).key !== before) saved = await this.store.withLock(() => this.store.load());
     return saved ?? this.adoptOrEmpty(await this.peekBackend());
   }
 
