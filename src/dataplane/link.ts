@@ -1,8 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../system/exec.js';
-import { fileIdentity } from '../system/fileIdentity.js';
-import { writeFileAtomic } from '../state/store.js';
+import { RecordFile } from '../state/recordFile.js';
 import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
@@ -315,17 +314,19 @@ export interface OwnedRecord {
   readonly routes: readonly string[];
 }
 
+/** The ownership record as natgw writes it; anything else owns nothing. */
+function parseOwned(raw: unknown): OwnedRecord | undefined {
+  const r = raw as Partial<OwnedRecord> | null;
+  const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
+  if (typeof r?.ext !== 'string' || typeof r.vpc !== 'string') return undefined;
+  return { ext: r.ext, vpc: r.vpc, addresses: strings(r.addresses), routes: strings(r.routes) };
+}
+
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
-  /**
-   * The durable record as last read or written (undefined: not read yet), with the file's
-   * identity then. Kept only while the file keeps that identity: an in-process shim run
-   * (another process) may rewrite it, and a reader outside the lock (engine.loadState's
-   * adoption) may finish reading the old file after this process wrote a new one. A stale
-   * record misses what it should remove, or makes an intent equal to it go unwritten.
-   */
-  private owned: { readonly rec: OwnedRecord; readonly key: string } | undefined;
+  /** The durable ownership record (see RecordFile for when it is read again). */
+  private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
   private releasing: { addresses: Set<string>; routes: Set<string> } = { addresses: new Set(), routes: new Set() };
 
@@ -333,8 +334,12 @@ export class LinkManager {
     private readonly exec: Executor,
     private readonly log?: Logger,
     /** Where the ownership record lives; without one (unit tests) only the previous state counts. */
-    private readonly ownedFile?: string,
-  ) {}
+    ownedFile?: string,
+  ) {
+    this.owned = ownedFile
+      ? new RecordFile(ownedFile, parseOwned, (err) => log?.warn({ err, file: ownedFile }, 'ownership record unreadable: ignored'))
+      : undefined;
+  }
 
   /**
    * A delete command named these objects: the transaction under way removes them from natgw's
@@ -354,36 +359,19 @@ export class LinkManager {
     this.releasing = { addresses: new Set(), routes: new Set() };
   }
 
-  /** The ownership record: kept while the file is as this process last read or wrote it (one stat). */
+  /** The ownership record; a missing or unreadable one owns nothing (the state's own lists still count). */
   async ownedRecord(): Promise<OwnedRecord | undefined> {
-    if (!this.ownedFile) return undefined;
-    const key = await fileIdentity(this.ownedFile);
-    if (this.owned?.key === key) return this.owned.rec;
-    try {
-      const raw = JSON.parse(await fs.readFile(this.ownedFile, 'utf8')) as Partial<OwnedRecord>;
-      const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
-      if (typeof raw.ext === 'string' && typeof raw.vpc === 'string') {
-        const read: OwnedRecord = { ext: raw.ext, vpc: raw.vpc, addresses: strings(raw.addresses), routes: strings(raw.routes) };
-        this.owned = { rec: read, key };
-        return read;
-      }
-    } catch (e) {
-      // A missing record owns nothing; an unreadable one too (the state's own lists still count).
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') this.log?.warn({ err: e, file: this.ownedFile }, 'ownership record unreadable: ignored');
-    }
-    return undefined;
+    return this.owned?.read();
   }
 
   private async writeOwned(rec: OwnedRecord): Promise<void> {
-    if (!this.ownedFile) return;
-    const cur = await this.ownedRecord();
+    if (!this.owned) return;
+    const cur = await this.owned.read();
     const same = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
     if (cur && cur.ext === rec.ext && cur.vpc === rec.vpc && same(cur.addresses, rec.addresses) && same(cur.routes, rec.routes)) return;
     // The record must be durable before the kernel changes (intent) and is re-read by the next
     // process: the same atomic write as the state file.
-    this.owned = undefined;
-    await writeFileAtomic(this.ownedFile, `${JSON.stringify(rec)}\n`);
-    this.owned = { rec, key: await fileIdentity(this.ownedFile) };
+    await this.owned.write(rec);
   }
 
   /** What the record and the delete commands under way let a sync of `want` remove. */

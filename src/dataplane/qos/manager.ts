@@ -1,4 +1,3 @@
-import { promises as fs } from 'node:fs';
 import { z } from 'zod';
 import type { Logger } from 'pino';
 import { SystemError, ToolError } from '../../model/errors.js';
@@ -38,7 +37,7 @@ import {
   tcBatchScript,
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
-import { writeFileAtomic } from '../../state/store.js';
+import { RecordFile } from '../../state/recordFile.js';
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
@@ -90,8 +89,8 @@ export class QosManager {
   private trusted: QosView | undefined;
   private probe: Promise<ProbeResult> | undefined;
   private probed: ProbeResult | undefined;
-  /** The intent record as last read or written (undefined: not read yet). */
-  private intent: QosIntent | undefined;
+  /** The durable intent record (see RecordFile for when it is read again). */
+  private readonly intent: RecordFile<QosIntent> | undefined;
   /** The QoS the kernel was last synced to by this process (what settle compares with). */
   private syncedTo: QosOf | undefined;
 
@@ -100,8 +99,12 @@ export class QosManager {
     private readonly log?: Logger,
     private readonly out?: (line: string) => void,
     /** Where the intent record lives; without one (unit tests) nothing is recorded. */
-    private readonly intentFile?: string,
-  ) {}
+    intentFile?: string,
+  ) {
+    this.intent = intentFile
+      ? new RecordFile(intentFile, parseIntent, (err) => log?.warn({ err, file: intentFile }, 'QoS intent record unreadable: ignored'))
+      : undefined;
+  }
 
   /** Whether a change's shared pieces are still unsettled (a full sync must run the QoS part). */
   async hasPending(): Promise<boolean> {
@@ -181,34 +184,14 @@ export class QosManager {
     this.trusted = undefined;
   }
 
-  /** The intent record (read once, then kept: only this process writes it, under the lock). */
+  /** The intent record; a missing one owes nothing, an unreadable one cannot be acted on (logged, then replaced). */
   private async intentRecord(): Promise<QosIntent> {
-    if (this.intent) return this.intent;
-    let rec: QosIntent = { pieces: [] };
-    if (this.intentFile) {
-      try {
-        const raw = intentSchema.parse(JSON.parse(await fs.readFile(this.intentFile, 'utf8')));
-        rec = {
-          pieces: raw.pieces.flatMap((p) => {
-            const piece = qosPieceSchema.safeParse(p);
-            return piece.success ? [piece.data] : [];
-          }),
-        };
-      } catch (e) {
-        // A missing record owes nothing; an unreadable one cannot be acted on (logged, then replaced).
-        if ((e as NodeJS.ErrnoException).code !== 'ENOENT') this.log?.warn({ err: e, file: this.intentFile }, 'QoS intent record unreadable: ignored');
-      }
-    }
-    this.intent = rec;
-    return rec;
+    return (await this.intent?.read()) ?? { pieces: [] };
   }
 
+  /** Durable before the kernel changes, and re-read by the next process after a crash. */
   private async writeIntent(rec: QosIntent): Promise<void> {
-    if (!this.intentFile) return;
-    // Durable before the kernel changes, and re-read by the next process after a crash.
-    this.intent = undefined;
-    await writeFileAtomic(this.intentFile, `${JSON.stringify(rec)}\n`);
-    this.intent = rec;
+    await this.intent?.write(rec);
   }
 
   /** Rules without ids (a state written through the API, or adopted) first take the ids the kernel already uses for them. */
@@ -278,10 +261,7 @@ export class QosManager {
   }
 
   private async apply(plan: QosPlan): Promise<void> {
-    for (const args of plan.ip) {
-      const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
-    }
+    await this.runIp(plan.ip);
     const script = tcBatchScript(plan);
     if (script !== '') {
       const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
@@ -290,7 +270,12 @@ export class QosManager {
         throw new ToolError('tc -batch -', 'the QoS change', r.exitCode, errorText(r), script, r.timedOut);
       }
     }
-    for (const args of plan.ipAfter ?? []) {
+    await this.runIp(plan.ipAfter ?? []);
+  }
+
+  /** Device changes one `ip` run each, in order; the first that fails stops the rest. */
+  private async runIp(commands: readonly (readonly string[])[]): Promise<void> {
+    for (const args of commands) {
       const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
       if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
     }
@@ -369,6 +354,15 @@ const mergePieces = (a: readonly QosPiece[], b: readonly QosPiece[]): QosPiece[]
 
 /** The record on disk; an entry that is not one natgw writes (an edited file) is dropped, never acted on. */
 const intentSchema = z.object({ pieces: z.array(z.unknown()) });
+
+function parseIntent(raw: unknown): QosIntent {
+  return {
+    pieces: intentSchema.parse(raw).pieces.flatMap((p) => {
+      const piece = qosPieceSchema.safeParse(p);
+      return piece.success ? [piece.data] : [];
+    }),
+  };
+}
 
 // ---------------------------------------------------------------------------------
 // The view after a plan (PURE)
