@@ -1,9 +1,20 @@
 #!/usr/bin/env node
 // The package's bin: run the CLI. `npm run build` compiles it (tsc → dist/src) and bundles it
-// (scripts/bundle.mjs → dist/natgw), which loads several times faster; the bundle is used
-// unless it is missing or older than the compiled sources (only tsc was run since).
+// (scripts/bundle.mjs → dist/natgw), which loads several times faster; `serve` runs the
+// daemon's bundle from its code cache. A bundle is used unless it is missing or older than the
+// compiled sources (only tsc was run since).
 import { statSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 
 const mtime = (rel) => statSync(new URL(rel, import.meta.url), { throwIfNoEntry: false })?.mtimeMs ?? -1;
-const bundled = mtime('../dist/natgw/cli/main.js');
-await import(bundled >= 0 && bundled >= mtime('../dist/src/cli/main.js') ? '../dist/natgw/cli/main.js' : '../dist/src/cli/main.js');
+const compiled = mtime('../dist/src/cli/main.js');
+const fresh = (rel) => {
+  const t = mtime(rel);
+  return t >= 0 && t >= compiled;
+};
+if (process.argv[2] === 'serve' && fresh('../dist/natgw/daemon/serve.cjs')) {
+  const { runDaemonBundle } = await import('./daemonLoader.js');
+  runDaemonBundle(fileURLToPath(new URL('../dist/natgw/daemon/serve.cjs', import.meta.url)));
+} else {
+  await import(fresh('../dist/natgw/cli/main.js') ? '../dist/natgw/cli/main.js' : '../dist/src/cli/main.js');
+}

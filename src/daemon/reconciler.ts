@@ -22,12 +22,18 @@ export class Reconciler {
   private again: string | undefined;
   private stopped = false;
   private lastMissing = '';
+  private presentNow = false;
   runs = 0;
 
   constructor(private readonly deps: ReconcilerDeps) {}
 
-  start(): void {
+  /**
+   * `present`: the caller has just seen both interfaces (the start-up wait), so the first
+   * resync does not look again (two `ip` processes on the way to ready).
+   */
+  start(opts: { present?: boolean } = {}): void {
     this.interval = setInterval(() => this.request('periodic'), this.deps.periodMs);
+    this.presentNow = opts.present === true;
     this.request('start');
   }
 
@@ -55,17 +61,20 @@ export class Reconciler {
   private async tick(reason: string): Promise<void> {
     const { log, agent } = this.deps;
     try {
-      const { vpc, ext } = await this.deps.interfaces();
-      const missing: string[] = [];
-      for (const n of [vpc, ext]) if (!(await this.deps.exists(n))) missing.push(n);
-      agent.setInterfaces(missing);
-      const m = missing.join(',');
-      if (m !== this.lastMissing) {
-        if (m) log.warn({ missing }, 'interfaces missing: not ready; resync waits for them');
-        else if (this.lastMissing) log.info({ vpc, ext }, 'interfaces present again');
-        this.lastMissing = m;
+      const seen = this.presentNow;
+      this.presentNow = false;
+      if (!seen) {
+        const { vpc, ext } = await this.deps.interfaces();
+        const missing = await missingOf([vpc, ext], this.deps.exists);
+        agent.setInterfaces(missing);
+        const m = missing.join(',');
+        if (m !== this.lastMissing) {
+          if (m) log.warn({ missing }, 'interfaces missing: not ready; resync waits for them');
+          else if (this.lastMissing) log.info({ vpc, ext }, 'interfaces present again');
+          this.lastMissing = m;
+        }
+        if (missing.length > 0) return;
       }
-      if (missing.length > 0) return;
       this.runs++;
       await agent.resync(reason);
     } catch (e) {
@@ -80,4 +89,10 @@ export class Reconciler {
     this.interval = undefined;
     await this.running?.catch(() => undefined);
   }
+}
+
+/** The names that do not exist, asked all at once. */
+async function missingOf(names: readonly string[], exists: (ifname: string) => Promise<boolean>): Promise<string[]> {
+  const found = await Promise.all(names.map(exists));
+  return names.filter((_, i) => !found[i]);
 }

@@ -7,7 +7,6 @@ import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
 import { Observer, daemonMetrics } from '../observe/observer.js';
-import { createApp } from '../api/app.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
@@ -65,23 +64,11 @@ export async function serve(config: Config): Promise<number> {
   });
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
-
-  let unixServer: http.Server;
-  let tcpServer: http.Server | https.Server | undefined;
-  try {
-    unixServer = await listenUnix(createApp(common), config.socket);
-    if (tcp) tcpServer = await listenTcp(createApp({ ...common, auth: tcp.auth }), tcp);
-  } catch (e) {
-    const msg = e instanceof Error ? e.message : String(e);
-    process.stderr.write(`Error: ${msg}\n`);
-    log.fatal({ err: e }, 'cannot listen');
-    singleton.close();
-    return 1;
-  }
-  log.info(
-    { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
-    'natgw serving',
-  );
+  const api = import('../api/app.js');
+  const saved = engine.loadState();
+  saved.catch(() => undefined);
+  let opened: (ok: boolean) => void = () => undefined;
+  const listening = new Promise<boolean>((resolve) => (opened = resolve));
 
   const reconciler = new Reconciler({
     agent,
@@ -104,21 +91,19 @@ export async function serve(config: Config): Promise<number> {
     },
   });
 
-  void engine
-    .loadState()
-    .catch(() => undefined)
-    .then((s) => observer.start(conntrack, s))
-    .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
-
-  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events.
+  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
+  // state is read and the interfaces looked up while the API's code (express and the routes,
+  // a third of what the daemon loads) is compiled and the sockets open.
+  let present = false;
   const startup = (async () => {
     try {
-      const { vpc, ext } = (await engine.loadState()).interfaces;
+      const { vpc, ext } = (await saved).interfaces;
       const missing = await engine.link.waitFor([vpc, ext], config.interfaceWaitMs, (m) => {
         log.info({ missing: m, deadlineMs: config.interfaceWaitMs }, 'waiting for interfaces');
         agent.setInterfaces(m);
       });
       agent.setInterfaces(missing);
+      present = missing.length === 0;
       if (missing.length > 0) {
         log.warn(
           { missing, waitedMs: config.interfaceWaitMs },
@@ -128,10 +113,38 @@ export async function serve(config: Config): Promise<number> {
     } catch (e) {
       log.error({ err: e }, 'start-up check failed; the reconciler retries');
     }
-    if (shuttingDown) return;
+    // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
+    if (!(await listening) || shuttingDown) return;
     monitor.start();
-    reconciler.start();
+    reconciler.start({ present });
   })();
+  let unixServer: http.Server;
+  let tcpServer: http.Server | https.Server | undefined;
+  try {
+    const { createApp } = await api;
+    unixServer = await listenUnix(createApp(common), config.socket);
+    if (tcp) tcpServer = await listenTcp(createApp({ ...common, auth: tcp.auth }), tcp);
+  } catch (e) {
+    const msg = e instanceof Error ? e.message : String(e);
+    process.stderr.write(`Error: ${msg}\n`);
+    log.fatal({ err: e }, 'cannot listen');
+    singleton.close();
+    opened(false);
+    // The start-up may still be polling for interfaces.
+    setTimeout(() => process.exit(1), 200).unref();
+    return 1;
+  }
+  opened(true);
+  log.info(
+    { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
+    'natgw serving',
+  );
+
+  void saved
+    .catch(() => undefined)
+    .then((s) => observer.start(conntrack, s))
+    .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
+
   // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
   const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
 

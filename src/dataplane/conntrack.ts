@@ -168,8 +168,11 @@ export class Conntrack {
    */
   async deleteUntranslated(targets: HygieneTargets, timeoutMs = 5000): Promise<TrackedEntry[]> {
     const stale: TrackedEntry[] = [];
-    for (const fam of ['ipv4', 'ipv6'] as const) {
-      const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs });
+    // Both families at once: the listing holds the daemon's readiness after a start.
+    const families = ['ipv4', 'ipv6'] as const;
+    const listings = await Promise.all(families.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs })));
+    for (const [i, fam] of families.entries()) {
+      const r = listings[i]!;
       if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
         if (r.failedToStart || !/0 flow entries/.test(r.stderr))
           this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');

@@ -397,8 +397,8 @@ export class LinkManager {
     const deadline = Date.now() + timeoutMs;
     let told = '';
     for (;;) {
-      const missing: string[] = [];
-      for (const n of names) if (!(await this.exists(n))) missing.push(n);
+      const found = await Promise.all(names.map((n) => this.exists(n)));
+      const missing = names.filter((_, i) => !found[i]);
       if (missing.length === 0 || Date.now() >= deadline) return missing;
       if (missing.join(',') !== told) {
         told = missing.join(',');
@@ -540,7 +540,21 @@ export class LinkManager {
     if (this.arpQueued.has(key)) return;
     this.arpQueued.add(key);
     this.arpQueue.push({ ifname, ip });
-    this.pumpArp();
+    this.schedulePump();
+  }
+
+  /**
+   * Spawning a tool blocks the event loop for milliseconds: starting 8 announcements in one go
+   * (every restart queues one per EIP) held the daemon's readiness and its requests for ~50 ms.
+   * One process is started per turn of the loop, after what is already waiting.
+   */
+  private schedulePump(): void {
+    if (this.arpPumpScheduled) return;
+    this.arpPumpScheduled = true;
+    setImmediate(() => {
+      this.arpPumpScheduled = false;
+      this.pumpArp();
+    });
   }
 
   /** Resolves when every announcement queued so far has finished (an in-process run waits for it). */
@@ -551,10 +565,11 @@ export class LinkManager {
   private readonly arpQueue: Array<{ ifname: string; ip: string }> = [];
   private readonly arpQueued = new Set<string>();
   private arpRunning = 0;
+  private arpPumpScheduled = false;
   private arpIdle: Array<() => void> = [];
 
   private pumpArp(): void {
-    while (this.arpRunning < ARP_PARALLELISM && this.arpQueue.length > 0) {
+    if (this.arpRunning < ARP_PARALLELISM && this.arpQueue.length > 0) {
       const { ifname, ip } = this.arpQueue.shift() as { ifname: string; ip: string };
       this.arpQueued.delete(`${ifname} ${ip}`);
       this.arpRunning++;
@@ -568,9 +583,10 @@ export class LinkManager {
         )
         .finally(() => {
           this.arpRunning--;
-          this.pumpArp();
+          this.schedulePump();
           if (this.arpRunning === 0 && this.arpQueue.length === 0) for (const r of this.arpIdle.splice(0)) r();
         });
+      if (this.arpQueue.length > 0) this.schedulePump();
     }
   }
 

@@ -1,17 +1,20 @@
 import { describe, expect, it } from 'vitest';
 import { LinkManager } from '../../src/dataplane/link.js';
 import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
+import { waitFor } from '../helpers/poll.js';
 
-/** Answers every run after a tick, counting how many run at once. */
+/** Answers every run after a tick (after `gate`, when given), counting how many run at once. */
 class SlowExecutor implements Executor {
   readonly runs: ExecRequest[] = [];
   readonly detached: ExecRequest[] = [];
   running = 0;
   maxRunning = 0;
+  constructor(private readonly gate?: Promise<void>) {}
   async run(req: ExecRequest): Promise<ExecResult> {
     this.runs.push(req);
     this.running++;
     this.maxRunning = Math.max(this.maxRunning, this.running);
+    await this.gate;
     await new Promise((r) => setTimeout(r, 5));
     this.running--;
     return { command: req.file, exitCode: 0, stdout: '', stderr: '', timedOut: false, failedToStart: false };
@@ -38,10 +41,15 @@ describe('gratuitous ARP', () => {
   });
 
   it('an EIP announced again while still queued is sent once (one already being sent goes again)', async () => {
-    const exec = new SlowExecutor();
+    let open = () => {};
+    const exec = new SlowExecutor(new Promise<void>((r) => (open = r)));
     const link = new LinkManager(exec);
     for (let i = 0; i < 20; i++) link.announce('net1', `172.20.0.${i}`);
+    // Processes start one per turn of the event loop, not while the caller is still queueing.
+    expect(exec.runs).toHaveLength(0);
+    await waitFor(async () => exec.running === 8, { what: 'eight announcements running', intervalMs: 1 });
     for (let i = 0; i < 20; i++) link.announce('net1', `172.20.0.${i}`);
+    open();
     await link.settle();
     const count = (ip: string) => exec.runs.filter((r) => r.args.at(-1) === ip).length;
     // The first eight were already running when announced again; the other twelve still queued.
