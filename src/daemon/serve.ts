@@ -64,14 +64,28 @@ export async function serve(config: Config): Promise<number> {
   });
   let shuttingDown = false;
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
-  const api = import('../api/app.js');
   const saved = engine.loadState();
   saved.catch(() => undefined);
   let opened: (ok: boolean) => void = () => undefined;
   const listening = new Promise<boolean>((resolve) => (opened = resolve));
 
+  // The conntrack follower (three processes and their output) starts once the first resync is
+  // over, ready or not: before, it would only compete with it. Its first listing counts the
+  // connections made in between.
+  let observing = false;
+  const observe = () => {
+    if (observing || shuttingDown) return;
+    observing = true;
+    void saved
+      .catch(() => undefined)
+      .then((s) => observer.start(conntrack, engine.lastApplied ?? s))
+      .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
+  };
   const reconciler = new Reconciler({
-    agent,
+    agent: {
+      resync: (reason) => agent.resync(reason).finally(observe),
+      setInterfaces: (missing) => agent.setInterfaces(missing),
+    },
     log,
     periodMs: config.resyncMs,
     interfaces: async () => (await engine.loadState()).interfaces,
@@ -92,8 +106,8 @@ export async function serve(config: Config): Promise<number> {
   });
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
-  // state is read and the interfaces looked up while the API's code (express and the routes,
-  // a third of what the daemon loads) is compiled and the sockets open.
+  // interfaces are looked up while the API's code (express and the routes) loads and the
+  // sockets open.
   let present = false;
   const startup = (async () => {
     try {
@@ -117,7 +131,13 @@ export async function serve(config: Config): Promise<number> {
     if (!(await listening) || shuttingDown) return;
     monitor.start();
     reconciler.start({ present });
+    if (!present) observe();
   })();
+  // After the start-up's own continuation (registered first): its interface lookups run while this loads.
+  const api = saved.then(
+    () => import('../api/app.js'),
+    () => import('../api/app.js'),
+  );
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
   try {
@@ -139,11 +159,6 @@ export async function serve(config: Config): Promise<number> {
     { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
     'natgw serving',
   );
-
-  void saved
-    .catch(() => undefined)
-    .then((s) => observer.start(conntrack, s))
-    .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
 
   // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
   const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
