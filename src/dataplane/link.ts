@@ -277,6 +277,16 @@ export interface LinkSyncOptions extends SyncOptions {
   readonly view?: LinkView;
 }
 
+/** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
+export function netDevNames(text: string): Set<string> {
+  const names = new Set<string>();
+  for (const line of text.split('\n').slice(2)) {
+    const colon = line.indexOf(':');
+    if (colon > 0) names.add(line.slice(0, colon).trim());
+  }
+  return names;
+}
+
 /**
  * The tool that tells the external segment an EIP lives here: arping's gratuitous ARP for IPv4;
  * for IPv6 an unsolicited neighbour advertisement to all nodes with the override flag and the
@@ -384,7 +394,14 @@ export class LinkManager {
     };
   }
 
+  /**
+   * Whether the interface exists. /proc/net/dev (this network namespace's interfaces) answers
+   * without starting a process (the start-up and every resync ask); a name it does not list may
+   * still be an alternative name, which only `ip` resolves.
+   */
   async exists(ifname: string): Promise<boolean> {
+    const dev = await this.exec.readKernelFile?.('/proc/net/dev');
+    if (dev !== undefined && netDevNames(dev).has(ifname)) return true;
     const r = await this.exec.run({ file: 'ip', args: ['link', 'show', 'dev', ifname] });
     return r.exitCode === 0;
   }
