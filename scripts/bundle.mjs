@@ -21,7 +21,7 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(root, 'dist', 'natgw');
 const entry = join(root, 'dist', 'src', 'cli', 'main.js');
 rmSync(outdir, { recursive: true, force: true });
-const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'none' };
+const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof' };
 
 await build({
   ...common,
