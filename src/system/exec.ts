@@ -42,6 +42,33 @@ export interface Executor {
    * an executor running tools in another namespace): callers then ask the tool.
    */
   readKernelFile?(path: string): Promise<string | undefined>;
+  /**
+   * A long-lived process of this tool, shared by every caller of this executor (see
+   * ToolSession); absent where the executor cannot keep one (fakes, recorders): callers then
+   * run the tool once per call.
+   */
+  session?(file: string, args: readonly string[]): ToolSession;
+}
+
+/** What one exchange with a session's process gave back. */
+export interface SessionReply {
+  /** stderr the process wrote before the marker. */
+  readonly stderr: string;
+  readonly timedOut: boolean;
+  /** The process ended (or never started) before the marker came: it is replaced next time. */
+  readonly died: boolean;
+}
+
+/**
+ * One process kept running for many requests (`nft -i`): each request is written to its
+ * stdin and answered once `marker` appears on its stderr. It saves a process start per
+ * request and, for nft, the netlink socket's close, which waits for the kernel's RCU grace
+ * period after every delete (DESIGN.md: the command path).
+ */
+export interface ToolSession {
+  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply>;
+  /** End the process (stdin closed; killed if it does not go); the next exchange starts a new one. */
+  recycle(): void;
 }
 
 export class ExecError extends Error {
@@ -107,6 +134,18 @@ export class SystemExecutor implements Executor {
     if (r.timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
     this.log?.debug({ cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 }, 'exec');
     return result;
+  }
+
+  private readonly sessions = new Map<string, ProcessSession>();
+
+  session(file: string, args: readonly string[]): ToolSession {
+    const key = [file, ...args].join('\0');
+    let s = this.sessions.get(key);
+    if (!s) {
+      s = new ProcessSession(file, args, this.deadlineMs, this.log);
+      this.sessions.set(key, s);
+    }
+    return s;
   }
 
   async readKernelFile(path: string): Promise<string | undefined> {
@@ -224,6 +263,122 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
     }
   });
 }
+
+/**
+ * A ToolSession on child_process. Exchanges run one at a time, in call order. The process
+ * never keeps natgw alive (unref'd): a shim's in-process run exits as if it were not there,
+ * and the process then ends on the end of its stdin. It is replaced after a failure it
+ * cannot be trusted past (a timeout, its death) and after RECYCLE_AFTER exchanges (an
+ * interactive tool keeps a history of every line in memory).
+ */
+class ProcessSession implements ToolSession {
+  private child: ChildProcess | undefined;
+  private err = '';
+  private exited = false;
+  private exchanges = 0;
+  private queue: Promise<unknown> = Promise.resolve();
+  /** Woken on each stderr chunk and on exit. */
+  private wake: (() => void) | undefined;
+
+  constructor(
+    private readonly file: string,
+    private readonly args: readonly string[],
+    private readonly deadlineMs: number,
+    private readonly log?: Logger,
+  ) {}
+
+  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply> {
+    const run = this.queue.then(() => this.once(input, marker, Math.min(timeoutMs ?? this.deadlineMs, this.deadlineMs)));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  recycle(): void {
+    const child = this.child;
+    this.child = undefined;
+    this.err = '';
+    this.exchanges = 0;
+    if (!child || this.exited) return;
+    child.stdin?.end();
+    // It ends on its own at the end of its input; one that does not is killed.
+    const t = setTimeout(() => child.kill('SIGKILL'), 5000);
+    t.unref();
+    child.once('exit', () => clearTimeout(t));
+  }
+
+  private start(): ChildProcess {
+    const started = Date.now();
+    this.exited = false;
+    this.err = '';
+    // HOME without a history file, TERM without a terminal description: an interactive tool then reads and writes nothing of its own.
+    const child = spawn(this.file, [...this.args], { env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' }, stdio: ['pipe', 'ignore', 'pipe'] });
+    const command = [this.file, ...this.args].join(' ');
+    child.stderr?.setEncoding('utf8');
+    child.stderr?.on('data', (d: string) => {
+      if (this.child !== child) return;
+      this.err += d;
+      if (this.err.length > MAX_OUTPUT_BYTES) child.kill('SIGKILL');
+      this.wake?.();
+    });
+    child.stdin?.on('error', () => undefined);
+    child.on('error', (e) => {
+      if (child.pid !== undefined || this.child !== child) return;
+      this.log?.warn({ cmd: command, err: e.message }, 'tool session could not start');
+      this.exited = true;
+      this.wake?.();
+    });
+    child.on('exit', (code, signal) => {
+      if (this.child === child) {
+        this.exited = true;
+        this.wake?.();
+      }
+      this.log?.debug({ cmd: command, exitCode: code, signal, ms: Date.now() - started }, 'tool session ended');
+    });
+    child.unref();
+    (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
+    (child.stderr as unknown as { unref?: () => void } | null)?.unref?.();
+    this.child = child;
+    return child;
+  }
+
+  private async once(input: string, marker: string, limit: number): Promise<SessionReply> {
+    if (this.exchanges >= RECYCLE_AFTER) this.recycle();
+    const child = this.child && !this.exited ? this.child : this.start();
+    this.exchanges++;
+    this.err = '';
+    child.stdin?.write(input);
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      this.wake?.();
+    }, limit);
+    try {
+      for (;;) {
+        const at = this.err.indexOf(marker);
+        if (at >= 0) {
+          const stderr = this.err.slice(0, at);
+          this.err = this.err.slice(at + marker.length);
+          return { stderr, timedOut: false, died: false };
+        }
+        if (this.exited || timedOut) {
+          const stderr = this.err;
+          if (timedOut) child.kill('SIGKILL');
+          this.recycle();
+          return { stderr, timedOut, died: true };
+        }
+        await new Promise<void>((resolve) => {
+          this.wake = resolve;
+        });
+        this.wake = undefined;
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** Exchanges before a session's process is replaced. */
+const RECYCLE_AFTER = 1000;
 
 /** A recorder for unit tests of planners: answers from a table and remembers what ran. */
 export class RecordingExecutor implements Executor {
