@@ -20,6 +20,14 @@ export interface ExecRequest {
    * start about a millisecond more, on the command path.
    */
   readonly single?: boolean;
+  /**
+   * The tool's answer is complete once its stderr matches this (a summary line it writes last):
+   * the run resolves then, with exit status 0 and the output so far, and the process is reaped
+   * in the background (still killed at the deadline). For netfilter tools whose exit waits on
+   * the kernel after the work is done: closing any nfnetlink socket waits for the RCU grace
+   * period an nft delete left pending (~10 ms).
+   */
+  readonly settledBy?: RegExp;
 }
 
 export interface ExecResult {
@@ -204,7 +212,11 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
     let settled = false;
     let child: ChildProcess;
     const finish = (code: number | null, signal: NodeJS.Signals | null) => {
-      if (settled) return;
+      if (settled) {
+        // Settled by its output: now reaped.
+        clearTimeout(timer);
+        return;
+      }
       settled = true;
       clearTimeout(timer);
       const failedToStart = startError !== undefined && !timedOut;
@@ -247,6 +259,16 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
       errBytes += d.length;
       if (errBytes > MAX_OUTPUT_BYTES) return tooMuch();
       err.push(d);
+      if (req.settledBy && !settled && req.settledBy.test(Buffer.concat(err).toString('utf8'))) {
+        settled = true;
+        resolve({
+          exitCode: 0,
+          stdout: Buffer.concat(out).toString('utf8'),
+          stderr: Buffer.concat(err).toString('utf8'),
+          timedOut: false,
+          failedToStart: false,
+        });
+      }
     });
     child.on('error', (e) => {
       // Failed to start (ENOENT, EACCES): the process never ran.
