@@ -325,7 +325,7 @@ class ProcessSession implements ToolSession {
     // It ends on its own at the end of its input; one that does not is killed.
     const t = setTimeout(() => child.kill('SIGKILL'), 5000);
     t.unref();
-    child.once('exit', () => clearTimeout(t));
+    child.once('close', () => clearTimeout(t));
   }
 
   private start(): ChildProcess {
@@ -349,7 +349,8 @@ class ProcessSession implements ToolSession {
       this.exited = true;
       this.wake?.();
     });
-    child.on('exit', (code, signal) => {
+    // 'close', not 'exit': what it wrote before it died is read by then.
+    child.on('close', (code, signal) => {
       if (this.child === child) {
         this.exited = true;
         this.wake?.();
