@@ -258,13 +258,6 @@ export class Engine {
       const started = performance.now();
       let report: ApplyReport;
       let flushing: Promise<unknown> | undefined;
-      // A command's journal line is written beside the kernel's transaction rather than after it
-      // (an fdatasync costs as much as the transaction); it is still durable before the change is
-      // acknowledged, and taken back when the change is abandoned. A crash in between can leave a
-      // durable change that was never acknowledged, which the restart applies: the same outcome
-      // as a crash after the commit but before the answer, which the controller already handles
-      // by retrying (every command is idempotent, SPEC §1).
-      const early = opts.dryRun ? undefined : this.store.beginAppend(state, next);
       try {
         try {
           report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
@@ -281,7 +274,7 @@ export class Engine {
           // change is made durable (a process of its own either way, and neither waits on the other).
           flushing = this.flushConntrack(effects);
           try {
-            await (early ? early.done : this.store.commit(state, next));
+            await this.store.commit(state, next);
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
@@ -297,9 +290,6 @@ export class Engine {
       } catch (e) {
         // The change failed after its flush began: the flush finishes first.
         await flushing;
-        // Abandoned: its journal line goes (one that failed to be written leaves nothing to take back).
-        if (early)
-          await early.takeBack().catch((undo: unknown) => this.log.error({ err: undo }, 'could not take back the journal line of a failed change'));
         if (!opts.dryRun) {
           this.forgetViews();
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });

@@ -105,12 +105,6 @@ export interface FilesStamp {
   readonly key: string;
 }
 
-/** A journal line being written beside the kernel's transaction (StateStore.beginAppend). */
-export interface PendingAppend {
-  readonly done: Promise<void>;
-  readonly takeBack: () => Promise<void>;
-}
-
 /** A journal grows at most this many entries before it is folded into a new snapshot. */
 const JOURNAL_MAX_ENTRIES = 2000;
 
@@ -264,100 +258,42 @@ export class StateStore {
    * when the journal has grown long. Either way durable before it returns.
    */
   async commit(before: DesiredState, after: DesiredState): Promise<void> {
-    const plan = this.plan(before, after);
-    if (plan.kind === 'save') return this.save(after);
-    if (plan.kind === 'append') await this.append(plan.delta);
-  }
-
-  /**
-   * Begin commit(before, after) when it is one journal line (a command's change), to run
-   * beside the kernel's transaction; undefined when it would write a snapshot, which then
-   * runs after the kernel as before. `done` settles when the line is durable; `takeBack`
-   * removes it again (durably) when the change is abandoned. The caller holds the lock from
-   * the begin to the end of either.
-   */
-  beginAppend(before: DesiredState, after: DesiredState): PendingAppend | undefined {
-    const plan = this.plan(before, after);
-    if (plan.kind === 'save') return undefined;
-    if (plan.kind === 'none') return { done: Promise.resolve(), takeBack: () => Promise.resolve() };
-    const written = this.append(plan.delta);
-    // Awaited by the caller; never an unhandled rejection when it takes the change back instead.
-    written.catch(() => undefined);
-    return {
-      done: written.then(() => undefined),
-      takeBack: async () => {
-        let at: number;
-        try {
-          at = await written;
-        } catch {
-          // Never written: append() already made the next commit write a snapshot.
-          return;
-        }
-        try {
-          const fh = await fs.open(this.journalFile, 'r+');
-          try {
-            await fh.truncate(at);
-            await fh.datasync();
-          } finally {
-            await fh.close();
-          }
-          this.journalEntries--;
-        } catch (e) {
-          // The line stays: the next commit writes a snapshot of the state it builds on, which
-          // supersedes this journal (a crash before that replays the abandoned change).
-          this.snapshotSha = undefined;
-          throw durableError(this.journalFile, e);
-        }
-      },
-    };
-  }
-
-  /** What commit(before, after) writes. */
-  private plan(before: DesiredState, after: DesiredState): { kind: 'none' } | { kind: 'save' } | { kind: 'append'; delta: StateDelta } {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
     // set-aside file) the store writes one, even for an unchanged state.
-    if (this.snapshotSha === undefined || this.journalTorn) return { kind: 'save' };
-    if (before === after) return { kind: 'none' };
+    if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
+    if (before === after) return;
     // The largest change a journal line describes; a larger one is a new snapshot.
     const budget = Math.max(64, COLLECTION_SIZE(after) / 4);
     // A delta holds at least the difference in size of each collection: when that alone is too
     // large (a bulk PUT), the snapshot is written without describing the change first.
-    if (GROWTH(before, after) > budget) return { kind: 'save' };
+    if (GROWTH(before, after) > budget) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
-    if (delta !== null && isEmptyDelta(delta)) return { kind: 'none' };
-    if (delta === null || deltaSize(delta) > budget) return { kind: 'save' };
-    return { kind: 'append', delta };
+    if (delta !== null && isEmptyDelta(delta)) return;
+    if (delta === null || deltaSize(delta) > budget) return this.save(after);
+    await this.append(delta);
   }
 
-  /** Append one line; resolves with the journal's length before it (where takeBack cuts). */
-  private async append(delta: StateDelta): Promise<number> {
+  private async append(delta: StateDelta): Promise<void> {
     const payload = JSON.stringify(delta);
     const line = `${sha256(payload)} ${payload}\n`;
     const fresh = this.journalEntries === 0;
-    // Counted now: a second commit begun before this one settles (none under the lock) would
-    // otherwise also start a fresh journal.
-    this.journalEntries++;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
     // snapshot is never replayed onto a newer one.
-    const header = fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n` : '';
     try {
       const fh = await fs.open(this.journalFile, fresh ? 'w' : 'a', 0o600);
-      let at: number;
       try {
-        at = fresh ? Buffer.byteLength(header) : (await fh.stat()).size;
-        await fh.writeFile(header + line);
+        await fh.writeFile(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line);
         await fh.datasync();
       } finally {
         await fh.close();
       }
       if (fresh) await syncDir(this.dir);
-      return at;
     } catch (e) {
-      this.journalEntries--;
       // A torn line is ignored on load; the next commit must not append after it.
       this.snapshotSha = undefined;
       throw durableError(this.journalFile, e);
     }
+    this.journalEntries++;
   }
 
   /**

@@ -10,7 +10,6 @@ import path from 'node:path';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
-import { StateStore } from '../../src/state/store.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
@@ -96,24 +95,6 @@ describe('engine: full and partial syncs', () => {
     ]);
     expect(exec.calls.some(isListing)).toBe(true);
     expect((await engine.loadState()).dnats).toContainEqual(dnat(5004));
-  });
-
-  it('a change the kernel refuses twice is not persisted: its journal line, written beside the transaction, is taken back', async () => {
-    const { engine, events, dir } = await setUp((r) => r.file === 'nft' && r.args.includes('-f') && (r.input ?? '').includes('172.20.19.141'));
-    const before = await engine.loadState();
-    await expect(engine.transact(({ state }) => Ops.addDnat(state, dnat(5005)), { guarded: true })).rejects.toThrow(/refused/);
-    expect(events.slice(-2).map((e) => [e.kind, e.ok])).toEqual([
-      ['partial', false],
-      ['full', false],
-    ]);
-    // A fresh store (a restart) reads the files: the change is not there, and the next change appends cleanly.
-    const fresh = new StateStore(dir);
-    expect((await fresh.load())?.dnats).toEqual(before.dnats);
-    // Not guarded: this fake kernel never lists natgw's table, so a full sync's guard would refuse.
-    await engine.transact(({ state }) => Ops.addDnat(state, dnat(5006)));
-    const after = await new StateStore(dir).load();
-    expect(after?.dnats).toContainEqual(dnat(5006));
-    expect(after?.dnats).not.toContainEqual(dnat(5005));
   });
 
   it('the guard answers from the trusted state: before init every guarded command is refused', async () => {

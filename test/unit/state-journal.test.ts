@@ -110,36 +110,6 @@ describe('StateStore journal', () => {
     expect(await new StateStore(d).load()).toEqual(states.at(-1));
   });
 
-  it('takes back a line begun beside the kernel, on a fresh journal and on a longer one; later lines append cleanly', async () => {
-    const d = dir();
-    const store = new StateStore(d);
-    const s0 = base();
-    await store.save(s0);
-    const s1 = Ops.addDnats(s0, [dnat(1)]).state;
-    // Fresh journal: only its header stays.
-    const first = store.beginAppend(s0, s1)!;
-    await first.done;
-    expect(await new StateStore(d).load()).toEqual(s1);
-    await first.takeBack();
-    expect(await new StateStore(d).load()).toEqual(s0);
-    await store.commit(s0, s1);
-    const s2 = Ops.addDnats(s1, [dnat(2)]).state;
-    const second = store.beginAppend(s1, s2)!;
-    await second.done;
-    await second.takeBack();
-    expect(await new StateStore(d).load()).toEqual(s1);
-    const s3 = Ops.addDnats(s1, [dnat(3)]).state;
-    await store.commit(s1, s3);
-    expect(await new StateStore(d).load()).toEqual(s3);
-    expect(readFileSync(store.journalFile, 'utf8').trim().split('\n')).toHaveLength(3);
-    // A change that would write a snapshot is not begun beside the kernel.
-    const big = Ops.addDnats(
-      s3,
-      Array.from({ length: 500 }, (_, i) => dnat(i + 10)),
-    ).state;
-    expect(store.beginAppend(s3, big)).toBeUndefined();
-  });
-
   it('writes a snapshot for a large change and drops the journal', async () => {
     const d = dir();
     const store = new StateStore(d);
