@@ -71,7 +71,7 @@ export interface SessionReply {
  * One process kept running for many requests (`nft -i`): each request is written to its
  * stdin and answered once `marker` appears on its stderr. It saves a process start per
  * request and, for nft, the netlink socket's close, which waits for the kernel's RCU grace
- * period after every delete (DESIGN.md: the command path).
+ * period after every delete (README: The nft session).
  */
 export interface ToolSession {
   exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply>;

@@ -20,7 +20,15 @@ export interface NftClient {
    * An empty transaction runs nothing. Text is accepted for scripts natgw did not build with
    * NftTransaction (tests, tools); natgw's own users hand transactions.
    */
-  run(tx: NftTransaction | string): Promise<void>;
+  run(tx: NftTransaction | string, opts?: NftRunOptions): Promise<void>;
+}
+
+export interface NftRunOptions {
+  /**
+   * A command's partial transaction: it may go through the long-lived nft session. Full syncs
+   * (rare; their refusals are what the user reads) keep `nft -f -` and its messages.
+   */
+  readonly partial?: boolean;
 }
 
 /** `nft` answers a listing of an absent table with ENOENT's text. */
@@ -76,10 +84,10 @@ export class SystemNftClient implements NftClient {
     return parseTableListing(r.stdout, family, table);
   }
 
-  async run(tx: NftTransaction | string): Promise<void> {
+  async run(tx: NftTransaction | string, opts: NftRunOptions = {}): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
-    const session = typeof tx !== 'string' && script.length <= SESSION_MAX_BYTES && inSession(tx) ? this.session : undefined;
+    const session = opts.partial && typeof tx !== 'string' && script.length <= SESSION_MAX_BYTES && inSession(tx) ? this.session : undefined;
     if (session) return this.runInSession(session, script);
     const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script, single: true });
     if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
