@@ -92,7 +92,10 @@ describe('nft session', () => {
         return false;
       }
     };
-    const pids = (await topo.exec('gw', ['pgrep', '-x', '-f', 'nft -i'], { reject: false })).stdout.trim().split('\n').filter((p) => p !== '' && inNs(p));
+    const pids = (await topo.exec('gw', ['pgrep', '-x', '-f', 'nft -i'], { reject: false })).stdout
+      .trim()
+      .split('\n')
+      .filter((p) => p !== '' && inNs(p));
     expect(pids.length).toBeGreaterThan(0);
     for (const pid of pids) process.kill(Number(pid), 'SIGKILL');
     // The death is noticed either now (the call is refused: unknown whether it went in) or

@@ -56,7 +56,12 @@ describe('SystemExecutor sessions', () => {
 
   it('a run settled by its output answers before the tool exits', async () => {
     const exec = new SystemExecutor(undefined, { deadlineMs: 60_000 });
-    const r = await exec.run({ file: 'sh', args: ['-c', 'echo "3 flow entries have been deleted." >&2; exec sleep 30'], settledBy: /flow entries have been deleted/, single: true });
+    const r = await exec.run({
+      file: 'sh',
+      args: ['-c', 'echo "3 flow entries have been deleted." >&2; exec sleep 30'],
+      settledBy: /flow entries have been deleted/,
+      single: true,
+    });
     // Had it waited for the exit, the test would time out.
     expect(r).toMatchObject({ exitCode: 0, timedOut: false, stderr: '3 flow entries have been deleted.\n' });
   }, 10_000);
