@@ -357,6 +357,7 @@ class ProcessSession implements ToolSession {
       }
       this.log?.debug({ cmd: command, exitCode: code, signal, ms: Date.now() - started }, 'tool session ended');
     });
+    this.log?.debug({ cmd: command, pid: child.pid }, 'tool session started');
     child.unref();
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     (child.stderr as unknown as { unref?: () => void } | null)?.unref?.();
