@@ -20,6 +20,14 @@ export interface ExecRequest {
    * start about a millisecond more, on the command path.
    */
   readonly single?: boolean;
+  /**
+   * The tool's answer is complete once its stderr matches this (a summary line it writes last):
+   * the run resolves then, with exit status 0 and the output so far, and the process is reaped
+   * in the background (still killed at the deadline). For netfilter tools whose exit waits on
+   * the kernel after the work is done: closing any nfnetlink socket waits for the RCU grace
+   * period an nft delete left pending (~10 ms).
+   */
+  readonly settledBy?: RegExp;
 }
 
 export interface ExecResult {
@@ -42,6 +50,33 @@ export interface Executor {
    * an executor running tools in another namespace): callers then ask the tool.
    */
   readKernelFile?(path: string): Promise<string | undefined>;
+  /**
+   * A long-lived process of this tool, shared by every caller of this executor (see
+   * ToolSession); absent where the executor cannot keep one (fakes, recorders): callers then
+   * run the tool once per call.
+   */
+  session?(file: string, args: readonly string[]): ToolSession;
+}
+
+/** What one exchange with a session's process gave back. */
+export interface SessionReply {
+  /** stderr the process wrote before the marker. */
+  readonly stderr: string;
+  readonly timedOut: boolean;
+  /** The process ended (or never started) before the marker came: it is replaced next time. */
+  readonly died: boolean;
+}
+
+/**
+ * One process kept running for many requests (`nft -i`): each request is written to its
+ * stdin and answered once `marker` appears on its stderr. It saves a process start per
+ * request and, for nft, the netlink socket's close, which waits for the kernel's RCU grace
+ * period after every delete (README: The nft session).
+ */
+export interface ToolSession {
+  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply>;
+  /** End the process (stdin closed; killed if it does not go); the next exchange starts a new one. */
+  recycle(): void;
 }
 
 export class ExecError extends Error {
@@ -109,6 +144,18 @@ export class SystemExecutor implements Executor {
     return result;
   }
 
+  private readonly sessions = new Map<string, ProcessSession>();
+
+  session(file: string, args: readonly string[]): ToolSession {
+    const key = [file, ...args].join('\0');
+    let s = this.sessions.get(key);
+    if (!s) {
+      s = new ProcessSession(file, args, this.deadlineMs, this.log);
+      this.sessions.set(key, s);
+    }
+    return s;
+  }
+
   async readKernelFile(path: string): Promise<string | undefined> {
     try {
       return await readFile(path, 'utf8');
@@ -165,7 +212,11 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
     let settled = false;
     let child: ChildProcess;
     const finish = (code: number | null, signal: NodeJS.Signals | null) => {
-      if (settled) return;
+      if (settled) {
+        // Settled by its output: now reaped.
+        clearTimeout(timer);
+        return;
+      }
       settled = true;
       clearTimeout(timer);
       const failedToStart = startError !== undefined && !timedOut;
@@ -208,6 +259,16 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
       errBytes += d.length;
       if (errBytes > MAX_OUTPUT_BYTES) return tooMuch();
       err.push(d);
+      if (req.settledBy && !settled && req.settledBy.test(Buffer.concat(err).toString('utf8'))) {
+        settled = true;
+        resolve({
+          exitCode: 0,
+          stdout: Buffer.concat(out).toString('utf8'),
+          stderr: Buffer.concat(err).toString('utf8'),
+          timedOut: false,
+          failedToStart: false,
+        });
+      }
     });
     child.on('error', (e) => {
       // Failed to start (ENOENT, EACCES): the process never ran.
@@ -224,6 +285,124 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
     }
   });
 }
+
+/**
+ * A ToolSession on child_process. Exchanges run one at a time, in call order. The process
+ * never keeps natgw alive (unref'd): a shim's in-process run exits as if it were not there,
+ * and the process then ends on the end of its stdin. It is replaced after a failure it
+ * cannot be trusted past (a timeout, its death) and after RECYCLE_AFTER exchanges (an
+ * interactive tool keeps a history of every line in memory).
+ */
+class ProcessSession implements ToolSession {
+  private child: ChildProcess | undefined;
+  private err = '';
+  private exited = false;
+  private exchanges = 0;
+  private queue: Promise<unknown> = Promise.resolve();
+  /** Woken on each stderr chunk and on exit. */
+  private wake: (() => void) | undefined;
+
+  constructor(
+    private readonly file: string,
+    private readonly args: readonly string[],
+    private readonly deadlineMs: number,
+    private readonly log?: Logger,
+  ) {}
+
+  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply> {
+    const run = this.queue.then(() => this.once(input, marker, Math.min(timeoutMs ?? this.deadlineMs, this.deadlineMs)));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  recycle(): void {
+    const child = this.child;
+    this.child = undefined;
+    this.err = '';
+    this.exchanges = 0;
+    if (!child || this.exited) return;
+    child.stdin?.end();
+    // It ends on its own at the end of its input; one that does not is killed.
+    const t = setTimeout(() => child.kill('SIGKILL'), 5000);
+    t.unref();
+    child.once('close', () => clearTimeout(t));
+  }
+
+  private start(): ChildProcess {
+    const started = Date.now();
+    this.exited = false;
+    this.err = '';
+    // HOME without a history file, TERM without a terminal description: an interactive tool then reads and writes nothing of its own.
+    const child = spawn(this.file, [...this.args], { env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' }, stdio: ['pipe', 'ignore', 'pipe'] });
+    const command = [this.file, ...this.args].join(' ');
+    child.stderr?.setEncoding('utf8');
+    child.stderr?.on('data', (d: string) => {
+      if (this.child !== child) return;
+      this.err += d;
+      if (this.err.length > MAX_OUTPUT_BYTES) child.kill('SIGKILL');
+      this.wake?.();
+    });
+    child.stdin?.on('error', () => undefined);
+    child.on('error', (e) => {
+      if (child.pid !== undefined || this.child !== child) return;
+      this.log?.warn({ cmd: command, err: e.message }, 'tool session could not start');
+      this.exited = true;
+      this.wake?.();
+    });
+    // 'close', not 'exit': what it wrote before it died is read by then.
+    child.on('close', (code, signal) => {
+      if (this.child === child) {
+        this.exited = true;
+        this.wake?.();
+      }
+      this.log?.debug({ cmd: command, exitCode: code, signal, ms: Date.now() - started }, 'tool session ended');
+    });
+    this.log?.debug({ cmd: command, pid: child.pid }, 'tool session started');
+    child.unref();
+    (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
+    (child.stderr as unknown as { unref?: () => void } | null)?.unref?.();
+    this.child = child;
+    return child;
+  }
+
+  private async once(input: string, marker: string, limit: number): Promise<SessionReply> {
+    if (this.exchanges >= RECYCLE_AFTER) this.recycle();
+    const child = this.child && !this.exited ? this.child : this.start();
+    this.exchanges++;
+    this.err = '';
+    child.stdin?.write(input);
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      this.wake?.();
+    }, limit);
+    try {
+      for (;;) {
+        const at = this.err.indexOf(marker);
+        if (at >= 0) {
+          const stderr = this.err.slice(0, at);
+          this.err = this.err.slice(at + marker.length);
+          return { stderr, timedOut: false, died: false };
+        }
+        if (this.exited || timedOut) {
+          const stderr = this.err;
+          if (timedOut) child.kill('SIGKILL');
+          this.recycle();
+          return { stderr, timedOut, died: true };
+        }
+        await new Promise<void>((resolve) => {
+          this.wake = resolve;
+        });
+        this.wake = undefined;
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** Exchanges before a session's process is replaced. */
+const RECYCLE_AFTER = 1000;
 
 /** A recorder for unit tests of planners: answers from a table and remembers what ran. */
 export class RecordingExecutor implements Executor {

@@ -10,7 +10,7 @@ import type { NatTables, NetfilterBackend } from '../../src/dataplane/netfilter/
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { IptablesBackend } from '../../src/dataplane/netfilter/iptables/backend.js';
 import type { Dnat, Fip, Snat } from '../../src/model/rules.js';
-import { RecordingExecutor, type ExecRequest, type Executor } from '../../src/system/exec.js';
+import { RecordingExecutor, type ExecRequest, type Executor, type ToolSession } from '../../src/system/exec.js';
 import { createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { prng } from '../helpers/prng.js';
@@ -27,6 +27,12 @@ class Recording implements Executor {
   }
   spawnDetached(req: ExecRequest): void {
     this.inner.spawnDetached(req);
+  }
+  /** A session's requests are transactions, never listings: the nft backend's partial syncs go there. */
+  session(file: string, args: readonly string[]): ToolSession {
+    const s = this.inner.session?.(file, args);
+    if (!s) throw new Error('the inner executor keeps no sessions');
+    return s;
   }
 }
 

@@ -80,7 +80,7 @@ export class NftBackend implements NetfilterBackend {
         const tx = NftTransaction.concat(partial.tx, opts.append);
         if (tx.isEmpty) return plan;
         try {
-          await this.nft.run(tx);
+          await this.nft.run(tx, { partial: true });
         } catch (e) {
           this.view = undefined;
           throw e;
