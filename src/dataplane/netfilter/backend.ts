@@ -162,9 +162,10 @@ export interface SyncOptions {
   readonly mode?: SyncMode;
   /**
    * Operations on another natgw table to run in the same transaction (the accounting sets):
-   * honoured by the nftables backend in a partial sync only, which then reports `appended`.
+   * honoured by the nftables backend, which then reports `appended`. A promise is awaited
+   * beside the backend's own read-back (it may list the other table); undefined: nothing to append.
    */
-  readonly append?: NftTransaction;
+  readonly append?: NftTransaction | PromiseLike<NftTransaction | undefined>;
 }
 
 /**
@@ -185,6 +186,12 @@ export interface NetfilterBackend {
   readBack(): Promise<NatTables | null>;
   /** Drop the view kept from the last apply: the next sync reads the kernel back. */
   forget(): void;
+  /**
+   * Read what natgw owns without changing it, and keep a view when it owns nothing (a full sync
+   * of a gateway not yet initialised): the first change after it then plans against that
+   * instead of reading back.
+   */
+  observe?(): Promise<void>;
   /**
    * Drop the listing the init guard kept for its transaction's sync (`reuseForSync`). A
    * transaction that failed before its sync leaves it behind; the next one must not plan
