@@ -258,23 +258,29 @@ export class Engine {
       const started = performance.now();
       let report: ApplyReport;
       let flushing: Promise<unknown> | undefined;
+      // A whole new snapshot (a bulk change) is written while the kernel applies; the answer
+      // waits for both, and a change the kernel refuses is taken back out of the file.
+      const persisting = !opts.dryRun && this.store.writesSnapshot(state, next) ? this.store.commit(state, next) : undefined;
+      persisting?.catch(() => undefined);
       try {
         try {
           report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
         } catch (e) {
-          if (kind === 'full' || opts.dryRun) throw e;
+          if (kind === 'full' || opts.dryRun) throw await this.takeBack(persisting, state, e);
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
           this.forgetViews();
           kind = 'full';
-          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
+          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind }).catch(async (e2: unknown) => {
+            throw await this.takeBack(persisting, state, e2);
+          });
         }
         if (!opts.dryRun) {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
           flushing = this.flushConntrack(effects);
           try {
-            await this.store.commit(state, next);
+            await (persisting ?? this.store.commit(state, next));
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
@@ -317,6 +323,19 @@ export class Engine {
       }
       return { state: next, report, effects };
     });
+  }
+
+  /**
+   * A change the kernel refused is not durable either: the snapshot written beside the apply
+   * (if any) is replaced by the state before it, under the same lock. Resolves with `err`.
+   */
+  private async takeBack(persisting: Promise<void> | undefined, before: DesiredState, err: unknown): Promise<unknown> {
+    if (!persisting) return err;
+    await persisting.catch(() => undefined);
+    await this.store.save(before).catch((e: unknown) => {
+      this.log.error({ err: e }, 'could not take the refused change back out of the state file; the next full sync applies it');
+    });
+    return err;
   }
 
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */

@@ -258,19 +258,28 @@ export class StateStore {
    * when the journal has grown long. Either way durable before it returns.
    */
   async commit(before: DesiredState, after: DesiredState): Promise<void> {
-    // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
-    // set-aside file) the store writes one, even for an unchanged state.
-    if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
+    if (this.writesSnapshot(before, after)) return this.save(after);
     if (before === after) return;
     // The largest change a journal line describes; a larger one is a new snapshot.
     const budget = Math.max(64, COLLECTION_SIZE(after) / 4);
-    // A delta holds at least the difference in size of each collection: when that alone is too
-    // large (a bulk PUT), the snapshot is written without describing the change first.
-    if (GROWTH(before, after) > budget) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
     if (delta === null || deltaSize(delta) > budget) return this.save(after);
     await this.append(delta);
+  }
+
+  /**
+   * Whether commit(before, after) writes a whole snapshot without describing the change first
+   * (the engine then writes it while the kernel applies, a bulk PUT's largest cost after nft).
+   */
+  writesSnapshot(before: DesiredState, after: DesiredState): boolean {
+    // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
+    // set-aside file) the store writes one, even for an unchanged state.
+    if (this.snapshotSha === undefined || this.journalTorn) return true;
+    if (before === after) return false;
+    // A delta holds at least the difference in size of each collection: when that alone is too
+    // large (a bulk PUT), the snapshot is written without describing the change first.
+    return GROWTH(before, after) > Math.max(64, COLLECTION_SIZE(after) / 4);
   }
 
   private async append(delta: StateDelta): Promise<void> {

@@ -13,6 +13,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import type { DesiredState } from '../../src/state/state.js';
+import { StateStore } from '../../src/state/store.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
 import { cmd, isApply, isListing } from '../helpers/execCalls.js';
 
@@ -37,7 +38,7 @@ async function setUp(refuse?: (r: ExecRequest) => boolean) {
   // The daemon's start: a full sync of a gateway not yet initialised.
   await engine.transact(({ state }) => ({ state, effects: [] }), { mode: 'full' });
   exec.calls.length = 0;
-  return { engine, exec, events };
+  return { engine, exec, events, dir };
 }
 
 /** n EIPs, 10 DNATs and 10 FIPs per EIP (a bulk document's shape). */
@@ -98,6 +99,17 @@ describe('engine: bulk change into an empty gateway', () => {
     ]);
     expect(exec.calls.some(isListing)).toBe(true);
     expect((await engine.loadState()).dnats).toHaveLength(50);
+  });
+
+  it('a bulk change the kernel refuses (partial, then full) is not in the state file either', async () => {
+    const { engine, exec, dir } = await setUp((r) => isApply(r));
+    const before = await new StateStore(dir).load();
+    await expect(engine.transact(({ state }) => ({ state: bulk(state, 5), effects: [] }))).rejects.toThrow(/nft -f/);
+    expect(applies(exec).length).toBeGreaterThanOrEqual(2);
+    // A store of its own: what another process (or the next start) would read.
+    const after = await new StateStore(dir).load();
+    expect(after).toEqual(before);
+    expect(after?.dnats).toEqual([]);
   });
 
   it('a full sync of an initialised gateway folds the accounting into its one transaction', async () => {
