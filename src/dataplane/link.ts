@@ -540,7 +540,14 @@ export class LinkManager {
     if (this.arpQueued.has(key)) return;
     this.arpQueued.add(key);
     this.arpQueue.push({ ifname, ip });
-    this.pumpArp();
+    // Started once the current turn is over: the answer to the change that asked for them goes
+    // out first (starting eight processes costs a bulk PUT tens of milliseconds).
+    if (this.arpPumpScheduled) return;
+    this.arpPumpScheduled = true;
+    setImmediate(() => {
+      this.arpPumpScheduled = false;
+      this.pumpArp();
+    });
   }
 
   /** Resolves when every announcement queued so far has finished (an in-process run waits for it). */
@@ -551,6 +558,7 @@ export class LinkManager {
   private readonly arpQueue: Array<{ ifname: string; ip: string }> = [];
   private readonly arpQueued = new Set<string>();
   private arpRunning = 0;
+  private arpPumpScheduled = false;
   private arpIdle: Array<() => void> = [];
 
   private pumpArp(): void {

@@ -79,9 +79,12 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
               return f?.tx;
             });
       }
-      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) });
+      // Without nftables for NAT the accounting is a transaction of its own, on another table:
+      // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
+      const beside = counting && backend.kind !== 'nftables' ? counters.sync(eips, { mode: opts.mode }) : undefined;
+      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) }).finally(() => beside);
       if (fold && r.appended) fold.done();
-      else if (counting) {
+      else if (counting && !beside) {
         log.debug('per-EIP accounting synced on its own');
         await counters.sync(eips, { mode: opts.mode });
       }

@@ -41,6 +41,11 @@ describe('gratuitous ARP', () => {
     const exec = new SlowExecutor();
     const link = new LinkManager(exec);
     for (let i = 0; i < 20; i++) link.announce('net1', `172.20.0.${i}`);
+    // Announcing starts once the turn that asked is over (its answer goes out first): none yet.
+    expect(exec.runs).toHaveLength(0);
+    // The pump's turn was queued first: after one turn the first eight are running.
+    await new Promise((r) => setImmediate(r));
+    expect(exec.runs).toHaveLength(8);
     for (let i = 0; i < 20; i++) link.announce('net1', `172.20.0.${i}`);
     await link.settle();
     const count = (ip: string) => exec.runs.filter((r) => r.args.at(-1) === ip).length;
