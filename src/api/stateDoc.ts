@@ -75,6 +75,12 @@ export function planOf(prev: DesiredState, next: DesiredState): Record<string, O
       plan[def.path] = { added: 0, removed: 0, changed: 0 };
       continue;
     }
+    // Identities are unique within a state (normaliseDesired, the operations): against an empty
+    // side the counts need no keys (a bulk PUT into an empty gateway keys 20,000 objects otherwise).
+    if (prev[def.stateKey].length === 0 || next[def.stateKey].length === 0) {
+      plan[def.path] = { added: next[def.stateKey].length, removed: prev[def.stateKey].length, changed: 0 };
+      continue;
+    }
     const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
     const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
     let added = 0;
