@@ -224,7 +224,9 @@ export class Engine {
     fn: (tx: Transaction) => Promise<OpResult> | OpResult,
     opts: TransactOptions = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
-    return this.store.withLock(async () => {
+    // Announcing starts processes: that waits until the lock is free and the answer on its way.
+    let announce: (() => void) | undefined;
+    const out = await this.store.withLock(async () => {
       const epoch = this.epoch;
       this.backends.dropGuardReads();
       const stamp = await this.store.stamp();
@@ -260,7 +262,11 @@ export class Engine {
       let flushing: Promise<unknown> | undefined;
       // A whole new snapshot (a bulk change) is written while the kernel applies; the answer
       // waits for both, and a change the kernel refuses is taken back out of the file.
-      const persisting = !opts.dryRun && this.store.writesSnapshot(state, next) ? this.store.commit(state, next) : undefined;
+      // Its serialising starts once the kernel tool runs (the next turn), not before the render.
+      const persisting =
+        !opts.dryRun && this.store.writesSnapshot(state, next)
+          ? new Promise<void>((r) => setImmediate(r)).then(() => this.store.commit(state, next))
+          : undefined;
       persisting?.catch(() => undefined);
       try {
         try {
@@ -318,11 +324,13 @@ export class Engine {
         };
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
-        this.announce(next, effects);
+        announce = () => this.announce(next, effects);
         await flushing;
       }
       return { state: next, report, effects };
     });
+    announce?.();
+    return out;
   }
 
   /**
