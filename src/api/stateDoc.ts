@@ -52,9 +52,10 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
       seen.set(k, i);
     });
   }
-  // Port ranges must not overlap another DNAT of their eip and protocol: the operations' check.
+  // Port ranges must not overlap another DNAT of their eip and protocol: the operations' check
+  // (without a range nothing can overlap but a twin identity, refused above).
   try {
-    addDnats({ ...s, dnats: [] }, s.dnats);
+    if (s.dnats.some((d) => d.portEnd !== undefined)) addDnats({ ...s, dnats: [] }, s.dnats);
   } catch (err) {
     if (!(err instanceof ConflictError)) throw err;
     const field = `${fieldPrefix}dnats`;
