@@ -86,7 +86,7 @@ export class NftBackend implements NetfilterBackend {
         if (opts.dryRun) return plan;
         const extra = await opts.append;
         const tx = NftTransaction.concat(partial.tx, extra);
-        if (tx.isEmpty) return { ...plan, appended: extra !== undefined };
+        if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
         try {
           await this.nft.run(tx);
         } catch (e) {
@@ -96,7 +96,7 @@ export class NftBackend implements NetfilterBackend {
         // A partial plan never adds or drops a family's table (that needs a full sync).
         this.view = { tables: want, families: view.families };
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
-        return { ...plan, appended: extra !== undefined };
+        return extra ? { ...plan, appended: true } : plan;
       }
       this.log?.info('nftables: a structural change needs a full sync');
     }
@@ -118,7 +118,7 @@ export class NftBackend implements NetfilterBackend {
     this.view = viewOf(want);
     const plan = textPlan(planned);
     this.log?.debug({ changes: plan.changes }, 'nftables synced (partial, into absent tables)');
-    return { ...plan, appended: extra !== undefined };
+    return extra ? { ...plan, appended: true } : plan;
   }
 
   private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
@@ -130,7 +130,7 @@ export class NftBackend implements NetfilterBackend {
     const tx = NftTransaction.concat(planned.tx, extra);
     if (tx.isEmpty) {
       this.view = viewOf(want);
-      return { ...textPlan(planned), appended };
+      return extra ? { ...textPlan(planned), appended } : textPlan(planned);
     }
     this.view = undefined;
     try {
@@ -149,7 +149,7 @@ export class NftBackend implements NetfilterBackend {
     const plan = textPlan(planned);
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
-    return { ...plan, appended };
+    return extra ? { ...plan, appended } : plan;
   }
 
   async observe(): Promise<void> {
