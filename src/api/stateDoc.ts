@@ -52,9 +52,10 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
       seen.set(k, i);
     });
   }
-  // Port ranges must not overlap another DNAT of their eip and protocol: the operations' check.
+  // Port ranges must not overlap another DNAT of their eip and protocol: the operations' check
+  // (without a range nothing can overlap but a twin identity, refused above).
   try {
-    addDnats({ ...s, dnats: [] }, s.dnats);
+    if (s.dnats.some((d) => d.portEnd !== undefined)) addDnats({ ...s, dnats: [] }, s.dnats);
   } catch (err) {
     if (!(err instanceof ConflictError)) throw err;
     const field = `${fieldPrefix}dnats`;
@@ -73,6 +74,12 @@ export function planOf(prev: DesiredState, next: DesiredState): Record<string, O
   for (const def of RESOURCES) {
     if (prev[def.stateKey] === next[def.stateKey]) {
       plan[def.path] = { added: 0, removed: 0, changed: 0 };
+      continue;
+    }
+    // Identities are unique within a state (normaliseDesired, the operations): against an empty
+    // side the counts need no keys (a bulk PUT into an empty gateway keys 20,000 objects otherwise).
+    if (prev[def.stateKey].length === 0 || next[def.stateKey].length === 0) {
+      plan[def.path] = { added: next[def.stateKey].length, removed: prev[def.stateKey].length, changed: 0 };
       continue;
     }
     const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), x] as const));

@@ -140,9 +140,20 @@ export interface EipCountersSyncOptions {
   readonly mode?: SyncMode;
 }
 
+/** Accounting changes carried by another nft transaction; `done` once that transaction succeeded. */
+export interface AccountingFold {
+  readonly tx: NftTransaction;
+  readonly done: () => void;
+}
+
 export class EipCounters {
   /** The EIPs the accounting sets hold, with the skeleton whole, as of the last read or apply. */
   private trusted: ReadonlySet<string> | undefined;
+  /**
+   * The last read found no accounting table (observe): the next change builds it from scratch
+   * without reading first (accountingTx(undefined) is valid whether or not the table exists).
+   */
+  private absent = false;
 
   private readonly nft: NftClient;
 
@@ -172,13 +183,14 @@ export class EipCounters {
   async sync(eips: readonly string[], opts: EipCountersSyncOptions = {}): Promise<number> {
     try {
       let have = opts.mode === 'partial' ? this.trusted : undefined;
-      if (have === undefined) {
+      if (have === undefined && !(opts.mode === 'partial' && this.absent)) {
         const listed = await this.list();
         have = listed?.complete ? new Set(listed.traffic.keys()) : undefined;
       }
       const tx = accountingTx(have, eips);
       await this.nft.run(tx);
       this.trusted = new Set(eips);
+      this.absent = false;
       return tx.ops.length;
     } catch (e) {
       this.forget();
@@ -192,15 +204,50 @@ export class EipCounters {
    * command runs one process), when the kept view is trusted; `done` once that transaction
    * succeeded. Undefined without a view: then sync() reads and applies on its own.
    */
-  foldable(eips: readonly string[]): { tx: NftTransaction; done: () => void } | undefined {
+  foldable(eips: readonly string[]): AccountingFold | undefined {
     const have = this.trusted;
-    if (have === undefined) return undefined;
-    return { tx: accountingTx(have, eips), done: () => (this.trusted = new Set(eips)) };
+    if (have === undefined && !this.absent) return undefined;
+    return this.fold(have, eips);
+  }
+
+  /**
+   * foldable() for a full sync, or without a trusted view: the table is listed first (the
+   * caller runs this beside its own read-back). Never rejects: undefined means sync() on its own.
+   */
+  async readFoldable(eips: readonly string[]): Promise<AccountingFold | undefined> {
+    try {
+      const listed = await this.list();
+      return this.fold(listed?.complete ? new Set(listed.traffic.keys()) : undefined, eips);
+    } catch (e) {
+      this.log?.debug({ err: e }, 'accounting table not listed; synced on its own');
+      return undefined;
+    }
+  }
+
+  private fold(have: ReadonlySet<string> | undefined, eips: readonly string[]): AccountingFold {
+    return {
+      tx: accountingTx(have, eips),
+      done: () => {
+        this.trusted = new Set(eips);
+        this.absent = false;
+      },
+    };
+  }
+
+  /** See `absent`: read the table, and remember when there is none. Never rejects. */
+  async observe(): Promise<void> {
+    if (this.trusted !== undefined) return;
+    try {
+      this.absent = (await this.nft.list('inet', ACCT_TABLE)) === null;
+    } catch {
+      this.absent = false;
+    }
   }
 
   /** Stop trusting the kept view: the next sync reads the table back. */
   forget(): void {
     this.trusted = undefined;
+    this.absent = false;
   }
 
   async read(): Promise<EipTraffic[]> {

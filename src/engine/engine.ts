@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
-import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
+import { StateStore, type BackendRecord, type FilesStamp, type PreparedSnapshot } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
@@ -224,7 +224,9 @@ export class Engine {
     fn: (tx: Transaction) => Promise<OpResult> | OpResult,
     opts: TransactOptions = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
-    return this.store.withLock(async () => {
+    // Announcing starts processes: that waits until the lock is free and the answer on its way.
+    let announce: (() => void) | undefined;
+    const out = await this.store.withLock(async () => {
       const epoch = this.epoch;
       this.backends.dropGuardReads();
       const stamp = await this.store.stamp();
@@ -258,23 +260,31 @@ export class Engine {
       const started = performance.now();
       let report: ApplyReport;
       let flushing: Promise<unknown> | undefined;
+      // A whole new snapshot (a bulk change) is prepared while the kernel applies (serialised
+      // once the kernel tool runs, the next turn, not before the render) and put in place only
+      // once the kernel took the change; a refused change's snapshot is dropped.
+      const prepared =
+        !opts.dryRun && this.store.writesSnapshot(state, next) ? new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next)) : undefined;
+      prepared?.catch(() => undefined);
       try {
         try {
           report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
         } catch (e) {
-          if (kind === 'full' || opts.dryRun) throw e;
+          if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e);
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
           this.forgetViews();
           kind = 'full';
-          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind });
+          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind }).catch(async (e2: unknown) => {
+            throw await this.discard(prepared, e2);
+          });
         }
         if (!opts.dryRun) {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
           flushing = this.flushConntrack(effects);
           try {
-            await this.store.commit(state, next);
+            await (prepared ? (await prepared).publish() : this.store.commit(state, next));
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
@@ -312,11 +322,22 @@ export class Engine {
         };
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
-        this.announce(next, effects);
+        announce = () => this.announce(next, effects);
         await flushing;
       }
       return { state: next, report, effects };
     });
+    announce?.();
+    return out;
+  }
+
+  /** A change the kernel refused is not persisted: its prepared snapshot goes. Resolves with `err`. */
+  private async discard(prepared: Promise<PreparedSnapshot> | undefined, err: unknown): Promise<unknown> {
+    await prepared?.then(
+      (p) => p.discard(),
+      () => undefined,
+    );
+    return err;
   }
 
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */

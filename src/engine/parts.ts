@@ -1,10 +1,10 @@
 import type { Logger } from 'pino';
 import type { DesiredState } from '../state/state.js';
-import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
+import { natTablesOf, type NetfilterBackend, type SyncMode, type SyncOptions } from '../dataplane/netfilter/backend.js';
 import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
-import type { EipCounters } from '../dataplane/eipCounters.js';
+import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
 
 /**
@@ -48,22 +48,43 @@ const none: readonly string[] = [];
 
 /**
  * NAT rules, with the per-EIP accounting folded into the same nft transaction where the
- * backend is nftables and the accounting view is trusted: one process per command. Otherwise
- * the accounting is synced on its own (it never fails a change; EipCounters logs and retries).
+ * backend is nftables (listed beside the backend's own read-back when its view is not
+ * trusted): one `nft -f` per change. Otherwise, or when the fold could not run, the accounting
+ * is synced on its own (it never fails a change; EipCounters logs and retries).
  */
 export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, log: Logger): Part {
   return {
     name: 'netfilter',
     inputs: ['eips', 'snats', 'dnats', 'fips', 'interfaces'],
+    // A full sync of a gateway not yet initialised only looks (observe), so that the first
+    // change after it (a bulk PUT /v1/state into an empty gateway) need not read back.
+    repairsInFull: true,
     concerns: (want) => want.initialized,
     async sync(want, from, opts) {
+      if (!want.initialized) {
+        if (opts.mode === 'full' && !opts.dryRun) await Promise.all([backend.observe?.(), counters.observe()]);
+        return { changes: 0, script: '', notes: none };
+      }
       const eips = want.eips.map((e) => e.address);
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
-      const fold = counting && backend.kind === 'nftables' && opts.mode === 'partial' ? counters.foldable(eips) : undefined;
-      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(fold ? { append: fold.tx } : {}) });
+      let fold: AccountingFold | undefined;
+      let append: SyncOptions['append'];
+      if (counting && backend.kind === 'nftables') {
+        fold = opts.mode === 'partial' ? counters.foldable(eips) : undefined;
+        append = fold
+          ? fold.tx
+          : counters.readFoldable(eips).then((f) => {
+              fold = f;
+              return f?.tx;
+            });
+      }
+      // Without nftables for NAT the accounting is a transaction of its own, on another table:
+      // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
+      const beside = counting && backend.kind !== 'nftables' ? counters.sync(eips, { mode: opts.mode }) : undefined;
+      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) }).finally(() => beside);
       if (fold && r.appended) fold.done();
-      else if (counting) {
+      else if (counting && !beside) {
         log.debug('per-EIP accounting synced on its own');
         await counters.sync(eips, { mode: opts.mode });
       }

@@ -32,9 +32,21 @@ export function durableError(file: string, e: unknown): SystemError {
   return new SystemError(`Error: cannot write ${file} (NATGW_STATE_DIR): ${why}; the change was not applied`);
 }
 
+/** A snapshot made durable beside the live one, not yet in its place (StateStore.prepare). */
+export interface PreparedSnapshot {
+  publish(): Promise<void>;
+  discard(): Promise<void>;
+}
+
 async function writeAtomically(file: string, data: string): Promise<void> {
-  await fs.mkdir(path.dirname(file), { recursive: true });
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
+  await writeTemp(tmp, data);
+  await publishTemp(tmp, file);
+}
+
+/** The first half of an atomic write: the data durable in a temp file nobody reads. */
+async function writeTemp(tmp: string, data: string): Promise<void> {
+  await fs.mkdir(path.dirname(tmp), { recursive: true });
   try {
     const fh = await fs.open(tmp, 'w', 0o600);
     try {
@@ -43,18 +55,22 @@ async function writeAtomically(file: string, data: string): Promise<void> {
     } finally {
       await fh.close();
     }
-    await fs.rename(tmp, file);
   } catch (e) {
     // A full disk or a vanished directory: nothing half-written stays behind.
     await fs.rm(tmp, { force: true }).catch(() => undefined);
     throw e;
   }
-  const dir = await fs.open(path.dirname(file), 'r');
+}
+
+/** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
+async function publishTemp(tmp: string, file: string): Promise<void> {
   try {
-    await dir.sync();
-  } finally {
-    await dir.close();
+    await fs.rename(tmp, file);
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => undefined);
+    throw e;
   }
+  await syncDir(path.dirname(file));
 }
 
 async function syncDir(dir: string): Promise<void> {
@@ -238,18 +254,45 @@ export class StateStore {
 
   /** Write the whole state as a new snapshot; the journal of the old one is dropped. */
   async save(state: DesiredState): Promise<void> {
+    await (await this.prepare(state)).publish();
+  }
+
+  /**
+   * A new snapshot in two steps: prepare() serialises it and makes it durable in a temp file
+   * (the bulk of a large state's cost), publish() renames it into place — the commit point — and
+   * drops the old journal. A bulk change prepares while the kernel applies and publishes only
+   * once the kernel took it, so a crash in between leaves the old state (DESIGN: after a
+   * successful apply the desired state is written); discard() drops a change the kernel refused.
+   * Only the lock holder calls it; the temp file's fixed name is replaced by the next one.
+   */
+  async prepare(state: DesiredState): Promise<PreparedSnapshot> {
     const body = JSON.stringify(state);
     const sha = sha256(body);
     const text = `{"sha256":"${sha}","state":${body}}\n`;
-    this.lastSnapshot = undefined;
-    await writeFileAtomic(this.stateFile, text);
-    this.snapshotSha = sha;
-    // Only a state of this schema version is trusted as written (loadSnapshot).
-    if (state.schema === 1) this.lastSnapshot = { text, sha, state };
-    this.journalEntries = 0;
-    this.journalTorn = false;
-    // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
-    await fs.rm(this.journalFile, { force: true });
+    const tmp = `${this.stateFile}.tmp-prepared`;
+    try {
+      await writeTemp(tmp, text);
+    } catch (e) {
+      throw durableError(this.stateFile, e);
+    }
+    return {
+      publish: async () => {
+        this.lastSnapshot = undefined;
+        try {
+          await publishTemp(tmp, this.stateFile);
+        } catch (e) {
+          throw durableError(this.stateFile, e);
+        }
+        this.snapshotSha = sha;
+        // Only a state of this schema version is trusted as written (loadSnapshot).
+        if (state.schema === 1) this.lastSnapshot = { text, sha, state };
+        this.journalEntries = 0;
+        this.journalTorn = false;
+        // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
+        await fs.rm(this.journalFile, { force: true });
+      },
+      discard: () => fs.rm(tmp, { force: true }).catch(() => undefined),
+    };
   }
 
   /**
@@ -258,19 +301,28 @@ export class StateStore {
    * when the journal has grown long. Either way durable before it returns.
    */
   async commit(before: DesiredState, after: DesiredState): Promise<void> {
-    // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
-    // set-aside file) the store writes one, even for an unchanged state.
-    if (this.snapshotSha === undefined || this.journalTorn) return this.save(after);
+    if (this.writesSnapshot(before, after)) return this.save(after);
     if (before === after) return;
     // The largest change a journal line describes; a larger one is a new snapshot.
     const budget = Math.max(64, COLLECTION_SIZE(after) / 4);
-    // A delta holds at least the difference in size of each collection: when that alone is too
-    // large (a bulk PUT), the snapshot is written without describing the change first.
-    if (GROWTH(before, after) > budget) return this.save(after);
     const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
     if (delta !== null && isEmptyDelta(delta)) return;
     if (delta === null || deltaSize(delta) > budget) return this.save(after);
     await this.append(delta);
+  }
+
+  /**
+   * Whether commit(before, after) writes a whole snapshot without describing the change first
+   * (the engine then prepares it while the kernel applies, a bulk PUT's largest cost after nft).
+   */
+  writesSnapshot(before: DesiredState, after: DesiredState): boolean {
+    // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
+    // set-aside file) the store writes one, even for an unchanged state.
+    if (this.snapshotSha === undefined || this.journalTorn) return true;
+    if (before === after) return false;
+    // A delta holds at least the difference in size of each collection: when that alone is too
+    // large (a bulk PUT), the snapshot is written without describing the change first.
+    return GROWTH(before, after) > Math.max(64, COLLECTION_SIZE(after) / 4);
   }
 
   private async append(delta: StateDelta): Promise<void> {

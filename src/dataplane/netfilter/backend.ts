@@ -36,11 +36,11 @@ export function natTablesOf(s: DesiredState): NatTables {
  */
 export function canonicalOrder(t: NatTables): NatTables {
   const key = memoKey();
-  const byEip = (a: string, b: string) => cmp(key(a), key(b));
+  const byEip = (a: string, b: string) => cmpKey(key(a), key(b));
   return {
     ...t,
     eips: [...t.eips].sort(byEip),
-    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
+    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || cmp(a.protocol, b.protocol)),
     fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip)),
   };
 }
@@ -67,10 +67,17 @@ class IncrementalSort<T> {
       this.recent.splice(at, 1);
       break;
     }
-    sorted ??= [...source].sort(compare);
+    // A controller's redo and a state document written back by GET /v1/state mostly come in
+    // order already: one pass to see that costs less than a sort.
+    sorted ??= inOrder(source, compare) ? source.slice() : [...source].sort(compare);
     this.recent = [{ source, sorted }, ...this.recent].slice(0, RECENT_SORTS);
     return sorted;
   }
+}
+
+function inOrder<T>(items: readonly T[], compare: (a: T, b: T) => number): boolean {
+  for (let i = 1; i < items.length; i++) if (compare(items[i - 1] as T, items[i] as T) > 0) return false;
+  return true;
 }
 
 const RECENT_SORTS = 2;
@@ -99,10 +106,36 @@ const fipOrder = new IncrementalSort<Fip>();
 
 const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
 
-/** Sort keys computed once per address, not once per comparison. */
-function memoKey(): (ip: string) => string {
+/** An IPv4 address as its number, an IPv6 one as ipSortKey's text (IPv4 first). */
+type SortKey = number | string;
+
+function cmpKey(a: SortKey, b: SortKey): number {
+  if (typeof a === 'number') return typeof b === 'number' ? a - b : -1;
+  return typeof b === 'number' ? 1 : cmp(a, b);
+}
+
+/**
+ * A dotted quad as a number, in base 1000 so that it orders exactly as ipSortKey's padded
+ * octets do: a few character codes, not a split and four pads.
+ */
+function v4Number(ip: string): number {
+  let n = 0;
+  let octet = 0;
+  for (let i = 0; i < ip.length; i++) {
+    const c = ip.charCodeAt(i);
+    if (c === 46) {
+      n = n * 1000 + octet;
+      octet = 0;
+    } else octet = octet * 10 + (c - 48);
+  }
+  return n * 1000 + octet;
+}
+
+/** Sort keys: IPv4 computed on the spot, IPv6 once per address, not once per comparison. */
+function memoKey(): (ip: string) => SortKey {
   const keys = new Map<string, string>();
   return (ip) => {
+    if (!ip.includes(':')) return v4Number(ip);
     let k = keys.get(ip);
     if (k === undefined) {
       k = ipSortKey(ip);
@@ -162,9 +195,10 @@ export interface SyncOptions {
   readonly mode?: SyncMode;
   /**
    * Operations on another natgw table to run in the same transaction (the accounting sets):
-   * honoured by the nftables backend in a partial sync only, which then reports `appended`.
+   * honoured by the nftables backend, which then reports `appended`. A promise is awaited
+   * beside the backend's own read-back (it may list the other table); undefined: nothing to append.
    */
-  readonly append?: NftTransaction;
+  readonly append?: NftTransaction | PromiseLike<NftTransaction | undefined>;
 }
 
 /**
@@ -185,6 +219,12 @@ export interface NetfilterBackend {
   readBack(): Promise<NatTables | null>;
   /** Drop the view kept from the last apply: the next sync reads the kernel back. */
   forget(): void;
+  /**
+   * Read what natgw owns without changing it, and keep a view when it owns nothing (a full sync
+   * of a gateway not yet initialised): the first change after it then plans against that
+   * instead of reading back.
+   */
+  observe?(): Promise<void>;
   /**
    * Drop the listing the init guard kept for its transaction's sync (`reuseForSync`). A
    * transaction that failed before its sync leaves it behind; the next one must not plan

@@ -129,6 +129,22 @@ export class IptablesBackend implements NetfilterBackend {
     }
   }
 
+  /**
+   * A full sync of a gateway not yet initialised: what iptables-save shows now becomes the
+   * view, as an apply's result would, so that the first change after it (a bulk PUT into an
+   * empty gateway) plans against it instead of reading back. A table not read keeps no view.
+   */
+  async observe(): Promise<void> {
+    const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => ({ family, table })));
+    const read = await Promise.all(
+      keys.map(({ family, table }) => (this.view.has(`${family}/${table}`) ? undefined : this.read(table, family).catch(() => undefined))),
+    );
+    keys.forEach(({ family, table }, i) => {
+      const t = read[i];
+      if (t) this.view.set(`${family}/${table}`, t);
+    });
+  }
+
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
     const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;

@@ -26,6 +26,12 @@ export const FALLBACK_VERSION_LINE = 'iptables v1.8.9 (natgw-nftables)';
 const VERSION_LINE = /^iptables v\d+(\.\d+)+/;
 const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
 
+/** natgw owns no table (as last read): the next change creates them without reading back. */
+const ABSENT: NftView = {
+  tables: { vpcIf: '', extIf: '', eips: [], snats: [], dnats: [], fips: [] },
+  families: new Set(),
+};
+
 /** The kernel as a successful apply of `t` left it. */
 function viewOf(t: NatTables): NftView {
   return { tables: t, families: new Set(NFT_FAMILIES.filter((f) => needsFamily(t, f))) };
@@ -72,13 +78,15 @@ export class NftBackend implements NetfilterBackend {
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
     const view = this.view;
+    if (opts.mode === 'partial' && view && view.families.size === 0) return this.syncFromAbsent(want, opts);
     if (opts.mode === 'partial' && view) {
       const partial = planPartial(view, want);
       if (partial) {
         const plan = textPlan(partial);
         if (opts.dryRun) return plan;
-        const tx = NftTransaction.concat(partial.tx, opts.append);
-        if (tx.isEmpty) return plan;
+        const extra = await opts.append;
+        const tx = NftTransaction.concat(partial.tx, extra);
+        if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
         try {
           await this.nft.run(tx, { partial: true });
         } catch (e) {
@@ -88,36 +96,66 @@ export class NftBackend implements NetfilterBackend {
         // A partial plan never adds or drops a family's table (that needs a full sync).
         this.view = { tables: want, families: view.families };
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
-        return { ...plan, appended: opts.append !== undefined };
+        return extra ? { ...plan, appended: true } : plan;
       }
       this.log?.info('nftables: a structural change needs a full sync');
     }
     return this.fullSync(want, opts);
   }
 
-  private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    let planned: NftTxPlan = planNatgw(want, await this.kernel());
+  /**
+   * The first change into a gateway whose tables the last read found absent (observe): the
+   * whole tables rendered from scratch, nothing read back. A table someone created since makes
+   * the transaction fail; the engine then retries as a full sync.
+   */
+  private async syncFromAbsent(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
+    const planned = planNatgw(want, natgwKernel(null, null));
     if (opts.dryRun) return textPlan(planned);
-    if (planned.tx.isEmpty) {
+    const extra = await opts.append;
+    const tx = NftTransaction.concat(planned.tx, extra);
+    this.view = undefined;
+    if (!tx.isEmpty) await this.nft.run(tx);
+    this.view = viewOf(want);
+    const plan = textPlan(planned);
+    this.log?.debug({ changes: plan.changes }, 'nftables synced (partial, into absent tables)');
+    return extra ? { ...plan, appended: true } : plan;
+  }
+
+  private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
+    // The appended part may list its own table: both listings run at once.
+    const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
+    let planned: NftTxPlan = planNatgw(want, kernel);
+    if (opts.dryRun) return textPlan(planned);
+    let appended = extra !== undefined;
+    const tx = NftTransaction.concat(planned.tx, extra);
+    if (tx.isEmpty) {
       this.view = viewOf(want);
-      return textPlan(planned);
+      return extra ? { ...textPlan(planned), appended } : textPlan(planned);
     }
     this.view = undefined;
     try {
-      await this.nft.run(planned.tx);
+      await this.nft.run(tx);
     } catch (err) {
       // Handles in the script come from the read-back; another writer may have moved them
-      // since. Render once more against a fresh read-back before giving up.
+      // since. Render once more against a fresh read-back before giving up, without the
+      // appended part (its owner then syncs it on its own).
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
       planned = planNatgw(want, await this.kernel());
-      await this.nft.run(planned.tx);
+      appended = false;
+      if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
     }
     this.view = viewOf(want);
     const plan = textPlan(planned);
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
-    return plan;
+    return extra ? { ...plan, appended } : plan;
+  }
+
+  async observe(): Promise<void> {
+    if (this.view) return;
+    const k = await this.kernel();
+    if (k.ip === null && k.ip6 === null) this.view = ABSENT;
   }
 
   async readBack(): Promise<NatTables | null> {
