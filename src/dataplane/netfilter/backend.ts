@@ -40,7 +40,7 @@ export function canonicalOrder(t: NatTables): NatTables {
   return {
     ...t,
     eips: [...t.eips].sort(byEip),
-    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || a.protocol.localeCompare(b.protocol)),
+    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || cmp(a.protocol, b.protocol)),
     fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip)),
   };
 }
@@ -120,14 +120,7 @@ export function compareIp(a: string, b: string): number {
 }
 
 function ipSortKey(ip: string): string {
-  if (!ip.includes(':'))
-    return (
-      '4' +
-      ip
-        .split('.')
-        .map((o) => o.padStart(3, '0'))
-        .join('.')
-    );
+  if (!ip.includes(':')) return v4SortKey(ip);
   return (
     '6' +
     ipaddr.IPv6.parse(ip)
@@ -195,4 +188,17 @@ export interface NetfilterBackend {
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */
   versionLine(): Promise<string>;
+}
+
+/** '4' and the octets zero-padded to three digits ('4010.001.002.003'), without split and join per address. */
+function v4SortKey(ip: string): string {
+  let key = '4';
+  let start = 0;
+  for (let i = 0; i <= ip.length; i++) {
+    if (i < ip.length && ip.charCodeAt(i) !== 46) continue;
+    const width = i - start;
+    key += (start > 0 ? '.' : '') + (width >= 3 ? '' : '000'.slice(width)) + ip.slice(start, i);
+    start = i + 1;
+  }
+  return key;
 }

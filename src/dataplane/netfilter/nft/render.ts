@@ -52,7 +52,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
-import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
@@ -241,6 +241,29 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
   });
 }
 
+/**
+ * One family's DNATs, the first of each identity (firstBy by dnatKey, without a key string per
+ * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
+ * in one run of neighbours sharing those three, in their given order.
+ */
+function firstDnats(sorted: readonly Dnat[], fam: NftFamily): Dnat[] {
+  const out: Dnat[] = [];
+  let run = 0;
+  for (const d of sorted) {
+    if (famOf(d.eip) !== fam) continue;
+    const last = out[out.length - 1];
+    if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
+    else if (inRun(out, run, d)) continue;
+    out.push(d);
+  }
+  return out;
+}
+
+function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
+  for (let i = run; i < out.length; i++) if (sameDnat(out[i] as Dnat, d)) return true;
+  return false;
+}
+
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
   if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
   return (
@@ -256,39 +279,38 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   if (!needsFamily(given, fam)) return null;
   const want = canonicalOrder(given);
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
-  const mine = <T>(items: readonly T[], ip: (t: T) => string): T[] => items.filter((t) => famOf(ip(t)) === fam);
-
-  const fips: Fip[] = firstBy(
-    mine(want.fips, (f) => f.eip),
-    fipKey,
-  );
-  fips.forEach((f) => checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
-  const dnats: Dnat[] = firstBy(
-    mine(want.dnats, (d) => d.eip),
-    dnatKey,
-  );
-  dnats.forEach((d) => checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
+  // One pass per collection, no string per object beyond the element texts themselves: this
+  // runs over every object at each full sync (ten thousand DNATs and floating IPs at start).
+  const fips: Fip[] = [];
+  const fipDnat = new Map<string, string>();
+  // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
+  const fipSnat = new Map<string, string>();
+  for (const f of want.fips) {
+    if (famOf(f.eip) !== fam || fipDnat.has(f.eip)) continue;
+    if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
+    fips.push(f);
+    fipDnat.set(f.eip, f.internalIp);
+    if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
+  }
+  const dnats = firstDnats(want.dnats, fam);
+  const portDnat = new Map<string, string>();
+  const rangeDnats: NatgwRule[] = [];
+  for (const d of dnats) {
+    if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
+    if (d.portEnd === undefined) portDnat.set(`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`);
+    else rangeDnats.push({ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp });
+  }
   const snats: Snat[] = firstBy(
-    mine(want.snats, (s) => s.eip),
+    want.snats.filter((s) => famOf(s.eip) === fam),
     snatKey,
   );
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
   const eips = firstBy(
-    mine(want.eips, (e) => e),
+    want.eips.filter((e) => famOf(e) === fam),
     (e) => e,
   );
 
-  const fipDnat = new Map(fips.map((f) => [f.eip, f.internalIp] as const));
-  // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
-  const fipSnat = new Map<string, string>();
-  for (const f of fips) if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
-  const portDnat = new Map(
-    dnats.filter((d) => d.portEnd === undefined).map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const),
-  );
-  const rangeDnats = dnats.flatMap((d): NatgwRule[] =>
-    d.portEnd === undefined ? [] : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
-  );
   const hairpin = new Map(eips.map((e) => [e, undefined] as const));
 
   return {
