@@ -1,58 +1,95 @@
 /**
- * The full-sync render alone, no kernel: the state of a given size parsed afresh each run (as
- * a daemon start or a bulk `PUT /v1/state` holds new objects, so no per-object memo is warm),
- * then what a full sync of a fresh namespace computes before its one transaction — the nft
- * plan against an empty kernel view and its script text; the iptables desired chains, the plan
- * against empty tables and the restore text; the accounting table. Median of several runs.
+ * The full-sync render alone, no kernel: the state of a given size parsed afresh for each run
+ * (as a daemon start or a bulk `PUT /v1/state` holds new objects, so no per-object cache is
+ * warm), then what a full sync of a fresh namespace computes before its one transaction — the
+ * nft plan against an empty kernel view and its script text, with the accounting table; the
+ * iptables desired chains, the plan against empty tables and the restore text. Median of
+ * several runs.
  *
- *   node dist/bench/render.js [size=10000] [runs=9]
+ *   node dist/bench/render.js [size=10000] [runs=15] [--against <another build's dist/>]
  *
- * `node --cpu-prof dist/bench/render.js` writes a profile of the same work.
+ * `--against` runs the same work through another build (a checkout of an older commit, built)
+ * in the same process, the two alternating run by run, and checks that both render the same
+ * bytes. `node --cpu-prof dist/bench/render.js` profiles it.
  */
-import { desiredStateSchema, type DesiredState } from '../src/state/state.js';
-import { natTablesOf } from '../src/dataplane/netfilter/backend.js';
-import { planNatgw } from '../src/dataplane/netfilter/nft/render.js';
-import { desiredTables, planTable, renderRestore, type TableName } from '../src/dataplane/netfilter/iptables/plan.js';
-import { ofFamily } from '../src/dataplane/netfilter/iptables/backend.js';
-import { emptyTable } from '../src/dataplane/netfilter/iptables/save.js';
-import { accountingTx } from '../src/dataplane/eipCounters.js';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { stateDoc } from './workload.js';
 
-const size = Number(process.argv[2] ?? 10000);
-const runs = Number(process.argv[3] ?? 9);
-
-const fresh = (): DesiredState => desiredStateSchema.parse(stateDoc(size, false));
-
-function nft(s: DesiredState): number {
-  const plan = planNatgw(natTablesOf(s), { ip: null, ip6: null });
-  return plan.tx.text().length + accountingTx(undefined, s.eips.map((e) => e.address)).text().length;
+interface Build {
+  readonly name: string;
+  readonly nft: (doc: unknown) => () => string;
+  readonly iptables: (doc: unknown) => () => string;
 }
 
-function iptables(s: DesiredState): number {
-  const want = desiredTables(ofFamily(natTablesOf(s), 4));
-  let n = 0;
-  for (const table of ['nat', 'mangle'] as TableName[]) n += renderRestore(table, planTable(emptyTable, want[table])).length;
-  return n;
+async function load(dist: string, name: string): Promise<Build> {
+  const mod = (p: string) => import(pathToFileURL(path.join(dist, 'src', p)).href);
+  const [state, backend, render, plan, ipBackend, save, counters] = await Promise.all([
+    mod('state/state.js'),
+    mod('dataplane/netfilter/backend.js'),
+    mod('dataplane/netfilter/nft/render.js'),
+    mod('dataplane/netfilter/iptables/plan.js'),
+    mod('dataplane/netfilter/iptables/backend.js'),
+    mod('dataplane/netfilter/iptables/save.js'),
+    mod('dataplane/eipCounters.js'),
+  ]);
+  // Parsing is not timed: each returns the timed work over a freshly parsed state.
+  return {
+    name,
+    nft: (doc) => {
+      const s = state.desiredStateSchema.parse(doc);
+      return () => {
+        const tx = render.planNatgw(backend.natTablesOf(s), { ip: null, ip6: null }).tx;
+        return tx.text() + counters.accountingTx(undefined, s.eips.map((e: { address: string }) => e.address)).text();
+      };
+    },
+    iptables: (doc) => {
+      const s = state.desiredStateSchema.parse(doc);
+      return () => {
+        const want = plan.desiredTables(ipBackend.ofFamily(backend.natTablesOf(s), 4));
+        return ['nat', 'mangle'].map((t) => plan.renderRestore(t, plan.planTable(save.emptyTable, want[t]))).join('');
+      };
+    },
+  };
 }
 
-function median(xs: number[]): number {
+function median(xs: readonly number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)] as number;
 }
 
-function time(name: string, f: (s: DesiredState) => number): void {
-  const ms: number[] = [];
-  let bytes = 0;
-  // Parsed before the clock starts (and before a profile's interesting part): one state per run.
-  const states = Array.from({ length: runs }, fresh);
-  for (const s of states) {
-    const t0 = process.hrtime.bigint();
-    bytes = f(s);
-    ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
+async function main(): Promise<void> {
+  const args = process.argv.slice(2);
+  const against = args.indexOf('--against');
+  const other = against >= 0 ? args.splice(against, 2)[1] : undefined;
+  const size = Number(args[0] ?? 10000);
+  const runs = Number(args[1] ?? 15);
+  const here = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+  const builds = [await load(here, 'this build')];
+  if (other) builds.unshift(await load(path.resolve(other), other));
+  const doc = stateDoc(size, false);
+
+  for (const backend of ['nft', 'iptables'] as const) {
+    const ms = builds.map((): number[] => []);
+    const out = builds.map(() => '');
+    for (let r = 0; r < runs; r++) {
+      for (const [b, build] of builds.entries()) {
+        const work = build[backend](doc);
+        const t0 = process.hrtime.bigint();
+        out[b] = work();
+        ms[b]?.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      }
+    }
+    for (const [b, build] of builds.entries()) {
+      const m = ms[b] as number[];
+      const spread = `${Math.min(...m).toFixed(1)}–${Math.max(...m).toFixed(1)}`;
+      console.log(`${backend.padEnd(8)} size ${size}, ${build.name}: median ${median(m).toFixed(1)} ms (${spread}, ${runs} runs), script ${out[b]?.length} bytes`);
+    }
+    if (builds.length === 2 && out[0] !== out[1]) {
+      console.log(`${backend}: the two builds render DIFFERENT scripts`);
+      process.exitCode = 1;
+    }
   }
-  const spread = `${Math.min(...ms).toFixed(1)}–${Math.max(...ms).toFixed(1)}`;
-  console.log(`${name.padEnd(9)} size ${size}: median ${median(ms).toFixed(1)} ms (${spread}, ${runs} runs), script ${bytes} bytes`);
 }
 
-time('nftables', nft);
-time('iptables', iptables);
+await main();

@@ -41,8 +41,8 @@ export function canonicalOrder(t: NatTables): NatTables {
   return {
     ...t,
     eips: [...t.eips].sort(byEip),
-    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || a.port - b.port || cmp(a.protocol, b.protocol)),
-    fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip)),
+    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || byPortProto(a, b), (all) => sortedByKey(all, (d) => key(d.eip), byPortProto)),
+    fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip), (all) => sortedByKey(all, (f) => key(f.eip))),
   };
 }
 
@@ -58,7 +58,8 @@ class IncrementalSort<T> {
    */
   private recent: Array<{ readonly source: readonly T[]; readonly sorted: T[] }> = [];
 
-  sort(source: readonly T[], compare: (a: T, b: T) => number): T[] {
+  /** `full` sorts the whole collection as `compare` would, for when no last sort helps. */
+  sort(source: readonly T[], compare: (a: T, b: T) => number, full: (all: readonly T[]) => T[] = (all) => [...all].sort(compare)): T[] {
     let sorted: T[] | undefined;
     for (const [at, e] of this.recent.entries()) {
       // The diff gives up early on a change larger than an update handles (a bulk change).
@@ -68,7 +69,7 @@ class IncrementalSort<T> {
       this.recent.splice(at, 1);
       break;
     }
-    sorted ??= [...source].sort(compare);
+    sorted ??= full(source);
     this.recent = [{ source, sorted }, ...this.recent].slice(0, RECENT_SORTS);
     return sorted;
   }
@@ -93,6 +94,19 @@ function update<T>(source: readonly T[], sorted: readonly T[], d: RefDiff<T>, co
     out.splice(lo, 0, x);
   }
   return out;
+}
+
+const byPortProto = (a: Dnat, b: Dnat): number => a.port - b.port || cmp(a.protocol, b.protocol);
+
+/**
+ * `list` in the order of its address keys (each computed once, not once per comparison), then
+ * of `tie`: the order Array#sort gives with the composed comparator (both are stable).
+ */
+function sortedByKey<T>(list: readonly T[], keyOf: (t: T) => string, tie?: (a: T, b: T) => number): T[] {
+  const keys = list.map(keyOf);
+  const at = Array.from(list.keys());
+  at.sort((i, j) => cmp(keys[i] as string, keys[j] as string) || (tie ? tie(list[i] as T, list[j] as T) : 0));
+  return at.map((i) => list[i] as T);
 }
 
 const dnatOrder = new IncrementalSort<Dnat>();

@@ -395,6 +395,14 @@ function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   else tx.addSet(t, { name: s.name, type: s.type });
 }
 
+/** All of a set's elements (a new set), straight from its entries. */
+function addAllElements(sc: Script, fam: NftFamily, set: SetSpec): void {
+  const elements: NftElement[] = [];
+  for (const [key, value] of set.elements) elements.push(value === undefined ? { key } : { key, value });
+  sc.addElements.addElements(natgwTable(fam), set.name, elements);
+  sc.changes += elements.length;
+}
+
 function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {
   const elements = keys.map((key): NftElement => {
     const value = set.elements.get(key);
@@ -412,7 +420,7 @@ function renderFresh(sc: Script, spec: FamilySpec): void {
   for (const s of spec.sets) {
     addSet(sc.create, t, s);
     sc.changes += 1;
-    addElements(sc, spec.family, s, [...s.elements.keys()]);
+    addAllElements(sc, spec.family, s);
   }
   for (const c of spec.chains) {
     sc.create.addChain(t, chainOf(c));
@@ -590,7 +598,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     } else {
       addSet(sc.create, t, s);
       sc.changes += 1;
-      addElements(sc, fam, s, [...s.elements.keys()]);
+      addAllElements(sc, fam, s);
     }
   }
   for (const c of spec.chains) {
