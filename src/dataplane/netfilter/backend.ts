@@ -205,15 +205,17 @@ export interface NetfilterBackend {
   versionLine(): Promise<string>;
 }
 
-/** '4' and the octets zero-padded to three digits ('4010.001.002.003'), without split and join per address. */
+/**
+ * '4' and the four octets as one character each: ordered as the addresses are, and built
+ * without splitting, padding and joining (twenty thousand addresses at a full sync).
+ */
 function v4SortKey(ip: string): string {
-  let key = '4';
-  let start = 0;
-  for (let i = 0; i <= ip.length; i++) {
-    if (i < ip.length && ip.charCodeAt(i) !== 46) continue;
-    const width = i - start;
-    key += (start > 0 ? '.' : '') + (width >= 3 ? '' : '000'.slice(width)) + ip.slice(start, i);
-    start = i + 1;
+  const o = [0, 0, 0, 0];
+  let k = 0;
+  for (let i = 0; i < ip.length && k < 4; i++) {
+    const c = ip.charCodeAt(i);
+    if (c === 46) k++;
+    else o[k] = (o[k] as number) * 10 + c - 48;
   }
-  return key;
+  return String.fromCharCode(52, o[0] as number, o[1] as number, o[2] as number, o[3] as number);
 }

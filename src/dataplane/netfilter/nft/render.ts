@@ -52,7 +52,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
-import { sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { sameDnat, snatKey, type Dnat, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
@@ -215,6 +215,25 @@ export interface SetSpec {
   readonly map?: string;
   /** key text → value text (undefined for a plain set), in insertion order. */
   readonly elements: ReadonlyMap<string, string | undefined>;
+  /** The same elements in the same order, as a new set's transaction writes them. */
+  readonly list: readonly NftElement[];
+}
+
+/**
+ * A set whose key index is built only when a diff against the kernel asks for it: a set
+ * created whole (a fresh namespace, a rebuild) writes its list, and ten thousand keys need
+ * not be hashed for that.
+ */
+function setOf(decl: Omit<SetSpec, 'elements' | 'list'>, list: readonly NftElement[]): SetSpec {
+  let byKey: Map<string, string | undefined> | undefined;
+  return {
+    ...decl,
+    list,
+    get elements() {
+      byKey ??= new Map(list.map((e) => [e.key, e.value] as const));
+      return byKey;
+    },
+  };
 }
 
 export interface FamilySpec {
@@ -281,23 +300,25 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   // One pass per collection, no string per object beyond the element texts themselves: this
   // runs over every object at each full sync (ten thousand DNATs and floating IPs at start).
-  const fips: Fip[] = [];
-  const fipDnat = new Map<string, string>();
+  const fipDnat: NftElement[] = [];
+  const fipSnat: NftElement[] = [];
+  const fipEips = new Set<string>();
   // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
-  const fipSnat = new Map<string, string>();
+  const snatted = new Set<string>();
   for (const f of want.fips) {
-    if (famOf(f.eip) !== fam || fipDnat.has(f.eip)) continue;
+    if (famOf(f.eip) !== fam || fipEips.has(f.eip)) continue;
     if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
-    fips.push(f);
-    fipDnat.set(f.eip, f.internalIp);
-    if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
+    fipEips.add(f.eip);
+    fipDnat.push({ key: f.eip, value: f.internalIp });
+    if (snatted.has(f.internalIp)) continue;
+    snatted.add(f.internalIp);
+    fipSnat.push({ key: f.internalIp, value: f.eip });
   }
-  const dnats = firstDnats(want.dnats, fam);
-  const portDnat = new Map<string, string>();
+  const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  for (const d of dnats) {
+  for (const d of firstDnats(want.dnats, fam)) {
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
-    if (d.portEnd === undefined) portDnat.set(`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`);
+    if (d.portEnd === undefined) portDnat.push({ key: `${d.eip} . ${d.protocol} . ${d.port}`, value: `${d.internalIp} . ${d.internalPort}` });
     else rangeDnats.push({ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp });
   }
   const snats: Snat[] = firstBy(
@@ -311,21 +332,17 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
     (e) => e,
   );
 
-  const hairpin = new Map(eips.map((e) => [e, undefined] as const));
 
   return {
     family: fam,
     sets: [
-      { name: SET.fipDnat, kind: 'map', type: addr, map: addr, elements: fipDnat },
-      { name: SET.fipSnat, kind: 'map', type: addr, map: addr, elements: fipSnat },
-      {
-        name: SET.portDnat,
-        kind: 'map',
-        type: `${addr} . inet_proto . inet_service`,
-        map: `${addr} . inet_service`,
-        elements: portDnat,
-      },
-      { name: SET.hairpinEips, kind: 'set', type: addr, elements: hairpin },
+      setOf({ name: SET.fipDnat, kind: 'map', type: addr, map: addr }, fipDnat),
+      setOf({ name: SET.fipSnat, kind: 'map', type: addr, map: addr }, fipSnat),
+      setOf({ name: SET.portDnat, kind: 'map', type: `${addr} . inet_proto . inet_service`, map: `${addr} . inet_service` }, portDnat),
+      setOf(
+        { name: SET.hairpinEips, kind: 'set', type: addr },
+        eips.map((key) => ({ key })),
+      ),
     ],
     chains: [
       {
@@ -397,10 +414,8 @@ function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
 
 /** All of a set's elements (a new set), straight from its entries. */
 function addAllElements(sc: Script, fam: NftFamily, set: SetSpec): void {
-  const elements: NftElement[] = [];
-  for (const [key, value] of set.elements) elements.push(value === undefined ? { key } : { key, value });
-  sc.addElements.addElements(natgwTable(fam), set.name, elements);
-  sc.changes += elements.length;
+  sc.addElements.addElements(natgwTable(fam), set.name, set.list);
+  sc.changes += set.list.length;
 }
 
 function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {

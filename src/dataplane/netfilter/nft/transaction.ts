@@ -118,19 +118,9 @@ function setDecl(s: NftSetSpec): string {
   return `{ type ${type};${s.counter ? ' counter;' : ''} }`;
 }
 
-/** ELEMENT's characters, tested by table: an element list runs to ten thousand keys and values. */
-const ELEMENT_CHARS = new Uint8Array(128);
-for (const c of '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.:/ _-') ELEMENT_CHARS[c.charCodeAt(0)] = 1;
-
-function elementChecked(what: string, v: string): string {
-  let ok = v.length > 0;
-  for (let i = 0; ok && i < v.length; i++) ok = ELEMENT_CHARS[v.charCodeAt(i)] === 1;
-  return ok ? v : checked(ELEMENT, what, v);
-}
-
 function elementText(e: NftElement): string {
-  const key = elementChecked('element', e.key);
-  return e.value === undefined ? key : `${key} : ${elementChecked('element value', e.value)}`;
+  const key = checked(ELEMENT, 'element', e.key);
+  return e.value === undefined ? key : `${key} : ${checked(ELEMENT, 'element value', e.value)}`;
 }
 
 /** One operation as the line nft reads. */
