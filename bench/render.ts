@@ -41,7 +41,15 @@ async function load(dist: string, name: string): Promise<Build> {
       const s = state.desiredStateSchema.parse(doc);
       return () => {
         const tx = render.planNatgw(backend.natTablesOf(s), { ip: null, ip6: null }).tx;
-        return tx.text() + counters.accountingTx(undefined, s.eips.map((e: { address: string }) => e.address)).text();
+        return (
+          tx.text() +
+          counters
+            .accountingTx(
+              undefined,
+              s.eips.map((e: { address: string }) => e.address),
+            )
+            .text()
+        );
       };
     },
     iptables: (doc) => {
@@ -86,7 +94,9 @@ async function main(): Promise<void> {
     for (const [b, build] of builds.entries()) {
       const m = ms[b] as number[];
       const spread = `${Math.min(...m).toFixed(1)}–${Math.max(...m).toFixed(1)}`;
-      console.log(`${backend.padEnd(8)} size ${size}, ${build.name}: median ${median(m).toFixed(1)} ms (${spread}, ${runs} runs), script ${out[b]?.length} bytes`);
+      console.log(
+        `${backend.padEnd(8)} size ${size}, ${build.name}: median ${median(m).toFixed(1)} ms (${spread}, ${runs} runs), script ${out[b]?.length} bytes`,
+      );
     }
     if (builds.length === 2 && out[0] !== out[1]) {
       console.log(`${backend}: the two builds render DIFFERENT scripts`);

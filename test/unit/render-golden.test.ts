@@ -5,6 +5,7 @@ import { ofFamily } from '../../src/dataplane/netfilter/iptables/backend.js';
 import { desiredTables, planTable, renderRestore, type TableName } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { emptyTable } from '../../src/dataplane/netfilter/iptables/save.js';
 import { planNatgw } from '../../src/dataplane/netfilter/nft/render.js';
+import { NftTransaction } from '../../src/dataplane/netfilter/nft/transaction.js';
 import type { Family } from '../../src/model/net.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { prng } from '../helpers/prng.js';
@@ -62,5 +63,25 @@ describe('full-sync render of a varied state (both families, ranges, pools, repe
         expect(desiredTables(ofFamily(t, family)).nat.owned).toEqual(desiredTables(ofFamily(structuredClone(t), family)).nat.owned);
       }
     }
+  });
+});
+
+describe('an element list checked as a whole', () => {
+  const T = { family: 'ip', name: 'natgw' } as const;
+  const many = Array.from({ length: 50 }, (_, i) => ({ key: `10.0.0.${i + 1} . tcp . ${80 + i}`, value: `10.1.0.${i + 1} . 80` }));
+  const add = (elements: { key: string; value?: string }[]) => () => new NftTransaction().addElements(T, 'port_dnat', elements);
+
+  it('writes plain elements as before', () => {
+    expect(new NftTransaction().addElements(T, 's', [{ key: '1.1.1.1' }, { key: '2.2.2.2', value: '3.3.3.3' }]).text()).toBe(
+      'add element ip natgw s { 1.1.1.1, 2.2.2.2 : 3.3.3.3 }\n',
+    );
+  });
+
+  it('refuses, naming it, a key or value holding a comma, an empty one, or nft syntax, wherever it sits', () => {
+    expect(add([...many, { key: '1.2.3.4, 5.6.7.8' }])).toThrow(/element "1.2.3.4, 5.6.7.8" is not plain data/);
+    expect(add([{ key: '1.2.3.4', value: '5.6.7.8, 9.9.9.9' }, ...many])).toThrow(/element value "5.6.7.8, 9.9.9.9"/);
+    expect(add([...many.slice(0, 9), { key: '1.2.3.4', value: '' }, ...many])).toThrow(/element value ""/);
+    expect(add([...many, { key: '' }])).toThrow(/element ""/);
+    expect(add([...many, { key: '1.2.3.4 }; flush ruleset; {' }])).toThrow(TypeError);
   });
 });

@@ -41,8 +41,16 @@ export function canonicalOrder(t: NatTables): NatTables {
   return {
     ...t,
     eips: [...t.eips].sort(byEip),
-    dnats: dnatOrder.sort(t.dnats, (a, b) => byEip(a.eip, b.eip) || byPortProto(a, b), (all) => sortedByKey(all, (d) => key(d.eip), byPortProto)),
-    fips: fipOrder.sort(t.fips, (a, b) => byEip(a.eip, b.eip), (all) => sortedByKey(all, (f) => key(f.eip))),
+    dnats: dnatOrder.sort(
+      t.dnats,
+      (a, b) => byEip(a.eip, b.eip) || byPortProto(a, b),
+      (all) => sortedByKey(all, (d) => key(d.eip), byPortProto),
+    ),
+    fips: fipOrder.sort(
+      t.fips,
+      (a, b) => byEip(a.eip, b.eip),
+      (all) => sortedByKey(all, (f) => key(f.eip)),
+    ),
   };
 }
 

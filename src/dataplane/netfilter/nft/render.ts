@@ -332,7 +332,6 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
     (e) => e,
   );
 
-
   return {
     family: fam,
     sets: [
