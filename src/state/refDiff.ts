@@ -59,6 +59,7 @@ function walk<T>(before: readonly T[], after: readonly T[], max: number): RefDif
 
 /** Matching by reference; null when kept objects changed their order or the change exceeds `limit`. */
 function matched<T>(before: readonly T[], after: readonly T[], limit: number): RefDiff<T> | null {
+  if (!mayShare(before, after, limit)) return null;
   const oldIndex = new Map<T, number>();
   before.forEach((o, i) => oldIndex.set(o, i));
   const kept = new Set<number>();
@@ -79,4 +80,19 @@ function matched<T>(before: readonly T[], after: readonly T[], limit: number): R
   const removed: number[] = [];
   for (let i = 0; i < before.length; i++) if (!kept.has(i)) removed.push(i);
   return removed.length + added.length > limit ? null : { removed, added };
+}
+
+/**
+ * False when `after` cannot be `before` with at most `limit` objects in and out, found without
+ * indexing `before` (a bulk change of fresh objects, at every start and new document): of
+ * after[0..limit] at least one is kept, and a kept after[k] sits at most at before[k + limit].
+ */
+function mayShare<T>(before: readonly T[], after: readonly T[], limit: number): boolean {
+  if (after.length <= limit) return true;
+  for (let k = 0; k <= limit; k++) {
+    const o = after[k];
+    const end = Math.min(before.length, k + limit + 1);
+    for (let i = 0; i < end; i++) if (before[i] === o) return true;
+  }
+  return false;
 }

@@ -1,6 +1,6 @@
 import { canonicalOrder, type NatTables } from '../backend.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
-import { memoOf } from '../../../model/memo.js';
+import { refDiff, type RefDiff } from '../../../state/refDiff.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
@@ -18,10 +18,6 @@ export interface TableWant {
   /** Built-in chain → the jump natgw needs there (exactly once). */
   readonly jumps: ReadonlyMap<string, string>;
 }
-
-const fipDnatCache = new WeakMap<Fip, string>();
-const fipSnatCache = new WeakMap<Fip, string>();
-const dnatCache = new WeakMap<Dnat, string>();
 
 /**
  * A chain's rules derived from one collection (and an interface name), kept with that
@@ -41,9 +37,61 @@ class Derived<T> {
   }
 }
 
-const fipDnatRules = new Derived<Fip>((fips) => fips.map((f) => memoOf(fipDnatCache, f, fipDnatSpec)));
-const fipSnatRules = new Derived<Fip>((fips) => fips.map((f) => memoOf(fipSnatCache, f, fipSnatSpec)));
-const dnatRules = new Derived<Dnat>((dnats) => dnats.map((d) => memoOf(dnatCache, d, dnatSpec)));
+/**
+ * One rule per object, the rules of a collection that changed a little (a command) taken from
+ * the last lists built: the objects it kept keep their texts, found by a walk by reference, and
+ * only new objects are rendered. A bulk change (a start, a new document: all objects new)
+ * renders every rule once, with no per-object cache to fill.
+ */
+class PerObject<T> {
+  /** The last lists built, newest first: the IPv4 and the IPv6 objects of a sync take turns. */
+  private recent: Array<{ readonly list: readonly T[]; readonly rules: string[] }> = [];
+  constructor(private readonly render: (t: T) => string) {}
+
+  of(list: readonly T[]): string[] {
+    let rules: string[] | undefined;
+    for (const [at, e] of this.recent.entries()) {
+      if (e.list === list) return e.rules;
+      const d = refDiff(e.list, list, MAX_REUSE);
+      if (!d) continue;
+      rules = patched(e.rules, d, this.render);
+      this.recent.splice(at, 1);
+      break;
+    }
+    rules ??= list.map(this.render);
+    this.recent = [{ list, rules }, ...this.recent].slice(0, 2);
+    return rules;
+  }
+}
+
+/** Most objects in and out that a list is patched for; more are rendered anew. */
+const MAX_REUSE = 64;
+
+/** `before`'s rules with the removed ones dropped and the added objects' rules placed (refDiff's order). */
+function patched<T>(before: readonly string[], d: RefDiff<T>, render: (t: T) => string): string[] {
+  const out: string[] = [];
+  let i = 0;
+  let r = 0;
+  for (const [j, x] of d.added) {
+    while (out.length < j) {
+      while (d.removed[r] === i) {
+        r++;
+        i++;
+      }
+      out.push(before[i++] as string);
+    }
+    out.push(render(x));
+  }
+  for (; i < before.length; i++) {
+    if (d.removed[r] === i) r++;
+    else out.push(before[i] as string);
+  }
+  return out;
+}
+
+const fipDnatRules = new PerObject<Fip>(fipDnatSpec);
+const fipSnatRules = new PerObject<Fip>(fipSnatSpec);
+const dnatRules = new PerObject<Dnat>(dnatSpec);
 const snatRules = new Derived<Snat>((snats, extIf) => snats.flatMap((s) => snatSpecs(s, extIf)));
 const hairpinRules = new Derived<string>((eips, vpcIf) => eips.map((e) => hairpinSpec(e, vpcIf)));
 
@@ -124,6 +172,9 @@ const REWRITE_ABOVE = 64;
 
 export function planChain(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions = {}): TablePlan {
   if (sameList(have, want)) return { lines: [], changes: 0 };
+  // A chain natgw creates (every full sync of a fresh namespace): the general plan below would
+  // write exactly these appends, after counting ten thousand rule texts to learn nothing stays.
+  if (have.length === 0) return { lines: want.map((r) => `-A ${chain} ${r}`), changes: want.length };
   const few = fewEdits(chain, have, want, opts);
   if (few) return few;
   const budget = countOf(want);

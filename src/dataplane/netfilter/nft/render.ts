@@ -52,7 +52,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
-import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { sameDnat, snatKey, type Dnat, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
@@ -215,6 +215,25 @@ export interface SetSpec {
   readonly map?: string;
   /** key text → value text (undefined for a plain set), in insertion order. */
   readonly elements: ReadonlyMap<string, string | undefined>;
+  /** The same elements in the same order, as a new set's transaction writes them. */
+  readonly list: readonly NftElement[];
+}
+
+/**
+ * A set whose key index is built only when a diff against the kernel asks for it: a set
+ * created whole (a fresh namespace, a rebuild) writes its list, and ten thousand keys need
+ * not be hashed for that.
+ */
+function setOf(decl: Omit<SetSpec, 'elements' | 'list'>, list: readonly NftElement[]): SetSpec {
+  let byKey: Map<string, string | undefined> | undefined;
+  return {
+    ...decl,
+    list,
+    get elements() {
+      byKey ??= new Map(list.map((e) => [e.key, e.value] as const));
+      return byKey;
+    },
+  };
 }
 
 export interface FamilySpec {
@@ -241,6 +260,29 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
   });
 }
 
+/**
+ * One family's DNATs, the first of each identity (firstBy by dnatKey, without a key string per
+ * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
+ * in one run of neighbours sharing those three, in their given order.
+ */
+function firstDnats(sorted: readonly Dnat[], fam: NftFamily): Dnat[] {
+  const out: Dnat[] = [];
+  let run = 0;
+  for (const d of sorted) {
+    if (famOf(d.eip) !== fam) continue;
+    const last = out[out.length - 1];
+    if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
+    else if (inRun(out, run, d)) continue;
+    out.push(d);
+  }
+  return out;
+}
+
+function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
+  for (let i = run; i < out.length; i++) if (sameDnat(out[i] as Dnat, d)) return true;
+  return false;
+}
+
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
   if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
   return (
@@ -256,54 +298,50 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   if (!needsFamily(given, fam)) return null;
   const want = canonicalOrder(given);
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
-  const mine = <T>(items: readonly T[], ip: (t: T) => string): T[] => items.filter((t) => famOf(ip(t)) === fam);
-
-  const fips: Fip[] = firstBy(
-    mine(want.fips, (f) => f.eip),
-    fipKey,
-  );
-  fips.forEach((f) => checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
-  const dnats: Dnat[] = firstBy(
-    mine(want.dnats, (d) => d.eip),
-    dnatKey,
-  );
-  dnats.forEach((d) => checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
+  // One pass per collection, no string per object beyond the element texts themselves: this
+  // runs over every object at each full sync (ten thousand DNATs and floating IPs at start).
+  const fipDnat: NftElement[] = [];
+  const fipSnat: NftElement[] = [];
+  const fipEips = new Set<string>();
+  // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
+  const snatted = new Set<string>();
+  for (const f of want.fips) {
+    if (famOf(f.eip) !== fam || fipEips.has(f.eip)) continue;
+    if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
+    fipEips.add(f.eip);
+    fipDnat.push({ key: f.eip, value: f.internalIp });
+    if (snatted.has(f.internalIp)) continue;
+    snatted.add(f.internalIp);
+    fipSnat.push({ key: f.internalIp, value: f.eip });
+  }
+  const portDnat: NftElement[] = [];
+  const rangeDnats: NatgwRule[] = [];
+  for (const d of firstDnats(want.dnats, fam)) {
+    if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
+    if (d.portEnd === undefined) portDnat.push({ key: `${d.eip} . ${d.protocol} . ${d.port}`, value: `${d.internalIp} . ${d.internalPort}` });
+    else rangeDnats.push({ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp });
+  }
   const snats: Snat[] = firstBy(
-    mine(want.snats, (s) => s.eip),
+    want.snats.filter((s) => famOf(s.eip) === fam),
     snatKey,
   );
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
   const eips = firstBy(
-    mine(want.eips, (e) => e),
+    want.eips.filter((e) => famOf(e) === fam),
     (e) => e,
   );
-
-  const fipDnat = new Map(fips.map((f) => [f.eip, f.internalIp] as const));
-  // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
-  const fipSnat = new Map<string, string>();
-  for (const f of fips) if (!fipSnat.has(f.internalIp)) fipSnat.set(f.internalIp, f.eip);
-  const portDnat = new Map(
-    dnats.filter((d) => d.portEnd === undefined).map((d) => [`${d.eip} . ${d.protocol} . ${d.port}`, `${d.internalIp} . ${d.internalPort}`] as const),
-  );
-  const rangeDnats = dnats.flatMap((d): NatgwRule[] =>
-    d.portEnd === undefined ? [] : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
-  );
-  const hairpin = new Map(eips.map((e) => [e, undefined] as const));
 
   return {
     family: fam,
     sets: [
-      { name: SET.fipDnat, kind: 'map', type: addr, map: addr, elements: fipDnat },
-      { name: SET.fipSnat, kind: 'map', type: addr, map: addr, elements: fipSnat },
-      {
-        name: SET.portDnat,
-        kind: 'map',
-        type: `${addr} . inet_proto . inet_service`,
-        map: `${addr} . inet_service`,
-        elements: portDnat,
-      },
-      { name: SET.hairpinEips, kind: 'set', type: addr, elements: hairpin },
+      setOf({ name: SET.fipDnat, kind: 'map', type: addr, map: addr }, fipDnat),
+      setOf({ name: SET.fipSnat, kind: 'map', type: addr, map: addr }, fipSnat),
+      setOf({ name: SET.portDnat, kind: 'map', type: `${addr} . inet_proto . inet_service`, map: `${addr} . inet_service` }, portDnat),
+      setOf(
+        { name: SET.hairpinEips, kind: 'set', type: addr },
+        eips.map((key) => ({ key })),
+      ),
     ],
     chains: [
       {
@@ -373,6 +411,12 @@ function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   else tx.addSet(t, { name: s.name, type: s.type });
 }
 
+/** All of a set's elements (a new set), straight from its entries. */
+function addAllElements(sc: Script, fam: NftFamily, set: SetSpec): void {
+  sc.addElements.addElements(natgwTable(fam), set.name, set.list);
+  sc.changes += set.list.length;
+}
+
 function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {
   const elements = keys.map((key): NftElement => {
     const value = set.elements.get(key);
@@ -390,7 +434,7 @@ function renderFresh(sc: Script, spec: FamilySpec): void {
   for (const s of spec.sets) {
     addSet(sc.create, t, s);
     sc.changes += 1;
-    addElements(sc, spec.family, s, [...s.elements.keys()]);
+    addAllElements(sc, spec.family, s);
   }
   for (const c of spec.chains) {
     sc.create.addChain(t, chainOf(c));
@@ -568,7 +612,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     } else {
       addSet(sc.create, t, s);
       sc.changes += 1;
-      addElements(sc, fam, s, [...s.elements.keys()]);
+      addAllElements(sc, fam, s);
     }
   }
   for (const c of spec.chains) {
