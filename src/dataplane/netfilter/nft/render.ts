@@ -54,8 +54,9 @@ import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
 import { dnatKey, fipKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
-import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -123,6 +124,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
       const to = r.pool ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }` : r.eip;
       return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${to}${r.randomFully ? ' fully-random' : ''}`;
     }
+    case 'snat-dispatch':
+      return dispatchText(r, fam);
     case 'range-dnat': {
       const to = fam === 'ip' ? r.internalIp : `[${r.internalIp}]`;
       return `${fam} daddr ${r.eip} ${r.protocol} dport ${r.port}-${r.portEnd} dnat ${fam} to ${to}:${r.port}-${r.portEnd}`;
@@ -178,6 +181,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       const addr = r.pool ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } } : r.eip;
       return [match('==', payload(fam, 'saddr'), right), { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } }];
     }
+    case 'snat-dispatch':
+      return dispatchJson(r, fam);
     case 'range-dnat': {
       const range = { range: [r.port, r.portEnd] };
       return [match('==', payload(fam, 'daddr'), r.eip), match('==', payload(r.protocol, 'dport'), range), { dnat: { addr: r.internalIp, port: range } }];
@@ -290,6 +295,10 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
     d.portEnd === undefined ? [] : [{ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp }],
   );
   const hairpin = new Map(eips.map((e) => [e, undefined] as const));
+  const snatObjects = snatLayout(
+    snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
+    fam,
+  );
 
   return {
     family: fam,
@@ -304,6 +313,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         elements: portDnat,
       },
       { name: SET.hairpinEips, kind: 'set', type: addr, elements: hairpin },
+      ...snatObjects.maps,
     ],
     chains: [
       {
@@ -323,8 +333,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       },
       {
         name: CHAIN.sharedSnat,
-        rules: snats.map(snatRule),
+        rules: snatObjects.dispatch,
       },
+      ...snatObjects.chains,
     ],
   };
 }
@@ -355,10 +366,12 @@ class Script {
   readonly deleteElements = new NftTransaction();
   readonly addElements = new NftTransaction();
   readonly addRules = new NftTransaction();
+  /** Objects no longer referenced once the groups above ran (a SNAT CIDR's chain, a length's map). */
+  readonly drop = new NftTransaction();
   changes = 0;
 
   tx(): NftTransaction {
-    return NftTransaction.concat(this.create, this.deleteRules, this.deleteElements, this.addElements, this.addRules);
+    return NftTransaction.concat(this.create, this.deleteRules, this.deleteElements, this.addElements, this.addRules, this.drop);
   }
 }
 
@@ -413,24 +426,49 @@ function sameChainDecl(spec: ChainSpec, have: NftChainDump): boolean {
 }
 
 /** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
-const SAFE_ELEMENT = /^[0-9A-Za-z.:/ ]+$/;
+const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
 
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
-function needsRebuild(spec: FamilySpec, have: NftTableDump): boolean {
+function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
   const chains = new Map(spec.chains.map((c) => [c.name, c]));
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
   for (const [name, c] of have.chains) {
     const want = chains.get(name);
+    if (!want && isStaleSnatChain(name, c)) continue;
     if (!want || !sameChainDecl(want, c)) return true;
   }
+  // SNAT rules directly in shared_snat: the flat layout of older versions (an upgrade in place).
+  if ((have.owned.get(CHAIN.sharedSnat) ?? []).some((r) => r.rule?.kind === 'snat')) return true;
   for (const [name, s] of have.sets) {
     const want = sets.get(name);
+    if (!want && isSnatMap(s, have.family as NftFamily)) continue;
     if (!want || !sameSetDecl(want, s)) return true;
     // A stale element is deleted by writing its text back into the script: only typed data as
     // nft prints it may be written there (anything else cannot occur in a map natgw declared).
     if (s.elements.some((e) => !SAFE_ELEMENT.test(e.key) || (e.value !== undefined && !SAFE_ELEMENT.test(e.value)))) return true;
   }
   return false;
+}
+
+/** A SNAT CIDR's chain no longer wanted: deleted in the repair, not a reason to rebuild. */
+const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
+
+/** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
+function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
+  const t = natgwTable(spec.family);
+  const sets = new Set(spec.sets.map((s) => s.name));
+  const chains = new Set(spec.chains.map((c) => c.name));
+  for (const [name, s] of have.sets) {
+    if (sets.has(name) || !isSnatMap(s, spec.family)) continue;
+    sc.drop.deleteSet(t, 'map', name);
+    sc.changes += 1;
+  }
+  for (const [name, c] of have.chains) {
+    if (chains.has(name) || !isStaleSnatChain(name, c)) continue;
+    sc.drop.flushChain(t, name);
+    sc.drop.deleteChain(t, name);
+    sc.changes += 1;
+  }
 }
 
 /**
@@ -578,6 +616,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     }
     diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
   }
+  dropStaleSnat(sc, spec, have);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
