@@ -65,10 +65,23 @@ export class SnatLayoutError extends Error {
   override readonly name = 'SnatLayoutError';
 }
 
+/**
+ * Parsed once per CIDR text: a command groups every SNAT rule of the state by CIDR, and parsing
+ * a thousand CIDRs per command would cost more than the command's transaction. Bounded by the
+ * distinct CIDRs seen; cleared when it grows past any plausible state.
+ */
+const cidrs = new Map<string, SnatCidr>();
+const MAX_CACHED_CIDRS = 1 << 16;
+
 export function snatCidr(cidr: string): SnatCidr {
+  const hit = cidrs.get(cidr);
+  if (hit) return hit;
   const c = parseCidr(cidr, { clearHostBits: true });
   if (!c) throw new SnatLayoutError(`invalid SNAT CIDR ${cidr}`);
-  return { key: c.address, len: c.prefix, chain: `${SNAT_CHAIN_PREFIX}${`${c.address}/${c.prefix}`.replace(/[.:/]/g, '_')}` };
+  const out = { key: c.address, len: c.prefix, chain: `${SNAT_CHAIN_PREFIX}${`${c.address}/${c.prefix}`.replace(/[.:/]/g, '_')}` };
+  if (cidrs.size >= MAX_CACHED_CIDRS) cidrs.clear();
+  cidrs.set(cidr, out);
+  return out;
 }
 
 function maskText(len: number, fam: NftFamily): string {
@@ -187,10 +200,26 @@ const sameTexts = (a: readonly SnatItem[], b: readonly SnatItem[]): boolean => a
  * (both deduplicated, in canonical order); returns the number of objects changed.
  */
 export function planSnatChange(tx: NftTransaction, t: NftTableRef, fam: NftFamily, before: readonly SnatItem[], after: readonly SnatItem[]): number {
-  const g0 = groupSnats(before, (i) => i.rule.cidr);
-  const g1 = groupSnats(after, (i) => i.rule.cidr);
-  const lens0 = lensOf(g0.values());
-  const lens1 = lensOf(g1.values());
+  // Only the CIDRs a rule was added to or removed from are grouped: a command at a thousand SNAT
+  // rules must not regroup them all (the walk below compares texts, nothing more).
+  const textsBefore = new Set(before.map((x) => x.text));
+  const textsAfter = new Set(after.map((x) => x.text));
+  const touched = new Set<string>();
+  for (const x of before) if (!textsAfter.has(x.text)) touched.add(snatCidr(x.rule.cidr).chain);
+  for (const x of after) if (!textsBefore.has(x.text)) touched.add(snatCidr(x.rule.cidr).chain);
+  if (touched.size === 0) {
+    if (before.length === after.length && before.every((x, i) => x.text === after[i]?.text)) return 0;
+    // The same rules in another order: every CIDR's chain is compared.
+    for (const x of after) touched.add(snatCidr(x.rule.cidr).chain);
+  }
+  const inTouched = (x: SnatItem): boolean => touched.has(snatCidr(x.rule.cidr).chain);
+  const g0 = groupSnats(before.filter(inTouched), (i) => i.rule.cidr);
+  const g1 = groupSnats(after.filter(inTouched), (i) => i.rule.cidr);
+  // A prefix length appears or goes only with a CIDR: the full walk for lengths is needed then only.
+  const cidrsChange = [...touched].some((c) => g0.has(c) !== g1.has(c));
+  const lensOfAll = (items: readonly SnatItem[]): number[] => (cidrsChange ? lensOf(items.map((x) => snatCidr(x.rule.cidr))) : []);
+  const lens0 = lensOfAll(before);
+  const lens1 = lensOfAll(after);
   const newLens = lens1.filter((l) => !lens0.includes(l));
   const goneLens = new Set(lens0.filter((l) => !lens1.includes(l)));
   let changes = 0;
