@@ -26,7 +26,8 @@ describe('shared SNAT per-CIDR layout on nftables, with real traffic', () => {
   const list = async (): Promise<string> => (await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw'])).stdout;
   /** The address the external server sees a new connection from vpc1 come from. */
   const seenAs = async (): Promise<string> => parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 9000)).ip;
-  const putSnat = async (eip: string, cidr: string, body: Record<string, unknown> = {}) => ok(await api(sock, 'PUT', `/v1/snats/${eip},${enc(cidr)}`, body), `snat ${eip} ${cidr}`);
+  const putSnat = async (eip: string, cidr: string, body: Record<string, unknown> = {}) =>
+    ok(await api(sock, 'PUT', `/v1/snats/${eip},${enc(cidr)}`, body), `snat ${eip} ${cidr}`);
   const delSnat = async (eip: string, cidr: string) => expect((await api(sock, 'DELETE', `/v1/snats/${eip},${enc(cidr)}`)).status).toBe(204);
   const sharedSnatChain = async (): Promise<string> => /chain shared_snat \{([\s\S]*?)\n\t\}/.exec(await list())?.[1] ?? '';
 

@@ -43,9 +43,7 @@ describe('shared SNAT on the nft command path', () => {
     const r = await nft.sync({ ...BASE, snats: SNATS.filter((s) => s !== gone) }, { mode: 'partial' });
     expect(commands(exec)).toEqual(['nft -f -']);
     expect(exec.calls[0]!.input).toBe(
-      ['delete element ip natgw snat_len_24 { 10.1.44.0 }', 'flush chain ip natgw snat_10_1_44_0_24', 'delete chain ip natgw snat_10_1_44_0_24', ''].join(
-        '\n',
-      ),
+      ['delete element ip natgw snat_len_24 { 10.1.44.0 }', 'flush chain ip natgw snat_10_1_44_0_24', 'delete chain ip natgw snat_10_1_44_0_24', ''].join('\n'),
     );
     expect(r.changes).toBeLessThan(5);
   });
