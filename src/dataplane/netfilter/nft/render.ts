@@ -16,21 +16,30 @@
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
  *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
- *   chain shared_snat (regular)                             ip saddr <cidr> snat ip to <eip> [fully-random]   (longest prefix first)
+ *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>   (one per length in use, longest first)
+ *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>
+ *   chain snat_<cidr> (regular, one per SNAT CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
  *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Why shared SNAT stays an ordered chain rather than an interval map: its semantics are "first
- * matching rule wins" over overlapping prefixes, with per-rule options (fully-random) and several
- * EIPs per CIDR, where only the first counts. An interval map needs a disjoint decomposition of the
- * prefixes, recomputed and rewritten wholesale whenever one rule changes, and cannot carry the
- * per-rule flag. NAT chains see only the first packet of a connection (conntrack carries the rest),
- * and SNAT rules are few (one per subnet and EIP), so a linear chain costs little and keeps every
- * change element-level: one rule inserted at its place (`insert … position <handle>`) or deleted by
- * handle. The `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics,
+ * Shared SNAT's semantics are "first matching rule wins" over overlapping prefixes, longest
+ * prefix first, with per-rule options (fully-random, pools) and several EIPs per CIDR where only
+ * the first counts. Rules of equal prefix length overlap only when their CIDR is identical, so
+ * one exact-match verdict map per length (keyed by the masked source address), tried longest
+ * first, finds the one CIDR that can match, and that CIDR's own chain keeps its rules in order
+ * (snatLayout.ts). This makes every SNAT change element-level without rule handles: a CIDR is a
+ * chain and one element, a change within it rewrites its rule or two. A flat ordered chain needed
+ * a handle for a delete, which only a read-back gives (~170 ms at ten thousand objects), so the
+ * command path flushed and rewrote every rule. The lookup cost per packet no longer grows with
+ * the number of SNAT rules either (NAT chains see only a connection's first packet anyway). The
+ * rules inside a CIDR chain keep their `saddr` match: the flat layout's text, recognised as
+ * before. A table in the flat layout (SNAT rules directly in shared_snat: a gateway upgraded in
+ * place) is a structural surprise the full sync rebuilds in one transaction; a stale CIDR chain
+ * or length map is deleted after the element or rule naming it. The `oifname "<ext>"` match is
+ * hoisted into the jump to shared_snat: identical semantics,
  * a rename of the external interface touches one rule, and the external interface stays readable
  * from the kernel even while no SNAT exists (adoption).
  *
