@@ -27,6 +27,7 @@
  * `_<len>` after a `:`-only address, so distinct CIDRs never share a name.
  */
 import ipaddr from 'ipaddr.js';
+import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
 import type { NftElement, NftRule, NftTableRef, NftTransaction } from './transaction.js';
 import type { NatgwRule, NftFamily, NftSetDump, OwnedRule } from './types.js';
@@ -61,8 +62,12 @@ export interface SnatCidr {
   readonly chain: string;
 }
 
-export class SnatLayoutError extends Error {
+/** A SNAT CIDR natgw cannot lay out (validated input never is one). */
+export class SnatLayoutError extends NatgwError {
   override readonly name = 'SnatLayoutError';
+  constructor(message: string) {
+    super('validation', message, 'stdout');
+  }
 }
 
 /**
