@@ -25,7 +25,18 @@ export async function ownedNetfilter(topo: Topology, b: BackendCase): Promise<st
     return (await topo.iptablesSave('nat', b.iptablesVariant)) + (await topo.iptablesSave('mangle', b.iptablesVariant));
   }
   const r = await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw'], { reject: false });
-  return r.stdout;
+  return sortNftBlocks(r.stdout);
+}
+
+/**
+ * nft lists a table's maps and chains in the order they were created: with one map and one
+ * chain per SNAT CIDR (snatLayout.ts) that is the order of the commands, not the state. Rules
+ * keep their order inside each block; only the blocks are sorted.
+ */
+function sortNftBlocks(text: string): string {
+  const m = /^(table [^\n]*\{\n)([\s\S]*?)(\n\}\n?)$/.exec(text);
+  if (!m) return text;
+  return `${m[1]}${(m[2] ?? '').split('\n\n').sort().join('\n\n')}${m[3]}`;
 }
 
 /** natgw's addresses and routes, as comparable text. */

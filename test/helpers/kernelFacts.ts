@@ -66,10 +66,12 @@ export function factsFromNftText(text: string): string[] {
     const m = /^(\S+) : (\S+)$/.exec(e);
     facts.push(m ? `fip-snat ${m[1]} -> ${m[2]}` : `unrecognised fip_snat ${e}`);
   }
-  const chain = /chain shared_snat \{([\s\S]*?)\n\t\}/.exec(text)?.[1] ?? '';
-  for (const raw of chain.split('\n')) {
+  // SNAT rules live in one chain per CIDR, dispatched from shared_snat by prefix length
+  // (snatLayout.ts); shared_snat itself holds only the dispatch rules.
+  const chains = [...text.matchAll(/chain (shared_snat|snat_[0-9a-f_]+) \{([\s\S]*?)\n\t\}/g)].map((m) => m[2] ?? '');
+  for (const raw of chains.join('\n').split('\n')) {
     const line = raw.trim();
-    if (line === '') continue;
+    if (line === '' || /^ip saddr (& \S+ )?vmap @snat_len_\d+$/.test(line)) continue;
     const m = /^ip saddr (\S+) snat to (\S+?)( fully-random)?$/.exec(line);
     if (!m) {
       facts.push(`unrecognised shared_snat ${line}`);

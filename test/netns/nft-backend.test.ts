@@ -150,13 +150,19 @@ describe('NftBackend in a network namespace', () => {
     await nft.sync(WANT);
   });
 
-  it('inserts a new SNAT at its place by handle', async () => {
+  it('a SNAT of a new prefix length adds its map, its chain and one dispatch rule at its place by handle', async () => {
     const want = { ...WANT, snats: [{ eip: FIP_EIP, cidr: '10.0.1.6/32', randomFully: false }, ...WANT.snats] };
     const r = await nft.sync(want);
-    expect(r.changes).toBe(1);
-    expect(r.script).toMatch(/^insert rule ip natgw shared_snat position \d+ ip saddr 10\.0\.1\.6 snat ip to 172\.20\.0\.11\n$/);
+    expect(r.script.split('\n').filter(Boolean)).toEqual([
+      'add map ip natgw snat_len_32 { type ipv4_addr : verdict; }',
+      'add chain ip natgw snat_10_0_1_6_32',
+      'add element ip natgw snat_len_32 { 10.0.1.6 : goto snat_10_0_1_6_32 }',
+      expect.stringMatching(/^insert rule ip natgw shared_snat position \d+ ip saddr vmap @snat_len_32$/),
+      'add rule ip natgw snat_10_0_1_6_32 ip saddr 10.0.1.6 snat ip to 172.20.0.11',
+    ]);
+    expect(r.changes).toBe(5);
     const text = await list();
-    expect(text.indexOf('ip saddr 10.0.1.6 snat')).toBeLessThan(text.indexOf('ip saddr 10.0.1.0/24 snat'));
+    expect(text.indexOf('ip saddr vmap @snat_len_32')).toBeLessThan(text.indexOf('ip saddr & 255.255.255.0 vmap @snat_len_24'));
     expect(parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 9000)).ip).toBe(FIP_EIP);
     await nft.sync(WANT);
     expect(await nft.sync(WANT)).toEqual({ changes: 0, script: '' });

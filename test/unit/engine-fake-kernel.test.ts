@@ -111,6 +111,7 @@ function expectNatgwNft(nft: FakeNftClient): void {
     ['prerouting', 'nat prerouting -100 accept'],
     ['postrouting', 'nat postrouting 100 accept'],
     ['shared_snat', undefined],
+    ['snat_10_0_1_0_24', undefined],
   ]);
   expect(rules(t, 'vpc_mark')).toEqual([JSON.stringify({ kind: 'vpc-mark', vpcIf: 'eth0' })]);
   expect(rules(t, 'prerouting')).toEqual([JSON.stringify({ kind: 'fip-dnat' }), JSON.stringify({ kind: 'port-dnat' })]);
@@ -119,7 +120,9 @@ function expectNatgwNft(nft: FakeNftClient): void {
     JSON.stringify({ kind: 'snat-jump', extIf: 'net1' }),
     JSON.stringify({ kind: 'hairpin', vpcIf: 'eth0' }),
   ]);
-  expect(rules(t, 'shared_snat')).toEqual([JSON.stringify({ kind: 'snat', cidr: '10.0.1.0/24', eip: '172.20.0.10', randomFully: true })]);
+  expect(rules(t, 'shared_snat')).toEqual([JSON.stringify({ kind: 'snat-dispatch', len: 24 })]);
+  expect(rules(t, 'snat_10_0_1_0_24')).toEqual([JSON.stringify({ kind: 'snat', cidr: '10.0.1.0/24', eip: '172.20.0.10', randomFully: true })]);
+  expect(elements(t, 'snat_len_24')).toEqual(['10.0.1.0 : goto snat_10_0_1_0_24']);
   expect(elements(t, 'fip_dnat')).toEqual(['172.20.0.20 : 10.0.1.6']);
   expect(elements(t, 'fip_snat')).toEqual(['10.0.1.6 : 172.20.0.20']);
   expect(elements(t, 'port_dnat')).toEqual(['172.20.0.10 . tcp . 80 : 10.0.1.7 . 8080']);

@@ -23,7 +23,7 @@ describe('nft partial plan', () => {
     expect(renderPartial(view(one, true), { ...one, dnats: [] })).toBeNull();
   });
 
-  it('a new SNAT rule is inserted by index, the others untouched; a removed one rewrites the chain', () => {
+  it('new SNAT CIDRs are chains and elements, a new length a map and a dispatch rule by index; a removed CIDR touches no other', () => {
     const a = snat('10.0.1.0/24');
     const b = snat('10.0.3.0/24');
     const before = { ...T, snats: [a, b] };
@@ -32,14 +32,26 @@ describe('nft partial plan', () => {
     const added = renderPartial(view(before, false), { ...before, snats: [host, a, mid, b, snat('10.0.0.0/16')] });
     expect(added?.script).toBe(
       [
-        'insert rule ip natgw shared_snat index 0 ip saddr 10.0.9.9 snat ip to 172.20.0.10',
-        'insert rule ip natgw shared_snat index 2 ip saddr 10.0.2.0/24 snat ip to 172.20.0.10',
-        'add rule ip natgw shared_snat ip saddr 10.0.0.0/16 snat ip to 172.20.0.10',
+        'add map ip natgw snat_len_32 { type ipv4_addr : verdict; }',
+        'add map ip natgw snat_len_16 { type ipv4_addr : verdict; }',
+        'add chain ip natgw snat_10_0_9_9_32',
+        'add rule ip natgw snat_10_0_9_9_32 ip saddr 10.0.9.9 snat ip to 172.20.0.10',
+        'add chain ip natgw snat_10_0_2_0_24',
+        'add rule ip natgw snat_10_0_2_0_24 ip saddr 10.0.2.0/24 snat ip to 172.20.0.10',
+        'add chain ip natgw snat_10_0_0_0_16',
+        'add rule ip natgw snat_10_0_0_0_16 ip saddr 10.0.0.0/16 snat ip to 172.20.0.10',
+        'add element ip natgw snat_len_32 { 10.0.9.9 : goto snat_10_0_9_9_32 }',
+        'add element ip natgw snat_len_24 { 10.0.2.0 : goto snat_10_0_2_0_24 }',
+        'add element ip natgw snat_len_16 { 10.0.0.0 : goto snat_10_0_0_0_16 }',
+        'insert rule ip natgw shared_snat index 0 ip saddr vmap @snat_len_32',
+        'add rule ip natgw shared_snat ip saddr & 255.255.0.0 vmap @snat_len_16',
         '',
       ].join('\n'),
     );
     const removed = renderPartial(view(before, false), { ...before, snats: [b] });
-    expect(removed?.script).toBe('flush chain ip natgw shared_snat\nadd rule ip natgw shared_snat ip saddr 10.0.3.0/24 snat ip to 172.20.0.10\n');
+    expect(removed?.script).toBe(
+      ['delete element ip natgw snat_len_24 { 10.0.1.0 }', 'flush chain ip natgw snat_10_0_1_0_24', 'delete chain ip natgw snat_10_0_1_0_24', ''].join('\n'),
+    );
   });
 
   it('an interface renamed needs a full sync', () => {

@@ -39,8 +39,20 @@ const WANT: NatTables = {
 
 const REAL_IP = JSON.stringify({
   nftables: [
-    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
-    { table: { family: 'ip', name: 'natgw', handle: 1 } },
+    {
+      metainfo: {
+        version: '1.0.6',
+        release_name: 'Lester Gooch #5',
+        json_schema_version: 1,
+      },
+    },
+    {
+      table: {
+        family: 'ip',
+        name: 'natgw',
+        handle: 1,
+      },
+    },
     {
       map: {
         family: 'ip',
@@ -55,7 +67,17 @@ const REAL_IP = JSON.stringify({
         ],
       },
     },
-    { map: { family: 'ip', name: 'fip_snat', table: 'natgw', type: 'ipv4_addr', handle: 2, map: 'ipv4_addr', elem: [['10.0.1.7', '172.20.0.11']] } },
+    {
+      map: {
+        family: 'ip',
+        name: 'fip_snat',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 2,
+        map: 'ipv4_addr',
+        elem: [['10.0.1.7', '172.20.0.11']],
+      },
+    },
     {
       map: {
         family: 'ip',
@@ -65,25 +87,200 @@ const REAL_IP = JSON.stringify({
         handle: 3,
         map: 'ipv4_addr . inet_service',
         elem: [
-          [{ concat: ['172.20.0.10', 'udp', 53] }, { concat: ['10.0.1.7', 53] }],
-          [{ concat: ['172.20.0.10', 'tcp', 80] }, { concat: ['10.0.1.6', 8080] }],
+          [
+            {
+              concat: ['172.20.0.10', 'udp', 53],
+            },
+            {
+              concat: ['10.0.1.7', 53],
+            },
+          ],
+          [
+            {
+              concat: ['172.20.0.10', 'tcp', 80],
+            },
+            {
+              concat: ['10.0.1.6', 8080],
+            },
+          ],
         ],
       },
     },
-    { set: { family: 'ip', name: 'hairpin_eips', table: 'natgw', type: 'ipv4_addr', handle: 4, elem: ['172.20.0.10', '172.20.0.11'] } },
-    { chain: { family: 'ip', table: 'natgw', name: 'vpc_mark', handle: 5, type: 'filter', hook: 'prerouting', prio: -150, policy: 'accept' } },
-    { chain: { family: 'ip', table: 'natgw', name: 'prerouting', handle: 6, type: 'nat', hook: 'prerouting', prio: -100, policy: 'accept' } },
-    { chain: { family: 'ip', table: 'natgw', name: 'postrouting', handle: 7, type: 'nat', hook: 'postrouting', prio: 100, policy: 'accept' } },
-    { chain: { family: 'ip', table: 'natgw', name: 'shared_snat', handle: 8 } },
+    {
+      set: {
+        family: 'ip',
+        name: 'hairpin_eips',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 4,
+        elem: ['172.20.0.10', '172.20.0.11'],
+      },
+    },
+    {
+      map: {
+        family: 'ip',
+        name: 'snat_len_32',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 5,
+        map: 'verdict',
+        elem: [
+          [
+            '10.0.1.6',
+            {
+              goto: {
+                target: 'snat_10_0_1_6_32',
+              },
+            },
+          ],
+        ],
+      },
+    },
+    {
+      map: {
+        family: 'ip',
+        name: 'snat_len_24',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 6,
+        map: 'verdict',
+        elem: [
+          [
+            '10.0.1.0',
+            {
+              goto: {
+                target: 'snat_10_0_1_0_24',
+              },
+            },
+          ],
+        ],
+      },
+    },
+    {
+      map: {
+        family: 'ip',
+        name: 'snat_len_0',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 7,
+        map: 'verdict',
+        elem: [
+          [
+            '0.0.0.0',
+            {
+              goto: {
+                target: 'snat_0_0_0_0_0',
+              },
+            },
+          ],
+        ],
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'vpc_mark',
+        handle: 8,
+        type: 'filter',
+        hook: 'prerouting',
+        prio: -150,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'prerouting',
+        handle: 9,
+        type: 'nat',
+        hook: 'prerouting',
+        prio: -100,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'postrouting',
+        handle: 10,
+        type: 'nat',
+        hook: 'postrouting',
+        prio: 100,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'shared_snat',
+        handle: 11,
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'snat_10_0_1_6_32',
+        handle: 12,
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'snat_10_0_1_0_24',
+        handle: 13,
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'snat_0_0_0_0_0',
+        handle: 14,
+      },
+    },
     {
       rule: {
         family: 'ip',
         table: 'natgw',
         chain: 'vpc_mark',
-        handle: 9,
+        handle: 15,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'iifname' } }, right: 'eth0' } },
-          { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, 1] } } },
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'iifname',
+                },
+              },
+              right: 'eth0',
+            },
+          },
+          {
+            mangle: {
+              key: {
+                meta: {
+                  key: 'mark',
+                },
+              },
+              value: {
+                '|': [
+                  {
+                    meta: {
+                      key: 'mark',
+                    },
+                  },
+                  1,
+                ],
+              },
+            },
+          },
         ],
       },
     },
@@ -92,8 +289,24 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 10,
-        expr: [{ dnat: { addr: { map: { key: { payload: { protocol: 'ip', field: 'daddr' } }, data: '@fip_dnat' } } } }],
+        handle: 16,
+        expr: [
+          {
+            dnat: {
+              addr: {
+                map: {
+                  key: {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'daddr',
+                    },
+                  },
+                  data: '@fip_dnat',
+                },
+              },
+            },
+          },
+        ],
       },
     },
     {
@@ -101,16 +314,46 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 12,
+        handle: 18,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: { set: ['tcp', 'udp'] } } },
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'l4proto',
+                },
+              },
+              right: {
+                set: ['tcp', 'udp'],
+              },
+            },
+          },
           {
             dnat: {
               family: 'ip',
               addr: {
                 map: {
                   key: {
-                    concat: [{ payload: { protocol: 'ip', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }],
+                    concat: [
+                      {
+                        payload: {
+                          protocol: 'ip',
+                          field: 'daddr',
+                        },
+                      },
+                      {
+                        meta: {
+                          key: 'l4proto',
+                        },
+                      },
+                      {
+                        payload: {
+                          protocol: 'th',
+                          field: 'dport',
+                        },
+                      },
+                    ],
                   },
                   data: '@port_dnat',
                 },
@@ -125,8 +368,24 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 13,
-        expr: [{ snat: { addr: { map: { key: { payload: { protocol: 'ip', field: 'saddr' } }, data: '@fip_snat' } } } }],
+        handle: 19,
+        expr: [
+          {
+            snat: {
+              addr: {
+                map: {
+                  key: {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'saddr',
+                    },
+                  },
+                  data: '@fip_snat',
+                },
+              },
+            },
+          },
+        ],
       },
     },
     {
@@ -134,8 +393,25 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 14,
-        expr: [{ match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'net1' } }, { jump: { target: 'shared_snat' } }],
+        handle: 20,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'oifname',
+                },
+              },
+              right: 'net1',
+            },
+          },
+          {
+            jump: {
+              target: 'shared_snat',
+            },
+          },
+        ],
       },
     },
     {
@@ -143,13 +419,69 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 15,
+        handle: 21,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'eth0' } },
-          { match: { op: '==', left: { '&': [{ meta: { key: 'mark' } }, 1] }, right: 1 } },
-          { match: { op: 'in', left: { ct: { key: 'status' } }, right: 'dnat' } },
-          { match: { op: '==', left: { ct: { key: 'ip daddr', dir: 'original' } }, right: '@hairpin_eips' } },
-          { snat: { addr: { ct: { key: 'ip daddr', dir: 'original' } }, flags: 'fully-random' } },
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'oifname',
+                },
+              },
+              right: 'eth0',
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                '&': [
+                  {
+                    meta: {
+                      key: 'mark',
+                    },
+                  },
+                  1,
+                ],
+              },
+              right: 1,
+            },
+          },
+          {
+            match: {
+              op: 'in',
+              left: {
+                ct: {
+                  key: 'status',
+                },
+              },
+              right: 'dnat',
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                ct: {
+                  key: 'ip daddr',
+                  dir: 'original',
+                },
+              },
+              right: '@hairpin_eips',
+            },
+          },
+          {
+            snat: {
+              addr: {
+                ct: {
+                  key: 'ip daddr',
+                  dir: 'original',
+                },
+              },
+              flags: 'fully-random',
+            },
+          },
         ],
       },
     },
@@ -158,10 +490,19 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 16,
+        handle: 22,
         expr: [
-          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: '10.0.1.6' } },
-          { snat: { addr: '172.20.0.10', flags: 'fully-random' } },
+          {
+            vmap: {
+              key: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'saddr',
+                },
+              },
+              data: '@snat_len_32',
+            },
+          },
         ],
       },
     },
@@ -170,10 +511,24 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 17,
+        handle: 23,
         expr: [
-          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: { prefix: { addr: '10.0.1.0', len: 24 } } } },
-          { snat: { addr: '172.20.0.10' } },
+          {
+            vmap: {
+              key: {
+                '&': [
+                  {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'saddr',
+                    },
+                  },
+                  '255.255.255.0',
+                ],
+              },
+              data: '@snat_len_24',
+            },
+          },
         ],
       },
     },
@@ -182,21 +537,159 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 18,
+        handle: 24,
         expr: [
-          { match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: { prefix: { addr: '0.0.0.0', len: 0 } } } },
-          { snat: { addr: '172.20.0.11', flags: 'fully-random' } },
+          {
+            vmap: {
+              key: {
+                '&': [
+                  {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'saddr',
+                    },
+                  },
+                  '0.0.0.0',
+                ],
+              },
+              data: '@snat_len_0',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'snat_10_0_1_6_32',
+        handle: 25,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'saddr',
+                },
+              },
+              right: '10.0.1.6',
+            },
+          },
+          {
+            snat: {
+              addr: '172.20.0.10',
+              flags: 'fully-random',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'snat_10_0_1_0_24',
+        handle: 26,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'saddr',
+                },
+              },
+              right: {
+                prefix: {
+                  addr: '10.0.1.0',
+                  len: 24,
+                },
+              },
+            },
+          },
+          {
+            snat: {
+              addr: '172.20.0.10',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'snat_0_0_0_0_0',
+        handle: 27,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'saddr',
+                },
+              },
+              right: {
+                prefix: {
+                  addr: '0.0.0.0',
+                  len: 0,
+                },
+              },
+            },
+          },
+          {
+            snat: {
+              addr: '172.20.0.11',
+              flags: 'fully-random',
+            },
+          },
         ],
       },
     },
   ],
 });
+
 const REAL_IP6 = JSON.stringify({
   nftables: [
-    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
-    { table: { family: 'ip6', name: 'natgw', handle: 2 } },
-    { map: { family: 'ip6', name: 'fip_dnat', table: 'natgw', type: 'ipv6_addr', handle: 1, map: 'ipv6_addr' } },
-    { map: { family: 'ip6', name: 'fip_snat', table: 'natgw', type: 'ipv6_addr', handle: 2, map: 'ipv6_addr' } },
+    {
+      metainfo: {
+        version: '1.0.6',
+        release_name: 'Lester Gooch #5',
+        json_schema_version: 1,
+      },
+    },
+    {
+      table: {
+        family: 'ip6',
+        name: 'natgw',
+        handle: 2,
+      },
+    },
+    {
+      map: {
+        family: 'ip6',
+        name: 'fip_dnat',
+        table: 'natgw',
+        type: 'ipv6_addr',
+        handle: 1,
+        map: 'ipv6_addr',
+      },
+    },
+    {
+      map: {
+        family: 'ip6',
+        name: 'fip_snat',
+        table: 'natgw',
+        type: 'ipv6_addr',
+        handle: 2,
+        map: 'ipv6_addr',
+      },
+    },
     {
       map: {
         family: 'ip6',
@@ -205,33 +698,138 @@ const REAL_IP6 = JSON.stringify({
         type: ['ipv6_addr', 'inet_proto', 'inet_service'],
         handle: 3,
         map: 'ipv6_addr . inet_service',
-        elem: [[{ concat: ['fd00:20::10', 'tcp', 443] }, { concat: ['fd00:1::6', 8443] }]],
+        elem: [
+          [
+            {
+              concat: ['fd00:20::10', 'tcp', 443],
+            },
+            {
+              concat: ['fd00:1::6', 8443],
+            },
+          ],
+        ],
       },
     },
-    { set: { family: 'ip6', name: 'hairpin_eips', table: 'natgw', type: 'ipv6_addr', handle: 4, elem: ['fd00:20::10'] } },
-    { chain: { family: 'ip6', table: 'natgw', name: 'vpc_mark', handle: 5, type: 'filter', hook: 'prerouting', prio: -150, policy: 'accept' } },
-    { chain: { family: 'ip6', table: 'natgw', name: 'prerouting', handle: 6, type: 'nat', hook: 'prerouting', prio: -100, policy: 'accept' } },
-    { chain: { family: 'ip6', table: 'natgw', name: 'postrouting', handle: 7, type: 'nat', hook: 'postrouting', prio: 100, policy: 'accept' } },
-    { chain: { family: 'ip6', table: 'natgw', name: 'shared_snat', handle: 8 } },
+    {
+      set: {
+        family: 'ip6',
+        name: 'hairpin_eips',
+        table: 'natgw',
+        type: 'ipv6_addr',
+        handle: 4,
+        elem: ['fd00:20::10'],
+      },
+    },
+    {
+      map: {
+        family: 'ip6',
+        name: 'snat_len_64',
+        table: 'natgw',
+        type: 'ipv6_addr',
+        handle: 5,
+        map: 'verdict',
+        elem: [
+          [
+            'fd00:1::',
+            {
+              goto: {
+                target: 'snat_fd00_1___64',
+              },
+            },
+          ],
+        ],
+      },
+    },
+    {
+      chain: {
+        family: 'ip6',
+        table: 'natgw',
+        name: 'vpc_mark',
+        handle: 6,
+        type: 'filter',
+        hook: 'prerouting',
+        prio: -150,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip6',
+        table: 'natgw',
+        name: 'prerouting',
+        handle: 7,
+        type: 'nat',
+        hook: 'prerouting',
+        prio: -100,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip6',
+        table: 'natgw',
+        name: 'postrouting',
+        handle: 8,
+        type: 'nat',
+        hook: 'postrouting',
+        prio: 100,
+        policy: 'accept',
+      },
+    },
+    {
+      chain: {
+        family: 'ip6',
+        table: 'natgw',
+        name: 'shared_snat',
+        handle: 9,
+      },
+    },
+    {
+      chain: {
+        family: 'ip6',
+        table: 'natgw',
+        name: 'snat_fd00_1___64',
+        handle: 10,
+      },
+    },
     {
       rule: {
         family: 'ip6',
         table: 'natgw',
         chain: 'vpc_mark',
-        handle: 9,
+        handle: 11,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'iifname' } }, right: 'eth0' } },
-          { mangle: { key: { meta: { key: 'mark' } }, value: { '|': [{ meta: { key: 'mark' } }, 1] } } },
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'iifname',
+                },
+              },
+              right: 'eth0',
+            },
+          },
+          {
+            mangle: {
+              key: {
+                meta: {
+                  key: 'mark',
+                },
+              },
+              value: {
+                '|': [
+                  {
+                    meta: {
+                      key: 'mark',
+                    },
+                  },
+                  1,
+                ],
+              },
+            },
+          },
         ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 10,
-        expr: [{ dnat: { addr: { map: { key: { payload: { protocol: 'ip6', field: 'daddr' } }, data: '@fip_dnat' } } } }],
       },
     },
     {
@@ -241,14 +839,69 @@ const REAL_IP6 = JSON.stringify({
         chain: 'prerouting',
         handle: 12,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: { set: ['tcp', 'udp'] } } },
+          {
+            dnat: {
+              addr: {
+                map: {
+                  key: {
+                    payload: {
+                      protocol: 'ip6',
+                      field: 'daddr',
+                    },
+                  },
+                  data: '@fip_dnat',
+                },
+              },
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 14,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'l4proto',
+                },
+              },
+              right: {
+                set: ['tcp', 'udp'],
+              },
+            },
+          },
           {
             dnat: {
               family: 'ip6',
               addr: {
                 map: {
                   key: {
-                    concat: [{ payload: { protocol: 'ip6', field: 'daddr' } }, { meta: { key: 'l4proto' } }, { payload: { protocol: 'th', field: 'dport' } }],
+                    concat: [
+                      {
+                        payload: {
+                          protocol: 'ip6',
+                          field: 'daddr',
+                        },
+                      },
+                      {
+                        meta: {
+                          key: 'l4proto',
+                        },
+                      },
+                      {
+                        payload: {
+                          protocol: 'th',
+                          field: 'dport',
+                        },
+                      },
+                    ],
                   },
                   data: '@port_dnat',
                 },
@@ -263,31 +916,120 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 13,
-        expr: [{ snat: { addr: { map: { key: { payload: { protocol: 'ip6', field: 'saddr' } }, data: '@fip_snat' } } } }],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 14,
-        expr: [{ match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'net1' } }, { jump: { target: 'shared_snat' } }],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'postrouting',
         handle: 15,
         expr: [
-          { match: { op: '==', left: { meta: { key: 'oifname' } }, right: 'eth0' } },
-          { match: { op: '==', left: { '&': [{ meta: { key: 'mark' } }, 1] }, right: 1 } },
-          { match: { op: 'in', left: { ct: { key: 'status' } }, right: 'dnat' } },
-          { match: { op: '==', left: { ct: { key: 'ip6 daddr', dir: 'original' } }, right: '@hairpin_eips' } },
-          { snat: { addr: { ct: { key: 'ip6 daddr', dir: 'original' } }, flags: 'fully-random' } },
+          {
+            snat: {
+              addr: {
+                map: {
+                  key: {
+                    payload: {
+                      protocol: 'ip6',
+                      field: 'saddr',
+                    },
+                  },
+                  data: '@fip_snat',
+                },
+              },
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 16,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'oifname',
+                },
+              },
+              right: 'net1',
+            },
+          },
+          {
+            jump: {
+              target: 'shared_snat',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'postrouting',
+        handle: 17,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'oifname',
+                },
+              },
+              right: 'eth0',
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                '&': [
+                  {
+                    meta: {
+                      key: 'mark',
+                    },
+                  },
+                  1,
+                ],
+              },
+              right: 1,
+            },
+          },
+          {
+            match: {
+              op: 'in',
+              left: {
+                ct: {
+                  key: 'status',
+                },
+              },
+              right: 'dnat',
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                ct: {
+                  key: 'ip6 daddr',
+                  dir: 'original',
+                },
+              },
+              right: '@hairpin_eips',
+            },
+          },
+          {
+            snat: {
+              addr: {
+                ct: {
+                  key: 'ip6 daddr',
+                  dir: 'original',
+                },
+              },
+              flags: 'fully-random',
+            },
+          },
         ],
       },
     },
@@ -296,18 +1038,67 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 16,
+        handle: 18,
         expr: [
-          { match: { op: '==', left: { payload: { protocol: 'ip6', field: 'saddr' } }, right: { prefix: { addr: 'fd00:1::', len: 64 } } } },
-          { snat: { addr: 'fd00:20::10' } },
+          {
+            vmap: {
+              key: {
+                '&': [
+                  {
+                    payload: {
+                      protocol: 'ip6',
+                      field: 'saddr',
+                    },
+                  },
+                  'ffff:ffff:ffff:ffff::',
+                ],
+              },
+              data: '@snat_len_64',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'snat_fd00_1___64',
+        handle: 19,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip6',
+                  field: 'saddr',
+                },
+              },
+              right: {
+                prefix: {
+                  addr: 'fd00:1::',
+                  len: 64,
+                },
+              },
+            },
+          },
+          {
+            snat: {
+              addr: 'fd00:20::10',
+            },
+          },
         ],
       },
     },
   ],
 });
 
-/** Handles in REAL_IP: shared_snat 16 (10.0.1.6/32), 17 (10.0.1.0/24), 18 (0.0.0.0/0). */
-const H = { mark: 9, fipDnat: 10, portDnat: 12, fipSnat: 13, jump: 14, hairpin: 15, snat32: 16, snat24: 17, snat0: 18 } as const;
+/**
+ * Handles in REAL_IP: shared_snat's dispatch rules 22 (/32), 23 (/24), 24 (/0); the SNAT rules in
+ * their CIDR chains 25 (10.0.1.6/32), 26 (10.0.1.0/24), 27 (0.0.0.0/0).
+ */
+const H = { mark: 15, fipDnat: 16, portDnat: 18, fipSnat: 19, jump: 20, hairpin: 21, d32: 22, d24: 23, d0: 24, snat32: 25, snat24: 26, snat0: 27 } as const;
 
 type Item = Record<string, Record<string, unknown>>;
 
@@ -371,12 +1162,14 @@ describe('render from nothing', () => {
       'oifname "net1" jump shared_snat',
       'oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
     ]);
-    // Longest prefix first, in the given order; a host prefix is written as an address.
-    expect(rulesOf('shared_snat')).toEqual([
-      'ip saddr 10.0.1.6 snat ip to 172.20.0.10 fully-random',
-      'ip saddr 10.0.1.0/24 snat ip to 172.20.0.10',
-      'ip saddr 0.0.0.0/0 snat ip to 172.20.0.11 fully-random',
-    ]);
+    // One dispatch rule per prefix length, longest first; each CIDR's rules in its own chain
+    // (a host prefix is written as an address, a full-length mask as none).
+    expect(rulesOf('shared_snat')).toEqual(['ip saddr vmap @snat_len_32', 'ip saddr & 255.255.255.0 vmap @snat_len_24', 'ip saddr & 0.0.0.0 vmap @snat_len_0']);
+    expect(rulesOf('snat_10_0_1_6_32')).toEqual(['ip saddr 10.0.1.6 snat ip to 172.20.0.10 fully-random']);
+    expect(rulesOf('snat_10_0_1_0_24')).toEqual(['ip saddr 10.0.1.0/24 snat ip to 172.20.0.10']);
+    expect(rulesOf('snat_0_0_0_0_0')).toEqual(['ip saddr 0.0.0.0/0 snat ip to 172.20.0.11 fully-random']);
+    expect(script).toContain('add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }');
+    expect(script).toContain('add element ip6 natgw snat_len_64 { fd00:1:: : goto snat_fd00_1___64 }');
   });
 
   it('creates objects before the rules that use them, all in one script', () => {
@@ -488,42 +1281,85 @@ describe('element-level diffs', () => {
     expect(renderNatgw(want, kernel(REAL_IP)).script).toBe('add element ip natgw hairpin_eips { 172.20.0.13 }\n');
   });
 
-  it('a new SNAT is inserted at its place (before the first shorter prefix), by handle', () => {
+  it('a SNAT of a new prefix length gets its map, its chain and a dispatch rule inserted at its place, by handle', () => {
     const want = { ...WANT, snats: [WANT.snats[0]!, WANT.snats[1]!, { eip: '172.20.0.11', cidr: '10.0.1.0/28', randomFully: false }, ...WANT.snats.slice(2)] };
-    expect(renderNatgw(want, kernel(REAL_IP))).toEqual({
-      script: `insert rule ip natgw shared_snat position ${H.snat24} ip saddr 10.0.1.0/28 snat ip to 172.20.0.11\n`,
-      changes: 1,
-    });
+    expect(lines(renderNatgw(want, kernel(REAL_IP)).script)).toEqual([
+      'add map ip natgw snat_len_28 { type ipv4_addr : verdict; }',
+      'add chain ip natgw snat_10_0_1_0_28',
+      'add element ip natgw snat_len_28 { 10.0.1.0 : goto snat_10_0_1_0_28 }',
+      `insert rule ip natgw shared_snat position ${H.d24} ip saddr & 255.255.255.240 vmap @snat_len_28`,
+      'add rule ip natgw snat_10_0_1_0_28 ip saddr 10.0.1.0/28 snat ip to 172.20.0.11',
+    ]);
   });
 
-  it('a new last SNAT is appended; a removed one is deleted by handle', () => {
+  it('a second EIP of a CIDR is appended to its chain; the last of a length takes its element, chain, map and dispatch rule', () => {
     const add = { ...WANT, snats: [...WANT.snats, { eip: '172.20.0.10', cidr: '0.0.0.0/0', randomFully: false }] };
-    expect(renderNatgw(add, kernel(REAL_IP)).script).toBe('add rule ip natgw shared_snat ip saddr 0.0.0.0/0 snat ip to 172.20.0.10\n');
+    expect(renderNatgw(add, kernel(REAL_IP)).script).toBe('add rule ip natgw snat_0_0_0_0_0 ip saddr 0.0.0.0/0 snat ip to 172.20.0.10\n');
     const del = { ...WANT, snats: WANT.snats.filter((s) => s.cidr !== '10.0.1.0/24') };
-    expect(renderNatgw(del, kernel(REAL_IP)).script).toBe(`delete rule ip natgw shared_snat handle ${H.snat24}\n`);
+    expect(lines(renderNatgw(del, kernel(REAL_IP)).script)).toEqual([
+      `delete rule ip natgw shared_snat handle ${H.d24}`,
+      'delete map ip natgw snat_len_24',
+      'flush chain ip natgw snat_10_0_1_0_24',
+      'delete chain ip natgw snat_10_0_1_0_24',
+    ]);
+  });
+
+  it('the last SNAT of a CIDR whose length stays in use takes one element and its chain', () => {
+    const more = { ...WANT, snats: [...WANT.snats, { eip: '172.20.0.10', cidr: '10.0.2.0/24', randomFully: false }] };
+    // The kernel with 10.0.2.0/24 too: its chain and element, as natgw would have added them.
+    const withMore = edit(REAL_IP, (items) => [
+      ...items.map((i) => {
+        const m = i['map'];
+        if (m && m['name'] === 'snat_len_24') m['elem'] = [...(m['elem'] as unknown[]), ['10.0.2.0', { goto: { target: 'snat_10_0_2_0_24' } }]];
+        return i;
+      }),
+      { chain: { family: 'ip', table: 'natgw', name: 'snat_10_0_2_0_24', handle: 40 } },
+    ]);
+    expect(renderNatgw(more, kernel(withMore)).script).toBe('add rule ip natgw snat_10_0_2_0_24 ip saddr 10.0.2.0/24 snat ip to 172.20.0.10\n');
+    expect(lines(renderNatgw(WANT, kernel(withMore)).script)).toEqual([
+      'delete element ip natgw snat_len_24 { 10.0.2.0 }',
+      'flush chain ip natgw snat_10_0_2_0_24',
+      'delete chain ip natgw snat_10_0_2_0_24',
+    ]);
   });
 
   it('a changed --random-fully replaces that one rule in place', () => {
     const want = { ...WANT, snats: WANT.snats.map((s) => (s.cidr === '10.0.1.0/24' ? { ...s, randomFully: true } : s)) };
     expect(lines(renderNatgw(want, kernel(REAL_IP)).script)).toEqual([
-      `delete rule ip natgw shared_snat handle ${H.snat24}`,
-      `insert rule ip natgw shared_snat position ${H.snat0} ip saddr 10.0.1.0/24 snat ip to 172.20.0.10 fully-random`,
+      `delete rule ip natgw snat_10_0_1_0_24 handle ${H.snat24}`,
+      'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.10 fully-random',
     ]);
   });
 
-  it('SNAT rules out of order are moved with the fewest deletes and inserts', () => {
-    // The kernel holds /32, /24, /0; someone moved /0 to the top.
+  it('dispatch rules out of order are moved with the fewest deletes and inserts', () => {
+    // The kernel dispatches /32, /24, /0; someone moved /0 to the top.
     const moved = edit(REAL_IP, (items) => {
-      const i = items.findIndex((x) => x['rule']?.['handle'] === H.snat0);
+      const i = items.findIndex((x) => x['rule']?.['handle'] === H.d0);
       const [r] = items.splice(i, 1);
-      const first = items.findIndex((x) => x['rule']?.['handle'] === H.snat32);
+      const first = items.findIndex((x) => x['rule']?.['handle'] === H.d32);
       items.splice(first, 0, r!);
       return items;
     });
     expect(lines(renderNatgw(WANT, kernel(moved)).script)).toEqual([
-      `delete rule ip natgw shared_snat handle ${H.snat0}`,
-      'add rule ip natgw shared_snat ip saddr 0.0.0.0/0 snat ip to 172.20.0.11 fully-random',
+      `delete rule ip natgw shared_snat handle ${H.d0}`,
+      'add rule ip natgw shared_snat ip saddr & 0.0.0.0 vmap @snat_len_0',
     ]);
+  });
+
+  it('a table in the flat layout of older versions (SNAT rules in shared_snat) is rebuilt in one transaction', () => {
+    const flat = edit(REAL_IP, (items) =>
+      items.map((i) => {
+        const r = i['rule'];
+        if (r?.['handle'] === H.d24) return { rule: { ...r, expr: items.find((x) => x['rule']?.['handle'] === H.snat24)!['rule']!['expr'] } };
+        return i;
+      }),
+    );
+    const script = lines(renderNatgw(WANT, kernel(flat)).script);
+    expect(script[0]).toBe('delete table ip natgw');
+    expect(script).toContain('add table ip natgw');
+    expect(script).toContain('add rule ip natgw shared_snat ip saddr & 255.255.255.0 vmap @snat_len_24');
+    // Adoption reads the flat rules too (an upgrade whose state file was lost).
+    expect(natTablesFromKernel(kernel(flat))?.snats.map((x) => x.cidr)).toContain('10.0.1.0/24');
   });
 });
 
@@ -550,8 +1386,8 @@ describe('repairs', () => {
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
-    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(9);
-    expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(4);
+    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(12);
+    expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(7);
   });
 
   it('a deleted table is recreated whole', () => {
@@ -599,8 +1435,8 @@ describe('interface rename', () => {
     expect(lines(renderNatgw({ ...WANT, vpcIf: 'vpc0' }, kernel(REAL_IP)).script)).toEqual([
       `delete rule ip natgw vpc_mark handle ${H.mark}`,
       `delete rule ip natgw postrouting handle ${H.hairpin}`,
-      'delete rule ip6 natgw vpc_mark handle 9',
-      'delete rule ip6 natgw postrouting handle 15',
+      'delete rule ip6 natgw vpc_mark handle 11',
+      'delete rule ip6 natgw postrouting handle 17',
       'add rule ip natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
       'add rule ip natgw postrouting oifname "vpc0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
       'add rule ip6 natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
@@ -612,9 +1448,9 @@ describe('interface rename', () => {
     const s = lines(renderNatgw({ ...WANT, extIf: 'ext0' }, kernel(REAL_IP)).script);
     expect(s).toEqual([
       `delete rule ip natgw postrouting handle ${H.jump}`,
-      'delete rule ip6 natgw postrouting handle 14',
+      'delete rule ip6 natgw postrouting handle 16',
       `insert rule ip natgw postrouting position ${H.hairpin} oifname "ext0" jump shared_snat`,
-      'insert rule ip6 natgw postrouting position 15 oifname "ext0" jump shared_snat',
+      'insert rule ip6 natgw postrouting position 17 oifname "ext0" jump shared_snat',
     ]);
     const t = natTablesFromKernel(kernel(REAL_IP));
     expect(t?.extIf).toBe('net1');

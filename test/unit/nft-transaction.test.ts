@@ -100,15 +100,17 @@ describe('FakeNftClient', () => {
       'fip-snat',
       'snat-jump',
       'hairpin',
+      'snat-dispatch',
       'snat',
     ]);
     // Handles as the kernel numbers them: one counter per table; the port-DNAT rule's `{ tcp, udp }` takes one too.
-    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4]);
+    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5]);
     expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([
-      [5, [9]],
-      [6, [10, 12]],
-      [7, [13, 14, 15]],
-      [8, [16]],
+      [6, [11]],
+      [7, [12, 14]],
+      [8, [15, 16, 17]],
+      [9, [18]],
+      [10, [19]],
     ]);
     expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();

@@ -185,7 +185,7 @@ describe('nftables', () => {
       `ip daddr ${EIP} tcp dport 8000-8100 dnat ip to 10.0.1.6:8000-8100`,
     ]);
     expect([...(spec?.sets.find((s) => s.name === SET.portDnat)?.elements.keys() ?? [])]).toEqual([`${EIP} . tcp . 80`]);
-    const snat = spec?.chains.find((c) => c.name === CHAIN.sharedSnat)?.rules[0] as NatgwRule;
+    const snat = spec?.chains.find((c) => c.name === 'snat_10_0_1_0_24')?.rules[0] as NatgwRule;
     expect(ruleText(snat, 'ip')).toBe(`ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`);
   });
 
@@ -221,7 +221,7 @@ describe('nftables', () => {
     expect(planPartial(view, { ...prev, dnats: [RANGE] })).toBeNull();
     const p = planPartial(view, { ...prev, snats: [POOL] });
     expect(p?.tx.text()).toContain(
-      `add rule ip natgw shared_snat ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`,
+      `add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`,
     );
   });
 });

@@ -45,7 +45,13 @@ function isMissingTable(r: ExecResult): boolean {
  */
 const SESSION_MAX_BYTES = 16 * 1024;
 const inSession = (tx: NftTransaction): boolean =>
-  tx.ops.every((op) => op.object === 'element' || op.object === 'rule' || (op.object === 'chain' && op.verb === 'flush'));
+  tx.ops.every(
+    (op) =>
+      op.object === 'element' ||
+      op.object === 'rule' ||
+      // A SNAT CIDR's own chain comes and goes with a command (snatLayout.ts): a bare name, no declaration block.
+      (op.object === 'chain' && (op.verb !== 'add' || op.chain.base === undefined)),
+  );
 
 /** What ends each session request: a line nft cannot parse, so it answers on stderr, after the transaction. */
 const MARK = '@@natgw-done-';

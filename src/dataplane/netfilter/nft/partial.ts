@@ -3,12 +3,11 @@
  * NatTables natgw applied last and the new one, as one script, without reading the kernel.
  *
  * Map and set elements change one by one, so a DNAT or a floating IP costs one element
- * whatever the number of others. The SNAT chain is ordered: a new rule is inserted by index
- * (`insert rule … index N`, no handle needed). nft deletes a rule only by its handle, which it
- * reports only by reading back (`--echo` fetches the whole ruleset, as slow as a listing at ten
- * thousand elements): so a change that removes SNAT rules flushes `shared_snat` and writes its
- * rules again, in the same transaction (atomic: no packet sees it empty). SNAT rules are few
- * (one per subnet and EIP), and a delete waits for the kernel's RCU grace period either way.
+ * whatever the number of others. Shared SNAT is laid out per CIDR (snatLayout.ts) so that its
+ * changes are element-level too: nft deletes a rule only by its handle, which it reports only by
+ * reading back (`--echo` fetches the whole ruleset, as slow as a listing at ten thousand
+ * elements), so a change flushes and rewrites only the chain of the CIDR it touches (a rule or
+ * two), and the last rule of a CIDR going is one element and one chain deleted.
  *
  * Anything structural — an interface renamed, a family's table appearing or going — returns
  * null: the caller then runs a full sync, which reads back and repairs.
@@ -17,7 +16,6 @@ import { compareIp, type NatTables } from '../backend.js';
 import { refDiff } from '../../../state/refDiff.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import {
-  CHAIN,
   NftRenderError,
   SET,
   famOf,
@@ -34,6 +32,7 @@ import {
 } from './render.js';
 import { memoOf } from '../../../model/memo.js';
 import { NftTransaction, type NftElement, type NftRule } from './transaction.js';
+import { planSnatChange, type SnatItem } from './snatLayout.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
 export interface NftView {
@@ -124,20 +123,6 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): RenderedSnat[] {
   return out;
 }
 
-/**
- * The indexes in `after` of its rules that are not in `before`, when `before` is exactly
- * `after` without them (the usual snat-add); null when anything was removed or moved.
- */
-function insertsOnly(before: ReadonlyArray<{ readonly text: string }>, after: ReadonlyArray<{ readonly text: string }>): number[] | null {
-  const inserts: number[] = [];
-  let i = 0;
-  for (let j = 0; j < after.length; j++) {
-    if (i < before.length && before[i]?.text === after[j]?.text) i++;
-    else inserts.push(j);
-  }
-  return i === before.length ? inserts : null;
-}
-
 /** The partial script taking the kernel from `view` to `next`; null when only a full sync can. */
 export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
   const p = planPartial(view, next);
@@ -219,24 +204,11 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
     );
 
     if (snatsChanged) {
-      const before = snatRules(prev.snats, fam);
-      const after = snatRules(next.snats, fam);
-      const t = natgwTable(fam);
-      const inserts = insertsOnly(before, after);
-      if (inserts) {
-        // Only new rules: each placed by index, the rules already there untouched.
-        inserts.forEach((i, k) => {
-          const r = after[i] as (typeof after)[number];
-          // The chain holds `before` and the k rules inserted so far, in their final order.
-          if (i < before.length + k) out.adds.insertRuleAt(t, CHAIN.sharedSnat, nftOf(r, fam), i);
-          else out.adds.addRule(t, CHAIN.sharedSnat, nftOf(r, fam));
-        });
-        out.changes += inserts.length;
-      } else {
-        out.adds.flushChain(t, CHAIN.sharedSnat);
-        for (const r of after) out.adds.addRule(t, CHAIN.sharedSnat, nftOf(r, fam));
-        out.changes += before.length + after.length;
-      }
+      // Per CIDR, element-level (snatLayout.ts): no rule of another CIDR is rewritten.
+      const item = (r: RenderedSnat): SnatItem => ({ rule: r.rule as SnatItem['rule'], text: r.text, nft: () => nftOf(r, fam) });
+      const before = snatRules(prev.snats, fam).map(item);
+      const after = snatRules(next.snats, fam).map(item);
+      out.changes += planSnatChange(out.adds, natgwTable(fam), fam, before, after);
     }
   }
   return { tx: NftTransaction.concat(out.deletes, out.adds), changes: out.changes };

@@ -13,6 +13,7 @@ import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { prefixOf } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
 import { CHAIN, SET, ruleJson } from './render.js';
+import { dispatchCandidate, snatRulesOf } from './snatLayout.js';
 import type {
   NatgwKernel,
   NatgwRule,
@@ -291,6 +292,8 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   if (snat) candidates.push(snat);
   const range = rangeDnatCandidate(expr);
   if (range) candidates.push(range);
+  const dispatch = dispatchCandidate(expr, fam);
+  if (dispatch) candidates.push(dispatch);
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 
@@ -340,7 +343,7 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
   const eips = elements(SET.hairpinEips)
     .map((e) => e.key)
     .filter(isIp);
-  const snats: Snat[] = rulesOf(CHAIN.sharedSnat).flatMap((r) =>
+  const snats: Snat[] = snatRulesOf(dump.owned, dump.sets).flatMap((r) =>
     r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully, ...(r.pool ? { eips: [...r.pool] } : {}) }] : [],
   );
   // Several EIPs may bind one internal IP; the SNAT map names the one that came first, so

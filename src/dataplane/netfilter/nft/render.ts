@@ -16,21 +16,30 @@
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
  *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
- *   chain shared_snat (regular)                             ip saddr <cidr> snat ip to <eip> [fully-random]   (longest prefix first)
+ *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>   (one per length in use, longest first)
+ *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>
+ *   chain snat_<cidr> (regular, one per SNAT CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
  *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Why shared SNAT stays an ordered chain rather than an interval map: its semantics are "first
- * matching rule wins" over overlapping prefixes, with per-rule options (fully-random) and several
- * EIPs per CIDR, where only the first counts. An interval map needs a disjoint decomposition of the
- * prefixes, recomputed and rewritten wholesale whenever one rule changes, and cannot carry the
- * per-rule flag. NAT chains see only the first packet of a connection (conntrack carries the rest),
- * and SNAT rules are few (one per subnet and EIP), so a linear chain costs little and keeps every
- * change element-level: one rule inserted at its place (`insert … position <handle>`) or deleted by
- * handle. The `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics,
+ * Shared SNAT's semantics are "first matching rule wins" over overlapping prefixes, longest
+ * prefix first, with per-rule options (fully-random, pools) and several EIPs per CIDR where only
+ * the first counts. Rules of equal prefix length overlap only when their CIDR is identical, so
+ * one exact-match verdict map per length (keyed by the masked source address), tried longest
+ * first, finds the one CIDR that can match, and that CIDR's own chain keeps its rules in order
+ * (snatLayout.ts). This makes every SNAT change element-level without rule handles: a CIDR is a
+ * chain and one element, a change within it rewrites its rule or two. A flat ordered chain needed
+ * a handle for a delete, which only a read-back gives (~170 ms at ten thousand objects), so the
+ * command path flushed and rewrote every rule. The lookup cost per packet no longer grows with
+ * the number of SNAT rules either (NAT chains see only a connection's first packet anyway). The
+ * rules inside a CIDR chain keep their `saddr` match: the flat layout's text, recognised as
+ * before. A table in the flat layout (SNAT rules directly in shared_snat: a gateway upgraded in
+ * place) is a structural surprise the full sync rebuilds in one transaction; a stale CIDR chain
+ * or length map is deleted after the element or rule naming it. The `oifname "<ext>"` match is
+ * hoisted into the jump to shared_snat: identical semantics,
  * a rename of the external interface touches one rule, and the external interface stays readable
  * from the kernel even while no SNAT exists (adoption).
  *
@@ -54,8 +63,9 @@ import { NatgwError } from '../../../model/errors.js';
 import { parseCidr } from '../../../model/net.js';
 import { sameDnat, snatKey, type Dnat, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
-import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, NftTableDump, OwnedRule, OwnedTable } from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -123,6 +133,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
       const to = r.pool ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }` : r.eip;
       return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${to}${r.randomFully ? ' fully-random' : ''}`;
     }
+    case 'snat-dispatch':
+      return dispatchText(r, fam);
     case 'range-dnat': {
       const to = fam === 'ip' ? r.internalIp : `[${r.internalIp}]`;
       return `${fam} daddr ${r.eip} ${r.protocol} dport ${r.port}-${r.portEnd} dnat ${fam} to ${to}:${r.port}-${r.portEnd}`;
@@ -178,6 +190,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       const addr = r.pool ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } } : r.eip;
       return [match('==', payload(fam, 'saddr'), right), { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } }];
     }
+    case 'snat-dispatch':
+      return dispatchJson(r, fam);
     case 'range-dnat': {
       const range = { range: [r.port, r.portEnd] };
       return [match('==', payload(fam, 'daddr'), r.eip), match('==', payload(r.protocol, 'dport'), range), { dnat: { addr: r.internalIp, port: range } }];
@@ -332,6 +346,11 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
     (e) => e,
   );
 
+  const snatObjects = snatLayout(
+    snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
+    fam,
+  );
+
   return {
     family: fam,
     sets: [
@@ -341,6 +360,12 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       setOf(
         { name: SET.hairpinEips, kind: 'set', type: addr },
         eips.map((key) => ({ key })),
+      ),
+      ...snatObjects.maps.map(({ elements, ...decl }) =>
+        setOf(
+          decl,
+          Array.from(elements, ([key, value]) => ({ key, value })),
+        ),
       ),
     ],
     chains: [
@@ -361,8 +386,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       },
       {
         name: CHAIN.sharedSnat,
-        rules: snats.map(snatRule),
+        rules: snatObjects.dispatch,
       },
+      ...snatObjects.chains,
     ],
   };
 }
@@ -393,10 +419,12 @@ class Script {
   readonly deleteElements = new NftTransaction();
   readonly addElements = new NftTransaction();
   readonly addRules = new NftTransaction();
+  /** Objects no longer referenced once the groups above ran (a SNAT CIDR's chain, a length's map). */
+  readonly drop = new NftTransaction();
   changes = 0;
 
   tx(): NftTransaction {
-    return NftTransaction.concat(this.create, this.deleteRules, this.deleteElements, this.addElements, this.addRules);
+    return NftTransaction.concat(this.create, this.deleteRules, this.deleteElements, this.addElements, this.addRules, this.drop);
   }
 }
 
@@ -457,24 +485,49 @@ function sameChainDecl(spec: ChainSpec, have: NftChainDump): boolean {
 }
 
 /** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
-const SAFE_ELEMENT = /^[0-9A-Za-z.:/ ]+$/;
+const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
 
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
-function needsRebuild(spec: FamilySpec, have: NftTableDump): boolean {
+function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
   const chains = new Map(spec.chains.map((c) => [c.name, c]));
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
   for (const [name, c] of have.chains) {
     const want = chains.get(name);
+    if (!want && isStaleSnatChain(name, c)) continue;
     if (!want || !sameChainDecl(want, c)) return true;
   }
+  // SNAT rules directly in shared_snat: the flat layout of older versions (an upgrade in place).
+  if ((have.owned.get(CHAIN.sharedSnat) ?? []).some((r) => r.rule?.kind === 'snat')) return true;
   for (const [name, s] of have.sets) {
     const want = sets.get(name);
+    if (!want && isSnatMap(s, have.family as NftFamily)) continue;
     if (!want || !sameSetDecl(want, s)) return true;
     // A stale element is deleted by writing its text back into the script: only typed data as
     // nft prints it may be written there (anything else cannot occur in a map natgw declared).
     if (s.elements.some((e) => !SAFE_ELEMENT.test(e.key) || (e.value !== undefined && !SAFE_ELEMENT.test(e.value)))) return true;
   }
   return false;
+}
+
+/** A SNAT CIDR's chain no longer wanted: deleted in the repair, not a reason to rebuild. */
+const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
+
+/** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
+function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
+  const t = natgwTable(spec.family);
+  const sets = new Set(spec.sets.map((s) => s.name));
+  const chains = new Set(spec.chains.map((c) => c.name));
+  for (const [name, s] of have.sets) {
+    if (sets.has(name) || !isSnatMap(s, spec.family)) continue;
+    sc.drop.deleteSet(t, 'map', name);
+    sc.changes += 1;
+  }
+  for (const [name, c] of have.chains) {
+    if (chains.has(name) || !isStaleSnatChain(name, c)) continue;
+    sc.drop.flushChain(t, name);
+    sc.drop.deleteChain(t, name);
+    sc.changes += 1;
+  }
 }
 
 /**
@@ -622,6 +675,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     }
     diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
   }
+  dropStaleSnat(sc, spec, have);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */

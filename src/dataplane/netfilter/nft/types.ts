@@ -22,6 +22,8 @@ export type NatgwRule =
       /** A pool (its first address is eip): new connections take its EIPs in turn. */
       readonly pool?: readonly string[];
     }
+  /** shared_snat's dispatch for one prefix length: `<fam> saddr & <mask> vmap @snat_len_<len>` (snatLayout.ts). */
+  | { readonly kind: 'snat-dispatch'; readonly len: number }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
       readonly kind: 'range-dnat';
