@@ -120,9 +120,11 @@ export function linkPart(link: LinkManager): Part {
     concerns: () => true,
     // Addresses and routes are read while NAT applies (no NAT part touches them); only the
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
-    // failed early read is made again by the sync itself.
+    // failed early read is made again by the sync itself. Started a turn later: spawning costs
+    // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
     prefetch(want, opts) {
-      if (opts.mode === 'full') early = link.view(want).catch(() => undefined);
+      if (opts.mode !== 'full') return;
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;

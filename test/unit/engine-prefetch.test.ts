@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
 import { cmd } from '../helpers/execCalls.js';
 
 const dirs: string[] = [];
@@ -23,12 +23,22 @@ const isLinkRead = (r: ExecRequest): boolean => r.file === 'ip' && r.args.includ
 const isLinkChange = (r: ExecRequest): boolean => cmd(r) === 'ip -batch -';
 const isNatApply = (r: ExecRequest): boolean => cmd(r) === 'nft -f -' && /table ip natgw/.test(r.input ?? '');
 
+/** Every tool answers a turn of the event loop later, as a real process does. */
+class TurnExecutor extends RecordingExecutor {
+  override async run(req: ExecRequest): Promise<ExecResult> {
+    const answer = super.run(req);
+    answer.catch(() => undefined);
+    await new Promise<void>((r) => setImmediate(r));
+    return answer;
+  }
+}
+
 async function setUp(failLinkReads = 0) {
   const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
   dirs.push(dir);
   const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
   let failing = failLinkReads;
-  const exec = new RecordingExecutor((r) => {
+  const exec = new TurnExecutor((r) => {
     if (isLinkRead(r) && failing > 0) {
       failing--;
       // The tool could not be run at all (a view is otherwise built from whatever it printed).
