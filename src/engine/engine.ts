@@ -369,10 +369,14 @@ export class Engine {
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
-    for (const part of this.parts(backend)) {
-      if (part.name === 'qos' && !opts.qos) continue;
-      if (!part.concerns(want, previous) && !(mode === 'full' && part.repairsInFull)) continue;
-      if (mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k])) continue;
+    const runs = (part: Part): boolean =>
+      !(part.name === 'qos' && !opts.qos) &&
+      (part.concerns(want, previous) || (mode === 'full' && part.repairsInFull === true)) &&
+      !(mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k]));
+    const parts = this.parts(backend).filter(runs);
+    // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
+    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun });
+    for (const part of parts) {
       try {
         const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
         applied.push(part);

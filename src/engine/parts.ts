@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import type { DesiredState } from '../state/state.js';
 import { natTablesOf, type NetfilterBackend, type SyncMode, type SyncOptions } from '../dataplane/netfilter/backend.js';
 import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
-import type { LinkManager } from '../dataplane/link.js';
+import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
@@ -40,6 +40,11 @@ export interface Part {
   readonly repairsInFull?: boolean;
   /** Whether this part has anything to hold for `want` (or to remove, given `from`). */
   concerns(want: DesiredState, from: DesiredState | undefined): boolean;
+  /**
+   * Start this part's read-back now, while the parts before it apply (a full sync only; what
+   * it reads must be something those parts never change). `sync` then uses what it read.
+   */
+  prefetch?(want: DesiredState, opts: PartSync): void;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
   sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
 }
@@ -107,13 +112,24 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 }
 
 export function linkPart(link: LinkManager): Part {
+  let early: Promise<LinkView | undefined> | undefined;
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
     pending: () => link.hasReleases(),
     concerns: () => true,
+    // Addresses and routes are read while NAT applies (no NAT part touches them); only the
+    // change waits for NAT, so that no EIP goes up before its translation is in place. A
+    // failed early read is made again by the sync itself. Started a turn later: spawning costs
+    // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
+    prefetch(want, opts) {
+      if (opts.mode !== 'full') return;
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+    },
     async sync(want, from, opts) {
-      const r = await link.sync(want, from, opts);
+      const view = opts.mode === 'full' ? await early : undefined;
+      early = undefined;
+      const r = await link.sync(want, from, view ? { ...opts, view } : opts);
       return { changes: r.changes, script: r.script, notes: none };
     },
   };

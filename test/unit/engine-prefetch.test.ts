@@ -1,0 +1,91 @@
+/**
+ * A full sync reads the addresses and routes while NAT applies (the link part's read-back does
+ * not wait for the nft transaction), but changes them only after it: no EIP goes up before its
+ * translation is in place. Counted in tool runs with the recording executor.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { afterEach, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../src/config/config.js';
+import { Engine } from '../../src/engine/engine.js';
+import * as Ops from '../../src/state/operations.js';
+import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
+import { cmd } from '../helpers/execCalls.js';
+
+const dirs: string[] = [];
+afterEach(() => {
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+const isLinkRead = (r: ExecRequest): boolean => r.file === 'ip' && r.args.includes('-j') && r.args.includes('-batch');
+const isLinkChange = (r: ExecRequest): boolean => cmd(r) === 'ip -batch -';
+const isNatApply = (r: ExecRequest): boolean => cmd(r) === 'nft -f -' && /table ip natgw/.test(r.input ?? '');
+
+/** Every tool answers a turn of the event loop later, as a real process does. */
+class TurnExecutor extends RecordingExecutor {
+  override async run(req: ExecRequest): Promise<ExecResult> {
+    const answer = super.run(req);
+    answer.catch(() => undefined);
+    await new Promise<void>((r) => setImmediate(r));
+    return answer;
+  }
+}
+
+async function setUp(failLinkReads = 0) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
+  dirs.push(dir);
+  const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
+  let failing = failLinkReads;
+  const exec = new TurnExecutor((r) => {
+    if (isLinkRead(r) && failing > 0) {
+      failing--;
+      // The tool could not be run at all (a view is otherwise built from whatever it printed).
+      throw new Error('spawn ip EAGAIN');
+    }
+    // An empty kernel: natgw's tables do not exist yet.
+    if (r.file === 'nft' && r.args.includes('list')) return { exitCode: 1, stderr: 'Error: No such file or directory' };
+    return undefined;
+  });
+  const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
+  return { engine, exec };
+}
+
+const withEip = (engine: Engine) =>
+  engine.transact(({ state }) => Ops.addEip({ ...state, initialized: true }, { address: '172.20.0.10', prefixLength: 24 }, {}), { mode: 'full' });
+
+describe('engine: a full sync reads the link view beside the NAT transaction', () => {
+  it('lists addresses and routes before the nft transaction ends, and changes them only after it', async () => {
+    const { engine, exec } = await setUp();
+    await withEip(engine);
+    const calls = exec.calls;
+    const nat = calls.findIndex(isNatApply);
+    expect(nat).toBeGreaterThanOrEqual(0);
+    const reads = calls.map((c, i) => (isLinkRead(c) ? i : -1)).filter((i) => i >= 0);
+    // Both families, once each, started before the NAT transaction.
+    expect(reads).toHaveLength(2);
+    expect(Math.max(...reads)).toBeLessThan(nat);
+    const change = calls.findIndex(isLinkChange);
+    expect(change).toBeGreaterThan(nat);
+    expect(calls[change]!.input).toContain('172.20.0.10');
+  });
+
+  it('a partial sync reads nothing ahead', async () => {
+    const { engine, exec } = await setUp();
+    await withEip(engine);
+    exec.calls.length = 0;
+    await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.11', prefixLength: 24 }, {}));
+    expect(exec.calls.filter(isLinkRead)).toEqual([]);
+  });
+
+  it('an early read that failed is made again by the link part itself', async () => {
+    const { engine, exec } = await setUp(1);
+    await withEip(engine);
+    const nat = exec.calls.findIndex(isNatApply);
+    const reads = exec.calls.map((c, i) => (isLinkRead(c) ? i : -1)).filter((i) => i >= 0);
+    expect(reads.filter((i) => i < nat)).toHaveLength(2);
+    expect(reads.filter((i) => i > nat)).toHaveLength(2);
+    expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(nat);
+  });
+});
