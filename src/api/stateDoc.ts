@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { canonicalJson } from '../model/canonical.js';
+import { canonicalDigestInto, canonicalJson } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
@@ -10,9 +10,22 @@ import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
 import type { ObjectDiff } from './service.js';
 
-/** sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. */
+const digests = new WeakMap<DesiredState, string>();
+
+/**
+ * sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. A state
+ * is an immutable value, so its digest is computed once (If-Match, the answer, GET /v1/state,
+ * the replicas' comparison all ask for the same state's).
+ */
 export function digestOf(s: DesiredState): string {
-  return `sha256:${createHash('sha256').update(canonicalJson(s)).digest('hex')}`;
+  let d = digests.get(s);
+  if (d === undefined) {
+    const hash = createHash('sha256');
+    canonicalDigestInto(hash, s);
+    d = `sha256:${hash.digest('hex')}`;
+    digests.set(s, d);
+  }
+  return d;
 }
 
 /**
