@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { canonicalDigestInto, canonicalJson } from '../model/canonical.js';
+import { canonicalDigestInto, canonicalDigestSoon, canonicalJson } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
@@ -20,12 +20,33 @@ const digests = new WeakMap<DesiredState, string>();
 export function digestOf(s: DesiredState): string {
   let d = digests.get(s);
   if (d === undefined) {
-    const hash = createHash('sha256');
-    canonicalDigestInto(hash, s);
-    d = `sha256:${hash.digest('hex')}`;
+    const finish = pending.get(s);
+    pending.delete(s);
+    if (finish !== undefined) d = finish();
+    else {
+      const hash = createHash('sha256');
+      canonicalDigestInto(hash, s);
+      d = `sha256:${hash.digest('hex')}`;
+    }
     digests.set(s, d);
   }
   return d;
+}
+
+const pending = new WeakMap<DesiredState, () => string>();
+
+/**
+ * Start hashing `s` in the event loop's idle turns (a bulk change's state, while the kernel
+ * applies it); digestOf(s) finishes what is left.
+ */
+export function digestSoon(s: DesiredState): void {
+  if (digests.has(s) || pending.has(s)) return;
+  const hash = createHash('sha256');
+  const finish = canonicalDigestSoon(hash, s);
+  pending.set(s, () => {
+    finish();
+    return `sha256:${hash.digest('hex')}`;
+  });
 }
 
 /**

@@ -105,75 +105,100 @@ const CHUNK = 16 * 1024;
  * their kept texts. The bytes hashed are exactly canonicalJson(v)'s (test/unit/canonical.test.ts).
  */
 export function canonicalDigestInto(hash: HashSink, v: unknown): void {
-  const w = { hash, buf: '' };
-  stream(w, v, 2);
-  if (w.buf.length > 0) hash.update(w.buf);
-}
-
-interface Writer {
-  readonly hash: HashSink;
-  buf: string;
-}
-
-function put(w: Writer, s: string): void {
-  w.buf += s;
-  if (w.buf.length >= CHUNK) {
-    w.hash.update(w.buf);
-    w.buf = '';
-  }
-}
-
-function stream(w: Writer, v: unknown, depth: number): void {
-  if (depth === 0 || v === null || typeof v !== 'object') return put(w, canonicalJson(v));
-  const cached = texts.get(v);
-  if (cached !== undefined) return put(w, cached);
-  if (Array.isArray(v)) {
-    put(w, '[');
-    for (let i = 0; i < v.length; i++) {
-      const x: unknown = v[i];
-      if (i > 0) put(w, ',');
-      if (x === undefined) put(w, 'null');
-      else stream(w, x, depth - 1);
-    }
-    put(w, ']');
-    return;
-  }
-  const o = v as Record<string, unknown>;
-  const keys = sortedKeys(o);
-  put(w, '{');
-  let first = true;
-  for (const k of keys) {
-    const x = o[k];
-    if (x === undefined) continue;
-    if (!first) put(w, ',');
-    first = false;
-    put(w, keyText(k));
-    stream(w, x, depth - 1);
-  }
-  put(w, '}');
+  new CanonicalFeed(hash, v).run(Infinity);
 }
 
 /**
- * Build the texts of the items of `collections` a slice at a time, whenever the event loop is
- * otherwise idle (setImmediate). A bulk PUT /v1/state answers with the digest of the state it
- * applied, and the texts of 20,000 new objects are most of that digest: built while the
- * process waits for `nft -f` or `iptables-restore`, they are looked up afterwards instead.
+ * canonicalDigestInto a slice of `slice` collection items at a time, whenever the event loop is
+ * otherwise idle (setImmediate); the function returned writes whatever is left at once. A bulk
+ * PUT /v1/state answers with the digest of the state it applied, and the texts of 20,000 new
+ * objects are most of that digest: built and hashed while the process waits for `nft -f` or
+ * `iptables-restore`, the answer only finishes the hash.
  */
-export function canonicalizeSoon(collections: ReadonlyArray<readonly unknown[]>, slice = 1000): void {
-  let c = 0;
-  let i = 0;
+export function canonicalDigestSoon(hash: HashSink, v: unknown, slice = 1000): () => void {
+  const feed = new CanonicalFeed(hash, v);
+  let done = false;
   const step = (): void => {
-    for (let n = 0; n < slice && c < collections.length; ) {
-      const items = collections[c] as readonly unknown[];
-      if (i >= items.length) {
-        c++;
-        i = 0;
-        continue;
-      }
-      canonicalJson(items[i++]);
-      n++;
-    }
-    if (c < collections.length) setImmediate(step);
+    if (done) return;
+    done = feed.run(slice);
+    if (!done) setImmediate(step);
   };
   setImmediate(step);
+  return () => {
+    if (!done) done = feed.run(Infinity);
+  };
+}
+
+/**
+ * The canonical text of a value as a list of pieces: texts, and collections whose items are
+ * written by their own texts (built, and kept, only when their turn comes).
+ */
+class CanonicalFeed {
+  private readonly tasks: Array<string | readonly unknown[]> = [];
+  private t = 0;
+  private i = 0;
+  private buf = '';
+
+  constructor(
+    private readonly hash: HashSink,
+    v: unknown,
+  ) {
+    this.plan(v, 2);
+  }
+
+  private plan(v: unknown, depth: number): void {
+    const cached = v !== null && typeof v === 'object' ? texts.get(v) : undefined;
+    if (depth === 0 || v === null || typeof v !== 'object' || cached !== undefined) {
+      this.tasks.push(cached ?? canonicalJson(v));
+    } else if (Array.isArray(v)) {
+      this.tasks.push('[', v, ']');
+    } else {
+      const o = v as Record<string, unknown>;
+      this.tasks.push('{');
+      let first = true;
+      for (const k of sortedKeys(o)) {
+        const x = o[k];
+        if (x === undefined) continue;
+        this.tasks.push(first ? keyText(k) : `,${keyText(k)}`);
+        first = false;
+        this.plan(x, depth - 1);
+      }
+      this.tasks.push('}');
+    }
+  }
+
+  /** Write up to `budget` collection items (and the pieces between them); true once all is hashed. */
+  run(budget: number): boolean {
+    let n = 0;
+    while (this.t < this.tasks.length) {
+      const task = this.tasks[this.t] as string | readonly unknown[];
+      if (typeof task === 'string') {
+        this.put(task);
+        this.t++;
+        continue;
+      }
+      while (this.i < task.length) {
+        if (n++ >= budget) return false;
+        const x: unknown = task[this.i];
+        if (this.i > 0) this.put(',');
+        this.put(x === undefined ? 'null' : canonicalJson(x));
+        this.i++;
+      }
+      this.t++;
+      this.i = 0;
+    }
+    if (this.buf.length > 0) {
+      this.hash.update(this.buf);
+      this.buf = '';
+    }
+    return true;
+  }
+
+  private put(s: string): void {
+    this.buf += s;
+    if (this.buf.length >= CHUNK) {
+      this.hash.update(this.buf);
+      this.buf = '';
+    }
+  }
 }

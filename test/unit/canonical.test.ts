@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { canonicalDigestInto, canonicalJson } from '../../src/model/canonical.js';
-import { digestOf } from '../../src/api/stateDoc.js';
+import { canonicalDigestInto, canonicalDigestSoon, canonicalJson } from '../../src/model/canonical.js';
+import { digestOf, digestSoon } from '../../src/api/stateDoc.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 
 /** The definition canonicalJson implements (and its first implementation): keys sorted, JSON.stringify for the rest. */
@@ -57,6 +57,26 @@ describe('canonicalJson', () => {
   });
 });
 
+/** Resolves after `n` turns of the event loop's check phase (where the slices run). */
+const turns = async (n: number) => {
+  for (let i = 0; i < n; i++) await new Promise<void>((r) => setImmediate(r));
+};
+
+describe('canonicalDigestSoon', () => {
+  it('hashes the same bytes whether finished at once, part-way or after the slices ran', async () => {
+    const v = { b: Array.from({ length: 2500 }, (_, i) => ({ z: i, a: `x${i}`, q: [i, { y: 'é"' }] })), a: { k: [1, 2] }, c: [] as unknown[], d: 'e' };
+    const want = sha(reference(v));
+    for (const wait of [0, 1, 2, 50]) {
+      const h = createHash('sha256');
+      const finish = canonicalDigestSoon(h, v, 700);
+      await turns(wait);
+      finish();
+      finish();
+      expect(h.digest('hex')).toBe(want);
+    }
+  });
+});
+
 describe('digestOf', () => {
   const bigState = (): DesiredState => {
     const n = 3000;
@@ -84,6 +104,15 @@ describe('digestOf', () => {
     const t = bigState();
     for (const d of t.dnats) canonicalJson(d);
     expect(digestOf(t)).toBe(digestOf(s));
+  });
+
+  it('of a state hashed in the background is the same value', async () => {
+    const s = bigState();
+    digestSoon(s);
+    await turns(2);
+    const t = bigState();
+    expect(digestOf(s)).toBe(digestOf(t));
+    expect(digestOf(s)).toBe(`sha256:${sha(reference(t))}`);
   });
 
   it('is pinned: a fixed state has the digest earlier releases gave it', () => {
