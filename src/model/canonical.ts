@@ -28,6 +28,11 @@ export function canonicalJson(v: unknown): string {
     text += ']';
   } else {
     const o = v as Record<string, unknown>;
+    const flat = flatText(o);
+    if (flat !== undefined) {
+      texts.set(v, flat);
+      return flat;
+    }
     const keys = sortedKeys(o);
     text = '{';
     let first = true;
@@ -44,6 +49,34 @@ export function canonicalJson(v: unknown): string {
   }
   texts.set(v, text);
   return text;
+}
+
+// The key order of the last flat object written, and its keys sorted: a collection's rules
+// share one shape, so the sort runs once per collection, not once per rule.
+let lastKeys: string[] = [];
+let lastSorted: string[] = [];
+
+/**
+ * The text of a plain object whose values are all strings, finite numbers, booleans, null or
+ * undefined (a rule): JSON.stringify with the sorted keys as its property list writes exactly
+ * the canonical text, natively, in a third of the time of writing it piece by piece. Undefined
+ * for any other object.
+ */
+function flatText(o: Record<string, unknown>): string | undefined {
+  if (Object.getPrototypeOf(o) !== Object.prototype) return undefined;
+  let n = 0;
+  let same = true;
+  for (const k in o) {
+    const v = o[k];
+    if (v !== null && v !== undefined && typeof v !== 'string' && typeof v !== 'boolean' && !(typeof v === 'number' && Number.isFinite(v))) return undefined;
+    if (same && k !== lastKeys[n]) same = false;
+    n++;
+  }
+  if (!same || n !== lastKeys.length) {
+    lastKeys = Object.keys(o);
+    lastSorted = sortedKeys(o);
+  }
+  return JSON.stringify(o, lastSorted);
 }
 
 /**

@@ -45,6 +45,21 @@ describe('canonicalJson', () => {
     );
   });
 
+  it('writes rules of changing shapes one after another (key orders, a shape the prefix of another)', () => {
+    const shape = fc.array(fc.constantFrom('eip', 'port', 'b', 'a', '10', '2', 'é', 'x"'), { minLength: 0, maxLength: 5 }).map((ks) => [...new Set(ks)]);
+    const flatValue = fc.oneof(fc.string(), fc.integer(), fc.boolean(), fc.constant(null), fc.constant(undefined), fc.double());
+    fc.assert(
+      fc.property(fc.array(fc.tuple(shape, fc.array(flatValue, { minLength: 5, maxLength: 5 })), { maxLength: 8 }), (rules) => {
+        for (const [keys, values] of rules) {
+          const o: Record<string, unknown> = {};
+          keys.forEach((k, i) => (o[k] = values[i]));
+          expect(canonicalJson(o)).toBe(reference(o));
+        }
+      }),
+      { numRuns: 1000 },
+    );
+  });
+
   it('streams exactly the bytes of canonicalJson into the hash, at any size', () => {
     fc.assert(
       fc.property(fc.dictionary(fc.string(), fc.array(value.node, { maxLength: 400 }), { maxKeys: 4 }), (v) => {
