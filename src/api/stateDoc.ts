@@ -77,7 +77,10 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
   for (const def of RESOURCES) {
     const duplicate = (i: number, first: number): HttpError => {
       const field = `${fieldPrefix}${def.stateKey}[${i}]`;
-      return new HttpError(400, 'validation', `${field}: duplicate ${def.title} identity ${idOf(def, s[def.stateKey][i])} (also at [${first}])`, { field, in: 'body' });
+      return new HttpError(400, 'validation', `${field}: duplicate ${def.title} identity ${idOf(def, s[def.stateKey][i])} (also at [${first}])`, {
+        field,
+        in: 'body',
+      });
     };
     if (def.stateKey === 'dnats') {
       const first = firstDuplicateDnat(s.dnats);

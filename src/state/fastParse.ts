@@ -94,12 +94,7 @@ const FAST: ReadonlyArray<readonly [keyof DesiredState, (x: unknown) => boolean]
   ],
   [
     'dnats',
-    (x) =>
-      hasExactly(x, DNAT_KEYS) &&
-      port(x.port) &&
-      (x.protocol === 'tcp' || x.protocol === 'udp') &&
-      port(x.internalPort) &&
-      ipPair(x.eip, x.internalIp),
+    (x) => hasExactly(x, DNAT_KEYS) && port(x.port) && (x.protocol === 'tcp' || x.protocol === 'udp') && port(x.internalPort) && ipPair(x.eip, x.internalIp),
   ],
   ['fips', (x) => hasExactly(x, FIP_KEYS) && ipPair(x.eip, x.internalIp)],
 ];
