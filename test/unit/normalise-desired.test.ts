@@ -54,3 +54,27 @@ describe('firstDuplicateDnat', () => {
     expect(() => normaliseDesired(s, 'desired.')).toThrow(/^desired\.dnats\[3\]: duplicate .* identity .*80.*\(also at \[0\]\)$/);
   });
 });
+
+describe('normaliseDesired: SNAT order', () => {
+  const base = { initialized: true, interfaces: { vpc: 'eth0', ext: 'net1' } };
+  const snat = fc.record({
+    eip: fc.constantFrom('192.0.2.1', '192.0.2.2', '192.0.2.3'),
+    cidr: fc.constantFrom('10.0.0.0/8', '10.1.0.0/16', '10.2.0.0/16', '10.1.1.0/24', '10.1.1.7/32', '0.0.0.0/0'),
+    randomFully: fc.boolean(),
+  });
+
+  it('is longest prefix first, equal lengths in the order given; an ordered list is kept as it came', () => {
+    fc.assert(
+      fc.property(fc.uniqueArray(snat, { selector: (s) => `${s.eip}|${s.cidr}`, maxLength: 10 }), (snats) => {
+        const s = desiredStateSchema.parse({ ...base, snats });
+        const prefix = (c: string) => Number(c.split('/')[1]);
+        const want = s.snats.map((x, i) => ({ x, i })).sort((a, b) => prefix(b.x.cidr) - prefix(a.x.cidr) || a.i - b.i);
+        const out = normaliseDesired(s).snats;
+        expect(out).toEqual(want.map((e) => e.x));
+        out.forEach((x, i) => expect(x).toBe(want[i]?.x));
+        if (want.every((e, i) => e.i === i)) expect(out).toBe(s.snats);
+      }),
+      { numRuns: 1000 },
+    );
+  });
+});
