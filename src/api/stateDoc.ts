@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { canonicalJson } from '../model/canonical.js';
+import { canonicalDigestInto, canonicalDigestSoon, canonicalJson } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
@@ -10,9 +10,43 @@ import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
 import type { ObjectDiff } from './service.js';
 
-/** sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. */
+const digests = new WeakMap<DesiredState, string>();
+
+/**
+ * sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. A state
+ * is an immutable value, so its digest is computed once (If-Match, the answer, GET /v1/state,
+ * the replicas' comparison all ask for the same state's).
+ */
 export function digestOf(s: DesiredState): string {
-  return `sha256:${createHash('sha256').update(canonicalJson(s)).digest('hex')}`;
+  let d = digests.get(s);
+  if (d === undefined) {
+    const finish = pending.get(s);
+    pending.delete(s);
+    if (finish !== undefined) d = finish();
+    else {
+      const hash = createHash('sha256');
+      canonicalDigestInto(hash, s);
+      d = `sha256:${hash.digest('hex')}`;
+    }
+    digests.set(s, d);
+  }
+  return d;
+}
+
+const pending = new WeakMap<DesiredState, () => string>();
+
+/**
+ * Start hashing `s` in the event loop's idle turns (a bulk change's state, while the kernel
+ * applies it); digestOf(s) finishes what is left.
+ */
+export function digestSoon(s: DesiredState): void {
+  if (digests.has(s) || pending.has(s)) return;
+  const hash = createHash('sha256');
+  const finish = canonicalDigestSoon(hash, s);
+  pending.set(s, () => {
+    finish();
+    return `sha256:${hash.digest('hex')}`;
+  });
 }
 
 /**
@@ -41,14 +75,23 @@ export function parseStateBody(body: unknown): DesiredState {
  */
 export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredState {
   for (const def of RESOURCES) {
+    const duplicate = (i: number, first: number): HttpError => {
+      const field = `${fieldPrefix}${def.stateKey}[${i}]`;
+      return new HttpError(400, 'validation', `${field}: duplicate ${def.title} identity ${idOf(def, s[def.stateKey][i])} (also at [${first}])`, {
+        field,
+        in: 'body',
+      });
+    };
+    if (def.stateKey === 'dnats') {
+      const first = firstDuplicateDnat(s.dnats);
+      if (first !== null) throw duplicate(first[1], first[0]);
+      continue;
+    }
     const seen = new Map<string, number>();
     s[def.stateKey].forEach((x: unknown, i: number) => {
       const k = def.key(x);
       const first = seen.get(k);
-      if (first !== undefined) {
-        const field = `${fieldPrefix}${def.stateKey}[${i}]`;
-        throw new HttpError(400, 'validation', `${field}: duplicate ${def.title} identity ${idOf(def, x)} (also at [${first}])`, { field, in: 'body' });
-      }
+      if (first !== undefined) throw duplicate(i, first);
       seen.set(k, i);
     });
   }
@@ -61,11 +104,45 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
     const field = `${fieldPrefix}dnats`;
     throw new HttpError(400, 'validation', `${field}: ${err.message}`, { field, in: 'body' });
   }
-  const snats = s.snats
-    .map((x, i) => ({ x, i }))
-    .sort((a, b) => prefixOf(b.x.cidr) - prefixOf(a.x.cidr) || a.i - b.i)
-    .map((e) => e.x);
-  return allocateQos({ ...s, snats });
+  return allocateQos({ ...s, snats: longestPrefixFirst(s.snats) });
+}
+
+/**
+ * SNATs longest prefix first, rules of equal length in the order given (a stable sort, each
+ * prefix read once); a list already in that order (as GET /v1/state returns it) is kept as is.
+ */
+function longestPrefixFirst(snats: DesiredState['snats']): DesiredState['snats'] {
+  const prefixes = snats.map((x) => prefixOf(x.cidr));
+  let ordered = true;
+  for (let i = 1; i < prefixes.length && ordered; i++) ordered = (prefixes[i] as number) <= (prefixes[i - 1] as number);
+  if (ordered) return snats;
+  return prefixes
+    .map((_p, i) => i)
+    .sort((a, b) => (prefixes[b] as number) - (prefixes[a] as number) || a - b)
+    .map((i) => snats[i] as DesiredState['snats'][number]);
+}
+
+/**
+ * The first DNAT whose identity (dnatKey: eip, port or range, protocol) an earlier one has, as
+ * [earlier index, index]; null when all differ. Without a key string per rule: ten thousand of
+ * them would be built (and kept, memoised) only to be compared here, while a bulk document has
+ * a few hundred EIPs: the lookup is by EIP and protocol, then by the ports as one number.
+ */
+export function firstDuplicateDnat(dnats: DesiredState['dnats']): [number, number] | null {
+  const byEip = new Map<string, Map<string, Map<number, number>>>();
+  for (let i = 0; i < dnats.length; i++) {
+    const d = dnats[i] as DesiredState['dnats'][number];
+    let byProtocol = byEip.get(d.eip);
+    if (byProtocol === undefined) byEip.set(d.eip, (byProtocol = new Map()));
+    let byPorts = byProtocol.get(d.protocol);
+    if (byPorts === undefined) byProtocol.set(d.protocol, (byPorts = new Map()));
+    // Ports are 1-65535, so a missing end (0) differs from every range's end: exact below 2^53.
+    const ports = d.port * 65536 + (d.portEnd ?? 0);
+    const first = byPorts.get(ports);
+    if (first !== undefined) return [first, i];
+    byPorts.set(ports, i);
+  }
+  return null;
 }
 
 /** Per kind, what `next` adds, removes and changes relative to `prev`. */

@@ -9,9 +9,7 @@ import type { DesiredState } from '../state/state.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
-import { COLLECTIONS } from '../state/delta.js';
-import { canonicalizeSoon } from '../model/canonical.js';
-import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
+import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
@@ -182,8 +180,8 @@ export class Agent implements AgentService {
             });
           }
           const state = internState(current, next);
-          // The answer's digest needs every new object's text: built while the kernel applies.
-          if (!opts.dryRun) canonicalizeSoon(COLLECTIONS.map((k) => state[k] as readonly unknown[]));
+          // The answer's digest needs every new object's text: built and hashed while the kernel applies.
+          if (!opts.dryRun) digestSoon(state);
           return { state, effects: effectsOf(current, next) };
         },
         { dryRun: opts.dryRun, qos: true },

@@ -4,52 +4,234 @@
  * it came from).
  *
  * The desired state and everything in it are immutable values, and most of a new state is
- * objects and collections of the one before: so each object's text is built once and kept with
- * it, and a digest of ten thousand rules after a change costs the changed ones.
+ * objects of the one before: so each object's text is built once and kept with it, and a digest
+ * of ten thousand rules after a change costs the changed ones. The whole state's text and its
+ * collections' texts are never built (canonicalDigestInto streams them into the hash): 1.5 MiB
+ * each at 20,000 objects, copies that only fed a digest and then sat in the old generation.
  */
 const texts = new WeakMap<object, string>();
+/** `"key":` per key name: a handful of names, written once per object each. */
+const keyTexts = new Map<string, string>();
 
 export function canonicalJson(v: unknown): string {
-  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
+  if (v === null || typeof v !== 'object') return scalarText(v);
   const cached = texts.get(v);
   if (cached !== undefined) return cached;
   let text: string;
   if (Array.isArray(v)) {
-    text = `[${v.map((x: unknown) => (x === undefined ? 'null' : canonicalJson(x))).join(',')}]`;
+    text = '[';
+    for (let i = 0; i < v.length; i++) {
+      const x: unknown = v[i];
+      if (i > 0) text += ',';
+      text += x === undefined ? 'null' : canonicalJson(x);
+    }
+    text += ']';
   } else {
     const o = v as Record<string, unknown>;
-    const keys = Object.keys(o)
-      .filter((k) => o[k] !== undefined)
-      .sort();
-    text = `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
+    const flat = flatText(o);
+    if (flat !== undefined) {
+      texts.set(v, flat);
+      return flat;
+    }
+    const keys = sortedKeys(o);
+    text = '{';
+    let first = true;
+    for (let i = 0; i < keys.length; i++) {
+      const k = keys[i] as string;
+      const x = o[k];
+      if (x === undefined) continue;
+      if (!first) text += ',';
+      first = false;
+      text += keyText(k);
+      text += canonicalJson(x);
+    }
+    text += '}';
   }
   texts.set(v, text);
   return text;
 }
 
+// The key order of the last flat object written, and its keys sorted: a collection's rules
+// share one shape, so the sort runs once per collection, not once per rule.
+let lastKeys: string[] = [];
+let lastSorted: string[] = [];
+
 /**
- * Build the texts of the items of `collections` a slice at a time, whenever the event loop is
- * otherwise idle (setImmediate). A bulk PUT /v1/state answers with the digest of the state it
- * applied, and the texts of 20,000 new objects are most of that digest: built while the
- * process waits for `nft -f` or `iptables-restore`, they are looked up afterwards instead.
+ * The text of a plain object whose values are all strings, finite numbers, booleans, null or
+ * undefined (a rule): JSON.stringify with the sorted keys as its property list writes exactly
+ * the canonical text, natively, in a third of the time of writing it piece by piece. Undefined
+ * for any other object.
  */
-export function canonicalizeSoon(collections: ReadonlyArray<readonly unknown[]>, slice = 1000): void {
-  let c = 0;
-  let i = 0;
-  const step = (): void => {
-    for (let n = 0; n < slice && c < collections.length; ) {
-      const items = collections[c] as readonly unknown[];
-      if (i >= items.length) {
-        // The collection's own text too: joining ten thousand item texts is no small part.
-        canonicalJson(items);
-        c++;
-        i = 0;
-        continue;
-      }
-      canonicalJson(items[i++]);
-      n++;
+function flatText(o: Record<string, unknown>): string | undefined {
+  if (Object.getPrototypeOf(o) !== Object.prototype) return undefined;
+  let n = 0;
+  let same = true;
+  for (const k in o) {
+    const v = o[k];
+    if (v !== null && v !== undefined && typeof v !== 'string' && typeof v !== 'boolean' && !(typeof v === 'number' && Number.isFinite(v))) return undefined;
+    if (same && k !== lastKeys[n]) same = false;
+    n++;
+  }
+  if (!same || n !== lastKeys.length) {
+    lastKeys = Object.keys(o);
+    lastSorted = sortedKeys(o);
+  }
+  return JSON.stringify(o, lastSorted);
+}
+
+/**
+ * Object.keys sorted as Array.prototype.sort sorts them (by UTF-16 code units): an insertion
+ * sort in place, since a rule has two to seven keys and the default sort is built for many.
+ */
+function sortedKeys(o: object): string[] {
+  const keys = Object.keys(o);
+  for (let i = 1; i < keys.length; i++) {
+    const k = keys[i] as string;
+    let j = i - 1;
+    while (j >= 0 && (keys[j] as string) > k) {
+      keys[j + 1] = keys[j] as string;
+      j--;
     }
-    if (c < collections.length) setImmediate(step);
+    keys[j + 1] = k;
+  }
+  return keys;
+}
+
+function keyText(k: string): string {
+  let t = keyTexts.get(k);
+  if (t === undefined) {
+    t = `${JSON.stringify(k)}:`;
+    // Keys are the schemas' few field names; a document's stray keys must not grow this forever.
+    if (keyTexts.size < 256) keyTexts.set(k, t);
+  }
+  return t;
+}
+
+/** What JSON.stringify writes for a value that is not an object (`null` where it writes nothing). */
+function scalarText(v: unknown): string {
+  if (typeof v === 'string') return plain(v) ? `"${v}"` : JSON.stringify(v);
+  if (typeof v === 'number') return Number.isFinite(v) ? String(v) : 'null';
+  if (typeof v === 'boolean') return v ? 'true' : 'false';
+  return JSON.stringify(v) ?? 'null';
+}
+
+/** A string JSON.stringify would only quote: no control character, quote, backslash or surrogate. */
+function plain(s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x20 || c === 0x22 || c === 0x5c || (c >= 0xd800 && c <= 0xdfff)) return false;
+  }
+  return true;
+}
+
+/** What a digest needs of a hash (node:crypto's Hash). */
+export interface HashSink {
+  update(data: string): unknown;
+}
+
+/** Texts are handed to the hash in pieces of about this many characters (young-generation sized). */
+const CHUNK = 16 * 1024;
+
+/**
+ * Feed `canonicalJson(v)` to `hash` without building it: the value and its direct children
+ * (the state and its collections) are written piece by piece, deeper values (the rules) by
+ * their kept texts. The bytes hashed are exactly canonicalJson(v)'s (test/unit/canonical.test.ts).
+ */
+export function canonicalDigestInto(hash: HashSink, v: unknown): void {
+  new CanonicalFeed(hash, v).run(Infinity);
+}
+
+/**
+ * canonicalDigestInto a slice of `slice` collection items at a time, whenever the event loop is
+ * otherwise idle (setImmediate); the function returned writes whatever is left at once. A bulk
+ * PUT /v1/state answers with the digest of the state it applied, and the texts of 20,000 new
+ * objects are most of that digest: built and hashed while the process waits for `nft -f` or
+ * `iptables-restore`, the answer only finishes the hash.
+ */
+export function canonicalDigestSoon(hash: HashSink, v: unknown, slice = 1000): () => void {
+  const feed = new CanonicalFeed(hash, v);
+  let done = false;
+  const step = (): void => {
+    if (done) return;
+    done = feed.run(slice);
+    if (!done) setImmediate(step);
   };
   setImmediate(step);
+  return () => {
+    if (!done) done = feed.run(Infinity);
+  };
+}
+
+/**
+ * The canonical text of a value as a list of pieces: texts, and collections whose items are
+ * written by their own texts (built, and kept, only when their turn comes).
+ */
+class CanonicalFeed {
+  private readonly tasks: Array<string | readonly unknown[]> = [];
+  private t = 0;
+  private i = 0;
+  private buf = '';
+
+  constructor(
+    private readonly hash: HashSink,
+    v: unknown,
+  ) {
+    this.plan(v, 2);
+  }
+
+  private plan(v: unknown, depth: number): void {
+    const cached = v !== null && typeof v === 'object' ? texts.get(v) : undefined;
+    if (depth === 0 || v === null || typeof v !== 'object' || cached !== undefined) {
+      this.tasks.push(cached ?? canonicalJson(v));
+    } else if (Array.isArray(v)) {
+      this.tasks.push('[', v, ']');
+    } else {
+      const o = v as Record<string, unknown>;
+      this.tasks.push('{');
+      let first = true;
+      for (const k of sortedKeys(o)) {
+        const x = o[k];
+        if (x === undefined) continue;
+        this.tasks.push(first ? keyText(k) : `,${keyText(k)}`);
+        first = false;
+        this.plan(x, depth - 1);
+      }
+      this.tasks.push('}');
+    }
+  }
+
+  /** Write up to `budget` collection items (and the pieces between them); true once all is hashed. */
+  run(budget: number): boolean {
+    let n = 0;
+    while (this.t < this.tasks.length) {
+      const task = this.tasks[this.t] as string | readonly unknown[];
+      if (typeof task === 'string') {
+        this.put(task);
+        this.t++;
+        continue;
+      }
+      while (this.i < task.length) {
+        if (n++ >= budget) return false;
+        const x: unknown = task[this.i];
+        if (this.i > 0) this.put(',');
+        this.put(x === undefined ? 'null' : canonicalJson(x));
+        this.i++;
+      }
+      this.t++;
+      this.i = 0;
+    }
+    if (this.buf.length > 0) {
+      this.hash.update(this.buf);
+      this.buf = '';
+    }
+    return true;
+  }
+
+  private put(s: string): void {
+    this.buf += s;
+    if (this.buf.length >= CHUNK) {
+      this.hash.update(this.buf);
+      this.buf = '';
+    }
+  }
 }

@@ -4,11 +4,32 @@ import ipaddr from 'ipaddr.js';
 
 export type Family = 4 | 6;
 
-const DOTTED_QUAD = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
-
-/** Strict dotted IPv4 (no octal, hex or short forms that ipaddr.js would also accept). */
+/**
+ * Strict dotted IPv4 (no octal, hex or short forms that ipaddr.js would also accept): four
+ * decimal octets 0-255, no leading zero. A character scan, not a regular expression: this runs
+ * on every address of a bulk document (40,000 at 10,000 DNAT + 10,000 FIP).
+ */
 export function isIpv4(s: string): boolean {
-  return DOTTED_QUAD.test(s);
+  const n = s.length;
+  if (n < 7 || n > 15) return false;
+  let octets = 0;
+  let i = 0;
+  for (;;) {
+    const start = i;
+    let v = 0;
+    while (i < n) {
+      const c = s.charCodeAt(i);
+      if (c < 48 || c > 57) break;
+      v = v * 10 + (c - 48);
+      i++;
+    }
+    const len = i - start;
+    if (len === 0 || len > 3 || v > 255 || (len > 1 && s.charCodeAt(start) === 48)) return false;
+    octets++;
+    if (i === n) return octets === 4;
+    if (octets === 4 || s.charCodeAt(i) !== 46) return false;
+    i++;
+  }
 }
 
 export function isIpv6(s: string): boolean {

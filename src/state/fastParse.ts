@@ -55,11 +55,19 @@ function every(items: readonly unknown[], canonical: (x: unknown) => boolean): b
   return true;
 }
 
-/** What ipSchema accepts and leaves unchanged (its transform is canonicalIp). */
-const ip = (v: unknown): v is string => typeof v === 'string' && (isIpv4(v) || (isIpv6(v) && canonicalIp(v) === v));
+/**
+ * 4 or 6 for an address ipSchema accepts and leaves unchanged (its transform is canonicalIp), 0
+ * for anything else: the family is decided once per address, by the check that validates it.
+ */
+const ipFamily = (v: unknown): 0 | 4 | 6 => (typeof v !== 'string' ? 0 : isIpv4(v) ? 4 : isIpv6(v) && canonicalIp(v) === v ? 6 : 0);
+const ip = (v: unknown): v is string => ipFamily(v) !== 0;
+/** Both addresses canonical and of one family. */
+const ipPair = (a: unknown, b: unknown): boolean => {
+  const f = ipFamily(a);
+  return f !== 0 && ipFamily(b) === f;
+};
 const int = (v: unknown, min: number, max: number): boolean => typeof v === 'number' && Number.isInteger(v) && v >= min && v <= max;
 const port = (v: unknown): boolean => int(v, 1, 65535);
-const sameFamily = (a: string, b: string): boolean => a.includes(':') === b.includes(':');
 /** What networkCidrSchema accepts and leaves unchanged (host bits clear, the prefix written plainly). */
 function networkCidr(v: unknown): v is string {
   if (typeof v !== 'string') return false;
@@ -76,17 +84,17 @@ const FIP_KEYS = ['eip', 'internalIp'] as const;
 
 const FAST: ReadonlyArray<readonly [keyof DesiredState, (x: unknown) => boolean]> = [
   ['eips', (x) => hasExactly(x, EIP_KEYS) && ip(x.address) && int(x.prefixLength, 0, 128)],
-  ['snats', (x) => hasExactly(x, SNAT_KEYS) && ip(x.eip) && networkCidr(x.cidr) && typeof x.randomFully === 'boolean' && sameFamily(x.eip, x.cidr)],
+  [
+    'snats',
+    (x) => {
+      if (!hasExactly(x, SNAT_KEYS) || typeof x.randomFully !== 'boolean') return false;
+      const f = ipFamily(x.eip);
+      return f !== 0 && networkCidr(x.cidr) && (x.cidr.includes(':') ? 6 : 4) === f;
+    },
+  ],
   [
     'dnats',
-    (x) =>
-      hasExactly(x, DNAT_KEYS) &&
-      ip(x.eip) &&
-      port(x.port) &&
-      (x.protocol === 'tcp' || x.protocol === 'udp') &&
-      ip(x.internalIp) &&
-      port(x.internalPort) &&
-      sameFamily(x.eip, x.internalIp),
+    (x) => hasExactly(x, DNAT_KEYS) && port(x.port) && (x.protocol === 'tcp' || x.protocol === 'udp') && port(x.internalPort) && ipPair(x.eip, x.internalIp),
   ],
-  ['fips', (x) => hasExactly(x, FIP_KEYS) && ip(x.eip) && ip(x.internalIp) && sameFamily(x.eip, x.internalIp)],
+  ['fips', (x) => hasExactly(x, FIP_KEYS) && ipPair(x.eip, x.internalIp)],
 ];

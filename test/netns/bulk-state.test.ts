@@ -6,6 +6,7 @@
  * the rules and the per-EIP accounting that rode along; a change made by hand between two
  * commands stays until a full sync repairs it.
  */
+import { createHash } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
@@ -27,6 +28,18 @@ function toolRuns(logText: string): string[] {
   }
   return out;
 }
+
+/** The digest's definition, independent of natgw's code: sha256 of the JSON with every object's keys sorted. */
+function sortedJson(v: unknown): string {
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
+  if (Array.isArray(v)) return `[${v.map(sortedJson).join(',')}]`;
+  const o = v as Record<string, unknown>;
+  const keys = Object.keys(o)
+    .filter((k) => o[k] !== undefined)
+    .sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${sortedJson(o[k])}`).join(',')}}`;
+}
+const digestOfDoc = (desired: unknown): string => `sha256:${createHash('sha256').update(sortedJson(desired)).digest('hex')}`;
 
 const isListing = (c: string): boolean => / (list|show)\b|-save\b| -j /.test(c);
 
@@ -91,7 +104,7 @@ describe.each(BACKENDS)('bulk PUT /v1/state into a fresh gateway ($name)', (back
       fips: [{ eip: FIP, internalIp: ADDR.vpc1 }],
     };
     const logged = daemon!.logs().length;
-    ok(await api(sock, 'PUT', '/v1/state', doc), 'PUT /v1/state');
+    const put = ok(await api(sock, 'PUT', '/v1/state', doc), 'PUT /v1/state');
     // The request's own tool runs (its log lines may reach this process just after the answer).
     const runs = await waitFor(
       async () => {
@@ -105,6 +118,11 @@ describe.each(BACKENDS)('bulk PUT /v1/state into a fresh gateway ($name)', (back
     expect(runs).toContain('ip -batch -');
 
     expect(await kernelPorts(topo, backend)).toEqual(PORTS);
+    // The answer's digest (hashed while the kernel applied) is the state's: as GET reads it, by the definition.
+    const after = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state after');
+    expect(put.body.digest).toBe(digestOfDoc(after.body.desired));
+    expect(put.headers.etag).toBe(`"${put.body.digest}"`);
+    expect(after.body.digest).toBe(put.body.digest);
     for (const [ip, port] of [
       [EIP, PORTS[0]!],
       [EIP, PORTS.at(-1)!],
