@@ -15,6 +15,7 @@
  */
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { median, microArgs } from './stats.js';
 import { stateDoc } from './workload.js';
 
 interface Build {
@@ -62,20 +63,10 @@ async function load(dist: string, name: string): Promise<Build> {
   };
 }
 
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)] as number;
-}
-
 async function main(): Promise<void> {
-  const args = process.argv.slice(2);
-  const against = args.indexOf('--against');
-  const other = against >= 0 ? args.splice(against, 2)[1] : undefined;
-  const size = Number(args[0] ?? 10000);
-  const runs = Number(args[1] ?? 15);
   const here = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-  const builds = [await load(here, 'this build')];
-  if (other) builds.unshift(await load(path.resolve(other), other));
+  const { size, runs, builds: roots } = microArgs(process.argv.slice(2), here);
+  const builds = await Promise.all(roots.map((b) => load(path.resolve(b.root), b.name)));
   const doc = stateDoc(size, false);
 
   for (const backend of ['nft', 'iptables'] as const) {

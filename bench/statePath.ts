@@ -13,6 +13,7 @@
  */
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { median, microArgs } from './stats.js';
 import { stateDoc } from './workload.js';
 
 type Fn = (...a: unknown[]) => unknown;
@@ -47,17 +48,10 @@ async function load(dist: string, name: string): Promise<Build> {
   };
 }
 
-const median = (xs: readonly number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
-
 async function main(): Promise<void> {
-  const args = process.argv.slice(2);
-  const against = args.indexOf('--against');
-  const other = against >= 0 ? args.splice(against, 2)[1] : undefined;
-  const size = Number(args[0] ?? 10000);
-  const runs = Number(args[1] ?? 15);
   const here = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-  const builds = [await load(here, 'this build')];
-  if (other) builds.unshift(await load(path.resolve(other), other));
+  const { size, runs, builds: roots } = microArgs(process.argv.slice(2), here);
+  const builds = await Promise.all(roots.map((b) => load(path.resolve(b.root), b.name)));
   const body = JSON.stringify(stateDoc(size, false));
   const { desiredStateSchema } = await import(pathToFileURL(path.join(here, 'src', 'state/state.js')).href);
   const empty: unknown = desiredStateSchema.parse({ initialized: true, interfaces: { vpc: 'eth0', ext: 'net1' } });

@@ -41,3 +41,19 @@ export async function timed<T>(fn: () => Promise<T>): Promise<[T, number]> {
   const r = await fn();
   return [r, Number(process.hrtime.bigint() - t) / 1e6];
 }
+
+/** The median of a short series (the upper one of an even count). */
+export const median = (xs: readonly number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
+
+/**
+ * The arguments of the in-process micro-benchmarks (bench/render.ts, bench/statePath.ts):
+ * `[size] [runs] [--against <other dist/>]`, and this build's dist/ root.
+ */
+export function microArgs(argv: readonly string[], here: string): { size: number; runs: number; builds: Array<{ root: string; name: string }> } {
+  const args = [...argv];
+  const at = args.indexOf('--against');
+  const other = at >= 0 ? args.splice(at, 2)[1] : undefined;
+  const builds = [{ root: here, name: 'this build' }];
+  if (other) builds.unshift({ root: other, name: other });
+  return { size: Number(args[0] ?? 10000), runs: Number(args[1] ?? 15), builds };
+}
