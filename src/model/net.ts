@@ -44,6 +44,12 @@ export function familyOf(ip: string): Family {
   return isIpv4(ip) ? 4 : 6;
 }
 
+/**
+ * The family of an address (or CIDR) already validated — the stored state, the rules rendered
+ * from it: IPv6 is the one with a colon. No pattern, for the paths that see every object.
+ */
+export const familyOfValid = (addr: string): Family => (addr.includes(':') ? 6 : 4);
+
 /** Canonical text of an address (IPv6 compressed, lower case). */
 export function canonicalIp(s: string): string {
   return isIpv4(s) ? s : ipaddr.IPv6.parse(s).toString();

@@ -1,4 +1,5 @@
 import type { Dnat, Fip, Snat } from './rules.js';
+import { familyOfValid } from './net.js';
 
 /**
  * The iptables save form of each rule (SPEC §2). The iptables backend renders exactly these
@@ -17,11 +18,9 @@ export const CHAINS = {
   vpcMark: 'VPC_MARK',
 } as const;
 
-// Rule texts are built from validated addresses, where an IPv6 address is one with a colon:
-// no address pattern per rule (ten thousand of them at a full sync).
-const isV6 = (ip: string): boolean => ip.includes(':');
-const hostLen = (ip: string): number => (isV6(ip) ? 128 : 32);
-const withPort = (ip: string, port: number): string => (isV6(ip) ? `[${ip}]:${port}` : `${ip}:${port}`);
+// Rule texts are built from validated addresses: no address pattern per rule (ten thousand of them at a full sync).
+const hostLen = (ip: string): number => (familyOfValid(ip) === 6 ? 128 : 32);
+const withPort = (ip: string, port: number): string => (familyOfValid(ip) === 6 ? `[${ip}]:${port}` : `${ip}:${port}`);
 
 export function fipDnatSpec(f: Fip): string {
   return `-d ${f.eip}/${hostLen(f.eip)} -j DNAT --to-destination ${f.internalIp}`;

@@ -1,4 +1,4 @@
-import { canonicalIp, formatCidr, isIpv4, isIpv6, parseCidr } from '../model/net.js';
+import { canonicalIp, familyOfValid, formatCidr, isIpv4, isIpv6, parseCidr } from '../model/net.js';
 import { desiredStateSchema, type DesiredState } from './state.js';
 
 /**
@@ -89,7 +89,7 @@ const FAST: ReadonlyArray<readonly [keyof DesiredState, (x: unknown) => boolean]
     (x) => {
       if (!hasExactly(x, SNAT_KEYS) || typeof x.randomFully !== 'boolean') return false;
       const f = ipFamily(x.eip);
-      return f !== 0 && networkCidr(x.cidr) && (x.cidr.includes(':') ? 6 : 4) === f;
+      return f !== 0 && networkCidr(x.cidr) && familyOfValid(x.cidr) === f;
     },
   ],
   [

@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { type Executor, runChecked } from '../../../system/exec.js';
 import { ToolError } from '../../../model/errors.js';
-import type { Family } from '../../../model/net.js';
+import { familyOfValid, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, savedAfter, type TableName } from './plan.js';
@@ -37,8 +37,7 @@ function ofOneFamily<T>(list: readonly T[], ip: (t: T) => string, family: Family
     split = {};
     familySplits.set(list, split);
   }
-  // Stored addresses are validated: an IPv6 address is one with a colon (familyOf, without the pattern).
-  split[family] ??= list.filter((t) => (ip(t).includes(':') ? 6 : 4) === family);
+  split[family] ??= list.filter((t) => familyOfValid(ip(t)) === family);
   return split[family] as T[];
 }
 

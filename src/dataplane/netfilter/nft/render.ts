@@ -60,7 +60,7 @@
  * interface names are quoted. Handles come from nft's own JSON (numbers).
  */
 import { NatgwError } from '../../../model/errors.js';
-import { parseCidr } from '../../../model/net.js';
+import { familyOfValid, parseCidr } from '../../../model/net.js';
 import { sameDnat, snatKey, type Dnat, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
@@ -256,8 +256,8 @@ export interface FamilySpec {
   readonly chains: readonly ChainSpec[];
 }
 
-// Addresses here are validated: a colon is enough to tell the family, and this runs per object.
-export const famOf = (ip: string): NftFamily => (ip.includes(':') ? 'ip6' : 'ip');
+// Addresses here are validated, and this runs per object.
+export const famOf = (ip: string): NftFamily => (familyOfValid(ip) === 6 ? 'ip6' : 'ip');
 
 function checkSameFamily(what: string, a: string, b: string): void {
   if (famOf(a) !== famOf(b)) throw new NftRenderError(`${what}: ${a} and ${b} are not of the same IP family`);
