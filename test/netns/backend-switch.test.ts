@@ -46,6 +46,10 @@ async function natgwObjects(topo: Topology, b: BackendCase): Promise<string> {
   return r.exitCode === 0 ? r.stdout : '';
 }
 
+// A run narrowed to one backend has no switch path; a skipped suite says so instead of vitest's
+// "No test suite found" failure.
+if (PATHS.length === 0) describe.skip('backend switch (needs two backends in NATGW_TEST_BACKENDS)', () => it('switches', () => {}));
+
 describe.each(PATHS)('backend switch $name', ({ steps }) => {
   let topo: Topology;
   const servers: ServerHandle[] = [];
