@@ -129,9 +129,13 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
   const clientToken = randomBytes(32).toString('hex');
   const serverToken = randomBytes(32).toString('hex');
   const running = new Set<Promise<unknown>>();
+  // Connections whose request is not in yet: cut at close, where a running command is awaited.
+  const waiting = new Set<net.Socket>();
 
   const server = net.createServer((conn) => {
     const started = process.hrtime.bigint();
+    waiting.add(conn);
+    conn.on('close', () => waiting.delete(conn));
     const chunks: Buffer[] = [];
     let size = 0;
     let done = false;
@@ -170,6 +174,7 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
       }
       if (!req) return;
       done = true;
+      waiting.delete(conn);
       conn.setTimeout(0);
       if (o.shuttingDown()) {
         conn.destroy();
@@ -226,7 +231,9 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
     port,
     async close() {
       await fs.unlink(file).catch(() => undefined);
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      for (const c of waiting) c.destroy();
+      await closed;
       await Promise.allSettled([...running]);
     },
   };
