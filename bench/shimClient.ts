@@ -39,7 +39,9 @@ export interface Figure {
   readonly minMs: number;
 }
 
-export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'curlHealth' | 'curlPost' | 'shimTcp' | 'shimCurl' | 'shimNode', Figure> & { readonly runs: number };
+export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'curlHealth' | 'curlPost' | 'shimTcp' | 'shimCurl' | 'shimNode', Figure> & {
+  readonly runs: number;
+};
 
 function figure(samples: number[]): Figure {
   const s = [...samples].sort((a, b) => a - b);

@@ -186,7 +186,16 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
           const ms = Number(process.hrtime.bigint() - started) / 1e6;
           // Logged before the answer leaves: whoever saw the shim return finds the line.
           o.log.info(
-            { reqId: randomUUID(), via: 'shim-tcp', path: '/v1/legacy', ms: Math.round(ms * 10) / 10, command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' },
+            {
+              reqId: randomUUID(),
+              via: 'shim-tcp',
+              path: '/v1/legacy',
+              ms: Math.round(ms * 10) / 10,
+              command,
+              rules: rules.length,
+              exitStatus: out.status,
+              outcome: out.status === 0 ? 'ok' : 'failed',
+            },
             'request',
           );
           conn.end(renderShimAnswer(serverToken, out));
@@ -211,7 +220,7 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
       });
     });
   } catch (e) {
-    o.log.warn({ err: e }, "shim fast path off: cannot listen on loopback; the shim uses curl");
+    o.log.warn({ err: e }, 'shim fast path off: cannot listen on loopback; the shim uses curl');
     return undefined;
   }
   const port = (server.address() as net.AddressInfo).port;

@@ -77,7 +77,7 @@ describe("the shim's loopback client", () => {
     const listening = (await topo.exec('gw', ['ss', '-Hltn'])).stdout
       .split('\n')
       .map((l) => l.trim().split(/\s+/)[3])
-      .filter((local): local is string => local !== undefined && local.endsWith(`:${port}`));
+      .filter((local): local is string => local?.endsWith(`:${port}`) === true);
     expect(listening).toEqual([`127.0.0.1:${port}`]);
   });
 
@@ -246,9 +246,16 @@ describe("the shim's loopback client", () => {
     it('prints output holding NUL bytes (escaped) and large output exactly', async () => {
       const withNul = Buffer.from([0x61, 0x00, 0x5c, 0x0a, 0xc3, 0xa9, 0x00]);
       const esc = (b: Buffer) =>
-        Buffer.from([...b].map((c) => (c > 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`)).join(''), 'latin1');
+        Buffer.from(
+          [...b].map((c) => (c > 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`)).join(''),
+          'latin1',
+        );
       const nul = await standIn(() => answer(0, esc(withNul), esc(Buffer.from('Warning: \0x')), 'esc'));
-      expect(await run(nul.dir, ['snat-add', 'x'])).toMatchObject({ status: 0, stdout: withNul.toString('hex'), stderr: Buffer.from('Warning: \0x').toString('hex') });
+      expect(await run(nul.dir, ['snat-add', 'x'])).toMatchObject({
+        status: 0,
+        stdout: withNul.toString('hex'),
+        stderr: Buffer.from('Warning: \0x').toString('hex'),
+      });
 
       const big = Buffer.from(`${'ab€\n'.repeat(300_000)}tail`, 'utf8');
       const large = await standIn(() => answer(1, big, Buffer.alloc(0)));

@@ -130,4 +130,3 @@ export async function requestsVia(socketPath: string, d: Daemon, path: string, v
   await waitFor(async () => d.logs().includes(`"path":"${marker}"`), { timeoutMs: 10_000, intervalMs: 20, what: `the daemon's log line for ${marker}` });
   return countRequests(d, path, via);
 }
-

@@ -40,7 +40,15 @@ describe('shim answer', () => {
     const nl = b.indexOf(0x0a);
     const [proto, secret, status, nout, nerr, enc] = b.subarray(0, nl).toString('latin1').split(' ');
     const body = b.subarray(nl + 1);
-    return { proto, secret, status, enc, stdout: body.subarray(0, Number(nout)), stderr: body.subarray(Number(nout)), rest: body.length - Number(nout) - Number(nerr) };
+    return {
+      proto,
+      secret,
+      status,
+      enc,
+      stdout: body.subarray(0, Number(nout)),
+      stderr: body.subarray(Number(nout)),
+      rest: body.length - Number(nout) - Number(nerr),
+    };
   };
 
   it('carries stdout and stderr raw, counted in bytes', () => {
