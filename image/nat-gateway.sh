@@ -77,7 +77,7 @@ natgw_via_tcp() {
   trap '' PIPE
   # The arguments go as data: NUL-terminated bytes (argv cannot hold a NUL), never evaluated.
   { printf 'natgw-shim/1 %s %s\n' "$ctok" "$#" && printf '%s\0' "$@"; } >&"$fd" 2>/dev/null &&
-    IFS= read -r head <&"$fd" 2>/dev/null
+    IFS= read -r -n 256 head <&"$fd" 2>/dev/null
   n=$?
   local re='^natgw-shim/1 ([0-9a-f]{64}) ([0-9]{1,3}) ([0-9]{1,10}) ([0-9]{1,10}) (raw|esc)$'
   if [ "$n" -ne 0 ] || ! [[ $head =~ $re ]] || [ "${BASH_REMATCH[1]}" != "$stok" ]; then

@@ -274,6 +274,7 @@ describe("the shim's loopback client", () => {
         'no answer': () => undefined,
         'not natgw': () => Buffer.from('HTTP/1.1 200 OK\r\n\r\nshould not show\n'),
         'unknown encoding': () => answer(0, out, Buffer.alloc(0), 'b64'),
+        'endless first line': () => Buffer.from(`natgw-shim/1 ${SERVER} 0 16 0 raw${' '.repeat(1_000_000)}\nshould not show\n`),
       };
       for (const [name, a] of Object.entries(answers)) {
         const { dir, seen } = await standIn(a);
