@@ -15,6 +15,7 @@ import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
+import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -154,6 +155,22 @@ export async function serve(config: Config): Promise<number> {
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
+  // The shim's loopback fast path: optional, so a failure to start it only logs.
+  let shimServer: ShimListener | undefined;
+  if (config.shimTcp) {
+    shimServer = await startShimListener({
+      socketPath: config.socket,
+      legacy: (c, r) => agent.legacy(c, r),
+      log,
+      maxBytes: config.bodyLimit,
+      maxConnections: config.maxConnections,
+      requestTimeoutMs: config.headersTimeoutMs,
+      shuttingDown: () => shuttingDown,
+    });
+  } else {
+    // A file left by an earlier daemon would send the shim to a dead port (or someone else's).
+    await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
+  }
   opened(true);
   log.info(
     { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
@@ -177,7 +194,7 @@ export async function serve(config: Config): Promise<number> {
       );
     };
     const shutdown = async () => {
-      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
+      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve(), shimServer ? shimServer.close() : Promise.resolve()];
       monitor.stop();
       hygiene.stop();
       await haStarted;
