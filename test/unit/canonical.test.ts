@@ -1,7 +1,14 @@
 import { createHash } from 'node:crypto';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, canonicalJson, canonicalTextNative, mostlyWithoutTexts } from '../../src/model/canonical.js';
+import {
+  canonicalDigestBulk,
+  canonicalDigestInto,
+  canonicalDigestSoon,
+  canonicalJson,
+  canonicalTextNative,
+  mostlyWithoutTexts,
+} from '../../src/model/canonical.js';
 import { digestOf, digestSoon } from '../../src/api/stateDoc.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 
@@ -119,7 +126,12 @@ describe('canonicalTextNative', () => {
 
 describe('canonicalDigestBulk', () => {
   it('hashes the bytes of canonicalJson whether finished at once or after its turn, and keeps the texts after', async () => {
-    const make = () => ({ b: Array.from({ length: 2500 }, (_, i) => ({ z: i, a: `x${i}`, q: [i, { y: 'é"' }] })), a: { k: [1, 2] }, c: [] as unknown[], d: 'e' });
+    const make = () => ({
+      b: Array.from({ length: 2500 }, (_, i) => ({ z: i, a: `x${i}`, q: [i, { y: 'é"' }] })),
+      a: { k: [1, 2] },
+      c: [] as unknown[],
+      d: 'e',
+    });
     const want = sha(reference(make()));
     for (const wait of [0, 1, 10]) {
       const v = make();
