@@ -272,23 +272,31 @@ function collectKeys(v: unknown, keys: Set<string>): boolean {
  * The digest of a state that is mostly new objects (a bulk PUT /v1/state): its canonical text
  * written natively at the next turn of the event loop (while the kernel applies), then hashed;
  * the function returned finishes it at once if that turn has not come. The texts kept per
- * object (what later digests of a slightly changed state reuse) are built afterwards, a slice
- * per turn once the answer is on its way.
+ * object (what later digests of a slightly changed state reuse) are built only once that
+ * function was called (the answer is on its way), a slice per turn: built while the kernel
+ * applies they took the CPU the kernel's tool was waiting for.
  */
 export function canonicalDigestBulk(hash: HashSink, v: unknown, slice = 1000): () => void {
   let done = false;
+  let native = false;
   const run = (): void => {
     if (done) return;
     done = true;
     const text = canonicalTextNative(v);
     if (text === undefined) canonicalDigestInto(hash, v);
     else {
+      native = true;
       for (let i = 0; i < text.length; i += CHUNK) hash.update(text.slice(i, i + CHUNK));
-      setImmediate(() => keepTexts(v, slice));
     }
   };
   setImmediate(run);
-  return run;
+  let finished = false;
+  return () => {
+    run();
+    if (finished || !native) return;
+    finished = true;
+    setImmediate(() => keepTexts(v, slice));
+  };
 }
 
 /** canonicalJson of each item of `v`'s collections (kept), `slice` items per turn of the event loop. */
