@@ -481,10 +481,6 @@ export class LinkManager {
   }
 
   /**
-   * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
-   * the caller made itself (in parallel with other work) and counts as a full read.
-   */
-  /**
    * `ip -batch -` started now, its script written by the sync it is handed to (a bulk change:
    * the process starts while the NAT transaction applies, not after it). Undefined where the
    * executor cannot start a tool ahead.
@@ -493,6 +489,10 @@ export class LinkManager {
     return this.exec.start?.({ file: 'ip', args: ['-batch', '-'] });
   }
 
+  /**
+   * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
+   * the caller made itself (in parallel with other work) and counts as a full read.
+   */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
     let batch = opts.batch;
     try {

@@ -131,7 +131,10 @@ export function linkPart(link: LinkManager): Part {
     // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
     // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
     prefetch(want, opts, from) {
-      if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch());
+      if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
+        // One that could not start leaves the sync to run its own.
+        ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
+      }
       if (opts.mode !== 'full') return;
       early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
