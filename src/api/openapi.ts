@@ -286,7 +286,7 @@ export function buildOpenApi(): Json {
                 dryRun: { type: 'boolean' },
                 plan: { type: 'object' },
                 report: { type: 'object' },
-                script: { type: 'string' },
+                script: { type: 'string', description: 'The rendered backend script that would be applied (dryRun=true only)' },
                 generation: { type: 'integer' },
                 digest: { type: 'string' },
               },

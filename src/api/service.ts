@@ -60,8 +60,8 @@ export interface ReplaceResult {
   /** Per kind: how many objects the new state adds, removes and changes. */
   readonly plan: Record<string, ObjectDiff>;
   readonly report: Omit<ApplyReport, 'script'>;
-  /** The rendered backend script (dry run: what would be applied). */
-  readonly script: string;
+  /** The rendered backend script: what would be applied (a dry run's answer only). */
+  readonly script?: string;
   readonly generation: number;
   readonly digest: string;
 }

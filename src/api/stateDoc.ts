@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { canonicalDigestInto, canonicalDigestSoon, canonicalJson } from '../model/canonical.js';
+import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, canonicalJson, mostlyWithoutTexts } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
@@ -42,7 +42,9 @@ const pending = new WeakMap<DesiredState, () => string>();
 export function digestSoon(s: DesiredState): void {
   if (digests.has(s) || pending.has(s)) return;
   const hash = createHash('sha256');
-  const finish = canonicalDigestSoon(hash, s);
+  // A state of mostly new objects is written natively in one go (canonicalDigestBulk); one that
+  // shares most objects with the last has their texts kept, and only walks them.
+  const finish = mostlyWithoutTexts(s) ? canonicalDigestBulk(hash, s) : canonicalDigestSoon(hash, s);
   pending.set(s, () => {
     finish();
     return `sha256:${hash.digest('hex')}`;

@@ -191,7 +191,9 @@ export class Agent implements AgentService {
         dryRun: opts.dryRun,
         plan: planOf(prev ?? state, next),
         report: counts,
-        script,
+        // Only a dry run's answer carries the script (SPEC §4.2): a bulk change's is ~1 MiB
+        // (nftables) to 2.5 MiB (iptables) that the answer would serialise and the client parse.
+        ...(opts.dryRun ? { script } : {}),
         generation: this.engine.generation,
         digest: digestOf(opts.dryRun ? (prev ?? state) : state),
       };

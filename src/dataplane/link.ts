@@ -1,6 +1,6 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { type Executor, runChecked } from '../system/exec.js';
+import { type Executor, type ExecResult, type PendingRun, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
 import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
@@ -275,6 +275,8 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
 export interface LinkSyncOptions extends SyncOptions {
   /** A read-back the caller already made (see LinkManager.view). */
   readonly view?: LinkView;
+  /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
+  readonly batch?: PendingRun;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -479,10 +481,38 @@ export class LinkManager {
   }
 
   /**
+   * `ip -batch -` started now, its script written by the sync it is handed to (a bulk change:
+   * the process starts while the NAT transaction applies, not after it). Undefined where the
+   * executor cannot start a tool ahead.
+   */
+  startBatch(): PendingRun | undefined {
+    return this.exec.start?.({ file: 'ip', args: ['-batch', '-'] });
+  }
+
+  /**
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
+    let batch = opts.batch;
+    try {
+      return await this.syncWith(want, previous, opts, (script) => {
+        const started = batch;
+        batch = undefined;
+        return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
+      });
+    } finally {
+      // A batch started ahead that this sync had no script for reads nothing and ends.
+      batch?.cancel();
+    }
+  }
+
+  private async syncWith(
+    want: DesiredState,
+    previous: DesiredState | undefined,
+    opts: LinkSyncOptions,
+    runBatch: (script: string) => Promise<ExecResult>,
+  ): Promise<{ changes: number; script: string }> {
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = opts.view ?? kept ?? (await this.view(want));
@@ -511,7 +541,7 @@ export class LinkManager {
       routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...settled.routes])],
     });
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
-    const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
+    const r = await runBatch(script);
     if (r.exitCode !== 0) {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is
       // somewhere in between, and the record (intent) lets the next sync finish the job.

@@ -268,7 +268,7 @@ export class Engine {
       prepared?.catch(() => undefined);
       try {
         try {
-          report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind });
+          report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind, bulk: prepared !== undefined });
         } catch (e) {
           if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e);
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
@@ -362,7 +362,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
@@ -375,7 +375,7 @@ export class Engine {
       !(mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k]));
     const parts = this.parts(backend).filter(runs);
     // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
-    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun });
+    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
       try {
         const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
@@ -384,6 +384,8 @@ export class Engine {
         script += r.script;
         notes.push(...r.notes);
       } catch (e) {
+        // What a prefetch started for a part the change never reached (a tool waiting for its script) ends.
+        for (const p of parts) p.abandon?.();
         // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
         // the error applied (an atomic part finds nothing to put back).
         if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode);

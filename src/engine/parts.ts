@@ -6,6 +6,7 @@ import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
+import type { PendingRun } from '../system/exec.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -25,6 +26,8 @@ export interface PartResult {
 export interface PartSync {
   readonly mode: SyncMode;
   readonly dryRun?: boolean;
+  /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
+  readonly bulk?: boolean;
 }
 
 export interface Part {
@@ -44,7 +47,9 @@ export interface Part {
    * Start this part's read-back now, while the parts before it apply (a full sync only; what
    * it reads must be something those parts never change). `sync` then uses what it read.
    */
-  prefetch?(want: DesiredState, opts: PartSync): void;
+  prefetch?(want: DesiredState, opts: PartSync, from?: DesiredState): void;
+  /** Drop what prefetch started that sync did not use (the change failed before this part ran); after every reconcile. */
+  abandon?(): void;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
   sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
 }
@@ -113,6 +118,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
+  let ahead: Promise<PendingRun | undefined> | undefined;
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
@@ -122,14 +128,26 @@ export function linkPart(link: LinkManager): Part {
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
     // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
-    prefetch(want, opts) {
+    // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
+    // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
+    prefetch(want, opts, from) {
+      if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
+        // One that could not start leaves the sync to run its own.
+        ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
+      }
       if (opts.mode !== 'full') return;
       early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+    },
+    abandon() {
+      void ahead?.then((b) => b?.cancel());
+      ahead = undefined;
     },
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;
       early = undefined;
-      const r = await link.sync(want, from, view ? { ...opts, view } : opts);
+      const batch = await ahead;
+      ahead = undefined;
+      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
       return { changes: r.changes, script: r.script, notes: none };
     },
   };

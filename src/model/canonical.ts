@@ -235,3 +235,93 @@ class CanonicalFeed {
     }
   }
 }
+
+/**
+ * canonicalJson(v) written by ONE native JSON.stringify, for a value none of whose parts has a
+ * kept text yet (a bulk PUT's new state): a property list of every key the value holds,
+ * sorted, makes JSON.stringify write each object's keys in the canonical order; a third of the
+ * time of building 20,000 rule texts one by one, and none of them left for the collector.
+ * Undefined where a property list cannot stand for the definition (an object that is not
+ * plain, or a key Object.prototype also has: `__proto__` would be read through to it).
+ */
+export function canonicalTextNative(v: unknown): string | undefined {
+  const keys = new Set<string>();
+  if (!collectKeys(v, keys)) return undefined;
+  for (const k of keys) if (k in Object.prototype) return undefined;
+  // Array#sort's default order is canonicalJson's: by UTF-16 code units.
+  return JSON.stringify(v, [...keys].sort()) ?? 'null';
+}
+
+/** Every key of every object in `v` into `keys`; false at the first object that is not plain. */
+function collectKeys(v: unknown, keys: Set<string>): boolean {
+  if (v === null || typeof v !== 'object') return true;
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) if (!collectKeys(v[i], keys)) return false;
+    return true;
+  }
+  if (Object.getPrototypeOf(v) !== Object.prototype) return false;
+  const o = v as Record<string, unknown>;
+  for (const k in o) {
+    keys.add(k);
+    if (!collectKeys(o[k], keys)) return false;
+  }
+  return true;
+}
+
+/**
+ * The digest of a state that is mostly new objects (a bulk PUT /v1/state): its canonical text
+ * written natively at the next turn of the event loop (while the kernel applies), then hashed;
+ * the function returned finishes it at once if that turn has not come. The texts kept per
+ * object (what later digests of a slightly changed state reuse) are built only once that
+ * function was called (the answer is on its way), a slice per turn: built while the kernel
+ * applies they took the CPU the kernel's tool was waiting for.
+ */
+export function canonicalDigestBulk(hash: HashSink, v: unknown, slice = 1000): () => void {
+  let done = false;
+  let native = false;
+  const run = (): void => {
+    if (done) return;
+    done = true;
+    const text = canonicalTextNative(v);
+    if (text === undefined) canonicalDigestInto(hash, v);
+    else {
+      native = true;
+      for (let i = 0; i < text.length; i += CHUNK) hash.update(text.slice(i, i + CHUNK));
+    }
+  };
+  setImmediate(run);
+  let finished = false;
+  return () => {
+    run();
+    if (finished || !native) return;
+    finished = true;
+    setImmediate(() => keepTexts(v, slice));
+  };
+}
+
+/** canonicalJson of each item of `v`'s collections (kept), `slice` items per turn of the event loop. */
+function keepTexts(v: unknown, slice: number): void {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return;
+  const items: unknown[] = [];
+  for (const x of Object.values(v as Record<string, unknown>)) if (Array.isArray(x)) items.push(...x);
+  let at = 0;
+  const step = (): void => {
+    const end = Math.min(items.length, at + slice);
+    for (; at < end; at++) canonicalJson(items[at]);
+    if (at < items.length) setImmediate(step);
+  };
+  step();
+}
+
+/** Whether most items of `v`'s collections have no kept text yet (canonicalDigestBulk then costs less). */
+export function mostlyWithoutTexts(v: unknown): boolean {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return false;
+  let items = 0;
+  let kept = 0;
+  for (const x of Object.values(v as Record<string, unknown>)) {
+    if (!Array.isArray(x)) continue;
+    items += x.length;
+    for (const item of x) if (item !== null && typeof item === 'object' && texts.has(item)) kept++;
+  }
+  return kept * 2 < items;
+}

@@ -56,6 +56,21 @@ export interface Executor {
    * run the tool once per call.
    */
   session?(file: string, args: readonly string[]): ToolSession;
+  /**
+   * Start the tool now and give it its stdin script later (PendingRun): its process start and
+   * its own start-up happen while the caller waits for something else (a bulk change's
+   * `ip -batch`, started while the NAT transaction applies). Absent where the executor cannot
+   * (fakes, recorders): callers then run the tool when they have its script.
+   */
+  start?(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun;
+}
+
+/** A tool started by Executor.start, waiting for its stdin script. */
+export interface PendingRun {
+  /** Write the script and close stdin; resolves as Executor.run does. The deadline counts from here. */
+  feed(input: string): Promise<ExecResult>;
+  /** Close stdin unwritten: the tool reads nothing and ends (its result is dropped). */
+  cancel(): void;
 }
 
 /** What one exchange with a session's process gave back. */
@@ -129,8 +144,31 @@ export class SystemExecutor implements Executor {
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
     const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
+    return this.result(req, limit, started, await runProcess(req, limit));
+  }
+
+  start(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun {
+    const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
+    let give: (input: string | undefined) => void = () => undefined;
+    const input = new Promise<string | undefined>((resolve) => (give = resolve));
+    const run = runProcess(req, limit, input);
+    const cmd = [req.file, ...req.args].join(' ');
+    this.log?.debug({ cmd }, 'tool started ahead of its script');
+    return {
+      feed: async (text) => {
+        const fedAt = Date.now();
+        give(text);
+        return this.result({ ...req, input: text }, limit, fedAt, await run);
+      },
+      cancel: () => {
+        this.log?.debug({ cmd }, 'tool started ahead: cancelled, its script never written');
+        give(undefined);
+      },
+    };
+  }
+
+  private result(req: ExecRequest, limit: number, started: number, r: RawRun): ExecResult {
     const command = [req.file, ...req.args].join(' ');
-    const r = await runProcess(req, limit);
     const result: ExecResult = {
       command,
       exitCode: r.timedOut ? r.exitCode || 124 : r.exitCode,
@@ -200,7 +238,7 @@ interface RawRun {
  * decoded as UTF-8 untouched, a process group of its own (killed whole at the deadline), a
  * missing binary reported as failedToStart with exit 127, death by a signal as 127.
  */
-function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
+function runProcess(req: ExecRequest, limit: number, late?: Promise<string | undefined>): Promise<RawRun> {
   return new Promise((resolve) => {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
@@ -231,15 +269,18 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
       });
     };
     const kill = () => (req.single ? child?.kill('SIGKILL') : killGroup(child?.pid));
-    const timer = setTimeout(() => {
+    const expire = () => {
       timedOut = true;
       kill();
-    }, limit);
+    };
+    // A started tool waiting for its script (Executor.start) is killed if none comes within the
+    // deadline; once fed, the deadline counts again from then.
+    let timer = setTimeout(expire, limit);
     try {
       child = spawn(req.file, [...req.args], {
         detached: !req.single,
         env: toolEnv(),
-        stdio: [req.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+        stdio: [req.input === undefined && late === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
       });
     } catch (e) {
       startError = e as Error;
@@ -281,7 +322,14 @@ function runProcess(req: ExecRequest, limit: number): Promise<RawRun> {
     if (child.stdin) {
       // A tool that exits without reading its script (a usage error) closes the pipe: EPIPE.
       child.stdin.on('error', () => undefined);
-      child.stdin.end(req.input);
+      if (late === undefined) child.stdin.end(req.input);
+      else
+        void late.then((input) => {
+          if (settled) return;
+          clearTimeout(timer);
+          timer = setTimeout(expire, limit);
+          child.stdin?.end(input ?? '');
+        });
     }
   });
 }

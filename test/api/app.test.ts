@@ -243,6 +243,8 @@ describe('the whole state', () => {
 
     const applied = await request(app).put('/v1/state').set('If-Match', r(doc.digest)).send(edited).expect(200);
     expect(applied.body.dryRun).toBe(false);
+    // The script is a dry run's answer only (SPEC §4.2): a bulk change's would be megabytes.
+    expect(applied.body).not.toHaveProperty('script');
     expect(engine.generation).toBe(gen + 1);
     expect(engine.state.dnats).toEqual([]);
     // SNATs are kept longest prefix first, whatever order the document had.

@@ -1,7 +1,14 @@
 import { createHash } from 'node:crypto';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { canonicalDigestInto, canonicalDigestSoon, canonicalJson } from '../../src/model/canonical.js';
+import {
+  canonicalDigestBulk,
+  canonicalDigestInto,
+  canonicalDigestSoon,
+  canonicalJson,
+  canonicalTextNative,
+  mostlyWithoutTexts,
+} from '../../src/model/canonical.js';
 import { digestOf, digestSoon } from '../../src/api/stateDoc.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 
@@ -89,6 +96,62 @@ describe('canonicalDigestSoon', () => {
       finish();
       expect(h.digest('hex')).toBe(want);
     }
+  });
+});
+
+describe('canonicalTextNative', () => {
+  it('equals the reference definition on arbitrary values, or declines', () => {
+    let written = 0;
+    fc.assert(
+      fc.property(value.node, (v) => {
+        const text = canonicalTextNative(v);
+        if (text === undefined) return;
+        written++;
+        expect(text).toBe(reference(v));
+      }),
+      { numRuns: 2000 },
+    );
+    // fast-check makes some objects without a prototype and some keys such as `constructor`: those decline.
+    expect(written).toBeGreaterThan(800);
+  });
+
+  it('declines a key Object.prototype has, and an object that is not plain', () => {
+    expect(canonicalTextNative(JSON.parse('[{"__proto__":{"a":1}},{"b":2}]'))).toBeUndefined();
+    expect(canonicalTextNative([{ constructor: 1 }, { a: 2 }])).toBeUndefined();
+    expect(canonicalTextNative({ a: new Date(0) })).toBeUndefined();
+    expect(canonicalTextNative({ a: Object.create(null) })).toBeUndefined();
+    expect(canonicalTextNative({ b: [{ z: 1, a: 'x' }], a: 1 })).toBe('{"a":1,"b":[{"a":"x","z":1}]}');
+  });
+});
+
+describe('canonicalDigestBulk', () => {
+  it('hashes the bytes of canonicalJson whether finished at once or after its turn, and keeps the texts after', async () => {
+    const make = () => ({
+      b: Array.from({ length: 2500 }, (_, i) => ({ z: i, a: `x${i}`, q: [i, { y: 'é"' }] })),
+      a: { k: [1, 2] },
+      c: [] as unknown[],
+      d: 'e',
+    });
+    const want = sha(reference(make()));
+    for (const wait of [0, 1, 10]) {
+      const v = make();
+      expect(mostlyWithoutTexts(v)).toBe(true);
+      const h = createHash('sha256');
+      const finish = canonicalDigestBulk(h, v, 700);
+      await turns(wait);
+      finish();
+      finish();
+      expect(h.digest('hex')).toBe(want);
+      await turns(6);
+      expect(mostlyWithoutTexts(v)).toBe(false);
+    }
+  });
+
+  it('falls back to the texts one by one where the native text declines', async () => {
+    const v = JSON.parse('{"a":[{"__proto__":{"x":1}},{"b":2}]}');
+    const h = createHash('sha256');
+    canonicalDigestBulk(h, v)();
+    expect(h.digest('hex')).toBe(sha(reference(v)));
   });
 });
 

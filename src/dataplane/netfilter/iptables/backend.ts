@@ -164,29 +164,34 @@ export class IptablesBackend implements NetfilterBackend {
     const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
     let script = '';
     let changes = 0;
+    const touched: TableName[] = [];
     for (const [i, table] of TABLES.entries()) {
-      const before = have[i] ?? emptyTable;
-      const plan = planTable(before, desired[table], { deleteBySpec: opts.mode === 'partial' });
+      const plan = planTable(have[i] ?? emptyTable, desired[table], { deleteBySpec: opts.mode === 'partial' });
       const text = renderRestore(table, plan);
-      if (!opts.dryRun) {
-        if (text !== '') await this.restore(family, table, text);
-        this.view.set(`${family}/${table}`, savedAfter(before, desired[table]));
-      }
       if (text === '') continue;
       changes += plan.changes;
       script += text;
+      touched.push(table);
+    }
+    if (!opts.dryRun) {
+      // One run for the family's tables: each still commits at its own COMMIT, in order (nat,
+      // then mangle), as when each had a run of its own; one process start less on the path.
+      if (script !== '') await this.restore(family, touched, script);
+      for (const [i, table] of TABLES.entries()) this.view.set(`${family}/${table}`, savedAfter(have[i] ?? emptyTable, desired[table]));
     }
     return { changes, script };
   }
 
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
-  private async restore(family: Family, table: TableName, text: string): Promise<void> {
+  private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
+    const names = typeof tables === 'string' ? [tables] : tables;
     const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
     if (r.exitCode !== 0) {
-      throw new ToolError(`${tool} --noflush`, `the ${table} table transaction`, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
+      const what = `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`;
+      throw new ToolError(`${tool} --noflush`, what, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
     }
-    this.log?.debug({ family, table }, 'iptables transaction applied');
+    this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 
   async readBack(): Promise<NatTables | null> {
