@@ -16,8 +16,13 @@ export interface ApiResponse {
   readonly body: any;
 }
 
+/** A body already serialised, so that a timed call measures the daemon, not the client's JSON.stringify. */
+export class JsonText {
+  constructor(readonly text: string) {}
+}
+
 export function api(socketPath: string, method: string, path: string, body?: unknown, timeoutMs = 600_000): Promise<ApiResponse> {
-  const payload = body === undefined ? undefined : JSON.stringify(body);
+  const payload = body === undefined ? undefined : body instanceof JsonText ? body.text : JSON.stringify(body);
   return new Promise((resolve, reject) => {
     const req = http.request(
       {

@@ -6,7 +6,7 @@ import { REPO_ROOT, createTopology, type Topology } from '../test/helpers/netns.
 import { existsSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { Daemon, api, must } from './daemon.js';
+import { Daemon, JsonText, api, must } from './daemon.js';
 import { NsRunner } from './runner.js';
 import { note, progress } from './progress.js';
 import { timed } from './stats.js';
@@ -94,9 +94,11 @@ export class Gateway {
 
   /** PUT /v1/state; returns the milliseconds it took. */
   async putState(doc: unknown, query = ''): Promise<{ ms: number; body: any }> {
-    const [r, ms] = await timed(() => api(this.socket, 'PUT', `/v1/state${query}`, doc));
+    // Serialised before the clock starts: the raw apply it is compared with has no such step.
+    const text = new JsonText(JSON.stringify(doc));
+    const [r, ms] = await timed(() => api(this.socket, 'PUT', `/v1/state${query}`, text));
     if (r.status === 413 && bodyLimitOverride === undefined) {
-      const bytes = Buffer.byteLength(JSON.stringify(doc));
+      const bytes = Buffer.byteLength(text.text);
       note(
         `the daemon's default body limit refused a ${(bytes / 1048576).toFixed(1)} MiB state document (HTTP 413); the rest of the run sets NATGW_BODY_LIMIT=${FALLBACK_BODY_LIMIT}`,
       );
