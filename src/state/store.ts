@@ -1,12 +1,13 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { promises as fs } from 'node:fs';
+import { closeSync, fdatasync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
-import { fileIdentity } from '../system/fileIdentity.js';
+import { fileIdentitySync } from '../system/fileIdentity.js';
+import { lockFs } from './lockFs.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 
 /**
@@ -71,6 +72,14 @@ async function publishTemp(tmp: string, file: string): Promise<void> {
     throw e;
   }
   await syncDir(path.dirname(file));
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    closeSync(fd);
+  } catch {
+    // the write already failed; that is the error to report
+  }
 }
 
 async function syncDir(dir: string): Promise<void> {
@@ -176,10 +185,9 @@ export class StateStore {
     this.journalFile = path.join(dir, 'state.journal');
   }
 
-  /** See FilesStamp. Three stat calls: cheap enough for every command. */
+  /** See FilesStamp. Three stat calls, made synchronously (fileIdentitySync): cheap enough for every command. */
   async stamp(): Promise<FilesStamp> {
-    const keys = await Promise.all([this.stateFile, this.journalFile, this.backendFile].map(fileIdentity));
-    return { key: keys.join('|') };
+    return { key: `${fileIdentitySync(this.stateFile)}|${fileIdentitySync(this.journalFile)}|${fileIdentitySync(this.backendFile)}` };
   }
 
   /**
@@ -330,17 +338,22 @@ export class StateStore {
     const line = `${sha256(payload)} ${payload}\n`;
     const fresh = this.journalEntries === 0;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
-    // snapshot is never replayed onto a newer one.
+    // snapshot is never replayed onto a newer one. The open, the write and the close of one
+    // short line are made synchronously (microseconds each, where every trip through the
+    // thread pool cost the command's critical path a turn of the event loop); only the
+    // fdatasync, which waits on the disk, goes through the pool.
+    let fd: number | undefined;
     try {
-      const fh = await fs.open(this.journalFile, fresh ? 'w' : 'a', 0o600);
-      try {
-        await fh.writeFile(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line);
-        await fh.datasync();
-      } finally {
-        await fh.close();
-      }
+      fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
+      const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
+      for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
+      const synced = fd;
+      await new Promise<void>((resolve, reject) => fdatasync(synced, (e) => (e ? reject(e) : resolve())));
+      fd = undefined;
+      closeSync(synced);
       if (fresh) await syncDir(this.dir);
     } catch (e) {
+      if (fd !== undefined) closeQuietly(fd);
       // A torn line is ignored on load; the next commit must not append after it.
       this.snapshotSha = undefined;
       throw durableError(this.journalFile, e);
@@ -402,9 +415,12 @@ export class StateStore {
    * with SIGKILL leaves a lock that goes stale after `stale` ms and is then taken over.
    */
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
-    await fs.mkdir(this.dir, { recursive: true });
+    // Synchronous, as the lock's own calls (lockFs): microseconds on a local directory.
+    mkdirSync(this.dir, { recursive: true });
     const release = await lockfile.lock(this.lockTarget, {
       realpath: false,
+      // Synchronous calls: the lock is taken and released on every command (see lockFs).
+      fs: lockFs,
       stale: 10_000,
       update: 2_000,
       retries: { retries: 600, factor: 1.2, minTimeout: 5, maxTimeout: 100 },
