@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { closeSync, fdatasync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
+import { closeSync, fdatasyncSync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
@@ -171,6 +171,8 @@ export class StateStore {
    * text (a daemon start reads the state several times) skips the checksum and the parse.
    */
   private lastSnapshot: { readonly text: string; readonly sha: string; readonly state: DesiredState } | undefined;
+  /** The release of this process's last hold of the lock, still under way (withLock). */
+  private releasing: Promise<void> | undefined;
 
   constructor(
     readonly dir: string,
@@ -338,19 +340,19 @@ export class StateStore {
     const line = `${sha256(payload)} ${payload}\n`;
     const fresh = this.journalEntries === 0;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
-    // snapshot is never replayed onto a newer one. The open, the write and the close of one
-    // short line are made synchronously (microseconds each, where every trip through the
-    // thread pool cost the command's critical path a turn of the event loop); only the
-    // fdatasync, which waits on the disk, goes through the pool.
+    // snapshot is never replayed onto a newer one. One short line, written and synced
+    // synchronously: the command waits for the disk either way, and each trip through the
+    // thread pool (open, write, sync, close) cost it a turn of the event loop and two thread
+    // wake-ups, slow on a busy node. A conntrack flush started before runs beside it.
     let fd: number | undefined;
     try {
       fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
       const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
-      const synced = fd;
-      await new Promise<void>((resolve, reject) => fdatasync(synced, (e) => (e ? reject(e) : resolve())));
+      fdatasyncSync(fd);
+      const done = fd;
       fd = undefined;
-      closeSync(synced);
+      closeSync(done);
       if (fresh) await syncDir(this.dir);
     } catch (e) {
       if (fd !== undefined) closeQuietly(fd);
@@ -415,6 +417,8 @@ export class StateStore {
    * with SIGKILL leaves a lock that goes stale after `stale` ms and is then taken over.
    */
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
+    // This process's previous hold is released before it asks again (see the release below).
+    await this.releasing;
     // Synchronous, as the lock's own calls (lockFs): microseconds on a local directory.
     mkdirSync(this.dir, { recursive: true });
     const release = await lockfile.lock(this.lockTarget, {
@@ -432,7 +436,10 @@ export class StateStore {
     try {
       return await this.holder.run(true, fn);
     } finally {
-      await release().catch(() => undefined);
+      // Released on the check phase after the holder's result has gone on (a command's answer
+      // is microtasks away), not before: the rmdir and the lock's bookkeeping are off the
+      // answer's path. What the holder did is durable already; only the next holder waits.
+      this.releasing = new Promise<void>((r) => setImmediate(r)).then(() => release()).catch(() => undefined);
     }
   }
 }

@@ -182,7 +182,9 @@ export class IptablesBackend implements NetfilterBackend {
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
   private async restore(family: Family, table: TableName, text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    // iptables-restore waits for its first line before it locks or reads a table: the daemon's
+    // executor may hand it a process started ahead (ExecRequest.prestartable).
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text, prestartable: true });
     if (r.exitCode !== 0) {
       throw new ToolError(`${tool} --noflush`, `the ${table} table transaction`, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
     }
