@@ -421,7 +421,7 @@ export class StateStore {
     await this.releasing;
     // Synchronous, as the lock's own calls (lockFs): microseconds on a local directory.
     mkdirSync(this.dir, { recursive: true });
-    const release = await lockfile.lock(this.lockTarget, {
+    const options: lockfile.LockOptions = {
       realpath: false,
       // Synchronous calls: the lock is taken and released on every command (see lockFs).
       fs: lockFs,
@@ -432,7 +432,11 @@ export class StateStore {
       // event loop stalls past `stale`. The transaction in hand finishes; the next one takes the
       // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
       onCompromised: (err) => this.onCompromised?.(err),
-    });
+    };
+    // One attempt first: the lock is nearly always free, and a retry schedule (600 delays,
+    // computed and sorted by every lock call) is only worth building when it is not. Any
+    // failure of it goes on as before, with the retries.
+    const release = await lockfile.lock(this.lockTarget, { ...options, retries: 0 }).catch(() => lockfile.lock(this.lockTarget, options));
     try {
       return await this.holder.run(true, fn);
     } finally {
