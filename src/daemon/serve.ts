@@ -43,7 +43,7 @@ export async function serve(config: Config): Promise<number> {
     return 1;
   }
 
-  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
+  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
   const engine = new Engine({ config, exec, log });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });

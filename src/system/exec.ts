@@ -28,6 +28,15 @@ export interface ExecRequest {
    * period an nft delete left pending (~10 ms).
    */
   readonly settledBy?: RegExp;
+  /**
+   * The tool does nothing before it reads its input: it takes no lock and opens no table until
+   * its first line (iptables-restore), and an empty input ends it having done nothing. An
+   * executor that keeps spares (SystemExecutor's `prestart`) may hand this run a process it
+   * started earlier, off the command's critical path: a process start from the daemon blocks
+   * its event loop for a millisecond or more (fork of a large process), between the plan and
+   * the kernel. Needs `input`.
+   */
+  readonly prestartable?: boolean;
 }
 
 export interface ExecResult {
@@ -63,6 +72,12 @@ export interface Executor {
    * (fakes, recorders): callers then run the tool when they have its script.
    */
   start?(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun;
+  /**
+   * Start a spare process for every prestartable run handed out since the last call (see
+   * ExecRequest.prestartable). Called by the engine once a transaction is answered, when a
+   * process start (a millisecond or more of a blocked event loop) delays no one.
+   */
+  startSpares?(): void;
 }
 
 /** A tool started by Executor.start, waiting for its stdin script. */
@@ -133,18 +148,35 @@ const DEFAULT_TIMEOUT_MS = 30_000;
  */
 export class SystemExecutor implements Executor {
   private readonly deadlineMs: number;
+  private readonly prestart: boolean;
+  /** One started, idle process per prestartable tool and arguments, waiting for its input. */
+  private readonly spares = new Map<string, ChildProcess>();
 
   constructor(
     private readonly log?: Logger,
-    opts: { readonly deadlineMs?: number } = {},
+    opts: {
+      readonly deadlineMs?: number;
+      /**
+       * Keep a spare process of every prestartable tool run (the daemon: one per command). Off
+       * for a one-shot run, whose spare would only start to read an empty input and end.
+       */
+      readonly prestart?: boolean;
+    } = {},
   ) {
     this.deadlineMs = opts.deadlineMs ?? DEFAULT_TIMEOUT_MS;
+    this.prestart = opts.prestart ?? false;
   }
 
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
     const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
-    return this.result(req, limit, started, await runProcess(req, limit));
+    const spareKey =
+      this.prestart && req.prestartable && req.input !== undefined ? `${req.single ? 's' : 'g'}\0${req.file}\0${req.args.join('\0')}` : undefined;
+    const r = await runProcess(req, limit, undefined, spareKey === undefined ? undefined : this.takeSpare(spareKey));
+    // Its successor starts when the caller says nothing waits (startSpares): started here, it
+    // would block the event loop while the journal syncs, and the answer would wait for it.
+    if (spareKey !== undefined) this.used.set(spareKey, req);
+    return this.result(req, limit, started, r);
   }
 
   start(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun {
@@ -180,6 +212,42 @@ export class SystemExecutor implements Executor {
     if (r.timedOut) this.log?.error({ cmd: command, ms: Date.now() - started, limitMs: limit }, 'tool timed out: killed its process group');
     this.log?.debug({ cmd: result.command, exitCode: result.exitCode, ms: Date.now() - started, stdinBytes: req.input?.length ?? 0 }, 'exec');
     return result;
+  }
+
+  /** Prestartable runs handed out since the last startSpares(), by spare key. */
+  private readonly used = new Map<string, ExecRequest>();
+
+  startSpares(): void {
+    for (const [key, req] of this.used) this.startSpare(key, req);
+    this.used.clear();
+  }
+
+  /** The spare for `key` when one is alive and idle (a spare that died is not handed out). */
+  private takeSpare(key: string): ChildProcess | undefined {
+    const spare = this.spares.get(key);
+    this.spares.delete(key);
+    if (!spare || spare.pid === undefined || spare.exitCode !== null || spare.signalCode !== null) return undefined;
+    // A spare does not keep a one-shot process alive; a run does (see startSpare).
+    spare.ref();
+    for (const s of [spare.stdin, spare.stdout, spare.stderr]) (s as { ref?: () => void } | null)?.ref?.();
+    return spare;
+  }
+
+  private startSpare(key: string, req: ExecRequest): void {
+    if (this.spares.has(key)) return;
+    let child: ChildProcess;
+    try {
+      child = spawnTool(req, 'pipe');
+    } catch {
+      return;
+    }
+    // A spare that cannot start is simply not used: the run starts its own and reports why.
+    child.on('error', () => this.spares.get(key) === child && this.spares.delete(key));
+    child.on('exit', () => this.spares.get(key) === child && this.spares.delete(key));
+    child.stdin?.on('error', () => undefined);
+    child.unref();
+    for (const s of [child.stdin, child.stdout, child.stderr]) (s as { unref?: () => void } | null)?.unref?.();
+    this.spares.set(key, child);
   }
 
   private readonly sessions = new Map<string, ProcessSession>();
@@ -238,7 +306,12 @@ interface RawRun {
  * decoded as UTF-8 untouched, a process group of its own (killed whole at the deadline), a
  * missing binary reported as failedToStart with exit 127, death by a signal as 127.
  */
-function runProcess(req: ExecRequest, limit: number, late?: Promise<string | undefined>): Promise<RawRun> {
+function spawnTool(req: ExecRequest, stdin: 'pipe' | 'ignore'): ChildProcess {
+  return spawn(req.file, [...req.args], { detached: !req.single, env: toolEnv(), stdio: [stdin, 'pipe', 'pipe'] });
+}
+
+/** `late`: the input comes later (Executor.start); `spare`: a process started ahead (prestartable). */
+function runProcess(req: ExecRequest, limit: number, late?: Promise<string | undefined>, spare?: ChildProcess): Promise<RawRun> {
   return new Promise((resolve) => {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
@@ -277,11 +350,7 @@ function runProcess(req: ExecRequest, limit: number, late?: Promise<string | und
     // deadline; once fed, the deadline counts again from then.
     let timer = setTimeout(expire, limit);
     try {
-      child = spawn(req.file, [...req.args], {
-        detached: !req.single,
-        env: toolEnv(),
-        stdio: [req.input === undefined && late === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
-      });
+      child = spare ?? spawnTool(req, req.input === undefined && late === undefined ? 'ignore' : 'pipe');
     } catch (e) {
       startError = e as Error;
       finish(null, null);

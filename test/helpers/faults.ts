@@ -42,8 +42,11 @@ export function makeWrappers(): Faults {
   const q = (s: string) => JSON.stringify(s);
   for (const tool of TOOLS) {
     const real = execFileSync('bash', ['-c', 'command -v "$1"', '_', tool], { encoding: 'utf8' }).trim();
+    // A restore tool does nothing before its input is in, and natgw's daemon starts one ahead of
+    // the command (ExecRequest.prestartable): its wrapper reads the plan once the input is in.
+    const spool = tool.endsWith('-restore') ? 'spool=$(mktemp); cat > "$spool"; exec < "$spool"; rm -f "$spool"\n' : '';
     const script = `#!/bin/bash
-plan=${q(join(dir, `${tool}.plan`))}
+${spool}plan=${q(join(dir, `${tool}.plan`))}
 count=${q(join(dir, `${tool}.count`))}
 if [ -f "$plan" ]; then
   { read -r n; read -r mode; read -r args; read -r re; read -r lines; } < "$plan"

@@ -186,7 +186,9 @@ export class IptablesBackend implements NetfilterBackend {
   private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
     const names = typeof tables === 'string' ? [tables] : tables;
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    // iptables-restore waits for its first line before it locks or reads a table: the daemon's
+    // executor may hand it a process started ahead (ExecRequest.prestartable).
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text, prestartable: true });
     if (r.exitCode !== 0) {
       const what = `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`;
       throw new ToolError(`${tool} --noflush`, what, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
