@@ -25,6 +25,12 @@ export interface PartResult {
 export interface PartSync {
   readonly mode: SyncMode;
   readonly dryRun?: boolean;
+  /**
+   * The daemon's start only: the loader's replay of the applied-ruleset cache put exactly
+   * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
+   * applied, as a full sync trusts its own apply, and reads nothing back.
+   */
+  readonly assumeApplied?: boolean;
 }
 
 export interface Part {
@@ -71,6 +77,12 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         return { changes: 0, script: '', notes: none };
       }
       const eips = want.eips.map((e) => e.address);
+      if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
+        backend.assumeApplied(natTablesOf(want));
+        // The accounting table is not in the replay: synced as a full sync syncs it.
+        await counters.sync(eips, { mode: 'full' });
+        return { changes: 0, script: '', notes: none };
+      }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       let fold: AccountingFold | undefined;

@@ -144,6 +144,20 @@ export class IptablesBackend implements NetfilterBackend {
     });
   }
 
+  /**
+   * The tables as the replay of the applied-ruleset cache left them in a kernel that held none
+   * of natgw's chains (src/dataplane/netfilter/replayRender.ts): the IPv4 skeleton and rules,
+   * IPv6 ones only where there are IPv6 objects.
+   */
+  assumeApplied(want: NatTables): void {
+    this.guardRead = undefined;
+    for (const family of [4, 6] as const) {
+      const w = ofFamily(want, family);
+      const desired = family === 6 && isEmpty(w) ? undefined : desiredTables(w);
+      for (const table of TABLES) this.view.set(`${family}/${table}`, desired ? savedAfter(emptyTable, desired[table]) : emptyTable);
+    }
+  }
+
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
     const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;

@@ -1,0 +1,144 @@
+import { renameSync, statSync } from 'node:fs';
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from 'pino';
+import type { Config } from '../config/config.js';
+import type { DesiredState } from '../state/state.js';
+import type { StateStore } from '../state/store.js';
+import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
+import { natTablesOf } from '../dataplane/netfilter/backend.js';
+import { replayScripts } from '../dataplane/netfilter/replayRender.js';
+import {
+  APPLIED_RULESET_FILE,
+  encodeAppliedRuleset,
+  type RulesetBackend,
+  type RulesetHeader,
+  type RulesetMeta,
+  rulesetKey,
+  trustVerdict,
+} from '../state/appliedRuleset.js';
+import { natgwVersion, type ReplayOutcome } from '../daemon/replayBoot.js';
+import type { BackendChoice } from './backendSelect.js';
+
+/** How the first full sync treated the loader's replay (the `path` label of natgw_start_replays_total). */
+export type ReplayPath = 'trusted' | 'fallback' | 'skipped' | 'none';
+
+/**
+ * The engine's side of the applied-ruleset cache (src/state/appliedRuleset.ts): decides once,
+ * at the first full sync, whether the loader's replay counts as that sync's netfilter apply,
+ * and rewrites the cache whenever a published snapshot with an empty journal was applied and
+ * differs from what the cache holds. The write runs in the background (a render of the whole
+ * ruleset); `flush` waits for it (shutdown).
+ */
+export class AppliedRulesetCache {
+  private decided = false;
+  private lastKey: string | undefined;
+  private writing: Promise<void> = Promise.resolve();
+  private readonly version: string;
+  /** The identity of the code that renders (the bundle, or this module): a new build renders anew. */
+  private readonly code: string;
+  readonly file: string;
+
+  constructor(
+    private readonly o: {
+      readonly config: Config;
+      readonly store: StateStore;
+      readonly log: Logger;
+      readonly boot: Promise<ReplayOutcome> | undefined;
+      readonly onDecision?: (path: ReplayPath) => void;
+    },
+  ) {
+    this.version = natgwVersion(import.meta.url);
+    this.code = codeIdentity(import.meta.url);
+    this.file = path.join(o.config.stateDir, APPLIED_RULESET_FILE);
+  }
+
+  /**
+   * At the first full sync only: the replay ran, succeeded, and was written for the state this
+   * sync loaded, by this code, for the backend it selected. Awaits a replay still running.
+   */
+  async decide(choice: BackendChoice, backend: NetfilterBackend): Promise<boolean> {
+    if (this.decided) return false;
+    this.decided = true;
+    const boot = this.o.boot;
+    if (!boot) return this.report('none', 'no replay at start (not started through the loader)');
+    const out = await boot;
+    if (out.header) this.lastKey = rulesetKey(metaOf(out.header));
+    if (!out.replayed) return this.report('skipped', out.why);
+    if (!out.ok || !out.header) return this.report('fallback', out.why);
+    const rb = rulesetBackend(choice);
+    if (!rb || !backend.assumeApplied) return this.report('fallback', 'the backend selected cannot take a replay');
+    const verdict = trustVerdict(out.header, { ...this.o.store.loadedSnapshot(), backend: rb, natgwVersion: this.version, code: this.code });
+    if (!verdict.replay) return this.report('fallback', verdict.why);
+    return this.report('trusted', `replayed in ${Math.round(out.ms ?? 0)} ms`);
+  }
+
+  private report(p: ReplayPath, why: string): boolean {
+    const trusted = p === 'trusted';
+    this.o.log.info(
+      { replay: p, why },
+      trusted
+        ? 'start: the applied-ruleset replay counts as the netfilter apply (nothing read back)'
+        : 'start: netfilter by a full sync (read back and repair)',
+    );
+    this.o.onDecision?.(p);
+    return trusted;
+  }
+
+  /** After an apply: rewrite the cache when `applied` is the published snapshot alone and the cache holds anything else. */
+  afterApply(applied: DesiredState, choice: BackendChoice): void {
+    const snap = this.o.store.loadedSnapshot();
+    const backend = rulesetBackend(choice);
+    if (!applied.initialized || !backend || snap.snapshot === undefined || snap.journalEntries > 0 || snap.journalTorn) return;
+    const c = this.o.config;
+    const meta: Omit<RulesetMeta, 'cold'> = {
+      natgw: this.version,
+      code: this.code,
+      backend,
+      snapshot: snap.snapshot,
+      config: { mode: c.mode, iptablesVariant: c.iptablesVariant, vpcInterface: c.vpcInterface, extInterface: c.extInterface },
+    };
+    const key = rulesetKey({ ...meta, cold: [] });
+    if (key === this.lastKey) return;
+    this.lastKey = key;
+    this.writing = this.writing
+      .then(() => new Promise<void>((r) => setImmediate(r)))
+      .then(() => this.write(applied, meta))
+      .catch((e: unknown) => {
+        this.lastKey = undefined;
+        this.o.log.warn({ err: e, file: this.file }, 'applied-ruleset cache not written; the next start runs a full sync');
+      });
+  }
+
+  private async write(applied: DesiredState, meta: Omit<RulesetMeta, 'cold'>): Promise<void> {
+    const { scripts, cold } = replayScripts(natTablesOf(applied), meta.backend);
+    const data = encodeAppliedRuleset({ ...meta, cold }, scripts);
+    // A cache: atomic (a reader sees the old file or the new one), not fsynced; a torn one fails its hash.
+    const tmp = `${this.file}.tmp-${process.pid}`;
+    await fs.writeFile(tmp, data, { mode: 0o600 });
+    renameSync(tmp, this.file);
+    this.o.log.debug({ bytes: data.length }, 'applied-ruleset cache written');
+  }
+
+  /** Wait for a pending write (the daemon's shutdown). */
+  flush(): Promise<void> {
+    return this.writing;
+  }
+}
+
+function rulesetBackend(c: BackendChoice): RulesetBackend | undefined {
+  if (c.kind === 'nftables') return { kind: 'nftables' };
+  return c.variant ? { kind: 'iptables', variant: c.variant } : undefined;
+}
+
+const metaOf = (h: RulesetHeader): RulesetMeta => ({ natgw: h.natgw, code: h.code, backend: h.backend, snapshot: h.snapshot, config: h.config, cold: [] });
+
+function codeIdentity(url: string): string {
+  try {
+    const st = statSync(fileURLToPath(url));
+    return `${st.size}:${Math.round(st.mtimeMs)}`;
+  } catch {
+    return 'unknown';
+  }
+}
