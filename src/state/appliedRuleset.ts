@@ -177,7 +177,8 @@ export function replayVerdict(h: RulesetHeader, f: BootFacts): Verdict {
   const rec = f.backendRecord;
   if (!isObj(rec)) return no('no backend record');
   if (rec.pendingCleanup !== undefined) return no('a backend switch is unfinished');
-  if (rec.kind !== h.backend.kind || (h.backend.kind === 'iptables' && rec.variant !== h.backend.variant)) return no('the backend record names another backend');
+  if (rec.kind !== h.backend.kind || (h.backend.kind === 'iptables' && rec.variant !== h.backend.variant))
+    return no('the backend record names another backend');
   return { replay: true };
 }
 

@@ -66,11 +66,12 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     copyDir(from.stateDir, d);
     return d;
   };
-  /** TCP through the DNAT, UDP through the SNAT, ICMP through the FIP: each fails without its rule. */
+  /** TCP and UDP through DNATs, TCP through the SNAT, ICMP through the FIP: each fails without its rule. */
   const traffic = async (t: Topology, extraPort?: number) => {
     for (const [ns, proto, port] of [
       ['vpc1', 'tcp', 80],
-      ['ext', 'udp', 5353],
+      ['vpc1', 'udp', 1000 + EXTRA_DNATS - 1],
+      ['ext', 'tcp', 7001],
     ] as const) {
       const s = startServer(t, ns, proto, port);
       servers.push(s);
@@ -78,7 +79,8 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     }
     expect(parsePeer(await request(t, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
     if (extraPort !== undefined) expect(parsePeer(await request(t, 'ext', 'tcp', EIP, extraPort, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
-    expect(parsePeer(await request(t, 'vpc1', 'udp', ADDR.extHost, 5353)).ip).toBe(EIP);
+    expect(parsePeer(await request(t, 'ext', 'udp', EIP, 20000 + EXTRA_DNATS - 1, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    expect(parsePeer(await request(t, 'vpc1', 'tcp', ADDR.extHost, 7001)).ip).toBe(EIP);
     expect(await ping(t, 'vpc2', ADDR.extHost)).toBe(true);
   };
   /** A read-back now finds nothing to repair: what the start trusted is what the kernel holds. */
@@ -114,6 +116,11 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     expect(statSync(join(clean, 'applied-ruleset')).size).toBeGreaterThan(1000);
     // One per-command change after the snapshot: a journal entry the cache does not describe.
     await daemonIn(src).then(async (d2) => {
+      // A restart over natgw's own rules: nft replaces its tables wholesale (trusted); the
+      // iptables scripts would add the built-in chains' jumps twice, so they are not replayed.
+      if (b.iptablesVariant) expect(d2.logs()).toMatch(/"replay":"skipped","why":"not replayed: natgw's chain \w+ is already in the kernel/);
+      else expect(d2.logs()).toContain('"replay":"trusted"');
+      expect(await ownedNetfilter(src, b)).toBe(wantKernel);
       ok(await api(sock, 'PUT', `/v1/dnats/${EIP},8081,tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), 'dnat 8081');
       expect(await stopDaemon(d2)).toBe(0);
     });
