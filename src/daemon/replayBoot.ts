@@ -26,6 +26,8 @@ export interface ReplayOutcome {
   /** The cache's header, when one verified (also when it was not replayed). */
   readonly header?: RulesetHeader;
   readonly ms?: number;
+  /** The accounting table was built from scratch too (it did not exist). */
+  readonly accounting?: boolean;
 }
 
 const KEY = Symbol.for('natgw.appliedRulesetReplay');
@@ -99,20 +101,34 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     const warm = warmChain(header.cold, backend.variant);
     if (warm) return none(`not replayed: natgw's chain ${warm} is already in the kernel (a full sync repairs it)`, header);
   }
-  const children = header.steps.map((step, i) => {
-    const argv =
-      step.tool === 'nft'
-        ? ['nft', '-f', '-']
-        : [`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.kind === 'iptables' ? backend.variant : 'legacy'}-restore`, '--noflush', '--wait'];
-    return { argv, child: spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`)) };
+  const run = (argv: string[], i: number) => {
+    const child = spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`));
+    return exited(argv, child);
+  };
+  // NAT first: the accounting table's check (a process of its own) runs while NAT applies.
+  const nat: Promise<string | undefined>[] = [];
+  header.steps.forEach((step, i) => {
+    if (step.tool === 'nft') nat.push(run(['nft', '-f', '-'], i));
+    if (step.tool === 'iptables' && backend.kind === 'iptables')
+      nat.push(run([`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.variant}-restore`, '--noflush', '--wait'], i));
   });
-  return Promise.all(children.map(({ argv, child }) => exited(argv, child))).then((errors) => {
-    const failed = errors.filter((e): e is string => e !== undefined);
+  const at = header.steps.findIndex((s) => s.tool === 'accounting');
+  const accounting = at >= 0 && !nftTableExists('inet', 'natgw_acct') ? run(['nft', '-f', '-'], at) : undefined;
+  return Promise.all([Promise.all(nat), accounting]).then(([natErrors, acctError]) => {
+    const failed = natErrors.filter((e): e is string => e !== undefined);
     const ms = performance.now() - t0;
+    // A failed accounting step only means the accounting is synced as ever.
+    const acct = accounting !== undefined && acctError === undefined;
     return failed.length === 0
-      ? { replayed: true, ok: true, why: 'replayed', header, ms }
-      : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms };
+      ? { replayed: true, ok: true, why: 'replayed', header, ms, accounting: acct }
+      : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, accounting: false };
   });
+}
+
+/** Whether nft lists the table (unknown counts as present: then it is not rebuilt). */
+function nftTableExists(family: string, name: string): boolean {
+  const r = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8' });
+  return r.status !== 0 || (r.stdout ?? '').split('\n').includes(`table ${family} ${name}`);
 }
 
 function readHead(file: string): string {

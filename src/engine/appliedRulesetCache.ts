@@ -21,6 +21,12 @@ import {
 import { natgwVersion, type ReplayOutcome } from '../daemon/replayBoot.js';
 import type { BackendChoice } from './backendSelect.js';
 
+/** What the replay put in place, for the netfilter part (PartSync.assumeApplied). */
+export interface Assumed {
+  /** The accounting table too (it did not exist before the replay). */
+  readonly accounting: boolean;
+}
+
 /** How the first full sync treated the loader's replay (the `path` label of natgw_start_replays_total). */
 export type ReplayPath = 'trusted' | 'fallback' | 'skipped' | 'none';
 
@@ -33,6 +39,8 @@ export type ReplayPath = 'trusted' | 'fallback' | 'skipped' | 'none';
  */
 export class AppliedRulesetCache {
   private decided = false;
+  /** How long the first full sync waited for the replay to finish (the log line says). */
+  private waitedMs = 0;
   private lastKey: string | undefined;
   private writing: Promise<void> = Promise.resolve();
   private readonly version: string;
@@ -54,16 +62,23 @@ export class AppliedRulesetCache {
     this.file = path.join(o.config.stateDir, APPLIED_RULESET_FILE);
   }
 
+  /** Resolves once the loader's replay (if any) has finished; never rejects. */
+  async settled(): Promise<void> {
+    await this.o.boot?.catch(() => undefined);
+  }
+
   /**
-   * At the first full sync only: the replay ran, succeeded, and was written for the state this
+   * At the first full sync only (the first transaction that writes): the replay ran, succeeded, and was written for the state this
    * sync loaded, by this code, for the backend it selected. Awaits a replay still running.
    */
-  async decide(choice: BackendChoice, backend: NetfilterBackend): Promise<boolean> {
-    if (this.decided) return false;
+  async decide(choice: BackendChoice, backend: NetfilterBackend): Promise<Assumed | undefined> {
+    if (this.decided) return undefined;
     this.decided = true;
     const boot = this.o.boot;
     if (!boot) return this.report('none', 'no replay at start (not started through the loader)');
+    const t = performance.now();
     const out = await boot;
+    this.waitedMs = Math.round(performance.now() - t);
     if (out.header) this.lastKey = rulesetKey(metaOf(out.header));
     if (!out.replayed) return this.report('skipped', out.why);
     if (!out.ok || !out.header) return this.report('fallback', out.why);
@@ -71,19 +86,20 @@ export class AppliedRulesetCache {
     if (!rb || !backend.assumeApplied) return this.report('fallback', 'the backend selected cannot take a replay');
     const verdict = trustVerdict(out.header, { ...this.o.store.loadedSnapshot(), backend: rb, natgwVersion: this.version, code: this.code });
     if (!verdict.replay) return this.report('fallback', verdict.why);
-    return this.report('trusted', `replayed in ${Math.round(out.ms ?? 0)} ms`);
+    this.report('trusted', `replayed in ${Math.round(out.ms ?? 0)} ms${out.accounting ? ', accounting table included' : ''}`);
+    return { accounting: out.accounting === true };
   }
 
-  private report(p: ReplayPath, why: string): boolean {
+  private report(p: ReplayPath, why: string): undefined {
     const trusted = p === 'trusted';
     this.o.log.info(
-      { replay: p, why },
+      { replay: p, why, waitedMs: this.waitedMs },
       trusted
         ? 'start: the applied-ruleset replay counts as the netfilter apply (nothing read back)'
         : 'start: netfilter by a full sync (read back and repair)',
     );
     this.o.onDecision?.(p);
-    return trusted;
+    return undefined;
   }
 
   /** After an apply: rewrite the cache when `applied` is the published snapshot alone and the cache holds anything else. */

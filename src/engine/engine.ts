@@ -17,7 +17,7 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { AppliedRulesetCache, type ReplayPath } from './appliedRulesetCache.js';
+import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
 import { takeBootReplay } from '../daemon/replayBoot.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
@@ -245,7 +245,7 @@ export class Engine {
       let state: DesiredState;
       let backend: NetfilterBackend;
       let choice: BackendChoice;
-      let replayed = false;
+      let replayed: Assumed | undefined;
       if (trusted) {
         ({ state, backend, choice } = trusted);
         // The skeleton was in the kernel at the last full sync and every change since went
@@ -254,6 +254,9 @@ export class Engine {
       } else {
         // A dry run (a status drift check) leaves what this process applied last trusted.
         if (!opts.dryRun) this.trusted = undefined;
+        // Nothing writes to the kernel while the loader's replay may still be running: it would
+        // land on top of what this transaction applied.
+        if (!opts.dryRun) await this.rulesetCache?.settled();
         const saved = await this.store.load();
         // A dry run changes nothing: no switch of backends, no record written.
         const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
@@ -262,12 +265,12 @@ export class Engine {
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
-        if (opts.mode === 'full' && !opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
+        if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
       // The replay holds the state loaded: a first full sync that changes it applies as ever.
-      const assumeApplied = replayed && next === state;
+      const assumeApplied = replayed && next === state ? replayed : undefined;
       if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');
       for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
@@ -377,7 +380,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; assumeApplied?: boolean } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; assumeApplied?: Assumed } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
@@ -393,7 +396,7 @@ export class Engine {
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun });
     for (const part of parts) {
       try {
-        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun, ...(opts.assumeApplied ? { assumeApplied: true } : {}) });
+        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun, ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}) });
         applied.push(part);
         changes[part.name] = r.changes;
         script += r.script;

@@ -30,7 +30,7 @@ export interface PartSync {
    * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
    * applied, as a full sync trusts its own apply, and reads nothing back.
    */
-  readonly assumeApplied?: boolean;
+  readonly assumeApplied?: { readonly accounting: boolean };
 }
 
 export interface Part {
@@ -79,8 +79,9 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       const eips = want.eips.map((e) => e.address);
       if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
         backend.assumeApplied(natTablesOf(want));
-        // The accounting table is not in the replay: synced as a full sync syncs it.
-        await counters.sync(eips, { mode: 'full' });
+        // The replay built the accounting table only where there was none; else it is synced as ever.
+        if (opts.assumeApplied.accounting) counters.assumeApplied(eips);
+        else await counters.sync(eips, { mode: 'full' });
         return { changes: 0, script: '', notes: none };
       }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.

@@ -19,7 +19,11 @@ const FORMAT = 1;
 export type RulesetBackend = { readonly kind: 'nftables' } | { readonly kind: 'iptables'; readonly variant: 'legacy' | 'nft' };
 
 /** One tool run of the replay: `nft -f -`, or one `ip[6]tables-<variant>-restore --noflush` per family (nat and mangle). */
-export type StepTool = { readonly tool: 'nft' } | { readonly tool: 'iptables'; readonly family: 4 | 6 };
+/**
+ * `accounting`: the per-EIP accounting table (`inet natgw_acct`) from scratch, run by `nft -f -`
+ * only where that table does not exist (a rebuild would restart the counters of a warm one).
+ */
+export type StepTool = { readonly tool: 'nft' } | { readonly tool: 'iptables'; readonly family: 4 | 6 } | { readonly tool: 'accounting' };
 export type ReplayStep = StepTool & { readonly bytes: number };
 
 /**
@@ -124,6 +128,7 @@ function checkHeader(h: unknown): RulesetHeader | string {
   if (!Array.isArray(h.steps) || h.steps.length === 0) return 'no steps';
   for (const s of h.steps as unknown[]) {
     if (!isObj(s) || !isCount(s.bytes)) return 'bad step';
+    if (s.tool === 'accounting') continue;
     if (b.kind === 'nftables' ? s.tool !== 'nft' : s.tool !== 'iptables' || (s.family !== 4 && s.family !== 6)) return 'step does not fit the backend';
   }
   if (!Array.isArray(h.cold)) return 'bad cold checks';

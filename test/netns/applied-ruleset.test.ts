@@ -142,7 +142,12 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     expect(d.logs()).toContain('"replay":"trusted"');
     expect(await replayPath(t)).toBe('trusted');
     expect(await ownedNetfilter(t, b)).toBe(wantKernel);
+    // The accounting table came with the replay (there was none): it counts the traffic below.
+    expect(d.logs()).toContain('accounting table included');
     await traffic(t);
+    const metrics = (await api(socketOf(t), 'GET', '/metrics')).text;
+    expect(Number(/natgw_eip_packets\{eip="172\.20\.0\.10",direction="rx"\} (\d+)/.exec(metrics)?.[1] ?? 0)).toBeGreaterThan(0);
+    expect(Number(/natgw_eip_packets\{eip="172\.20\.0\.11",direction="tx"\} (\d+)/.exec(metrics)?.[1] ?? 0)).toBeGreaterThan(0);
     await noDrift(t);
     // A command after the trusted start plans against the assumed view (a partial sync).
     ok(await api(socketOf(t), 'PUT', `/v1/dnats/${EIP},8082,tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), 'dnat 8082');

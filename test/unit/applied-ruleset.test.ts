@@ -134,6 +134,12 @@ describe('trustVerdict', () => {
 });
 
 describe('replayScripts', () => {
+  it('the accounting step rebuilds only natgw_acct, from scratch, with every EIP', () => {
+    const acct = replayScripts(want, { kind: 'nftables' }).scripts[1]?.text ?? '';
+    expect(acct.startsWith('add table inet natgw_acct\ndelete table inet natgw_acct\n')).toBe(true);
+    expect(acct).toMatch(/add element inet natgw_acct eip_rx4 \{ 172\.20\.0\.10 \}/);
+    expect(acct.match(/^(add|delete) table (\S+ \S+)/gm)?.every((l) => l.endsWith('inet natgw_acct'))).toBe(true);
+  });
   const want: NatTables = {
     vpcIf: 'eth0',
     extIf: 'net1',
@@ -145,7 +151,7 @@ describe('replayScripts', () => {
   it('nftables: deletes natgw tables of both families first, then builds them', () => {
     const { scripts: s, cold } = replayScripts(want, { kind: 'nftables' });
     expect(cold).toEqual([]);
-    expect(s).toHaveLength(1);
+    expect(s.map((x) => x.step.tool)).toEqual(['nft', 'accounting']);
     const text = s[0]?.text ?? '';
     expect(text.startsWith('add table ip natgw\ndelete table ip natgw\nadd table ip6 natgw\ndelete table ip6 natgw\nadd table ip natgw\n')).toBe(true);
     expect(text).toContain('172.20.0.10 . tcp . 8080 : 10.0.1.6 . 80');
@@ -153,7 +159,7 @@ describe('replayScripts', () => {
   });
   it('iptables: one IPv4 restore (nat and mangle), no IPv6 one without IPv6 objects, cold checks for all four tables', () => {
     const { scripts: s, cold } = replayScripts(want, { kind: 'iptables', variant: 'legacy' });
-    expect(s.map((x) => x.step)).toEqual([{ tool: 'iptables', family: 4 }]);
+    expect(s.map((x) => x.step)).toEqual([{ tool: 'iptables', family: 4 }, { tool: 'accounting' }]);
     expect(s[0]?.text).toMatch(/^\*nat\n:DNAT_FILTER - \[0:0\][\s\S]*-A PREROUTING -j DNAT_FILTER[\s\S]*COMMIT\n\*mangle\n[\s\S]*COMMIT\n$/);
     expect(cold.map((c) => `${c.family}/${c.table}`)).toEqual(['4/nat', '4/mangle', '6/nat', '6/mangle']);
     expect(cold[0]?.chains).toContain('SHARED_SNAT');

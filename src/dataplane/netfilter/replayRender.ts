@@ -8,12 +8,15 @@
  *   an empty kernel or natgw's own older tables it leaves exactly what a full sync would, and
  *   touches no other table (the accounting table and share DNAT's `ip kube-ovn` are synced as
  *   ever by their own parts).
+ * - both: the accounting table `inet natgw_acct` from scratch, a step of its own that the loader
+ *   runs only where that table does not exist (rebuilding a warm one restarts its counters).
  * - iptables: one `--noflush` restore per family with objects (nat and mangle): `:CHAIN - [0:0]`
  *   creates or flushes natgw's chains, but the jumps from the built-in chains are appended, so
  *   the loader replays it only where none of natgw's chains exists yet (the cold checks).
  */
 import type { ColdCheck, RulesetBackend, StepTool } from '../../state/appliedRuleset.js';
 import type { NatTables } from './backend.js';
+import { accountingTx } from '../eipCounters.js';
 import { NFT_FAMILIES, NATGW_TABLE, planNatgw, textPlan } from './nft/render.js';
 import { natgwKernel } from './nft/readback.js';
 import { ofFamily } from './iptables/backend.js';
@@ -22,6 +25,7 @@ import { emptyTable } from './iptables/save.js';
 
 const TABLES: readonly TableName[] = ['nat', 'mangle'];
 const NONE: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
+const withNewline = (t: string): string => (t === '' || t.endsWith('\n') ? t : `${t}\n`);
 const isEmpty = (t: NatTables) => t.eips.length + t.snats.length + t.dnats.length + t.fips.length === 0;
 
 export interface ReplayScripts {
@@ -30,10 +34,11 @@ export interface ReplayScripts {
 }
 
 export function replayScripts(want: NatTables, backend: RulesetBackend): ReplayScripts {
+  const accounting = { step: { tool: 'accounting' } as const, text: withNewline(accountingTx(undefined, want.eips).text()) };
   if (backend.kind === 'nftables') {
     const prelude = NFT_FAMILIES.map((f) => `add table ${f} ${NATGW_TABLE}\ndelete table ${f} ${NATGW_TABLE}\n`).join('');
     const body = textPlan(planNatgw(want, natgwKernel(null, null))).script;
-    return { scripts: [{ step: { tool: 'nft' }, text: prelude + body + (body.endsWith('\n') || body === '' ? '' : '\n') }], cold: [] };
+    return { scripts: [{ step: { tool: 'nft' }, text: prelude + withNewline(body) }, accounting], cold: [] };
   }
   const scripts: Array<{ step: StepTool; text: string }> = [];
   const cold: ColdCheck[] = [];
@@ -47,5 +52,6 @@ export function replayScripts(want: NatTables, backend: RulesetBackend): ReplayS
     const text = TABLES.map((t) => renderRestore(t, planTable(emptyTable, desired[t]))).join('');
     if (text !== '') scripts.push({ step: { tool: 'iptables', family }, text });
   }
+  scripts.push(accounting);
   return { scripts, cold };
 }
