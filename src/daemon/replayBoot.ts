@@ -105,7 +105,6 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     const child = spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`));
     return exited(argv, child);
   };
-  // NAT first: the accounting table's check (a process of its own) runs while NAT applies.
   const nat: Promise<string | undefined>[] = [];
   header.steps.forEach((step, i) => {
     if (step.tool === 'nft') nat.push(run(['nft', '-f', '-'], i));
@@ -113,22 +112,17 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
       nat.push(run([`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.variant}-restore`, '--noflush', '--wait'], i));
   });
   const at = header.steps.findIndex((s) => s.tool === 'accounting');
-  const accounting = at >= 0 && !nftTableExists('inet', 'natgw_acct') ? run(['nft', '-f', '-'], at) : undefined;
+  // Refused (not applied at all) where the table exists: its `create table` (replayRender.ts).
+  const accounting = at >= 0 ? run(['nft', '-f', '-'], at) : undefined;
   return Promise.all([Promise.all(nat), accounting]).then(([natErrors, acctError]) => {
     const failed = natErrors.filter((e): e is string => e !== undefined);
     const ms = performance.now() - t0;
-    // A failed accounting step only means the accounting is synced as ever.
+    // A refused accounting step (the table exists) only means the accounting is synced as ever.
     const acct = accounting !== undefined && acctError === undefined;
     return failed.length === 0
       ? { replayed: true, ok: true, why: 'replayed', header, ms, accounting: acct }
       : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, accounting: false };
   });
-}
-
-/** Whether nft lists the table (unknown counts as present: then it is not rebuilt). */
-function nftTableExists(family: string, name: string): boolean {
-  const r = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8' });
-  return r.status !== 0 || (r.stdout ?? '').split('\n').includes(`table ${family} ${name}`);
 }
 
 function readHead(file: string): string {

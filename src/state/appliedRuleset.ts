@@ -20,8 +20,8 @@ export type RulesetBackend = { readonly kind: 'nftables' } | { readonly kind: 'i
 
 /** One tool run of the replay: `nft -f -`, or one `ip[6]tables-<variant>-restore --noflush` per family (nat and mangle). */
 /**
- * `accounting`: the per-EIP accounting table (`inet natgw_acct`) from scratch, run by `nft -f -`
- * only where that table does not exist (a rebuild would restart the counters of a warm one).
+ * `accounting`: the per-EIP accounting table (`inet natgw_acct`) from scratch by `nft -f -`,
+ * which refuses it where that table exists (a rebuild would restart a warm one's counters).
  */
 export type StepTool = { readonly tool: 'nft' } | { readonly tool: 'iptables'; readonly family: 4 | 6 } | { readonly tool: 'accounting' };
 export type ReplayStep = StepTool & { readonly bytes: number };

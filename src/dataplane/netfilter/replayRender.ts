@@ -8,15 +8,17 @@
  *   an empty kernel or natgw's own older tables it leaves exactly what a full sync would, and
  *   touches no other table (the accounting table and share DNAT's `ip kube-ovn` are synced as
  *   ever by their own parts).
- * - both: the accounting table `inet natgw_acct` from scratch, a step of its own that the loader
- *   runs only where that table does not exist (rebuilding a warm one restarts its counters).
+ * - both: the accounting table `inet natgw_acct` from scratch, a transaction of its own that
+ *   begins with `create table`, so it applies only where that table does not exist (a warm
+ *   one keeps its counters; the engine then syncs it as ever).
  * - iptables: one `--noflush` restore per family with objects (nat and mangle): `:CHAIN - [0:0]`
  *   creates or flushes natgw's chains, but the jumps from the built-in chains are appended, so
  *   the loader replays it only where none of natgw's chains exists yet (the cold checks).
  */
 import type { ColdCheck, RulesetBackend, StepTool } from '../../state/appliedRuleset.js';
 import type { NatTables } from './backend.js';
-import { accountingTx } from '../eipCounters.js';
+import { ACCT_TABLE, elementsTx, skeletonTx } from '../eipCounters.js';
+import { NftTransaction } from './nft/transaction.js';
 import { NFT_FAMILIES, NATGW_TABLE, planNatgw, textPlan } from './nft/render.js';
 import { natgwKernel } from './nft/readback.js';
 import { ofFamily } from './iptables/backend.js';
@@ -34,7 +36,9 @@ export interface ReplayScripts {
 }
 
 export function replayScripts(want: NatTables, backend: RulesetBackend): ReplayScripts {
-  const accounting = { step: { tool: 'accounting' } as const, text: withNewline(accountingTx(undefined, want.eips).text()) };
+  // `create table` fails the whole transaction where the table exists: a warm one keeps its counters.
+  const acct = NftTransaction.concat(skeletonTx(), elementsTx(new Set(), want.eips)).text();
+  const accounting = { step: { tool: 'accounting' } as const, text: `create table inet ${ACCT_TABLE}\n${withNewline(acct)}` };
   if (backend.kind === 'nftables') {
     const prelude = NFT_FAMILIES.map((f) => `add table ${f} ${NATGW_TABLE}\ndelete table ${f} ${NATGW_TABLE}\n`).join('');
     const body = textPlan(planNatgw(want, natgwKernel(null, null))).script;
