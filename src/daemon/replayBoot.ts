@@ -26,6 +26,8 @@ export interface ReplayOutcome {
   /** The cache's header, when one verified (also when it was not replayed). */
   readonly header?: RulesetHeader;
   readonly ms?: number;
+  /** When the tools were started, in ms since the process started. */
+  readonly spawnedAt?: number;
   /** The accounting table was built from scratch too (it did not exist). */
   readonly accounting?: boolean;
 }
@@ -111,6 +113,8 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     if (step.tool === 'iptables' && backend.kind === 'iptables')
       nat.push(run([`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.variant}-restore`, '--noflush', '--wait'], i));
   });
+  // Milliseconds since the process started (performance's time origin): how early the apply began.
+  const spawnedAt = Math.round(performance.now());
   const at = header.steps.findIndex((s) => s.tool === 'accounting');
   // Refused (not applied at all) where the table exists: its `create table` (replayRender.ts).
   const accounting = at >= 0 ? run(['nft', '-f', '-'], at) : undefined;
@@ -120,8 +124,8 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     // A refused accounting step (the table exists) only means the accounting is synced as ever.
     const acct = accounting !== undefined && acctError === undefined;
     return failed.length === 0
-      ? { replayed: true, ok: true, why: 'replayed', header, ms, accounting: acct }
-      : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, accounting: false };
+      ? { replayed: true, ok: true, why: 'replayed', header, ms, spawnedAt, accounting: acct }
+      : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, spawnedAt, accounting: false };
   });
 }
 
