@@ -117,6 +117,10 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     inputs: ['shareDnats'],
     repairsInFull: true,
     concerns: (want, from) => want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0,
+    // NAT's parts never touch `ip kube-ovn`: a full sync lists it while they apply.
+    prefetch(_want, opts) {
+      if (opts.mode === 'full' && !opts.dryRun) table.prefetch();
+    },
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
       return { changes: r.changes, script: r.script, notes: none };
