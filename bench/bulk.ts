@@ -68,9 +68,10 @@ export async function bulkFigures(opts: GatewayOptions, size: number, fipEips: b
         const put = await gw.putState(doc);
         backend = await gw.backendInfo();
         const rssAfterPut = gw.daemon?.memory();
-        copyStateFiles(gw.topo.stateDir, saved);
         progress(`${opts.backend} bulk ${size}: warm restart (kernel intact)`);
         await gw.stopDaemon();
+        // After the stop: the daemon finishes writing its applied-ruleset cache as it shuts down.
+        copyStateFiles(gw.topo.stateDir, saved);
         const warm = await gw.startDaemon();
         return { dryRunMs: round(dry.ms), putStateMs: round(put.ms), rssAfterPut, restartWarm: { ...warm, rss: gw.daemon?.memory() } };
       },

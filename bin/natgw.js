@@ -12,6 +12,13 @@ const fresh = (rel) => {
   const t = mtime(rel);
   return t >= 0 && t >= compiled;
 };
+if (process.argv[2] === 'serve' && process.argv.length === 3) {
+  // Before the daemon's code loads: replay the applied-ruleset cache into the kernel, so that
+  // the apply runs while Node.js loads (src/daemon/replayBoot.ts; a tiny module, not the bundle).
+  try {
+    (await import('../dist/src/daemon/replayBoot.js')).startBootReplay();
+  } catch {}
+}
 if (process.argv[2] === 'serve' && fresh('../dist/natgw/daemon/serve.cjs')) {
   const { runDaemonBundle } = await import('./daemonLoader.js');
   runDaemonBundle(fileURLToPath(new URL('../dist/natgw/daemon/serve.cjs', import.meta.url)));

@@ -44,7 +44,7 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({ config, exec, log });
+  const engine = new Engine({ config, exec, log, appliedRuleset: { onDecision: (path) => metrics.startReplays.inc({ path }) } });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
@@ -201,6 +201,8 @@ export async function serve(config: Config): Promise<number> {
       await ha.stop();
       await reconciler.stop();
       await agent.close();
+      // The applied-ruleset cache of the last apply, for the next start's replay.
+      await engine.rulesetCache?.flush();
       await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);

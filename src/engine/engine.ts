@@ -17,6 +17,8 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
+import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
+import { takeBootReplay } from '../daemon/replayBoot.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
 export interface EngineDeps {
@@ -26,6 +28,8 @@ export interface EngineDeps {
   readonly store?: StateStore;
   /** nftables for every part that uses it; by default `nft` through `exec` (tests: a fake kernel). */
   readonly nft?: NftClient;
+  /** The daemon: take the loader's replay at the first full sync and keep the applied-ruleset cache. */
+  readonly appliedRuleset?: { readonly onDecision?: (path: ReplayPath) => void };
 }
 
 export interface ApplyReport {
@@ -137,6 +141,8 @@ export class Engine {
   generation = 0;
   /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
   private readonly syncListeners: SyncListeners;
+  /** The daemon's applied-ruleset cache (none in a shim run). */
+  readonly rulesetCache: AppliedRulesetCache | undefined;
 
   constructor(readonly deps: EngineDeps) {
     this.syncListeners = new SyncListeners(deps.log);
@@ -158,6 +164,9 @@ export class Engine {
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
+    this.rulesetCache = deps.appliedRuleset
+      ? new AppliedRulesetCache({ config: deps.config, store: this.store, log: deps.log, boot: takeBootReplay(), onDecision: deps.appliedRuleset.onDecision })
+      : undefined;
   }
 
   /** Hear about every (non-dry-run) apply; the function returned unsubscribes. */
@@ -236,6 +245,7 @@ export class Engine {
       let state: DesiredState;
       let backend: NetfilterBackend;
       let choice: BackendChoice;
+      let replayed: Assumed | undefined;
       if (trusted) {
         ({ state, backend, choice } = trusted);
         // The skeleton was in the kernel at the last full sync and every change since went
@@ -244,6 +254,9 @@ export class Engine {
       } else {
         // A dry run (a status drift check) leaves what this process applied last trusted.
         if (!opts.dryRun) this.trusted = undefined;
+        // Nothing writes to the kernel while the loader's replay may still be running: it would
+        // land on top of what this transaction applied.
+        if (!opts.dryRun) await this.rulesetCache?.settled();
         const saved = await this.store.load();
         // A dry run changes nothing: no switch of backends, no record written.
         const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
@@ -252,9 +265,13 @@ export class Engine {
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+        if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      // The replay holds the state loaded: a first full sync that changes it applies as ever.
+      const assumeApplied = replayed && next === state ? replayed : undefined;
+      if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');
       for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
@@ -268,7 +285,13 @@ export class Engine {
       prepared?.catch(() => undefined);
       try {
         try {
-          report = await this.reconcile(next, state, backend, { dryRun: opts.dryRun, qos: opts.qos ?? true, mode: kind, bulk: prepared !== undefined });
+          report = await this.reconcile(next, state, backend, {
+            dryRun: opts.dryRun,
+            qos: opts.qos ?? true,
+            mode: kind,
+            bulk: prepared !== undefined,
+            assumeApplied,
+          });
         } catch (e) {
           if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e);
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
@@ -313,6 +336,7 @@ export class Engine {
         this.trusted = this.epoch === epoch ? { state: next, backend, choice, stamp: after } : undefined;
         this.lastApplied = next;
         this.generation++;
+        this.rulesetCache?.afterApply(next, choice);
         this.syncListeners.emit({ ok: true, kind, ms: performance.now() - started, report, state: next });
         // Full syncs are rare and say why the kernel was read back; partial ones are every command.
         const line = {
@@ -365,7 +389,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; assumeApplied?: Assumed } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
@@ -381,7 +405,7 @@ export class Engine {
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
       try {
-        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun });
+        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun, ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}) });
         applied.push(part);
         changes[part.name] = r.changes;
         script += r.script;

@@ -18,6 +18,7 @@ export class Metrics {
   readonly objects: Gauge<'kind'>;
   readonly driftRepairs: Counter;
   readonly ready: Gauge;
+  readonly startReplays: Counter<'path'>;
 
   constructor(opts: { processMetrics?: boolean; eipTraffic?: () => Promise<readonly EipTraffic[]> } = {}) {
     const registers = [this.registry];
@@ -63,6 +64,12 @@ export class Metrics {
       registers,
     });
     this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
+    this.startReplays = new Counter({
+      name: 'natgw_start_replays_total',
+      help: 'How the first full sync took the applied-ruleset replay: path="trusted" (counted as the netfilter apply), "fallback" (replayed, then read back and repaired), "skipped" (not replayed), "none" (no replay started)',
+      labelNames: ['path'],
+      registers,
+    });
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);

@@ -28,6 +28,12 @@ export interface PartSync {
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
   readonly bulk?: boolean;
+  /**
+   * The daemon's start only: the loader's replay of the applied-ruleset cache put exactly
+   * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
+   * applied, as a full sync trusts its own apply, and reads nothing back.
+   */
+  readonly assumeApplied?: { readonly accounting: boolean };
 }
 
 export interface Part {
@@ -76,6 +82,13 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         return { changes: 0, script: '', notes: none };
       }
       const eips = want.eips.map((e) => e.address);
+      if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
+        backend.assumeApplied(natTablesOf(want));
+        // The replay built the accounting table only where there was none; else it is synced as ever.
+        if (opts.assumeApplied.accounting) counters.assumeApplied(eips);
+        else await counters.sync(eips, { mode: 'full' });
+        return { changes: 0, script: '', notes: none };
+      }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       let fold: AccountingFold | undefined;
@@ -109,6 +122,10 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     inputs: ['shareDnats'],
     repairsInFull: true,
     concerns: (want, from) => want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0,
+    // NAT's parts never touch `ip kube-ovn`: a full sync lists it while they apply.
+    prefetch(_want, opts) {
+      if (opts.mode === 'full' && !opts.dryRun) table.prefetch();
+    },
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
       return { changes: r.changes, script: r.script, notes: none };

@@ -1,0 +1,199 @@
+/**
+ * The daemon's first act (bin/natgw.js runs this before it loads the daemon's bundle): replay
+ * the applied-ruleset cache into the kernel, so that the apply runs while Node.js compiles and
+ * loads the daemon's code. Everything up to the spawn is synchronous and small: the bundle's
+ * load blocks the event loop, and the tools must already be running by then. Each tool reads
+ * its script from a file descriptor (an unlinked temp file), not a pipe that would need the
+ * blocked event loop to be fed.
+ *
+ * The outcome is left on globalThis for the engine's first full sync (AppliedRulesetCache),
+ * which decides whether to trust it. Nothing here may stop the daemon from starting: any error
+ * is an outcome "not replayed".
+ */
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { closeSync, existsSync, openSync, readFileSync, readSync, unlinkSync, writeSync } from 'node:fs';
+import path from 'node:path';
+import { parseEnvFile } from '../config/envFile.js';
+import { APPLIED_RULESET_FILE, type ColdCheck, decodeAppliedRuleset, type RulesetHeader, replayVerdict, snapshotSeal } from '../state/appliedRuleset.js';
+
+export interface ReplayOutcome {
+  /** The tools were run. */
+  readonly replayed: boolean;
+  /** They all exited 0. */
+  readonly ok: boolean;
+  /** Why not replayed, or what failed. */
+  readonly why: string;
+  /** The cache's header, when one verified (also when it was not replayed). */
+  readonly header?: RulesetHeader;
+  readonly ms?: number;
+  /** When the tools were started, in ms since the process started. */
+  readonly spawnedAt?: number;
+  /** The accounting table was built from scratch too (it did not exist). */
+  readonly accounting?: boolean;
+}
+
+const KEY = Symbol.for('natgw.appliedRulesetReplay');
+
+/** The replay started by this process's loader, if any (the engine awaits it once). */
+export function takeBootReplay(): Promise<ReplayOutcome> | undefined {
+  const g = globalThis as unknown as Record<symbol, Promise<ReplayOutcome> | undefined>;
+  const p = g[KEY];
+  g[KEY] = undefined;
+  return p;
+}
+
+/** natgw's package version, from the package.json above `fromUrl` (tsc output, bundle or sources). */
+export function natgwVersion(fromUrl: string): string {
+  for (const up of ['../../package.json', '../../../package.json']) {
+    try {
+      const p = JSON.parse(readFileSync(new URL(up, fromUrl), 'utf8')) as { name?: string; version?: string };
+      if (p.name === 'natgw' && typeof p.version === 'string') return p.version;
+    } catch {}
+  }
+  return 'unknown';
+}
+
+/** Start the replay (if the cache is valid now) and leave its outcome for the engine. */
+export function startBootReplay(env: NodeJS.ProcessEnv = process.env): void {
+  const t0 = performance.now();
+  let outcome: Promise<ReplayOutcome>;
+  try {
+    outcome = begin(env, t0);
+  } catch (e) {
+    outcome = Promise.resolve({ replayed: false, ok: false, why: `not replayed: ${(e as Error).message}` });
+  }
+  (globalThis as unknown as Record<symbol, Promise<ReplayOutcome>>)[KEY] = outcome;
+}
+
+function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
+  const none = (why: string, header?: RulesetHeader) => Promise.resolve<ReplayOutcome>({ replayed: false, ok: false, why, header });
+  // The same precedence as loadConfig: the env file's values over the environment's.
+  const envFile = env.NATGW_ENV_FILE?.trim() || '/etc/kube-ovn/nat-gateway.env';
+  let fromFile: Record<string, string> = {};
+  try {
+    fromFile = parseEnvFile(readFileSync(envFile, 'utf8'));
+  } catch {}
+  const get = (k: string, d: string) => (fromFile[k] ?? env[k] ?? d).trim() || d;
+  const dir = get('NATGW_STATE_DIR', '/var/lib/natgw');
+  let file: Buffer;
+  try {
+    file = readFileSync(path.join(dir, APPLIED_RULESET_FILE));
+  } catch {
+    return none('no applied-ruleset cache');
+  }
+  const decoded = decodeAppliedRuleset(file);
+  if (!decoded.ok) return none(`cache ignored: ${decoded.why}`);
+  const { header, scripts } = decoded;
+  let record: unknown;
+  try {
+    record = JSON.parse(readFileSync(path.join(dir, 'backend.json'), 'utf8'));
+  } catch {}
+  const verdict = replayVerdict(header, {
+    snapshot: snapshotSeal(readHead(path.join(dir, 'state.json'))),
+    journal: existsSync(path.join(dir, 'state.journal')),
+    locked: existsSync(path.join(dir, 'natgw.lock')),
+    natgwVersion: natgwVersion(import.meta.url),
+    mode: get('GATEWAY_NETFILTER_MODE', 'auto'),
+    iptablesVariant: get('NATGW_IPTABLES_VARIANT', 'auto'),
+    backendRecord: record,
+  });
+  if (!verdict.replay) return none(`not replayed: ${verdict.why}`, header);
+  const backend = header.backend;
+  if (backend.kind === 'iptables') {
+    const warm = warmChain(header.cold, backend.variant);
+    if (warm) return none(`not replayed: natgw's chain ${warm} is already in the kernel (a full sync repairs it)`, header);
+  }
+  const run = (argv: string[], i: number) => {
+    const child = spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`));
+    return exited(argv, child);
+  };
+  const nat: Promise<string | undefined>[] = [];
+  header.steps.forEach((step, i) => {
+    if (step.tool === 'nft') nat.push(run(['nft', '-f', '-'], i));
+    if (step.tool === 'iptables' && backend.kind === 'iptables')
+      nat.push(run([`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.variant}-restore`, '--noflush', '--wait'], i));
+  });
+  // Milliseconds since the process started (performance's time origin): how early the apply began.
+  const spawnedAt = Math.round(performance.now());
+  const at = header.steps.findIndex((s) => s.tool === 'accounting');
+  // Refused (not applied at all) where the table exists: its `create table` (replayRender.ts).
+  const accounting = at >= 0 ? run(['nft', '-f', '-'], at) : undefined;
+  return Promise.all([Promise.all(nat), accounting]).then(([natErrors, acctError]) => {
+    const failed = natErrors.filter((e): e is string => e !== undefined);
+    const ms = performance.now() - t0;
+    // A refused accounting step (the table exists) only means the accounting is synced as ever.
+    const acct = accounting !== undefined && acctError === undefined;
+    return failed.length === 0
+      ? { replayed: true, ok: true, why: 'replayed', header, ms, spawnedAt, accounting: acct }
+      : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, spawnedAt, accounting: false };
+  });
+}
+
+function readHead(file: string): string {
+  try {
+    const fd = openSync(file, 'r');
+    try {
+      const b = Buffer.alloc(96);
+      return b.subarray(0, readSync(fd, b, 0, b.length, 0)).toString('latin1');
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return '';
+  }
+}
+
+/** The script in an unlinked file whose descriptor is the tool's stdin (offset 0: written with pwrite). */
+function spawnWithInput(argv: string[], script: Buffer, tmp: string): ChildProcess {
+  const fd = openSync(tmp, 'w+', 0o600);
+  try {
+    unlinkSync(tmp);
+    let at = 0;
+    while (at < script.length) at += writeSync(fd, script, at, script.length - at, at);
+    return spawn(argv[0] as string, argv.slice(1), { stdio: [fd, 'ignore', 'pipe'] });
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function exited(argv: readonly string[], child: ChildProcess): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    let stderr = '';
+    child.stderr?.on('data', (d: Buffer) => {
+      if (stderr.length < 2000) stderr += d.toString();
+    });
+    child.once('error', (e) => resolve(`${argv[0]}: ${e.message}`));
+    child.once('close', (code, signal) =>
+      resolve(code === 0 ? undefined : `${argv.join(' ')} exited ${code ?? signal}: ${stderr.trim().split('\n').slice(0, 3).join(' / ')}`),
+    );
+  });
+}
+
+/**
+ * The first of natgw's iptables chains the kernel already holds, if any. A table that does not
+ * exist (legacy: not in /proc/net/ip*_tables_names; nft variant: no such nft table) holds none.
+ */
+function warmChain(checks: readonly ColdCheck[], variant: 'legacy' | 'nft'): string | undefined {
+  let nftTables: string | undefined;
+  for (const c of checks) {
+    const base = c.family === 4 ? 'iptables' : 'ip6tables';
+    if (variant === 'legacy') {
+      // No such file: the legacy tables' module is not loaded, so no legacy table exists.
+      let names = '';
+      try {
+        names = readFileSync(c.family === 4 ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names', 'utf8');
+      } catch {}
+      if (!names.split('\n').includes(c.table)) continue;
+    } else {
+      nftTables ??= spawnSync('nft', ['list', 'tables'], { encoding: 'utf8' }).stdout ?? '';
+      if (!nftTables.split('\n').includes(`table ${c.family === 4 ? 'ip' : 'ip6'} ${c.table}`)) continue;
+    }
+    const r = spawnSync(`${base}-${variant}-save`, ['-t', c.table], { encoding: 'utf8' });
+    // Cannot tell: treated as warm (no replay), the full sync reads it back anyway.
+    if (r.status !== 0 && c.family === 4) return `(${base}-${variant}-save failed)`;
+    const have = new Set((r.stdout ?? '').split('\n').map((l) => (l.startsWith(':') ? l.slice(1).split(' ')[0] : '')));
+    const found = c.chains.find((n) => have.has(n));
+    if (found) return found;
+  }
+  return undefined;
+}
