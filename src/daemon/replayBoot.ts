@@ -14,23 +14,16 @@ import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync, readSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
-import { APPLIED_RULESET_FILE, type ColdCheck, decodeAppliedRuleset, type RulesetHeader, replayVerdict, snapshotSeal } from '../state/appliedRuleset.js';
-
-export interface ReplayOutcome {
-  /** The tools were run. */
-  readonly replayed: boolean;
-  /** They all exited 0. */
-  readonly ok: boolean;
-  /** Why not replayed, or what failed. */
-  readonly why: string;
-  /** The cache's header, when one verified (also when it was not replayed). */
-  readonly header?: RulesetHeader;
-  readonly ms?: number;
-  /** When the tools were started, in ms since the process started. */
-  readonly spawnedAt?: number;
-  /** The accounting table was built from scratch too (it did not exist). */
-  readonly accounting?: boolean;
-}
+import {
+  APPLIED_RULESET_FILE,
+  type ColdCheck,
+  decodeAppliedRuleset,
+  type ReplayOutcome,
+  type RulesetHeader,
+  replayVerdict,
+  snapshotSeal,
+} from '../state/appliedRuleset.js';
+import { natgwVersion } from '../system/version.js';
 
 const KEY = Symbol.for('natgw.appliedRulesetReplay');
 
@@ -40,17 +33,6 @@ export function takeBootReplay(): Promise<ReplayOutcome> | undefined {
   const p = g[KEY];
   g[KEY] = undefined;
   return p;
-}
-
-/** natgw's package version, from the package.json above `fromUrl` (tsc output, bundle or sources). */
-export function natgwVersion(fromUrl: string): string {
-  for (const up of ['../../package.json', '../../../package.json']) {
-    try {
-      const p = JSON.parse(readFileSync(new URL(up, fromUrl), 'utf8')) as { name?: string; version?: string };
-      if (p.name === 'natgw' && typeof p.version === 'string') return p.version;
-    } catch {}
-  }
-  return 'unknown';
 }
 
 /** Start the replay (if the cache is valid now) and leave its outcome for the engine. */

@@ -16,6 +16,7 @@ import { HaMetrics } from '../ha/metrics.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
+import { takeBootReplay } from './replayBoot.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -44,7 +45,7 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({ config, exec, log, appliedRuleset: { onDecision: (path) => metrics.startReplays.inc({ path }) } });
+  const engine = new Engine({ config, exec, log, appliedRuleset: { boot: takeBootReplay(), onDecision: (path) => metrics.startReplays.inc({ path }) } });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });

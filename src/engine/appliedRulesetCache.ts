@@ -12,13 +12,14 @@ import { replayScripts } from '../dataplane/netfilter/replayRender.js';
 import {
   APPLIED_RULESET_FILE,
   encodeAppliedRuleset,
+  type ReplayOutcome,
   type RulesetBackend,
   type RulesetHeader,
   type RulesetMeta,
   rulesetKey,
   trustVerdict,
 } from '../state/appliedRuleset.js';
-import { natgwVersion, type ReplayOutcome } from '../daemon/replayBoot.js';
+import { natgwVersion } from '../system/version.js';
 import type { BackendChoice } from './backendSelect.js';
 
 const WRITE_DELAY_MS = 500;

@@ -18,7 +18,7 @@ import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
 import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
-import { takeBootReplay } from '../daemon/replayBoot.js';
+import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 
 export interface EngineDeps {
@@ -28,8 +28,11 @@ export interface EngineDeps {
   readonly store?: StateStore;
   /** nftables for every part that uses it; by default `nft` through `exec` (tests: a fake kernel). */
   readonly nft?: NftClient;
-  /** The daemon: take the loader's replay at the first full sync and keep the applied-ruleset cache. */
-  readonly appliedRuleset?: { readonly onDecision?: (path: ReplayPath) => void };
+  /**
+   * The daemon: keep the applied-ruleset cache, and judge the loader's replay (`boot`, from
+   * takeBootReplay) at the first full sync.
+   */
+  readonly appliedRuleset?: { readonly boot?: Promise<ReplayOutcome>; readonly onDecision?: (path: ReplayPath) => void };
 }
 
 export interface ApplyReport {
@@ -165,7 +168,13 @@ export class Engine {
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
     this.rulesetCache = deps.appliedRuleset
-      ? new AppliedRulesetCache({ config: deps.config, store: this.store, log: deps.log, boot: takeBootReplay(), onDecision: deps.appliedRuleset.onDecision })
+      ? new AppliedRulesetCache({
+          config: deps.config,
+          store: this.store,
+          log: deps.log,
+          boot: deps.appliedRuleset.boot,
+          onDecision: deps.appliedRuleset.onDecision,
+        })
       : undefined;
   }
 

@@ -215,3 +215,20 @@ export function trustVerdict(h: RulesetHeader, f: TrustFacts): Verdict {
 export function rulesetKey(m: RulesetMeta): string {
   return JSON.stringify([m.snapshot, m.backend, m.natgw, m.code, m.config]);
 }
+
+/** What the loader's replay (src/daemon/replayBoot.ts) did, for the engine's first full sync. */
+export interface ReplayOutcome {
+  /** The tools were run. */
+  readonly replayed: boolean;
+  /** They all exited 0. */
+  readonly ok: boolean;
+  /** Why not replayed, or what failed. */
+  readonly why: string;
+  /** The cache's header, when one verified (also when it was not replayed). */
+  readonly header?: RulesetHeader;
+  readonly ms?: number;
+  /** When the tools were started, in ms since the process started. */
+  readonly spawnedAt?: number;
+  /** The accounting table was built from scratch too (it did not exist). */
+  readonly accounting?: boolean;
+}
