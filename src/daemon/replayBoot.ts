@@ -11,7 +11,7 @@
  * is an outcome "not replayed".
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { closeSync, existsSync, openSync, readFileSync, readSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmdirSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
 import {
@@ -80,10 +80,34 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     backendRecord: record,
   });
   if (!verdict.replay) return none(`not replayed: ${verdict.why}`, header);
+  // natgw's lock (proper-lockfile's directory, StateStore.withLock) is held while the tools
+  // run: a command run in-process meanwhile (a shim that found no daemon answering) waits for
+  // the replay instead of being overwritten by it. Released before the outcome is known to anyone.
+  const lockDir = path.join(dir, 'natgw.lock');
+  try {
+    mkdirSync(lockDir);
+  } catch {
+    return none("not replayed: natgw's lock is held by another process", header);
+  }
+  const unlock = () => {
+    try {
+      rmdirSync(lockDir);
+    } catch {}
+  };
+  try {
+    return replay(header, scripts, dir, t0).finally(unlock);
+  } catch (e) {
+    unlock();
+    throw e;
+  }
+}
+
+function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, t0: number): Promise<ReplayOutcome> {
+  const none = (why: string) => Promise.resolve<ReplayOutcome>({ replayed: false, ok: false, why, header });
   const backend = header.backend;
   if (backend.kind === 'iptables') {
     const warm = warmChain(header.cold, backend.variant);
-    if (warm) return none(`not replayed: natgw's chain ${warm} is already in the kernel (a full sync repairs it)`, header);
+    if (warm) return none(`not replayed: natgw's chain ${warm} is already in the kernel (a full sync repairs it)`);
   }
   const run = (argv: string[], i: number) => {
     const child = spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`));

@@ -244,6 +244,8 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // Announcing starts processes: that waits until the lock is free and the answer on its way.
     let announce: (() => void) | undefined;
+    // The loader's replay holds the lock while its tools run: wait for it here, not in the lock's retries.
+    if (!opts.dryRun) await this.rulesetCache?.settled();
     const out = await this.store.withLock(async () => {
       const epoch = this.epoch;
       this.backends.dropGuardReads();
