@@ -479,7 +479,10 @@ export class Engine {
   async resync(reason: string): Promise<ApplyReport> {
     const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
     const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0);
-    if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
+    // At start, changes are the persisted state put back (a fresh network namespace holds
+    // nothing of it): a restore, not drift.
+    if (drift > 0 && reason === 'start') this.log.info({ reason, ...report, script: undefined }, 'start: the persisted state restored into the kernel');
+    else if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
     await this.conntrack.retryFailed();
     return report;
   }
