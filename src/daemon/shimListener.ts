@@ -5,6 +5,7 @@ import { z } from 'zod';
 import type { Logger } from 'pino';
 import { tokenMatches } from '../api/auth.js';
 import type { CommandOutput } from '../engine/output.js';
+import { TokenBucket } from '../observe/rateLimit.js';
 
 /**
  * The shim's fast path (image/nat-gateway.sh, README "The shim's loopback fast path"). bash
@@ -132,6 +133,9 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
   // Connections whose request is not in yet: cut at close, where a running command is awaited.
   const waiting = new Set<net.Socket>();
 
+  // Refusals logged: 5 at once, then one a second (`unlogged` says how many were left out).
+  const refusalLog = new TokenBucket(1, 5);
+  let unloggedRefusals = 0;
   const server = net.createServer((conn) => {
     const started = process.hrtime.bigint();
     waiting.add(conn);
@@ -147,7 +151,11 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
       if (done) return;
       done = true;
       conn.destroy();
-      o.log.warn({ via: 'shim-tcp', outcome: 'refused', why }, 'shim request refused; the shim falls back to curl');
+      // Anything in the pod's network namespace can connect: a flood of refusals is counted, not logged line by line.
+      if (refusalLog.take()) {
+        o.log.warn({ via: 'shim-tcp', outcome: 'refused', why, unlogged: unloggedRefusals }, 'shim request refused; the shim falls back to curl');
+        unloggedRefusals = 0;
+      } else unloggedRefusals++;
     };
     conn.setTimeout(o.requestTimeoutMs, () => refuse('request not complete in time'));
     conn.on('error', () => conn.destroy());
