@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type ExecResult, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
 import { api, socketOf, startDaemon, stopDaemon, type Daemon } from './daemon-util.js';
+import { settleLogs } from './shim-util.js';
 
 const EIP = '172.20.0.10';
 const EIP2 = '172.20.0.11';
@@ -103,7 +104,8 @@ describe('the shim on every path', () => {
     // Forwarded to a running daemon.
     daemon = await startDaemon(topo);
     const forwarded = await runSequence(topo);
-    // Through curl (/v1/legacy/raw) where it is installed, else through Node.js (/v1/legacy).
+    await settleLogs(socketOf(topo), daemon);
+    // Through the shim's loopback path (logged as /v1/legacy), curl (/v1/legacy/raw) where it is installed, else through Node.js (/v1/legacy).
     const requests = daemon
       .logs()
       .split('\n')

@@ -117,7 +117,7 @@ export const countRequests = (d: Daemon, path: string, via: 'http' | 'shim-tcp' 
  * pipe some time after the shim got that answer. A marker request sent after the shim returned
  * is logged after it: once the marker's line is in, so is every line before it.
  */
-export async function requestsVia(socketPath: string, d: Daemon, path: string, via: 'http' | 'shim-tcp' = 'http'): Promise<number> {
+export async function settleLogs(socketPath: string, d: Daemon): Promise<void> {
   const marker = `/v1/openapi.json?settle=${Math.random().toString(36).slice(2)}`;
   await new Promise<void>((resolve, reject) => {
     const req = http.request({ socketPath, path: marker, method: 'GET' }, (res) => {
@@ -128,5 +128,10 @@ export async function requestsVia(socketPath: string, d: Daemon, path: string, v
     req.end();
   });
   await waitFor(async () => d.logs().includes(`"path":"${marker}"`), { timeoutMs: 10_000, intervalMs: 20, what: `the daemon's log line for ${marker}` });
+}
+
+/** The requests for `path` the daemon logged so far, through `via` (see settleLogs). */
+export async function requestsVia(socketPath: string, d: Daemon, path: string, via: 'http' | 'shim-tcp' = 'http'): Promise<number> {
+  await settleLogs(socketPath, d);
   return countRequests(d, path, via);
 }
