@@ -14,9 +14,9 @@ const fresh = (rel) => {
 };
 if (process.argv[2] === 'serve' && process.argv.length === 3) {
   // Before the daemon's code loads: replay the applied-ruleset cache into the kernel, so that
-  // the apply runs while Node.js loads (src/daemon/replayBoot.ts; a tiny module, not the bundle).
+  // the apply runs while Node.js loads (src/daemon/replayBoot.ts, bundled on its own; not the daemon's bundle).
   try {
-    (await import('../dist/src/daemon/replayBoot.js')).startBootReplay();
+    (await import(fresh('../dist/natgw/daemon/replayBoot.mjs') ? '../dist/natgw/daemon/replayBoot.mjs' : '../dist/src/daemon/replayBoot.js')).startBootReplay();
   } catch {}
 }
 if (process.argv[2] === 'serve' && fresh('../dist/natgw/daemon/serve.cjs')) {

@@ -36,6 +36,15 @@ await build({
   banner: { js: "import { createRequire as __natgwRequire } from 'node:module'; const require = __natgwRequire(import.meta.url);" },
 });
 
+// The loader's replay of the applied-ruleset cache (bin/natgw.js, before the daemon's bundle):
+// one file instead of a graph of ES modules, so the apply starts ~2 ms sooner.
+await build({
+  ...common,
+  entryPoints: [join(root, 'dist', 'src', 'daemon', 'replayBoot.js')],
+  format: 'esm',
+  outfile: join(outdir, 'daemon', 'replayBoot.mjs'),
+});
+
 const daemon = join(outdir, 'daemon', 'serve.cjs');
 await build({
   ...common,

@@ -32,7 +32,8 @@ export class RestartHygiene {
   async afterFirstSync(state: DesiredState): Promise<void> {
     const { log } = this.deps;
     if (this.deps.config.conntrackCleanup) {
-      const deleted = await this.deps.conntrack.deleteUntranslated(targetsOf(state));
+      // The listings start first: the targets are computed while they run.
+      const deleted = await this.deps.conntrack.deleteUntranslated(() => targetsOf(state));
       const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.orig.src}:${e.orig.sport ?? ''} -> ${e.orig.dst}:${e.orig.dport ?? ''}`);
       log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
     } else {

@@ -132,6 +132,10 @@ export async function serve(config: Config): Promise<number> {
     // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
     if (!(await listening) || shuttingDown) return;
     monitor.start();
+    // The first sync's reads of addresses, routes and `ip kube-ovn` run while it takes the lock,
+    // loads and decides (and waits for a replay still running). Not earlier: each process start
+    // blocks the event loop for milliseconds that the API's load would wait for.
+    if (present) engine.readAhead(await saved);
     reconciler.start({ present });
     if (!present) observe();
   })();

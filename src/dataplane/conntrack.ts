@@ -172,11 +172,14 @@ export class Conntrack {
    * entry that touches `targets` (conntrackStale.ts). Each call is bounded by `timeoutMs`; a
    * missing tool or a failed listing is logged and skips that family.
    */
-  async deleteUntranslated(targets: HygieneTargets, timeoutMs = 5000): Promise<TrackedEntry[]> {
+  async deleteUntranslated(targetsOrLater: HygieneTargets | (() => HygieneTargets), timeoutMs = 5000): Promise<TrackedEntry[]> {
     const stale: TrackedEntry[] = [];
     // Both families at once: the listing holds the daemon's readiness after a start.
     const families = ['ipv4', 'ipv6'] as const;
-    const listings = await Promise.all(families.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs })));
+    const listing = Promise.all(families.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs })));
+    // Targets given as a function are computed while the listings run (milliseconds at 10,000 objects).
+    const targets = typeof targetsOrLater === 'function' ? targetsOrLater() : targetsOrLater;
+    const listings = await listing;
     for (const [i, fam] of families.entries()) {
       const r = listings[i]!;
       if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {

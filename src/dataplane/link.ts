@@ -337,6 +337,8 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
+  /** A view read ahead of the first full sync (readAhead). */
+  private ahead: { readonly ext: string; readonly vpc: string; readonly view: Promise<LinkView> } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -541,7 +543,10 @@ export class LinkManager {
       routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...settled.routes])],
     });
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
-    const r = await runBatch(script);
+    const running = runBatch(script);
+    // The view after the change is computed while `ip` applies it (used only if it succeeds).
+    const after = linkViewAfter(have, ops);
+    const r = await running;
     if (r.exitCode !== 0) {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is
       // somewhere in between, and the record (intent) lets the next sync finish the job.
@@ -549,7 +554,6 @@ export class LinkManager {
       throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
     }
     await this.writeOwned(settled);
-    const after = linkViewAfter(have, ops);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
     if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);
     else this.forget();
@@ -560,6 +564,27 @@ export class LinkManager {
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
+    this.ahead = undefined;
+  }
+
+  /**
+   * The daemon's start: read the view of `s`'s interfaces now, for the first full sync (which
+   * takes it with takeAhead), while the loader's replay and the daemon's own load still run.
+   * Nothing natgw runs meanwhile touches addresses or routes (the replay is netfilter only);
+   * a link event drops it (forget).
+   */
+  readAhead(s: DesiredState): void {
+    const view = this.view(s);
+    view.catch(() => undefined);
+    this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
+  }
+
+  /** The view readAhead started, once, if it is of `want`'s interfaces; a failed read is made again by the caller. */
+  takeAhead(want: DesiredState): Promise<LinkView | undefined> | undefined {
+    const a = this.ahead;
+    this.ahead = undefined;
+    if (!a || a.ext !== want.interfaces.ext || a.vpc !== want.interfaces.vpc) return undefined;
+    return a.view.catch(() => undefined);
   }
 
   /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */

@@ -42,7 +42,7 @@ export type ReplayPath = 'trusted' | 'fallback' | 'skipped' | 'none';
  */
 export class AppliedRulesetCache {
   private decided = false;
-  /** How long the first full sync waited for the replay to finish (the log line says). */
+  /** How long the first full sync waited for the replay to finish (the log line says): 0 when the daemon's own start was the longer. */
   private waitedMs = 0;
   private lastKey: string | undefined;
   private writing: Promise<void> = Promise.resolve();
@@ -67,7 +67,11 @@ export class AppliedRulesetCache {
 
   /** Resolves once the loader's replay (if any) has finished; never rejects. */
   async settled(): Promise<void> {
-    await this.o.boot?.catch(() => undefined);
+    if (!this.o.boot) return;
+    const t = performance.now();
+    await this.o.boot.catch(() => undefined);
+    // The engine waits here, before its lock, not in decide: counted until the decision is logged.
+    if (!this.decided) this.waitedMs += Math.round(performance.now() - t);
   }
 
   /**
@@ -81,7 +85,7 @@ export class AppliedRulesetCache {
     if (!boot) return this.report('none', 'no replay at start (not started through the loader)');
     const t = performance.now();
     const out = await boot;
-    this.waitedMs = Math.round(performance.now() - t);
+    this.waitedMs += Math.round(performance.now() - t);
     if (out.header) this.lastKey = rulesetKey(metaOf(out.header));
     if (!out.replayed) return this.report('skipped', out.why);
     if (!out.ok || !out.header) return this.report('fallback', out.why);

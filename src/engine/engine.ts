@@ -197,6 +197,18 @@ export class Engine {
   }
 
   /**
+   * The daemon's start, before its first full sync: start the reads that no replay or NAT
+   * part changes (addresses and routes of `state`'s interfaces, the `ip kube-ovn` table), so
+   * that they run while the loader's replay and the daemon's load still do. The first full
+   * sync's parts take them; a link event (distrust) drops them.
+   */
+  readAhead(state: DesiredState): void {
+    if (this.lastApplied !== undefined) return;
+    this.link.readAhead(state);
+    this.shareDnat.readAhead();
+  }
+
+  /**
    * Stop trusting what this process applied: the next transaction is a full sync. Called when
    * the kernel may have changed behind natgw's back (a link event) or an apply failed.
    */

@@ -153,7 +153,8 @@ export function linkPart(link: LinkManager): Part {
         ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
       }
       if (opts.mode !== 'full') return;
-      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+      // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
+      early = link.takeAhead(want) ?? new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     abandon() {
       void ahead?.then((b) => b?.cancel());
