@@ -24,7 +24,8 @@ export interface AppDeps {
   readonly ha?: HaService;
 }
 
-const legacyBody = z
+/** A script command and its rules: the limits of every path into the daemon (HTTP here, the shim's loopback listener). */
+export const legacyBody = z
   .object({
     command: z.string().max(256),
     rules: z.array(z.string().max(65536)).max(100_000).default([]),

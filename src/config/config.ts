@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { readEnvFile } from './envFile.js';
-import { DEFAULT_ENV_FILE, DEFAULT_SOCKET } from './socketPath.js';
+import { DEFAULT_ENV_FILE, DEFAULT_SOCKET, DEFAULT_STATE_DIR } from './socketPath.js';
 
 export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
@@ -127,7 +127,7 @@ export const configSchema = z.object({
   NATGW_STATE_DIR: z
     .string()
     .min(1)
-    .default('/var/lib/natgw')
+    .default(DEFAULT_STATE_DIR)
     .meta({ values: 'a directory' })
     .describe('Desired state (snapshot and journal), backend record, lock, command log and the applied-ruleset cache replayed at start.'),
   NATGW_SOCKET: z

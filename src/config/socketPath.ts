@@ -2,6 +2,7 @@ import { readEnvFile } from './envFile.js';
 
 export const DEFAULT_ENV_FILE = '/etc/kube-ovn/nat-gateway.env';
 export const DEFAULT_SOCKET = '/run/natgw/natgw.sock';
+export const DEFAULT_STATE_DIR = '/var/lib/natgw';
 
 /**
  * The daemon's socket path, read the cheap way (no schema library loaded): the shim's fast

@@ -14,6 +14,9 @@ import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmdirSync, unlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
+import { DEFAULT_ENV_FILE, DEFAULT_STATE_DIR } from '../config/socketPath.js';
+import { parseSave } from '../dataplane/netfilter/iptables/save.js';
+import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
 import {
   APPLIED_RULESET_FILE,
   type ColdCheck,
@@ -50,13 +53,13 @@ export function startBootReplay(env: NodeJS.ProcessEnv = process.env): void {
 function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
   const none = (why: string, header?: RulesetHeader) => Promise.resolve<ReplayOutcome>({ replayed: false, ok: false, why, header });
   // The same precedence as loadConfig: the env file's values over the environment's.
-  const envFile = env.NATGW_ENV_FILE?.trim() || '/etc/kube-ovn/nat-gateway.env';
+  const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
   let fromFile: Record<string, string> = {};
   try {
     fromFile = parseEnvFile(readFileSync(envFile, 'utf8'));
   } catch {}
   const get = (k: string, d: string) => (fromFile[k] ?? env[k] ?? d).trim() || d;
-  const dir = get('NATGW_STATE_DIR', '/var/lib/natgw');
+  const dir = get('NATGW_STATE_DIR', DEFAULT_STATE_DIR);
   let file: Buffer;
   try {
     file = readFileSync(path.join(dir, APPLIED_RULESET_FILE));
@@ -116,8 +119,7 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
   const nat: Promise<string | undefined>[] = [];
   header.steps.forEach((step, i) => {
     if (step.tool === 'nft') nat.push(run(['nft', '-f', '-'], i));
-    if (step.tool === 'iptables' && backend.kind === 'iptables')
-      nat.push(run([`${step.family === 4 ? 'iptables' : 'ip6tables'}-${backend.variant}-restore`, '--noflush', '--wait'], i));
+    if (step.tool === 'iptables' && backend.kind === 'iptables') nat.push(run([toolsFor(backend.variant, step.family).restore, '--noflush', '--wait'], i));
   });
   // Milliseconds since the process started (performance's time origin): how early the apply began.
   const spawnedAt = Math.round(performance.now());
@@ -179,10 +181,10 @@ function exited(argv: readonly string[], child: ChildProcess): Promise<string | 
  * The first of natgw's iptables chains the kernel already holds, if any. A table that does not
  * exist (legacy: not in /proc/net/ip*_tables_names; nft variant: no such nft table) holds none.
  */
-function warmChain(checks: readonly ColdCheck[], variant: 'legacy' | 'nft'): string | undefined {
+function warmChain(checks: readonly ColdCheck[], variant: IptablesVariant): string | undefined {
   let nftTables: string | undefined;
   for (const c of checks) {
-    const base = c.family === 4 ? 'iptables' : 'ip6tables';
+    const tools = toolsFor(variant, c.family);
     if (variant === 'legacy') {
       // No such file: the legacy tables' module is not loaded, so no legacy table exists.
       let names = '';
@@ -194,11 +196,11 @@ function warmChain(checks: readonly ColdCheck[], variant: 'legacy' | 'nft'): str
       nftTables ??= spawnSync('nft', ['list', 'tables'], { encoding: 'utf8' }).stdout ?? '';
       if (!nftTables.split('\n').includes(`table ${c.family === 4 ? 'ip' : 'ip6'} ${c.table}`)) continue;
     }
-    const r = spawnSync(`${base}-${variant}-save`, ['-t', c.table], { encoding: 'utf8' });
+    const r = spawnSync(tools.save, ['-t', c.table], { encoding: 'utf8' });
     // Cannot tell: treated as warm (no replay), the full sync reads it back anyway.
-    if (r.status !== 0 && c.family === 4) return `(${base}-${variant}-save failed)`;
-    const have = new Set((r.stdout ?? '').split('\n').map((l) => (l.startsWith(':') ? l.slice(1).split(' ')[0] : '')));
-    const found = c.chains.find((n) => have.has(n));
+    if (r.status !== 0 && c.family === 4) return `(${tools.save} failed)`;
+    const { chains } = parseSave(r.stdout ?? '');
+    const found = c.chains.find((n) => chains.has(n));
     if (found) return found;
   }
   return undefined;

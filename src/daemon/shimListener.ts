@@ -1,9 +1,9 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import net from 'node:net';
-import { z } from 'zod';
 import type { Logger } from 'pino';
 import { tokenMatches } from '../api/auth.js';
+import { legacyBody } from '../api/app.js';
 import type { CommandOutput } from '../engine/output.js';
 import { TokenBucket } from '../observe/rateLimit.js';
 
@@ -33,12 +33,6 @@ export const SHIM_PROTOCOL = 'natgw-shim/1';
 
 /** Where the shim finds the port and secrets: next to the socket, in its root-only directory. */
 export const shimFileOf = (socketPath: string): string => `${socketPath}.tcp`;
-
-/** The limits of POST /v1/legacy (src/api/app.ts), so that every path refuses the same requests. */
-const shimRequest = z.object({
-  command: z.string().max(256),
-  rules: z.array(z.string().max(65536)).max(100_000),
-});
 
 const HEADER = /^natgw-shim\/1 ([0-9a-f]{64}) (\d{1,6})$/;
 const MAX_HEADER = 128;
@@ -94,7 +88,7 @@ export function parseShimRequest(buf: Buffer, expectedToken: string): { command:
     start = end + 1;
   }
   if (start !== buf.length) throw new Error('bytes after the last field');
-  const parsed = shimRequest.safeParse({ command: fields[0], rules: fields.slice(1) });
+  const parsed = legacyBody.safeParse({ command: fields[0], rules: fields.slice(1) });
   if (!parsed.success) throw new Error('request beyond the limits of POST /v1/legacy');
   return parsed.data;
 }

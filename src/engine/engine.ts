@@ -256,7 +256,9 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // Announcing starts processes: that waits until the lock is free and the answer on its way.
     let announce: (() => void) | undefined;
-    // The loader's replay holds the lock while its tools run: wait for it here, not in the lock's retries.
+    // Nothing writes to the kernel while the loader's replay still runs (it would land on top of
+    // this transaction), and the replay holds the lock meanwhile: wait for it here, not in the
+    // lock's retries.
     if (!opts.dryRun) await this.rulesetCache?.settled();
     const out = await this.store.withLock(async () => {
       const epoch = this.epoch;
@@ -277,9 +279,6 @@ export class Engine {
       } else {
         // A dry run (a status drift check) leaves what this process applied last trusted.
         if (!opts.dryRun) this.trusted = undefined;
-        // Nothing writes to the kernel while the loader's replay may still be running: it would
-        // land on top of what this transaction applied.
-        if (!opts.dryRun) await this.rulesetCache?.settled();
         const saved = await this.store.load();
         // A dry run changes nothing: no switch of backends, no record written.
         const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun

@@ -7,19 +7,9 @@ import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, savedAfter, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
+import { type IptablesVariant, toolsFor } from './tools.js';
 
-export type IptablesVariant = 'legacy' | 'nft';
-
-export interface IptablesTools {
-  readonly cmd: string;
-  readonly save: string;
-  readonly restore: string;
-}
-
-export function toolsFor(variant: IptablesVariant, family: Family = 4): IptablesTools {
-  const base = family === 4 ? 'iptables' : 'ip6tables';
-  return { cmd: `${base}-${variant}`, save: `${base}-${variant}-save`, restore: `${base}-${variant}-restore` };
-}
+export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
 const TABLES: readonly TableName[] = ['nat', 'mangle'];
 const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
