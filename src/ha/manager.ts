@@ -245,14 +245,19 @@ export class HaManager implements HaService {
 
   private wasHealthy: boolean | null = null;
 
-  private updateHealth(): void {
+  /**
+   * Health is computed from the clock as well as from polls, so whoever reads it (GET /v1/ha)
+   * also records it: the metric and the log line never lag behind what the API just answered.
+   */
+  private updateHealth(): ReturnType<HaManager['health']> {
     const h = this.health();
     this.d.metrics.healthy.set(h.healthy ? 1 : 0);
-    if (!h.enabled || h.healthy === this.wasHealthy) return;
+    if (!h.enabled || h.healthy === this.wasHealthy) return h;
     // Only changes are logged: an operator sees when sync was lost and when it came back.
     if (h.healthy) this.d.log.info({ peer: this.ha?.peer }, 'replica sync healthy');
     else if (this.wasHealthy) this.d.log.warn({ reasons: h.reasons }, 'replica sync unhealthy (NAT is not affected)');
     this.wasHealthy = h.healthy;
+    return h;
   }
 
   async status(): Promise<{ digest: string } & Record<string, unknown>> {
@@ -260,7 +265,7 @@ export class HaManager implements HaService {
     return {
       enabled: this.enabled,
       digest: await this.d.digest(),
-      health: this.health(),
+      health: this.updateHealth(),
       conntrackd: sup
         ? { state: sup.state, pid: sup.pid ?? null, restarts: sup.restarts, lastExit: sup.lastExit, config: this.paths.config, socket: this.paths.socket }
         : null,

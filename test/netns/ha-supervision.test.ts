@@ -61,10 +61,18 @@ describe.each(BACKENDS)('conntrackd supervision ($name)', (b) => {
     );
     expect(after.conntrackd.restarts).toBe(1);
     expect(after.conntrackd.lastExit.signal).toBe('SIGKILL');
-    const lines = a.logs().split('\n');
-    const exited = lines.findIndex((l) => l.includes('exited; restarting it after a backoff'));
-    const unhealthy = lines.findIndex((l) => l.includes('replica sync unhealthy') && l.includes('conntrackd is not running'));
-    const healthyAgain = lines.findIndex((l, i) => i > unhealthy && l.includes('"msg":"replica sync healthy"'));
+    // The daemon's log travels a pipe that the answer above did not: poll it rather than race it.
+    const logged = () => {
+      const lines = a.logs().split('\n');
+      const unhealthy = lines.findIndex((l) => l.includes('replica sync unhealthy') && l.includes('conntrackd is not running'));
+      return {
+        exited: lines.findIndex((l) => l.includes('exited; restarting it after a backoff')),
+        unhealthy,
+        healthyAgain: lines.findIndex((l, i) => i > unhealthy && l.includes('"msg":"replica sync healthy"')),
+      };
+    };
+    await waitFor(async () => logged().healthyAgain >= 0, { what: 'the log to say sync is healthy again', timeoutMs: 5_000 }).catch(() => undefined);
+    const { exited, unhealthy, healthyAgain } = logged();
     expect(exited, a.logs()).toBeGreaterThanOrEqual(0);
     expect(unhealthy, a.logs()).toBeGreaterThanOrEqual(0);
     expect(healthyAgain, a.logs()).toBeGreaterThan(unhealthy);
