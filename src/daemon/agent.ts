@@ -213,6 +213,9 @@ export class Agent implements AgentService {
         throw e;
       }
       const n = changesOf(report);
+      // The start's sync puts the persisted state into a kernel that lost it (or never had it):
+      // a restore, not drift — the counter and lastRepair are for changes made behind natgw's back.
+      const repaired = n > 0 && reason !== 'start';
       this.lastReadBack = {
         at: new Date().toISOString(),
         reason,
@@ -223,10 +226,10 @@ export class Agent implements AgentService {
           qos: report.qosChanges,
           neighbours: report.neighbourChanges ?? 0,
         },
-        repaired: n > 0,
+        repaired,
         script: report.script,
       };
-      if (n > 0) {
+      if (repaired) {
         this.metricsRegistry.driftRepairs.inc();
         this.repairs++;
         this.lastRepair = this.lastReadBack;

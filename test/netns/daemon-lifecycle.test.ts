@@ -114,6 +114,11 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
     await waitReady(topo, daemon);
     expect(parsePeer(await reach(8081)).ip).toBe(ADDR.extHost);
     expect(parsePeer(await reach(8080)).ip).toBe(ADDR.extHost);
+    // Putting the state back at start is a restore: it is no drift repair in the status or the metric.
+    const drift = ok(await api(sock, 'GET', '/v1/state'), 'state').body.drift;
+    expect(drift).toMatchObject({ repairs: 0, lastRepair: null });
+    expect(daemon.logs()).toContain('start: the persisted state restored into the kernel');
+    expect((await api(sock, 'GET', '/metrics')).text).toMatch(/^natgw_drift_repairs_total 0$/m);
   });
 
   it('adopts from the kernel when the state file is gone too, losing nothing', async () => {
