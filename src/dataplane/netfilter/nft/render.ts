@@ -337,7 +337,8 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   for (let i = 0; i < dnats.length; i++) {
     const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
-    if (d.portEnd === undefined) portDnat.push({ key: `${d.eip} . ${d.protocol} . ${d.port}`, value: `${d.internalIp} . ${d.internalPort}` });
+    // Joined, not templates: flat texts, not ropes of every piece kept until the script is written.
+    if (d.portEnd === undefined) portDnat.push({ key: [d.eip, d.protocol, d.port].join(' . '), value: [d.internalIp, d.internalPort].join(' . ') });
     else rangeDnats.push({ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp });
   }
   const snats: Snat[] = firstBy(
