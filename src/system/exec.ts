@@ -174,8 +174,11 @@ export class SystemExecutor implements Executor {
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
     const limit = Math.min(req.timeoutMs ?? this.deadlineMs, this.deadlineMs);
+    // A large script goes through a file (inputFile), which a spare's pipe cannot take: it starts its own process.
     const spareKey =
-      this.prestart && req.prestartable && req.input !== undefined ? `${req.single ? 's' : 'g'}\0${req.file}\0${req.args.join('\0')}` : undefined;
+      this.prestart && req.prestartable && req.input !== undefined && req.input.length < FILE_INPUT_BYTES
+        ? `${req.single ? 's' : 'g'}\0${req.file}\0${req.args.join('\0')}`
+        : undefined;
     const r = await runProcess(req, limit, undefined, spareKey === undefined ? undefined : this.takeSpare(spareKey));
     // Its successor starts when the caller says nothing waits (startSpares): started here, it
     // would block the event loop while the journal syncs, and the answer would wait for it.
