@@ -255,7 +255,8 @@ export interface NetfilterBackend {
 
 /**
  * An IPv4 address as a number ordered as its v4SortKey (octet by octet), nothing allocated.
- * Base 1000, not 256: an octet of three digits keeps its place even where it is not one.
+ * Base 1000, not 256: an octet of three digits above 255 (tests build such addresses) still
+ * orders as its key's character does.
  */
 function v4Number(ip: string): number {
   let n = 0;
