@@ -1,6 +1,7 @@
 import fc from 'fast-check';
+import ipaddr from 'ipaddr.js';
 import { describe, expect, it } from 'vitest';
-import { isIpv4 } from '../../src/model/net.js';
+import { isIpv4, parseCidr } from '../../src/model/net.js';
 
 /** The definition isIpv4 implements (its first implementation). */
 const DOTTED_QUAD = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
@@ -32,5 +33,19 @@ describe('isIpv4', () => {
     for (const s of ['0.0.0.0', '255.255.255.255', '10.0.0.1', '192.168.100.200']) expect(isIpv4(s)).toBe(true);
     for (const s of ['', '1.2.3', '1.2.3.4.5', '01.2.3.4', '1.2.3.256', '1.2.3.4\n', '1..2.3', '1.2.3.', '.1.2.3', '0x1.2.3.4', '1.2.3.0004'])
       expect(isIpv4(s)).toBe(false);
+  });
+});
+
+describe('parseCidr with clearHostBits (IPv4 by arithmetic)', () => {
+  it('gives the network address ipaddr.js gives, for every prefix length', () => {
+    fc.assert(
+      fc.property(fc.ipV4(), fc.integer({ min: 0, max: 32 }), (a, len) => {
+        expect(parseCidr(`${a}/${len}`, { clearHostBits: true })).toEqual({
+          address: ipaddr.IPv4.networkAddressFromCIDR(`${a}/${len}`).toString(),
+          prefix: len,
+        });
+      }),
+      { numRuns: 20000 },
+    );
   });
 });

@@ -174,7 +174,10 @@ export function planChain(chain: string, have: readonly string[], want: readonly
   if (sameList(have, want)) return { lines: [], changes: 0 };
   // A chain natgw creates (every full sync of a fresh namespace): the general plan below would
   // write exactly these appends, after counting ten thousand rule texts to learn nothing stays.
-  if (have.length === 0) return { lines: want.map((r) => `-A ${chain} ${r}`), changes: want.length };
+  if (have.length === 0) {
+    const append = `-A ${chain} `;
+    return { lines: want.map((r) => append + r), changes: want.length };
+  }
   const few = fewEdits(chain, have, want, opts);
   if (few) return few;
   const budget = countOf(want);

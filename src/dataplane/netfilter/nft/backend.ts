@@ -114,9 +114,14 @@ export class NftBackend implements NetfilterBackend {
     const extra = await opts.append;
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
-    if (!tx.isEmpty) await this.nft.run(tx);
-    this.view = viewOf(want);
+    // run() has started the tool when it returns: the report's script (a megabyte joined) and
+    // the view are made while the kernel applies, not after it.
+    const applying = tx.isEmpty ? undefined : this.nft.run(tx);
+    applying?.catch(() => undefined);
     const plan = textPlan(planned);
+    const view = viewOf(want);
+    if (applying) await applying;
+    this.view = view;
     this.log?.debug({ changes: plan.changes }, 'nftables synced (partial, into absent tables)');
     return extra ? { ...plan, appended: true } : plan;
   }

@@ -61,7 +61,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr } from '../../../model/net.js';
-import { sameDnat, snatKey, type Dnat, type Snat } from '../../../model/rules.js';
+import { sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
@@ -282,7 +282,8 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
 function firstDnats(sorted: readonly Dnat[], fam: NftFamily): Dnat[] {
   const out: Dnat[] = [];
   let run = 0;
-  for (const d of sorted) {
+  for (let i = 0; i < sorted.length; i++) {
+    const d = sorted[i] as Dnat;
     if (famOf(d.eip) !== fam) continue;
     const last = out[out.length - 1];
     if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
@@ -316,13 +317,15 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   // runs over every object at each full sync (ten thousand DNATs and floating IPs at start).
   const fipDnat: NftElement[] = [];
   const fipSnat: NftElement[] = [];
-  const fipEips = new Set<string>();
+  // canonicalOrder sorts by EIP: a repeated EIP is the neighbour of its first (no set of them).
+  let lastEip: string | undefined;
   // Several EIPs may bind one internal IP: SNAT uses the first in the given order.
   const snatted = new Set<string>();
-  for (const f of want.fips) {
-    if (famOf(f.eip) !== fam || fipEips.has(f.eip)) continue;
+  for (let i = 0; i < want.fips.length; i++) {
+    const f = want.fips[i] as Fip;
+    if (f.eip === lastEip || famOf(f.eip) !== fam) continue;
     if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
-    fipEips.add(f.eip);
+    lastEip = f.eip;
     fipDnat.push({ key: f.eip, value: f.internalIp });
     if (snatted.has(f.internalIp)) continue;
     snatted.add(f.internalIp);
@@ -330,9 +333,12 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   }
   const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  for (const d of firstDnats(want.dnats, fam)) {
+  const dnats = firstDnats(want.dnats, fam);
+  for (let i = 0; i < dnats.length; i++) {
+    const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
-    if (d.portEnd === undefined) portDnat.push({ key: `${d.eip} . ${d.protocol} . ${d.port}`, value: `${d.internalIp} . ${d.internalPort}` });
+    // Joined, not templates: flat texts, not ropes of every piece kept until the script is written.
+    if (d.portEnd === undefined) portDnat.push({ key: [d.eip, d.protocol, d.port].join(' . '), value: [d.internalIp, d.internalPort].join(' . ') });
     else rangeDnats.push({ kind: 'range-dnat', eip: d.eip, protocol: d.protocol, port: d.port, portEnd: d.portEnd, internalIp: d.internalIp });
   }
   const snats: Snat[] = firstBy(

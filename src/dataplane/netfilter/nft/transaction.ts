@@ -134,13 +134,20 @@ const ELEMENT_LIST = /^[0-9A-Za-z.:/ _,-]+$/;
  * first value that is not plain data.
  */
 function elementsText(elements: readonly NftElement[]): string {
-  let body = '';
+  // One join over one text per element: a `+=` chain keeps a rope node per piece alive until
+  // the whole text is flattened, and at ten thousand elements the young generation copies them all.
+  const parts: string[] = [];
   let empty = false;
-  for (const [i, e] of elements.entries()) {
-    body += i === 0 ? e.key : `, ${e.key}`;
-    if (e.value !== undefined) body += ` : ${e.value}`;
-    empty ||= e.key.length === 0 || e.value?.length === 0;
+  for (let i = 0; i < elements.length; i++) {
+    const e = elements[i] as NftElement;
+    if (e.value === undefined) parts.push(e.key);
+    else {
+      parts.push(`${e.key} : ${e.value}`);
+      empty ||= e.value.length === 0;
+    }
+    empty ||= e.key.length === 0;
   }
+  const body = parts.join(', ');
   if (!empty && ELEMENT_LIST.test(body) && commas(body) === elements.length - 1) return body;
   return elements.map(elementText).join(', ');
 }
