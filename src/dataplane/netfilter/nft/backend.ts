@@ -12,6 +12,7 @@ import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type N
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
+import { WitnessTrust, hitDeleteTx, hitOutcome, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';
@@ -71,9 +72,30 @@ export class NftBackend implements NetfilterBackend {
 
   /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
   private view: NftView | undefined;
+  /** The hit witnesses this process may trust (witness.ts); cleared whenever the view is. */
+  private readonly trust = new WitnessTrust();
 
   forget(): void {
     this.view = undefined;
+    this.trust.clear();
+  }
+
+  /**
+   * After the deletes of these mappings committed: what each one's hit witness says, its hit
+   * element deleted (trusted or not, so that a later mapping of the same key starts clean).
+   */
+  async witness(items: readonly WitnessItem[]): Promise<WitnessOutcome[]> {
+    const unique = [...new Map(items.map((w) => [witnessId(w), w] as const)).values()];
+    const trusted = new Map(unique.map((w) => [witnessId(w), this.trust.take(w)] as const));
+    const errors = await this.nft.runEach?.(unique.map((w) => hitDeleteTx(w, NATGW_TABLE))).catch(() => undefined);
+    const outcome = new Map(
+      unique.map((w, i): [string, WitnessOutcome] => {
+        const seen = errors ? hitOutcome(errors[i]) : 'unreadable';
+        if (seen === 'hit' || seen === 'unreadable') return [witnessId(w), seen];
+        return [witnessId(w), trusted.get(witnessId(w)) ? 'no-hits' : 'untrusted'];
+      }),
+    );
+    return items.map((w) => outcome.get(witnessId(w)) ?? 'unreadable');
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
@@ -91,10 +113,12 @@ export class NftBackend implements NetfilterBackend {
           await this.nft.run(tx, { partial: true });
         } catch (e) {
           this.view = undefined;
+          this.trust.clear();
           throw e;
         }
         // A partial plan never adds or drops a family's table (that needs a full sync).
         this.view = { tables: want, families: view.families };
+        this.trust.partial(view.tables, want);
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
         return extra ? { ...plan, appended: true } : plan;
       }
@@ -114,6 +138,8 @@ export class NftBackend implements NetfilterBackend {
     const extra = await opts.append;
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
+    // Tables created here may replace ones removed by hand, whose flows live on.
+    this.trust.clear();
     if (!tx.isEmpty) await this.nft.run(tx);
     this.view = viewOf(want);
     const plan = textPlan(planned);
@@ -126,6 +152,7 @@ export class NftBackend implements NetfilterBackend {
     const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
     let planned: NftTxPlan = planNatgw(want, kernel);
     if (opts.dryRun) return textPlan(planned);
+    this.trust.full(kernel, planned.changes);
     let appended = extra !== undefined;
     const tx = NftTransaction.concat(planned.tx, extra);
     if (tx.isEmpty) {
@@ -141,6 +168,7 @@ export class NftBackend implements NetfilterBackend {
       // appended part (its owner then syncs it on its own).
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
+      this.trust.clear();
       planned = planNatgw(want, await this.kernel());
       appended = false;
       if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
@@ -154,6 +182,7 @@ export class NftBackend implements NetfilterBackend {
 
   assumeApplied(want: NatTables): void {
     this.guardRead = undefined;
+    this.trust.clear();
     this.view = viewOf(want);
   }
 
@@ -169,6 +198,7 @@ export class NftBackend implements NetfilterBackend {
 
   async removeAll(): Promise<void> {
     this.view = undefined;
+    this.trust.clear();
     await this.nft.run(removeAllTx(await this.kernel()));
   }
 

@@ -9,6 +9,7 @@ import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js'
 import { parseTableListing } from './readback.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
+import { errorsByLine } from './witness.js';
 
 export interface NftClient {
   /** Whether nftables answers here at all (knftables' Present): the backend choice weighs it. */
@@ -21,6 +22,12 @@ export interface NftClient {
    * NftTransaction (tests, tools); natgw's own users hand transactions.
    */
   run(tx: NftTransaction | string, opts?: NftRunOptions): Promise<void>;
+  /**
+   * Run one-line transactions each on its own (one refused does not stop the others) in one
+   * exchange with the nft session: each one's error line, undefined for those that succeeded.
+   * Undefined when no session answers (then nothing is known of them). The hit witnesses' read.
+   */
+  runEach?(txs: readonly NftTransaction[]): Promise<Array<string | undefined> | undefined>;
 }
 
 export interface NftRunOptions {
@@ -99,6 +106,16 @@ export class SystemNftClient implements NftClient {
     if (session) return this.runInSession(session, script);
     const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script, single: true });
     if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
+  }
+
+  async runEach(txs: readonly NftTransaction[]): Promise<Array<string | undefined> | undefined> {
+    const session = this.session;
+    if (!session || txs.length === 0) return undefined;
+    const lines = txs.map((tx) => tx.text().trimEnd().split('\n').join('; '));
+    const mark = `${MARK}${++marks}`;
+    const r = await session.exchange(`${lines.join('\n')}\n${mark}\n`, `${mark}\n`);
+    if (r.died) return undefined;
+    return errorsByLine(lines, ownStderr(r.stderr));
   }
 
   /**

@@ -9,7 +9,11 @@
  *   map port_dnat    { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service }
  *   set hairpin_eips { type ipv4_addr }
  *   chain vpc_mark    (filter prerouting, priority mangle)  iifname "<vpc>" meta mark set meta mark | 0x1
- *   chain prerouting  (nat prerouting, priority dstnat)     dnat ip to ip daddr map @fip_dnat
+ *   set dnat_hit      { type ipv4_addr . inet_proto . inet_service; flags dynamic }  filled by the packet path (witness.ts)
+ *   set fip_hit       { type ipv4_addr; flags dynamic }
+ *   chain prerouting  (nat prerouting, priority dstnat)     meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { … }
+ *                                                           ip daddr @fip_dnat add @fip_hit { ip daddr }
+ *                                                           dnat ip to ip daddr map @fip_dnat
  *                                                           meta l4proto { tcp, udp } dnat ip addr . port to … map @port_dnat
  *   chain postrouting (nat postrouting, priority srcnat)    snat ip to ip saddr map @fip_snat
  *                                                           oifname "<ext>" jump shared_snat
@@ -66,6 +70,7 @@ import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
+import { HIT, HIT_SIZE } from './witness.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -122,6 +127,12 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
       return `meta l4proto { tcp, udp } dnat ${fam} addr . port to ${fam} daddr . meta l4proto . th dport map @${SET.portDnat}`;
     case 'fip-snat':
       return `snat ${fam} to ${fam} saddr map @${SET.fipSnat}`;
+    case 'dnat-witness': {
+      const key = `${fam} daddr . meta l4proto . th dport`;
+      return `meta l4proto { tcp, udp } ${key} @${SET.portDnat} add @${HIT.dnat} { ${key} }`;
+    }
+    case 'fip-witness':
+      return `${fam} daddr @${SET.fipDnat} add @${HIT.fip} { ${fam} daddr }`;
     case 'snat-jump':
       return `oifname "${r.extIf}" jump ${CHAIN.sharedSnat}`;
     case 'hairpin':
@@ -173,6 +184,16 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       ];
     case 'fip-snat':
       return [{ snat: { addr: { map: { key: payload(fam, 'saddr'), data: `@${SET.fipSnat}` } } } }];
+    case 'dnat-witness': {
+      const key = { concat: [payload(fam, 'daddr'), meta('l4proto'), payload('th', 'dport')] };
+      return [
+        match('==', meta('l4proto'), { set: ['tcp', 'udp'] }),
+        match('==', key, `@${SET.portDnat}`),
+        { set: { op: 'add', elem: key, set: `@${HIT.dnat}` } },
+      ];
+    }
+    case 'fip-witness':
+      return [match('==', payload(fam, 'daddr'), `@${SET.fipDnat}`), { set: { op: 'add', elem: payload(fam, 'daddr'), set: `@${HIT.fip}` } }];
     case 'snat-jump':
       return [match('==', meta('oifname'), r.extIf), { jump: { target: CHAIN.sharedSnat } }];
     case 'hairpin':
@@ -227,10 +248,17 @@ export interface SetSpec {
   readonly kind: 'set' | 'map';
   readonly type: string;
   readonly map?: string;
+  readonly dynamic?: boolean;
+  readonly size?: number;
   /** key text → value text (undefined for a plain set), in insertion order. */
   readonly elements: ReadonlyMap<string, string | undefined>;
   /** The same elements in the same order, as a new set's transaction writes them. */
   readonly list: readonly NftElement[];
+  /**
+   * A hit set (witness.ts): its elements are the packet path's, keys of the map named here. It
+   * is created empty; a sync only deletes elements whose key left that map.
+   */
+  readonly hitsOf?: string;
 }
 
 /**
@@ -361,6 +389,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         { name: SET.hairpinEips, kind: 'set', type: addr },
         eips.map((key) => ({ key })),
       ),
+      ...hitSets(addr),
       ...snatObjects.maps.map(({ elements, ...decl }) =>
         setOf(
           decl,
@@ -377,7 +406,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.prerouting,
         base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
-        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
+        rules: [{ kind: 'dnat-witness' }, { kind: 'fip-witness' }, { kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
@@ -391,6 +420,15 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       ...snatObjects.chains,
     ],
   };
+}
+
+/** The witnesses' hit sets (witness.ts), empty as declared. */
+function hitSets(addr: string): SetSpec[] {
+  const decl = { kind: 'set', dynamic: true, size: HIT_SIZE } as const;
+  return [
+    setOf({ ...decl, name: HIT.dnat, type: `${addr} . inet_proto . inet_service`, hitsOf: SET.portDnat }, []),
+    setOf({ ...decl, name: HIT.fip, type: addr, hitsOf: SET.fipDnat }, []),
+  ];
 }
 
 // ---------------------------------------------------------------------------------
@@ -436,7 +474,7 @@ function chainOf(c: ChainSpec): NftChainSpec {
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   if (s.kind === 'map') tx.addMap(t, { name: s.name, type: s.type, map: s.map ?? '' });
-  else tx.addSet(t, { name: s.name, type: s.type });
+  else tx.addSet(t, { name: s.name, type: s.type, ...(s.dynamic ? { dynamic: true } : {}), ...(s.size !== undefined ? { size: s.size } : {}) });
 }
 
 /** All of a set's elements (a new set), straight from its entries. */
@@ -638,6 +676,13 @@ function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): v
   addElements(sc, fam, spec, missing);
 }
 
+/** A hit set keeps what the packet path put there for keys still mapped; the rest was a deleted mapping's. */
+function diffHits(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump, of: SetSpec | undefined): void {
+  const stale = have.elements.filter((e) => !of?.elements.has(e.key)).map((e) => e.key);
+  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, stale);
+  sc.changes += stale.length;
+}
+
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
   if (spec === null) {
     if (have !== null) {
@@ -660,7 +705,15 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
   const t = natgwTable(fam);
   for (const s of spec.sets) {
     const h = have.sets.get(s.name);
-    if (h) {
+    if (h && s.hitsOf !== undefined) {
+      diffHits(
+        sc,
+        fam,
+        s,
+        h,
+        spec.sets.find((m) => m.name === s.hitsOf),
+      );
+    } else if (h) {
       diffSet(sc, fam, s, h);
     } else {
       addSet(sc.create, t, s);
