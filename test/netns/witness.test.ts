@@ -150,6 +150,22 @@ describe('hit witnesses (nftables, real kernel)', () => {
     expect(r.flushes).toEqual({ ran: 1, skipped: 0 });
   }, 60_000);
 
+  it('a full sync empties the hit sets, and the mappings it found hit keep their flush', async () => {
+    await engine.resync('test');
+    await natgw('dnat-add', `${EIP},8087,tcp,${ADDR.vpc1},80`);
+    const flow = await startLongFlow(topo, 'ext', EIP, 8087, FROM_EXT);
+    try {
+      expect(await flow.check()).toBe(true);
+      expect(await hits('dnat_hit')).toContain(`${EIP} . tcp . 8087`);
+      await engine.resync('test');
+      expect(await hits('dnat_hit')).not.toContain('8087');
+      expect((await counted('dnat-del', `${EIP},8087,tcp`)).conntrack).toEqual([`-D --orig-dst ${EIP} -p tcp --orig-port-dst 8087`]);
+      expect(await conntrackCount(topo, ['-p', 'tcp', '--orig-dst', EIP, '--orig-port-dst', '8087'])).toBe(0);
+    } finally {
+      await flow.close();
+    }
+  }, 60_000);
+
   it('a full sync that rewrote the table: a DNAT made before it is flushed', async () => {
     await natgw('dnat-add', `${EIP},8084,tcp,${ADDR.vpc1},80`);
     // Someone deletes the table; the next full sync recreates it (its hit sets empty, while

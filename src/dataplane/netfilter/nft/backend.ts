@@ -12,7 +12,7 @@ import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type N
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
-import { WitnessTrust, hitDeleteTx, hitOutcome, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
+import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';
@@ -81,21 +81,27 @@ export class NftBackend implements NetfilterBackend {
   }
 
   /**
-   * After the deletes of these mappings committed: what each one's hit witness says, its hit
-   * element deleted (trusted or not, so that a later mapping of the same key starts clean).
+   * After the deletes of these mappings committed: what each one's hit witness says (the hit
+   * sets are read only now, witness.ts). Hits found go from the sets, so that a later mapping
+   * of the same key starts clean; an untrusted key's hit stays until the next full sync.
    */
   async witness(items: readonly WitnessItem[]): Promise<WitnessOutcome[]> {
-    const unique = [...new Map(items.map((w) => [witnessId(w), w] as const)).values()];
-    const trusted = new Map(unique.map((w) => [witnessId(w), this.trust.take(w)] as const));
-    const errors = await this.nft.runEach?.(unique.map((w) => hitDeleteTx(w, NATGW_TABLE))).catch(() => undefined);
-    const outcome = new Map(
-      unique.map((w, i): [string, WitnessOutcome] => {
-        const seen = errors ? hitOutcome(errors[i]) : 'unreadable';
-        if (seen === 'hit' || seen === 'unreadable') return [witnessId(w), seen];
-        return [witnessId(w), trusted.get(witnessId(w)) ? 'no-hits' : 'untrusted'];
-      }),
-    );
-    return items.map((w) => outcome.get(witnessId(w)) ?? 'unreadable');
+    const trusted = items.filter((w) => this.trust.take(w));
+    const asked = new Set(trusted.map(witnessId));
+    const text = trusted.length > 0 ? await this.nft.listSets?.(NATGW_TABLE, hitSetsOf(trusted)).catch(() => undefined) : undefined;
+    const hits = text === undefined ? undefined : hitsInListing(text);
+    const hit = trusted.filter((w) => hits?.has(witnessId(w)));
+    if (hit.length > 0) {
+      await this.nft.run(hitDeletesTx(hit, NATGW_TABLE), { partial: true }).catch((e: unknown) => {
+        this.log?.warn({ err: e }, 'hit witnesses: a hit element stays until the next full sync');
+      });
+    }
+    return items.map((w): WitnessOutcome => {
+      const id = witnessId(w);
+      if (!asked.has(id)) return 'untrusted';
+      if (hits === undefined) return 'unreadable';
+      return hits.has(id) ? 'hit' : 'no-hits';
+    });
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
@@ -154,7 +160,8 @@ export class NftBackend implements NetfilterBackend {
     if (opts.dryRun) return textPlan(planned);
     this.trust.full(kernel, planned.changes);
     let appended = extra !== undefined;
-    const tx = NftTransaction.concat(planned.tx, extra);
+    // The hits read back go first (witness.ts): valid whatever the plan does to their table after.
+    const tx = NftTransaction.concat(hitCleanupTx(kernel, NATGW_TABLE), planned.tx, extra);
     if (tx.isEmpty) {
       this.view = viewOf(want);
       return extra ? { ...textPlan(planned), appended } : textPlan(planned);
@@ -169,9 +176,11 @@ export class NftBackend implements NetfilterBackend {
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
       this.trust.clear();
-      planned = planNatgw(want, await this.kernel());
+      const again = await this.kernel();
+      planned = planNatgw(want, again);
       appended = false;
-      if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
+      const retry = NftTransaction.concat(hitCleanupTx(again, NATGW_TABLE), planned.tx);
+      if (!retry.isEmpty) await this.nft.run(retry);
     }
     this.view = viewOf(want);
     const plan = textPlan(planned);

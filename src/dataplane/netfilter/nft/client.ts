@@ -9,7 +9,7 @@ import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js'
 import { parseTableListing } from './readback.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
-import { errorsByLine } from './witness.js';
+import { listingsDone, type HitSetRef } from './witness.js';
 
 export interface NftClient {
   /** Whether nftables answers here at all (knftables' Present): the backend choice weighs it. */
@@ -23,11 +23,11 @@ export interface NftClient {
    */
   run(tx: NftTransaction | string, opts?: NftRunOptions): Promise<void>;
   /**
-   * Run one-line transactions each on its own (one refused does not stop the others) in one
-   * exchange with the nft session: each one's error line, undefined for those that succeeded.
-   * Undefined when no session answers (then nothing is known of them). The hit witnesses' read.
+   * `list set` of each set, in one exchange with the nft session (nft lists one set without
+   * caching the table's other elements): the text nft prints. Undefined when no session
+   * answers or a listing fails. The hit witnesses' read (witness.ts).
    */
-  runEach?(txs: readonly NftTransaction[]): Promise<Array<string | undefined> | undefined>;
+  listSets?(table: string, sets: readonly HitSetRef[]): Promise<string | undefined>;
 }
 
 export interface NftRunOptions {
@@ -59,6 +59,12 @@ const inSession = (tx: NftTransaction): boolean =>
       // A SNAT CIDR's own chain comes and goes with a command (snatLayout.ts): a bare name, no declaration block.
       (op.object === 'chain' && (op.verb !== 'add' || op.chain.base === undefined)),
   );
+
+const NAME = /^[A-Za-z0-9_]+$/;
+function plainName(n: string): string {
+  if (!NAME.test(n)) throw new TypeError(`nft: name ${JSON.stringify(n)} is not plain data`);
+  return n;
+}
 
 /** What ends each session request: a line nft cannot parse, so it answers on stderr, after the transaction. */
 const MARK = '@@natgw-done-';
@@ -108,14 +114,18 @@ export class SystemNftClient implements NftClient {
     if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
   }
 
-  async runEach(txs: readonly NftTransaction[]): Promise<Array<string | undefined> | undefined> {
+  async listSets(table: string, sets: readonly HitSetRef[]): Promise<string | undefined> {
     const session = this.session;
-    if (!session || txs.length === 0) return undefined;
-    const lines = txs.map((tx) => tx.text().trimEnd().split('\n').join('; '));
+    if (!session || sets.length === 0) return undefined;
+    const lines = sets.map((s) => `list set ${s.family} ${plainName(table)} ${plainName(s.set)}`);
     const mark = `${MARK}${++marks}`;
-    const r = await session.exchange(`${lines.join('\n')}\n${mark}\n`, `${mark}\n`);
-    if (r.died) return undefined;
-    return errorsByLine(lines, ownStderr(r.stderr));
+    const failed = (stderr: string): boolean => /\bError\b/.test(ownStderr(stderr));
+    // The listing goes to stdout, the marker's error to stderr: wait for both (or for a failure).
+    const r = await session.exchange(`${lines.join('\n')}\n${mark}\n`, `${mark}\n`, undefined, {
+      stdoutDone: (out, err) => failed(err) || listingsDone(out, sets.length),
+    });
+    if (r.died || failed(r.stderr) || r.stdout === undefined) return undefined;
+    return r.stdout;
   }
 
   /**

@@ -255,10 +255,10 @@ export interface SetSpec {
   /** The same elements in the same order, as a new set's transaction writes them. */
   readonly list: readonly NftElement[];
   /**
-   * A hit set (witness.ts): its elements are the packet path's, keys of the map named here. It
-   * is created empty; a sync only deletes elements whose key left that map.
+   * A hit set (witness.ts): its elements are the packet path's. It is created empty and its
+   * elements are never diffed (the nft backend clears them at a full sync, witness.ts).
    */
-  readonly hitsOf?: string;
+  readonly hits?: true;
 }
 
 /**
@@ -426,8 +426,8 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
 function hitSets(addr: string): SetSpec[] {
   const decl = { kind: 'set', dynamic: true, size: HIT_SIZE } as const;
   return [
-    setOf({ ...decl, name: HIT.dnat, type: `${addr} . inet_proto . inet_service`, hitsOf: SET.portDnat }, []),
-    setOf({ ...decl, name: HIT.fip, type: addr, hitsOf: SET.fipDnat }, []),
+    setOf({ ...decl, name: HIT.dnat, type: `${addr} . inet_proto . inet_service`, hits: true }, []),
+    setOf({ ...decl, name: HIT.fip, type: addr, hits: true }, []),
   ];
 }
 
@@ -676,13 +676,6 @@ function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): v
   addElements(sc, fam, spec, missing);
 }
 
-/** A hit set keeps what the packet path put there for keys still mapped; the rest was a deleted mapping's. */
-function diffHits(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump, of: SetSpec | undefined): void {
-  const stale = have.elements.filter((e) => !of?.elements.has(e.key)).map((e) => e.key);
-  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, stale);
-  sc.changes += stale.length;
-}
-
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
   if (spec === null) {
     if (have !== null) {
@@ -705,14 +698,8 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
   const t = natgwTable(fam);
   for (const s of spec.sets) {
     const h = have.sets.get(s.name);
-    if (h && s.hitsOf !== undefined) {
-      diffHits(
-        sc,
-        fam,
-        s,
-        h,
-        spec.sets.find((m) => m.name === s.hitsOf),
-      );
+    if (h && s.hits) {
+      // The packet path's elements: none to add, and none to repair.
     } else if (h) {
       diffSet(sc, fam, s, h);
     } else {

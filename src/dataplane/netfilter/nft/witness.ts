@@ -13,14 +13,19 @@
  * leave the key of every new connection that a port_dnat or fip_dnat element exists for (NAT
  * chains see a connection's first packet only) — whichever of natgw's rules then translates it.
  * On a delete, the partial sync's transaction removes the map element (nothing translates by
- * it from then on, and nothing adds its key any more); then, in the flush step, one
- * transaction per key deletes the hit element: it succeeds when a connection came, and fails
- * with ENOENT when none did. Nothing is read between the delete and the decision, so no
- * connection can slip in unseen: a packet still evaluating the old ruleset generation when the
- * delete commits matched the witness rule before the map rule in the same evaluation, so its
- * key is in the set by then. (Per-element counters read with `nft get element` would be the
- * obvious witness, but nft 1.0.6 fills its cache with every element of the table first: 0.1–0.2 s
- * at 20,000 elements; a delete by key costs what any element change costs.)
+ * it from then on, and nothing adds its key any more); only then, in the flush step, are the
+ * hit sets listed (`list set`, through the nft session: a fraction of a millisecond). The read
+ * comes after the delete, so no connection can slip in unseen: a packet still evaluating the
+ * old ruleset generation when the delete commits matched the witness rule before the map rule
+ * in the same evaluation, so its key is in the set by then. A key found there is deleted from
+ * the set again (it is there, so the delete cannot be refused). A full sync clears the hit
+ * sets and stops trusting the keys it found in them (they need their flush anyway), so the
+ * sets hold only hits since the last full sync and their listing stays small.
+ *
+ * Rejected: per-element counters read with `nft get element` (nft 1.0.6 first fills its cache
+ * with every element of the table: 0.1–0.2 s at 20,000 elements); learning a key's presence from
+ * whether deleting it is refused (the kernel's abort of a refused batch waits for an RCU grace
+ * period, ~10 ms, as long as the conntrack walk it would save).
  *
  * What a missing hit element proves, and only then is the flush skipped (`flushable`):
  *   - the element was created by this process, in a partial sync after the last full apply
@@ -41,7 +46,7 @@ import { canonicalIp, familyOfValid } from '../../../model/net.js';
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { refDiff } from '../../../state/refDiff.js';
 import type { NatTables, WitnessItem } from '../backend.js';
-import { NftTransaction, type NftTableRef } from './transaction.js';
+import { NftTransaction } from './transaction.js';
 import type { NatgwKernel, NftFamily } from './types.js';
 
 /** The hit sets (render.ts declares them, `add @…` in prerouting fills them). */
@@ -97,33 +102,68 @@ export function witnessFor(f: FlushFilter, before: WitnessObjects, after: Witnes
   return { family: famOf(dst), kind: 'fip', key: dst };
 }
 
-/** PURE: the transaction deleting one hit element (its line is matched in nft's answer). */
-export function hitDeleteTx(w: WitnessItem, table: string): NftTransaction {
-  const t: NftTableRef = { family: w.family, name: table };
-  return new NftTransaction().deleteElements(t, HIT[w.kind], [w.key]);
+/** A hit set to list: the sets of the families and kinds among `items`. */
+export interface HitSetRef {
+  readonly family: NftFamily;
+  readonly set: string;
 }
 
-/** nft's answer to deleting an element that is not there (the kernel's ENOENT; a missing set is nft's own, worded otherwise). */
-const ABSENT = 'Error: Could not process rule: No such file or directory';
-
-/** PURE: a hit element delete's error text (undefined: it succeeded) → what it witnessed. */
-export function hitOutcome(error: string | undefined): 'hit' | 'absent' | 'unreadable' {
-  if (error === undefined) return 'hit';
-  return error.trim() === ABSENT ? 'absent' : 'unreadable';
+export function hitSetsOf(items: readonly WitnessItem[]): HitSetRef[] {
+  const refs = new Map(items.map((w) => [`${w.family} ${w.kind}`, { family: w.family, set: HIT[w.kind] }] as const));
+  return [...refs.values()];
 }
 
 /**
- * PURE: nft -i's stderr for several one-line transactions → each one's error line, undefined
- * for those that succeeded. nft writes `Error: …`, then the offending input line, then a caret line.
+ * PURE: `list set` output (nft's text, one `table <family> <name> { set <name> { … } }` block
+ * per set) → the witness ids of the hits in it. Addresses are compared canonical.
  */
-export function errorsByLine(lines: readonly string[], stderr: string): Array<string | undefined> {
-  const out = stderr.split('\n');
-  const byLine = new Map<string, string>();
-  for (let i = 0; i + 1 < out.length; i++) {
-    const e = out[i] as string;
-    if (e.startsWith('Error:') && !byLine.has(out[i + 1] as string)) byLine.set(out[i + 1] as string, e);
+export function hitsInListing(text: string): Set<string> {
+  const ids = new Set<string>();
+  for (const block of text.split(/^table /m).slice(1)) {
+    const family = /^(ip6?) /.exec(block)?.[1] as NftFamily | undefined;
+    const set = /^\s*set (\w+) \{/m.exec(block)?.[1];
+    const kind = set === HIT.dnat ? 'dnat' : set === HIT.fip ? 'fip' : undefined;
+    const elements = /elements = \{([^}]*)\}/.exec(block)?.[1];
+    if (!family || !kind || elements === undefined) continue;
+    for (const raw of elements.split(',')) {
+      const parts = raw.trim().split(' . ');
+      if (parts[0] === undefined || parts[0] === '') continue;
+      const key = [canonicalIp(parts[0]), ...parts.slice(1)].join(' . ');
+      ids.add(witnessId({ family, kind, key }));
+    }
   }
-  return lines.map((l) => byLine.get(l));
+  return ids;
+}
+
+/** PURE: the `list set` output of `sets` listings is whole: one closing brace of a table per listing. */
+export const listingsDone = (stdout: string, sets: number): boolean => (stdout.match(/^}$/gm) ?? []).length >= sets;
+
+/** PURE: delete these hit elements (they were listed: only the packet path adds, so none can be refused). */
+export function hitDeletesTx(items: readonly WitnessItem[], table: string): NftTransaction {
+  const tx = new NftTransaction();
+  for (const ref of hitSetsOf(items)) {
+    const keys = items.filter((w) => w.family === ref.family && HIT[w.kind] === ref.set).map((w) => w.key);
+    tx.deleteElements({ family: ref.family, name: table }, ref.set, keys);
+  }
+  return tx;
+}
+
+/** The hits a full sync read back, as witness items. */
+function hitsOf(k: NatgwKernel): WitnessItem[] {
+  const out: WitnessItem[] = [];
+  for (const [family, t] of [['ip', k.ip] as const, ['ip6', k.ip6] as const]) {
+    for (const kind of ['dnat', 'fip'] as const) for (const e of t?.sets.get(HIT[kind])?.elements ?? []) out.push({ family, kind, key: e.key });
+  }
+  return out;
+}
+
+/**
+ * PURE: a full sync's first commands: every hit it read back goes (WitnessTrust.full stops
+ * trusting those keys), so that the sets hold only hits since, and their listing stays short.
+ */
+export function hitCleanupTx(k: NatgwKernel, table: string): NftTransaction {
+  const hits = hitsOf(k);
+  return hits.length === 0 ? new NftTransaction() : hitDeletesTx(hits, table);
 }
 
 /** Added and removed objects between two lists (by reference, as the partial sync compares them). */
@@ -188,6 +228,8 @@ export class WitnessTrust {
     const mark = hitFingerprint(kernel);
     if (changes > 0 || this.mark !== mark) this.keys.clear();
     this.mark = changes > 0 ? undefined : mark;
+    // Hit already: flushed at its delete whatever comes; its hit element goes with this sync.
+    for (const w of hitsOf(kernel)) this.keys.delete(witnessId(w));
   }
 
   /** Whether the key is trusted; it is forgotten either way (its mapping is gone). */
