@@ -20,7 +20,9 @@ import {
   witnessFor,
   type WitnessObjects,
 } from '../../src/dataplane/netfilter/nft/witness.js';
+import { Metrics } from '../../src/engine/metrics.js';
 import type { Dnat, Fip } from '../../src/model/rules.js';
+import { emptyState } from '../../src/state/state.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 
 const EIP = '172.20.0.10';
@@ -235,5 +237,18 @@ describe('the hit sets in the full render', () => {
     expect(hitCleanupTx(kernel, 'natgw').text()).toBe(
       `delete element ip natgw dnat_hit { ${EIP} . tcp . 80, ${EIP} . tcp . 99 }\ndelete element ip natgw fip_hit { 172.20.0.11, 172.20.0.99 }\n`,
     );
+  });
+});
+
+describe('natgw_conntrack_flushes_total', () => {
+  it('counts the flushes a change ran and those its witnesses skipped', async () => {
+    const m = new Metrics();
+    const report = { netfilterChanges: 1, shareDnatChanges: 0, linkChanges: 0, qosChanges: 0, script: '', notes: [] };
+    m.observeSync({ ok: true, kind: 'partial', ms: 1, report, state: emptyState('eth0', 'net1'), flushes: { ran: 1, skipped: 2 } });
+    m.observeSync({ ok: true, kind: 'partial', ms: 1, report, state: emptyState('eth0', 'net1'), flushes: { ran: 0, skipped: 1 } });
+    m.observeSync({ ok: true, kind: 'partial', ms: 1, report, state: emptyState('eth0', 'net1') });
+    const body = (await m.render()).body;
+    expect(body).toContain('natgw_conntrack_flushes_total{outcome="ran"} 1');
+    expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_hits"} 3');
   });
 });
