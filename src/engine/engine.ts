@@ -520,7 +520,9 @@ export class Engine {
     after: DesiredState,
     backend: NetfilterBackend,
   ): Promise<readonly ConntrackFilter[]> {
-    if (!backend.witness || flushes.length > WITNESS_MAX) return flushes;
+    // With a replica (conntrackd), flows translated by the peer are written into this kernel
+    // without passing its rules: no witness here saw them.
+    if (!backend.witness || flushes.length > WITNESS_MAX || this.config.ha?.peer !== undefined) return flushes;
     const items = flushes.map((f) => witnessFor(f, before, after));
     const asked = items.filter((w): w is WitnessItem => w !== undefined);
     if (asked.length === 0) {

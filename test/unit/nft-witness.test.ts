@@ -23,7 +23,9 @@ import {
 import { Metrics } from '../../src/engine/metrics.js';
 import type { Dnat, Fip } from '../../src/model/rules.js';
 import { emptyState } from '../../src/state/state.js';
+import * as Ops from '../../src/state/operations.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
+import { RecordingKernel } from '../helpers/recordingKernel.js';
 
 const EIP = '172.20.0.10';
 const d80: Dnat = { eip: EIP, port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 };
@@ -250,5 +252,31 @@ describe('natgw_conntrack_flushes_total', () => {
     const body = (await m.render()).body;
     expect(body).toContain('natgw_conntrack_flushes_total{outcome="ran"} 1');
     expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_hits"} 3');
+  });
+});
+
+describe('the engine asks the witnesses', () => {
+  const dnat = { eip: EIP, port: 8080, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 } as const;
+  async function deleteFresh(env: Record<string, string>): Promise<string[]> {
+    const k = new RecordingKernel();
+    try {
+      // A session that finds no hit (the fake kernel has no packet path).
+      Object.assign(k.nft, { listSets: async () => '' });
+      const engine = await k.initialised(env);
+      await engine.transact(({ state }) => Ops.addDnat(state, dnat));
+      k.calls.length = 0;
+      await engine.transact(({ state }) => Ops.delDnat(state, dnat));
+      return k.calls.filter((c) => c.startsWith('conntrack'));
+    } finally {
+      k.cleanup();
+    }
+  }
+
+  it('skips the flush of a DNAT it created that no connection hit', async () => {
+    expect(await deleteFresh({})).toEqual([]);
+  });
+
+  it('never with a replica: conntrackd writes the peer’s flows into this kernel past the witnesses', async () => {
+    expect(await deleteFresh({ NATGW_HA_PEERS: '10.9.9.9' })).toEqual([`conntrack -D --orig-dst ${EIP} -p tcp --orig-port-dst 8080`]);
   });
 });
