@@ -6,7 +6,8 @@ import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp, type PreparedSnapshot } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
-import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
+import type { NetfilterBackend, SyncMode, WitnessItem } from '../dataplane/netfilter/backend.js';
+import { WITNESS_MAX, witnessFor } from '../dataplane/netfilter/nft/witness.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { LinkManager } from '../dataplane/link.js';
@@ -46,9 +47,22 @@ export interface ApplyReport {
   readonly notes: readonly string[];
 }
 
+/** A change's conntrack flushes: run, and skipped because their hit witness proved no translated flow. */
+export interface FlushCount {
+  readonly ran: number;
+  readonly skipped: number;
+}
+
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
 export type SyncEvent =
-  | { readonly ok: true; readonly kind: SyncMode; readonly ms: number; readonly report: ApplyReport; readonly state: DesiredState }
+  | {
+      readonly ok: true;
+      readonly kind: SyncMode;
+      readonly ms: number;
+      readonly report: ApplyReport;
+      readonly state: DesiredState;
+      readonly flushes?: FlushCount;
+    }
   | { readonly ok: false; readonly kind: SyncMode; readonly ms: number; readonly error: unknown };
 
 /** Who hears about every apply. */
@@ -298,7 +312,7 @@ export class Engine {
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
       let report: ApplyReport;
-      let flushing: Promise<unknown> | undefined;
+      let flushing: Promise<FlushCount | undefined> | undefined;
       // A whole new snapshot (a bulk change) is prepared while the kernel applies (serialised
       // once the kernel tool runs, the next turn, not before the render) and put in place only
       // once the kernel took the change; a refused change's snapshot is dropped.
@@ -327,7 +341,7 @@ export class Engine {
         if (!opts.dryRun) {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
-          flushing = this.flushConntrack(effects);
+          flushing = this.flushConntrack(effects, state, next, backend);
           try {
             await (prepared ? (await prepared).publish() : this.store.commit(state, next));
           } catch (e) {
@@ -359,7 +373,10 @@ export class Engine {
         this.lastApplied = next;
         this.generation++;
         this.rulesetCache?.afterApply(next, choice);
-        this.syncListeners.emit({ ok: true, kind, ms: performance.now() - started, report, state: next });
+        const ms = performance.now() - started;
+        // The answer waits for the flush anyway; its listeners hear how it went.
+        const flushes = await flushing;
+        this.syncListeners.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
         // Full syncs are rare and say why the kernel was read back; partial ones are every command.
         const line = {
           kind,
@@ -369,7 +386,6 @@ export class Engine {
         if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
         else this.log.debug(line, 'partial sync');
         announce = () => this.announce(next, effects);
-        await flushing;
       }
       return { state: next, report, effects };
     });
@@ -475,15 +491,53 @@ export class Engine {
    * Conntrack flushes are the Conntrack part's (a batch may carry thousands). Never rejects: it
    * runs beside the commit, and the change is applied whatever the flush's outcome.
    */
-  private async flushConntrack(effects: readonly Effect[]): Promise<void> {
+  private async flushConntrack(
+    effects: readonly Effect[],
+    before: DesiredState,
+    after: DesiredState,
+    backend: NetfilterBackend,
+  ): Promise<FlushCount | undefined> {
     const flushes: ConntrackFilter[] = [];
     for (const e of effects) if (e.kind === 'conntrack-flush') flushes.push(e);
-    if (flushes.length === 0) return;
+    if (flushes.length === 0) return undefined;
+    // A witness that cannot answer leaves every flush owed.
+    const todo = await this.witnessed(flushes, before, after, backend).catch((e: unknown) => {
+      this.log.warn({ err: e }, 'hit witnesses unreadable: every flush runs');
+      return flushes;
+    });
     try {
-      await this.conntrack.flushAll(flushes);
+      await this.conntrack.flushAll(todo);
     } catch (e) {
       this.log.error({ err: e }, 'conntrack flush failed: connections may keep the old translation');
     }
+    return { ran: todo.length, skipped: flushes.length - todo.length };
+  }
+
+  /** The flushes still owed once the backend's hit witnesses answered (nft/witness.ts); all of them without witnesses. */
+  private async witnessed(
+    flushes: readonly ConntrackFilter[],
+    before: DesiredState,
+    after: DesiredState,
+    backend: NetfilterBackend,
+  ): Promise<readonly ConntrackFilter[]> {
+    // With a replica (conntrackd), flows translated by the peer are written into this kernel
+    // without passing its rules: no witness here saw them.
+    if (!backend.witness || flushes.length > WITNESS_MAX || this.config.ha?.peer !== undefined) return flushes;
+    const items = flushes.map((f) => witnessFor(f, before, after));
+    const asked = items.filter((w): w is WitnessItem => w !== undefined);
+    if (asked.length === 0) {
+      this.log.debug({ flushes: flushes.length }, 'conntrack flush: no witness answers for these (port range, share DNAT, or a shared address)');
+      return flushes;
+    }
+    const answers = await backend.witness(asked);
+    const said = new Map(asked.map((w, i) => [w, answers[i] ?? 'unreadable'] as const));
+    return flushes.filter((f, i) => {
+      const w = items[i];
+      const outcome = w ? said.get(w) : undefined;
+      if (outcome === 'no-hits') this.log.debug({ filter: f }, 'conntrack flush skipped: the mapping never translated a connection (hit witness)');
+      else this.log.debug({ filter: f, witness: outcome ?? 'none' }, 'conntrack flush runs');
+      return outcome !== 'no-hits';
+    });
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

@@ -19,6 +19,7 @@ export class Metrics {
   readonly driftRepairs: Counter;
   readonly ready: Gauge;
   readonly startReplays: Counter<'path'>;
+  readonly conntrackFlushes: Counter<'outcome'>;
 
   constructor(opts: { processMetrics?: boolean; eipTraffic?: () => Promise<readonly EipTraffic[]> } = {}) {
     const registers = [this.registry];
@@ -70,6 +71,13 @@ export class Metrics {
       labelNames: ['path'],
       registers,
     });
+    this.conntrackFlushes = new Counter({
+      name: 'natgw_conntrack_flushes_total',
+      help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_hits" (the mapping\'s hit witness proved it never translated a connection)',
+      labelNames: ['outcome'],
+      registers,
+    });
+    for (const outcome of ['ran', 'skipped_no_hits']) this.conntrackFlushes.inc({ outcome }, 0);
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);
@@ -82,6 +90,10 @@ export class Metrics {
     if (e.ok) {
       this.syncs.inc({ kind: e.kind, outcome: 'success' });
       this.setObjects(e.state);
+      if (e.flushes) {
+        this.conntrackFlushes.inc({ outcome: 'ran' }, e.flushes.ran);
+        this.conntrackFlushes.inc({ outcome: 'skipped_no_hits' }, e.flushes.skipped);
+      }
     } else {
       this.syncs.inc({ kind: e.kind, outcome: 'failure' });
       this.syncFailures.inc();

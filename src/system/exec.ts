@@ -99,6 +99,16 @@ export interface SessionReply {
   readonly timedOut: boolean;
   /** The process ended (or never started) before the marker came: it is replaced next time. */
   readonly died: boolean;
+  /** What it wrote on stdout during the exchange; only when the request asked for it (SessionOptions.stdoutDone). */
+  readonly stdout?: string;
+}
+
+export interface SessionOptions {
+  /**
+   * The request writes on stdout (a listing): the answer waits until this holds for what came
+   * so far (given the stderr before the marker), since the two pipes are read independently.
+   */
+  readonly stdoutDone?: (stdout: string, stderr: string) => boolean;
 }
 
 /**
@@ -108,7 +118,7 @@ export interface SessionReply {
  * period after every delete (README: The nft session).
  */
 export interface ToolSession {
-  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply>;
+  exchange(input: string, marker: string, timeoutMs?: number, opts?: SessionOptions): Promise<SessionReply>;
   /** End the process (stdin closed; killed if it does not go); the next exchange starts a new one. */
   recycle(): void;
 }
@@ -458,6 +468,8 @@ function runProcess(req: ExecRequest, limit: number, late?: Promise<string | und
 class ProcessSession implements ToolSession {
   private child: ChildProcess | undefined;
   private err = '';
+  /** stdout of the current exchange (only listings write there). */
+  private out = '';
   private exited = false;
   private exchanges = 0;
   private queue: Promise<unknown> = Promise.resolve();
@@ -471,8 +483,8 @@ class ProcessSession implements ToolSession {
     private readonly log?: Logger,
   ) {}
 
-  exchange(input: string, marker: string, timeoutMs?: number): Promise<SessionReply> {
-    const run = this.queue.then(() => this.once(input, marker, Math.min(timeoutMs ?? this.deadlineMs, this.deadlineMs)));
+  exchange(input: string, marker: string, timeoutMs?: number, opts: SessionOptions = {}): Promise<SessionReply> {
+    const run = this.queue.then(() => this.once(input, marker, Math.min(timeoutMs ?? this.deadlineMs, this.deadlineMs), opts.stdoutDone));
     this.queue = run.catch(() => undefined);
     return run;
   }
@@ -495,8 +507,16 @@ class ProcessSession implements ToolSession {
     this.exited = false;
     this.err = '';
     // HOME without a history file, TERM without a terminal description: an interactive tool then reads and writes nothing of its own.
-    const child = spawn(this.file, [...this.args], { env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' }, stdio: ['pipe', 'ignore', 'pipe'] });
+    const child = spawn(this.file, [...this.args], { env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' }, stdio: ['pipe', 'pipe', 'pipe'] });
     const command = [this.file, ...this.args].join(' ');
+    this.out = '';
+    child.stdout?.setEncoding('utf8');
+    child.stdout?.on('data', (d: string) => {
+      if (this.child !== child) return;
+      this.out += d;
+      if (this.out.length > MAX_OUTPUT_BYTES) child.kill('SIGKILL');
+      this.wake?.();
+    });
     child.stderr?.setEncoding('utf8');
     child.stderr?.on('data', (d: string) => {
       if (this.child !== child) return;
@@ -523,15 +543,18 @@ class ProcessSession implements ToolSession {
     child.unref();
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     (child.stderr as unknown as { unref?: () => void } | null)?.unref?.();
+    (child.stdout as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
     return child;
   }
 
-  private async once(input: string, marker: string, limit: number): Promise<SessionReply> {
+  private async once(input: string, marker: string, limit: number, stdoutDone?: SessionOptions['stdoutDone']): Promise<SessionReply> {
     if (this.exchanges >= RECYCLE_AFTER) this.recycle();
     const child = this.child && !this.exited ? this.child : this.start();
     this.exchanges++;
     this.err = '';
+    this.out = '';
+    let answered: string | undefined;
     child.stdin?.write(input);
     let timedOut = false;
     const timer = setTimeout(() => {
@@ -540,14 +563,18 @@ class ProcessSession implements ToolSession {
     }, limit);
     try {
       for (;;) {
-        const at = this.err.indexOf(marker);
+        const at = answered === undefined ? this.err.indexOf(marker) : -1;
         if (at >= 0) {
-          const stderr = this.err.slice(0, at);
+          answered = this.err.slice(0, at);
           this.err = this.err.slice(at + marker.length);
-          return { stderr, timedOut: false, died: false };
+        }
+        if (answered !== undefined && (!stdoutDone || stdoutDone(this.out, answered))) {
+          const stdout = this.out;
+          this.out = '';
+          return { stderr: answered, timedOut: false, died: false, ...(stdoutDone ? { stdout } : {}) };
         }
         if (this.exited || timedOut) {
-          const stderr = this.err;
+          const stderr = answered ?? this.err;
           if (timedOut) child.kill('SIGKILL');
           this.recycle();
           return { stderr, timedOut, died: true };

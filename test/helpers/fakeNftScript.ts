@@ -78,9 +78,9 @@ function parseLine(tx: NftTransaction, line: string): void {
       else tx.deleteChain(t, name);
       return;
     case 'add set': {
-      const m = /^\{ type ([a-z0-9_ .]+);( counter;)? \}$/.exec(rest);
+      const m = /^\{ type ([a-z0-9_ .]+);(?: size (\d+);)?( flags dynamic;)?( counter;)? \}$/.exec(rest);
       if (!name || !m?.[1]) break;
-      tx.addSet(t, { name, type: m[1], ...(m[2] ? { counter: true } : {}) });
+      tx.addSet(t, { name, type: m[1], ...(m[2] ? { size: Number(m[2]) } : {}), ...(m[3] ? { dynamic: true } : {}), ...(m[4] ? { counter: true } : {}) });
       return;
     }
     case 'add map': {

@@ -114,7 +114,7 @@ function expectNatgwNft(nft: FakeNftClient): void {
     ['snat_10_0_1_0_24', undefined],
   ]);
   expect(rules(t, 'vpc_mark')).toEqual([JSON.stringify({ kind: 'vpc-mark', vpcIf: 'eth0' })]);
-  expect(rules(t, 'prerouting')).toEqual([JSON.stringify({ kind: 'fip-dnat' }), JSON.stringify({ kind: 'port-dnat' })]);
+  expect(rules(t, 'prerouting')).toEqual(['dnat-witness', 'fip-witness', 'fip-dnat', 'port-dnat'].map((kind) => JSON.stringify({ kind })));
   expect(rules(t, 'postrouting')).toEqual([
     JSON.stringify({ kind: 'fip-snat' }),
     JSON.stringify({ kind: 'snat-jump', extIf: 'net1' }),

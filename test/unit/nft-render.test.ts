@@ -117,12 +117,32 @@ const REAL_IP = JSON.stringify({
       },
     },
     {
+      set: {
+        family: 'ip',
+        name: 'dnat_hit',
+        table: 'natgw',
+        type: ['ipv4_addr', 'inet_proto', 'inet_service'],
+        handle: 5,
+        size: 1048576,
+      },
+    },
+    {
+      set: {
+        family: 'ip',
+        name: 'fip_hit',
+        table: 'natgw',
+        type: 'ipv4_addr',
+        handle: 6,
+        size: 1048576,
+      },
+    },
+    {
       map: {
         family: 'ip',
         name: 'snat_len_32',
         table: 'natgw',
         type: 'ipv4_addr',
-        handle: 5,
+        handle: 7,
         map: 'verdict',
         elem: [
           [
@@ -142,7 +162,7 @@ const REAL_IP = JSON.stringify({
         name: 'snat_len_24',
         table: 'natgw',
         type: 'ipv4_addr',
-        handle: 6,
+        handle: 8,
         map: 'verdict',
         elem: [
           [
@@ -162,7 +182,7 @@ const REAL_IP = JSON.stringify({
         name: 'snat_len_0',
         table: 'natgw',
         type: 'ipv4_addr',
-        handle: 7,
+        handle: 9,
         map: 'verdict',
         elem: [
           [
@@ -181,7 +201,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         name: 'vpc_mark',
-        handle: 8,
+        handle: 10,
         type: 'filter',
         hook: 'prerouting',
         prio: -150,
@@ -193,7 +213,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         name: 'prerouting',
-        handle: 9,
+        handle: 11,
         type: 'nat',
         hook: 'prerouting',
         prio: -100,
@@ -205,7 +225,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         name: 'postrouting',
-        handle: 10,
+        handle: 12,
         type: 'nat',
         hook: 'postrouting',
         prio: 100,
@@ -217,22 +237,6 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         name: 'shared_snat',
-        handle: 11,
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'snat_10_0_1_6_32',
-        handle: 12,
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'snat_10_0_1_0_24',
         handle: 13,
       },
     },
@@ -240,8 +244,24 @@ const REAL_IP = JSON.stringify({
       chain: {
         family: 'ip',
         table: 'natgw',
-        name: 'snat_0_0_0_0_0',
+        name: 'snat_10_0_1_6_32',
         handle: 14,
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'snat_10_0_1_0_24',
+        handle: 15,
+      },
+    },
+    {
+      chain: {
+        family: 'ip',
+        table: 'natgw',
+        name: 'snat_0_0_0_0_0',
+        handle: 16,
       },
     },
     {
@@ -249,7 +269,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'vpc_mark',
-        handle: 15,
+        handle: 17,
         expr: [
           {
             match: {
@@ -289,7 +309,118 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 16,
+        handle: 19,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'l4proto',
+                },
+              },
+              right: {
+                set: ['tcp', 'udp'],
+              },
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                concat: [
+                  {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'daddr',
+                    },
+                  },
+                  {
+                    meta: {
+                      key: 'l4proto',
+                    },
+                  },
+                  {
+                    payload: {
+                      protocol: 'th',
+                      field: 'dport',
+                    },
+                  },
+                ],
+              },
+              right: '@port_dnat',
+            },
+          },
+          {
+            set: {
+              op: 'add',
+              elem: {
+                concat: [
+                  {
+                    payload: {
+                      protocol: 'ip',
+                      field: 'daddr',
+                    },
+                  },
+                  {
+                    meta: {
+                      key: 'l4proto',
+                    },
+                  },
+                  {
+                    payload: {
+                      protocol: 'th',
+                      field: 'dport',
+                    },
+                  },
+                ],
+              },
+              set: '@dnat_hit',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 20,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'daddr',
+                },
+              },
+              right: '@fip_dnat',
+            },
+          },
+          {
+            set: {
+              op: 'add',
+              elem: {
+                payload: {
+                  protocol: 'ip',
+                  field: 'daddr',
+                },
+              },
+              set: '@fip_hit',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 21,
         expr: [
           {
             dnat: {
@@ -314,7 +445,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 18,
+        handle: 23,
         expr: [
           {
             match: {
@@ -368,7 +499,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 19,
+        handle: 24,
         expr: [
           {
             snat: {
@@ -393,7 +524,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 20,
+        handle: 25,
         expr: [
           {
             match: {
@@ -419,7 +550,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 21,
+        handle: 26,
         expr: [
           {
             match: {
@@ -490,7 +621,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 22,
+        handle: 27,
         expr: [
           {
             vmap: {
@@ -511,7 +642,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 23,
+        handle: 28,
         expr: [
           {
             vmap: {
@@ -537,7 +668,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 24,
+        handle: 29,
         expr: [
           {
             vmap: {
@@ -563,7 +694,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'snat_10_0_1_6_32',
-        handle: 25,
+        handle: 30,
         expr: [
           {
             match: {
@@ -591,7 +722,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'snat_10_0_1_0_24',
-        handle: 26,
+        handle: 31,
         expr: [
           {
             match: {
@@ -623,7 +754,7 @@ const REAL_IP = JSON.stringify({
         family: 'ip',
         table: 'natgw',
         chain: 'snat_0_0_0_0_0',
-        handle: 27,
+        handle: 32,
         expr: [
           {
             match: {
@@ -721,12 +852,32 @@ const REAL_IP6 = JSON.stringify({
       },
     },
     {
+      set: {
+        family: 'ip6',
+        name: 'dnat_hit',
+        table: 'natgw',
+        type: ['ipv6_addr', 'inet_proto', 'inet_service'],
+        handle: 5,
+        size: 1048576,
+      },
+    },
+    {
+      set: {
+        family: 'ip6',
+        name: 'fip_hit',
+        table: 'natgw',
+        type: 'ipv6_addr',
+        handle: 6,
+        size: 1048576,
+      },
+    },
+    {
       map: {
         family: 'ip6',
         name: 'snat_len_64',
         table: 'natgw',
         type: 'ipv6_addr',
-        handle: 5,
+        handle: 7,
         map: 'verdict',
         elem: [
           [
@@ -745,7 +896,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         name: 'vpc_mark',
-        handle: 6,
+        handle: 8,
         type: 'filter',
         hook: 'prerouting',
         prio: -150,
@@ -757,7 +908,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         name: 'prerouting',
-        handle: 7,
+        handle: 9,
         type: 'nat',
         hook: 'prerouting',
         prio: -100,
@@ -769,7 +920,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         name: 'postrouting',
-        handle: 8,
+        handle: 10,
         type: 'nat',
         hook: 'postrouting',
         prio: 100,
@@ -781,7 +932,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         name: 'shared_snat',
-        handle: 9,
+        handle: 11,
       },
     },
     {
@@ -789,7 +940,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         name: 'snat_fd00_1___64',
-        handle: 10,
+        handle: 12,
       },
     },
     {
@@ -797,7 +948,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'vpc_mark',
-        handle: 11,
+        handle: 13,
         expr: [
           {
             match: {
@@ -837,7 +988,118 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 12,
+        handle: 15,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                meta: {
+                  key: 'l4proto',
+                },
+              },
+              right: {
+                set: ['tcp', 'udp'],
+              },
+            },
+          },
+          {
+            match: {
+              op: '==',
+              left: {
+                concat: [
+                  {
+                    payload: {
+                      protocol: 'ip6',
+                      field: 'daddr',
+                    },
+                  },
+                  {
+                    meta: {
+                      key: 'l4proto',
+                    },
+                  },
+                  {
+                    payload: {
+                      protocol: 'th',
+                      field: 'dport',
+                    },
+                  },
+                ],
+              },
+              right: '@port_dnat',
+            },
+          },
+          {
+            set: {
+              op: 'add',
+              elem: {
+                concat: [
+                  {
+                    payload: {
+                      protocol: 'ip6',
+                      field: 'daddr',
+                    },
+                  },
+                  {
+                    meta: {
+                      key: 'l4proto',
+                    },
+                  },
+                  {
+                    payload: {
+                      protocol: 'th',
+                      field: 'dport',
+                    },
+                  },
+                ],
+              },
+              set: '@dnat_hit',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 16,
+        expr: [
+          {
+            match: {
+              op: '==',
+              left: {
+                payload: {
+                  protocol: 'ip6',
+                  field: 'daddr',
+                },
+              },
+              right: '@fip_dnat',
+            },
+          },
+          {
+            set: {
+              op: 'add',
+              elem: {
+                payload: {
+                  protocol: 'ip6',
+                  field: 'daddr',
+                },
+              },
+              set: '@fip_hit',
+            },
+          },
+        ],
+      },
+    },
+    {
+      rule: {
+        family: 'ip6',
+        table: 'natgw',
+        chain: 'prerouting',
+        handle: 17,
         expr: [
           {
             dnat: {
@@ -862,7 +1124,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'prerouting',
-        handle: 14,
+        handle: 19,
         expr: [
           {
             match: {
@@ -916,7 +1178,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 15,
+        handle: 20,
         expr: [
           {
             snat: {
@@ -941,7 +1203,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 16,
+        handle: 21,
         expr: [
           {
             match: {
@@ -967,7 +1229,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'postrouting',
-        handle: 17,
+        handle: 22,
         expr: [
           {
             match: {
@@ -1038,7 +1300,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'shared_snat',
-        handle: 18,
+        handle: 23,
         expr: [
           {
             vmap: {
@@ -1064,7 +1326,7 @@ const REAL_IP6 = JSON.stringify({
         family: 'ip6',
         table: 'natgw',
         chain: 'snat_fd00_1___64',
-        handle: 19,
+        handle: 24,
         expr: [
           {
             match: {
@@ -1098,7 +1360,7 @@ const REAL_IP6 = JSON.stringify({
  * Handles in REAL_IP: shared_snat's dispatch rules 22 (/32), 23 (/24), 24 (/0); the SNAT rules in
  * their CIDR chains 25 (10.0.1.6/32), 26 (10.0.1.0/24), 27 (0.0.0.0/0).
  */
-const H = { mark: 15, fipDnat: 16, portDnat: 18, fipSnat: 19, jump: 20, hairpin: 21, d32: 22, d24: 23, d0: 24, snat32: 25, snat24: 26, snat0: 27 } as const;
+const H = { mark: 17, fipDnat: 21, portDnat: 23, fipSnat: 24, jump: 25, hairpin: 26, d32: 27, d24: 28, d0: 29, snat32: 30, snat24: 31, snat0: 32 } as const;
 
 type Item = Record<string, Record<string, unknown>>;
 
@@ -1154,6 +1416,9 @@ describe('render from nothing', () => {
       script.filter((l) => l.startsWith(`add rule ip natgw ${chain} `)).map((l) => l.slice(`add rule ip natgw ${chain} `.length));
     expect(rulesOf('vpc_mark')).toEqual(['iifname "eth0" meta mark set meta mark | 0x1']);
     expect(rulesOf('prerouting')).toEqual([
+      // The hit witnesses first (witness.ts): they see every connection a DNAT rule will translate.
+      'meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { ip daddr . meta l4proto . th dport }',
+      'ip daddr @fip_dnat add @fip_hit { ip daddr }',
       'dnat ip to ip daddr map @fip_dnat',
       'meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
     ]);
@@ -1190,7 +1455,7 @@ describe('render from nothing', () => {
   it('renders the skeleton for an empty state (init)', () => {
     const s = lines(renderNatgw({ vpcIf: 'eth0', extIf: 'net1', eips: [], snats: [], dnats: [], fips: [] }, { ip: null, ip6: null }).script);
     expect(s.filter((l) => l.startsWith('add element'))).toEqual([]);
-    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(6);
+    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(8);
   });
 });
 
@@ -1386,7 +1651,7 @@ describe('repairs', () => {
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
-    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(12);
+    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(14);
     expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(7);
   });
 
@@ -1435,8 +1700,8 @@ describe('interface rename', () => {
     expect(lines(renderNatgw({ ...WANT, vpcIf: 'vpc0' }, kernel(REAL_IP)).script)).toEqual([
       `delete rule ip natgw vpc_mark handle ${H.mark}`,
       `delete rule ip natgw postrouting handle ${H.hairpin}`,
-      'delete rule ip6 natgw vpc_mark handle 11',
-      'delete rule ip6 natgw postrouting handle 17',
+      'delete rule ip6 natgw vpc_mark handle 13',
+      'delete rule ip6 natgw postrouting handle 22',
       'add rule ip natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
       'add rule ip natgw postrouting oifname "vpc0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
       'add rule ip6 natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
@@ -1448,9 +1713,9 @@ describe('interface rename', () => {
     const s = lines(renderNatgw({ ...WANT, extIf: 'ext0' }, kernel(REAL_IP)).script);
     expect(s).toEqual([
       `delete rule ip natgw postrouting handle ${H.jump}`,
-      'delete rule ip6 natgw postrouting handle 16',
+      'delete rule ip6 natgw postrouting handle 21',
       `insert rule ip natgw postrouting position ${H.hairpin} oifname "ext0" jump shared_snat`,
-      'insert rule ip6 natgw postrouting position 17 oifname "ext0" jump shared_snat',
+      'insert rule ip6 natgw postrouting position 22 oifname "ext0" jump shared_snat',
     ]);
     const t = natTablesFromKernel(kernel(REAL_IP));
     expect(t?.extIf).toBe('net1');

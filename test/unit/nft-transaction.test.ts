@@ -95,6 +95,8 @@ describe('FakeNftClient', () => {
     const dump = await nft.list('ip', 'natgw');
     expect([...dump!.chains.values()].flatMap((c) => c.rules.map((r) => recogniseRule(r.expr, 'ip')?.kind))).toEqual([
       'vpc-mark',
+      'dnat-witness',
+      'fip-witness',
       'fip-dnat',
       'port-dnat',
       'fip-snat',
@@ -104,13 +106,14 @@ describe('FakeNftClient', () => {
       'snat',
     ]);
     // Handles as the kernel numbers them: one counter per table; the port-DNAT rule's `{ tcp, udp }` takes one too.
-    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5]);
+    // (As a real kernel numbered the same table: test/unit/nft-render.test.ts's fixtures.)
+    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5, 6, 7]);
     expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([
-      [6, [11]],
-      [7, [12, 14]],
-      [8, [15, 16, 17]],
-      [9, [18]],
-      [10, [19]],
+      [8, [13]],
+      [9, [15, 16, 17, 19]],
+      [10, [20, 21, 22]],
+      [11, [23]],
+      [12, [24]],
     ]);
     expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();

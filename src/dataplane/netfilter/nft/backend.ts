@@ -12,6 +12,7 @@ import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type N
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
+import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';
@@ -71,9 +72,36 @@ export class NftBackend implements NetfilterBackend {
 
   /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
   private view: NftView | undefined;
+  /** The hit witnesses this process may trust (witness.ts); cleared whenever the view is. */
+  private readonly trust = new WitnessTrust();
 
   forget(): void {
     this.view = undefined;
+    this.trust.clear();
+  }
+
+  /**
+   * After the deletes of these mappings committed: what each one's hit witness says (the hit
+   * sets are read only now, witness.ts). Hits found go from the sets, so that a later mapping
+   * of the same key starts clean; an untrusted key's hit stays until the next full sync.
+   */
+  async witness(items: readonly WitnessItem[]): Promise<WitnessOutcome[]> {
+    const trusted = items.filter((w) => this.trust.take(w));
+    const asked = new Set(trusted.map(witnessId));
+    const text = trusted.length > 0 ? await this.nft.listSets?.(NATGW_TABLE, hitSetsOf(trusted)).catch(() => undefined) : undefined;
+    const hits = text === undefined ? undefined : hitsInListing(text);
+    const hit = trusted.filter((w) => hits?.has(witnessId(w)));
+    if (hit.length > 0) {
+      await this.nft.run(hitDeletesTx(hit, NATGW_TABLE), { partial: true }).catch((e: unknown) => {
+        this.log?.warn({ err: e }, 'hit witnesses: a hit element stays until the next full sync');
+      });
+    }
+    return items.map((w): WitnessOutcome => {
+      const id = witnessId(w);
+      if (!asked.has(id)) return 'untrusted';
+      if (hits === undefined) return 'unreadable';
+      return hits.has(id) ? 'hit' : 'no-hits';
+    });
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
@@ -91,10 +119,12 @@ export class NftBackend implements NetfilterBackend {
           await this.nft.run(tx, { partial: true });
         } catch (e) {
           this.view = undefined;
+          this.trust.clear();
           throw e;
         }
         // A partial plan never adds or drops a family's table (that needs a full sync).
         this.view = { tables: want, families: view.families };
+        this.trust.partial(view.tables, want);
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
         return extra ? { ...plan, appended: true } : plan;
       }
@@ -114,6 +144,8 @@ export class NftBackend implements NetfilterBackend {
     const extra = await opts.append;
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
+    // Tables created here may replace ones removed by hand, whose flows live on.
+    this.trust.clear();
     // run() has started the tool when it returns: the report's script (a megabyte joined) and
     // the view are made while the kernel applies, not after it.
     const applying = tx.isEmpty ? undefined : this.nft.run(tx);
@@ -131,8 +163,10 @@ export class NftBackend implements NetfilterBackend {
     const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
     let planned: NftTxPlan = planNatgw(want, kernel);
     if (opts.dryRun) return textPlan(planned);
+    this.trust.full(kernel, planned.changes);
     let appended = extra !== undefined;
-    const tx = NftTransaction.concat(planned.tx, extra);
+    // The hits read back go first (witness.ts): valid whatever the plan does to their table after.
+    const tx = NftTransaction.concat(hitCleanupTx(kernel, NATGW_TABLE), planned.tx, extra);
     if (tx.isEmpty) {
       this.view = viewOf(want);
       return extra ? { ...textPlan(planned), appended } : textPlan(planned);
@@ -146,9 +180,12 @@ export class NftBackend implements NetfilterBackend {
       // appended part (its owner then syncs it on its own).
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
-      planned = planNatgw(want, await this.kernel());
+      this.trust.clear();
+      const again = await this.kernel();
+      planned = planNatgw(want, again);
       appended = false;
-      if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
+      const retry = NftTransaction.concat(hitCleanupTx(again, NATGW_TABLE), planned.tx);
+      if (!retry.isEmpty) await this.nft.run(retry);
     }
     this.view = viewOf(want);
     const plan = textPlan(planned);
@@ -159,6 +196,7 @@ export class NftBackend implements NetfilterBackend {
 
   assumeApplied(want: NatTables): void {
     this.guardRead = undefined;
+    this.trust.clear();
     this.view = viewOf(want);
   }
 
@@ -174,6 +212,7 @@ export class NftBackend implements NetfilterBackend {
 
   async removeAll(): Promise<void> {
     this.view = undefined;
+    this.trust.clear();
     await this.nft.run(removeAllTx(await this.kernel()));
   }
 

@@ -156,6 +156,7 @@ export function parseTableListing(jsonText: string, family: string, name: string
   const sets = new Map<string, NftSetDump>();
   const ours = (o: Obj): boolean => o['family'] === family && o['table'] === name;
   const pendingRules: Array<{ chain: string; rule: NftRuleDump }> = [];
+  let handle: number | undefined;
 
   for (const item of items) {
     if (!isObj(item)) continue;
@@ -163,7 +164,10 @@ export function parseTableListing(jsonText: string, family: string, name: string
     const set = item['set'];
     const map = item['map'];
     const rule = item['rule'];
-    if (isObj(chain) && ours(chain)) {
+    const table = item['table'];
+    if (isObj(table) && table['family'] === family && table['name'] === name && typeof table['handle'] === 'number') {
+      handle = table['handle'];
+    } else if (isObj(chain) && ours(chain)) {
       const cname = chain['name'];
       if (typeof cname !== 'string') throw new NftParseError('chain without a name');
       const hook = chain['hook'];
@@ -196,7 +200,7 @@ export function parseTableListing(jsonText: string, family: string, name: string
     }
   }
   for (const { chain, rule } of pendingRules) chains.get(chain)?.rules.push(rule);
-  return { family, name, chains, sets };
+  return { family, name, ...(handle !== undefined ? { handle } : {}), chains, sets };
 }
 
 // ---------------------------------------------------------------------------------
@@ -283,7 +287,7 @@ function rangeDnatCandidate(expr: readonly unknown[]): NatgwRule | undefined {
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
-  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }];
+  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'dnat-witness' }, { kind: 'fip-witness' }];
   const ifname = ifnameAt(expr);
   if (ifname !== undefined) {
     candidates.push({ kind: 'vpc-mark', vpcIf: ifname }, { kind: 'snat-jump', extIf: ifname }, { kind: 'hairpin', vpcIf: ifname });

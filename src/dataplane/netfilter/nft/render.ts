@@ -9,7 +9,11 @@
  *   map port_dnat    { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service }
  *   set hairpin_eips { type ipv4_addr }
  *   chain vpc_mark    (filter prerouting, priority mangle)  iifname "<vpc>" meta mark set meta mark | 0x1
- *   chain prerouting  (nat prerouting, priority dstnat)     dnat ip to ip daddr map @fip_dnat
+ *   set dnat_hit      { type ipv4_addr . inet_proto . inet_service; flags dynamic }  filled by the packet path (witness.ts)
+ *   set fip_hit       { type ipv4_addr; flags dynamic }
+ *   chain prerouting  (nat prerouting, priority dstnat)     meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { … }
+ *                                                           ip daddr @fip_dnat add @fip_hit { ip daddr }
+ *                                                           dnat ip to ip daddr map @fip_dnat
  *                                                           meta l4proto { tcp, udp } dnat ip addr . port to … map @port_dnat
  *   chain postrouting (nat postrouting, priority srcnat)    snat ip to ip saddr map @fip_snat
  *                                                           oifname "<ext>" jump shared_snat
@@ -66,6 +70,7 @@ import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
+import { HIT, HIT_SIZE } from './witness.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -122,6 +127,12 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
       return `meta l4proto { tcp, udp } dnat ${fam} addr . port to ${fam} daddr . meta l4proto . th dport map @${SET.portDnat}`;
     case 'fip-snat':
       return `snat ${fam} to ${fam} saddr map @${SET.fipSnat}`;
+    case 'dnat-witness': {
+      const key = `${fam} daddr . meta l4proto . th dport`;
+      return `meta l4proto { tcp, udp } ${key} @${SET.portDnat} add @${HIT.dnat} { ${key} }`;
+    }
+    case 'fip-witness':
+      return `${fam} daddr @${SET.fipDnat} add @${HIT.fip} { ${fam} daddr }`;
     case 'snat-jump':
       return `oifname "${r.extIf}" jump ${CHAIN.sharedSnat}`;
     case 'hairpin':
@@ -173,6 +184,16 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       ];
     case 'fip-snat':
       return [{ snat: { addr: { map: { key: payload(fam, 'saddr'), data: `@${SET.fipSnat}` } } } }];
+    case 'dnat-witness': {
+      const key = { concat: [payload(fam, 'daddr'), meta('l4proto'), payload('th', 'dport')] };
+      return [
+        match('==', meta('l4proto'), { set: ['tcp', 'udp'] }),
+        match('==', key, `@${SET.portDnat}`),
+        { set: { op: 'add', elem: key, set: `@${HIT.dnat}` } },
+      ];
+    }
+    case 'fip-witness':
+      return [match('==', payload(fam, 'daddr'), `@${SET.fipDnat}`), { set: { op: 'add', elem: payload(fam, 'daddr'), set: `@${HIT.fip}` } }];
     case 'snat-jump':
       return [match('==', meta('oifname'), r.extIf), { jump: { target: CHAIN.sharedSnat } }];
     case 'hairpin':
@@ -227,10 +248,17 @@ export interface SetSpec {
   readonly kind: 'set' | 'map';
   readonly type: string;
   readonly map?: string;
+  readonly dynamic?: boolean;
+  readonly size?: number;
   /** key text → value text (undefined for a plain set), in insertion order. */
   readonly elements: ReadonlyMap<string, string | undefined>;
   /** The same elements in the same order, as a new set's transaction writes them. */
   readonly list: readonly NftElement[];
+  /**
+   * A hit set (witness.ts): its elements are the packet path's. It is created empty and its
+   * elements are never diffed (the nft backend clears them at a full sync, witness.ts).
+   */
+  readonly hits?: true;
 }
 
 /**
@@ -367,6 +395,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         { name: SET.hairpinEips, kind: 'set', type: addr },
         eips.map((key) => ({ key })),
       ),
+      ...hitSets(addr),
       ...snatObjects.maps.map(({ elements, ...decl }) =>
         setOf(
           decl,
@@ -383,7 +412,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.prerouting,
         base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
-        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
+        rules: [{ kind: 'dnat-witness' }, { kind: 'fip-witness' }, { kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
@@ -397,6 +426,15 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       ...snatObjects.chains,
     ],
   };
+}
+
+/** The witnesses' hit sets (witness.ts), empty as declared. */
+function hitSets(addr: string): SetSpec[] {
+  const decl = { kind: 'set', dynamic: true, size: HIT_SIZE } as const;
+  return [
+    setOf({ ...decl, name: HIT.dnat, type: `${addr} . inet_proto . inet_service`, hits: true }, []),
+    setOf({ ...decl, name: HIT.fip, type: addr, hits: true }, []),
+  ];
 }
 
 // ---------------------------------------------------------------------------------
@@ -442,7 +480,7 @@ function chainOf(c: ChainSpec): NftChainSpec {
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   if (s.kind === 'map') tx.addMap(t, { name: s.name, type: s.type, map: s.map ?? '' });
-  else tx.addSet(t, { name: s.name, type: s.type });
+  else tx.addSet(t, { name: s.name, type: s.type, ...(s.dynamic ? { dynamic: true } : {}), ...(s.size !== undefined ? { size: s.size } : {}) });
 }
 
 /** All of a set's elements (a new set), straight from its entries. */
@@ -666,7 +704,9 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
   const t = natgwTable(fam);
   for (const s of spec.sets) {
     const h = have.sets.get(s.name);
-    if (h) {
+    if (h && s.hits) {
+      // The packet path's elements: none to add, and none to repair.
+    } else if (h) {
       diffSet(sc, fam, s, h);
     } else {
       addSet(sc.create, t, s);

@@ -12,6 +12,9 @@ export type NatgwRule =
   | { readonly kind: 'fip-dnat' }
   | { readonly kind: 'port-dnat' }
   | { readonly kind: 'fip-snat' }
+  /** The hit witnesses (witness.ts): a new connection a DNAT or floating IP will translate leaves its key in a hit set. */
+  | { readonly kind: 'dnat-witness' }
+  | { readonly kind: 'fip-witness' }
   | { readonly kind: 'snat-jump'; readonly extIf: string }
   | { readonly kind: 'hairpin'; readonly vpcIf: string }
   | {
@@ -80,6 +83,8 @@ export interface NftSetDump {
 export interface NftTableDump {
   readonly family: string;
   readonly name: string;
+  /** The kernel's handle of the table (a new one each time it is created); absent where unknown. */
+  readonly handle?: number;
   /** In listing order. */
   readonly chains: ReadonlyMap<string, NftChainDump>;
   readonly sets: ReadonlyMap<string, NftSetDump>;
