@@ -45,7 +45,18 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({ config, exec, log, appliedRuleset: { boot: takeBootReplay(), onDecision: (path) => metrics.startReplays.inc({ path }) } });
+  const engine = new Engine({
+    config,
+    exec,
+    log,
+    appliedRuleset: {
+      boot: takeBootReplay(),
+      onDecision: (path) => {
+        metrics.startReplays.inc({ path });
+        if (path === 'trusted') hygiene.netfilterInKernel();
+      },
+    },
+  });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { Agent } from '../../src/daemon/agent.js';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
 import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
+import type { ExecResult } from '../../src/system/exec.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 import { FakeEngine } from '../api/fakeEngine.js';
 import { waitFor } from '../helpers/poll.js';
@@ -62,7 +63,7 @@ describe('restart hygiene', () => {
     const mk = (conntrackCleanup: boolean) =>
       new RestartHygiene({
         config: { conntrackCleanup },
-        conntrack: { deleteUntranslated: async () => (cleaned++, [] as TrackedEntry[]) },
+        conntrack: { deleteUntranslated: async () => (cleaned++, [] as TrackedEntry[]), listAll: async () => [] },
         link: { announce: (ifname: string, ip: string) => void announced.push(`${ifname} ${ip}`) },
         log,
       });
@@ -80,5 +81,42 @@ describe('restart hygiene', () => {
     await off.afterFirstSync(state);
     expect(cleaned).toBe(1);
     off.stop();
+  });
+
+  it('lists ahead only while armed by the first sync, and hands that listing to the cleanup', async () => {
+    const listings: Promise<readonly ExecResult[]>[] = [];
+    const given: (Promise<readonly ExecResult[]> | undefined)[] = [];
+    const h = new RestartHygiene({
+      config: { conntrackCleanup: true },
+      conntrack: {
+        listAll: () => {
+          const p = Promise.resolve([] as ExecResult[]);
+          listings.push(p);
+          return p;
+        },
+        deleteUntranslated: async (_t, _ms, listing) => (given.push(listing), [] as TrackedEntry[]),
+      },
+      link: { announce: () => undefined },
+      log,
+    });
+    // Not armed (a change before the first resync decided the replay): nothing listed ahead.
+    h.netfilterInKernel();
+    expect(listings).toHaveLength(0);
+    // A first resync that failed: its listing is not used by the next one.
+    h.arm();
+    h.netfilterInKernel();
+    h.disarm();
+    h.arm();
+    h.netfilterInKernel();
+    h.netfilterInKernel();
+    expect(listings).toHaveLength(2);
+    await h.afterFirstSync(state);
+    expect(given).toEqual([listings[1]]);
+    // Once done, later decisions list nothing ahead; a cleanup without one lists by itself.
+    h.netfilterInKernel();
+    await h.afterFirstSync(state);
+    expect(listings).toHaveLength(2);
+    expect(given).toEqual([listings[1], undefined]);
+    h.stop();
   });
 });
