@@ -52,8 +52,10 @@ export class RestartHygiene {
    */
   netfilterInKernel(): void {
     if (!this.armed || this.early || !this.deps.config.conntrackCleanup) return;
-    this.early = this.deps.conntrack.listAll();
-    this.early.catch(() => undefined);
+    // Started a turn later: the sync's own next process (`ip -batch`, from microtasks) goes first.
+    const listing = new Promise<void>((r) => setImmediate(r)).then(() => this.deps.conntrack.listAll());
+    listing.catch(() => undefined);
+    this.early = listing;
   }
 
   async afterFirstSync(state: DesiredState): Promise<void> {

@@ -17,6 +17,7 @@ import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
+import { applyRuntimeV8Flags } from './nodeFlags.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -188,6 +189,7 @@ export async function serve(config: Config): Promise<number> {
     await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
   }
   opened(true);
+  applyRuntimeV8Flags();
   log.info(
     { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
     'natgw serving',
