@@ -29,6 +29,8 @@ export class RestartHygiene {
   /** The first sync after the start is running (Agent): its listings may start before it ends. */
   private armed = false;
   private early: ReturnType<Conntrack['listAll']> | undefined;
+  /** Bumped when a first sync fails: a listing it deferred is then never started. */
+  private attempt = 0;
 
   constructor(private readonly deps: HygieneDeps) {}
 
@@ -42,6 +44,7 @@ export class RestartHygiene {
   disarm(): void {
     this.armed = false;
     this.early = undefined;
+    this.attempt++;
   }
 
   /**
@@ -52,8 +55,9 @@ export class RestartHygiene {
    */
   netfilterInKernel(): void {
     if (!this.armed || this.early || !this.deps.config.conntrackCleanup) return;
+    const attempt = this.attempt;
     // Started a turn later: the sync's own next process (`ip -batch`, from microtasks) goes first.
-    const listing = new Promise<void>((r) => setImmediate(r)).then(() => this.deps.conntrack.listAll());
+    const listing = new Promise<void>((r) => setImmediate(r)).then(() => (attempt === this.attempt ? this.deps.conntrack.listAll() : []));
     listing.catch(() => undefined);
     this.early = listing;
   }
@@ -61,7 +65,8 @@ export class RestartHygiene {
   async afterFirstSync(state: DesiredState): Promise<void> {
     const { log } = this.deps;
     const early = this.early;
-    this.disarm();
+    this.armed = false;
+    this.early = undefined;
     if (this.deps.config.conntrackCleanup) {
       // The listings start first (if the sync did not start them): the targets are computed while they run.
       const deleted = await this.deps.conntrack.deleteUntranslated(() => targetsOf(state), undefined, early);

@@ -50,6 +50,32 @@ describe('restart hygiene', () => {
     expect(calls).toEqual(['first net1', 'announce external interface up']);
   });
 
+  it('the agent arms the hygiene for its first resync and disarms it when that resync fails', async () => {
+    const engine = await FakeEngine.create();
+    const calls: string[] = [];
+    let failing = true;
+    const resync = engine.resync.bind(engine);
+    engine.resync = async (reason: string) => {
+      if (failing) throw new Error('refused');
+      return resync(reason);
+    };
+    const agent = new Agent({
+      engine,
+      log,
+      hygiene: {
+        arm: () => calls.push('arm'),
+        disarm: () => calls.push('disarm'),
+        afterFirstSync: async () => void calls.push('first'),
+        announce: () => undefined,
+      },
+    });
+    await expect(agent.resync('start')).rejects.toThrow('refused');
+    failing = false;
+    await agent.resync('retry');
+    await agent.resync('periodic');
+    expect(calls).toEqual(['arm', 'disarm', 'arm', 'first']);
+  });
+
   it('without hygiene (API tests, in-process runs) readiness does not wait for it', async () => {
     const agent = new Agent({ engine: await FakeEngine.create(), log });
     agent.setInterfaces([]);
@@ -84,39 +110,47 @@ describe('restart hygiene', () => {
   });
 
   it('lists ahead only while armed by the first sync, and hands that listing to the cleanup', async () => {
-    const listings: Promise<readonly ExecResult[]>[] = [];
+    const listed: ExecResult[][] = [];
     const given: (Promise<readonly ExecResult[]> | undefined)[] = [];
     const h = new RestartHygiene({
       config: { conntrackCleanup: true },
       conntrack: {
-        listAll: () => {
-          const p = Promise.resolve([] as ExecResult[]);
-          listings.push(p);
-          return p;
+        listAll: async () => {
+          const marker: ExecResult[] = [];
+          listed.push(marker);
+          return marker;
         },
         deleteUntranslated: async (_t, _ms, listing) => (given.push(listing), [] as TrackedEntry[]),
       },
       link: { announce: () => undefined },
       log,
     });
+    const turn = () => new Promise<void>((r) => setImmediate(r));
     // Not armed (a change before the first resync decided the replay): nothing listed ahead.
     h.netfilterInKernel();
-    expect(listings).toHaveLength(0);
-    // A first resync that failed: its listing is not used by the next one.
+    await turn();
+    expect(listed).toHaveLength(0);
+    // A first resync that failed before its listing started: it never starts.
     h.arm();
     h.netfilterInKernel();
     h.disarm();
+    await turn();
+    expect(listed).toHaveLength(0);
+    // The next one lists once, however often it is told, and the cleanup gets that listing.
     h.arm();
     h.netfilterInKernel();
     h.netfilterInKernel();
-    expect(listings).toHaveLength(2);
+    await turn();
+    expect(listed).toHaveLength(1);
     await h.afterFirstSync(state);
-    expect(given).toEqual([listings[1]]);
+    expect(given).toHaveLength(1);
+    expect(await given[0]).toBe(listed[0]);
     // Once done, later decisions list nothing ahead; a cleanup without one lists by itself.
     h.netfilterInKernel();
     await h.afterFirstSync(state);
-    expect(listings).toHaveLength(2);
-    expect(given).toEqual([listings[1], undefined]);
+    await turn();
+    expect(listed).toHaveLength(1);
+    expect(given[1]).toBeUndefined();
     h.stop();
   });
 });
