@@ -1,5 +1,3 @@
-import v8 from 'node:v8';
-
 /**
  * V8 settings for the long-running daemon. Node's default young generation (up to 16 MiB per
  * semi-space) and its generous heap growth keep the garbage of a bulk change (a 2 MiB state
@@ -35,12 +33,9 @@ import v8 from 'node:v8';
 export const DAEMON_NODE_FLAGS: readonly string[] = [];
 
 /**
- * Set by the daemon once its API serves (applyRuntimeV8Flags): the young generation stays at
- * its initial size instead of doubling under a bulk change's garbage. Not earlier: a flag set
- * before a built-in module or the bundle is compiled makes V8 refuse its code cache too.
+ * Set by the daemon once its API serves (serve.ts, v8.setFlagsFromString): the young generation
+ * stays at its initial size instead of doubling under a bulk change's garbage. Not earlier: a
+ * flag set before a built-in module or the bundle is compiled makes V8 refuse its code cache too.
+ * (This module stays free of imports: the shim's Node.js path loads it through cli/forward.ts.)
  */
 export const DAEMON_RUNTIME_V8_FLAGS: readonly string[] = ['--semi-space-growth-factor=1'];
-
-export function applyRuntimeV8Flags(): void {
-  for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
-}

@@ -2,6 +2,7 @@ import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
 import type net from 'node:net';
+import v8 from 'node:v8';
 import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
@@ -17,7 +18,7 @@ import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
-import { applyRuntimeV8Flags } from './nodeFlags.js';
+import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -189,7 +190,8 @@ export async function serve(config: Config): Promise<number> {
     await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
   }
   opened(true);
-  applyRuntimeV8Flags();
+  // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
+  for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(
     { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
     'natgw serving',
