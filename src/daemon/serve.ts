@@ -150,6 +150,11 @@ export async function serve(config: Config): Promise<number> {
     // blocks the event loop for milliseconds that the API's load would wait for.
     if (present) engine.readAhead(await saved);
     reconciler.start({ present });
+    // In a gap of the first sync (at a restore it waits for the replay), not before it starts.
+    if (present) {
+      const state = await saved;
+      setImmediate(() => hygiene.prepare(state));
+    }
     if (!present) observe();
   })();
   // After the start-up's own continuation (registered first): its interface lookups run while this loads.

@@ -153,4 +153,24 @@ describe('restart hygiene', () => {
     expect(given[1]).toBeUndefined();
     h.stop();
   });
+
+  it('uses targets prepared ahead only for the very state the first sync applied', async () => {
+    const kinds: string[] = [];
+    const mk = () =>
+      new RestartHygiene({
+        config: { conntrackCleanup: true },
+        conntrack: { listAll: async () => [], deleteUntranslated: async (t) => (kinds.push(typeof t), [] as TrackedEntry[]) },
+        link: { announce: () => undefined },
+        log,
+      });
+    const h = mk();
+    h.prepare(state);
+    await h.afterFirstSync(state);
+    const other = mk();
+    other.prepare(state);
+    await other.afterFirstSync({ ...state });
+    expect(kinds).toEqual(['object', 'function']);
+    h.stop();
+    other.stop();
+  });
 });
