@@ -81,8 +81,10 @@ export class RestartHygiene {
     const prepared = this.prepared?.state === state ? this.prepared.targets : undefined;
     this.prepared = undefined;
     if (this.deps.config.conntrackCleanup) {
+      // Nothing natgw translates (targetsOf is empty): no entry can be stale, no listing needed.
+      const none = state.eips.length + state.snats.length + state.dnats.length + state.fips.length + state.shareDnats.length === 0;
       // The listings start first (if the sync did not start them): the targets are computed while they run.
-      const deleted = await this.deps.conntrack.deleteUntranslated(prepared ?? (() => targetsOf(state)), undefined, early);
+      const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(prepared ?? (() => targetsOf(state)), undefined, early);
       const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.orig.src}:${e.orig.sport ?? ''} -> ${e.orig.dst}:${e.orig.dport ?? ''}`);
       log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
     } else {

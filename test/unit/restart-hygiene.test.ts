@@ -173,4 +173,19 @@ describe('restart hygiene', () => {
     h.stop();
     other.stop();
   });
+
+  it('lists nothing for a state that translates nothing', async () => {
+    let listed = 0;
+    const h = new RestartHygiene({
+      config: { conntrackCleanup: true },
+      conntrack: { listAll: async () => (listed++, []), deleteUntranslated: async () => (listed++, [] as TrackedEntry[]) },
+      link: { announce: () => undefined },
+      log,
+    });
+    await h.afterFirstSync(desiredStateSchema.parse({ interfaces: { vpc: 'eth0', ext: 'net1' } }));
+    expect(listed).toBe(0);
+    await h.afterFirstSync(state);
+    expect(listed).toBe(1);
+    h.stop();
+  });
 });
