@@ -12,20 +12,31 @@ function compile(file, cachedData) {
   return new vm.Script(`(function (exports, require, module, __filename, __dirname) {${source}\n})`, { filename: file, cachedData });
 }
 
+/** Evaluate the bundle as CommonJS module `file`; returns its exports (src/daemon/bundleEntry.ts). */
+function load(script, file) {
+  const wrapper = script.runInThisContext();
+  const module = { exports: {} };
+  wrapper.call(module.exports, module.exports, createRequire(file), module, file, dirname(file));
+  return module.exports;
+}
+
 /** Run the bundle as CommonJS module `file`, with its code cache when there is one. */
 export function runDaemonBundle(file) {
   let cachedData;
   try {
     cachedData = readFileSync(`${file}.cache`);
   } catch {}
-  const wrapper = compile(file, cachedData).runInThisContext();
-  const module = { exports: {} };
-  wrapper.call(module.exports, module.exports, createRequire(file), module, file, dirname(file));
+  void load(compile(file, cachedData), file).main();
 }
 
-/** Write the bundle's code cache (the build does, under the daemon's V8 flags). */
-export function writeCodeCache(file) {
-  const data = compile(file, undefined).createCachedData();
-  writeFileSync(`${file}.cache.tmp`, data);
+/**
+ * Write the bundle's code cache (the build does, under the daemon's V8 flags). V8 caches the
+ * bytecode of the functions compiled so far, so the modules a start initialises are run first
+ * (`warm`): a cache of the compile alone would leave them to be compiled at every start.
+ */
+export async function writeCodeCache(file) {
+  const script = compile(file, undefined);
+  await load(script, file).warm();
+  writeFileSync(`${file}.cache.tmp`, script.createCachedData());
   renameSync(`${file}.cache.tmp`, `${file}.cache`);
 }

@@ -2,6 +2,7 @@ import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
 import type net from 'node:net';
+import v8 from 'node:v8';
 import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
@@ -17,6 +18,7 @@ import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
+import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -45,7 +47,18 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({ config, exec, log, appliedRuleset: { boot: takeBootReplay(), onDecision: (path) => metrics.startReplays.inc({ path }) } });
+  const engine = new Engine({
+    config,
+    exec,
+    log,
+    appliedRuleset: {
+      boot: takeBootReplay(),
+      onDecision: (path) => {
+        metrics.startReplays.inc({ path });
+        if (path === 'trusted') hygiene.netfilterInKernel();
+      },
+    },
+  });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
@@ -137,6 +150,11 @@ export async function serve(config: Config): Promise<number> {
     // blocks the event loop for milliseconds that the API's load would wait for.
     if (present) engine.readAhead(await saved);
     reconciler.start({ present });
+    // In a gap of the first sync (at a restore it waits for the replay), not before it starts.
+    if (present) {
+      const state = await saved;
+      setImmediate(() => hygiene.prepare(state));
+    }
     if (!present) observe();
   })();
   // After the start-up's own continuation (registered first): its interface lookups run while this loads.
@@ -177,6 +195,8 @@ export async function serve(config: Config): Promise<number> {
     await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
   }
   opened(true);
+  // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
+  for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(
     { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
     'natgw serving',

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { Executor } from '../system/exec.js';
+import type { ExecResult, Executor } from '../system/exec.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
 
@@ -18,6 +18,8 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
   if (f.protocol && f.port !== undefined) args.push('--orig-port-dst', String(f.port));
   return args;
 }
+
+const HYGIENE_FAMILIES = ['ipv4', 'ipv6'] as const;
 
 const isRange = (f: ConntrackFilter): boolean => f.portEnd !== undefined && f.protocol !== undefined && f.port !== undefined;
 
@@ -168,15 +170,25 @@ export class Conntrack {
   }
 
   /**
-   * Restart hygiene: list both families, then delete, entry by exact tuple, every untranslated
-   * entry that touches `targets` (conntrackStale.ts). Each call is bounded by `timeoutMs`; a
+   * Both families' whole tables, as restart hygiene reads them (deleteUntranslated): both at
+   * once, since the listing holds the daemon's readiness after a start.
+   */
+  listAll(timeoutMs = 5000): Promise<readonly ExecResult[]> {
+    return Promise.all(HYGIENE_FAMILIES.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs })));
+  }
+
+  /**
+   * Restart hygiene: list both families (or take `listing`, listAll's, started earlier), then
+   * delete, entry by exact tuple, every untranslated entry that touches `targets` (conntrackStale.ts). Each call is bounded by `timeoutMs`; a
    * missing tool or a failed listing is logged and skips that family.
    */
-  async deleteUntranslated(targetsOrLater: HygieneTargets | (() => HygieneTargets), timeoutMs = 5000): Promise<TrackedEntry[]> {
+  async deleteUntranslated(
+    targetsOrLater: HygieneTargets | (() => HygieneTargets),
+    timeoutMs = 5000,
+    listing: Promise<readonly ExecResult[]> = this.listAll(timeoutMs),
+  ): Promise<TrackedEntry[]> {
     const stale: TrackedEntry[] = [];
-    // Both families at once: the listing holds the daemon's readiness after a start.
-    const families = ['ipv4', 'ipv6'] as const;
-    const listing = Promise.all(families.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs })));
+    const families = HYGIENE_FAMILIES;
     // Targets given as a function are computed while the listings run (milliseconds at 10,000 objects).
     const targets = typeof targetsOrLater === 'function' ? targetsOrLater() : targetsOrLater;
     const listings = await listing;

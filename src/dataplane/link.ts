@@ -576,6 +576,8 @@ export class LinkManager {
   readAhead(s: DesiredState): void {
     const view = this.view(s);
     view.catch(() => undefined);
+    // The ownership record too: the sync then only stats it (RecordFile keeps what it read).
+    this.owned?.read().catch(() => undefined);
     this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
   }
 

@@ -1,5 +1,5 @@
 import { promises as fs } from 'node:fs';
-import { fileIdentity } from '../system/fileIdentity.js';
+import { fileIdentitySync } from '../system/fileIdentity.js';
 import { writeFileAtomic } from './store.js';
 
 /**
@@ -21,9 +21,13 @@ export class RecordFile<T> {
     private readonly onUnreadable: (err: unknown) => void,
   ) {}
 
-  /** The record; undefined when the file is absent or is not one. One stat when unchanged. */
+  /**
+   * The record; undefined when the file is absent or is not one. One stat when unchanged, made
+   * synchronously (as the store's stamp): a sync reads it up to three times before its `ip -batch`,
+   * and each trip through libuv's pool cost milliseconds while a restore kept both cores busy.
+   */
   async read(): Promise<T | undefined> {
-    const key = await fileIdentity(this.file);
+    const key = fileIdentitySync(this.file);
     if (this.cached?.key === key) return this.cached.value;
     let value: T | undefined;
     try {
@@ -39,6 +43,6 @@ export class RecordFile<T> {
   async write(value: T): Promise<void> {
     this.cached = undefined;
     await writeFileAtomic(this.file, `${JSON.stringify(value)}\n`);
-    this.cached = { value, key: await fileIdentity(this.file) };
+    this.cached = { value, key: fileIdentitySync(this.file) };
   }
 }
