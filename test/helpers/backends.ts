@@ -38,7 +38,7 @@ function withoutHits(text: string): string {
  * chain per SNAT CIDR (snatLayout.ts) that is the order of the commands, not the state. Rules
  * keep their order inside each block; only the blocks are sorted.
  */
-function sortNftBlocks(text: string): string {
+export function sortNftBlocks(text: string): string {
   const m = /^(table [^\n]*\{\n)([\s\S]*?)(\n\}\n?)$/.exec(text);
   if (!m) return text;
   return `${m[1]}${(m[2] ?? '').split('\n\n').sort().join('\n\n')}${m[3]}`;

@@ -191,7 +191,8 @@ export class Batch {
 
   private onTable(op: Extract<NftOp, { object: 'table' }>): void {
     const k = tableKey(op.table.family, op.table.name);
-    if (op.verb === 'add') {
+    if (op.verb === 'create' && this.tables.has(k)) throw new Refusal('EEXIST', 'kernel');
+    if (op.verb === 'add' || op.verb === 'create') {
       if (!this.tables.has(k)) this.tables.set(k, { family: op.table.family, name: op.table.name, counter: 0, chains: new Map(), sets: new Map() });
       return;
     }

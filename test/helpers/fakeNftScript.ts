@@ -62,9 +62,11 @@ function parseLine(tx: NftTransaction, line: string): void {
   const what = `${verb} ${object}`;
   switch (what) {
     case 'add table':
+    case 'create table':
     case 'delete table':
       if (words.length !== 4) throw new NftScriptError(`trailing words in: ${line}`);
       if (verb === 'add') tx.addTable(t);
+      else if (verb === 'create') tx.createTable(t);
       else tx.deleteTable(t);
       return;
     case 'add chain':

@@ -4,9 +4,13 @@
  * system client runs `nft` through the Executor; tests put an in-memory fake behind the same
  * interface (test/helpers/fakeNft.ts).
  */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { ToolError } from '../../../model/errors.js';
 import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
+import { dropCreated, type NftPhases } from './phases.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 import { listingsDone, type HitSetRef } from './witness.js';
@@ -28,6 +32,11 @@ export interface NftClient {
    * answers or a listing fails. The hit witnesses' read (witness.ts).
    */
   listSets?(table: string, sets: readonly HitSetRef[]): Promise<string | undefined>;
+  /**
+   * Run phases (phases.ts) in order, the groups at once; throws PhaseRefused. Optional: without
+   * it runPhases() runs them one `run()` at a time.
+   */
+  runPhases?(p: NftPhases): Promise<PhaseTimings>;
 }
 
 export interface NftRunOptions {
@@ -93,6 +102,46 @@ export class SystemNftClient implements NftClient {
     return this.exec.session?.('nft', ['-i']);
   }
 
+  /**
+   * The phases sequenced by one small bash process, not by natgw's event loop: a bulk change
+   * hashes and serialises its new state on natgw's thread while the kernel applies, and a phase
+   * that ended during that work would wait for it before the next one started (measured: the
+   * groups started 20-90 ms after the first phase ended). The scripts are files in a private
+   * temporary directory, written before the start; the bash text is constant, their paths its
+   * arguments. Each `nft` reads its phase on stdin, as every other natgw run does.
+   */
+  async runPhases(p: NftPhases): Promise<PhaseTimings> {
+    let dir: string;
+    try {
+      dir = mkdtempSync(join(tmpdir(), 'natgw-phases-'));
+    } catch {
+      // No temp directory to write to (a read-only /tmp): the event loop sequences them.
+      return runInTurn(this, p);
+    }
+    try {
+      try {
+        writeFileSync(join(dir, 'first'), p.first.text(), { mode: 0o600 });
+        p.groups.forEach((g, i) => writeFileSync(join(dir, `group${i}`), g.text(), { mode: 0o600 }));
+        writeFileSync(join(dir, 'last'), p.last.text(), { mode: 0o600 });
+      } catch {
+        return runInTurn(this, p);
+      }
+      const r = await this.exec.run({ file: 'bash', args: ['-c', PHASES_SH, 'natgw-phases', dir, String(p.groups.length)] });
+      const stamps = [...r.stdout.matchAll(/^t (\d+)[.,](\d{6})$/gm)].map((m) => Number(m[1]) * 1000 + Number(m[2]) / 1000);
+      if (r.exitCode === 0 && stamps.length === 4) {
+        const [a, b, c, d] = stamps as [number, number, number, number];
+        return { first: b - a, groups: c - b, last: d - c };
+      }
+      const failed = /^natgw-phase-refused: (\w+)$/m.exec(r.stderr)?.[1] ?? (stamps.length >= 2 ? (stamps.length >= 3 ? 'last' : 'groups') : 'first');
+      const stderr = r.stderr.replace(/^natgw-phase-refused: \w+\n?/m, '');
+      const script = failed === 'first' ? p.first.text() : failed === 'last' ? p.last.text() : undefined;
+      // The first phase committed once its stamp was written: only then are the tables natgw's to delete.
+      throw new PhaseRefused(new ToolError('nft -f -', `the ${failed} phase of the transaction`, r.exitCode, stderr, script, r.timedOut), stamps.length >= 2);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
   async present(): Promise<boolean> {
     return (await this.exec.run({ file: 'nft', args: ['list', 'tables'] })).exitCode === 0;
   }
@@ -146,5 +195,81 @@ export class SystemNftClient implements NftClient {
     }
     const err = ownStderr(r.stderr);
     if (/\bError\b/.test(err)) throw new ToolError('nft -i', 'the transaction', 1, err, script);
+  }
+}
+
+/**
+ * bash: $1 the phases' directory, $2 how many groups. A stamp on stdout after each phase
+ * (EPOCHREALTIME: no process started for it); the phase refused named on stderr.
+ */
+const PHASES_SH = `set -u
+d=$1; n=$2
+echo "t $EPOCHREALTIME"
+nft -f - < "$d/first" || { echo "natgw-phase-refused: first" >&2; exit 1; }
+echo "t $EPOCHREALTIME"
+pids=()
+for ((i = 0; i < n; i++)); do nft -f - < "$d/group$i" & pids+=($!); done
+rc=0
+for p in "\${pids[@]}"; do wait "$p" || rc=1; done
+[ "$rc" = 0 ] || { echo "natgw-phase-refused: groups" >&2; exit 1; }
+echo "t $EPOCHREALTIME"
+nft -f - < "$d/last" || { echo "natgw-phase-refused: last" >&2; exit 1; }
+echo "t $EPOCHREALTIME"
+`;
+
+/** Milliseconds each phase of a phased apply took (what the backend logs at debug). */
+export interface PhaseTimings {
+  readonly first: number;
+  readonly groups: number;
+  readonly last: number;
+}
+
+/** A phase refused: `cause` is the tool's error; `undo` when the first phase had committed (its tables stay until deleted). */
+export class PhaseRefused extends Error {
+  constructor(
+    override readonly cause: unknown,
+    readonly undo: boolean,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause));
+  }
+}
+
+/** The phases one `run()` at a time (the groups at once), for a client without runPhases (the fake). */
+async function runInTurn(nft: NftClient, p: NftPhases): Promise<PhaseTimings> {
+  const t0 = performance.now();
+  await nft.run(p.first).catch((e: unknown) => {
+    throw new PhaseRefused(e, false);
+  });
+  const t1 = performance.now();
+  const settled = await Promise.allSettled(p.groups.map((g) => nft.run(g)));
+  const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (refused) throw new PhaseRefused(refused.reason, true);
+  const t2 = performance.now();
+  await nft.run(p.last).catch((e: unknown) => {
+    throw new PhaseRefused(e, true);
+  });
+  return { first: t1 - t0, groups: t2 - t1, last: performance.now() - t2 };
+}
+
+/**
+ * Run phases through any client: the first, then the groups at once, then the last. A refusal
+ * after the first deletes the tables the first created (only those: it created them with
+ * `create table`) before the tool's error is thrown, once every group has ended, so nothing
+ * stays half-applied; a refusal of the first left nothing (one transaction). When even that
+ * delete is refused, `onUndoFailed` hears why; the error thrown is still the phase's.
+ */
+export async function runPhases(nft: NftClient, p: NftPhases, onUndoFailed?: (err: unknown) => void): Promise<PhaseTimings> {
+  try {
+    return await (nft.runPhases ? nft.runPhases(p) : runInTurn(nft, p));
+  } catch (e) {
+    if (!(e instanceof PhaseRefused)) throw e;
+    if (e.undo) {
+      try {
+        await nft.run(dropCreated(p));
+      } catch (undo) {
+        onUndoFailed?.(undo);
+      }
+    }
+    throw e.cause;
   }
 }

@@ -65,6 +65,8 @@ export interface NftRule {
 
 export type NftOp =
   | { readonly verb: 'add' | 'delete'; readonly object: 'table'; readonly table: NftTableRef }
+  /** `create table`: refused (EEXIST) when the table exists, so a table it made is certainly natgw's. */
+  | { readonly verb: 'create'; readonly object: 'table'; readonly table: NftTableRef }
   | { readonly verb: 'add'; readonly object: 'chain'; readonly table: NftTableRef; readonly chain: NftChainSpec }
   | { readonly verb: 'flush' | 'delete'; readonly object: 'chain'; readonly table: NftTableRef; readonly name: string }
   | { readonly verb: 'add'; readonly object: 'set'; readonly table: NftTableRef; readonly set: NftSetSpec }
@@ -189,6 +191,12 @@ export function opText(op: NftOp): string {
   }
 }
 
+/** An operation of another transaction, its line reused as rendered there. */
+export interface NftPick {
+  readonly from: NftTransaction;
+  readonly index: number;
+}
+
 /**
  * Operations collected in order and run once. Typed methods only: a caller cannot slip raw
  * text in except as a rule body. Empty element lists add nothing, so callers need not check.
@@ -209,8 +217,28 @@ export class NftTransaction {
     return tx;
   }
 
+  /**
+   * Operations of other transactions (their lines as rendered there: a split of a bulk change
+   * renders nothing twice), or new ones (rendered and checked now), in the given order.
+   */
+  static select(picks: ReadonlyArray<NftPick | NftOp>): NftTransaction {
+    const tx = new NftTransaction();
+    for (const p of picks) {
+      if ('from' in p) {
+        tx.list.push(p.from.list[p.index] as NftOp);
+        tx.lines.push(p.from.lines[p.index] as string);
+      } else tx.push(p);
+    }
+    return tx;
+  }
+
   get ops(): readonly NftOp[] {
     return this.list;
+  }
+
+  /** The length of operation `index`'s line: what nft parses for it. */
+  lineLength(index: number): number {
+    return this.lines[index]?.length ?? 0;
   }
 
   get isEmpty(): boolean {
@@ -235,6 +263,10 @@ export class NftTransaction {
 
   addTable(table: NftTableRef): this {
     return this.push({ verb: 'add', object: 'table', table });
+  }
+
+  createTable(table: NftTableRef): this {
+    return this.push({ verb: 'create', object: 'table', table });
   }
 
   deleteTable(table: NftTableRef): this {
