@@ -11,12 +11,27 @@
  * is an outcome "not replayed".
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmdirSync, unlinkSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  readSync,
+  rmSync,
+  rmdirSync,
+  unlinkSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
 import { DEFAULT_ENV_FILE, DEFAULT_STATE_DIR } from '../config/socketPath.js';
 import { parseSave } from '../dataplane/netfilter/iptables/save.js';
 import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
+import { PHASES_SH } from '../dataplane/netfilter/nft/phaseScript.js';
 import {
   APPLIED_RULESET_FILE,
   type ColdCheck,
@@ -117,8 +132,11 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
     return exited(argv, child);
   };
   const nat: Promise<string | undefined>[] = [];
+  const phased = header.steps.some((s) => s.tool === 'nft' && s.phase !== undefined);
+  let nftPath: ReplayOutcome['nftPath'];
+  if (phased) nat.push(runPhases(header, scripts, (p) => (nftPath = p)));
   header.steps.forEach((step, i) => {
-    if (step.tool === 'nft') nat.push(run(['nft', '-f', '-'], i));
+    if (step.tool === 'nft' && !phased) nat.push(run(['nft', '-f', '-'], i));
     if (step.tool === 'iptables' && backend.kind === 'iptables') nat.push(run([toolsFor(backend.variant, step.family).restore, '--noflush', '--wait'], i));
   });
   // Milliseconds since the process started (performance's time origin): how early the apply began.
@@ -132,8 +150,35 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
     // A refused accounting step (the table exists) only means the accounting is synced as ever.
     const acct = accounting !== undefined && acctError === undefined;
     return failed.length === 0
-      ? { replayed: true, ok: true, why: 'replayed', header, ms, spawnedAt, accounting: acct }
+      ? { replayed: true, ok: true, why: 'replayed', header, ms, spawnedAt, accounting: acct, ...(nftPath ? { nftPath } : {}) }
       : { replayed: true, ok: false, why: `replay failed: ${failed.join('; ')}`, header, ms, spawnedAt, accounting: false };
+  });
+}
+
+/**
+ * A phased nft replay (replayRender.ts): the phases' scripts as files in a private directory,
+ * sequenced by PHASES_SH (one bash process: this process's event loop is about to be blocked by
+ * the bundle's load). Where natgw's tables exist, the first phase's `create table` is refused
+ * and the whole replacing transaction (the prelude, then every phase) runs instead. A refused
+ * later phase leaves tables that nothing is hooked to; the full sync that then runs repairs them.
+ */
+function runPhases(header: RulesetHeader, scripts: readonly Buffer[], took: (path: 'phases' | 'whole') => void): Promise<string | undefined> {
+  const work = mkdtempSync(path.join(tmpdir(), 'natgw-replay-'));
+  let groups = 0;
+  header.steps.forEach((step, i) => {
+    if (step.tool !== 'nft' || step.phase === undefined) return;
+    const name = step.phase === 'group' ? `group${groups++}` : step.phase;
+    writeFileSync(path.join(work, name), scripts[i] as Buffer, { mode: 0o600 });
+  });
+  const argv = ['bash', '-c', PHASES_SH, 'natgw-replay-phases', work, String(groups), 'prelude'];
+  const child = spawn(argv[0] as string, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  return exited(['nft phases'], child).finally(() => {
+    took(out.includes('natgw-phases-whole') ? 'whole' : 'phases');
+    rmSync(work, { recursive: true, force: true });
   });
 }
 

@@ -95,7 +95,7 @@ export class AppliedRulesetCache {
     if (!verdict.replay) return this.report('fallback', verdict.why);
     this.report(
       'trusted',
-      `replayed in ${Math.round(out.ms ?? 0)} ms, started ${out.spawnedAt ?? '?'} ms after the process${out.accounting ? ', accounting table included' : ''}`,
+      `replayed in ${Math.round(out.ms ?? 0)} ms, started ${out.spawnedAt ?? '?'} ms after the process${out.nftPath ? `, nft ${out.nftPath === 'phases' ? 'in phases' : 'as one replacing transaction'}` : ''}${out.accounting ? ', accounting table included' : ''}`,
     );
     return { accounting: out.accounting === true };
   }

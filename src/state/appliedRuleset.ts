@@ -23,7 +23,19 @@ export type RulesetBackend = { readonly kind: 'nftables' } | { readonly kind: 'i
  * `accounting`: the per-EIP accounting table (`inet natgw_acct`) from scratch by `nft -f -`,
  * which refuses it where that table exists (a rebuild would restart a warm one's counters).
  */
-export type StepTool = { readonly tool: 'nft' } | { readonly tool: 'iptables'; readonly family: 4 | 6 } | { readonly tool: 'accounting' };
+export type StepTool =
+  | { readonly tool: 'nft'; readonly phase?: NftPhase }
+  | { readonly tool: 'iptables'; readonly family: 4 | 6 }
+  | { readonly tool: 'accounting' };
+
+/**
+ * A large nft replay is cut in phases (nft/phases.ts) that load the element lists on several
+ * cores, unhooked: `prelude` (natgw's tables deleted: only for the whole replacing transaction
+ * that runs where the tables exist), `first` (`create table`, sets, regular chains), `group`
+ * (element lists, all at once), `last` (base chains and their rules). The steps come in that order.
+ */
+export type NftPhase = 'prelude' | 'first' | 'group' | 'last';
+const PHASE_ORDER: readonly NftPhase[] = ['prelude', 'first', 'group', 'last'];
 export type ReplayStep = StepTool & { readonly bytes: number };
 
 /**
@@ -115,6 +127,20 @@ const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object
 const isStr = (v: unknown): v is string => typeof v === 'string';
 const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
 
+/** One prelude, one first, at least one group, one last, in that order, and no nft step without a phase. */
+function phasesInOrder(phases: readonly NftPhase[], nftSteps: number): boolean {
+  const rank = phases.map((p) => PHASE_ORDER.indexOf(p));
+  const count = (p: NftPhase) => phases.filter((x) => x === p).length;
+  return (
+    phases.length === nftSteps &&
+    rank.every((r, i) => i === 0 || r >= (rank[i - 1] as number)) &&
+    count('prelude') === 1 &&
+    count('first') === 1 &&
+    count('group') >= 1 &&
+    count('last') === 1
+  );
+}
+
 function checkHeader(h: unknown): RulesetHeader | string {
   if (!isObj(h)) return 'not an object';
   if (h.format !== FORMAT) return `format ${String(h.format)}, not ${FORMAT}`;
@@ -126,11 +152,17 @@ function checkHeader(h: unknown): RulesetHeader | string {
   const c = h.config;
   if (!isObj(c) || !isStr(c.mode) || !isStr(c.iptablesVariant) || !isStr(c.vpcInterface) || !isStr(c.extInterface)) return 'bad config';
   if (!Array.isArray(h.steps) || h.steps.length === 0) return 'no steps';
+  const phases: NftPhase[] = [];
   for (const s of h.steps as unknown[]) {
     if (!isObj(s) || !isCount(s.bytes)) return 'bad step';
     if (s.tool === 'accounting') continue;
     if (b.kind === 'nftables' ? s.tool !== 'nft' : s.tool !== 'iptables' || (s.family !== 4 && s.family !== 6)) return 'step does not fit the backend';
+    if (s.phase !== undefined) {
+      if (!PHASE_ORDER.includes(s.phase as NftPhase)) return 'bad phase';
+      phases.push(s.phase as NftPhase);
+    }
   }
+  if (phases.length > 0 && !phasesInOrder(phases, h.steps.filter((s) => (s as Record<string, unknown>).tool === 'nft').length)) return 'bad phases';
   if (!Array.isArray(h.cold)) return 'bad cold checks';
   for (const k of h.cold as unknown[]) {
     if (!isObj(k) || (k.family !== 4 && k.family !== 6) || (k.table !== 'nat' && k.table !== 'mangle')) return 'bad cold check';
@@ -231,4 +263,6 @@ export interface ReplayOutcome {
   readonly spawnedAt?: number;
   /** The accounting table was built from scratch too (it did not exist). */
   readonly accounting?: boolean;
+  /** A phased nft cache: its phases applied (natgw's tables were absent), or the whole replacing transaction. */
+  readonly nftPath?: 'phases' | 'whole';
 }

@@ -1,3 +1,4 @@
+import { availableParallelism } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import {
   type BootFacts,
@@ -156,6 +157,51 @@ describe('replayScripts', () => {
     expect(text.startsWith('add table ip natgw\ndelete table ip natgw\nadd table ip6 natgw\ndelete table ip6 natgw\nadd table ip natgw\n')).toBe(true);
     expect(text).toContain('172.20.0.10 . tcp . 8080 : 10.0.1.6 . 80');
     expect(text).not.toMatch(/kube-ovn|natgw_acct|flush ruleset/);
+  });
+  it('nftables, a large state: the phases of a bulk change into absent tables, the prelude apart', () => {
+    const dnats = Array.from({ length: 10_000 }, (_, i) => ({
+      eip: '172.20.0.10',
+      port: 20000 + (i % 40000),
+      protocol: 'udp',
+      internalIp: '10.0.1.6',
+      internalPort: 80,
+    }));
+    const big = { ...want, dnats: [...(want.dnats as unknown[]), ...dnats] } as unknown as NatTables;
+    const { scripts: s } = replayScripts(big, { kind: 'nftables' });
+    const phases = s.filter((x) => x.step.tool === 'nft').map((x) => (x.step as { phase?: string }).phase);
+    // One core: nothing to load at once, one transaction as ever.
+    if (availableParallelism() < 2) return expect(phases).toEqual([undefined]);
+    expect(phases[0]).toBe('prelude');
+    expect(phases[1]).toBe('first');
+    expect(phases.filter((p) => p === 'group').length).toBeGreaterThanOrEqual(2);
+    expect(phases.at(-1)).toBe('last');
+    expect(s.at(-1)?.step.tool).toBe('accounting');
+    const text = (i: number) => s[i]?.text ?? '';
+    expect(text(0)).toBe('add table ip natgw\ndelete table ip natgw\nadd table ip6 natgw\ndelete table ip6 natgw\n');
+    // Nothing hooked before the last phase; the first creates (refused where the table exists).
+    expect(text(1)).toMatch(/^create table ip natgw\n/);
+    for (let i = 1; i < phases.length - 1; i++) expect(text(i)).not.toMatch(/ hook /);
+    expect(text(phases.length - 1)).toMatch(/ hook prerouting /);
+    // The groups together hold every element once.
+    const groupText = s
+      .filter((x) => (x.step as { phase?: string }).phase === 'group')
+      .map((x) => x.text)
+      .join('');
+    for (const port of [8080, 20000, 29999]) expect(groupText.split(` . ${port} : `).length - 1).toBe(1);
+    // Round trip through the file, phases kept; out of order they are refused.
+    const d = decodeAppliedRuleset(encodeAppliedRuleset(meta({ backend: { kind: 'nftables' }, cold: [] }), s));
+    if (!d.ok) throw new Error(d.why);
+    expect(d.header.steps.filter((x) => x.tool === 'nft').map((x) => (x as { phase?: string }).phase)).toEqual(phases);
+    const swapped = [s[1], s[0], ...s.slice(2)] as typeof s;
+    expect(decodeAppliedRuleset(encodeAppliedRuleset(meta({ backend: { kind: 'nftables' }, cold: [] }), swapped))).toMatchObject({
+      ok: false,
+      why: expect.stringMatching(/phases/),
+    });
+    const unphased = [...s.slice(0, -1), { step: { tool: 'nft' as const }, text: 'add table ip natgw\n' }, ...s.slice(-1)];
+    expect(decodeAppliedRuleset(encodeAppliedRuleset(meta({ backend: { kind: 'nftables' }, cold: [] }), unphased))).toMatchObject({
+      ok: false,
+      why: expect.stringMatching(/phases/),
+    });
   });
   it('iptables: one IPv4 restore (nat and mangle), no IPv6 one without IPv6 objects, cold checks for all four tables', () => {
     const { scripts: s, cold } = replayScripts(want, { kind: 'iptables', variant: 'legacy' });

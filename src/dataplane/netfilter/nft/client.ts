@@ -11,6 +11,7 @@ import { ToolError } from '../../../model/errors.js';
 import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
 import { dropCreated, type NftPhases } from './phases.js';
+import { PHASES_SH } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 import { listingsDone, type HitSetRef } from './witness.js';
@@ -197,25 +198,6 @@ export class SystemNftClient implements NftClient {
     if (/\bError\b/.test(err)) throw new ToolError('nft -i', 'the transaction', 1, err, script);
   }
 }
-
-/**
- * bash: $1 the phases' directory, $2 how many groups. A stamp on stdout after each phase
- * (EPOCHREALTIME: no process started for it); the phase refused named on stderr.
- */
-const PHASES_SH = `set -u
-d=$1; n=$2
-echo "t $EPOCHREALTIME"
-nft -f - < "$d/first" || { echo "natgw-phase-refused: first" >&2; exit 1; }
-echo "t $EPOCHREALTIME"
-pids=()
-for ((i = 0; i < n; i++)); do nft -f - < "$d/group$i" & pids+=($!); done
-rc=0
-for p in "\${pids[@]}"; do wait "$p" || rc=1; done
-[ "$rc" = 0 ] || { echo "natgw-phase-refused: groups" >&2; exit 1; }
-echo "t $EPOCHREALTIME"
-nft -f - < "$d/last" || { echo "natgw-phase-refused: last" >&2; exit 1; }
-echo "t $EPOCHREALTIME"
-`;
 
 /** Milliseconds each phase of a phased apply took (what the backend logs at debug). */
 export interface PhaseTimings {

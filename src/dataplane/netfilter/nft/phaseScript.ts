@@ -1,0 +1,36 @@
+/**
+ * The bash text that runs a phased nft apply (phases.ts): the first phase, then the element
+ * groups at once, then the last. One small bash process sequences them, not Node.js's event
+ * loop: the daemon hashes and persists a bulk change on its thread while the kernel applies,
+ * and the start's replay runs while the daemon's bundle loads, so a phase that ended would wait
+ * for that work before the next began. The text is constant; its arguments are a private
+ * directory holding the phases' scripts (files `first`, `group0`…, `last`), how many groups, and
+ * optionally the name of a prelude file in it: when the first phase is refused (the start's
+ * replay where natgw's tables already exist), the prelude and every phase run instead, as the
+ * one transaction that replaces the tables.
+ *
+ * Output: a stamp `t <EPOCHREALTIME>` on stdout after each step (no process started for it);
+ * on a refusal `natgw-phase-refused: first|groups|last` on stderr, exit 1. When the whole
+ * transaction ran instead, `natgw-phases-whole` on stdout and nft's exit status.
+ */
+export const PHASES_SH = `set -u
+d=$1; n=$2; prelude=\${3:-}
+echo "t $EPOCHREALTIME"
+if ! nft -f - < "$d/first"; then
+  [ -n "$prelude" ] || { echo "natgw-phase-refused: first" >&2; exit 1; }
+  echo natgw-phases-whole
+  files=("$d/$prelude" "$d/first")
+  for ((i = 0; i < n; i++)); do files+=("$d/group$i"); done
+  cat "\${files[@]}" "$d/last" | nft -f -
+  exit
+fi
+echo "t $EPOCHREALTIME"
+pids=()
+for ((i = 0; i < n; i++)); do nft -f - < "$d/group$i" & pids+=($!); done
+rc=0
+for p in "\${pids[@]}"; do wait "$p" || rc=1; done
+[ "$rc" = 0 ] || { echo "natgw-phase-refused: groups" >&2; exit 1; }
+echo "t $EPOCHREALTIME"
+nft -f - < "$d/last" || { echo "natgw-phase-refused: last" >&2; exit 1; }
+echo "t $EPOCHREALTIME"
+`;
