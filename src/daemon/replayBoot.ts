@@ -11,30 +11,19 @@
  * is an outcome "not replayed".
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import {
-  closeSync,
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  openSync,
-  readFileSync,
-  readSync,
-  rmSync,
-  rmdirSync,
-  unlinkSync,
-  writeFileSync,
-  writeSync,
-} from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmSync, rmdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
 import { DEFAULT_ENV_FILE, DEFAULT_STATE_DIR } from '../config/socketPath.js';
 import { parseSave } from '../dataplane/netfilter/iptables/save.js';
 import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
-import { PHASES_SH } from '../dataplane/netfilter/nft/phaseScript.js';
+import { phaseRun } from '../dataplane/netfilter/nft/phaseScript.js';
+import { unlinkedFileWith } from '../system/unlinkedInput.js';
 import {
   APPLIED_RULESET_FILE,
   type ColdCheck,
+  type NftPhase,
   decodeAppliedRuleset,
   type ReplayOutcome,
   type RulesetHeader,
@@ -163,14 +152,16 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
  * later phase leaves tables that nothing is hooked to; the full sync that then runs repairs them.
  */
 function runPhases(header: RulesetHeader, scripts: readonly Buffer[], took: (path: 'phases' | 'whole') => void): Promise<string | undefined> {
-  const work = mkdtempSync(path.join(tmpdir(), 'natgw-replay-'));
-  let groups = 0;
-  header.steps.forEach((step, i) => {
-    if (step.tool !== 'nft' || step.phase === undefined) return;
-    const name = step.phase === 'group' ? `group${groups++}` : step.phase;
-    writeFileSync(path.join(work, name), scripts[i] as Buffer, { mode: 0o600 });
-  });
-  const argv = ['bash', '-c', PHASES_SH, 'natgw-replay-phases', work, String(groups), 'prelude'];
+  const by = (phase: NftPhase) =>
+    scripts.filter((_, i) => {
+      const s = header.steps[i];
+      return s?.tool === 'nft' && s.phase === phase;
+    });
+  const { dir, argv } = phaseRun(
+    { prelude: by('prelude')[0], first: by('first')[0] as Buffer, groups: by('group'), last: by('last')[0] as Buffer },
+    tmpdir(),
+    'natgw-replay',
+  );
   const child = spawn(argv[0] as string, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   child.stdout?.on('data', (d: Buffer) => {
@@ -178,7 +169,7 @@ function runPhases(header: RulesetHeader, scripts: readonly Buffer[], took: (pat
   });
   return exited(['nft phases'], child).finally(() => {
     took(out.includes('natgw-phases-whole') ? 'whole' : 'phases');
-    rmSync(work, { recursive: true, force: true });
+    rmSync(dir, { recursive: true, force: true });
   });
 }
 
@@ -196,13 +187,10 @@ function readHead(file: string): string {
   }
 }
 
-/** The script in an unlinked file whose descriptor is the tool's stdin (offset 0: written with pwrite). */
+/** The script in an unlinked file whose descriptor is the tool's stdin (unlinkedInput.ts). */
 function spawnWithInput(argv: string[], script: Buffer, tmp: string): ChildProcess {
-  const fd = openSync(tmp, 'w+', 0o600);
+  const fd = unlinkedFileWith(tmp, script);
   try {
-    unlinkSync(tmp);
-    let at = 0;
-    while (at < script.length) at += writeSync(fd, script, at, script.length - at, at);
     return spawn(argv[0] as string, argv.slice(1), { stdio: [fd, 'ignore', 'pipe'] });
   } finally {
     closeSync(fd);

@@ -1,10 +1,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { unlinkedFileWith } from './unlinkedInput.js';
 
 /**
  * The one door to processes. Every tool natgw runs goes through an Executor, with an
@@ -336,27 +337,13 @@ function spawnTool(req: ExecRequest, stdin: 'pipe' | 'ignore' | number): ChildPr
  */
 const FILE_INPUT_BYTES = 64 * 1024;
 
-/** A read descriptor at offset 0 of an unlinked file holding `input` (written with pwrite); undefined to use a pipe. */
+/** A read descriptor of an unlinked temp file holding `input` (unlinkedInput.ts); undefined to use a pipe. */
 function inputFile(input: string): number | undefined {
   if (input.length < FILE_INPUT_BYTES) return undefined;
-  const path = join(tmpdir(), `natgw-stdin-${process.pid}-${randomBytes(8).toString('hex')}`);
-  let fd: number | undefined;
   try {
-    // O_EXCL: never an existing file or a link someone planted; 0600 and unlinked at once.
-    fd = openSync(path, 'wx+', 0o600);
-    unlinkSync(path);
-    const bytes = Buffer.from(input, 'utf8');
-    let at = 0;
-    while (at < bytes.length) at += writeSync(fd, bytes, at, bytes.length - at, at);
-    return fd;
+    return unlinkedFileWith(join(tmpdir(), `natgw-stdin-${process.pid}-${randomBytes(8).toString('hex')}`), Buffer.from(input, 'utf8'));
   } catch {
     // A temp dir that is read-only or full: the pipe still works.
-    if (fd !== undefined) {
-      closeSync(fd);
-      try {
-        unlinkSync(path);
-      } catch {}
-    }
     return undefined;
   }
 }

@@ -4,14 +4,13 @@
  * system client runs `nft` through the Executor; tests put an in-memory fake behind the same
  * interface (test/helpers/fakeNft.ts).
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { ToolError } from '../../../model/errors.js';
 import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
 import { dropCreated, type NftPhases } from './phases.js';
-import { PHASES_SH } from './phaseScript.js';
+import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 import { listingsDone, type HitSetRef } from './witness.js';
@@ -112,22 +111,16 @@ export class SystemNftClient implements NftClient {
    * arguments. Each `nft` reads its phase on stdin, as every other natgw run does.
    */
   async runPhases(p: NftPhases): Promise<PhaseTimings> {
-    let dir: string;
+    let run: ReturnType<typeof phaseRun>;
     try {
-      dir = mkdtempSync(join(tmpdir(), 'natgw-phases-'));
+      run = phaseRun({ first: p.first.text(), groups: p.groups.map((g) => g.text()), last: p.last.text() }, tmpdir(), 'natgw-phases');
     } catch {
       // No temp directory to write to (a read-only /tmp): the event loop sequences them.
       return runInTurn(this, p);
     }
     try {
-      try {
-        writeFileSync(join(dir, 'first'), p.first.text(), { mode: 0o600 });
-        p.groups.forEach((g, i) => writeFileSync(join(dir, `group${i}`), g.text(), { mode: 0o600 }));
-        writeFileSync(join(dir, 'last'), p.last.text(), { mode: 0o600 });
-      } catch {
-        return runInTurn(this, p);
-      }
-      const r = await this.exec.run({ file: 'bash', args: ['-c', PHASES_SH, 'natgw-phases', dir, String(p.groups.length)] });
+      const [file, ...args] = run.argv as [string, ...string[]];
+      const r = await this.exec.run({ file, args });
       const stamps = [...r.stdout.matchAll(/^t (\d+)[.,](\d{6})$/gm)].map((m) => Number(m[1]) * 1000 + Number(m[2]) / 1000);
       if (r.exitCode === 0 && stamps.length === 4) {
         const [a, b, c, d] = stamps as [number, number, number, number];
@@ -139,7 +132,7 @@ export class SystemNftClient implements NftClient {
       // The first phase committed once its stamp was written: only then are the tables natgw's to delete.
       throw new PhaseRefused(new ToolError('nft -f -', `the ${failed} phase of the transaction`, r.exitCode, stderr, script, r.timedOut), stamps.length >= 2);
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      rmSync(run.dir, { recursive: true, force: true });
     }
   }
 

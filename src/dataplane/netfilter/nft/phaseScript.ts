@@ -13,6 +13,9 @@
  * on a refusal `natgw-phase-refused: first|groups|last` on stderr, exit 1. When the whole
  * transaction ran instead, `natgw-phases-whole` on stdout and nft's exit status.
  */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+
 export const PHASES_SH = `set -u
 d=$1; n=$2; prelude=\${3:-}
 echo "t $EPOCHREALTIME"
@@ -34,3 +37,32 @@ echo "t $EPOCHREALTIME"
 nft -f - < "$d/last" || { echo "natgw-phase-refused: last" >&2; exit 1; }
 echo "t $EPOCHREALTIME"
 `;
+
+/** The scripts PHASES_SH runs, by phase; `prelude` only where the first may be refused (the replay). */
+export interface PhaseFiles {
+  readonly prelude?: string | Buffer;
+  readonly first: string | Buffer;
+  readonly groups: readonly (string | Buffer)[];
+  readonly last: string | Buffer;
+}
+
+/**
+ * The phases' scripts in a new private directory under `parent` (0600 files named as PHASES_SH
+ * reads them), and the bash argv that runs them there. The caller removes `dir` once bash ended.
+ * Throws when the directory or a file cannot be written; then nothing is left behind.
+ */
+export function phaseRun(files: PhaseFiles, parent: string, name: string): { readonly dir: string; readonly argv: readonly string[] } {
+  const dir = mkdtempSync(join(parent, `${name}-`));
+  try {
+    const write = (file: string, text: string | Buffer) => writeFileSync(join(dir, file), text, { mode: 0o600 });
+    if (files.prelude !== undefined) write('prelude', files.prelude);
+    write('first', files.first);
+    files.groups.forEach((g, i) => write(`group${i}`, g));
+    write('last', files.last);
+  } catch (e) {
+    rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
+  const argv = ['bash', '-c', PHASES_SH, name, dir, String(files.groups.length), ...(files.prelude !== undefined ? ['prelude'] : [])];
+  return { dir, argv };
+}
