@@ -6,27 +6,20 @@
  * Over natgw's own tables (a restart in the same namespace) the first phase's `create table` is
  * refused and the prelude plus every phase run as the one replacing transaction: trusted too.
  */
-import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../helpers/traffic.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, copyStateDir, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 const FIP_EIP = '172.20.0.11';
 /** Enough map elements for the phased cut (PHASING.minElements is 10,000). */
 const EXTRA_DNATS = 10_000;
 const NFT: BackendCase = { name: 'nftables', env: { GATEWAY_NETFILTER_MODE: 'nftables' } };
-
-function copyDir(from: string, to: string): void {
-  for (const name of readdirSync(from)) {
-    const p = join(from, name);
-    if (statSync(p).isFile() && !name.endsWith('.sock') && name !== 'natgw.log') copyFileSync(p, join(to, name));
-  }
-}
 
 /** The cache's nft steps, by phase, from its header line. */
 function cachedPhases(dir: string): string[] {
@@ -90,7 +83,7 @@ describe.skipIf(availableParallelism() < 2)('a large applied-ruleset replayed in
     wantKernel = await ownedNetfilter(src, NFT);
     expect(await stopDaemon(d)).toBe(0);
     saved = mkdtempSync(join(tmpdir(), 'natgw-replay-phased-'));
-    copyDir(src.stateDir, saved);
+    copyStateDir(src.stateDir, saved);
   }, 180_000);
 
   afterAll(async () => {
@@ -110,7 +103,7 @@ describe.skipIf(availableParallelism() < 2)('a large applied-ruleset replayed in
 
   it('in a fresh namespace the phases are applied and trusted; traffic passes; a restart over them replaces them whole', async () => {
     const t = await topology();
-    copyDir(saved, t.stateDir);
+    copyStateDir(saved, t.stateDir);
     const d = await daemonIn(t);
     expect(d.logs()).toContain('"replay":"trusted"');
     expect(d.logs()).toContain('nft in phases');

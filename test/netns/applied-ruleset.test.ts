@@ -6,25 +6,18 @@
  * DNAT, UDP through a SNAT, ICMP through a FIP. A journal entry after the snapshot, a torn cache
  * and a cache of the other backend are each ignored, and the full sync of old gets it right.
  */
-import { copyFileSync, mkdtempSync, readdirSync, rmSync, statSync, truncateSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, truncateSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../helpers/traffic.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, copyStateDir, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 const FIP_EIP = '172.20.0.11';
 const EXTRA_DNATS = 300;
-
-function copyDir(from: string, to: string): void {
-  for (const name of readdirSync(from)) {
-    const p = join(from, name);
-    if (statSync(p).isFile() && !name.endsWith('.sock') && name !== 'natgw.log') copyFileSync(p, join(to, name));
-  }
-}
 
 /** The backend env that contradicts `b` (for a cache written by the other backend). */
 const otherBackend = (b: BackendCase): BackendCase =>
@@ -63,7 +56,7 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
   const saveDir = (from: Topology): string => {
     const d = mkdtempSync(join(tmpdir(), 'natgw-replay-test-'));
     dirs.push(d);
-    copyDir(from.stateDir, d);
+    copyStateDir(from.stateDir, d);
     return d;
   };
   /** TCP and UDP through DNATs, TCP through the SNAT, ICMP through the FIP: each fails without its rule. */
@@ -137,7 +130,7 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
 
   it('replays the cache in a fresh namespace and trusts it: the rules are there and traffic passes', async () => {
     const t = await topology(b.env);
-    copyDir(clean, t.stateDir);
+    copyStateDir(clean, t.stateDir);
     const d = await daemonIn(t);
     expect(d.logs()).toContain('"replay":"trusted"');
     expect(await replayPath(t)).toBe('trusted');
@@ -157,7 +150,7 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
 
   it('does not replay over a journal entry after the snapshot; the full sync applies both', async () => {
     const t = await topology(b.env);
-    copyDir(journaled, t.stateDir);
+    copyStateDir(journaled, t.stateDir);
     const d = await daemonIn(t);
     expect(d.logs()).toMatch(/"replay":"skipped","why":"not replayed: the journal holds changes after the snapshot"/);
     expect(await replayPath(t)).toBe('skipped');
@@ -167,7 +160,7 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
 
   it('ignores a torn cache', async () => {
     const t = await topology(b.env);
-    copyDir(clean, t.stateDir);
+    copyStateDir(clean, t.stateDir);
     const file = join(t.stateDir, 'applied-ruleset');
     truncateSync(file, statSync(file).size - 100);
     const d = await daemonIn(t);
@@ -179,7 +172,7 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
   it('ignores a cache of the other backend (GATEWAY_NETFILTER_MODE changed)', async () => {
     const other = otherBackend(b);
     const t = await topology(other.env);
-    copyDir(clean, t.stateDir);
+    copyStateDir(clean, t.stateDir);
     const d = await daemonIn(t);
     expect(d.logs()).toMatch(/"replay":"skipped","why":"not replayed: GATEWAY_NETFILTER_MODE=/);
     expect(await replayPath(t)).toBe('skipped');

@@ -5,6 +5,7 @@
  */
 import { StateStore } from '../../src/state/store.js';
 import type { ChildProcess } from 'node:child_process';
+import { copyFileSync, readdirSync, statSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import type { Topology } from '../helpers/netns.js';
@@ -141,4 +142,12 @@ export function ok(r: ApiResponse, what: string): ApiResponse {
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export async function savedState(topo: Topology): Promise<any> {
   return new StateStore(topo.stateDir).load();
+}
+
+/** A state dir's regular files (state, journal, records, applied-ruleset), not its socket or log: a saved copy, or one put back. */
+export function copyStateDir(from: string, to: string): void {
+  for (const name of readdirSync(from)) {
+    const p = join(from, name);
+    if (statSync(p).isFile() && !name.endsWith('.sock') && name !== 'natgw.log') copyFileSync(p, join(to, name));
+  }
 }

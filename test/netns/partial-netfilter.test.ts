@@ -10,31 +10,13 @@ import type { NatTables, NetfilterBackend } from '../../src/dataplane/netfilter/
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { IptablesBackend } from '../../src/dataplane/netfilter/iptables/backend.js';
 import type { Dnat, Fip, Snat } from '../../src/model/rules.js';
-import { RecordingExecutor, type ExecRequest, type Executor, type ToolSession } from '../../src/system/exec.js';
+import { RecordingExecutor, type ExecRequest, type Executor } from '../../src/system/exec.js';
+import { RecordedExecutor } from '../helpers/execCalls.js';
 import { createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { prng } from '../helpers/prng.js';
 
 const HOOK_TIMEOUT = 60_000;
-
-/** The real executor, remembering what ran (to prove a partial sync reads nothing back). */
-class Recording implements Executor {
-  readonly calls: ExecRequest[] = [];
-  constructor(private readonly inner: Executor) {}
-  run(req: ExecRequest) {
-    this.calls.push(req);
-    return this.inner.run(req);
-  }
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached(req);
-  }
-  /** A session's requests are transactions, never listings: the nft backend's partial syncs go there. */
-  session(file: string, args: readonly string[]): ToolSession {
-    const s = this.inner.session?.(file, args);
-    if (!s) throw new Error('the inner executor keeps no sessions');
-    return s;
-  }
-}
 
 /** A listing: `nft list …`, `iptables-…-save` (under `ip netns exec`, the tool is an argument). */
 const isRead = (r: ExecRequest): boolean => [r.file, ...r.args].some((a) => a === 'list' || a.endsWith('-save'));
@@ -111,7 +93,8 @@ describe.each(CASES)('partial netfilter sync ($name)', ({ name, make }) => {
   }, HOOK_TIMEOUT);
 
   it('a random walk of partial syncs leaves the kernel as a full sync would, reading nothing back', async () => {
-    const exec = new Recording(new NetnsExecutor(topo.ns.gw));
+    // The real executor, remembering what ran (to prove a partial sync reads nothing back).
+    const exec = new RecordedExecutor(new NetnsExecutor(topo.ns.gw));
     const backend = make(exec);
     await backend.sync(START, { mode: 'full' });
     const rnd = prng(name.length * 7919);

@@ -12,9 +12,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine, type FlushCount } from '../../src/engine/engine.js';
 import { runLegacy } from '../../src/engine/legacy.js';
-import type { ExecRequest, Executor, ToolSession } from '../../src/system/exec.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
+import { RecordedExecutor } from '../helpers/execCalls.js';
 import { conntrackCount, startEchoServer, startLongFlow, type ServerHandle } from '../helpers/traffic.js';
 
 const EIP = '172.20.0.10';
@@ -23,23 +23,7 @@ const EIP3 = '172.20.0.12';
 const FROM_EXT = { localAddress: ADDR.extHost } as const;
 
 /** The production executor in the gateway namespace, remembering every run (sessions pass through). */
-class Recording implements Executor {
-  readonly calls: ExecRequest[] = [];
-  readonly inner: NetnsExecutor;
-  constructor(ns: string) {
-    this.inner = new NetnsExecutor(ns);
-  }
-  run(req: ExecRequest) {
-    this.calls.push(req);
-    return this.inner.run(req);
-  }
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached(req);
-  }
-  session(file: string, args: readonly string[]): ToolSession {
-    return this.inner.session(file, args);
-  }
-}
+type Recording = RecordedExecutor<NetnsExecutor>;
 
 const conntrackRuns = (exec: Recording): string[] => exec.calls.filter((r) => r.file === 'conntrack').map((r) => r.args.join(' '));
 
@@ -54,7 +38,7 @@ describe('hit witnesses (nftables, real kernel)', () => {
 
   /** A new engine on the same state and kernel: what a daemon restart is. */
   async function start(): Promise<void> {
-    exec = new Recording(topo.ns.gw);
+    exec = new RecordedExecutor(new NetnsExecutor(topo.ns.gw));
     execs.push(exec);
     const config = await loadConfig({
       NATGW_ENV_FILE: path.join(topo.stateDir, 'none.env'),
