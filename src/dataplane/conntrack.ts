@@ -62,6 +62,50 @@ export function parseConntrackList(text: string): TrackedFlow[] {
   return flows;
 }
 
+/**
+ * The kernel's own table of this network namespace (CONFIG_NF_CONNTRACK_PROCFS): one read of a
+ * few hundred microseconds, where `conntrack -D` costs a process and a netlink dump (~5 ms).
+ */
+export const PROC_CONNTRACK = '/proc/net/nf_conntrack';
+
+/**
+ * The table is believed only when all of it came out of ONE read(2), and this bound is what
+ * proves that. A seq_file hands out at most its buffer (one page, 4 KiB or more) per read, and
+ * each read is one walk of the hash under RCU: a walk sees every entry that exists throughout
+ * it (a node moved mid-walk restarts its bucket), as conntrack's own netlink dump does. Between
+ * two reads the kernel resumes by position (by a count within the bucket since 6.x, over the
+ * whole hash of every namespace before): an entry deleted meanwhile before that position shifts
+ * it, and the entry just after is never shown. A read that stopped because the page was full
+ * stopped within one record (well under 1 KiB: ~480 bytes at most without a security context)
+ * of the page's end, so text of at most a page less 1 KiB ended at the table's end: one walk.
+ * A larger table (beyond ~15 IPv4 entries) is not answered here: `conntrack -D` runs as ever.
+ */
+export const PROC_CONNTRACK_MAX = 3072;
+
+/**
+ * PURE: /proc/net/nf_conntrack text → the original direction of each entry; undefined when any
+ * line is not understood or the text does not end a line (then nothing is proved).
+ * Its lines are conntrack -L's behind a family prefix (`ipv4     2 tcp      6 …`), with IPv6
+ * addresses in full 8-group form, canonicalised here.
+ */
+export function parseProcConntrack(text: string): TrackedFlow[] | undefined {
+  if (text !== '' && !text.endsWith('\n')) return undefined;
+  const flows: TrackedFlow[] = [];
+  try {
+    for (const line of text.split('\n')) {
+      if (line === '') continue;
+      const rest = /^ipv[46]\s+\d+\s+(\S.*)$/.exec(line)?.[1];
+      const flow = rest === undefined ? undefined : parseConntrackList(rest)[0];
+      if (!flow || ((flow.protocol === 'tcp' || flow.protocol === 'udp') && flow.dport === undefined)) return undefined;
+      flows.push(flow);
+    }
+  } catch {
+    // An address canonicalIp refuses.
+    return undefined;
+  }
+  return flows;
+}
+
 /** PURE: whether a flush with this filter would delete the flow. */
 export function matches(f: ConntrackFilter, flow: TrackedFlow): boolean {
   if (canonicalIp(f.dst) !== flow.dst) return false;
@@ -82,16 +126,44 @@ export class Conntrack {
     private readonly log?: Logger,
   ) {}
 
-  /**
-   * Flush for every filter. A bulk change may remove thousands of mappings: then one listing
-   * per family first, and a delete only for the filters that match a tracked connection, instead
-   * of a process per filter. A listing that fails falls back to a delete per filter.
-   */
+  /** Flush for every filter (flushOwed); the number of entries deleted. */
   async flushAll(given: readonly ConntrackFilter[]): Promise<number> {
+    return (await this.flushOwed(given)).deleted;
+  }
+
+  /**
+   * Flush for every filter. First the kernel's own table (PROC_CONNTRACK, when small enough to
+   * be read in one walk): a filter that matches no entry there owes nothing and is skipped, and
+   * a port range takes its ports from it. Without that answer, a bulk change (thousands of
+   * mappings) lists once per family first and deletes only for the filters that match a tracked
+   * connection, instead of a process per filter; a listing that fails falls back to a delete
+   * per filter. `skipped`: the given filters the kernel's table proved owe nothing.
+   *
+   * Why skipping is safe: the caller flushes after the commit that removed the translation, so
+   * from then on no packet is translated by it and no entry that needs the flush is created;
+   * entries that exist are all in the one walk. What neither this read nor conntrack -D's own
+   * dump (which starts later still) can see is a packet translated just before the commit whose
+   * entry the kernel confirms into the table just after the walk passed its bucket: the same
+   * window either way. With an HA peer, conntrackd writes the peer's flows into this table, so
+   * they are listed as any other.
+   */
+  async flushOwed(given: readonly ConntrackFilter[]): Promise<{ deleted: number; skipped: readonly ConntrackFilter[] }> {
     // Flushes that failed before go again with these (and at every resync, see retryFailed).
     const filters = this.failed.size > 0 ? [...given, ...[...this.failed.values()].map((x) => x.filter)] : given;
+    if (filters.length === 0) return { deleted: 0, skipped: [] };
     let todo = filters;
-    if (filters.length > LIST_FIRST_ABOVE) {
+    const tracked = await this.kernelTable();
+    const skipped: ConntrackFilter[] = [];
+    if (tracked) {
+      todo = filters.filter((f) => {
+        if (tracked.some((flow) => matches(f, flow))) return true;
+        // Nothing to delete: a debt owed from before is paid too.
+        this.failed.delete(filterKey(f));
+        if (given.includes(f)) skipped.push(f);
+        this.log?.debug({ filter: f }, 'conntrack flush skipped: no tracked connection matches');
+        return false;
+      });
+    } else if (filters.length > LIST_FIRST_ABOVE) {
       const flows = await this.list(filters);
       if (flows) todo = filters.filter((f) => flows.some((flow) => matches(f, flow)));
       this.log?.debug({ filters: filters.length, matching: todo.length }, 'conntrack: listed before flushing');
@@ -101,11 +173,26 @@ export class Conntrack {
     const worker = async () => {
       while (next < todo.length) {
         const f = todo[next++];
-        if (f) deleted += await this.flush(f);
+        if (!f) continue;
+        // Awaited before the sum: `deleted += await …` would add to the value read before the wait.
+        const n = tracked && isRange(f) ? await this.flushRange(f, tracked) : await this.flush(f);
+        deleted += n;
       }
     };
     await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, todo.length) }, worker));
-    return deleted;
+    return { deleted, skipped };
+  }
+
+  /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
+  private async kernelTable(): Promise<TrackedFlow[] | undefined> {
+    const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
+    const flows = text === undefined ? undefined : parseProcConntrack(text);
+    if (!flows && this.exec.readKernelFile)
+      this.log?.debug(
+        { file: PROC_CONNTRACK, read: text !== undefined },
+        'conntrack: the kernel table gave no whole answer (absent, unreadable, too large or not understood): conntrack runs',
+      );
+    return flows;
   }
 
   private async list(filters: readonly ConntrackFilter[]): Promise<TrackedFlow[] | undefined> {
@@ -163,7 +250,7 @@ export class Conntrack {
       return 0;
     }
     this.failed.delete(key);
-    if (isRange(f)) return this.flushRange(f, r.stdout);
+    if (isRange(f)) return this.flushRange(f, parseConntrackList(r.stdout));
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;
@@ -218,18 +305,12 @@ export class Conntrack {
 
   /**
    * A port range: conntrack filters on one destination port, so the entries to that address and
-   * protocol are listed once (by flush, which owes the range a retry when the listing fails) and a
-   * delete runs for each port of the range that has any (not for each of up to 65,535 ports);
-   * each of those owes its own retry.
+   * protocol are listed once (by flush, which owes the range a retry when the listing fails, or
+   * read from the kernel's table by flushOwed) and a delete runs for each port of the range that
+   * has any (not for each of up to 65,535 ports); each of those owes its own retry.
    */
-  private async flushRange(f: ConntrackFilter, listing: string): Promise<number> {
-    const ports = [
-      ...new Set(
-        parseConntrackList(listing)
-          .filter((flow) => matches(f, flow))
-          .map((flow) => flow.dport as number),
-      ),
-    ];
+  private async flushRange(f: ConntrackFilter, flows: readonly TrackedFlow[]): Promise<number> {
+    const ports = [...new Set(flows.filter((flow) => matches(f, flow)).map((flow) => flow.dport as number))];
     let deleted = 0;
     for (const port of ports) deleted += await this.flush({ dst: f.dst, protocol: f.protocol as 'tcp' | 'udp', port });
     return deleted;

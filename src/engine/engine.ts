@@ -51,6 +51,8 @@ export interface ApplyReport {
 export interface FlushCount {
   readonly ran: number;
   readonly skipped: number;
+  /** Skipped, when there are any, because the kernel's conntrack table held no matching entry (conntrack.ts). */
+  readonly noEntries?: number;
 }
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
@@ -505,12 +507,13 @@ export class Engine {
       this.log.warn({ err: e }, 'hit witnesses unreadable: every flush runs');
       return flushes;
     });
+    let noEntries = 0;
     try {
-      await this.conntrack.flushAll(todo);
+      noEntries = (await this.conntrack.flushOwed(todo)).skipped.length;
     } catch (e) {
       this.log.error({ err: e }, 'conntrack flush failed: connections may keep the old translation');
     }
-    return { ran: todo.length, skipped: flushes.length - todo.length };
+    return { ran: todo.length - noEntries, skipped: flushes.length - todo.length, ...(noEntries > 0 ? { noEntries } : {}) };
   }
 
   /** The flushes still owed once the backend's hit witnesses answered (nft/witness.ts); all of them without witnesses. */
@@ -521,7 +524,8 @@ export class Engine {
     backend: NetfilterBackend,
   ): Promise<readonly ConntrackFilter[]> {
     // With a replica (conntrackd), flows translated by the peer are written into this kernel
-    // without passing its rules: no witness here saw them.
+    // without passing its rules: no witness here saw them. (The kernel's table, read by the
+    // Conntrack part next, lists them: that check runs with a peer too.)
     if (!backend.witness || flushes.length > WITNESS_MAX || this.config.ha?.peer !== undefined) return flushes;
     const items = flushes.map((f) => witnessFor(f, before, after));
     const asked = items.filter((w): w is WitnessItem => w !== undefined);

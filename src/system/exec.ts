@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { closeSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { open, readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -61,9 +61,10 @@ export interface Executor {
   /**
    * A kernel status file of this process's own network namespace (/proc/net/…), read without a
    * tool; undefined when unreadable. Absent where the executor is not the kernel's here (fakes,
-   * an executor running tools in another namespace): callers then ask the tool.
+   * an executor running tools in another namespace): callers then ask the tool. With
+   * `maxBytes`, undefined also when the file holds more (read no further than that).
    */
-  readKernelFile?(path: string): Promise<string | undefined>;
+  readKernelFile?(path: string, maxBytes?: number): Promise<string | undefined>;
   /**
    * A long-lived process of this tool, shared by every caller of this executor (see
    * ToolSession); absent where the executor cannot keep one (fakes, recorders): callers then
@@ -280,9 +281,9 @@ export class SystemExecutor implements Executor {
     return s;
   }
 
-  async readKernelFile(path: string): Promise<string | undefined> {
+  async readKernelFile(path: string, maxBytes?: number): Promise<string | undefined> {
     try {
-      return await readFile(path, 'utf8');
+      return maxBytes === undefined ? await readFile(path, 'utf8') : await readCapped(path, maxBytes);
     } catch {
       return undefined;
     }
@@ -574,6 +575,23 @@ class ProcessSession implements ToolSession {
     } finally {
       clearTimeout(timer);
     }
+  }
+}
+
+/** A file's text if it holds at most `maxBytes` (a /proc seq_file hands out a page or less per read). */
+async function readCapped(path: string, maxBytes: number): Promise<string | undefined> {
+  const fh = await open(path, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(Math.max(maxBytes + 1, 65536));
+    let total = 0;
+    for (;;) {
+      const { bytesRead } = await fh.read(buf, total, buf.length - total, null);
+      if (bytesRead === 0) return buf.toString('utf8', 0, total);
+      total += bytesRead;
+      if (total > maxBytes) return undefined;
+    }
+  } finally {
+    await fh.close();
   }
 }
 

@@ -1,0 +1,164 @@
+/**
+ * The kernel's own conntrack table as a witness (src/dataplane/conntrack.ts): its parser, the
+ * capped read, and the decision — a filter that matches no entry runs no conntrack, any doubt
+ * (no file, too large, a line not understood) runs it as ever.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { Conntrack, type ConntrackFilter, matches, PROC_CONNTRACK, PROC_CONNTRACK_MAX, parseProcConntrack } from '../../src/dataplane/conntrack.js';
+import { Metrics } from '../../src/engine/metrics.js';
+import { emptyState } from '../../src/state/state.js';
+import { RecordingExecutor, SystemExecutor } from '../../src/system/exec.js';
+
+// As 6.18 prints them (the IPv6 and udp lines captured from a namespace here; icmp per print_tuple).
+const TCP4 =
+  'ipv4     2 tcp      6 431999 ESTABLISHED src=172.20.0.100 dst=172.20.0.10 sport=40000 dport=8080 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40000 [ASSURED] mark=0 zone=0 use=2';
+const UDP4_UNREPLIED =
+  'ipv4     2 udp      17 29 src=172.20.0.100 dst=172.20.0.10 sport=5353 dport=53 [UNREPLIED] src=10.0.1.7 dst=172.20.0.100 sport=53 dport=5353 mark=0 zone=0 use=2';
+const TCP6 =
+  'ipv6     10 tcp      6 299 ESTABLISHED src=2001:0db8:0000:0000:0000:0000:0000:0100 dst=2001:0db8:0001:0000:0000:0000:0000:0010 sport=40000 dport=8080 [UNREPLIED] src=2001:0db8:0002:0000:0000:0000:0000:0006 dst=2001:0db8:0000:0000:0000:0000:0000:0100 sport=80 dport=40000 [ASSURED] mark=0 zone=0 use=2';
+const ICMP4 =
+  'ipv4     2 icmp     1 29 src=172.20.0.100 dst=172.20.0.11 type=8 code=0 id=77 src=10.0.1.7 dst=172.20.0.100 type=0 code=0 id=77 mark=0 zone=0 use=2';
+
+const table = (...lines: string[]): string => lines.map((l) => `${l}\n`).join('');
+
+describe('parseProcConntrack', () => {
+  it('IPv4 lines: the original direction behind the family prefix, replied or not', () => {
+    expect(parseProcConntrack(table(TCP4, UDP4_UNREPLIED))).toEqual([
+      { protocol: 'tcp', dst: '172.20.0.10', dport: 8080 },
+      { protocol: 'udp', dst: '172.20.0.10', dport: 53 },
+    ]);
+  });
+
+  it('IPv6 in full 8-group form is canonicalised, so a filter written short matches it', () => {
+    const flows = parseProcConntrack(table(TCP6));
+    expect(flows).toEqual([{ protocol: 'tcp', dst: '2001:db8:1::10', dport: 8080 }]);
+    expect(matches({ dst: '2001:db8:1::10', protocol: 'tcp', port: 8080 }, flows![0]!)).toBe(true);
+  });
+
+  it('icmp has no ports: a floating IP (destination only) matches it, a DNAT does not', () => {
+    const flows = parseProcConntrack(table(ICMP4))!;
+    expect(flows).toEqual([{ protocol: 'icmp', dst: '172.20.0.11' }]);
+    expect(matches({ dst: '172.20.0.11' }, flows[0]!)).toBe(true);
+    expect(matches({ dst: '172.20.0.11', protocol: 'tcp', port: 80 }, flows[0]!)).toBe(false);
+  });
+
+  it('an empty table is an answer: nothing tracked', () => {
+    expect(parseProcConntrack('')).toEqual([]);
+  });
+
+  it('no answer: a cut last line, a line not understood, a tcp line without ports, an address not parsed', () => {
+    expect(parseProcConntrack(`${TCP4}\n${UDP4_UNREPLIED.slice(0, 60)}`)).toBeUndefined();
+    expect(parseProcConntrack(table(TCP4, 'something else entirely'))).toBeUndefined();
+    expect(parseProcConntrack(table('ipv4     2 tcp      6 10 ESTABLISHED src=1.2.3.4 dst=172.20.0.10 [ASSURED] use=1'))).toBeUndefined();
+    expect(parseProcConntrack(table('ipv6     10 udp      17 29 src=::1 dst=zz:zz::1 sport=1 dport=2 use=1'))).toBeUndefined();
+  });
+});
+
+describe('SystemExecutor.readKernelFile with a cap', () => {
+  const dir = mkdtempSync(path.join(tmpdir(), 'natgw-proc-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('the text up to the cap, nothing beyond it, undefined for a missing file', async () => {
+    const exec = new SystemExecutor();
+    const small = path.join(dir, 'small');
+    const large = path.join(dir, 'large');
+    writeFileSync(small, 'x'.repeat(PROC_CONNTRACK_MAX));
+    writeFileSync(large, 'x'.repeat(PROC_CONNTRACK_MAX + 1));
+    expect(await exec.readKernelFile(small, PROC_CONNTRACK_MAX)).toHaveLength(PROC_CONNTRACK_MAX);
+    expect(await exec.readKernelFile(large, PROC_CONNTRACK_MAX)).toBeUndefined();
+    expect(await exec.readKernelFile(large)).toHaveLength(PROC_CONNTRACK_MAX + 1);
+    expect(await exec.readKernelFile(path.join(dir, 'absent'), PROC_CONNTRACK_MAX)).toBeUndefined();
+  });
+});
+
+describe('Conntrack: the kernel table decides which flushes run', () => {
+  const deletedOne = { stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
+  /** A recorder whose kernel file is `text`, honouring the cap as the system executor does. */
+  function kernel(text: string | undefined) {
+    const reads: { path: string; maxBytes: number | undefined }[] = [];
+    const exec = Object.assign(new RecordingExecutor(() => deletedOne), {
+      readKernelFile: async (p: string, maxBytes?: number) => {
+        reads.push({ path: p, maxBytes });
+        return text !== undefined && p === PROC_CONNTRACK && (maxBytes === undefined || text.length <= maxBytes) ? text : undefined;
+      },
+    });
+    return { exec, reads, runs: () => exec.calls.map((c) => c.args.join(' ')) };
+  }
+  const dnat8080: ConntrackFilter = { dst: '172.20.0.10', protocol: 'tcp', port: 8080 };
+  const dnat8081: ConntrackFilter = { dst: '172.20.0.10', protocol: 'tcp', port: 8081 };
+  const fip: ConntrackFilter = { dst: '172.20.0.11' };
+
+  it('no matching entry: no conntrack at all, and the filters are reported skipped', async () => {
+    const k = kernel(table(TCP4, ICMP4));
+    const r = await new Conntrack(k.exec).flushOwed([dnat8081, { dst: '172.20.0.12' }]);
+    expect(k.runs()).toEqual([]);
+    expect(r).toEqual({ deleted: 0, skipped: [dnat8081, { dst: '172.20.0.12' }] });
+    expect(k.reads).toEqual([{ path: PROC_CONNTRACK, maxBytes: PROC_CONNTRACK_MAX }]);
+  });
+
+  it('a matching entry: conntrack -D runs exactly as without the table, for that filter only', async () => {
+    const k = kernel(table(TCP4, ICMP4));
+    const r = await new Conntrack(k.exec).flushOwed([dnat8080, dnat8081, fip]);
+    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080', '-D --orig-dst 172.20.0.11']);
+    expect(r).toEqual({ deleted: 2, skipped: [dnat8081] });
+  });
+
+  it('no file (a kernel without CONFIG_NF_CONNTRACK_PROCFS), or no way to read it: every delete runs', async () => {
+    const k = kernel(undefined);
+    expect((await new Conntrack(k.exec).flushOwed([dnat8081])).skipped).toEqual([]);
+    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
+    const plain = new RecordingExecutor(() => deletedOne);
+    await new Conntrack(plain).flushAll([dnat8081]);
+    expect(plain.calls.map((c) => c.args[0])).toEqual(['-D']);
+  });
+
+  it('a table over the cap, or a line not understood: every delete runs', async () => {
+    const big = table(...Array.from({ length: 40 }, () => TCP4));
+    expect(big.length).toBeGreaterThan(PROC_CONNTRACK_MAX);
+    const k = kernel(big);
+    await new Conntrack(k.exec).flushOwed([dnat8081]);
+    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
+    const odd = kernel(table(TCP4, 'ipv4     2 what is this'));
+    await new Conntrack(odd.exec).flushOwed([dnat8081]);
+    expect(odd.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
+  });
+
+  it('a port range takes its ports from the table (no conntrack -L), or is skipped when none is tracked', async () => {
+    const range: ConntrackFilter = { dst: '172.20.0.10', protocol: 'tcp', port: 8000, portEnd: 8100 };
+    const k = kernel(table(TCP4, TCP4.replace('dport=8080', 'dport=8050'), UDP4_UNREPLIED));
+    await new Conntrack(k.exec).flushOwed([range]);
+    expect(k.runs().sort()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8050', '-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080']);
+    const none = kernel(table(UDP4_UNREPLIED));
+    expect((await new Conntrack(none.exec).flushOwed([range])).skipped).toEqual([range]);
+    expect(none.runs()).toEqual([]);
+  });
+
+  it('a flush owed after a failure is paid once the table shows nothing left to delete', async () => {
+    let text: string | undefined;
+    const exec = Object.assign(new RecordingExecutor(() => ({ exitCode: 1, stderr: 'conntrack: Operation not permitted\n' })), {
+      readKernelFile: async () => text,
+    });
+    const ct = new Conntrack(exec);
+    await ct.flushAll([dnat8080]);
+    expect(ct.pendingFlushes).toBe(1);
+    text = table(UDP4_UNREPLIED);
+    exec.calls.length = 0;
+    await ct.retryFailed();
+    expect(exec.calls).toEqual([]);
+    expect(ct.pendingFlushes).toBe(0);
+  });
+});
+
+describe('natgw_conntrack_flushes_total', () => {
+  it('counts the flushes the kernel table skipped beside those the hit witness skipped', async () => {
+    const m = new Metrics();
+    m.observeSync({ ok: true, kind: 'partial', ms: 1, report: {} as never, state: emptyState('eth0', 'net1'), flushes: { ran: 1, skipped: 2, noEntries: 3 } });
+    const body = (await m.render()).body;
+    expect(body).toContain('natgw_conntrack_flushes_total{outcome="ran"} 1');
+    expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_hits"} 2');
+    expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_entries"} 3');
+  });
+});
