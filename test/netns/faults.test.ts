@@ -135,7 +135,38 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
 
   it('a conntrack flush that fails is logged and retried with the next flush', async () => {
     // On the floating IP's address: its flush always runs. (A DNAT of its own address that never
-    // translated a connection owes none on nftables: hit witnesses, witness.ts.)
+    // translated a connection owes none on nftables: hit witnesses, witness.ts.) A flush whose
+    // mapping has no entry in the kernel's conntrack table runs on no backend (conntrack.ts):
+    // each port gets one, written by hand.
+    const tracked = (port: number) =>
+      topo.exec('gw', [
+        'conntrack',
+        '-I',
+        '-s',
+        ADDR.extHost,
+        '-d',
+        '172.20.0.11',
+        '-p',
+        'tcp',
+        '--sport',
+        '40000',
+        '--dport',
+        String(port),
+        '--state',
+        'ESTABLISHED',
+        '-t',
+        '300',
+        '-r',
+        '10.0.1.6',
+        '-q',
+        ADDR.extHost,
+        '--reply-port-src',
+        String(port - 8000),
+        '--reply-port-dst',
+        '40000',
+      ]);
+    await tracked(8090);
+    await tracked(8091);
     await legacy('dnat-add', '172.20.0.11,8090,tcp,10.0.1.6,90');
     faults.arm('conntrack', 1, 'fail', '-D');
     try {
