@@ -8,9 +8,16 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Conntrack, type ConntrackFilter, matches, PROC_CONNTRACK, PROC_CONNTRACK_MAX, parseProcConntrack } from '../../src/dataplane/conntrack.js';
+import pino from 'pino';
+import { loadConfig } from '../../src/config/config.js';
+import { Engine, type FlushCount } from '../../src/engine/engine.js';
 import { Metrics } from '../../src/engine/metrics.js';
+import type { Dnat } from '../../src/model/rules.js';
+import * as Ops from '../../src/state/operations.js';
 import { emptyState } from '../../src/state/state.js';
 import { RecordingExecutor, SystemExecutor } from '../../src/system/exec.js';
+import { FakeIptables } from '../helpers/fakeIptables.js';
+import { FakeNftClient } from '../helpers/fakeNft.js';
 
 // As 6.18 prints them (the IPv6 and udp lines captured from a namespace here; icmp per print_tuple).
 const TCP4 =
@@ -161,4 +168,49 @@ describe('natgw_conntrack_flushes_total', () => {
     expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_hits"} 2');
     expect(body).toContain('natgw_conntrack_flushes_total{outcome="skipped_no_entries"} 3');
   });
+});
+
+describe('the engine with an HA peer: the kernel table decides, on both backends', () => {
+  const dirs: string[] = [];
+  afterAll(() => {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+  const DNAT: Dnat = { eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: '10.0.1.7', internalPort: 8080 };
+  const TRACKED = table(TCP4.replace('dport=8080', 'dport=80'));
+
+  for (const [name, env] of [
+    ['iptables', { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'nft' }],
+    ['nftables', { GATEWAY_NETFILTER_MODE: 'nftables' }],
+  ] as const) {
+    it(`${name}: a DNAT delete runs conntrack -D only while the table lists its connection`, async () => {
+      const dir = mkdtempSync(path.join(tmpdir(), 'natgw-proc-engine-'));
+      dirs.push(dir);
+      const ipt = new FakeIptables();
+      let text = '';
+      const exec = Object.assign(new RecordingExecutor((r) => ipt.answer(r)), {
+        readKernelFile: async (p: string) => (p === PROC_CONNTRACK ? text : undefined),
+      });
+      const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, NATGW_HA_PEERS: '10.9.0.2', ...env });
+      expect(config.ha?.peer).toBe('10.9.0.2');
+      const engine = new Engine({ config, exec, log: pino({ level: 'silent' }), nft: new FakeNftClient() });
+      const flushes: (FlushCount | undefined)[] = [];
+      engine.onSync((e) => {
+        if (e.ok) flushes.push(e.flushes);
+      });
+      await engine.transact(({ state }) => ({ state: { ...state, initialized: true }, effects: [] }), { mode: 'full' });
+      await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.10', prefixLength: 24 }, { v4: '172.20.0.1' }), { guarded: true });
+      const conntrackRuns = () => exec.calls.filter((c) => c.file === 'conntrack').map((c) => c.args.join(' '));
+
+      await engine.transact(({ state }) => Ops.addDnat(state, DNAT), { guarded: true });
+      await engine.transact(({ state }) => Ops.delDnat(state, DNAT), { guarded: true });
+      expect(conntrackRuns()).toEqual([]);
+      expect(flushes.at(-1)).toEqual({ ran: 0, skipped: 0, noEntries: 1 });
+
+      text = TRACKED;
+      await engine.transact(({ state }) => Ops.addDnat(state, DNAT), { guarded: true });
+      await engine.transact(({ state }) => Ops.delDnat(state, DNAT), { guarded: true });
+      expect(conntrackRuns()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 80']);
+      expect(flushes.at(-1)).toEqual({ ran: 1, skipped: 0 });
+    });
+  }
 });
