@@ -3,7 +3,9 @@
  * NftBackend's syncFromAbsent), without a kernel: the split is pure, the runner and the backend
  * run against the in-memory fake nft. The real kernel: test/netns/nft-phased.test.ts.
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ToolError } from '../../src/model/errors.js';
@@ -11,6 +13,7 @@ import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { runPhases, SystemNftClient } from '../../src/dataplane/netfilter/nft/client.js';
 import { dropCreated, phases, type NftPhases } from '../../src/dataplane/netfilter/nft/phases.js';
+import { phaseRun } from '../../src/dataplane/netfilter/nft/phaseScript.js';
 import { natgwKernel } from '../../src/dataplane/netfilter/nft/readback.js';
 import { planNatgw } from '../../src/dataplane/netfilter/nft/render.js';
 import { NftTransaction, opText, type NftOp } from '../../src/dataplane/netfilter/nft/transaction.js';
@@ -277,5 +280,31 @@ describe('SystemNftClient.runPhases: one bash process runs the phases', () => {
     );
     await expect(runPhases(new SystemNftClient(x), p)).rejects.toThrow(/the first phase of the transaction: Error: Could not process rule: File exists/);
     expect(x.calls.map((c) => c.file)).toEqual(['bash']);
+  });
+});
+
+describe('phaseRun: directories left by a killed process', () => {
+  it('removes those of a pid that is gone and keeps a live process', () => {
+    const parent = mkdtempSync(join(tmpdir(), 'natgw-sweep-'));
+    try {
+      // A pid that existed and is gone: a child that already exited.
+      const gone = spawnSync('true').pid as number;
+      const orphan = join(parent, `natgw-phases-${gone}-abc123`);
+      const live = join(parent, `natgw-phases-${process.pid}-def456`);
+      const other = join(parent, `natgw-replay-${gone}-ghi789`);
+      for (const d of [orphan, live, other]) {
+        mkdirSync(d);
+        writeFileSync(join(d, 'first'), 'x');
+      }
+      const { dir } = phaseRun({ first: 'a', groups: ['b'], last: 'c' }, parent, 'natgw-phases');
+      expect(dir.startsWith(join(parent, `natgw-phases-${process.pid}-`))).toBe(true);
+      expect(existsSync(orphan)).toBe(false);
+      expect(existsSync(live)).toBe(true);
+      // Another name's directories are that name's sweep's.
+      expect(existsSync(other)).toBe(true);
+      expect(readdirSync(dir).sort()).toEqual(['first', 'group0', 'last']);
+    } finally {
+      rmSync(parent, { recursive: true, force: true });
+    }
   });
 });

@@ -13,7 +13,7 @@
  * on a refusal `natgw-phase-refused: first|groups|last` on stderr, exit 1. When the whole
  * transaction ran instead, `natgw-phases-whole` on stdout and nft's exit status.
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 export const PHASES_SH = `set -u
@@ -52,7 +52,9 @@ export interface PhaseFiles {
  * Throws when the directory or a file cannot be written; then nothing is left behind.
  */
 export function phaseRun(files: PhaseFiles, parent: string, name: string): { readonly dir: string; readonly argv: readonly string[] } {
-  const dir = mkdtempSync(join(parent, `${name}-`));
+  sweepOrphans(parent, name);
+  // The pid in the name says whose it is, for sweepOrphans.
+  const dir = mkdtempSync(join(parent, `${name}-${process.pid}-`));
   try {
     const write = (file: string, text: string | Buffer) => writeFileSync(join(dir, file), text, { mode: 0o600 });
     if (files.prelude !== undefined) write('prelude', files.prelude);
@@ -65,4 +67,36 @@ export function phaseRun(files: PhaseFiles, parent: string, name: string): { rea
   }
   const argv = ['bash', '-c', PHASES_SH, name, dir, String(files.groups.length), ...(files.prelude !== undefined ? ['prelude'] : [])];
   return { dir, argv };
+}
+
+/**
+ * Directories `name-<pid>-…` under `parent` left by a process that died before removing its
+ * own (killed mid-apply). Only those of a pid that no longer exists go: another natgw process
+ * (the daemon beside a shim's in-process run) may be applying in phases right now, and a reused
+ * pid only keeps an orphan until the next sweep.
+ */
+export function sweepOrphans(parent: string, name: string): void {
+  let entries: string[];
+  try {
+    entries = readdirSync(parent);
+  } catch {
+    return;
+  }
+  const prefix = `${name}-`;
+  for (const entry of entries) {
+    if (!entry.startsWith(prefix)) continue;
+    const pid = Number(/^(\d+)-/.exec(entry.slice(prefix.length))?.[1]);
+    if (!Number.isSafeInteger(pid) || pid <= 0 || alive(pid)) continue;
+    rmSync(join(parent, entry), { recursive: true, force: true });
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    // EPERM: it exists, under another user.
+    return (e as NodeJS.ErrnoException).code !== 'ESRCH';
+  }
 }
