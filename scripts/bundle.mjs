@@ -46,6 +46,15 @@ await build({
   format: 'esm',
   outfile: join(outdir, 'daemon', 'replayBoot.mjs'),
 });
+// The same as CommonJS, for bin/serve.cjs (the shim's `serve`), which loads no ES module.
+await build({
+  ...common,
+  entryPoints: [join(root, 'dist', 'src', 'daemon', 'replayBoot.js')],
+  format: 'cjs',
+  outfile: join(outdir, 'daemon', 'replayBoot.cjs'),
+  define: { 'import.meta.url': '__natgwUrl' },
+  banner: { js: "var __natgwUrl = require('node:url').pathToFileURL(__filename).href;" },
+});
 
 const daemon = join(outdir, 'daemon', 'serve.cjs');
 await build({
