@@ -23,7 +23,15 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(root, 'dist', 'natgw');
 const entry = join(root, 'dist', 'src', 'cli', 'main.js');
 rmSync(outdir, { recursive: true, force: true });
-const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof' };
+// 'prom-client' is its lean entry (scripts/promClientLean.cjs: what natgw uses, without the
+// built-in modules the rest loads).
+const promClientLean = {
+  name: 'prom-client-lean',
+  setup(b) {
+    b.onResolve({ filter: /^prom-client$/ }, () => ({ path: join(root, 'scripts', 'promClientLean.cjs') }));
+  },
+};
+const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof', plugins: [promClientLean] };
 
 await build({
   ...common,
