@@ -1,5 +1,6 @@
 import http from 'node:http';
 import type https from 'node:https';
+import { lazyHttps } from '../system/builtin.js';
 import { readFile } from 'node:fs/promises';
 import { readEnvFile } from '../config/envFile.js';
 import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../config/socketPath.js';
@@ -87,26 +88,15 @@ export function request(target: Target, method: string, path: string, body?: str
     hdrs['content-length'] = String(Buffer.byteLength(body));
   }
   let options: http.RequestOptions;
-  // node:https (and node:tls with it) only for an https: server: the daemon's bundle holds this module too.
-  let mod: Promise<typeof http | typeof https> = Promise.resolve(http);
+  let mod: typeof http | typeof https = http;
   if (target.kind === 'socket') {
     options = { socketPath: target.socket, path, method, headers: hdrs, agent: false };
   } else {
     if (target.token) hdrs.authorization = `Bearer ${target.token}`;
-    if (target.url.protocol === 'https:') mod = import('node:https').then((m) => m.default);
+    // node:https (and node:tls) only for an https: server: the daemon's bundle holds this module too.
+    mod = target.url.protocol === 'https:' ? lazyHttps() : http;
     options = { host: target.url.hostname, port: target.url.port || undefined, path, method, headers: hdrs, agent: false };
   }
-  return mod.then((m) => requestWith(m, target, options, method, path, body));
-}
-
-function requestWith(
-  mod: typeof http | typeof https,
-  target: Target,
-  options: http.RequestOptions,
-  method: string,
-  path: string,
-  body: string | undefined,
-): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const req = mod.request(options, (res) => {
       const chunks: Buffer[] = [];

@@ -1,4 +1,5 @@
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
+import { lazyReadline } from '../system/builtin.js';
 import type { Logger } from 'pino';
 
 export type SupervisorState = 'stopped' | 'starting' | 'running' | 'backoff';
@@ -100,17 +101,16 @@ export class Supervisor {
     };
     child.once('error', (e) => finish(null, null, e.message));
     child.once('exit', (code, signal) => finish(code, signal));
-    // node:readline loaded here, not at the daemon's start (replica sync is optional). A stream
-    // with no reader yet stays paused: no line is lost meanwhile.
     for (const stream of [child.stdout, child.stderr]) {
       if (!stream) continue;
-      void import('node:readline').then(({ createInterface }) =>
-        createInterface({ input: stream }).on('line', (line) => {
+      // node:readline loaded here, not at the daemon's start (replica sync is optional).
+      lazyReadline()
+        .createInterface({ input: stream })
+        .on('line', (line) => {
           // conntrackd marks its own severity: keep its errors visible, its chatter at debug.
           if (/\[(ERROR|WARNING)\]/.test(line)) this.o.log.warn({ child: this.o.file, line }, 'conntrackd says');
           else this.o.log.debug({ child: this.o.file, line }, 'conntrackd says');
-        }),
-      );
+        });
     }
     if (child.pid !== undefined) {
       this.o.onSpawn?.(child.pid);
