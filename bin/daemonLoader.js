@@ -1,42 +1,5 @@
-// Runs the daemon's CommonJS bundle (scripts/bundle.mjs) from its V8 code cache: the ~3 MB of
-// JavaScript is not compiled at each start. A cache V8 rejects (another node binary, other V8
-// flags) costs nothing but that compile.
-import { readFileSync, renameSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname } from 'node:path';
-import vm from 'node:vm';
+// The daemon bundle's loader for ES module callers (bin/natgw.js, scripts/bundle.mjs); the
+// code is bin/daemonLoader.cjs, which bin/serve.cjs loads without the ES module loader.
+import loader from './daemonLoader.cjs';
 
-function compile(file, cachedData) {
-  // ASCII by construction, so no UTF-8 decoding of the whole file.
-  const source = readFileSync(file, 'latin1');
-  return new vm.Script(`(function (exports, require, module, __filename, __dirname) {${source}\n})`, { filename: file, cachedData });
-}
-
-/** Evaluate the bundle as CommonJS module `file`; returns its exports (src/daemon/bundleEntry.ts). */
-function load(script, file) {
-  const wrapper = script.runInThisContext();
-  const module = { exports: {} };
-  wrapper.call(module.exports, module.exports, createRequire(file), module, file, dirname(file));
-  return module.exports;
-}
-
-/** Run the bundle as CommonJS module `file`, with its code cache when there is one. */
-export function runDaemonBundle(file) {
-  let cachedData;
-  try {
-    cachedData = readFileSync(`${file}.cache`);
-  } catch {}
-  void load(compile(file, cachedData), file).main();
-}
-
-/**
- * Write the bundle's code cache (the build does, under the daemon's V8 flags). V8 caches the
- * bytecode of the functions compiled so far, so the modules a start initialises are run first
- * (`warm`): a cache of the compile alone would leave them to be compiled at every start.
- */
-export async function writeCodeCache(file) {
-  const script = compile(file, undefined);
-  await load(script, file).warm();
-  writeFileSync(`${file}.cache.tmp`, script.createCachedData());
-  renameSync(`${file}.cache.tmp`, `${file}.cache`);
-}
+export const { runDaemonBundle, writeCodeCache } = loader;

@@ -155,7 +155,8 @@ if [ "${NATGW_SHIM_CLIENT-}" != node ] && [ $# -gt 0 ]; then
 fi
 
 # Inside the image natgw lives under /kube-ovn/natgw; in a checkout it is the checkout this
-# file sits in. (Parameter expansion, not a `$(cd "$(dirname …)")` subshell: ~3 ms less before Node.)
+# file sits in.
+# (No subshells: two forks were ~2 ms of every `serve` start and Node.js fallback.)
 case ${BASH_SOURCE[0]} in
   */*) here=${BASH_SOURCE[0]%/*} ;;
   *) here=. ;;
@@ -164,6 +165,10 @@ if [ -f "$here/natgw/bin/natgw.js" ]; then
   entry="$here/natgw/bin/natgw.js"
 else
   entry="$here/../bin/natgw.js"
+fi
+if [ "${1:-}" = serve ] && [ -f "${entry%/*}/serve.cjs" ]; then
+  # The daemon's own CommonJS entry: no ES module loader before the start's replay (bin/serve.cjs).
+  entry="${entry%/*}/serve.cjs"
 fi
 if [ "${1:-}" = serve ]; then
   # The daemon's V8 settings: DAEMON_NODE_FLAGS in src/daemon/nodeFlags.ts (a test keeps them equal).

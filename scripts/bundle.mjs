@@ -23,7 +23,15 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const outdir = join(root, 'dist', 'natgw');
 const entry = join(root, 'dist', 'src', 'cli', 'main.js');
 rmSync(outdir, { recursive: true, force: true });
-const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof' };
+// 'prom-client' is its lean entry (scripts/promClientLean.cjs: what natgw uses, without the
+// built-in modules the rest loads).
+const promClientLean = {
+  name: 'prom-client-lean',
+  setup(b) {
+    b.onResolve({ filter: /^prom-client$/ }, () => ({ path: join(root, 'scripts', 'promClientLean.cjs') }));
+  },
+};
+const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof', plugins: [promClientLean] };
 
 await build({
   ...common,
@@ -45,6 +53,15 @@ await build({
   entryPoints: [join(root, 'dist', 'src', 'daemon', 'replayBoot.js')],
   format: 'esm',
   outfile: join(outdir, 'daemon', 'replayBoot.mjs'),
+});
+// The same as CommonJS, for bin/serve.cjs (the shim's `serve`), which loads no ES module.
+await build({
+  ...common,
+  entryPoints: [join(root, 'dist', 'src', 'daemon', 'replayBoot.js')],
+  format: 'cjs',
+  outfile: join(outdir, 'daemon', 'replayBoot.cjs'),
+  define: { 'import.meta.url': '__natgwUrl' },
+  banner: { js: "var __natgwUrl = require('node:url').pathToFileURL(__filename).href;" },
 });
 
 const daemon = join(outdir, 'daemon', 'serve.cjs');

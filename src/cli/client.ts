@@ -1,5 +1,6 @@
 import http from 'node:http';
-import https from 'node:https';
+import type https from 'node:https';
+import { lazyHttps } from '../system/builtin.js';
 import { readFile } from 'node:fs/promises';
 import { readEnvFile } from '../config/envFile.js';
 import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../config/socketPath.js';
@@ -92,7 +93,8 @@ export function request(target: Target, method: string, path: string, body?: str
     options = { socketPath: target.socket, path, method, headers: hdrs, agent: false };
   } else {
     if (target.token) hdrs.authorization = `Bearer ${target.token}`;
-    mod = target.url.protocol === 'https:' ? https : http;
+    // node:https (and node:tls) only for an https: server: the daemon's bundle holds this module too.
+    mod = target.url.protocol === 'https:' ? lazyHttps() : http;
     options = { host: target.url.hostname, port: target.url.port || undefined, path, method, headers: hdrs, agent: false };
   }
   return new Promise((resolve, reject) => {

@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import http from 'node:http';
-import https from 'node:https';
+import type https from 'node:https';
+import { lazyHttps } from '../system/builtin.js';
 import net from 'node:net';
 import path from 'node:path';
 import type { Express } from 'express';
@@ -153,8 +154,9 @@ export async function listenUnix(app: Express, socketPath: string): Promise<http
 export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Server | https.Server> {
   // Node checks the header and request deadlines on this interval (30 s by default).
   const checking = { connectionsCheckingInterval: 1000 };
+  // node:https (and node:tls with it) loaded only for TLS.
   const server = s.tls
-    ? https.createServer(
+    ? lazyHttps().createServer(
         {
           ...checking,
           cert: s.tls.cert,

@@ -120,6 +120,11 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
     const child = spawnWithInput(argv, scripts[i] as Buffer, path.join(dir, `${APPLIED_RULESET_FILE}.replay-${process.pid}-${i}`));
     return exited(argv, child);
   };
+  // The accounting's small `nft -f` first: a spawn returns only once the child has exec'd, and
+  // once the NAT tools below run on both cores that child waited ~10 ms for one (measured).
+  const at = header.steps.findIndex((s) => s.tool === 'accounting');
+  // Refused (not applied at all) where the table exists: its `create table` (replayRender.ts).
+  const accounting = at >= 0 ? run(['nft', '-f', '-'], at) : undefined;
   const nat: Promise<string | undefined>[] = [];
   const phased = header.steps.some((s) => s.tool === 'nft' && s.phase !== undefined);
   let nftPath: ReplayOutcome['nftPath'];
@@ -130,9 +135,6 @@ function replay(header: RulesetHeader, scripts: readonly Buffer[], dir: string, 
   });
   // Milliseconds since the process started (performance's time origin): how early the apply began.
   const spawnedAt = Math.round(performance.now());
-  const at = header.steps.findIndex((s) => s.tool === 'accounting');
-  // Refused (not applied at all) where the table exists: its `create table` (replayRender.ts).
-  const accounting = at >= 0 ? run(['nft', '-f', '-'], at) : undefined;
   return Promise.all([Promise.all(nat), accounting]).then(([natErrors, acctError]) => {
     const failed = natErrors.filter((e): e is string => e !== undefined);
     const ms = performance.now() - t0;

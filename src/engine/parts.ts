@@ -148,10 +148,13 @@ export function linkPart(link: LinkManager): Part {
     // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
     // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
     prefetch(want, opts, from) {
+      // One started with the daemon start's read-ahead is this sync's (a dry run leaves it to the sync that applies).
+      const started = opts.mode === 'full' && !opts.dryRun ? link.takeBatchAhead(want) : undefined;
       if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
         // One that could not start leaves the sync to run its own.
-        ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
-      }
+        const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
+        ahead = started ? started.then((b) => b ?? own()) : own();
+      } else ahead = started;
       if (opts.mode !== 'full') return;
       // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
       early = link.takeAhead(want) ?? new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);

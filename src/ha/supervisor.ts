@@ -1,5 +1,5 @@
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import { lazyReadline } from '../system/builtin.js';
 import type { Logger } from 'pino';
 
 export type SupervisorState = 'stopped' | 'starting' | 'running' | 'backoff';
@@ -103,11 +103,14 @@ export class Supervisor {
     child.once('exit', (code, signal) => finish(code, signal));
     for (const stream of [child.stdout, child.stderr]) {
       if (!stream) continue;
-      createInterface({ input: stream }).on('line', (line) => {
-        // conntrackd marks its own severity: keep its errors visible, its chatter at debug.
-        if (/\[(ERROR|WARNING)\]/.test(line)) this.o.log.warn({ child: this.o.file, line }, 'conntrackd says');
-        else this.o.log.debug({ child: this.o.file, line }, 'conntrackd says');
-      });
+      // node:readline loaded here, not at the daemon's start (replica sync is optional).
+      lazyReadline()
+        .createInterface({ input: stream })
+        .on('line', (line) => {
+          // conntrackd marks its own severity: keep its errors visible, its chatter at debug.
+          if (/\[(ERROR|WARNING)\]/.test(line)) this.o.log.warn({ child: this.o.file, line }, 'conntrackd says');
+          else this.o.log.debug({ child: this.o.file, line }, 'conntrackd says');
+        });
     }
     if (child.pid !== undefined) {
       this.o.onSpawn?.(child.pid);

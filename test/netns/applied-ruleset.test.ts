@@ -6,11 +6,11 @@
  * DNAT, UDP through a SNAT, ICMP through a FIP. A journal entry after the snapshot, a torn cache
  * and a cache of the other backend are each ignored, and the full sync of old gets it right.
  */
-import { mkdtempSync, rmSync, statSync, truncateSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, truncateSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
+import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { api, copyStateDir, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
@@ -134,6 +134,13 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     const d = await daemonIn(t);
     expect(d.logs()).toContain('"replay":"trusted"');
     expect(await replayPath(t)).toBe('trusted');
+    // The shim started the daemon through its CommonJS entry (bin/serve.cjs), which replayed.
+    const pid = (await api(socketOf(t), 'GET', '/healthz')).body.pid as number;
+    expect(
+      readFileSync(`/proc/${pid}/cmdline`, 'utf8')
+        .split('\0')
+        .map((a) => resolve(a)),
+    ).toContain(join(REPO_ROOT, 'bin', 'serve.cjs'));
     expect(await ownedNetfilter(t, b)).toBe(wantKernel);
     // The accounting table came with the replay (there was none): it counts the traffic below.
     expect(d.logs()).toContain('accounting table included');

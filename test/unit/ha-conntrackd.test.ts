@@ -190,6 +190,27 @@ describe('Supervisor', () => {
     expect(states.filter((s) => s === 'backoff')).toHaveLength(4);
   });
 
+  it("logs the child's lines (node:readline, loaded on first use): its errors as warnings", async () => {
+    const lines: { level: number; line?: string }[] = [];
+    const log = pino({ level: 'debug' }, { write: (s: string) => lines.push(JSON.parse(s)) });
+    const sup = new Supervisor({
+      file: process.execPath,
+      args: ['-e', "console.log('[ERROR] cannot bind'); console.error('[NOTICE] chatter'); setInterval(() => {}, 1000)"],
+      log,
+      stableMs: 60_000,
+    });
+    sup.start();
+    try {
+      await waitFor(async () => lines.some((l) => l.line === '[NOTICE] chatter') && lines.some((l) => l.line === '[ERROR] cannot bind'), {
+        what: "the child's two lines",
+      });
+      expect(lines.find((l) => l.line === '[ERROR] cannot bind')?.level).toBe(40);
+      expect(lines.find((l) => l.line === '[NOTICE] chatter')?.level).toBe(20);
+    } finally {
+      await sup.stop();
+    }
+  });
+
   it('a failed start (binary gone, config refused) is retried too, never thrown', async () => {
     let attempts = 0;
     const sup = new Supervisor({
