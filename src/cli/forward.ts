@@ -140,10 +140,13 @@ function startDaemon(config: Config, log: Logger): boolean {
     log.warn({ err: e }, 'daemon log file unavailable; its output is discarded');
   }
   try {
-    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, bin, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
+    // The daemon's CommonJS entry beside bin/natgw.js, as the shim's `serve` takes it: no ES module loader before the start's replay.
+    const serveEntry = path.join(path.dirname(bin), 'serve.cjs');
+    const entry = path.basename(bin) === 'natgw.js' && existsSync(serveEntry) ? serveEntry : bin;
+    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, entry, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
     child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
     child.unref();
-    log.info({ pid: child.pid, bin }, 'autostarted natgw daemon');
+    log.info({ pid: child.pid, bin: entry }, 'autostarted natgw daemon');
     return child.pid !== undefined;
   } catch (e) {
     log.warn({ err: e }, 'could not start the daemon');

@@ -5,8 +5,9 @@
  * and run in-process (no daemon, autostart off). Concurrent autostarts start one daemon.
  */
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ADDR, createTopology, type ExecResult, type Topology } from '../helpers/netns.js';
+import { ADDR, createTopology, REPO_ROOT, type ExecResult, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
 import { api, socketOf, startDaemon, stopDaemon, type Daemon } from './daemon-util.js';
 import { settleLogs } from './shim-util.js';
@@ -120,6 +121,8 @@ describe('the shim on every path', () => {
     delete topo.env.NATGW_AUTOSTART;
     const pid = await daemonPid(topo);
     expect(pid).toBeTypeOf('number');
+    // Started through the daemon's CommonJS entry, as the shim's `serve` is.
+    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toContain(join(REPO_ROOT, 'bin', 'serve.cjs'));
     await stopAutostarted(topo);
 
     expect(forwarded).toEqual(inProcess);
@@ -140,6 +143,8 @@ describe('the shim on every path', () => {
     for (const r of results) expect({ code: r.exitCode, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
     const pid = await daemonPid(topo);
     expect(pid).toBeTypeOf('number');
+    // Started through the daemon's CommonJS entry, as the shim's `serve` is.
+    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toContain(join(REPO_ROOT, 'bin', 'serve.cjs'));
     // A shim that lost the race may have started a daemon that is still loading; it must give
     // way to the one serving (the single-daemon guard) rather than serve too.
     const serving = async () => {
