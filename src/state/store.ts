@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { closeSync, fdatasyncSync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
+import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
@@ -31,6 +31,20 @@ export function durableError(file: string, e: unknown): SystemError {
   const code = (e as NodeJS.ErrnoException).code;
   const why = code === 'ENOSPC' ? 'no space left on device' : code === 'EROFS' ? 'read-only file system' : (e as Error).message;
   return new SystemError(`Error: cannot write ${file} (NATGW_STATE_DIR): ${why}; the change was not applied`);
+}
+
+/**
+ * A journal line written before the kernel applies its change (StateStore.commitAhead): its
+ * sync runs while the tool does. The change is acknowledged only once both ended well.
+ */
+export interface PendingCommit {
+  /** Resolves once the line is durable; rejects with a durableError (the change is then not acknowledged). */
+  readonly durable: Promise<void>;
+  /**
+   * The kernel refused the change: the line is cut off again (truncated, synced), so that no
+   * load replays a change its client was told failed. Never rejects; false when it could not.
+   */
+  revoke(): Promise<boolean>;
 }
 
 /** A snapshot made durable beside the live one, not yet in its place (StateStore.prepare). */
@@ -80,6 +94,11 @@ function closeQuietly(fd: number): void {
   } catch {
     // the write already failed; that is the error to report
   }
+}
+
+/** fdatasync on the thread pool: the event loop goes on (a tool's output, a process start) meanwhile. */
+function dataSync(fd: number): Promise<void> {
+  return new Promise((resolve, reject) => fdatasync(fd, (e) => (e ? reject(e) : resolve())));
 }
 
 async function syncDir(dir: string): Promise<void> {
@@ -341,6 +360,74 @@ export class StateStore {
     // A delta holds at least the difference in size of each collection: when that alone is too
     // large (a bulk PUT), the snapshot is written without describing the change first.
     return GROWTH(before, after) > Math.max(64, COLLECTION_SIZE(after) / 4);
+  }
+
+  /**
+   * commit(before, after) begun before the kernel applies the change, where it is one journal
+   * line: the line is written now and synced on the thread pool while the caller runs its tool
+   * (the sync was a serial ~0.7 ms of every command). Undefined where commit() would write a
+   * snapshot or nothing: the caller commits after the kernel, as ever. The caller awaits
+   * `durable` before it acknowledges, and revokes the line when the kernel refused the change.
+   * A crash in between leaves a line for a change that was never answered: the next start
+   * replays and applies it, as when a crash falls between the kernel's commit and the answer.
+   */
+  commitAhead(before: DesiredState, after: DesiredState): PendingCommit | undefined {
+    if (this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
+    const delta = stateDelta(before, after);
+    if (delta === null || isEmptyDelta(delta) || deltaSize(delta) > Math.max(64, COLLECTION_SIZE(after) / 4)) return undefined;
+    const fresh = this.journalEntries === 0;
+    let from: number | undefined;
+    const durable = (async () => {
+      const payload = JSON.stringify(delta);
+      const line = `${sha256(payload)} ${payload}\n`;
+      let fd: number | undefined;
+      try {
+        fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
+        from = fresh ? 0 : fstatSync(fd).size;
+        const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
+        for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
+        await dataSync(fd);
+        const done = fd;
+        fd = undefined;
+        closeSync(done);
+        if (fresh) await syncDir(this.dir);
+      } catch (e) {
+        if (fd !== undefined) closeQuietly(fd);
+        // A torn line is ignored on load; the next commit must not append after it.
+        this.snapshotSha = undefined;
+        throw durableError(this.journalFile, e);
+      }
+      this.journalEntries++;
+    })();
+    durable.catch(() => undefined);
+    return {
+      durable,
+      revoke: async () => {
+        const written = await durable.then(
+          () => true,
+          () => false,
+        );
+        // Nothing written. A line whose sync failed may still be whole in the page cache: it goes too.
+        if (from === undefined) return true;
+        try {
+          const fd = openSync(this.journalFile, 'r+');
+          try {
+            ftruncateSync(fd, from);
+            await dataSync(fd);
+          } finally {
+            closeQuietly(fd);
+          }
+          if (written) this.journalEntries--;
+          return true;
+        } catch {
+          // The line could not be cut off: the state before it, as a snapshot, drops the journal.
+          return this.save(before).then(
+            () => true,
+            () => false,
+          );
+        }
+      },
+    };
   }
 
   private async append(delta: StateDelta): Promise<void> {
