@@ -346,7 +346,7 @@ export class Engine {
           // change is made durable (a process of its own either way, and neither waits on the other).
           flushing = this.flushConntrack(effects, state, next, backend);
           try {
-            await (prepared ? (await prepared).publish() : (ahead?.durable ?? this.store.commit(state, next)));
+            await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');

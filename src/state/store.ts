@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
+import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, readFileSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import lockfile from 'proper-lockfile';
@@ -40,6 +40,12 @@ export function durableError(file: string, e: unknown): SystemError {
 export interface PendingCommit {
   /** Resolves once the line is durable; rejects with a durableError (the change is then not acknowledged). */
   readonly durable: Promise<void>;
+  /**
+   * The kernel took the change and it is about to be answered: the line is marked (a line
+   * without its mark is an unanswered change, which a load of the same boot drops). Throws a
+   * durableError (the change is then not acknowledged, and revoked).
+   */
+  confirm(): void;
   /**
    * The kernel refused the change: the line is cut off again (truncated, synced), so that no
    * load replays a change its client was told failed. Never rejects; false when it could not.
@@ -157,6 +163,28 @@ interface JournalBook {
   snapshotSha: string | undefined;
   journalEntries: number;
   journalTorn: boolean;
+  /** Where the journal's last line starts when it is an unanswered change (commitAhead) of this boot. */
+  pendingAt?: number;
+}
+
+/** The line that marks the pending line before it as answered (commitAhead). */
+const PENDING_MARK = '+';
+
+let bootIdRead: string | undefined;
+/**
+ * This boot of the machine: a pending journal line whose mark is missing was left by a process
+ * that died before answering (same boot), or possibly acknowledged before the machine went down
+ * with the unsynced mark (another boot). Empty where it cannot be read (commitAhead then declines).
+ */
+function bootId(): string {
+  if (bootIdRead === undefined) {
+    try {
+      bootIdRead = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    } catch {
+      bootIdRead = '';
+    }
+  }
+  return bootIdRead;
 }
 
 const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
@@ -222,7 +250,11 @@ export class StateStore {
     const snapshot = await this.loadSnapshot(read);
     const state = snapshot === undefined || read.snapshotSha === undefined ? snapshot : await this.replayJournal(snapshot, read.snapshotSha, read);
     // Only the lock holder's load is what its next commit builds on.
-    if (this.holds()) ({ snapshotSha: this.snapshotSha, journalEntries: this.journalEntries, journalTorn: this.journalTorn } = read);
+    if (this.holds()) {
+      ({ snapshotSha: this.snapshotSha, journalEntries: this.journalEntries, journalTorn: this.journalTorn } = read);
+      // An unanswered change's line goes now: a line appended after it would make it count.
+      if (read.pendingAt !== undefined && !(await this.cutJournal(read.pendingAt))) this.journalTorn = true;
+    }
     return state;
   }
 
@@ -364,22 +396,25 @@ export class StateStore {
 
   /**
    * commit(before, after) begun before the kernel applies the change, where it is one journal
-   * line: the line is written now and synced on the thread pool while the caller runs its tool
-   * (the sync was a serial ~0.7 ms of every command). Undefined where commit() would write a
-   * snapshot or nothing: the caller commits after the kernel, as ever. The caller awaits
-   * `durable` before it acknowledges, and revokes the line when the kernel refused the change.
-   * A crash in between leaves a line for a change that was never answered: the next start
-   * replays and applies it, as when a crash falls between the kernel's commit and the answer.
+   * line: the line is written now, pending, and synced on the thread pool while the caller runs
+   * its tool (the sync was a serial 0.3-0.7 ms of every command). Undefined where commit() would
+   * write a snapshot or nothing: the caller commits after the kernel, as ever. Once the kernel
+   * took the change the caller awaits `durable` and calls `confirm` (an unsynced mark) before it
+   * answers; it revokes the line when the kernel refused the change. A process that dies before
+   * the mark leaves a pending line that the next load of this boot drops (the change was never
+   * answered, and the restart's full sync takes it out of the kernel); after a reboot a pending
+   * line counts, since its mark may have been lost with the page cache after the answer.
    */
   commitAhead(before: DesiredState, after: DesiredState): PendingCommit | undefined {
-    if (this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
+    const boot = bootId();
+    if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
     const delta = stateDelta(before, after);
     if (delta === null || isEmptyDelta(delta) || deltaSize(delta) > Math.max(64, COLLECTION_SIZE(after) / 4)) return undefined;
     const fresh = this.journalEntries === 0;
     let from: number | undefined;
     const durable = (async () => {
       const payload = JSON.stringify(delta);
-      const line = `${sha256(payload)} ${payload}\n`;
+      const line = `~${boot} ${sha256(payload)} ${payload}\n`;
       let fd: number | undefined;
       try {
         fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
@@ -402,6 +437,19 @@ export class StateStore {
     durable.catch(() => undefined);
     return {
       durable,
+      confirm: () => {
+        // Not synced: a process that dies leaves it in the page cache, and a machine that goes
+        // down with it unsynced leaves a line of another boot, which a load counts (above).
+        let fd: number | undefined;
+        try {
+          fd = openSync(this.journalFile, 'a');
+          writeSync(fd, `${PENDING_MARK}\n`);
+        } catch (e) {
+          throw durableError(this.journalFile, e);
+        } finally {
+          if (fd !== undefined) closeQuietly(fd);
+        }
+      },
       revoke: async () => {
         const written = await durable.then(
           () => true,
@@ -458,6 +506,22 @@ export class StateStore {
     this.journalEntries++;
   }
 
+  /** Cut the journal at `at` (an unanswered change's line) and sync; false when that failed. */
+  private async cutJournal(at: number): Promise<boolean> {
+    try {
+      const fd = openSync(this.journalFile, 'r+');
+      try {
+        ftruncateSync(fd, at);
+        await dataSync(fd);
+      } finally {
+        closeQuietly(fd);
+      }
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
   /**
    * Replay the journal onto its snapshot. A torn last line (a crash while appending, before
    * the change was acknowledged) ends the replay; so does any line that does not verify.
@@ -475,11 +539,29 @@ export class StateStore {
     let state = snapshot;
     let entries = 0;
     let torn = !text.endsWith('\n');
-    for (const line of lines.slice(1)) {
-      if (line === '') continue;
-      const sp = line.indexOf(' ');
-      const payload = line.slice(sp + 1);
-      if (sp !== 64 || sha256(payload) !== line.slice(0, 64)) {
+    let at = Buffer.byteLength(lines[0] ?? '') + 1;
+    for (let i = 1; i < lines.length; i++) {
+      const line = lines[i] as string;
+      const start = at;
+      at += Buffer.byteLength(line) + 1;
+      // A pending line's mark (commitAhead) was read with its line.
+      if (line === '' || line === PENDING_MARK) continue;
+      let entry = line;
+      if (line.startsWith('~')) {
+        const boot = line.slice(1, line.indexOf(' '));
+        entry = line.slice(boot.length + 2);
+        // Marked, or followed by a later change: acknowledged. Unmarked and last, from this boot:
+        // the process died before the kernel took it or before it was answered; it goes. From
+        // an earlier boot its mark may have been lost with the page cache: it stays.
+        const next = lines[i + 1];
+        if ((next === undefined || next === '') && boot === bootId()) {
+          read.pendingAt = start;
+          break;
+        }
+      }
+      const sp = entry.indexOf(' ');
+      const payload = entry.slice(sp + 1);
+      if (sp !== 64 || sha256(payload) !== entry.slice(0, 64)) {
         torn = true;
         break;
       }

@@ -4,7 +4,7 @@
  * journal is byte for byte what it was, a fresh load does not see it, and the next commit
  * appends as if it had never been written. Where commit() would write a snapshot it declines.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -42,13 +42,14 @@ describe('StateStore.commitAhead', () => {
       const a = store.commitAhead(state, one);
       expect(a).toBeDefined();
       await a?.durable;
+      a?.confirm();
       expect(await fresh(store)).toEqual(one);
       const before = journal(store);
 
       const two = Ops.addDnats(one, [dnat(101)]).state;
       const b = store.commitAhead(one, two);
       await b?.durable;
-      expect(await fresh(store)).toEqual(two);
+      expect(await fresh(store)).toEqual(one);
       expect(await b?.revoke()).toBe(true);
       expect(journal(store)).toBe(before);
       expect(await fresh(store)).toEqual(one);
@@ -86,5 +87,49 @@ describe('StateStore.commitAhead', () => {
     // A store that has no sealed snapshot of its own (nothing loaded or written) writes one.
     const other = new StateStore(store.dir);
     expect(other.commitAhead(state, Ops.addDnats(state, [dnat(100)]).state)).toBeUndefined();
+  });
+});
+
+describe('StateStore.commitAhead: a line not yet confirmed', () => {
+  it('is dropped by a load of this boot (and cut off under the lock), counted once confirmed', async () => {
+    const { store, state } = await seeded(20);
+    await store.withLock(async () => {
+      const one = Ops.addDnats(state, [dnat(100)]).state;
+      const a = store.commitAhead(state, one);
+      await a?.durable;
+      a?.confirm();
+      const confirmed = journal(store);
+      expect(await fresh(store)).toEqual(one);
+
+      // The process "dies" before the mark: the line stays in the file, unanswered.
+      const two = Ops.addDnats(one, [dnat(101)]).state;
+      await store.commitAhead(one, two)?.durable;
+      expect(journal(store)).not.toBe(confirmed);
+      expect(await fresh(store)).toEqual(one);
+    });
+    // The next holder's load cuts it off, so that a line appended later cannot make it count.
+    const next = new StateStore(store.dir);
+    const loaded = await next.withLock(() => next.load());
+    expect(loaded?.dnats.length).toBe(21);
+    await next.withLock(async () => {
+      const three = Ops.addDnats(loaded as DesiredState, [dnat(102)]).state;
+      const c = next.commitAhead(loaded as DesiredState, three);
+      await c?.durable;
+      c?.confirm();
+      expect((await fresh(next))?.dnats.map((d) => d.port)).not.toContain(1101);
+      expect((await fresh(next))?.dnats.map((d) => d.port)).toContain(1102);
+    });
+  });
+
+  it('from another boot, a line without its mark counts (the mark may have been lost with the page cache)', async () => {
+    const { store, state } = await seeded(20);
+    await store.withLock(async () => {
+      const one = Ops.addDnats(state, [dnat(100)]).state;
+      await store.commitAhead(state, one)?.durable;
+      expect(await fresh(store)).toEqual(state);
+    });
+    const text = journal(store) ?? '';
+    writeFileSync(store.journalFile, text.replace(/^~[0-9a-f-]+ /m, '~00000000-0000-0000-0000-000000000000 '));
+    expect((await fresh(store))?.dnats.length).toBe(21);
   });
 });
