@@ -25,7 +25,13 @@ async function kernelDnatPorts(topo: Topology, b: BackendCase): Promise<number[]
 
 const statePorts = (s: { dnats: Array<{ port: number }> } | undefined): number[] => (s?.dnats ?? []).map((d) => d.port).sort((a, c) => a - c);
 
-describe.each(BACKENDS.filter((b) => b.iptablesVariant))('journal line ahead of the kernel ($name)', (b: BackendCase) => {
+const IPTABLES = BACKENDS.filter((b) => b.iptablesVariant);
+// NATGW_TEST_BACKENDS may leave no iptables backend: the file then holds a skipped suite, not none.
+describe.skipIf(IPTABLES.length > 0)('journal line ahead of the kernel (no iptables backend selected)', () => {
+  it.skip('runs on the iptables backends only', () => undefined);
+});
+
+describe.each(IPTABLES)('journal line ahead of the kernel ($name)', (b: BackendCase) => {
   let topo: Topology;
   let daemon: Daemon | undefined;
   let server: ServerHandle | undefined;
