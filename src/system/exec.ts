@@ -179,8 +179,8 @@ export class SystemExecutor implements Executor {
        */
       readonly prestart?: boolean;
       /**
-       * Run a prestartable tool with a small script through its runner shell (RUNNER_SH)
-       * instead of a spare. Default: as `prestart`.
+       * Run a prestartable tool with a small script through its runner shell (RUNNER_SH,
+       * which keeps the next one started) instead of a spare of the daemon's. Default: as `prestart`.
        */
       readonly runner?: boolean;
     } = {},
@@ -250,12 +250,13 @@ export class SystemExecutor implements Executor {
   private readonly runners = new Map<string, { readonly session: ProcessSession; readonly marker: string }>();
 
   /**
-   * A prestartable tool with a small script, started by its runner shell: a fork of the daemon
-   * (a large process) blocks its event loop ~1.5 ms at 80 MiB, a spare's start after every
-   * answer included, which a command that follows at once waited for; the shell's fork costs
-   * a tenth of that, in another process. Undefined when the runner could not start (the caller
-   * then runs the tool itself). A runner that dies mid-run leaves the tool's outcome unknown:
-   * a failure (a transaction is then retried as a full sync, which reads back).
+   * A prestartable tool with a small script, run by its runner shell (RUNNER_SH), which keeps
+   * the next one started ahead as a spare did: a fork of the daemon (a large process) blocks its
+   * event loop ~1.5 ms at 80 MiB, and a spare's start after every answer was on the path of a
+   * command that followed at once; the shell's fork costs a fraction of that, in another
+   * process, and never between two commands of the daemon. Undefined when the runner could not
+   * start (the caller then runs the tool itself). A runner that dies mid-run leaves the tool's
+   * outcome unknown: a failure (a transaction is then retried as a full sync, which reads back).
    */
   private async viaRunner(req: ExecRequest, input: string, limit: number): Promise<RawRun | undefined> {
     const lines = input.endsWith('\n') ? input.slice(0, -1).split('\n') : input.split('\n');
@@ -641,9 +642,8 @@ class ProcessSession implements ToolSession {
 }
 
 /**
- * Largest script a runner takes: the shell reads its input a byte per read(2), and a
- * here-document up to a pipe's atomic size is written without a process of its own. A
- * command's iptables script is one or two hundred bytes; larger ones start the tool directly.
+ * Largest script a runner takes: the shell reads its input a byte per read(2). A command's
+ * iptables script is one or two hundred bytes; larger ones start the tool directly.
  */
 const RUNNER_MAX_CHARS = 2048;
 
@@ -651,18 +651,23 @@ const RUNNER_MAX_CHARS = 2048;
 const RC_LINE = '\nnatgw-rc ';
 
 /**
- * The runner: a shell that starts the tool ("$@") once per request and gives it the request's
- * lines on stdin. Request: a line count, then the lines. The tool's stdout and stderr go to the
- * shell's stderr, then RC_LINE, its exit status and the marker ($0). The lines are data, read
- * into a variable and expanded once into a here-document, never evaluated.
+ * The runner: a shell that keeps the tool ("$@") started ahead and gives it one request's
+ * lines on stdin. Each turn of the loop starts a pipeline at once: the tool, waiting for its
+ * input (a prestartable tool does nothing before it), and a subshell that reads the next
+ * request from the runner's stdin (a line count, then the lines) and writes it into the pipe.
+ * The tool's stdout and stderr go to the shell's stderr, then RC_LINE, its exit status and the
+ * marker ($0). The lines are data, read into a variable and printed, never evaluated. At the
+ * end of the runner's stdin the subshell ends the loop (the waiting tool reads an empty input
+ * and ends having done nothing).
  */
-const RUNNER_SH = `while IFS= read -r n; do
-  s= nl=
-  while [ "$n" -gt 0 ]; do IFS= read -r l; s="$s$nl$l"; nl='
+const RUNNER_SH = `while :; do
+  {
+    IFS= read -r n || { kill $$; exit 0; }
+    s= nl=
+    while [ "$n" -gt 0 ]; do IFS= read -r l; s="$s$nl$l"; nl='
 '; n=$((n-1)); done
-  "$@" >&2 <<natgw_end
-$s
-natgw_end
+    printf '%s\\n' "$s"
+  } | "$@" >&2
   printf '\\nnatgw-rc %s %s\\n' "$?" "$0" >&2
 done
 `;

@@ -6,7 +6,7 @@
  * runner that died must be replaced, and a script too large for it takes the direct path.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SystemExecutor, type ExecRequest } from '../../src/system/exec.js';
 import { waitFor } from '../helpers/poll.js';
@@ -73,6 +73,24 @@ describe('SystemExecutor runner', () => {
     expect(failed.exitCode).toBe(3);
     expect(failed.stderr).toBe('line 2 failed\n');
     expect(failed.failedToStart).toBe(false);
+  });
+
+  it('keeps the tool of the next run started ahead, waiting for its input', async () => {
+    const exec = executor();
+    const name = newName();
+    const [runner] = pidsOf((await exec.run(tool('pids\n', name))).stderr);
+    // The tool of the next request is already there (the runner's pipeline, started at once;
+    // its other child is the subshell waiting for the request).
+    const waiting = await waitFor(
+      async () => {
+        const kids = readFileSync(`/proc/${runner}/task/${runner}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
+        const tools = kids.filter((k) => existsSync(`/proc/${k}`) && readFileSync(`/proc/${k}/cmdline`, 'utf8').split('\0')[2] === TOOL);
+        return tools.length === 1 ? tools[0] : undefined;
+      },
+      { what: 'the tool started ahead' },
+    );
+    const [, second] = pidsOf((await exec.run(tool('pids\n', name))).stderr);
+    expect(second).toBe(waiting);
   });
 
   it('reports a missing binary as failedToStart with exit 127', async () => {
