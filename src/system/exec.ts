@@ -200,11 +200,17 @@ export class SystemExecutor implements Executor {
       this.prestart && req.prestartable && req.input !== undefined && req.input.length < FILE_INPUT_BYTES
         ? `${req.single ? 's' : 'g'}\0${req.file}\0${req.args.join('\0')}`
         : undefined;
-    if (this.useRunner && req.prestartable && req.input !== undefined && req.input.length <= RUNNER_MAX_CHARS && !req.input.includes('\0')) {
+    // A command is under way: a spare of the daemon's own waits for the next quiet moment (startSpares).
+    if (spareKey !== undefined) clearTimeout(this.sparesLater);
+    const spare = spareKey === undefined ? undefined : this.takeSpare(spareKey);
+    if (!spare && this.useRunner && req.prestartable && req.input !== undefined && req.input.length <= RUNNER_MAX_CHARS && !req.input.includes('\0')) {
       const via = await this.viaRunner(req, req.input, limit);
-      if (via) return this.result(req, limit, started, via);
+      if (via) {
+        if (spareKey !== undefined) this.used.set(spareKey, req);
+        return this.result(req, limit, started, via);
+      }
     }
-    const r = await runProcess(req, limit, undefined, spareKey === undefined ? undefined : this.takeSpare(spareKey));
+    const r = await runProcess(req, limit, undefined, spare);
     // Its successor starts when the caller says nothing waits (startSpares): started here, it
     // would block the event loop while the journal syncs, and the answer would wait for it.
     if (spareKey !== undefined) this.used.set(spareKey, req);
@@ -290,9 +296,26 @@ export class SystemExecutor implements Executor {
   private readonly used = new Map<string, ExecRequest>();
 
   startSpares(): void {
-    for (const [key, req] of this.used) this.startSpare(key, req);
-    this.used.clear();
+    const start = () => {
+      for (const [key, req] of this.used) this.startSpare(key, req);
+      this.used.clear();
+    };
+    if (!this.useRunner) {
+      start();
+      return;
+    }
+    // With a runner to fall back on, the fork waits until the daemon has been quiet a moment:
+    // it blocks the event loop ~1.5 ms, which a command that follows at once (a controller
+    // replaying rules) would wait for; such commands take the runner's tool meanwhile. A spare
+    // is one hop shorter than the runner (the daemon writes to the tool itself): a command
+    // after a pause, the usual case, takes it.
+    clearTimeout(this.sparesLater);
+    this.sparesLater = setTimeout(start, SPARES_AFTER_IDLE_MS);
+    this.sparesLater.unref();
   }
+
+  /** The deferred startSpares (runner on). */
+  private sparesLater: NodeJS.Timeout | undefined;
 
   /** The spare for `key` when one is alive and idle (a spare that died is not handed out). */
   private takeSpare(key: string): ChildProcess | undefined {
@@ -640,6 +663,9 @@ class ProcessSession implements ToolSession {
     }
   }
 }
+
+/** Quiet time after an answer before the daemon forks its own spares (runner on). */
+const SPARES_AFTER_IDLE_MS = 25;
 
 /**
  * Largest script a runner takes: the shell reads its input a byte per read(2). A command's

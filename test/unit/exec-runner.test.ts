@@ -93,6 +93,27 @@ describe('SystemExecutor runner', () => {
     expect(second).toBe(waiting);
   });
 
+  it('starts a spare of its own only once quiet after startSpares; a run meanwhile takes the runner', async () => {
+    const exec = executor();
+    const name = newName();
+    const [runner] = pidsOf((await exec.run(tool('pids\n', name))).stderr);
+    exec.startSpares();
+    // At once (a command that follows its answer): the runner, and no spare was forked.
+    const now = await exec.run(tool('pids\n', name));
+    expect(pidsOf(now.stderr)[0]).toBe(runner);
+    exec.startSpares();
+    // After a quiet moment the daemon's own spare is there (its parent is this process) and is taken.
+    const spare = await waitFor(
+      async () => {
+        const kids = readFileSync(`/proc/${process.pid}/task/${process.pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
+        return kids.find((k) => existsSync(`/proc/${k}`) && readFileSync(`/proc/${k}/cmdline`, 'utf8').split('\0')[2] === TOOL);
+      },
+      { what: 'the spare started after a quiet moment' },
+    );
+    const later = await exec.run(tool('pids\n', name));
+    expect(pidsOf(later.stdout)).toEqual([process.pid, spare]);
+  });
+
   it('reports a missing binary as failedToStart with exit 127', async () => {
     const r = await executor().run({ file: `/nonexistent/natgw-${randomUUID()}`, args: [], input: 'x\n', prestartable: true });
     expect(r.exitCode).toBe(127);
