@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
-import { StateStore, type BackendRecord, type FilesStamp, type PreparedSnapshot } from '../state/store.js';
+import { StateStore, type BackendRecord, type FilesStamp, type PendingCommit, type PreparedSnapshot } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import type { NetfilterBackend, SyncMode, WitnessItem } from '../dataplane/netfilter/backend.js';
@@ -321,6 +321,9 @@ export class Engine {
       const prepared =
         !opts.dryRun && this.store.writesSnapshot(state, next) ? new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next)) : undefined;
       prepared?.catch(() => undefined);
+      // A small change's journal line is written now and synced while the kernel applies; a
+      // change the kernel refuses has it revoked before the refusal is answered.
+      const ahead = !opts.dryRun && !prepared ? this.store.commitAhead(state, next) : undefined;
       try {
         try {
           report = await this.reconcile(next, state, backend, {
@@ -331,13 +334,13 @@ export class Engine {
             assumeApplied,
           });
         } catch (e) {
-          if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e);
+          if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e, ahead);
           this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
           this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
           this.forgetViews();
           kind = 'full';
           report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind }).catch(async (e2: unknown) => {
-            throw await this.discard(prepared, e2);
+            throw await this.discard(prepared, e2, ahead);
           });
         }
         if (!opts.dryRun) {
@@ -345,10 +348,11 @@ export class Engine {
           // change is made durable (a process of its own either way, and neither waits on the other).
           flushing = this.flushConntrack(effects, state, next, backend);
           try {
-            await (prepared ? (await prepared).publish() : this.store.commit(state, next));
+            await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
           } catch (e) {
             // Not durable, so not acknowledged: the kernel goes back to the state that is.
             this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
+            await this.discard(undefined, e, ahead);
             this.forgetViews();
             await this.reconcile(state, next, backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
               this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
@@ -398,12 +402,15 @@ export class Engine {
     return out;
   }
 
-  /** A change the kernel refused is not persisted: its prepared snapshot goes. Resolves with `err`. */
-  private async discard(prepared: Promise<PreparedSnapshot> | undefined, err: unknown): Promise<unknown> {
+  /** A change the kernel refused is not persisted: its prepared snapshot or journal line goes. Resolves with `err`. */
+  private async discard(prepared: Promise<PreparedSnapshot> | undefined, err: unknown, ahead?: PendingCommit): Promise<unknown> {
     await prepared?.then(
       (p) => p.discard(),
       () => undefined,
     );
+    if (ahead && !(await ahead.revoke())) {
+      this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
+    }
     return err;
   }
 

@@ -101,6 +101,8 @@ export interface SessionReply {
   readonly timedOut: boolean;
   /** The process ended (or never started) before the marker came: it is replaced next time. */
   readonly died: boolean;
+  /** It never started (no such binary): nothing of the request ran. */
+  readonly failedToStart?: boolean;
   /** What it wrote on stdout during the exchange; only when the request asked for it (SessionOptions.stdoutDone). */
   readonly stdout?: string;
 }
@@ -177,11 +179,19 @@ export class SystemExecutor implements Executor {
        * for a one-shot run, whose spare would only start to read an empty input and end.
        */
       readonly prestart?: boolean;
+      /**
+       * Run a prestartable tool with a small script through its runner shell (RUNNER_SH,
+       * which keeps the next one started) instead of a spare of the daemon's. Default: as `prestart`.
+       */
+      readonly runner?: boolean;
     } = {},
   ) {
     this.deadlineMs = opts.deadlineMs ?? DEFAULT_TIMEOUT_MS;
     this.prestart = opts.prestart ?? false;
+    this.useRunner = opts.runner ?? this.prestart;
   }
+
+  private readonly useRunner: boolean;
 
   async run(req: ExecRequest): Promise<ExecResult> {
     const started = Date.now();
@@ -191,7 +201,17 @@ export class SystemExecutor implements Executor {
       this.prestart && req.prestartable && req.input !== undefined && req.input.length < FILE_INPUT_BYTES
         ? `${req.single ? 's' : 'g'}\0${req.file}\0${req.args.join('\0')}`
         : undefined;
-    const r = await runProcess(req, limit, undefined, spareKey === undefined ? undefined : this.takeSpare(spareKey));
+    // A command is under way: a spare of the daemon's own waits for the next quiet moment (startSpares).
+    if (spareKey !== undefined) clearTimeout(this.sparesLater);
+    const spare = spareKey === undefined ? undefined : this.takeSpare(spareKey);
+    if (!spare && this.useRunner && req.prestartable && req.input !== undefined && req.input.length <= RUNNER_MAX_CHARS && !req.input.includes('\0')) {
+      const via = await this.viaRunner(req, req.input, limit);
+      if (via) {
+        if (spareKey !== undefined) this.used.set(spareKey, req);
+        return this.result(req, limit, started, via);
+      }
+    }
+    const r = await runProcess(req, limit, undefined, spare);
     // Its successor starts when the caller says nothing waits (startSpares): started here, it
     // would block the event loop while the journal syncs, and the answer would wait for it.
     if (spareKey !== undefined) this.used.set(spareKey, req);
@@ -233,13 +253,70 @@ export class SystemExecutor implements Executor {
     return result;
   }
 
+  /** One runner shell per tool and arguments (RUNNER_SH), with the marker that ends its answers. */
+  private readonly runners = new Map<string, { readonly session: ProcessSession; readonly marker: string }>();
+
+  /**
+   * A prestartable tool with a small script, run by its runner shell (RUNNER_SH), which keeps
+   * the next one started ahead as a spare did: a fork of the daemon (a large process) blocks its
+   * event loop ~1.5 ms at 80 MiB, and a spare's start after every answer was on the path of a
+   * command that followed at once; the shell's fork costs a fraction of that, in another
+   * process, and never between two commands of the daemon. Undefined when the runner could not
+   * start (the caller then runs the tool itself). A runner that dies mid-run leaves the tool's
+   * outcome unknown: a failure (a transaction is then retried as a full sync, which reads back).
+   */
+  private async viaRunner(req: ExecRequest, input: string, limit: number): Promise<RawRun | undefined> {
+    const lines = input.endsWith('\n') ? input.slice(0, -1).split('\n') : input.split('\n');
+    const key = `${req.file}\0${req.args.join('\0')}`;
+    let runner = this.runners.get(key);
+    if (!runner) {
+      const marker = `natgw-runner-${randomBytes(8).toString('hex')}`;
+      // Its own process group: a deadline kills the shell and the tool it started.
+      const session = new ProcessSession('sh', ['-c', RUNNER_SH, marker, req.file, ...req.args], this.deadlineMs, this.log, { group: true });
+      runner = { session, marker };
+      this.runners.set(key, runner);
+    }
+    const reply = await runner.session.exchange(`${lines.length}\n${lines.join('\n')}\n`, `${runner.marker}\n`, limit);
+    if (reply.failedToStart) return undefined;
+    if (reply.timedOut) return { exitCode: 124, stdout: '', stderr: reply.stderr, timedOut: true, failedToStart: false };
+    const at = reply.stderr.lastIndexOf(RC_LINE);
+    const rc = at === -1 ? Number.NaN : Number.parseInt(reply.stderr.slice(at + RC_LINE.length), 10);
+    if (reply.died || Number.isNaN(rc)) {
+      return {
+        exitCode: 127,
+        stdout: '',
+        stderr: `${reply.stderr}${req.file}: the shell running it ended mid-run; the outcome is unknown\n`,
+        timedOut: false,
+        failedToStart: false,
+      };
+    }
+    return { exitCode: rc, stdout: '', stderr: reply.stderr.slice(0, at), timedOut: false, failedToStart: rc === 127 };
+  }
+
   /** Prestartable runs handed out since the last startSpares(), by spare key. */
   private readonly used = new Map<string, ExecRequest>();
 
   startSpares(): void {
-    for (const [key, req] of this.used) this.startSpare(key, req);
-    this.used.clear();
+    const start = () => {
+      for (const [key, req] of this.used) this.startSpare(key, req);
+      this.used.clear();
+    };
+    if (!this.useRunner) {
+      start();
+      return;
+    }
+    // With a runner to fall back on, the fork waits until the daemon has been quiet a moment:
+    // it blocks the event loop ~1.5 ms, which a command that follows at once (a controller
+    // replaying rules) would wait for; such commands take the runner's tool meanwhile. A spare
+    // is one hop shorter than the runner (the daemon writes to the tool itself): a command
+    // after a pause, the usual case, takes it.
+    clearTimeout(this.sparesLater);
+    this.sparesLater = setTimeout(start, SPARES_AFTER_IDLE_MS);
+    this.sparesLater.unref();
   }
+
+  /** The deferred startSpares (runner on). */
+  private sparesLater: NodeJS.Timeout | undefined;
 
   /** The spare for `key` when one is alive and idle (a spare that died is not handed out). */
   private takeSpare(key: string): ChildProcess | undefined {
@@ -459,6 +536,8 @@ class ProcessSession implements ToolSession {
   /** stdout of the current exchange (only listings write there). */
   private out = '';
   private exited = false;
+  /** The current process never started (spawn's error event). */
+  private startFailed = false;
   private exchanges = 0;
   private queue: Promise<unknown> = Promise.resolve();
   /** Woken on each stderr chunk and on exit. */
@@ -469,6 +548,7 @@ class ProcessSession implements ToolSession {
     private readonly args: readonly string[],
     private readonly deadlineMs: number,
     private readonly log?: Logger,
+    private readonly opts: { readonly group?: boolean } = {},
   ) {}
 
   exchange(input: string, marker: string, timeoutMs?: number, opts: SessionOptions = {}): Promise<SessionReply> {
@@ -493,9 +573,14 @@ class ProcessSession implements ToolSession {
   private start(): ChildProcess {
     const started = Date.now();
     this.exited = false;
+    this.startFailed = false;
     this.err = '';
     // HOME without a history file, TERM without a terminal description: an interactive tool then reads and writes nothing of its own.
-    const child = spawn(this.file, [...this.args], { env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' }, stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(this.file, [...this.args], {
+      env: { ...toolEnv(), HOME: '/dev/null', TERM: 'dumb' },
+      stdio: ['pipe', 'pipe', 'pipe'],
+      detached: this.opts.group === true,
+    });
     const command = [this.file, ...this.args].join(' ');
     this.out = '';
     child.stdout?.setEncoding('utf8');
@@ -517,6 +602,7 @@ class ProcessSession implements ToolSession {
       if (child.pid !== undefined || this.child !== child) return;
       this.log?.warn({ cmd: command, err: e.message }, 'tool session could not start');
       this.exited = true;
+      this.startFailed = true;
       this.wake?.();
     });
     // 'close', not 'exit': what it wrote before it died is read by then.
@@ -538,7 +624,8 @@ class ProcessSession implements ToolSession {
 
   private async once(input: string, marker: string, limit: number, stdoutDone?: SessionOptions['stdoutDone']): Promise<SessionReply> {
     if (this.exchanges >= RECYCLE_AFTER) this.recycle();
-    const child = this.child && !this.exited ? this.child : this.start();
+    // Reaped already ('exit') though its pipes have not closed yet: it is not written to.
+    const child = this.child && !this.exited && this.child.exitCode === null && this.child.signalCode === null ? this.child : this.start();
     this.exchanges++;
     this.err = '';
     this.out = '';
@@ -563,9 +650,9 @@ class ProcessSession implements ToolSession {
         }
         if (this.exited || timedOut) {
           const stderr = answered ?? this.err;
-          if (timedOut) child.kill('SIGKILL');
+          if (timedOut) this.opts.group ? killGroup(child.pid) : child.kill('SIGKILL');
           this.recycle();
-          return { stderr, timedOut, died: true };
+          return { stderr, timedOut, died: true, ...(this.startFailed ? { failedToStart: true } : {}) };
         }
         await new Promise<void>((resolve) => {
           this.wake = resolve;
@@ -594,6 +681,40 @@ async function readCapped(path: string, maxBytes: number): Promise<string | unde
     await fh.close();
   }
 }
+
+/** Quiet time after an answer before the daemon forks its own spares (runner on). */
+const SPARES_AFTER_IDLE_MS = 25;
+
+/**
+ * Largest script a runner takes: the shell reads its input a byte per read(2). A command's
+ * iptables script is one or two hundred bytes; larger ones start the tool directly.
+ */
+const RUNNER_MAX_CHARS = 2048;
+
+/** What the runner writes after the tool's output: its exit status follows. */
+const RC_LINE = '\nnatgw-rc ';
+
+/**
+ * The runner: a shell that keeps the tool ("$@") started ahead and gives it one request's
+ * lines on stdin. Each turn of the loop starts a pipeline at once: the tool, waiting for its
+ * input (a prestartable tool does nothing before it), and a subshell that reads the next
+ * request from the runner's stdin (a line count, then the lines) and writes it into the pipe.
+ * The tool's stdout and stderr go to the shell's stderr, then RC_LINE, its exit status and the
+ * marker ($0). The lines are data, read into a variable and printed, never evaluated. At the
+ * end of the runner's stdin the subshell ends the loop (the waiting tool reads an empty input
+ * and ends having done nothing).
+ */
+const RUNNER_SH = `while :; do
+  {
+    IFS= read -r n || { kill $$; exit 0; }
+    s= nl=
+    while [ "$n" -gt 0 ]; do IFS= read -r l; s="$s$nl$l"; nl='
+'; n=$((n-1)); done
+    printf '%s\\n' "$s"
+  } | "$@" >&2
+  printf '\\nnatgw-rc %s %s\\n' "$?" "$0" >&2
+done
+`;
 
 /** Exchanges before a session's process is replaced. */
 const RECYCLE_AFTER = 1000;

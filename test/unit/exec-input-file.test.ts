@@ -68,7 +68,7 @@ describe('SystemExecutor: a script on stdin', () => {
       prestartable: true,
       single: true,
     });
-    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true });
+    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true, runner: false });
     expect((await exec.run(req('small\n'))).stdout).toMatch(/ pipe\n$/);
     exec.startSpares();
     const [spare] = await waitFor(

@@ -59,7 +59,7 @@ async function pidOf(exec: SystemExecutor, req: ExecRequest): Promise<number> {
 describe('SystemExecutor spares (prestart)', () => {
   it('hands the next run of a tool the process started at startSpares', async () => {
     const name = `natgw-spare-${randomUUID()}`;
-    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true });
+    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true, runner: false });
     const first = await pidOf(exec, tool(name));
     expect(childrenNamed(name)).toEqual([]);
     exec.startSpares();
@@ -77,7 +77,7 @@ describe('SystemExecutor spares (prestart)', () => {
     await pidOf(off, tool(name));
     off.startSpares();
     expect(childrenNamed(name)).toEqual([]);
-    const on = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true });
+    const on = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true, runner: false });
     await pidOf(on, { ...tool(name), prestartable: false });
     on.startSpares();
     expect(childrenNamed(name)).toEqual([]);
@@ -85,7 +85,7 @@ describe('SystemExecutor spares (prestart)', () => {
 
   it('does not hand out a spare that died: the run starts its own', async () => {
     const name = `natgw-spare-${randomUUID()}`;
-    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true });
+    const exec = new SystemExecutor(undefined, { deadlineMs: 10_000, prestart: true, runner: false });
     await pidOf(exec, tool(name));
     exec.startSpares();
     const [spare] = childrenNamed(name);
