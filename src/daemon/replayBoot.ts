@@ -11,7 +11,7 @@
  * is an outcome "not replayed".
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmSync, rmdirSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmSync, rmdirSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
@@ -79,7 +79,8 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
   } catch {}
   const verdict = replayVerdict(header, {
     snapshot: snapshotSeal(readHead(path.join(dir, 'state.json'))),
-    journal: existsSync(path.join(dir, 'state.journal')),
+    // An empty journal holds no change (a refused first line is cut off to nothing, store.ts commitAhead).
+    journal: (statSync(path.join(dir, 'state.journal'), { throwIfNoEntry: false })?.size ?? 0) > 0,
     locked: existsSync(path.join(dir, 'natgw.lock')),
     natgwVersion: natgwVersion(import.meta.url),
     mode: get('GATEWAY_NETFILTER_MODE', 'auto'),

@@ -6,7 +6,7 @@
  * DNAT, UDP through a SNAT, ICMP through a FIP. A journal entry after the snapshot, a torn cache
  * and a cache of the other backend are each ignored, and the full sync of old gets it right.
  */
-import { mkdtempSync, readFileSync, rmSync, statSync, truncateSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -152,6 +152,16 @@ describe.each(BACKENDS)('applied-ruleset replay at start ($name)', (b: BackendCa
     // A command after the trusted start plans against the assumed view (a partial sync).
     ok(await api(socketOf(t), 'PUT', `/v1/dnats/${EIP},8082,tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), 'dnat 8082');
     expect(parsePeer(await request(t, 'ext', 'tcp', EIP, 8082, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    await noDrift(t);
+  }, 120_000);
+
+  it('replays beside an empty journal (a refused first line cut off to nothing)', async () => {
+    const t = await topology(b.env);
+    copyStateDir(clean, t.stateDir);
+    writeFileSync(join(t.stateDir, 'state.journal'), '');
+    const d = await daemonIn(t);
+    expect(d.logs()).toContain('"replay":"trusted"');
+    expect(await ownedNetfilter(t, b)).toBe(wantKernel);
     await noDrift(t);
   }, 120_000);
 
