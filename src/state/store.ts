@@ -410,29 +410,12 @@ export class StateStore {
     if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
     const delta = stateDelta(before, after);
     if (delta === null || isEmptyDelta(delta) || deltaSize(delta) > Math.max(64, COLLECTION_SIZE(after) / 4)) return undefined;
-    const fresh = this.journalEntries === 0;
     let from: number | undefined;
     const durable = (async () => {
       const payload = JSON.stringify(delta);
-      const line = `~${boot} ${sha256(payload)} ${payload}\n`;
-      let fd: number | undefined;
-      try {
-        fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
-        from = fresh ? 0 : fstatSync(fd).size;
-        const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
-        for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
-        await dataSync(fd);
-        const done = fd;
-        fd = undefined;
-        closeSync(done);
-        if (fresh) await syncDir(this.dir);
-      } catch (e) {
-        if (fd !== undefined) closeQuietly(fd);
-        // A torn line is ignored on load; the next commit must not append after it.
-        this.snapshotSha = undefined;
-        throw durableError(this.journalFile, e);
-      }
-      this.journalEntries++;
+      await this.writeLine(`~${boot} ${sha256(payload)} ${payload}\n`, dataSync, (at) => {
+        from = at;
+      });
     })();
     durable.catch(() => undefined);
     return {
@@ -457,23 +440,15 @@ export class StateStore {
         );
         // Nothing written. A line whose sync failed may still be whole in the page cache: it goes too.
         if (from === undefined) return true;
-        try {
-          const fd = openSync(this.journalFile, 'r+');
-          try {
-            ftruncateSync(fd, from);
-            await dataSync(fd);
-          } finally {
-            closeQuietly(fd);
-          }
+        if (await this.cutJournal(from)) {
           if (written) this.journalEntries--;
           return true;
-        } catch {
-          // The line could not be cut off: the state before it, as a snapshot, drops the journal.
-          return this.save(before).then(
-            () => true,
-            () => false,
-          );
         }
+        // The line could not be cut off: the state before it, as a snapshot, drops the journal.
+        return this.save(before).then(
+          () => true,
+          () => false,
+        );
       },
     };
   }
@@ -481,25 +456,34 @@ export class StateStore {
   private async append(delta: StateDelta): Promise<void> {
     const payload = JSON.stringify(delta);
     const line = `${sha256(payload)} ${payload}\n`;
-    const fresh = this.journalEntries === 0;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
     // snapshot is never replayed onto a newer one. One short line, written and synced
     // synchronously: the command waits for the disk either way, and each trip through the
     // thread pool (open, write, sync, close) cost it a turn of the event loop and two thread
     // wake-ups, slow on a busy node. A conntrack flush started before runs beside it.
+    await this.writeLine(line, fdatasyncSync);
+  }
+
+  /**
+   * One journal line (after the header, in a fresh journal) written and synced by `sync`; `at`
+   * hears where it starts. A failure leaves the journal to the next snapshot: a torn line is
+   * ignored on load, and the next commit must not append after it.
+   */
+  private async writeLine(line: string, sync: (fd: number) => void | Promise<void>, at?: (from: number) => void): Promise<void> {
+    const fresh = this.journalEntries === 0;
     let fd: number | undefined;
     try {
       fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
+      at?.(fresh ? 0 : fstatSync(fd).size);
       const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
-      fdatasyncSync(fd);
+      await sync(fd);
       const done = fd;
       fd = undefined;
       closeSync(done);
       if (fresh) await syncDir(this.dir);
     } catch (e) {
       if (fd !== undefined) closeQuietly(fd);
-      // A torn line is ignored on load; the next commit must not append after it.
       this.snapshotSha = undefined;
       throw durableError(this.journalFile, e);
     }
