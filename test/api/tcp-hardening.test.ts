@@ -4,8 +4,7 @@
  * tool's stderr only in the log (the Unix socket, root-local, keeps the full text); a rotated
  * token file takes effect without a restart; connection, header and request limits are set.
  */
-import { mkdtempSync, writeFileSync, utimesSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync, utimesSync } from 'node:fs';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { beforeEach, describe, expect, it } from 'vitest';
@@ -15,6 +14,7 @@ import type { Agent } from '../../src/daemon/agent.js';
 import { SystemError } from '../../src/model/errors.js';
 import { closeServer, listenTcp } from '../../src/daemon/listeners.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
+import { testTempDir } from '../helpers/tempDir.js';
 
 const SECRET_STDERR = 'Error: iptables-restore: line 3 failed: /var/lib/natgw/secret-path';
 
@@ -57,7 +57,7 @@ describe('over TCP', () => {
   });
 
   it('re-reads a rotated token file; an emptied one admits nobody', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'natgw-token-'));
+    const dir = testTempDir('natgw-token-');
     const file = join(dir, 'token');
     writeFileSync(file, 'first-token\n');
     const tcp = createApp({ agent, log: engine.log, bodyLimit: '64kb', auth: { token: 'first-token', tokenFile: file } });

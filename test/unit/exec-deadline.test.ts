@@ -3,17 +3,17 @@
  * hangs is killed with its whole process group — a wrapper's grandchild that holds the output
  * pipe open too — and the run reports timedOut with a message naming the key.
  */
-import { existsSync, readFileSync, mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { SystemExecutor } from '../../src/system/exec.js';
 import { ToolError } from '../../src/model/errors.js';
 import { waitFor } from '../helpers/poll.js';
+import { testTempDir } from '../helpers/tempDir.js';
 
 describe('SystemExecutor deadline', () => {
   it('kills a hung tool and its grandchildren at the deadline', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'natgw-exec-'));
+    const dir = testTempDir('natgw-exec-');
     const pidFile = join(dir, 'grandchild.pid');
     const exec = new SystemExecutor(undefined, { deadlineMs: 1000 });
     // The grandchild keeps stdout open: without a group kill the run would not end.

@@ -3,12 +3,12 @@
  * the NAT transaction applies). The script reaches it only when fed; cancelled or never fed,
  * it reads nothing and ends, and it never outlives the deadline.
  */
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { SystemExecutor } from '../../src/system/exec.js';
 import { waitFor } from '../helpers/poll.js';
+import { testTempDir } from '../helpers/tempDir.js';
 
 /** A shell that records its pid, then what it read on stdin (only once stdin ends). */
 function recorder(dir: string): { args: string[]; pid: () => Promise<number>; read: () => string | undefined } {
@@ -25,7 +25,7 @@ const gone = (pid: number) => async () => !existsSync(`/proc/${pid}`) || readFil
 
 describe('SystemExecutor.start', () => {
   it('runs the tool at once and gives it its script only when fed', async () => {
-    const rec = recorder(mkdtempSync(join(tmpdir(), 'natgw-start-')));
+    const rec = recorder(testTempDir('natgw-start-'));
     const run = new SystemExecutor(undefined, { deadlineMs: 10_000 }).start({ file: 'bash', args: rec.args });
     const pid = await rec.pid();
     expect(existsSync(`/proc/${pid}`)).toBe(true);
@@ -37,7 +37,7 @@ describe('SystemExecutor.start', () => {
   });
 
   it('cancelled, the tool reads nothing and ends', async () => {
-    const rec = recorder(mkdtempSync(join(tmpdir(), 'natgw-start-')));
+    const rec = recorder(testTempDir('natgw-start-'));
     const run = new SystemExecutor(undefined, { deadlineMs: 10_000 }).start({ file: 'bash', args: rec.args });
     const pid = await rec.pid();
     run.cancel();
@@ -46,7 +46,7 @@ describe('SystemExecutor.start', () => {
   });
 
   it('never fed, it is killed at the deadline', async () => {
-    const rec = recorder(mkdtempSync(join(tmpdir(), 'natgw-start-')));
+    const rec = recorder(testTempDir('natgw-start-'));
     new SystemExecutor(undefined, { deadlineMs: 300 }).start({ file: 'bash', args: rec.args });
     const pid = await rec.pid();
     await waitFor(gone(pid), { what: 'the unfed tool to be killed', timeoutMs: 5000, intervalMs: 20 });

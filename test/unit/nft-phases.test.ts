@@ -284,7 +284,7 @@ describe('SystemNftClient.runPhases: one bash process runs the phases', () => {
 });
 
 describe('phaseRun: directories left by a killed process', () => {
-  it('removes those of a pid that is gone and keeps a live process', () => {
+  it('removes those of a pid that is gone and keeps a live process', async () => {
     const parent = mkdtempSync(join(tmpdir(), 'natgw-sweep-'));
     try {
       // A pid that existed and is gone: a child that already exited.
@@ -297,6 +297,8 @@ describe('phaseRun: directories left by a killed process', () => {
         writeFileSync(join(d, 'first'), 'x');
       }
       const { dir } = phaseRun({ first: 'a', groups: ['b'], last: 'c' }, parent, 'natgw-phases');
+      // The sweep runs at the next turn, after the caller's spawn.
+      await new Promise((r) => setImmediate(r));
       expect(dir.startsWith(join(parent, `natgw-phases-${process.pid}-`))).toBe(true);
       expect(existsSync(orphan)).toBe(false);
       expect(existsSync(live)).toBe(true);

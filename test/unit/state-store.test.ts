@@ -1,11 +1,10 @@
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { StateStore } from '../../src/state/store.js';
 import { emptyState } from '../../src/state/state.js';
+import { testTempDir } from '../helpers/tempDir.js';
 
-const dir = () => mkdtempSync(path.join(tmpdir(), 'natgw-store-'));
+const dir = () => testTempDir('natgw-store-');
 
 describe('StateStore', () => {
   it('round-trips a state through its sealed file', async () => {

@@ -52,7 +52,9 @@ export interface PhaseFiles {
  * Throws when the directory or a file cannot be written; then nothing is left behind.
  */
 export function phaseRun(files: PhaseFiles, parent: string, name: string): { readonly dir: string; readonly argv: readonly string[] } {
-  sweepOrphans(parent, name);
+  // At the next turn, after the caller spawned bash: a temp dir of thousands of entries takes
+  // milliseconds to list, which the start's replay must not wait for.
+  setImmediate(() => sweepOrphans(parent, name));
   // The pid in the name says whose it is, for sweepOrphans.
   const dir = mkdtempSync(join(parent, `${name}-${process.pid}-`));
   try {
