@@ -94,8 +94,12 @@ describe('daemon robustness', () => {
       timeoutMs: 5000,
       intervalMs: 50,
     });
-    const route = await topo.exec('gw', ['ip', '-4', 'route', 'show', 'default']);
-    expect(route.stdout).toContain(`via ${ADDR.extGateway} dev net1`);
+    // The route follows the address in the same `ip -batch`: seen a moment later, not at once.
+    await waitFor(async () => (await topo.exec('gw', ['ip', '-4', 'route', 'show', 'default'])).stdout.includes(`via ${ADDR.extGateway} dev net1`), {
+      what: 'the default route back via net1',
+      timeoutMs: 5000,
+      intervalMs: 50,
+    });
   });
 
   it('on SIGTERM finishes accepted changes, persists every acknowledged one and exits 0', async () => {
