@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, type Daemon } from './daemon-util.js';
+import { hasOpenssl } from '../helpers/openssl.js';
 
 const PORT = 8443;
 
@@ -42,15 +43,6 @@ async function call(
   const args = [url, opts.method ?? 'GET', opts.token ?? '', opts.ca ?? '', opts.cert ?? '', opts.key ?? ''];
   const r = await topo.exec('vpc1', [process.execPath, '-e', CLIENT, ...args.map(String)]);
   return JSON.parse(r.stdout) as { status: number; body: string };
-}
-
-function hasOpenssl(): boolean {
-  try {
-    execFileSync('openssl', ['version'], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** A throwaway CA, a server certificate for the gateway's address and a client certificate. */

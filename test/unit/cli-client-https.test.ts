@@ -11,15 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { request } from '../../src/cli/client.js';
-
-function hasOpenssl(): boolean {
-  try {
-    execFileSync('openssl', ['version'], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
+import { hasOpenssl } from '../helpers/openssl.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'natgw-https-client-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
