@@ -6,16 +6,13 @@
  * production executor one namespace over (every tool counted); the table is read by the
  * production reader, through a process that lives in the gateway namespace. Traffic is real TCP.
  */
-import path from 'node:path';
-import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig } from '../../src/config/config.js';
 import { PROC_CONNTRACK } from '../../src/dataplane/conntrack.js';
-import { Engine, type FlushCount } from '../../src/engine/engine.js';
-import { runLegacy } from '../../src/engine/legacy.js';
+import type { FlushCount } from '../../src/engine/engine.js';
 import { SystemExecutor } from '../../src/system/exec.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { RecordedExecutor } from '../helpers/execCalls.js';
+import { witnessEngine, type WitnessEngine } from '../helpers/witnessEngine.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { waitFor } from '../helpers/poll.js';
@@ -31,8 +28,7 @@ describe.each(BACKENDS)('the conntrack table witness on $name', (backend: Backen
   let topo: Topology;
   const servers: ServerHandle[] = [];
   let exec: RecordedExecutor<NetnsExecutor>;
-  let engine: Engine;
-  let flushes: FlushCount | undefined;
+  let w: WitnessEngine;
   /** A process in the gateway namespace: its /proc/<pid>/net is that namespace's /proc/net. */
   let holder: number;
   /** Every read of the kernel's table, and whether it answered. */
@@ -48,30 +44,15 @@ describe.each(BACKENDS)('the conntrack table witness on $name', (backend: Backen
         return text;
       },
     });
-    const config = await loadConfig({
-      NATGW_ENV_FILE: path.join(topo.stateDir, 'none.env'),
-      NATGW_STATE_DIR: topo.stateDir,
-      GATEWAY_V4: ADDR.extGateway,
-      ...backend.env,
-    });
-    engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
-    engine.onSync((e) => {
-      if (e.ok) flushes = e.flushes;
-    });
+    w = await witnessEngine(topo, exec, backend.env);
   }
 
-  async function natgw(command: string, ...args: string[]): Promise<void> {
-    const r = await runLegacy(engine, command, args);
-    if (r.status !== 0 || r.stderr !== '') throw new Error(`${command} ${args.join(' ')}: exit ${r.status}: ${r.stdout}${r.stderr}`);
-  }
+  const natgw = (command: string, ...args: string[]): Promise<void> => w.natgw(command, ...args);
 
   /** A delete, with the conntrack runs it made, the flushes it counted and whether the table answered. */
   async function counted(command: string, ...args: string[]): Promise<{ conntrack: string[]; flushes: FlushCount | undefined; answered: boolean[] }> {
-    exec.calls.length = 0;
     reads.length = 0;
-    flushes = undefined;
-    await natgw(command, ...args);
-    return { conntrack: exec.calls.filter((r) => r.file === 'conntrack').map((r) => r.args.join(' ')), flushes, answered: [...reads] };
+    return { ...(await w.counted(command, ...args)), answered: [...reads] };
   }
 
   /**

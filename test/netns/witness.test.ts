@@ -6,15 +6,12 @@
  * executor one namespace over, so every tool it runs is counted; traffic is real TCP through
  * the gateway.
  */
-import path from 'node:path';
-import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig } from '../../src/config/config.js';
-import { Engine, type FlushCount } from '../../src/engine/engine.js';
-import { runLegacy } from '../../src/engine/legacy.js';
+import type { Engine } from '../../src/engine/engine.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { RecordedExecutor } from '../helpers/execCalls.js';
+import { witnessEngine, type WitnessEngine } from '../helpers/witnessEngine.js';
 import { conntrackCount, startEchoServer, startLongFlow, type ServerHandle } from '../helpers/traffic.js';
 
 const EIP = '172.20.0.10';
@@ -25,45 +22,24 @@ const FROM_EXT = { localAddress: ADDR.extHost } as const;
 /** The production executor in the gateway namespace, remembering every run (sessions pass through). */
 type Recording = RecordedExecutor<NetnsExecutor>;
 
-const conntrackRuns = (exec: Recording): string[] => exec.calls.filter((r) => r.file === 'conntrack').map((r) => r.args.join(' '));
-
 describe('hit witnesses (nftables, real kernel)', () => {
   let topo: Topology;
   const servers: ServerHandle[] = [];
   const execs: Recording[] = [];
   let exec: Recording;
   let engine: Engine;
-  /** The flush counts of the last applies, as the metrics hear them. */
-  let flushes: FlushCount | undefined;
+  let w: WitnessEngine;
 
   /** A new engine on the same state and kernel: what a daemon restart is. */
   async function start(): Promise<void> {
     exec = new RecordedExecutor(new NetnsExecutor(topo.ns.gw));
     execs.push(exec);
-    const config = await loadConfig({
-      NATGW_ENV_FILE: path.join(topo.stateDir, 'none.env'),
-      NATGW_STATE_DIR: topo.stateDir,
-      GATEWAY_NETFILTER_MODE: 'nftables',
-      GATEWAY_V4: ADDR.extGateway,
-    });
-    engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
-    engine.onSync((e) => {
-      if (e.ok) flushes = e.flushes;
-    });
+    w = await witnessEngine(topo, exec, { GATEWAY_NETFILTER_MODE: 'nftables' });
+    engine = w.engine;
   }
 
-  async function natgw(command: string, ...args: string[]): Promise<void> {
-    const r = await runLegacy(engine, command, args);
-    if (r.status !== 0 || r.stderr !== '') throw new Error(`${command} ${args.join(' ')}: exit ${r.status}: ${r.stdout}${r.stderr}`);
-  }
-
-  /** A command, with the tools it ran and the flushes it counted. */
-  async function counted(command: string, ...args: string[]): Promise<{ conntrack: string[]; flushes: FlushCount | undefined }> {
-    exec.calls.length = 0;
-    flushes = undefined;
-    await natgw(command, ...args);
-    return { conntrack: conntrackRuns(exec), flushes };
-  }
+  const natgw = (command: string, ...args: string[]): Promise<void> => w.natgw(command, ...args);
+  const counted = (command: string, ...args: string[]) => w.counted(command, ...args);
 
   const hits = async (set: 'dnat_hit' | 'fip_hit'): Promise<string> => (await topo.exec('gw', ['nft', 'list', 'set', 'ip', 'natgw', set])).stdout;
 
