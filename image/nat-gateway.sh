@@ -62,17 +62,21 @@ natgw_socket() {
 # The command over the daemon's loopback listener (src/daemon/shimListener.ts has the protocol),
 # with bash builtins only. Prints the command's output and exits with its status when the
 # daemon ran it and proved it is natgw; returns (having printed nothing) otherwise. $1 is the
-# socket; the listener's port and secrets are in the file beside it.
+# socket; the listener's port, secrets and loopback address are in the file beside it (a file
+# without the address names 127.0.0.1).
 natgw_via_tcp() {
-  local file=$1.tcp port ctok stok fd head out='' err='' n
+  local file=$1.tcp port ctok stok host fd head out='' err='' n
   shift
   [ -f "$file" ] && [ -r "$file" ] || return 1
-  IFS=' ' read -r port ctok stok <"$file" || return 1
+  IFS=' ' read -r port ctok stok host <"$file" || return 1
   [[ $port =~ ^[0-9]{1,5}$ && $ctok =~ ^[0-9a-f]{64}$ && $stok =~ ^[0-9a-f]{64}$ ]] || return 1
+  # natgw's own loopback address, whose connections its netfilter objects keep out of conntrack.
+  [ -n "$host" ] || host=127.0.0.1
+  [[ $host =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || return 1
   # Byte lengths and byte-exact reads: no locale may count characters.
   local LC_ALL=C
   # bash's own complaint about a refused connection must not reach the controller.
-  { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || return 1
+  { exec {fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null || return 1
   # A daemon that hangs up mid-request must not kill the shim with SIGPIPE.
   trap '' PIPE
   # The arguments go as data: NUL-terminated bytes (argv cannot hold a NUL), never evaluated.

@@ -6,14 +6,17 @@ import { tokenMatches } from '../api/auth.js';
 import { legacyBody } from '../api/app.js';
 import type { CommandOutput } from '../engine/output.js';
 import { TokenBucket } from '../observe/rateLimit.js';
+import { SHIM_ADDRESS } from '../dataplane/netfilter/notrack.js';
 
 /**
  * The shim's fast path (image/nat-gateway.sh, README "The shim's loopback fast path"). bash
  * reaches a TCP port through its own /dev/tcp without starting any process, where curl alone
  * costs more than bash does; bash has no Unix-socket client, hence a loopback TCP listener.
  *
- * It binds 127.0.0.1 only, on a port the kernel picks, and publishes `<port> <client> <server>`
- * in `<NATGW_SOCKET>.tcp` (mode 0600, beside the root-only socket): two random secrets made
+ * It binds natgw's own loopback address (SHIM_ADDRESS, which natgw's netfilter objects exempt
+ * from conntrack: netfilter/notrack.ts), or 127.0.0.1 where that address cannot be bound, on a
+ * port the kernel picks, and publishes `<port> <client> <server> <host>` in
+ * `<NATGW_SOCKET>.tcp` (mode 0600, beside the root-only socket): two random secrets made
  * afresh at every start. The shim proves it could read the file by sending the first; the
  * daemon proves it wrote the file by answering with the second, so a process that took the
  * port after a daemon died learns only a dead secret and cannot pass off an answer as natgw's.
@@ -213,13 +216,23 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
   });
   server.maxConnections = o.maxConnections;
 
-  try {
-    await new Promise<void>((resolve, reject) => {
+  const listen = (host: string) =>
+    new Promise<void>((resolve, reject) => {
       server.once('error', reject);
-      server.listen(0, o.host ?? '127.0.0.1', () => {
+      server.listen(0, host, () => {
         server.off('error', reject);
         resolve();
       });
+    });
+  let host = o.host ?? SHIM_ADDRESS;
+  try {
+    await listen(host).catch(async (e: unknown) => {
+      // A loopback configured without 127.0.0.0/8 (lo holding 127.0.0.1/32 only): the fast
+      // path still works, its connections are then tracked as any other process's.
+      if (o.host !== undefined || (e as NodeJS.ErrnoException).code !== 'EADDRNOTAVAIL') throw e;
+      o.log.warn({ address: SHIM_ADDRESS, err: e }, "shim fast path on 127.0.0.1: natgw's loopback address cannot be bound, so its connections are tracked");
+      host = '127.0.0.1';
+      await listen(host);
     });
   } catch (e) {
     o.log.warn({ err: e }, 'shim fast path off: cannot listen on loopback; the shim uses curl');
@@ -229,14 +242,14 @@ export async function startShimListener(o: ShimListenerOptions): Promise<ShimLis
   try {
     // Written whole under another name, then renamed: a shim never reads half a line.
     const tmp = `${file}.${process.pid}`;
-    await fs.writeFile(tmp, `${port} ${clientToken} ${serverToken}\n`, { mode: 0o600 });
+    await fs.writeFile(tmp, `${port} ${clientToken} ${serverToken} ${host}\n`, { mode: 0o600 });
     await fs.rename(tmp, file);
   } catch (e) {
     server.close();
     o.log.warn({ err: e, file }, 'shim fast path off: cannot write its file; the shim uses curl');
     return undefined;
   }
-  o.log.info({ port, file }, 'shim fast path listening on loopback');
+  o.log.info({ host, port, file }, 'shim fast path listening on loopback');
 
   return {
     port,

@@ -18,7 +18,7 @@ const FORMAT = 1;
 
 export type RulesetBackend = { readonly kind: 'nftables' } | { readonly kind: 'iptables'; readonly variant: 'legacy' | 'nft' };
 
-/** One tool run of the replay: `nft -f -`, or one `ip[6]tables-<variant>-restore --noflush` per family (nat and mangle). */
+/** One tool run of the replay: `nft -f -`, or one `ip[6]tables-<variant>-restore --noflush` per family (nat and mangle, and raw for IPv4). */
 /**
  * `accounting`: the per-EIP accounting table (`inet natgw_acct`) from scratch by `nft -f -`,
  * which refuses it where that table exists (a rebuild would restart a warm one's counters).
@@ -45,7 +45,7 @@ export type ReplayStep = StepTool & { readonly bytes: number };
  */
 export interface ColdCheck {
   readonly family: 4 | 6;
-  readonly table: 'nat' | 'mangle';
+  readonly table: 'nat' | 'mangle' | 'raw';
   readonly chains: readonly string[];
 }
 
@@ -165,7 +165,7 @@ function checkHeader(h: unknown): RulesetHeader | string {
   if (phases.length > 0 && !phasesInOrder(phases, h.steps.filter((s) => (s as Record<string, unknown>).tool === 'nft').length)) return 'bad phases';
   if (!Array.isArray(h.cold)) return 'bad cold checks';
   for (const k of h.cold as unknown[]) {
-    if (!isObj(k) || (k.family !== 4 && k.family !== 6) || (k.table !== 'nat' && k.table !== 'mangle')) return 'bad cold check';
+    if (!isObj(k) || (k.family !== 4 && k.family !== 6) || (k.table !== 'nat' && k.table !== 'mangle' && k.table !== 'raw')) return 'bad cold check';
     if (!Array.isArray(k.chains) || !(k.chains as unknown[]).every((n) => isStr(n) && CHAIN.test(n))) return 'bad chain name';
   }
   const body = h.body;

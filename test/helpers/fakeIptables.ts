@@ -10,6 +10,7 @@ import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
 const BUILTIN: Readonly<Record<string, readonly string[]>> = {
   nat: ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'],
   mangle: ['PREROUTING', 'INPUT', 'FORWARD', 'OUTPUT', 'POSTROUTING'],
+  raw: ['PREROUTING', 'OUTPUT'],
 };
 
 type Table = Map<string, string[]>;

@@ -782,6 +782,27 @@ const REAL_IP = JSON.stringify({
         ],
       },
     },
+    // The notrack chain as nft lists it (captured likewise), with the handles a full sync that
+    // added it to this table later gives it.
+    { chain: { family: 'ip', table: 'natgw', name: 'shim_notrack', handle: 33, type: 'filter', hook: 'output', prio: -300, policy: 'accept' } },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'shim_notrack',
+        handle: 34,
+        expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'daddr' } }, right: '127.78.71.87' } }, { notrack: null }],
+      },
+    },
+    {
+      rule: {
+        family: 'ip',
+        table: 'natgw',
+        chain: 'shim_notrack',
+        handle: 35,
+        expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: '127.78.71.87' } }, { notrack: null }],
+      },
+    },
   ],
 });
 
@@ -1455,7 +1476,13 @@ describe('render from nothing', () => {
   it('renders the skeleton for an empty state (init)', () => {
     const s = lines(renderNatgw({ vpcIf: 'eth0', extIf: 'net1', eips: [], snats: [], dnats: [], fips: [] }, { ip: null, ip6: null }).script);
     expect(s.filter((l) => l.startsWith('add element'))).toEqual([]);
-    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(8);
+    // The three base chains' rules, the six of the witnesses, DNAT and SNAT maps, and notrack's two.
+    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(10);
+    expect(s).toContain('add chain ip natgw shim_notrack { type filter hook output priority raw; policy accept; }');
+    expect(s.filter((l) => l.startsWith('add rule ip natgw shim_notrack'))).toEqual([
+      'add rule ip natgw shim_notrack ip daddr 127.78.71.87 notrack',
+      'add rule ip natgw shim_notrack ip saddr 127.78.71.87 notrack',
+    ]);
   });
 });
 
@@ -1651,7 +1678,7 @@ describe('repairs', () => {
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
-    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(14);
+    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(16);
     expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(7);
   });
 
@@ -1863,5 +1890,44 @@ describe('untrusted kernel text', () => {
     const script = lines(renderNatgw(WANT, kernel(odd)).script);
     expect(script[0]).toBe('delete table ip natgw');
     expect(script.join('\n')).not.toContain('flush ruleset');
+  });
+});
+
+describe("the shim's loopback connections kept out of conntrack (notrack chain)", () => {
+  it('a table of an older natgw (no notrack chain) gets the chain and its two rules, nothing else', () => {
+    const older = edit(REAL_IP, (items) => items.filter((i) => i['chain']?.['name'] !== 'shim_notrack' && i['rule']?.['chain'] !== 'shim_notrack'));
+    expect(lines(renderNatgw(WANT, kernel(older)).script)).toEqual([
+      'add chain ip natgw shim_notrack { type filter hook output priority raw; policy accept; }',
+      'add rule ip natgw shim_notrack ip daddr 127.78.71.87 notrack',
+      'add rule ip natgw shim_notrack ip saddr 127.78.71.87 notrack',
+    ]);
+  });
+
+  it('a notrack rule deleted by hand is put back at its place; a foreign rule there goes', () => {
+    const noDaddr = edit(REAL_IP, withoutRule(34));
+    expect(lines(renderNatgw(WANT, kernel(noDaddr)).script)).toEqual(['insert rule ip natgw shim_notrack position 35 ip daddr 127.78.71.87 notrack']);
+    const foreign = edit(REAL_IP, (items) => [
+      ...items,
+      {
+        rule: {
+          family: 'ip',
+          table: 'natgw',
+          chain: 'shim_notrack',
+          handle: 99,
+          expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'daddr' } }, right: '127.0.0.1' } }, { notrack: null }],
+        },
+      },
+    ]);
+    expect(lines(renderNatgw(WANT, kernel(foreign)).script)).toEqual(['delete rule ip natgw shim_notrack handle 99']);
+  });
+
+  it('is in the IPv4 table only, and the adoption reads nothing from it', () => {
+    expect(desiredFamily(WANT, 'ip')?.chains.find((c) => c.name === 'shim_notrack')?.rules).toEqual([
+      { kind: 'notrack', match: 'daddr' },
+      { kind: 'notrack', match: 'saddr' },
+    ]);
+    expect(desiredFamily(WANT, 'ip6')?.chains.some((c) => c.name === 'shim_notrack')).toBe(false);
+    const without = edit(REAL_IP, (items) => items.filter((i) => i['chain']?.['name'] !== 'shim_notrack' && i['rule']?.['chain'] !== 'shim_notrack'));
+    expect(natTablesFromKernel(kernel(REAL_IP))).toEqual(natTablesFromKernel(kernel(without)));
   });
 });

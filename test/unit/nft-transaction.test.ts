@@ -104,16 +104,19 @@ describe('FakeNftClient', () => {
       'hairpin',
       'snat-dispatch',
       'snat',
+      'notrack',
+      'notrack',
     ]);
     // Handles as the kernel numbers them: one counter per table; the port-DNAT rule's `{ tcp, udp }` takes one too.
-    // (As a real kernel numbered the same table: test/unit/nft-render.test.ts's fixtures.)
+    // (As a real kernel (6.18, nft 1.0.6) numbered the same table, shim_notrack's chain included.)
     expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5, 6, 7]);
     expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([
-      [8, [13]],
-      [9, [15, 16, 17, 19]],
-      [10, [20, 21, 22]],
-      [11, [23]],
-      [12, [24]],
+      [8, [14]],
+      [9, [16, 17, 18, 20]],
+      [10, [21, 22, 23]],
+      [11, [24]],
+      [12, [25]],
+      [13, [26, 27]],
     ]);
     expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();

@@ -4,14 +4,13 @@ import { ToolError } from '../../../model/errors.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
-import { desiredTables, planTable, renderRestore, savedAfter, type TableName } from './plan.js';
+import { desiredTables, planTable, renderRestore, savedAfter, tablesOf, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
 
 export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
-const TABLES: readonly TableName[] = ['nat', 'mangle'];
 const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
 
 /**
@@ -127,7 +126,7 @@ export class IptablesBackend implements NetfilterBackend {
    */
   async observe(): Promise<void> {
     this.materialize();
-    const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => ({ family, table })));
+    const keys = ([4, 6] as const).flatMap((family) => tablesOf(family).map((table) => ({ family, table })));
     const read = await Promise.all(
       keys.map(({ family, table }) => (this.view.has(`${family}/${table}`) ? undefined : this.read(table, family).catch(() => undefined))),
     );
@@ -158,7 +157,7 @@ export class IptablesBackend implements NetfilterBackend {
     for (const family of [4, 6] as const) {
       const w = ofFamily(want, family);
       const desired = family === 6 && isEmpty(w) ? undefined : desiredTables(w);
-      for (const table of TABLES) this.view.set(`${family}/${table}`, desired ? savedAfter(emptyTable, desired[table]) : emptyTable);
+      for (const table of tablesOf(family)) this.view.set(`${family}/${table}`, desired ? savedAfter(emptyTable, desired[table]) : emptyTable);
     }
   }
 
@@ -180,25 +179,84 @@ export class IptablesBackend implements NetfilterBackend {
 
   private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
-    const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
+    const tables = tablesOf(family);
+    // undefined: the raw table could not be read (rawUnusable), it is then left alone.
+    const have = await Promise.all(tables.map((t) => (t === 'raw' ? this.haveRaw(family, opts) : this.have(t, family, opts))));
     let script = '';
     let changes = 0;
     const touched: TableName[] = [];
-    for (const [i, table] of TABLES.entries()) {
-      const plan = planTable(have[i] ?? emptyTable, desired[table], { deleteBySpec: opts.mode === 'partial' });
+    let raw: { text: string; changes: number } | undefined;
+    for (const [i, table] of tables.entries()) {
+      const h = have[i];
+      if (h === undefined) continue;
+      const plan = planTable(h, desired[table], { deleteBySpec: opts.mode === 'partial' });
       const text = renderRestore(table, plan);
       if (text === '') continue;
+      if (table === 'raw') {
+        raw = { text, changes: plan.changes };
+        continue;
+      }
       changes += plan.changes;
       script += text;
       touched.push(table);
     }
+    let rawApplied = raw !== undefined;
     if (!opts.dryRun) {
       // One run for the family's tables: each still commits at its own COMMIT, in order (nat,
       // then mangle), as when each had a run of its own; one process start less on the path.
       if (script !== '') await this.restore(family, touched, script);
-      for (const [i, table] of TABLES.entries()) this.view.set(`${family}/${table}`, savedAfter(have[i] ?? emptyTable, desired[table]));
+      // The raw table's static chain changes only at init or a repair: a run of its own then,
+      // so that a kernel refusing it cannot take the NAT down with it.
+      if (raw) rawApplied = await this.restoreRaw(family, raw.text);
+      // A refused raw chain counts as applied all the same: the commands after it do not try
+      // again (a full sync, which reads the kernel back, does).
+      for (const [i, table] of tables.entries()) {
+        const h = have[i];
+        if (h !== undefined) this.view.set(`${family}/${table}`, savedAfter(h, desired[table]));
+      }
+    }
+    if (raw && rawApplied) {
+      changes += raw.changes;
+      script += raw.text;
     }
     return { changes, script };
+  }
+
+  /** The last refusal of the raw table (a kernel without it or without the CT target), logged once as a warning. */
+  private rawRefused: string | undefined;
+
+  private rawUnusable(e: unknown, what: string): void {
+    const message = e instanceof Error ? e.message : String(e);
+    if (this.rawRefused === undefined) {
+      this.log?.warn(
+        { err: message },
+        `iptables raw table ${what}: the shim's loopback connections stay tracked (conntrack -D runs on more DNAT and floating-IP deletes); NAT is unaffected`,
+      );
+    } else {
+      this.log?.debug({ err: message }, `iptables raw table ${what} again`);
+    }
+    this.rawRefused = message;
+  }
+
+  /** The raw table as `have` gives it; undefined where it cannot be read (it is then left alone). */
+  private async haveRaw(family: Family, opts: SyncOptions): Promise<SavedTable | undefined> {
+    try {
+      return await this.have('raw', family, opts);
+    } catch (e) {
+      this.rawUnusable(e, 'unreadable');
+      return undefined;
+    }
+  }
+
+  private async restoreRaw(family: Family, text: string): Promise<boolean> {
+    try {
+      await this.restore(family, 'raw', text);
+      return true;
+    } catch (e) {
+      if (!(e instanceof ToolError)) throw e;
+      this.rawUnusable(e, 'refused');
+      return false;
+    }
   }
 
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
@@ -242,8 +300,9 @@ export class IptablesBackend implements NetfilterBackend {
     const skeleton = desiredTables(EMPTY);
     let script = '';
     let changes = 0;
-    for (const table of TABLES) {
-      const have = await this.have(table, family, opts);
+    for (const table of tablesOf(family)) {
+      const have = table === 'raw' ? await this.haveRaw(family, opts) : await this.have(table, family, opts);
+      if (have === undefined) continue;
       const lines: string[] = [];
       for (const [builtin, jump] of skeleton[table].jumps) {
         for (const r of have.rules.get(builtin) ?? []) if (r === jump) lines.push(`-D ${builtin} ${jump}`);
@@ -258,7 +317,7 @@ export class IptablesBackend implements NetfilterBackend {
       script += text;
       if (!opts.dryRun) await this.restore(family, table, text);
     }
-    if (!opts.dryRun) for (const table of TABLES) this.view.set(`${family}/${table}`, emptyTable);
+    if (!opts.dryRun) for (const table of tablesOf(family)) this.view.set(`${family}/${table}`, emptyTable);
     return { changes, script };
   }
 

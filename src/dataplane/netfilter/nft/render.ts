@@ -24,6 +24,12 @@
  *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>
  *   chain snat_<cidr> (regular, one per SNAT CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
  *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
+ *   chain shim_notrack (filter output, priority raw; ip only) ip daddr <shim address> notrack
+ *                                                           ip saddr <shim address> notrack
+ *
+ * The shim_notrack chain keeps the shim listener's own loopback connections out of conntrack
+ * (netfilter/notrack.ts). Its `notrack` statement needs nft_ct, which the hairpin rule's `ct`
+ * matches need anyway: a kernel that takes natgw's table takes this chain.
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
@@ -71,6 +77,7 @@ import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } fr
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 import { HIT, HIT_SIZE } from './witness.js';
+import { NFT_NOTRACK_CHAIN, SHIM_ADDRESS } from '../notrack.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -83,6 +90,7 @@ export const CHAIN = {
   prerouting: 'prerouting',
   postrouting: 'postrouting',
   sharedSnat: 'shared_snat',
+  notrack: NFT_NOTRACK_CHAIN,
 } as const;
 
 export const SET = {
@@ -146,6 +154,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     }
     case 'snat-dispatch':
       return dispatchText(r, fam);
+    case 'notrack':
+      return `${fam} ${r.match} ${SHIM_ADDRESS} notrack`;
     case 'range-dnat': {
       const to = fam === 'ip' ? r.internalIp : `[${r.internalIp}]`;
       return `${fam} daddr ${r.eip} ${r.protocol} dport ${r.port}-${r.portEnd} dnat ${fam} to ${to}:${r.port}-${r.portEnd}`;
@@ -213,6 +223,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     }
     case 'snat-dispatch':
       return dispatchJson(r, fam);
+    case 'notrack':
+      return [match('==', payload(fam, r.match), SHIM_ADDRESS), { notrack: null }];
     case 'range-dnat': {
       const range = { range: [r.port, r.portEnd] };
       return [match('==', payload(fam, 'daddr'), r.eip), match('==', payload(r.protocol, 'dport'), range), { dnat: { addr: r.internalIp, port: range } }];
@@ -231,9 +243,9 @@ export function snatRule(s: Snat): NatgwRule {
 
 interface BaseHookSpec {
   readonly type: 'filter' | 'nat';
-  readonly hook: 'prerouting' | 'postrouting';
+  readonly hook: 'prerouting' | 'postrouting' | 'output';
   /** Written by name, listed by number. */
-  readonly prioName: 'mangle' | 'dstnat' | 'srcnat';
+  readonly prioName: 'raw' | 'mangle' | 'dstnat' | 'srcnat';
   readonly prio: number;
 }
 
@@ -424,9 +436,20 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         rules: snatObjects.dispatch,
       },
       ...snatObjects.chains,
+      // IPv4 only: the shim listener's address (netfilter/notrack.ts).
+      ...(fam === 'ip' ? [NOTRACK_CHAIN_SPEC] : []),
     ],
   };
 }
+
+const NOTRACK_CHAIN_SPEC: ChainSpec = {
+  name: CHAIN.notrack,
+  base: { type: 'filter', hook: 'output', prioName: 'raw', prio: -300 },
+  rules: [
+    { kind: 'notrack', match: 'daddr' },
+    { kind: 'notrack', match: 'saddr' },
+  ],
+};
 
 /** The witnesses' hit sets (witness.ts), empty as declared. */
 function hitSets(addr: string): SetSpec[] {

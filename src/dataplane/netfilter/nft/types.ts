@@ -27,6 +27,8 @@ export type NatgwRule =
     }
   /** shared_snat's dispatch for one prefix length: `<fam> saddr & <mask> vmap @snat_len_<len>` (snatLayout.ts). */
   | { readonly kind: 'snat-dispatch'; readonly len: number }
+  /** The shim listener's loopback connections, one direction each, kept out of conntrack (netfilter/notrack.ts). */
+  | { readonly kind: 'notrack'; readonly match: 'daddr' | 'saddr' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
       readonly kind: 'range-dnat';
