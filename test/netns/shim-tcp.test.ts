@@ -69,16 +69,16 @@ describe("the shim's loopback client", () => {
     rmSync('/tmp/natgw-pwned', { force: true });
   });
 
-  it('listens on 127.0.0.1 only and keeps its port and secrets in a root-only file', async () => {
+  it("listens on natgw's own loopback address only and keeps its port and secrets in a root-only file", async () => {
     const line = await waitShimFile(topo);
-    expect(line).toMatch(/^\d{1,5} [0-9a-f]{64} [0-9a-f]{64}\n$/);
+    expect(line).toMatch(/^\d{1,5} [0-9a-f]{64} [0-9a-f]{64} 127\.78\.71\.87\n$/);
     expect(statSync(shimFile(topo)).mode & 0o777).toBe(0o600);
     const port = line.split(' ')[0]!;
     const listening = (await topo.exec('gw', ['ss', '-Hltn'])).stdout
       .split('\n')
       .map((l) => l.trim().split(/\s+/)[3])
       .filter((local): local is string => local?.endsWith(`:${port}`) === true);
-    expect(listening).toEqual([`127.0.0.1:${port}`]);
+    expect(listening).toEqual([`127.78.71.87:${port}`]);
   });
 
   it('prints byte for byte what curl and Node.js print, starting neither', async () => {
@@ -122,7 +122,7 @@ describe("the shim's loopback client", () => {
     const d = daemon!;
     const file = shimFile(topo);
     const original = readFileSync(file, 'utf8');
-    const [port, client, server] = original.trim().split(' ') as [string, string, string];
+    const [port, client, server, host] = original.trim().split(' ') as [string, string, string, string];
     const other = (hex: string) => hex.replace(/^./, (c) => (c === '0' ? '1' : '0'));
     // Deleting what is not there: success every time, and nothing changes behind natgw's back.
     const argv = ['snat-del', `${EIP},10.9.9.0/24`];
@@ -130,10 +130,15 @@ describe("the shim's loopback client", () => {
     try {
       const cases = [
         // The daemon refuses the connection: it never runs the command.
-        { name: 'wrong client secret', content: `${port} ${other(client)} ${server}\n`, ranOverTcp: 0 },
+        { name: 'wrong client secret', content: `${port} ${other(client)} ${server} ${host}\n`, ranOverTcp: 0 },
         // The daemon runs it, but its answer does not prove it wrote the file: not printed.
-        { name: 'unexpected server secret', content: `${port} ${client} ${other(server)}\n`, ranOverTcp: 1 },
-        { name: 'malformed file', content: `${port} $(touch /tmp/natgw-pwned) ${server}\n`, ranOverTcp: 0 },
+        { name: 'unexpected server secret', content: `${port} ${client} ${other(server)} ${host}\n`, ranOverTcp: 1 },
+        { name: 'malformed file', content: `${port} $(touch /tmp/natgw-pwned) ${server} ${host}\n`, ranOverTcp: 0 },
+        // Only a loopback address is dialled, never a name or an address elsewhere.
+        { name: 'host not on loopback', content: `${port} ${client} ${server} 10.0.1.6\n`, ranOverTcp: 0 },
+        { name: 'host as text', content: `${port} ${client} ${server} $(touch /tmp/natgw-pwned)\n`, ranOverTcp: 0 },
+        // Nothing listens on 127.0.0.1 (a file of an older daemon would name it): no answer, curl.
+        { name: 'the old three fields', content: `${port} ${client} ${server}\n`, ranOverTcp: 0 },
         { name: 'no file', content: undefined, ranOverTcp: 0 },
       ];
       for (const c of cases) {

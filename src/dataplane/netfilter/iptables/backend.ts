@@ -204,10 +204,12 @@ export class IptablesBackend implements NetfilterBackend {
     if (!opts.dryRun) {
       // One run for the family's tables: each still commits at its own COMMIT, in order (nat,
       // then mangle), as when each had a run of its own; one process start less on the path.
-      if (script !== '') await this.restore(family, touched, script);
       // The raw table's static chain changes only at init or a repair: a run of its own then,
-      // so that a kernel refusing it cannot take the NAT down with it.
+      // so that a kernel refusing it cannot take the NAT down with it. First: the NAT rules turn
+      // tracking on, and a shim connection that saw them without the exemption (a delayed ACK
+      // of the init command's own connection) would stay in the table as an established entry.
       if (raw) rawApplied = await this.restoreRaw(family, raw.text);
+      if (script !== '') await this.restore(family, touched, script);
       // A refused raw chain counts as applied all the same: the commands after it do not try
       // again (a full sync, which reads the kernel back, does).
       for (const [i, table] of tables.entries()) {
