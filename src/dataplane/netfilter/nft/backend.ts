@@ -10,7 +10,7 @@ import type { Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
-import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
+import { CHAIN, NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
 import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
@@ -57,6 +57,12 @@ export class NftBackend implements NetfilterBackend {
     private readonly nft: NftClient = new SystemNftClient(exec),
     private readonly phasing: PhaseOptions = PHASING,
   ) {}
+
+  /**
+   * Whether natgw's tables carry the shim_notrack chain: false once this kernel refused it (a
+   * kernel without nft's `notrack`), for the process's life; the NAT goes on without it.
+   */
+  private notrack = true;
 
   /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; dump: NftTableDump | null } | undefined;
@@ -149,7 +155,7 @@ export class NftBackend implements NetfilterBackend {
    * the transaction fail; the engine then retries as a full sync.
    */
   private async syncFromAbsent(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    const planned = planNatgw(want, natgwKernel(null, null));
+    const planned = planNatgw(want, natgwKernel(null, null), { notrack: this.notrack });
     if (opts.dryRun) return textPlan(planned);
     const extra = await opts.append;
     const tx = NftTransaction.concat(planned.tx, extra);
@@ -184,7 +190,7 @@ export class NftBackend implements NetfilterBackend {
   private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     // The appended part may list its own table: both listings run at once.
     const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
-    let planned: NftTxPlan = planNatgw(want, kernel);
+    let planned: NftTxPlan = planNatgw(want, kernel, { notrack: this.notrack });
     if (opts.dryRun) return textPlan(planned);
     this.trust.full(kernel, planned.changes);
     let appended = extra !== undefined;
@@ -203,9 +209,17 @@ export class NftBackend implements NetfilterBackend {
       // appended part (its owner then syncs it on its own).
       if (!(err instanceof ToolError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
+      if (this.notrack && err.stderr.includes(CHAIN.notrack)) {
+        // nft names the command the kernel refused: the exemption, not the NAT.
+        this.notrack = false;
+        this.log?.warn(
+          { err: err.message },
+          "nftables refused the shim_notrack chain: the shim's loopback connections stay tracked (conntrack -D runs on more DNAT and floating-IP deletes); NAT is unaffected",
+        );
+      }
       this.trust.clear();
       const again = await this.kernel();
-      planned = planNatgw(want, again);
+      planned = planNatgw(want, again, { notrack: this.notrack });
       appended = false;
       const retry = NftTransaction.concat(hitCleanupTx(again, NATGW_TABLE), planned.tx);
       if (!retry.isEmpty) await this.nft.run(retry);

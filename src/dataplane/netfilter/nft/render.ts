@@ -348,8 +348,13 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
   );
 }
 
+export interface RenderOptions {
+  /** false: without the shim_notrack chain, which this kernel refused (nft/backend.ts). */
+  readonly notrack?: boolean;
+}
+
 /** What one family's table must hold for `want`; null when the family needs no table. */
-export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
+export function desiredFamily(given: NatTables, fam: NftFamily, opts: RenderOptions = {}): FamilySpec | null {
   if (!needsFamily(given, fam)) return null;
   const want = canonicalOrder(given);
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
@@ -437,7 +442,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       },
       ...snatObjects.chains,
       // IPv4 only: the shim listener's address (netfilter/notrack.ts).
-      ...(fam === 'ip' ? [NOTRACK_CHAIN_SPEC] : []),
+      ...(fam === 'ip' && opts.notrack !== false ? [NOTRACK_CHAIN_SPEC] : []),
     ],
   };
 }
@@ -748,9 +753,9 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
-export function planNatgw(want: NatTables, have: NatgwKernel): NftTxPlan {
+export function planNatgw(want: NatTables, have: NatgwKernel, opts: RenderOptions = {}): NftTxPlan {
   const sc = new Script();
-  for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam), have[fam], fam);
+  for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam, opts), have[fam], fam);
   return { tx: sc.tx(), changes: sc.changes };
 }
 
