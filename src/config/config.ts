@@ -143,7 +143,7 @@ export const configSchema = z.object({
   NATGW_TOKEN_FILE: optionalText.meta({ values: 'a path' }).describe('Bearer token for the TCP API.'),
   NATGW_SHIM_TCP: bool
     .prefault('true')
-    .describe("The shim's fast path: a loopback listener (127.78.71.87, untracked) on a random port, secrets in `<NATGW_SOCKET>.tcp` (0600), reached by bash's /dev/tcp."),
+    .describe("The shim's fast path: a listener on 127.78.71.87 (untracked), random port, secrets in `<NATGW_SOCKET>.tcp` (0600), reached by bash's /dev/tcp."),
   NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
   NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
   NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),
