@@ -264,9 +264,8 @@ describe('engine on a fake kernel: switching the netfilter backend', () => {
     k.ipt.answer({ file: 'iptables-nft-restore', args: ['--noflush'], input: '*nat\n-F FOREIGN\n-X FOREIGN\nCOMMIT\n' });
     k.writes.length = 0;
     await nft.engine.resync('timer');
-    // raw (the shim's notrack chain) and mangle went at the first try, nat last (the evidence
-    // of what natgw still owns): now nat alone, and nothing of natgw's is left in any of them.
-    expect(k.writes.filter((w) => w.startsWith('iptables-nft-restore')).length).toBe(1);
+    // nat, mangle, and raw (the shim's notrack chain): nothing of natgw's is left in any of them.
+    expect(k.writes.filter((w) => w.startsWith('iptables-nft-restore')).length).toBe(3);
     expect(natgwChains(k)).toEqual([]);
     expect(k.ipt.rules('iptables-nft', 'raw', 'NATGW_NOTRACK')).toBeUndefined();
     expect(k.ipt.rules('iptables-nft', 'raw', 'OUTPUT')).toEqual([]);

@@ -302,9 +302,9 @@ export class IptablesBackend implements NetfilterBackend {
     const skeleton = desiredTables(EMPTY);
     let script = '';
     let changes = 0;
-    // nat last: its chains are the evidence that natgw still owns something here
-    // (backendSelect.ts), so a removal that fails half-way is found and retried.
-    for (const table of [...tablesOf(family)].reverse()) {
+    // nat first: a removal it refuses (another owner jumps into natgw's chains) leaves every
+    // table as it was, still pending; raw last, its chain natgw's alone.
+    for (const table of tablesOf(family)) {
       const have = table === 'raw' ? await this.haveRaw(family, opts) : await this.have(table, family, opts);
       if (have === undefined) continue;
       const lines: string[] = [];
