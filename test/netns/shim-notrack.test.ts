@@ -179,3 +179,44 @@ describe.each(BACKENDS)("the shim's loopback connections on $name", (backend: Ba
     expect((await conntrackLines(topo)).filter((l) => l.includes(SHIM_ADDRESS))).toEqual([]);
   }, 60_000);
 });
+
+describe("the shim's listener where lo holds 127.0.0.1/32 only", () => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  let bashOnly: string;
+
+  beforeAll(async () => {
+    bashOnly = mkdtempSync(join(tmpdir(), 'natgw-bashonly-'));
+    for (const tool of ['ip', 'bash']) {
+      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
+      if (!at) throw new Error(`${tool} not found: this test needs it (scripts/setup.sh installs it)`);
+      symlinkSync(at, join(bashOnly, tool));
+    }
+    topo = await createTopology();
+    Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
+    // No 127.0.0.0/8 on lo: natgw's own address cannot be bound.
+    await topo.exec('gw', ['ip', 'addr', 'add', '127.0.0.1/32', 'dev', 'lo']);
+    await topo.exec('gw', ['ip', 'addr', 'del', '127.0.0.1/8', 'dev', 'lo']);
+  }, 60_000);
+
+  afterAll(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo?.cleanup();
+    if (bashOnly) rmSync(bashOnly, { recursive: true, force: true });
+  }, 60_000);
+
+  it('listens on 127.0.0.1 instead, says why, and the shim still takes the fast path', async () => {
+    daemon = await startDaemon(topo);
+    const file = `${socketOf(topo)}.tcp`;
+    const line = await waitFor(async () => existsSync(file) && readFileSync(file, 'utf8'), {
+      what: "the daemon's shim file",
+      timeoutMs: 10_000,
+      intervalMs: 20,
+    });
+    expect(line).toMatch(/^\d{1,5} [0-9a-f]{64} [0-9a-f]{64} 127\.0\.0\.1\n$/);
+    expect(daemon.logs()).toContain("natgw's loopback address cannot be bound");
+    const r = await shim(topo, ['init'], { PATH: bashOnly });
+    expect({ status: r.status, stderr: text(r.stderr) }).toEqual({ status: 0, stderr: '' });
+    expect(await requestsVia(socketOf(topo), daemon, '/v1/legacy', 'shim-tcp')).toBe(1);
+  }, 60_000);
+});
