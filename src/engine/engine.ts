@@ -21,6 +21,7 @@ import { adoptState } from './adopt.js';
 import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
 import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { timelineMark } from '../observe/timeline.js';
 
 export interface EngineDeps {
   readonly config: Config;
@@ -306,7 +307,9 @@ export class Engine {
         if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
+      timelineMark('locked');
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      timelineMark('state built');
       // The replay holds the state loaded: a first full sync that changes it applies as ever.
       const assumeApplied = replayed && next === state ? replayed : undefined;
       if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');

@@ -8,6 +8,7 @@ import { desiredTables, planTable, renderRestore, savedAfter, type TableName } f
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
+import { timelineMark } from '../../../observe/timeline.js';
 
 export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
@@ -180,6 +181,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
+    timelineMark(`iptables: IPv${family} tables desired`);
     const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
     let script = '';
     let changes = 0;
@@ -192,6 +194,7 @@ export class IptablesBackend implements NetfilterBackend {
       script += text;
       touched.push(table);
     }
+    timelineMark(`iptables: IPv${family} rendered`);
     if (!opts.dryRun) {
       // One run for the family's tables: each still commits at its own COMMIT, in order (nat,
       // then mangle), as when each had a run of its own; one process start less on the path.
