@@ -1,11 +1,12 @@
 /**
- * `node dist/bench/bulkTimeline.js [size=10000] [runs=5] [nftables|iptables] [--cpu-prof <dir>]`:
+ * `node dist/bench/bulkTimeline.js [size=10000] [runs=5] [nftables|iptables] [--cpu-prof <dir>] [--node-flags '<flags>']`:
  * the bulk PUT /v1/state into an empty gateway as `npm run bench` makes it (a dry run first),
  * with the daemon at debug level, run by run in fresh namespaces; prints the daemon's CPU for
  * the PUT (/proc/<pid>/stat), its peak RSS and its own timeline of the PUT (observe/timeline.ts:
  * wall and CPU ms at each step), then the medians. The daemon's CPU and the order of its steps
  * are what to compare between builds on a shared machine; its wall time swings with the load.
- * `--cpu-prof <dir>` also writes the daemon's V8 CPU profile there (at its exit).
+ * `--cpu-prof <dir>` also writes the daemon's V8 CPU profile there (at its exit); `--node-flags
+ * '<flags>'` starts the daemon's Node.js with more flags (e.g. --trace-gc), whose output is printed.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -21,12 +22,12 @@ interface Step {
 }
 
 /**
- * A directory whose `node` runs this Node.js with --cpu-prof (not allowed in NODE_OPTIONS): first
- * on the daemon's PATH, so the shim's `exec node` of serve is profiled.
+ * A directory whose `node` runs this Node.js with `flags` (--cpu-prof is not allowed in
+ * NODE_OPTIONS): first on the daemon's PATH, so the shim's `exec node` of serve takes them.
  */
-function profilingNode(dir: string): string {
+function wrappingNode(flags: string): string {
   const bin = mkdtempSync(join(tmpdir(), 'natgw-prof-node-'));
-  writeFileSync(join(bin, 'node'), `#!/bin/sh\nexec ${process.execPath} --cpu-prof --cpu-prof-interval 100 --cpu-prof-dir=${dir} "$@"\n`, { mode: 0o755 });
+  writeFileSync(join(bin, 'node'), `#!/bin/sh\nexec ${process.execPath} ${flags} "$@"\n`, { mode: 0o755 });
   return bin;
 }
 
@@ -41,6 +42,9 @@ async function main(): Promise<void> {
   const argv = process.argv.slice(2);
   const profAt = argv.indexOf('--cpu-prof');
   const profDir = profAt >= 0 ? argv.splice(profAt, 2)[1] : undefined;
+  const flagsAt = argv.indexOf('--node-flags');
+  const nodeFlags = flagsAt >= 0 ? (argv.splice(flagsAt, 2)[1] ?? '') : '';
+  const wrapped = [profDir ? `--cpu-prof --cpu-prof-interval 100 --cpu-prof-dir=${profDir}` : '', nodeFlags].join(' ').trim();
   const size = Number(argv[0] ?? 10000);
   const runs = Number(argv[1] ?? 5);
   const backend = (argv[2] ?? 'nftables') as 'nftables' | 'iptables';
@@ -52,7 +56,7 @@ async function main(): Promise<void> {
   for (let r = 0; r < runs; r++) {
     const gw = await Gateway.bare({ backend, resync: '1h' });
     try {
-      Object.assign(gw.topo.env, { NATGW_LOG_LEVEL: 'debug', ...(profDir ? { PATH: `${profilingNode(profDir)}:${process.env.PATH ?? ''}` } : {}) });
+      Object.assign(gw.topo.env, { NATGW_LOG_LEVEL: 'debug', ...(wrapped ? { PATH: `${wrappingNode(wrapped)}:${process.env.PATH ?? ''}` } : {}) });
       await gw.startDaemon();
       await gw.putState(doc, '?dryRun=true');
       const pid = gw.daemon?.pid as number;
@@ -61,6 +65,7 @@ async function main(): Promise<void> {
       const used = cpuMs(pid) - before;
       const mem = gw.daemon?.memory();
       await new Promise((res) => setTimeout(res, 100));
+      if (nodeFlags) for (const line of (gw.daemon?.logTail() ?? '').split('\n')) if (!line.startsWith('{')) console.log(`  | ${line}`);
       let steps: Step[] = [];
       let startUs: number | undefined;
       for (const line of (gw.daemon?.logTail() ?? '').split('\n')) {

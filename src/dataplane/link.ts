@@ -6,6 +6,7 @@ import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
+import { timelineMark } from '../observe/timeline.js';
 
 /**
  * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
@@ -277,6 +278,8 @@ export interface LinkSyncOptions extends SyncOptions {
   readonly view?: LinkView;
   /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
   readonly batch?: PendingRun;
+  /** recordIntent(want, previous) started ahead: awaited before the record is looked at again. */
+  readonly intent?: Promise<void>;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -497,6 +500,24 @@ export class LinkManager {
   }
 
   /**
+   * The ownership record grown by everything a change from `previous` to `want` may add, durable
+   * before it returns (the intent a sync writes before its `ip -batch`). A bulk change writes it
+   * while NAT applies (LinkSyncOptions.intent), not between NAT's end and the addresses: a
+   * record that names addresses a refused change never added only lets the next sync look for
+   * them, and that sync shrinks it to what its state wants.
+   */
+  async recordIntent(want: DesiredState, previous: DesiredState | undefined): Promise<void> {
+    const rec = await this.ownedRecord();
+    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
+    await this.writeOwned({
+      ext: want.interfaces.ext,
+      vpc: want.interfaces.vpc,
+      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...want.eips.map((e) => e.address)])],
+      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...want.routes.map((r) => r.cidr)])],
+    });
+  }
+
+  /**
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
@@ -520,6 +541,8 @@ export class LinkManager {
     opts: LinkSyncOptions,
     runBatch: (script: string) => Promise<ExecResult>,
   ): Promise<{ changes: number; script: string }> {
+    // The record is read below only once an intent written ahead is in place (or failed: written again below).
+    await opts.intent?.catch(() => undefined);
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = opts.view ?? kept ?? (await this.view(want));
@@ -539,15 +562,12 @@ export class LinkManager {
       this.trust(want, have);
       return { changes: 0, script };
     }
-    // Intent first: everything this change may add joins what natgw already owns.
-    const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
-    await this.writeOwned({
-      ...settled,
-      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...settled.addresses])],
-      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...settled.routes])],
-    });
+    // Intent first: everything this change may add joins what natgw already owns (written ahead
+    // by recordIntent where the caller started it, then equal and not written again).
+    timelineMark('link: planned');
+    await this.recordIntent(want, previous);
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
+    timelineMark('link: intent recorded');
     const running = runBatch(script);
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
     const after = linkViewAfter(have, ops);

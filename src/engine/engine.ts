@@ -349,6 +349,7 @@ export class Engine {
         if (!opts.dryRun) {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
+          timelineMark('reconciled');
           flushing = this.flushConntrack(effects, state, next, backend);
           try {
             await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
@@ -362,6 +363,7 @@ export class Engine {
             );
             throw e;
           }
+          timelineMark('durable');
           // Acknowledged: what the QoS part created for it is now the state's (its intent settles).
           await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         }

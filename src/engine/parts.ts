@@ -136,6 +136,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
   let ahead: Promise<PendingRun | undefined> | undefined;
+  let intent: Promise<void> | undefined;
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
@@ -154,6 +155,9 @@ export function linkPart(link: LinkManager): Part {
         // One that could not start leaves the sync to run its own.
         const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
         ahead = started ? started.then((b) => b ?? own()) : own();
+        // Its intent record too, durable while NAT applies (one that failed is written by the sync).
+        intent = new Promise<void>((r) => setImmediate(r)).then(() => link.recordIntent(want, from));
+        intent.catch(() => undefined);
       } else ahead = started;
       if (opts.mode !== 'full') return;
       // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
@@ -168,7 +172,9 @@ export function linkPart(link: LinkManager): Part {
       early = undefined;
       const batch = await ahead;
       ahead = undefined;
-      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
+      const written = intent;
+      intent = undefined;
+      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}), ...(written ? { intent: written } : {}) });
       return { changes: r.changes, script: r.script, notes: none };
     },
   };

@@ -168,6 +168,7 @@ export class NftBackend implements NetfilterBackend {
     const plan = textPlan(planned);
     const view = viewOf(want);
     if (applying) await applying;
+    timelineMark('nft: applied');
     this.view = view;
     this.log?.debug({ changes: plan.changes, path: phased ? 'phased' : 'one transaction' }, 'nftables synced (partial, into absent tables)');
     return extra ? { ...plan, appended: true } : plan;
