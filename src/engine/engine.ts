@@ -457,7 +457,12 @@ export class Engine {
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
       try {
-        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun, ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}) });
+        const r = await part.sync(want, previous, {
+          mode,
+          dryRun: opts.dryRun,
+          ...(opts.bulk ? { bulk: true } : {}),
+          ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}),
+        });
         applied.push(part);
         changes[part.name] = r.changes;
         script += r.script;
