@@ -278,8 +278,6 @@ export interface LinkSyncOptions extends SyncOptions {
   readonly view?: LinkView;
   /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
   readonly batch?: PendingRun;
-  /** recordIntent(want, previous) started ahead: awaited before the record is looked at again. */
-  readonly intent?: Promise<void>;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -327,6 +325,11 @@ export interface OwnedRecord {
   readonly vpc: string;
   readonly addresses: readonly string[];
   readonly routes: readonly string[];
+}
+
+/** The addresses and routes of a state, as the record lists them once a sync of it succeeded. */
+function ownedOf(s: DesiredState | undefined): { addresses: string[]; routes: string[] } {
+  return { addresses: [...new Set((s?.eips ?? []).map((e) => e.address))], routes: [...new Set((s?.routes ?? []).map((r) => r.cidr))] };
 }
 
 /** The ownership record as natgw writes it; anything else owns nothing. */
@@ -501,10 +504,7 @@ export class LinkManager {
 
   /**
    * The ownership record grown by everything a change from `previous` to `want` may add, durable
-   * before it returns (the intent a sync writes before its `ip -batch`). A bulk change writes it
-   * while NAT applies (LinkSyncOptions.intent), not between NAT's end and the addresses: a
-   * record that names addresses a refused change never added only lets the next sync look for
-   * them, and that sync shrinks it to what its state wants.
+   * before it returns (the intent a sync writes before its `ip -batch`).
    */
   async recordIntent(want: DesiredState, previous: DesiredState | undefined): Promise<void> {
     const rec = await this.ownedRecord();
@@ -515,6 +515,42 @@ export class LinkManager {
       addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...want.eips.map((e) => e.address)])],
       routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...want.routes.map((r) => r.cidr)])],
     });
+  }
+
+  /** Writes of the record started ahead of a sync (intentAhead), in order: a sync begins after them. */
+  private recordWrites: Promise<void> = Promise.resolve();
+
+  /**
+   * recordIntent(want, previous) while NAT applies (a bulk change), not between NAT's end and
+   * the addresses. `undo` puts the record back as it was, for a change that failed before the
+   * link part ran (a refused NAT transaction): its addresses were never added, and a record
+   * naming them would let a later sync remove such an address someone else put there. A crash
+   * in between leaves the intent, as a crash between the intent and `ip -batch` always did.
+   */
+  intentAhead(want: DesiredState, previous: DesiredState | undefined): { readonly written: Promise<void>; undo(): void } {
+    let before: { readonly rec: OwnedRecord | undefined } | undefined;
+    const written = this.queueRecord(async () => {
+      // At the next turn: after NAT's tool started.
+      await new Promise<void>((r) => setImmediate(r));
+      const rec = await this.ownedRecord();
+      before = { rec };
+      await this.recordIntent(want, previous);
+    });
+    return {
+      written,
+      undo: () => {
+        void this.queueRecord(async () => {
+          // Without a record before, the addresses the state held are the ones natgw put there.
+          if (before) await this.writeOwned(before.rec ?? { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(previous) });
+        });
+      },
+    };
+  }
+
+  private queueRecord(fn: () => Promise<void>): Promise<void> {
+    const run = this.recordWrites.then(fn);
+    this.recordWrites = run.catch(() => undefined);
+    return run;
   }
 
   /**
@@ -541,8 +577,8 @@ export class LinkManager {
     opts: LinkSyncOptions,
     runBatch: (script: string) => Promise<ExecResult>,
   ): Promise<{ changes: number; script: string }> {
-    // The record is read below only once an intent written ahead is in place (or failed: written again below).
-    await opts.intent?.catch(() => undefined);
+    // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
+    await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = opts.view ?? kept ?? (await this.view(want));

@@ -140,7 +140,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
   let ahead: Promise<PendingRun | undefined> | undefined;
-  let intent: Promise<void> | undefined;
+  let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
@@ -160,8 +160,8 @@ export function linkPart(link: LinkManager): Part {
         const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
         ahead = started ? started.then((b) => b ?? own()) : own();
         // Its intent record too, durable while NAT applies (one that failed is written by the sync).
-        intent = new Promise<void>((r) => setImmediate(r)).then(() => link.recordIntent(want, from));
-        intent.catch(() => undefined);
+        intent = link.intentAhead(want, from);
+        intent.written.catch(() => undefined);
       } else ahead = started;
       if (opts.mode !== 'full') return;
       // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
@@ -170,15 +170,18 @@ export function linkPart(link: LinkManager): Part {
     abandon() {
       void ahead?.then((b) => b?.cancel());
       ahead = undefined;
+      // The change failed before this part ran: its intent goes again.
+      intent?.undo();
+      intent = undefined;
     },
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;
       early = undefined;
       const batch = await ahead;
       ahead = undefined;
-      const written = intent;
+      // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
-      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}), ...(written ? { intent: written } : {}) });
+      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
       return { changes: r.changes, script: r.script, notes: none };
     },
   };

@@ -243,4 +243,33 @@ describe('engine: a full sync reads the link view beside the NAT transaction', (
     expect(changes).toHaveLength(1);
     expect(changes[0]).toBeGreaterThan(exec.calls.findIndex(isNatApply));
   });
+
+  it('a refused NAT transaction puts the record back as it was: the addresses were never added', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
+    dirs.push(dir);
+    const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
+    const owned = path.join(dir, 'owned.json');
+    const names = () => existsSync(owned) && readFileSync(owned, 'utf8').includes('172.20.0.10');
+    let namedDuringNat = false;
+    class RefusingNat extends TurnExecutor {
+      override async run(req: ExecRequest): Promise<ExecResult> {
+        if (isNatApply(req)) {
+          namedDuringNat = await waitFor(async () => names(), { what: 'the intent record', timeoutMs: 3000, intervalMs: 5 }).then(
+            () => true,
+            () => false,
+          );
+          return { command: cmd(req), exitCode: 1, stdout: '', stderr: 'Error: refused\n', timedOut: false, failedToStart: false };
+        }
+        return super.run(req);
+      }
+    }
+    const exec = new RefusingNat((r) =>
+      r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined,
+    );
+    const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
+    await expect(withEip(engine)).rejects.toThrow(/refused/);
+    expect(namedDuringNat).toBe(true);
+    await waitFor(async () => !names(), { what: 'the record without the refused change', timeoutMs: 3000, intervalMs: 5 });
+    expect(exec.calls.filter(isLinkChange)).toEqual([]);
+  });
 });
