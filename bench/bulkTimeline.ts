@@ -8,7 +8,7 @@
  * `--cpu-prof <dir>` also writes the daemon's V8 CPU profile there (at its exit); `--node-flags
  * '<flags>'` starts the daemon's Node.js with more flags (e.g. --trace-gc), whose output is printed.
  */
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Gateway } from './gateway.js';
@@ -45,6 +45,8 @@ async function main(): Promise<void> {
   const flagsAt = argv.indexOf('--node-flags');
   const nodeFlags = flagsAt >= 0 ? (argv.splice(flagsAt, 2)[1] ?? '') : '';
   const wrapped = [profDir ? `--cpu-prof --cpu-prof-interval 100 --cpu-prof-dir=${profDir}` : '', nodeFlags].join(' ').trim();
+  const wrapper = wrapped ? wrappingNode(wrapped) : undefined;
+  if (wrapper) process.once('exit', () => rmSync(wrapper, { recursive: true, force: true }));
   const size = Number(argv[0] ?? 10000);
   const runs = Number(argv[1] ?? 5);
   const backend = (argv[2] ?? 'nftables') as 'nftables' | 'iptables';
@@ -56,7 +58,7 @@ async function main(): Promise<void> {
   for (let r = 0; r < runs; r++) {
     const gw = await Gateway.bare({ backend, resync: '1h' });
     try {
-      Object.assign(gw.topo.env, { NATGW_LOG_LEVEL: 'debug', ...(wrapped ? { PATH: `${wrappingNode(wrapped)}:${process.env.PATH ?? ''}` } : {}) });
+      Object.assign(gw.topo.env, { NATGW_LOG_LEVEL: 'debug', ...(wrapper ? { PATH: `${wrapper}:${process.env.PATH ?? ''}` } : {}) });
       await gw.startDaemon();
       await gw.putState(doc, '?dryRun=true');
       const pid = gw.daemon?.pid as number;
