@@ -8,6 +8,7 @@ import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.
 import { parseStateBody } from './stateDoc.js';
 import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
+import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../observe/timeline.js';
 import type { AgentService, HaService } from './service.js';
 import type { DesiredState } from '../state/state.js';
 
@@ -151,7 +152,25 @@ export function createApp(deps: AppDeps): Express {
     next();
   });
   if (deps.auth) app.use(authenticate(deps.auth));
-  app.use(express.json({ limit: deps.bodyLimit, type: ['application/json', 'application/*+json'] }));
+  // Debug level: a bulk PUT's critical path, step by step (observe/timeline.ts).
+  enableTimeline(log.isLevelEnabled('debug'));
+  if (timelineEnabled()) {
+    app.put('/v1/state', (_req, res, next) => {
+      timelineStart();
+      res.on('finish', () => {
+        const timeline = timelineEnd();
+        if (timeline) log.debug(timeline, 'bulk PUT timeline (ms since the request: wall, CPU)');
+      });
+      next();
+    });
+  }
+  app.use(
+    express.json({
+      limit: deps.bodyLimit,
+      type: ['application/json', 'application/*+json'],
+      ...(timelineEnabled() ? { verify: () => timelineMark('body in') } : {}),
+    }),
+  );
 
   // ---- probes, metrics, description ----
   app.get('/healthz', (_req, res) => {
@@ -207,13 +226,16 @@ export function createApp(deps: AppDeps): Express {
     res.json(doc);
   });
   app.put('/v1/state', async (req, res) => {
+    timelineMark('parsed');
     const dryRun = boolQuery(req, 'dryRun');
     const next = parseStateBody(objectBody(req));
+    timelineMark('validated');
     const ifMatch = req
       .get('if-match')
       ?.replace(/^W\//, '')
       .replace(/^"(.*)"$/, '$1');
     const result = await agent.replaceState(next, { dryRun, ifMatch });
+    timelineMark('transacted');
     res.locals.log = { command: dryRun ? 'state-plan' : 'state-replace', outcome: 'ok' };
     if (!dryRun) res.set('ETag', `"${result.digest}"`);
     res.json(result);

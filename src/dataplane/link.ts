@@ -6,6 +6,7 @@ import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
+import { timelineMark } from '../observe/timeline.js';
 
 /**
  * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
@@ -326,6 +327,11 @@ export interface OwnedRecord {
   readonly routes: readonly string[];
 }
 
+/** The addresses and routes of a state, as the record lists them once a sync of it succeeded. */
+function ownedOf(s: DesiredState | undefined): { addresses: string[]; routes: string[] } {
+  return { addresses: [...new Set((s?.eips ?? []).map((e) => e.address))], routes: [...new Set((s?.routes ?? []).map((r) => r.cidr))] };
+}
+
 /** The ownership record as natgw writes it; anything else owns nothing. */
 function parseOwned(raw: unknown): OwnedRecord | undefined {
   const r = raw as Partial<OwnedRecord> | null;
@@ -497,6 +503,57 @@ export class LinkManager {
   }
 
   /**
+   * The ownership record grown by everything a change from `previous` to `want` may add, durable
+   * before it returns (the intent a sync writes before its `ip -batch`).
+   */
+  async recordIntent(want: DesiredState, previous: DesiredState | undefined): Promise<void> {
+    const rec = await this.ownedRecord();
+    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
+    await this.writeOwned({
+      ext: want.interfaces.ext,
+      vpc: want.interfaces.vpc,
+      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...want.eips.map((e) => e.address)])],
+      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...want.routes.map((r) => r.cidr)])],
+    });
+  }
+
+  /** Writes of the record started ahead of a sync (intentAhead), in order: a sync begins after them. */
+  private recordWrites: Promise<void> = Promise.resolve();
+
+  /**
+   * recordIntent(want, previous) while NAT applies (a bulk change), not between NAT's end and
+   * the addresses. `undo` puts the record back as it was, for a change that failed before the
+   * link part ran (a refused NAT transaction): its addresses were never added, and a record
+   * naming them would let a later sync remove such an address someone else put there. A crash
+   * in between leaves the intent, as a crash between the intent and `ip -batch` always did.
+   */
+  intentAhead(want: DesiredState, previous: DesiredState | undefined): { readonly written: Promise<void>; undo(): void } {
+    let before: { readonly rec: OwnedRecord | undefined } | undefined;
+    const written = this.queueRecord(async () => {
+      // At the next turn: after NAT's tool started.
+      await new Promise<void>((r) => setImmediate(r));
+      const rec = await this.ownedRecord();
+      before = { rec };
+      await this.recordIntent(want, previous);
+    });
+    return {
+      written,
+      undo: () => {
+        void this.queueRecord(async () => {
+          // Without a record before, the addresses the state held are the ones natgw put there.
+          if (before) await this.writeOwned(before.rec ?? { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(previous) });
+        });
+      },
+    };
+  }
+
+  private queueRecord(fn: () => Promise<void>): Promise<void> {
+    const run = this.recordWrites.then(fn);
+    this.recordWrites = run.catch(() => undefined);
+    return run;
+  }
+
+  /**
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
@@ -520,6 +577,8 @@ export class LinkManager {
     opts: LinkSyncOptions,
     runBatch: (script: string) => Promise<ExecResult>,
   ): Promise<{ changes: number; script: string }> {
+    // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
+    await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = opts.view ?? kept ?? (await this.view(want));
@@ -539,15 +598,12 @@ export class LinkManager {
       this.trust(want, have);
       return { changes: 0, script };
     }
-    // Intent first: everything this change may add joins what natgw already owns.
-    const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
-    await this.writeOwned({
-      ...settled,
-      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...settled.addresses])],
-      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...settled.routes])],
-    });
+    // Intent first: everything this change may add joins what natgw already owns (written ahead
+    // by recordIntent where the caller started it, then equal and not written again).
+    timelineMark('link: planned');
+    await this.recordIntent(want, previous);
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
+    timelineMark('link: intent recorded');
     const running = runBatch(script);
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
     const after = linkViewAfter(have, ops);

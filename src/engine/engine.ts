@@ -21,6 +21,7 @@ import { adoptState } from './adopt.js';
 import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
 import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { timelineMark } from '../observe/timeline.js';
 
 export interface EngineDeps {
   readonly config: Config;
@@ -306,7 +307,9 @@ export class Engine {
         if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
+      timelineMark('locked');
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
+      timelineMark('state built');
       // The replay holds the state loaded: a first full sync that changes it applies as ever.
       const assumeApplied = replayed && next === state ? replayed : undefined;
       if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');
@@ -346,6 +349,7 @@ export class Engine {
         if (!opts.dryRun) {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
+          timelineMark('reconciled');
           flushing = this.flushConntrack(effects, state, next, backend);
           try {
             await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
@@ -359,6 +363,7 @@ export class Engine {
             );
             throw e;
           }
+          timelineMark('durable');
           // Acknowledged: what the QoS part created for it is now the state's (its intent settles).
           await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         }
@@ -452,7 +457,12 @@ export class Engine {
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
       try {
-        const r = await part.sync(want, previous, { mode, dryRun: opts.dryRun, ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}) });
+        const r = await part.sync(want, previous, {
+          mode,
+          dryRun: opts.dryRun,
+          ...(opts.bulk ? { bulk: true } : {}),
+          ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}),
+        });
         applied.push(part);
         changes[part.name] = r.changes;
         script += r.script;

@@ -104,7 +104,11 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       }
       // Without nftables for NAT the accounting is a transaction of its own, on another table:
       // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
-      const beside = counting && backend.kind !== 'nftables' ? counters.sync(eips, { mode: opts.mode }) : undefined;
+      // A bulk change starts it at the next turn, once the NAT tool has started: its render and
+      // process start (~3 ms) were spent before the NAT render, which the kernel's tool waits for.
+      const besideNat = () => counters.sync(eips, { mode: opts.mode });
+      const beside =
+        counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
       const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) }).finally(() => beside);
       if (fold && r.appended) fold.done();
       else if (counting && !beside) {
@@ -136,6 +140,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
   let ahead: Promise<PendingRun | undefined> | undefined;
+  let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
     inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
@@ -154,6 +159,9 @@ export function linkPart(link: LinkManager): Part {
         // One that could not start leaves the sync to run its own.
         const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
         ahead = started ? started.then((b) => b ?? own()) : own();
+        // Its intent record too, durable while NAT applies (one that failed is written by the sync).
+        intent = link.intentAhead(want, from);
+        intent.written.catch(() => undefined);
       } else ahead = started;
       if (opts.mode !== 'full') return;
       // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
@@ -162,12 +170,17 @@ export function linkPart(link: LinkManager): Part {
     abandon() {
       void ahead?.then((b) => b?.cancel());
       ahead = undefined;
+      // The change failed before this part ran: its intent goes again.
+      intent?.undo();
+      intent = undefined;
     },
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;
       early = undefined;
       const batch = await ahead;
       ahead = undefined;
+      // The sync waits for the intent written ahead; from here its own outcome settles the record.
+      intent = undefined;
       const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
       return { changes: r.changes, script: r.script, notes: none };
     },

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { unlinkedFileWith } from './unlinkedInput.js';
+import { timelineMark } from '../observe/timeline.js';
 
 /**
  * The one door to processes. Every tool natgw runs goes through an Executor, with an
@@ -446,6 +447,7 @@ function runProcess(req: ExecRequest, limit: number, late?: Promise<string | und
       }
       settled = true;
       clearTimeout(timer);
+      timelineMark(`ended ${req.file}`);
       const failedToStart = startError !== undefined && !timedOut;
       const note = startError ? `${startError.message}\n` : overflow ? `${req.file}: output above ${MAX_OUTPUT_BYTES} bytes; killed\n` : '';
       resolve({
@@ -468,6 +470,7 @@ function runProcess(req: ExecRequest, limit: number, late?: Promise<string | und
     const fileInput = spare === undefined && late === undefined && req.input !== undefined ? inputFile(req.input) : undefined;
     try {
       child = spare ?? spawnTool(req, fileInput ?? (req.input === undefined && late === undefined ? 'ignore' : 'pipe'));
+      timelineMark(`started ${req.file}`);
     } catch (e) {
       startError = e as Error;
       finish(null, null);

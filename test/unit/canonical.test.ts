@@ -124,6 +124,23 @@ describe('canonicalTextNative', () => {
   });
 });
 
+describe('mostlyWithoutTexts', () => {
+  it('judges a large collection by a sample as counting every item would', () => {
+    for (const [kept, want] of [
+      [0, true],
+      [0.3, true],
+      [0.45, true],
+      [0.55, false],
+      [0.7, false],
+      [1, false],
+    ] as const) {
+      const items = Array.from({ length: 10_000 }, (_, i) => ({ a: i, b: `x${i}` }));
+      for (let i = 0; i < items.length * kept; i++) canonicalJson(items[i]);
+      expect(mostlyWithoutTexts({ items, few: [{ a: 1 }], none: [] }), `${kept} kept`).toBe(want);
+    }
+  });
+});
+
 describe('canonicalDigestBulk', () => {
   it('hashes the bytes of canonicalJson whether finished at once or after its turn, and keeps the texts after', async () => {
     const make = () => ({

@@ -47,8 +47,10 @@ async function setUp() {
     },
     { mode: 'full' },
   );
+  // The first change has no snapshot behind it: a bulk change (the engine prepares its snapshot beside the tool).
+  const first = [...exec.calls];
   exec.calls.length = 0;
-  return { engine, exec };
+  return { engine, exec, first };
 }
 
 describe('iptables backend: the tools one command runs', () => {
@@ -75,5 +77,13 @@ describe('iptables backend: the tools one command runs', () => {
     await engine.transact(({ state }) => Ops.addFip(state, { eip: '172.20.0.11', internalIp: '10.0.9.9' }), { guarded: true, qos: false });
     expect(exec.calls.map(cmd)).toEqual([RESTORE, RESTORE, RESTORE]);
     expect(exec.calls.every((r) => r.prestartable === true)).toBe(true);
+  });
+
+  it("a bulk change: the accounting table's nft -f starts after the NAT restore, not before its render", async () => {
+    const { first } = await setUp();
+    const restore = first.findIndex((c) => cmd(c) === RESTORE && /\*nat/.test(c.input ?? ''));
+    const acct = first.findIndex((c) => cmd(c) === 'nft -f -' && /natgw_acct/.test(c.input ?? ''));
+    expect(restore).toBeGreaterThanOrEqual(0);
+    expect(acct).toBeGreaterThan(restore);
   });
 });

@@ -3,7 +3,7 @@
  * not wait for the nft transaction), but changes them only after it: no EIP goes up before its
  * translation is in place. Counted in tool runs with the recording executor.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
@@ -13,6 +13,7 @@ import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest, type ExecResult, type PendingRun } from '../../src/system/exec.js';
 import { cmd } from '../helpers/execCalls.js';
+import { waitFor } from '../helpers/poll.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -215,5 +216,60 @@ describe('engine: a full sync reads the link view beside the NAT transaction', (
       engine.readAhead(await engine.loadState());
       expect(exec.calls.length).toBe(before);
     });
+  });
+
+  it("a bulk change's ownership record (intent) is durable while NAT applies, not after it", async () => {
+    /** The NAT transaction answers only once the record names the new EIP (or gives up after a deadline). */
+    let seenDuringNat: boolean | undefined;
+    class NatWaitsForIntent extends TurnExecutor {
+      static ownedFile = '';
+      override async run(req: ExecRequest): Promise<ExecResult> {
+        if (isNatApply(req) && seenDuringNat === undefined) {
+          const names = () => existsSync(NatWaitsForIntent.ownedFile) && readFileSync(NatWaitsForIntent.ownedFile, 'utf8').includes('172.20.0.10');
+          seenDuringNat = await waitFor(async () => names(), { what: 'the intent record', timeoutMs: 3000, intervalMs: 5 }).then(
+            () => true,
+            () => false,
+          );
+        }
+        return super.run(req);
+      }
+    }
+    const { engine, exec } = await setUp(0, NatWaitsForIntent);
+    NatWaitsForIntent.ownedFile = path.join(engine.config.stateDir, 'owned.json');
+    await withEip(engine);
+    expect(seenDuringNat).toBe(true);
+    // The addresses still change after NAT, once.
+    const changes = exec.calls.map((c, i) => (isLinkChange(c) ? i : -1)).filter((i) => i >= 0);
+    expect(changes).toHaveLength(1);
+    expect(changes[0]).toBeGreaterThan(exec.calls.findIndex(isNatApply));
+  });
+
+  it('a refused NAT transaction puts the record back as it was: the addresses were never added', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
+    dirs.push(dir);
+    const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, GATEWAY_NETFILTER_MODE: 'nftables' });
+    const owned = path.join(dir, 'owned.json');
+    const names = () => existsSync(owned) && readFileSync(owned, 'utf8').includes('172.20.0.10');
+    let namedDuringNat = false;
+    class RefusingNat extends TurnExecutor {
+      override async run(req: ExecRequest): Promise<ExecResult> {
+        if (isNatApply(req)) {
+          namedDuringNat = await waitFor(async () => names(), { what: 'the intent record', timeoutMs: 3000, intervalMs: 5 }).then(
+            () => true,
+            () => false,
+          );
+          return { command: cmd(req), exitCode: 1, stdout: '', stderr: 'Error: refused\n', timedOut: false, failedToStart: false };
+        }
+        return super.run(req);
+      }
+    }
+    const exec = new RefusingNat((r) =>
+      r.file === 'nft' && r.args.includes('list') ? { exitCode: 1, stderr: 'Error: No such file or directory' } : undefined,
+    );
+    const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
+    await expect(withEip(engine)).rejects.toThrow(/refused/);
+    expect(namedDuringNat).toBe(true);
+    await waitFor(async () => !names(), { what: 'the record without the refused change', timeoutMs: 3000, intervalMs: 5 });
+    expect(exec.calls.filter(isLinkChange)).toEqual([]);
   });
 });

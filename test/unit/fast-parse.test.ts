@@ -7,6 +7,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { canonicalJson, canonicalTextNative } from '../../src/model/canonical.js';
 import { safeParseDesired } from '../../src/state/fastParse.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 
@@ -103,8 +104,12 @@ describe('safeParseDesired', () => {
         const fast = safeParseDesired(JSON.parse(text));
         const slow = desiredStateSchema.safeParse(JSON.parse(text));
         expect(fast.success).toBe(slow.success);
-        if (slow.success && fast.success) expect(JSON.stringify(fast.data)).toBe(JSON.stringify(slow.data));
-        else expect(JSON.stringify(fast.error?.issues)).toBe(JSON.stringify(slow.error?.issues));
+        if (slow.success && fast.success) {
+          expect(JSON.stringify(fast.data)).toBe(JSON.stringify(slow.data));
+          // The shortcut's collections are proven flat (their keys not walked for the digest's text): same text.
+          expect(canonicalTextNative(fast.data)).toBe(canonicalTextNative(slow.data));
+          expect(canonicalTextNative(fast.data)).toBe(canonicalJson(JSON.parse(JSON.stringify(slow.data))));
+        } else expect(JSON.stringify(fast.error?.issues)).toBe(JSON.stringify(slow.error?.issues));
       }),
       { numRuns: 3000 },
     );

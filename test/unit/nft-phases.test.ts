@@ -20,6 +20,7 @@ import { NftTransaction, opText, type NftOp } from '../../src/dataplane/netfilte
 import { accountingTx } from '../../src/dataplane/eipCounters.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 import { RecordingExecutor } from '../../src/system/exec.js';
+import { waitFor } from '../helpers/poll.js';
 
 /** `n` port DNATs, `n` FIPs, `n / 10` SNATs over n / 50 EIPs: the bulk bench's mix. */
 function bulk(n: number): NatTables {
@@ -297,10 +298,9 @@ describe('phaseRun: directories left by a killed process', () => {
         writeFileSync(join(d, 'first'), 'x');
       }
       const { dir } = phaseRun({ first: 'a', groups: ['b'], last: 'c' }, parent, 'natgw-phases');
-      // The sweep runs at the next turn, after the caller's spawn.
-      await new Promise((r) => setImmediate(r));
+      // The sweep starts at the next turn, after the caller's spawn, and lists on the thread pool.
+      await waitFor(async () => !existsSync(orphan), { what: 'the orphan removed', intervalMs: 5 });
       expect(dir.startsWith(join(parent, `natgw-phases-${process.pid}-`))).toBe(true);
-      expect(existsSync(orphan)).toBe(false);
       expect(existsSync(live)).toBe(true);
       // Another name's directories are that name's sweep's.
       expect(existsSync(other)).toBe(true);

@@ -8,6 +8,7 @@ import { desiredTables, planTable, renderRestore, savedAfter, tablesOf, type Tab
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
+import { timelineMark } from '../../../observe/timeline.js';
 
 export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
@@ -179,6 +180,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
+    timelineMark(`iptables: IPv${family} tables desired`);
     const tables = tablesOf(family);
     // undefined: the raw table could not be read (rawUnusable), it is then left alone.
     const have = await Promise.all(tables.map((t) => (t === 'raw' ? this.haveRaw(family, opts) : this.have(t, family, opts))));
@@ -200,6 +202,7 @@ export class IptablesBackend implements NetfilterBackend {
       script += text;
       touched.push(table);
     }
+    timelineMark(`iptables: IPv${family} rendered`);
     let rawApplied = raw !== undefined;
     if (!opts.dryRun) {
       // One run for the family's tables: each still commits at its own COMMIT, in order (nat,

@@ -15,6 +15,7 @@ import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
 import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 import { phases, type PhaseOptions } from './phases.js';
+import { timelineMark } from '../../../observe/timeline.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';
@@ -156,8 +157,10 @@ export class NftBackend implements NetfilterBackend {
    */
   private async syncFromAbsent(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const planned = planNatgw(want, natgwKernel(null, null), { notrack: this.notrack });
+    timelineMark('nft: planned and rendered');
     if (opts.dryRun) return textPlan(planned);
     const extra = await opts.append;
+    timelineMark('nft: accounting appended');
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
     // Tables created here may replace ones removed by hand, whose flows live on.
@@ -165,11 +168,13 @@ export class NftBackend implements NetfilterBackend {
     // run() has started the tool when it returns: the report's script (a megabyte joined) and
     // the view are made while the kernel applies, not after it.
     const phased = tx.isEmpty ? null : phases(tx, this.phasing);
+    timelineMark('nft: split');
     const applying = tx.isEmpty ? undefined : phased ? this.runPhased(phased) : this.nft.run(tx);
     applying?.catch(() => undefined);
     const plan = textPlan(planned);
     const view = viewOf(want);
     if (applying) await applying;
+    timelineMark('nft: applied');
     this.view = view;
     this.log?.debug({ changes: plan.changes, path: phased ? 'phased' : 'one transaction' }, 'nftables synced (partial, into absent tables)');
     return extra ? { ...plan, appended: true } : plan;

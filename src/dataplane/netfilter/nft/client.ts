@@ -14,6 +14,7 @@ import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 import { listingsDone, type HitSetRef } from './witness.js';
+import { timelineMark } from '../../../observe/timeline.js';
 
 export interface NftClient {
   /** Whether nftables answers here at all (knftables' Present): the backend choice weighs it. */
@@ -113,11 +114,14 @@ export class SystemNftClient implements NftClient {
   async runPhases(p: NftPhases): Promise<PhaseTimings> {
     let run: ReturnType<typeof phaseRun>;
     try {
-      run = phaseRun({ first: p.first.text(), groups: p.groups.map((g) => g.text()), last: p.last.text() }, tmpdir(), 'natgw-phases');
+      const texts = { first: p.first.text(), groups: p.groups.map((g) => g.text()), last: p.last.text() };
+      timelineMark('nft: phase texts');
+      run = phaseRun(texts, tmpdir(), 'natgw-phases');
     } catch {
       // No temp directory to write to (a read-only /tmp): the event loop sequences them.
       return runInTurn(this, p);
     }
+    timelineMark('nft: phase files written');
     try {
       const [file, ...args] = run.argv as [string, ...string[]];
       const r = await this.exec.run({ file, args });

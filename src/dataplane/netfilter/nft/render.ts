@@ -168,9 +168,20 @@ const payload = (protocol: string, field: string): unknown => ({ payload: { prot
 const match = (op: string, left: unknown, right: unknown): unknown => ({ match: { op, left, right } });
 const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: 'original' } });
 
-/** The rule for a transaction: its text, and the JSON the kernel lists it as. */
+/**
+ * The rule for a transaction: its text, and the JSON the kernel lists it as, built when first
+ * read (read-back comparison and the fakes read it; the script does not: a bulk render of 1,000
+ * SNAT rules built their JSON trees before the tool started, for nothing).
+ */
 export function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): NftRule {
-  return { text, expr: ruleJson(r, fam) };
+  let expr: unknown[] | undefined;
+  return {
+    text,
+    get expr() {
+      expr ??= ruleJson(r, fam);
+      return expr;
+    },
+  };
 }
 
 /** The rule's expressions as `nft -j` lists them (nft 1.0.6), for recognising it on read-back. */

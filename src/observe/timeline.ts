@@ -1,0 +1,56 @@
+/**
+ * The critical path of one bulk `PUT /v1/state`, for the debug log: wall and CPU milliseconds
+ * at each step (request received, body in, parsed, validated, planned, rendered, tool started,
+ * tool ended, answered). Off unless the daemon logs at debug level; then one timeline at a time
+ * (the engine runs one transaction at a time), and a mark costs one hrtime and one cpuUsage.
+ * A bulk PUT is judged by its CPU and the order of these steps: wall time alone swings with
+ * whatever else shares the machine's cores.
+ */
+
+interface Mark {
+  readonly step: string;
+  readonly wallMs: number;
+  readonly cpuMs: number;
+}
+
+let enabled = false;
+let current: { readonly t0: bigint; readonly cpu0: NodeJS.CpuUsage; readonly marks: Mark[] } | undefined;
+
+/** Turned on by the daemon at debug level (serve.ts). */
+export function enableTimeline(on: boolean): void {
+  enabled = on;
+  if (!on) current = undefined;
+}
+
+export function timelineEnabled(): boolean {
+  return enabled;
+}
+
+/** Begin a timeline (a bulk PUT arrived); one begun before and not ended is dropped. */
+export function timelineStart(): void {
+  if (!enabled) return;
+  current = { t0: process.hrtime.bigint(), cpu0: process.cpuUsage(), marks: [] };
+  timelineMark('request');
+}
+
+export function timelineMark(step: string): void {
+  if (current === undefined) return;
+  const cpu = process.cpuUsage(current.cpu0);
+  current.marks.push({
+    step,
+    wallMs: Math.round(Number(process.hrtime.bigint() - current.t0) / 1e4) / 100,
+    cpuMs: Math.round((cpu.user + cpu.system) / 10) / 100,
+  });
+}
+
+/**
+ * End the timeline: its marks (undefined when none ran) and its start on the monotonic clock in
+ * microseconds (a CPU profile's timestamps are on it), for one debug line.
+ */
+export function timelineEnd(): { steps: Mark[]; startUs: number } | undefined {
+  if (current === undefined) return undefined;
+  timelineMark('answered');
+  const done = { steps: current.marks, startUs: Number(current.t0 / 1000n) };
+  current = undefined;
+  return done;
+}
