@@ -6,14 +6,13 @@
  * a socket file left by a killed one, a 4xx, a 503, an answer that is not natgw's — the shim
  * falls back to Node.js with nothing of curl's showing.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js';
-import { EIP, SEQUENCE, SHORT, requestsVia, runSequence, shim, text } from './shim-util.js';
+import { EIP, SEQUENCE, SHORT, requestsVia, pathWith, runSequence, shim, text } from './shim-util.js';
 
 describe("the shim's curl client", () => {
   let topo: Topology;
@@ -24,12 +23,7 @@ describe("the shim's curl client", () => {
   const fakes: http.Server[] = [];
 
   beforeAll(async () => {
-    noNode = mkdtempSync(join(tmpdir(), 'natgw-nonode-'));
-    for (const tool of ['ip', 'bash', 'curl']) {
-      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
-      if (!at) throw new Error(`${tool} not found: the curl client test needs it (scripts/setup.sh installs it)`);
-      symlinkSync(at, join(noNode, tool));
-    }
+    noNode = pathWith(['ip', 'bash', 'curl'], 'the curl client test');
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
     await topo.natgwOk('init');

@@ -8,16 +8,14 @@
  * (natgw_conntrack_flushes_total{outcome="skipped_no_entries"}). The rule deleted by hand comes
  * back with the next full sync; a switch to another backend leaves no notrack chain behind.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
 import { request, startEchoServer, startLongFlow, type ServerHandle } from '../helpers/traffic.js';
 import { api, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
-import { requestsVia, shim, text } from './shim-util.js';
+import { pathWith, requestsVia, shim, text } from './shim-util.js';
 
 const EIP = '172.20.0.10';
 const SHIM_ADDRESS = '127.78.71.87';
@@ -87,12 +85,7 @@ describe.each(BACKENDS)("the shim's loopback connections on $name", (backend: Ba
   }
 
   beforeAll(async () => {
-    bashOnly = mkdtempSync(join(tmpdir(), 'natgw-bashonly-'));
-    for (const tool of ['ip', 'bash']) {
-      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
-      if (!at) throw new Error(`${tool} not found: this test needs it (scripts/setup.sh installs it)`);
-      symlinkSync(at, join(bashOnly, tool));
-    }
+    bashOnly = pathWith(['ip', 'bash'], 'this test');
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway, ...backend.env });
     servers.push(startEchoServer(topo, 'vpc1', 80), startEchoServer(topo, 'gw', LOOPBACK_PORT, '127.0.0.1'));
@@ -186,12 +179,7 @@ describe("the shim's listener where lo holds 127.0.0.1/32 only", () => {
   let bashOnly: string;
 
   beforeAll(async () => {
-    bashOnly = mkdtempSync(join(tmpdir(), 'natgw-bashonly-'));
-    for (const tool of ['ip', 'bash']) {
-      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
-      if (!at) throw new Error(`${tool} not found: this test needs it (scripts/setup.sh installs it)`);
-      symlinkSync(at, join(bashOnly, tool));
-    }
+    bashOnly = pathWith(['ip', 'bash'], 'this test');
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
     // No 127.0.0.0/8 on lo: natgw's own address cannot be bound.

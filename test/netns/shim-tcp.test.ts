@@ -5,7 +5,7 @@
  * Wherever it cannot be sure the daemon ran the command — no file, a wrong secret either way,
  * a dead port, a short or malformed answer — it falls back to curl, then Node.js, silently.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
 import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js';
-import { EIP, SEQUENCE, requestsVia, runSequence, shim, text, type Run } from './shim-util.js';
+import { EIP, SEQUENCE, requestsVia, pathWith, runSequence, shim, text, type Run } from './shim-util.js';
 
 const shimFile = (topo: Topology) => `${socketOf(topo)}.tcp`;
 
@@ -49,12 +49,7 @@ describe("the shim's loopback client", () => {
   const jsonRequests = (d: Daemon) => requestsVia(socketOf(topo), d, '/v1/legacy');
 
   beforeAll(async () => {
-    bashOnly = mkdtempSync(join(tmpdir(), 'natgw-bashonly-'));
-    for (const tool of ['ip', 'bash']) {
-      const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
-      if (!at) throw new Error(`${tool} not found: the loopback client test needs it (scripts/setup.sh installs it)`);
-      symlinkSync(at, join(bashOnly, tool));
-    }
+    bashOnly = pathWith(['ip', 'bash'], 'the loopback client test');
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
     await topo.natgwOk('init');

@@ -4,6 +4,8 @@
  * Shared by shim-curl.test.ts and shim-tcp.test.ts.
  */
 import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import http from 'node:http';
 import { join } from 'node:path';
 import { ADDR, REPO_ROOT, type Topology } from '../helpers/netns.js';
@@ -134,4 +136,18 @@ export async function settleLogs(socketPath: string, d: Daemon): Promise<void> {
 export async function requestsVia(socketPath: string, d: Daemon, path: string, via: 'http' | 'shim-tcp' = 'http'): Promise<number> {
   await settleLogs(socketPath, d);
   return countRequests(d, path, via);
+}
+
+/**
+ * A PATH directory holding only `tools` (symlinks to the system's): a shim run that succeeds
+ * with it never started what is left out (node, curl). The caller removes it.
+ */
+export function pathWith(tools: readonly string[], needs: string): string {
+  const dir = mkdtempSync(join(tmpdir(), `natgw-${tools.join('-')}-`));
+  for (const tool of tools) {
+    const at = ['/usr/sbin', '/usr/bin', '/sbin', '/bin'].map((d) => join(d, tool)).find((p) => existsSync(p));
+    if (!at) throw new Error(`${tool} not found: ${needs} needs it (scripts/setup.sh installs it)`);
+    symlinkSync(at, join(dir, tool));
+  }
+  return dir;
 }
