@@ -252,7 +252,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
   }
 }
 
-/** A SNAT as the rule shared_snat holds for it. */
+/** A SNAT as a rule: what its CIDR's chain holds, or, alone on its CIDR, what becomes a data-map element (snatLayout.ts). */
 export function snatRule(s: Snat): NatgwRule {
   return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }
