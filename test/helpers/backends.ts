@@ -34,9 +34,9 @@ export function withoutHits(text: string): string {
 }
 
 /**
- * nft lists a table's maps and chains in the order they were created: with one map and one
- * chain per SNAT CIDR (snatLayout.ts) that is the order of the commands, not the state. Rules
- * keep their order inside each block; only the blocks are sorted.
+ * nft lists a table's maps and chains in the order they were created: with SNAT's maps per
+ * prefix length and a chain per CIDR of several EIPs (snatLayout.ts) that is the order of the
+ * commands, not the state. Rules keep their order inside each block; only the blocks are sorted.
  */
 export function sortNftBlocks(text: string): string {
   const m = /^(table [^\n]*\{\n)([\s\S]*?)(\n\}\n?)$/.exec(text);

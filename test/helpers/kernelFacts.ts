@@ -66,12 +66,19 @@ export function factsFromNftText(text: string): string[] {
     const m = /^(\S+) : (\S+)$/.exec(e);
     facts.push(m ? `fip-snat ${m[1]} -> ${m[2]}` : `unrecognised fip_snat ${e}`);
   }
-  // SNAT rules live in one chain per CIDR, dispatched from shared_snat by prefix length
+  // A SNAT CIDR of one EIP is an element of its length's data map; any other has its own chain
   // (snatLayout.ts); shared_snat itself holds only the dispatch rules.
+  for (const [, fr, len] of text.matchAll(/map snat_to_(fr_)?len_(\d+) \{/g)) {
+    for (const e of nftElements(text, `snat_to_${fr ?? ''}len_${len}`)) {
+      const m = /^(\S+) : (\S+)$/.exec(e);
+      facts.push(m ? `snat ${m[2]},${m[1]}/${len}${fr ? ' random-fully' : ''}` : `unrecognised snat_to_${fr ?? ''}len_${len} ${e}`);
+    }
+  }
   const chains = [...text.matchAll(/chain (shared_snat|snat_[0-9a-f_]+) \{([\s\S]*?)\n\t\}/g)].map((m) => m[2] ?? '');
   for (const raw of chains.join('\n').split('\n')) {
     const line = raw.trim();
     if (line === '' || /^ip saddr (& \S+ )?vmap @snat_len_\d+$/.test(line)) continue;
+    if (/^snat to ip saddr (& \S+ )?map @snat_to_(fr_)?len_\d+( fully-random)?$/.test(line)) continue;
     const m = /^ip saddr (\S+) snat to (\S+?)( fully-random)?$/.exec(line);
     if (!m) {
       facts.push(`unrecognised shared_snat ${line}`);

@@ -135,7 +135,8 @@ describe.each(PATHS)('backend switch $name', ({ steps }) => {
       } else {
         expect(owned).toContain(`${EIP} . tcp . 8080 : ${ADDR.vpc1} . 80`);
         expect(owned).toContain(`${EIP2} : ${ADDR.vpc2}`);
-        expect(owned).toContain(`ip saddr ${ADDR.vpcCidr} snat to ${EIP}`);
+        // One EIP on the CIDR: an element of its length's data map (snatLayout.ts).
+        expect(owned).toContain(`map snat_to_len_24 {\n\t\ttype ipv4_addr : ipv4_addr\n\t\telements = { ${ADDR.vpcCidr.split('/')[0]} : ${EIP} }`);
       }
       await everyRuleWorks();
       // The next command finds nothing to do: the switch is complete.

@@ -88,13 +88,16 @@ describe('NftBackend in a network namespace', () => {
       'snat to ip saddr map @fip_snat',
       'oifname "net1" jump shared_snat',
       'oifname "eth0" meta mark & 0x00000001 == 0x00000001 ct status dnat ct original ip daddr @hairpin_eips snat to ct original ip daddr fully-random',
-      'ip saddr 10.0.1.0/24 snat to 172.20.0.10 fully-random',
-      'ip saddr 0.0.0.0/0 snat to 172.20.0.10',
+      // SNAT CIDRs of one EIP: elements of their length's data map, plain or fully-random.
+      'map snat_to_fr_len_24 {\n\t\ttype ipv4_addr : ipv4_addr\n\t\telements = { 10.0.1.0 : 172.20.0.10 }',
+      'map snat_to_len_0 {\n\t\ttype ipv4_addr : ipv4_addr\n\t\telements = { 0.0.0.0 : 172.20.0.10 }',
+      'snat to ip saddr & 255.255.255.0 map @snat_to_fr_len_24 fully-random',
+      'snat to ip saddr & 0.0.0.0 map @snat_to_len_0',
     ]) {
       expect(text).toContain(line);
     }
     // Longest prefix first, FIP before DNAT, FIP SNAT before shared SNAT before hairpin.
-    expect(text.indexOf('10.0.1.0/24 snat')).toBeLessThan(text.indexOf('0.0.0.0/0 snat'));
+    expect(text.indexOf('map @snat_to_fr_len_24')).toBeLessThan(text.indexOf('vmap @snat_len_0'));
     expect(text.indexOf('map @fip_dnat')).toBeLessThan(text.indexOf('map @port_dnat'));
     expect(text.indexOf('map @fip_snat')).toBeLessThan(text.indexOf('jump shared_snat'));
     expect(text.indexOf('jump shared_snat')).toBeLessThan(text.indexOf('@hairpin_eips snat'));
@@ -150,19 +153,21 @@ describe('NftBackend in a network namespace', () => {
     await nft.sync(WANT);
   });
 
-  it('a SNAT of a new prefix length adds its map, its chain and one dispatch rule at its place by handle', async () => {
+  it('a SNAT of a new prefix length adds its three maps, its element and its dispatch rules at their place by handle', async () => {
     const want = { ...WANT, snats: [{ eip: FIP_EIP, cidr: '10.0.1.6/32', randomFully: false }, ...WANT.snats] };
     const r = await nft.sync(want);
     expect(r.script.split('\n').filter(Boolean)).toEqual([
       'add map ip natgw snat_len_32 { type ipv4_addr : verdict; }',
-      'add chain ip natgw snat_10_0_1_6_32',
-      'add element ip natgw snat_len_32 { 10.0.1.6 : goto snat_10_0_1_6_32 }',
+      'add map ip natgw snat_to_len_32 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_fr_len_32 { type ipv4_addr : ipv4_addr; }',
+      'add element ip natgw snat_to_len_32 { 10.0.1.6 : 172.20.0.11 }',
       expect.stringMatching(/^insert rule ip natgw shared_snat position \d+ ip saddr vmap @snat_len_32$/),
-      'add rule ip natgw snat_10_0_1_6_32 ip saddr 10.0.1.6 snat ip to 172.20.0.11',
+      expect.stringMatching(/^insert rule ip natgw shared_snat position \d+ snat ip to ip saddr map @snat_to_len_32$/),
+      expect.stringMatching(/^insert rule ip natgw shared_snat position \d+ snat ip to ip saddr map @snat_to_fr_len_32 fully-random$/),
     ]);
-    expect(r.changes).toBe(5);
+    expect(r.changes).toBe(7);
     const text = await list();
-    expect(text.indexOf('ip saddr vmap @snat_len_32')).toBeLessThan(text.indexOf('ip saddr & 255.255.255.0 vmap @snat_len_24'));
+    expect(text.indexOf('snat to ip saddr map @snat_to_fr_len_32 fully-random')).toBeLessThan(text.indexOf('ip saddr & 255.255.255.0 vmap @snat_len_24'));
     expect(parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 9000)).ip).toBe(FIP_EIP);
     await nft.sync(WANT);
     expect(await nft.sync(WANT)).toEqual({ changes: 0, script: '' });
@@ -211,7 +216,8 @@ describe('NftBackend in a network namespace', () => {
     };
     await nft.sync(v6);
     const text = await list('ip6');
-    expect(text).toContain('ip6 saddr fd00:1::/64 snat to fd00:20::10 fully-random');
+    expect(text).toContain('map snat_to_fr_len_64 {\n\t\ttype ipv6_addr : ipv6_addr\n\t\telements = { fd00:1:: : fd00:20::10 }');
+    expect(text).toContain('snat to ip6 saddr & ffff:ffff:ffff:ffff:: map @snat_to_fr_len_64 fully-random');
     expect(text).toContain('elements = { fd00:20::10 }');
     expect(await nft.sync(v6)).toEqual({ changes: 0, script: '' });
     expect(await nft.sync(WANT)).toEqual({ changes: 1, script: 'delete table ip6 natgw\n' });

@@ -112,7 +112,6 @@ function expectNatgwNft(nft: FakeNftClient): void {
     ['prerouting', 'nat prerouting -100 accept'],
     ['postrouting', 'nat postrouting 100 accept'],
     ['shared_snat', undefined],
-    ['snat_10_0_1_0_24', undefined],
   ]);
   expect(t?.chains.find((c) => c.name === 'shim_notrack')?.base).toBe('filter output -300 accept');
   expect(rules(t, 'shim_notrack')).toEqual([JSON.stringify({ kind: 'notrack', match: 'daddr' }), JSON.stringify({ kind: 'notrack', match: 'saddr' })]);
@@ -123,9 +122,11 @@ function expectNatgwNft(nft: FakeNftClient): void {
     JSON.stringify({ kind: 'snat-jump', extIf: 'net1' }),
     JSON.stringify({ kind: 'hairpin', vpcIf: 'eth0' }),
   ]);
-  expect(rules(t, 'shared_snat')).toEqual([JSON.stringify({ kind: 'snat-dispatch', len: 24 })]);
-  expect(rules(t, 'snat_10_0_1_0_24')).toEqual([JSON.stringify({ kind: 'snat', cidr: '10.0.1.0/24', eip: '172.20.0.10', randomFully: true })]);
-  expect(elements(t, 'snat_len_24')).toEqual(['10.0.1.0 : goto snat_10_0_1_0_24']);
+  // The one SNAT (one EIP, --random-fully) is an element of its length's fully-random data map: no chain of its own.
+  expect(rules(t, 'shared_snat')).toEqual((['chain', 'eip', 'eip-fr'] as const).map((via) => JSON.stringify({ kind: 'snat-dispatch', len: 24, via })));
+  expect(elements(t, 'snat_to_fr_len_24')).toEqual(['10.0.1.0 : 172.20.0.10']);
+  expect(elements(t, 'snat_to_len_24')).toEqual([]);
+  expect(elements(t, 'snat_len_24')).toEqual([]);
   expect(elements(t, 'fip_dnat')).toEqual(['172.20.0.20 : 10.0.1.6']);
   expect(elements(t, 'fip_snat')).toEqual(['10.0.1.6 : 172.20.0.20']);
   expect(elements(t, 'port_dnat')).toEqual(['172.20.0.10 . tcp . 80 : 10.0.1.7 . 8080']);

@@ -23,34 +23,74 @@ describe('nft partial plan', () => {
     expect(renderPartial(view(one, true), { ...one, dnats: [] })).toBeNull();
   });
 
-  it('new SNAT CIDRs are chains and elements, a new length a map and a dispatch rule by index; a removed CIDR touches no other', () => {
+  it('new single-EIP SNAT CIDRs are elements, a new length three maps and dispatch rules by index; a removed CIDR touches no other', () => {
     const a = snat('10.0.1.0/24');
     const b = snat('10.0.3.0/24');
     const before = { ...T, snats: [a, b] };
     const mid = snat('10.0.2.0/24');
     const host = snat('10.0.9.9/32');
-    const added = renderPartial(view(before, false), { ...before, snats: [host, a, mid, b, snat('10.0.0.0/16')] });
+    const added = renderPartial(view(before, false), { ...before, snats: [host, a, mid, b, { ...snat('10.0.0.0/16'), randomFully: true }] });
     expect(added?.script).toBe(
       [
         'add map ip natgw snat_len_32 { type ipv4_addr : verdict; }',
+        'add map ip natgw snat_to_len_32 { type ipv4_addr : ipv4_addr; }',
+        'add map ip natgw snat_to_fr_len_32 { type ipv4_addr : ipv4_addr; }',
         'add map ip natgw snat_len_16 { type ipv4_addr : verdict; }',
-        'add chain ip natgw snat_10_0_9_9_32',
-        'add rule ip natgw snat_10_0_9_9_32 ip saddr 10.0.9.9 snat ip to 172.20.0.10',
-        'add chain ip natgw snat_10_0_2_0_24',
-        'add rule ip natgw snat_10_0_2_0_24 ip saddr 10.0.2.0/24 snat ip to 172.20.0.10',
-        'add chain ip natgw snat_10_0_0_0_16',
-        'add rule ip natgw snat_10_0_0_0_16 ip saddr 10.0.0.0/16 snat ip to 172.20.0.10',
-        'add element ip natgw snat_len_32 { 10.0.9.9 : goto snat_10_0_9_9_32 }',
-        'add element ip natgw snat_len_24 { 10.0.2.0 : goto snat_10_0_2_0_24 }',
-        'add element ip natgw snat_len_16 { 10.0.0.0 : goto snat_10_0_0_0_16 }',
+        'add map ip natgw snat_to_len_16 { type ipv4_addr : ipv4_addr; }',
+        'add map ip natgw snat_to_fr_len_16 { type ipv4_addr : ipv4_addr; }',
+        'add element ip natgw snat_to_len_32 { 10.0.9.9 : 172.20.0.10 }',
+        'add element ip natgw snat_to_len_24 { 10.0.2.0 : 172.20.0.10 }',
+        'add element ip natgw snat_to_fr_len_16 { 10.0.0.0 : 172.20.0.10 }',
         'insert rule ip natgw shared_snat index 0 ip saddr vmap @snat_len_32',
+        'insert rule ip natgw shared_snat index 1 snat ip to ip saddr map @snat_to_len_32',
+        'insert rule ip natgw shared_snat index 2 snat ip to ip saddr map @snat_to_fr_len_32 fully-random',
         'add rule ip natgw shared_snat ip saddr & 255.255.0.0 vmap @snat_len_16',
+        'add rule ip natgw shared_snat snat ip to ip saddr & 255.255.0.0 map @snat_to_len_16',
+        'add rule ip natgw shared_snat snat ip to ip saddr & 255.255.0.0 map @snat_to_fr_len_16 fully-random',
         '',
       ].join('\n'),
     );
     const removed = renderPartial(view(before, false), { ...before, snats: [b] });
-    expect(removed?.script).toBe(
-      ['delete element ip natgw snat_len_24 { 10.0.1.0 }', 'flush chain ip natgw snat_10_0_1_0_24', 'delete chain ip natgw snat_10_0_1_0_24', ''].join('\n'),
+    expect(removed?.script).toBe('delete element ip natgw snat_to_len_24 { 10.0.1.0 }\n');
+  });
+
+  it('a CIDR moves between an element and its own chain in one transaction: a second EIP, a pool, one of two gone, a flag changed', () => {
+    const a = snat('10.0.1.0/24');
+    const a2: Snat = { ...a, eip: '172.20.0.11' };
+    const one = { ...T, eips: ['172.20.0.10', '172.20.0.11'], snats: [a] };
+    const two = { ...one, snats: [a, a2] };
+    expect(renderPartial(view(one, false), two)?.script).toBe(
+      [
+        'add chain ip natgw snat_10_0_1_0_24',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.10',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.11',
+        'delete element ip natgw snat_to_len_24 { 10.0.1.0 }',
+        'add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }',
+        '',
+      ].join('\n'),
+    );
+    // The first of two goes: the second is the CIDR's only rule, an element of the map its flag names.
+    expect(renderPartial(view(two, false), { ...two, snats: [{ ...a2, randomFully: true }] })?.script).toBe(
+      [
+        'delete element ip natgw snat_len_24 { 10.0.1.0 }',
+        'add element ip natgw snat_to_fr_len_24 { 10.0.1.0 : 172.20.0.11 }',
+        'flush chain ip natgw snat_10_0_1_0_24',
+        'delete chain ip natgw snat_10_0_1_0_24',
+        '',
+      ].join('\n'),
+    );
+    expect(renderPartial(view(one, false), { ...one, snats: [{ ...a, randomFully: true }] })?.script).toBe(
+      ['delete element ip natgw snat_to_len_24 { 10.0.1.0 }', 'add element ip natgw snat_to_fr_len_24 { 10.0.1.0 : 172.20.0.10 }', ''].join('\n'),
+    );
+    // A pool of one SNAT object is a chain all the same.
+    expect(renderPartial(view(one, false), { ...one, snats: [{ ...a, eips: ['172.20.0.10', '172.20.0.11'] }] })?.script).toBe(
+      [
+        'add chain ip natgw snat_10_0_1_0_24',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : 172.20.0.10, 1 : 172.20.0.11 }',
+        'delete element ip natgw snat_to_len_24 { 10.0.1.0 }',
+        'add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }',
+        '',
+      ].join('\n'),
     );
   });
 

@@ -1,8 +1,10 @@
 /**
  * The nftables renderer and read-back, pure: every object, idempotence against a REAL read-back
- * (the fixtures below are `nft -j list table …` output of nft 1.0.6 for WANT, captured from the
- * kernel), element-level diffs, SNAT order, FIP first binding, interface renames, repairs.
+ * (test/fixtures/nft: `nft -j list table …` output of nft 1.0.6 for WANT, captured from the
+ * kernel), element-level diffs, SNAT layout and order, FIP first binding, interface renames,
+ * repairs, the conversion of older layouts.
  */
+import fs from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import {
@@ -15,7 +17,10 @@ import {
 } from '../../src/dataplane/netfilter/nft/readback.js';
 import { NftRenderError, desiredFamily, keepRules, renderNatgw, renderRemoveAll, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
 
-/** The state the fixtures were captured for (v4 and v6, two EIPs binding one internal IP). */
+/**
+ * The state the fixtures were captured for (v4 and v6, two EIPs binding one internal IP; SNAT CIDRs
+ * of one EIP, plain and fully-random, as data-map elements, and one of two EIPs as a chain).
+ */
 const WANT: NatTables = {
   vpcIf: 'eth0',
   extIf: 'net1',
@@ -24,6 +29,7 @@ const WANT: NatTables = {
     { eip: '172.20.0.10', cidr: '10.0.1.6/32', randomFully: true },
     { eip: 'fd00:20::10', cidr: 'fd00:1::/64', randomFully: false },
     { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false },
+    { eip: '172.20.0.11', cidr: '10.0.1.0/24', randomFully: false },
     { eip: '172.20.0.11', cidr: '0.0.0.0/0', randomFully: true },
   ],
   dnats: [
@@ -37,1351 +43,46 @@ const WANT: NatTables = {
   ],
 };
 
-const REAL_IP = JSON.stringify({
-  nftables: [
-    {
-      metainfo: {
-        version: '1.0.6',
-        release_name: 'Lester Gooch #5',
-        json_schema_version: 1,
-      },
-    },
-    {
-      table: {
-        family: 'ip',
-        name: 'natgw',
-        handle: 1,
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'fip_dnat',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 1,
-        map: 'ipv4_addr',
-        elem: [
-          ['172.20.0.11', '10.0.1.7'],
-          ['172.20.0.12', '10.0.1.7'],
-        ],
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'fip_snat',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 2,
-        map: 'ipv4_addr',
-        elem: [['10.0.1.7', '172.20.0.11']],
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'port_dnat',
-        table: 'natgw',
-        type: ['ipv4_addr', 'inet_proto', 'inet_service'],
-        handle: 3,
-        map: 'ipv4_addr . inet_service',
-        elem: [
-          [
-            {
-              concat: ['172.20.0.10', 'udp', 53],
-            },
-            {
-              concat: ['10.0.1.7', 53],
-            },
-          ],
-          [
-            {
-              concat: ['172.20.0.10', 'tcp', 80],
-            },
-            {
-              concat: ['10.0.1.6', 8080],
-            },
-          ],
-        ],
-      },
-    },
-    {
-      set: {
-        family: 'ip',
-        name: 'hairpin_eips',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 4,
-        elem: ['172.20.0.10', '172.20.0.11'],
-      },
-    },
-    {
-      set: {
-        family: 'ip',
-        name: 'dnat_hit',
-        table: 'natgw',
-        type: ['ipv4_addr', 'inet_proto', 'inet_service'],
-        handle: 5,
-        size: 1048576,
-      },
-    },
-    {
-      set: {
-        family: 'ip',
-        name: 'fip_hit',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 6,
-        size: 1048576,
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'snat_len_32',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 7,
-        map: 'verdict',
-        elem: [
-          [
-            '10.0.1.6',
-            {
-              goto: {
-                target: 'snat_10_0_1_6_32',
-              },
-            },
-          ],
-        ],
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'snat_len_24',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 8,
-        map: 'verdict',
-        elem: [
-          [
-            '10.0.1.0',
-            {
-              goto: {
-                target: 'snat_10_0_1_0_24',
-              },
-            },
-          ],
-        ],
-      },
-    },
-    {
-      map: {
-        family: 'ip',
-        name: 'snat_len_0',
-        table: 'natgw',
-        type: 'ipv4_addr',
-        handle: 9,
-        map: 'verdict',
-        elem: [
-          [
-            '0.0.0.0',
-            {
-              goto: {
-                target: 'snat_0_0_0_0_0',
-              },
-            },
-          ],
-        ],
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'vpc_mark',
-        handle: 10,
-        type: 'filter',
-        hook: 'prerouting',
-        prio: -150,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'prerouting',
-        handle: 11,
-        type: 'nat',
-        hook: 'prerouting',
-        prio: -100,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'postrouting',
-        handle: 12,
-        type: 'nat',
-        hook: 'postrouting',
-        prio: 100,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'shared_snat',
-        handle: 13,
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'snat_10_0_1_6_32',
-        handle: 14,
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'snat_10_0_1_0_24',
-        handle: 15,
-      },
-    },
-    {
-      chain: {
-        family: 'ip',
-        table: 'natgw',
-        name: 'snat_0_0_0_0_0',
-        handle: 16,
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'vpc_mark',
-        handle: 17,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'iifname',
-                },
-              },
-              right: 'eth0',
-            },
-          },
-          {
-            mangle: {
-              key: {
-                meta: {
-                  key: 'mark',
-                },
-              },
-              value: {
-                '|': [
-                  {
-                    meta: {
-                      key: 'mark',
-                    },
-                  },
-                  1,
-                ],
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 19,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'l4proto',
-                },
-              },
-              right: {
-                set: ['tcp', 'udp'],
-              },
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                concat: [
-                  {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'daddr',
-                    },
-                  },
-                  {
-                    meta: {
-                      key: 'l4proto',
-                    },
-                  },
-                  {
-                    payload: {
-                      protocol: 'th',
-                      field: 'dport',
-                    },
-                  },
-                ],
-              },
-              right: '@port_dnat',
-            },
-          },
-          {
-            set: {
-              op: 'add',
-              elem: {
-                concat: [
-                  {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'daddr',
-                    },
-                  },
-                  {
-                    meta: {
-                      key: 'l4proto',
-                    },
-                  },
-                  {
-                    payload: {
-                      protocol: 'th',
-                      field: 'dport',
-                    },
-                  },
-                ],
-              },
-              set: '@dnat_hit',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 20,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'daddr',
-                },
-              },
-              right: '@fip_dnat',
-            },
-          },
-          {
-            set: {
-              op: 'add',
-              elem: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'daddr',
-                },
-              },
-              set: '@fip_hit',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 21,
-        expr: [
-          {
-            dnat: {
-              addr: {
-                map: {
-                  key: {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'daddr',
-                    },
-                  },
-                  data: '@fip_dnat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 23,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'l4proto',
-                },
-              },
-              right: {
-                set: ['tcp', 'udp'],
-              },
-            },
-          },
-          {
-            dnat: {
-              family: 'ip',
-              addr: {
-                map: {
-                  key: {
-                    concat: [
-                      {
-                        payload: {
-                          protocol: 'ip',
-                          field: 'daddr',
-                        },
-                      },
-                      {
-                        meta: {
-                          key: 'l4proto',
-                        },
-                      },
-                      {
-                        payload: {
-                          protocol: 'th',
-                          field: 'dport',
-                        },
-                      },
-                    ],
-                  },
-                  data: '@port_dnat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 24,
-        expr: [
-          {
-            snat: {
-              addr: {
-                map: {
-                  key: {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'saddr',
-                    },
-                  },
-                  data: '@fip_snat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 25,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'oifname',
-                },
-              },
-              right: 'net1',
-            },
-          },
-          {
-            jump: {
-              target: 'shared_snat',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 26,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'oifname',
-                },
-              },
-              right: 'eth0',
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                '&': [
-                  {
-                    meta: {
-                      key: 'mark',
-                    },
-                  },
-                  1,
-                ],
-              },
-              right: 1,
-            },
-          },
-          {
-            match: {
-              op: 'in',
-              left: {
-                ct: {
-                  key: 'status',
-                },
-              },
-              right: 'dnat',
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                ct: {
-                  key: 'ip daddr',
-                  dir: 'original',
-                },
-              },
-              right: '@hairpin_eips',
-            },
-          },
-          {
-            snat: {
-              addr: {
-                ct: {
-                  key: 'ip daddr',
-                  dir: 'original',
-                },
-              },
-              flags: 'fully-random',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'shared_snat',
-        handle: 27,
-        expr: [
-          {
-            vmap: {
-              key: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'saddr',
-                },
-              },
-              data: '@snat_len_32',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'shared_snat',
-        handle: 28,
-        expr: [
-          {
-            vmap: {
-              key: {
-                '&': [
-                  {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'saddr',
-                    },
-                  },
-                  '255.255.255.0',
-                ],
-              },
-              data: '@snat_len_24',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'shared_snat',
-        handle: 29,
-        expr: [
-          {
-            vmap: {
-              key: {
-                '&': [
-                  {
-                    payload: {
-                      protocol: 'ip',
-                      field: 'saddr',
-                    },
-                  },
-                  '0.0.0.0',
-                ],
-              },
-              data: '@snat_len_0',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'snat_10_0_1_6_32',
-        handle: 30,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'saddr',
-                },
-              },
-              right: '10.0.1.6',
-            },
-          },
-          {
-            snat: {
-              addr: '172.20.0.10',
-              flags: 'fully-random',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'snat_10_0_1_0_24',
-        handle: 31,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'saddr',
-                },
-              },
-              right: {
-                prefix: {
-                  addr: '10.0.1.0',
-                  len: 24,
-                },
-              },
-            },
-          },
-          {
-            snat: {
-              addr: '172.20.0.10',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'snat_0_0_0_0_0',
-        handle: 32,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip',
-                  field: 'saddr',
-                },
-              },
-              right: {
-                prefix: {
-                  addr: '0.0.0.0',
-                  len: 0,
-                },
-              },
-            },
-          },
-          {
-            snat: {
-              addr: '172.20.0.11',
-              flags: 'fully-random',
-            },
-          },
-        ],
-      },
-    },
-    // The notrack chain as nft lists it (captured likewise), with the handles a full sync that
-    // added it to this table later gives it.
-    { chain: { family: 'ip', table: 'natgw', name: 'shim_notrack', handle: 33, type: 'filter', hook: 'output', prio: -300, policy: 'accept' } },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'shim_notrack',
-        handle: 34,
-        expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'daddr' } }, right: '127.78.71.87' } }, { notrack: null }],
-      },
-    },
-    {
-      rule: {
-        family: 'ip',
-        table: 'natgw',
-        chain: 'shim_notrack',
-        handle: 35,
-        expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'saddr' } }, right: '127.78.71.87' } }, { notrack: null }],
-      },
-    },
-  ],
-});
-
-const REAL_IP6 = JSON.stringify({
-  nftables: [
-    {
-      metainfo: {
-        version: '1.0.6',
-        release_name: 'Lester Gooch #5',
-        json_schema_version: 1,
-      },
-    },
-    {
-      table: {
-        family: 'ip6',
-        name: 'natgw',
-        handle: 2,
-      },
-    },
-    {
-      map: {
-        family: 'ip6',
-        name: 'fip_dnat',
-        table: 'natgw',
-        type: 'ipv6_addr',
-        handle: 1,
-        map: 'ipv6_addr',
-      },
-    },
-    {
-      map: {
-        family: 'ip6',
-        name: 'fip_snat',
-        table: 'natgw',
-        type: 'ipv6_addr',
-        handle: 2,
-        map: 'ipv6_addr',
-      },
-    },
-    {
-      map: {
-        family: 'ip6',
-        name: 'port_dnat',
-        table: 'natgw',
-        type: ['ipv6_addr', 'inet_proto', 'inet_service'],
-        handle: 3,
-        map: 'ipv6_addr . inet_service',
-        elem: [
-          [
-            {
-              concat: ['fd00:20::10', 'tcp', 443],
-            },
-            {
-              concat: ['fd00:1::6', 8443],
-            },
-          ],
-        ],
-      },
-    },
-    {
-      set: {
-        family: 'ip6',
-        name: 'hairpin_eips',
-        table: 'natgw',
-        type: 'ipv6_addr',
-        handle: 4,
-        elem: ['fd00:20::10'],
-      },
-    },
-    {
-      set: {
-        family: 'ip6',
-        name: 'dnat_hit',
-        table: 'natgw',
-        type: ['ipv6_addr', 'inet_proto', 'inet_service'],
-        handle: 5,
-        size: 1048576,
-      },
-    },
-    {
-      set: {
-        family: 'ip6',
-        name: 'fip_hit',
-        table: 'natgw',
-        type: 'ipv6_addr',
-        handle: 6,
-        size: 1048576,
-      },
-    },
-    {
-      map: {
-        family: 'ip6',
-        name: 'snat_len_64',
-        table: 'natgw',
-        type: 'ipv6_addr',
-        handle: 7,
-        map: 'verdict',
-        elem: [
-          [
-            'fd00:1::',
-            {
-              goto: {
-                target: 'snat_fd00_1___64',
-              },
-            },
-          ],
-        ],
-      },
-    },
-    {
-      chain: {
-        family: 'ip6',
-        table: 'natgw',
-        name: 'vpc_mark',
-        handle: 8,
-        type: 'filter',
-        hook: 'prerouting',
-        prio: -150,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip6',
-        table: 'natgw',
-        name: 'prerouting',
-        handle: 9,
-        type: 'nat',
-        hook: 'prerouting',
-        prio: -100,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip6',
-        table: 'natgw',
-        name: 'postrouting',
-        handle: 10,
-        type: 'nat',
-        hook: 'postrouting',
-        prio: 100,
-        policy: 'accept',
-      },
-    },
-    {
-      chain: {
-        family: 'ip6',
-        table: 'natgw',
-        name: 'shared_snat',
-        handle: 11,
-      },
-    },
-    {
-      chain: {
-        family: 'ip6',
-        table: 'natgw',
-        name: 'snat_fd00_1___64',
-        handle: 12,
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'vpc_mark',
-        handle: 13,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'iifname',
-                },
-              },
-              right: 'eth0',
-            },
-          },
-          {
-            mangle: {
-              key: {
-                meta: {
-                  key: 'mark',
-                },
-              },
-              value: {
-                '|': [
-                  {
-                    meta: {
-                      key: 'mark',
-                    },
-                  },
-                  1,
-                ],
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 15,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'l4proto',
-                },
-              },
-              right: {
-                set: ['tcp', 'udp'],
-              },
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                concat: [
-                  {
-                    payload: {
-                      protocol: 'ip6',
-                      field: 'daddr',
-                    },
-                  },
-                  {
-                    meta: {
-                      key: 'l4proto',
-                    },
-                  },
-                  {
-                    payload: {
-                      protocol: 'th',
-                      field: 'dport',
-                    },
-                  },
-                ],
-              },
-              right: '@port_dnat',
-            },
-          },
-          {
-            set: {
-              op: 'add',
-              elem: {
-                concat: [
-                  {
-                    payload: {
-                      protocol: 'ip6',
-                      field: 'daddr',
-                    },
-                  },
-                  {
-                    meta: {
-                      key: 'l4proto',
-                    },
-                  },
-                  {
-                    payload: {
-                      protocol: 'th',
-                      field: 'dport',
-                    },
-                  },
-                ],
-              },
-              set: '@dnat_hit',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 16,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip6',
-                  field: 'daddr',
-                },
-              },
-              right: '@fip_dnat',
-            },
-          },
-          {
-            set: {
-              op: 'add',
-              elem: {
-                payload: {
-                  protocol: 'ip6',
-                  field: 'daddr',
-                },
-              },
-              set: '@fip_hit',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 17,
-        expr: [
-          {
-            dnat: {
-              addr: {
-                map: {
-                  key: {
-                    payload: {
-                      protocol: 'ip6',
-                      field: 'daddr',
-                    },
-                  },
-                  data: '@fip_dnat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'prerouting',
-        handle: 19,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'l4proto',
-                },
-              },
-              right: {
-                set: ['tcp', 'udp'],
-              },
-            },
-          },
-          {
-            dnat: {
-              family: 'ip6',
-              addr: {
-                map: {
-                  key: {
-                    concat: [
-                      {
-                        payload: {
-                          protocol: 'ip6',
-                          field: 'daddr',
-                        },
-                      },
-                      {
-                        meta: {
-                          key: 'l4proto',
-                        },
-                      },
-                      {
-                        payload: {
-                          protocol: 'th',
-                          field: 'dport',
-                        },
-                      },
-                    ],
-                  },
-                  data: '@port_dnat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 20,
-        expr: [
-          {
-            snat: {
-              addr: {
-                map: {
-                  key: {
-                    payload: {
-                      protocol: 'ip6',
-                      field: 'saddr',
-                    },
-                  },
-                  data: '@fip_snat',
-                },
-              },
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 21,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'oifname',
-                },
-              },
-              right: 'net1',
-            },
-          },
-          {
-            jump: {
-              target: 'shared_snat',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'postrouting',
-        handle: 22,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                meta: {
-                  key: 'oifname',
-                },
-              },
-              right: 'eth0',
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                '&': [
-                  {
-                    meta: {
-                      key: 'mark',
-                    },
-                  },
-                  1,
-                ],
-              },
-              right: 1,
-            },
-          },
-          {
-            match: {
-              op: 'in',
-              left: {
-                ct: {
-                  key: 'status',
-                },
-              },
-              right: 'dnat',
-            },
-          },
-          {
-            match: {
-              op: '==',
-              left: {
-                ct: {
-                  key: 'ip6 daddr',
-                  dir: 'original',
-                },
-              },
-              right: '@hairpin_eips',
-            },
-          },
-          {
-            snat: {
-              addr: {
-                ct: {
-                  key: 'ip6 daddr',
-                  dir: 'original',
-                },
-              },
-              flags: 'fully-random',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'shared_snat',
-        handle: 23,
-        expr: [
-          {
-            vmap: {
-              key: {
-                '&': [
-                  {
-                    payload: {
-                      protocol: 'ip6',
-                      field: 'saddr',
-                    },
-                  },
-                  'ffff:ffff:ffff:ffff::',
-                ],
-              },
-              data: '@snat_len_64',
-            },
-          },
-        ],
-      },
-    },
-    {
-      rule: {
-        family: 'ip6',
-        table: 'natgw',
-        chain: 'snat_fd00_1___64',
-        handle: 24,
-        expr: [
-          {
-            match: {
-              op: '==',
-              left: {
-                payload: {
-                  protocol: 'ip6',
-                  field: 'saddr',
-                },
-              },
-              right: {
-                prefix: {
-                  addr: 'fd00:1::',
-                  len: 64,
-                },
-              },
-            },
-          },
-          {
-            snat: {
-              addr: 'fd00:20::10',
-            },
-          },
-        ],
-      },
-    },
-  ],
-});
+/**
+ * `nft -j list table ip natgw` and `ip6 natgw` (nft 1.0.6, Linux 6.x) of a fresh namespace after
+ * natgw's full render of WANT, captured from the kernel: this layout (test/fixtures/nft/natgw-*.json),
+ * and the per-CIDR-chain layout of the version before SNAT data maps (natgw-chains-*.json, rendered
+ * by that version for the same WANT), which a full sync converts.
+ */
+const listing = (name: string): string => fs.readFileSync(new URL(`../fixtures/nft/${name}.json`, import.meta.url), 'utf8');
+const REAL_IP = listing('natgw-ip');
+const REAL_IP6 = listing('natgw-ip6');
+const CHAINS_IP = listing('natgw-chains-ip');
+const CHAINS_IP6 = listing('natgw-chains-ip6');
 
 /**
- * Handles in REAL_IP: shared_snat's dispatch rules 22 (/32), 23 (/24), 24 (/0); the SNAT rules in
- * their CIDR chains 25 (10.0.1.6/32), 26 (10.0.1.0/24), 27 (0.0.0.0/0).
+ * Handles in REAL_IP: shared_snat's three dispatch rules per length, d (CIDR chains), t (data
+ * map), f (data map, fully-random) for /32, /24 and /0; the two rules of 10.0.1.0/24's chain,
+ * snat24a (172.20.0.10) and snat24b (172.20.0.11); the notrack rules.
  */
-const H = { mark: 17, fipDnat: 21, portDnat: 23, fipSnat: 24, jump: 25, hairpin: 26, d32: 27, d24: 28, d0: 29, snat32: 30, snat24: 31, snat0: 32 } as const;
+const H = {
+  mark: 22,
+  fipDnat: 26,
+  portDnat: 28,
+  fipSnat: 29,
+  jump: 30,
+  hairpin: 31,
+  d32: 32,
+  t32: 33,
+  f32: 34,
+  d24: 35,
+  t24: 36,
+  f24: 37,
+  d0: 38,
+  t0: 39,
+  f0: 40,
+  snat24a: 41,
+  snat24b: 42,
+  notrackDaddr: 43,
+  notrackSaddr: 44,
+} as const;
+/** Handles in REAL_IP6. */
+const H6 = { mark: 14, jump: 22, hairpin: 23 } as const;
 
 type Item = Record<string, Record<string, unknown>>;
 
@@ -1448,14 +149,22 @@ describe('render from nothing', () => {
       'oifname "net1" jump shared_snat',
       'oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
     ]);
-    // One dispatch rule per prefix length, longest first; each CIDR's rules in its own chain
-    // (a host prefix is written as an address, a full-length mask as none).
-    expect(rulesOf('shared_snat')).toEqual(['ip saddr vmap @snat_len_32', 'ip saddr & 255.255.255.0 vmap @snat_len_24', 'ip saddr & 0.0.0.0 vmap @snat_len_0']);
-    expect(rulesOf('snat_10_0_1_6_32')).toEqual(['ip saddr 10.0.1.6 snat ip to 172.20.0.10 fully-random']);
-    expect(rulesOf('snat_10_0_1_0_24')).toEqual(['ip saddr 10.0.1.0/24 snat ip to 172.20.0.10']);
-    expect(rulesOf('snat_0_0_0_0_0')).toEqual(['ip saddr 0.0.0.0/0 snat ip to 172.20.0.11 fully-random']);
+    // Three dispatch rules per prefix length, longest first (a full-length mask is written as
+    // none): CIDR chains, then the EIPs of single-EIP CIDRs, plain and fully-random.
+    const dispatch = (mask: string, len: number) => [
+      `ip saddr${mask} vmap @snat_len_${len}`,
+      `snat ip to ip saddr${mask} map @snat_to_len_${len}`,
+      `snat ip to ip saddr${mask} map @snat_to_fr_len_${len} fully-random`,
+    ];
+    expect(rulesOf('shared_snat')).toEqual([...dispatch('', 32), ...dispatch(' & 255.255.255.0', 24), ...dispatch(' & 0.0.0.0', 0)]);
+    // A CIDR of several EIPs keeps its rules in order in its own chain; one of a single EIP is an element.
+    expect(rulesOf('snat_10_0_1_0_24')).toEqual(['ip saddr 10.0.1.0/24 snat ip to 172.20.0.10', 'ip saddr 10.0.1.0/24 snat ip to 172.20.0.11']);
+    expect(script.filter((l) => /^add chain ip6? natgw snat_/.test(l))).toEqual(['add chain ip natgw snat_10_0_1_0_24']);
     expect(script).toContain('add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }');
-    expect(script).toContain('add element ip6 natgw snat_len_64 { fd00:1:: : goto snat_fd00_1___64 }');
+    expect(script).toContain('add element ip natgw snat_to_fr_len_32 { 10.0.1.6 : 172.20.0.10 }');
+    expect(script).toContain('add element ip natgw snat_to_fr_len_0 { 0.0.0.0 : 172.20.0.11 }');
+    expect(script).toContain('add element ip6 natgw snat_to_len_64 { fd00:1:: : fd00:20::10 }');
+    expect(script).toContain('add map ip6 natgw snat_to_len_64 { type ipv6_addr : ipv6_addr; }');
   });
 
   it('creates objects before the rules that use them, all in one script', () => {
@@ -1505,10 +214,12 @@ describe('read-back of real nft JSON', () => {
     expect(t?.vpcIf).toBe('eth0');
     expect(t?.extIf).toBe('net1');
     expect(t?.eips).toEqual(['172.20.0.10', '172.20.0.11', 'fd00:20::10']);
+    // From data-map elements (cidr = key/len, eip = value, fully-random by map) and CIDR chains alike.
     expect(t?.snats).toEqual([
       { eip: 'fd00:20::10', cidr: 'fd00:1::/64', randomFully: false },
       { eip: '172.20.0.10', cidr: '10.0.1.6/32', randomFully: true },
       { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false },
+      { eip: '172.20.0.11', cidr: '10.0.1.0/24', randomFully: false },
       { eip: '172.20.0.11', cidr: '0.0.0.0/0', randomFully: true },
     ]);
     const byKey = <T extends { eip: string }>(xs: readonly T[]) => [...xs].sort((a, b) => JSON.stringify(a).localeCompare(JSON.stringify(b)));
@@ -1573,58 +284,95 @@ describe('element-level diffs', () => {
     expect(renderNatgw(want, kernel(REAL_IP)).script).toBe('add element ip natgw hairpin_eips { 172.20.0.13 }\n');
   });
 
-  it('a SNAT of a new prefix length gets its map, its chain and a dispatch rule inserted at its place, by handle', () => {
-    const want = { ...WANT, snats: [WANT.snats[0]!, WANT.snats[1]!, { eip: '172.20.0.11', cidr: '10.0.1.0/28', randomFully: false }, ...WANT.snats.slice(2)] };
+  it('a SNAT of a new prefix length gets its three maps, its element and its dispatch rules inserted at their place, by handle', () => {
+    const want = { ...WANT, snats: [...WANT.snats.slice(0, 2), { eip: '172.20.0.11', cidr: '10.0.1.0/28', randomFully: false }, ...WANT.snats.slice(2)] };
     expect(lines(renderNatgw(want, kernel(REAL_IP)).script)).toEqual([
       'add map ip natgw snat_len_28 { type ipv4_addr : verdict; }',
-      'add chain ip natgw snat_10_0_1_0_28',
-      'add element ip natgw snat_len_28 { 10.0.1.0 : goto snat_10_0_1_0_28 }',
+      'add map ip natgw snat_to_len_28 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_fr_len_28 { type ipv4_addr : ipv4_addr; }',
+      'add element ip natgw snat_to_len_28 { 10.0.1.0 : 172.20.0.11 }',
       `insert rule ip natgw shared_snat position ${H.d24} ip saddr & 255.255.255.240 vmap @snat_len_28`,
-      'add rule ip natgw snat_10_0_1_0_28 ip saddr 10.0.1.0/28 snat ip to 172.20.0.11',
+      `insert rule ip natgw shared_snat position ${H.d24} snat ip to ip saddr & 255.255.255.240 map @snat_to_len_28`,
+      `insert rule ip natgw shared_snat position ${H.d24} snat ip to ip saddr & 255.255.255.240 map @snat_to_fr_len_28 fully-random`,
     ]);
   });
 
-  it('a second EIP of a CIDR is appended to its chain; the last of a length takes its element, chain, map and dispatch rule', () => {
+  it('a second EIP of a single-EIP CIDR turns its element into a chain; one of two removed turns the chain back into an element', () => {
     const add = { ...WANT, snats: [...WANT.snats, { eip: '172.20.0.10', cidr: '0.0.0.0/0', randomFully: false }] };
-    expect(renderNatgw(add, kernel(REAL_IP)).script).toBe('add rule ip natgw snat_0_0_0_0_0 ip saddr 0.0.0.0/0 snat ip to 172.20.0.10\n');
-    const del = { ...WANT, snats: WANT.snats.filter((s) => s.cidr !== '10.0.1.0/24') };
+    expect(lines(renderNatgw(add, kernel(REAL_IP)).script)).toEqual([
+      'add chain ip natgw snat_0_0_0_0_0',
+      'delete element ip natgw snat_to_fr_len_0 { 0.0.0.0 }',
+      'add element ip natgw snat_len_0 { 0.0.0.0 : goto snat_0_0_0_0_0 }',
+      'add rule ip natgw snat_0_0_0_0_0 ip saddr 0.0.0.0/0 snat ip to 172.20.0.11 fully-random',
+      'add rule ip natgw snat_0_0_0_0_0 ip saddr 0.0.0.0/0 snat ip to 172.20.0.10',
+    ]);
+    // The first of 10.0.1.0/24's two EIPs goes: the second is the CIDR's only rule, an element.
+    const del = { ...WANT, snats: WANT.snats.filter((s) => !(s.cidr === '10.0.1.0/24' && s.eip === '172.20.0.10')) };
     expect(lines(renderNatgw(del, kernel(REAL_IP)).script)).toEqual([
-      `delete rule ip natgw shared_snat handle ${H.d24}`,
-      'delete map ip natgw snat_len_24',
+      'delete element ip natgw snat_len_24 { 10.0.1.0 }',
+      'add element ip natgw snat_to_len_24 { 10.0.1.0 : 172.20.0.11 }',
       'flush chain ip natgw snat_10_0_1_0_24',
       'delete chain ip natgw snat_10_0_1_0_24',
     ]);
   });
 
-  it('the last SNAT of a CIDR whose length stays in use takes one element and its chain', () => {
-    const more = { ...WANT, snats: [...WANT.snats, { eip: '172.20.0.10', cidr: '10.0.2.0/24', randomFully: false }] };
-    // The kernel with 10.0.2.0/24 too: its chain and element, as natgw would have added them.
-    const withMore = edit(REAL_IP, (items) => [
-      ...items.map((i) => {
-        const m = i['map'];
-        if (m && m['name'] === 'snat_len_24') m['elem'] = [...(m['elem'] as unknown[]), ['10.0.2.0', { goto: { target: 'snat_10_0_2_0_24' } }]];
-        return i;
-      }),
-      { chain: { family: 'ip', table: 'natgw', name: 'snat_10_0_2_0_24', handle: 40 } },
+  it('the last SNAT of a length takes its element, its three maps and dispatch rules, and its chain', () => {
+    const del = { ...WANT, snats: WANT.snats.filter((s) => s.cidr !== '10.0.1.0/24') };
+    expect(lines(renderNatgw(del, kernel(REAL_IP)).script)).toEqual([
+      `delete rule ip natgw shared_snat handle ${H.d24}`,
+      `delete rule ip natgw shared_snat handle ${H.t24}`,
+      `delete rule ip natgw shared_snat handle ${H.f24}`,
+      'delete map ip natgw snat_len_24',
+      'delete map ip natgw snat_to_len_24',
+      'delete map ip natgw snat_to_fr_len_24',
+      'flush chain ip natgw snat_10_0_1_0_24',
+      'delete chain ip natgw snat_10_0_1_0_24',
     ]);
-    expect(renderNatgw(more, kernel(withMore)).script).toBe('add rule ip natgw snat_10_0_2_0_24 ip saddr 10.0.2.0/24 snat ip to 172.20.0.10\n');
-    expect(lines(renderNatgw(WANT, kernel(withMore)).script)).toEqual([
-      'delete element ip natgw snat_len_24 { 10.0.2.0 }',
-      'flush chain ip natgw snat_10_0_2_0_24',
-      'delete chain ip natgw snat_10_0_2_0_24',
+    const noHost = { ...WANT, snats: WANT.snats.filter((s) => s.cidr !== '10.0.1.6/32') };
+    expect(lines(renderNatgw(noHost, kernel(REAL_IP)).script)).toEqual([
+      `delete rule ip natgw shared_snat handle ${H.d32}`,
+      `delete rule ip natgw shared_snat handle ${H.t32}`,
+      `delete rule ip natgw shared_snat handle ${H.f32}`,
+      'delete map ip natgw snat_len_32',
+      'delete map ip natgw snat_to_len_32',
+      'delete map ip natgw snat_to_fr_len_32',
     ]);
   });
 
-  it('a changed --random-fully replaces that one rule in place', () => {
-    const want = { ...WANT, snats: WANT.snats.map((s) => (s.cidr === '10.0.1.0/24' ? { ...s, randomFully: true } : s)) };
-    expect(lines(renderNatgw(want, kernel(REAL_IP)).script)).toEqual([
-      `delete rule ip natgw snat_10_0_1_0_24 handle ${H.snat24}`,
-      'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.10 fully-random',
+  it('a single-EIP CIDR of a length in use is one element, added or deleted alone', () => {
+    const more = { ...WANT, snats: [...WANT.snats, { eip: '172.20.0.10', cidr: '10.0.2.0/24', randomFully: false }] };
+    expect(renderNatgw(more, kernel(REAL_IP))).toEqual({ script: 'add element ip natgw snat_to_len_24 { 10.0.2.0 : 172.20.0.10 }\n', changes: 1 });
+    const withMore = edit(REAL_IP, (items) =>
+      items.map((i) => {
+        const m = i['map'];
+        if (m && m['name'] === 'snat_to_len_24') m['elem'] = [['10.0.2.0', '172.20.0.10']];
+        return i;
+      }),
+    );
+    expect(renderNatgw(more, kernel(withMore)).changes).toBe(0);
+    expect(renderNatgw(WANT, kernel(withMore))).toEqual({ script: 'delete element ip natgw snat_to_len_24 { 10.0.2.0 }\n', changes: 1 });
+  });
+
+  it('a changed EIP or --random-fully of a single-EIP CIDR moves its element; in a chain it replaces that one rule in place', () => {
+    const fr = { ...WANT, snats: WANT.snats.map((s) => (s.cidr === '10.0.1.6/32' ? { ...s, randomFully: false } : s)) };
+    expect(lines(renderNatgw(fr, kernel(REAL_IP)).script)).toEqual([
+      'delete element ip natgw snat_to_fr_len_32 { 10.0.1.6 }',
+      'add element ip natgw snat_to_len_32 { 10.0.1.6 : 172.20.0.10 }',
+    ]);
+    const other = { ...WANT, snats: WANT.snats.map((s) => (s.cidr === '0.0.0.0/0' ? { ...s, eip: '172.20.0.10' } : s)) };
+    expect(lines(renderNatgw(other, kernel(REAL_IP)).script)).toEqual([
+      'delete element ip natgw snat_to_fr_len_0 { 0.0.0.0 }',
+      'add element ip natgw snat_to_fr_len_0 { 0.0.0.0 : 172.20.0.10 }',
+    ]);
+    const inChain = { ...WANT, snats: WANT.snats.map((s) => (s.cidr === '10.0.1.0/24' && s.eip === '172.20.0.10' ? { ...s, randomFully: true } : s)) };
+    expect(lines(renderNatgw(inChain, kernel(REAL_IP)).script)).toEqual([
+      `delete rule ip natgw snat_10_0_1_0_24 handle ${H.snat24a}`,
+      `insert rule ip natgw snat_10_0_1_0_24 position ${H.snat24b} ip saddr 10.0.1.0/24 snat ip to 172.20.0.10 fully-random`,
     ]);
   });
 
   it('dispatch rules out of order are moved with the fewest deletes and inserts', () => {
-    // The kernel dispatches /32, /24, /0; someone moved /0 to the top.
+    // The kernel dispatches /32, /24, /0; someone moved /0's chain dispatch to the top.
     const moved = edit(REAL_IP, (items) => {
       const i = items.findIndex((x) => x['rule']?.['handle'] === H.d0);
       const [r] = items.splice(i, 1);
@@ -1634,7 +382,117 @@ describe('element-level diffs', () => {
     });
     expect(lines(renderNatgw(WANT, kernel(moved)).script)).toEqual([
       `delete rule ip natgw shared_snat handle ${H.d0}`,
-      'add rule ip natgw shared_snat ip saddr & 0.0.0.0 vmap @snat_len_0',
+      `insert rule ip natgw shared_snat position ${H.t0} ip saddr & 0.0.0.0 vmap @snat_len_0`,
+    ]);
+  });
+
+  it('a dispatch rule not exactly as natgw writes it is not recognised, and is replaced', () => {
+    const dump = parseTableListing(REAL_IP, 'ip', 'natgw');
+    const rule = (h: number) => [...dump.chains.values()].flatMap((c) => c.rules).find((r) => r.handle === h)!.expr;
+    expect(recogniseRule(rule(H.t24), 'ip')).toEqual({ kind: 'snat-dispatch', len: 24, via: 'eip' });
+    expect(recogniseRule(rule(H.f24), 'ip')).toEqual({ kind: 'snat-dispatch', len: 24, via: 'eip-fr' });
+    expect(recogniseRule(rule(H.t32), 'ip')).toEqual({ kind: 'snat-dispatch', len: 32, via: 'eip' });
+    // The plain map's rule with fully-random, the fully-random map's without, a mask of another length.
+    const odd = (fn: (snat: Record<string, any>) => void) => (items: Item[]) =>
+      items.map((i) => {
+        if (i['rule']?.['handle'] !== H.t24 && i['rule']?.['handle'] !== H.f24) return i;
+        const copy = structuredClone(i);
+        fn((copy['rule']!['expr'] as any[])[0]['snat']);
+        return copy;
+      });
+    const flipped = edit(
+      REAL_IP,
+      odd((snat) => {
+        if (snat['flags']) delete snat['flags'];
+        else snat['flags'] = 'fully-random';
+      }),
+    );
+    const masked = edit(
+      REAL_IP,
+      odd((snat) => {
+        snat['addr']['map']['key']['&'][1] = '255.255.0.0';
+      }),
+    );
+    for (const drift of [flipped, masked]) {
+      const k = kernel(drift);
+      expect(
+        k.ip?.owned
+          .get('shared_snat')
+          ?.filter((r) => r.rule === null)
+          .map((r) => r.handle),
+      ).toEqual([H.t24, H.f24]);
+      expect(lines(renderNatgw(WANT, k).script)).toEqual([
+        `delete rule ip natgw shared_snat handle ${H.t24}`,
+        `delete rule ip natgw shared_snat handle ${H.f24}`,
+        `insert rule ip natgw shared_snat position ${H.d0} snat ip to ip saddr & 255.255.255.0 map @snat_to_len_24`,
+        `insert rule ip natgw shared_snat position ${H.d0} snat ip to ip saddr & 255.255.255.0 map @snat_to_fr_len_24 fully-random`,
+      ]);
+    }
+  });
+
+  it('adopts from a data map only what its masked lookup can match, of its own family', () => {
+    const odd = edit(REAL_IP, (items) =>
+      items.map((i) => {
+        const m = i['map'];
+        // Host bits set (never matched), an IPv6 value in an IPv4 table, and one good element.
+        if (m && m['name'] === 'snat_to_len_24')
+          m['elem'] = [
+            ['10.0.3.5', '172.20.0.10'],
+            ['10.0.4.0', 'fd00:20::10'],
+            ['10.0.5.0', '172.20.0.12'],
+          ];
+        return i;
+      }),
+    );
+    const snats = natTablesFromKernel(kernel(odd))?.snats ?? [];
+    expect(snats.filter((s) => s.cidr.startsWith('10.0.') && s.cidr.endsWith('/24')).map((s) => `${s.eip},${s.cidr}`)).toEqual([
+      '172.20.0.10,10.0.1.0/24',
+      '172.20.0.11,10.0.1.0/24',
+      '172.20.0.12,10.0.5.0/24',
+    ]);
+    // The full sync deletes what was not adopted.
+    expect(lines(renderNatgw(WANT, kernel(odd)).script)).toEqual(['delete element ip natgw snat_to_len_24 { 10.0.3.5, 10.0.4.0, 10.0.5.0 }']);
+  });
+
+  it('a table in the per-CIDR-chain layout (the version before data maps) is converted in one transaction, no rebuild', () => {
+    const k = kernel(CHAINS_IP, CHAINS_IP6);
+    // Its rules are all natgw's, and adopting it gives back the same objects.
+    for (const t of [k.ip, k.ip6])
+      for (const [chain, rules] of t?.owned ?? [])
+        expect(
+          rules.filter((r) => r.rule === null),
+          chain,
+        ).toEqual([]);
+    expect(natTablesFromKernel(k)?.snats).toEqual(natTablesFromKernel(kernel(REAL_IP))?.snats);
+    expect(lines(renderNatgw(WANT, k).script)).toEqual([
+      'add map ip natgw snat_to_len_32 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_fr_len_32 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_len_24 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_fr_len_24 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_len_0 { type ipv4_addr : ipv4_addr; }',
+      'add map ip natgw snat_to_fr_len_0 { type ipv4_addr : ipv4_addr; }',
+      'add map ip6 natgw snat_to_len_64 { type ipv6_addr : ipv6_addr; }',
+      'add map ip6 natgw snat_to_fr_len_64 { type ipv6_addr : ipv6_addr; }',
+      'delete element ip natgw snat_len_32 { 10.0.1.6 }',
+      'delete element ip natgw snat_len_0 { 0.0.0.0 }',
+      'delete element ip6 natgw snat_len_64 { fd00:1:: }',
+      'add element ip natgw snat_to_fr_len_32 { 10.0.1.6 : 172.20.0.10 }',
+      'add element ip natgw snat_to_fr_len_0 { 0.0.0.0 : 172.20.0.11 }',
+      'add element ip6 natgw snat_to_len_64 { fd00:1:: : fd00:20::10 }',
+      'insert rule ip natgw shared_snat position 29 snat ip to ip saddr map @snat_to_len_32',
+      'insert rule ip natgw shared_snat position 29 snat ip to ip saddr map @snat_to_fr_len_32 fully-random',
+      'insert rule ip natgw shared_snat position 30 snat ip to ip saddr & 255.255.255.0 map @snat_to_len_24',
+      'insert rule ip natgw shared_snat position 30 snat ip to ip saddr & 255.255.255.0 map @snat_to_fr_len_24 fully-random',
+      'add rule ip natgw shared_snat snat ip to ip saddr & 0.0.0.0 map @snat_to_len_0',
+      'add rule ip natgw shared_snat snat ip to ip saddr & 0.0.0.0 map @snat_to_fr_len_0 fully-random',
+      'add rule ip6 natgw shared_snat snat ip6 to ip6 saddr & ffff:ffff:ffff:ffff:: map @snat_to_len_64',
+      'add rule ip6 natgw shared_snat snat ip6 to ip6 saddr & ffff:ffff:ffff:ffff:: map @snat_to_fr_len_64 fully-random',
+      'flush chain ip natgw snat_10_0_1_6_32',
+      'delete chain ip natgw snat_10_0_1_6_32',
+      'flush chain ip natgw snat_0_0_0_0_0',
+      'delete chain ip natgw snat_0_0_0_0_0',
+      'flush chain ip6 natgw snat_fd00_1___64',
+      'delete chain ip6 natgw snat_fd00_1___64',
     ]);
   });
 
@@ -1642,7 +500,7 @@ describe('element-level diffs', () => {
     const flat = edit(REAL_IP, (items) =>
       items.map((i) => {
         const r = i['rule'];
-        if (r?.['handle'] === H.d24) return { rule: { ...r, expr: items.find((x) => x['rule']?.['handle'] === H.snat24)!['rule']!['expr'] } };
+        if (r?.['handle'] === H.d24) return { rule: { ...r, expr: items.find((x) => x['rule']?.['handle'] === H.snat24a)!['rule']!['expr'] } };
         return i;
       }),
     );
@@ -1678,7 +536,7 @@ describe('repairs', () => {
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
-    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(16);
+    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(21);
     expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(7);
   });
 
@@ -1727,8 +585,8 @@ describe('interface rename', () => {
     expect(lines(renderNatgw({ ...WANT, vpcIf: 'vpc0' }, kernel(REAL_IP)).script)).toEqual([
       `delete rule ip natgw vpc_mark handle ${H.mark}`,
       `delete rule ip natgw postrouting handle ${H.hairpin}`,
-      'delete rule ip6 natgw vpc_mark handle 13',
-      'delete rule ip6 natgw postrouting handle 22',
+      `delete rule ip6 natgw vpc_mark handle ${H6.mark}`,
+      `delete rule ip6 natgw postrouting handle ${H6.hairpin}`,
       'add rule ip natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
       'add rule ip natgw postrouting oifname "vpc0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
       'add rule ip6 natgw vpc_mark iifname "vpc0" meta mark set meta mark | 0x1',
@@ -1740,9 +598,9 @@ describe('interface rename', () => {
     const s = lines(renderNatgw({ ...WANT, extIf: 'ext0' }, kernel(REAL_IP)).script);
     expect(s).toEqual([
       `delete rule ip natgw postrouting handle ${H.jump}`,
-      'delete rule ip6 natgw postrouting handle 21',
+      `delete rule ip6 natgw postrouting handle ${H6.jump}`,
       `insert rule ip natgw postrouting position ${H.hairpin} oifname "ext0" jump shared_snat`,
-      'insert rule ip6 natgw postrouting position 22 oifname "ext0" jump shared_snat',
+      `insert rule ip6 natgw postrouting position ${H6.hairpin} oifname "ext0" jump shared_snat`,
     ]);
     const t = natTablesFromKernel(kernel(REAL_IP));
     expect(t?.extIf).toBe('net1');
@@ -1904,8 +762,10 @@ describe("the shim's loopback connections kept out of conntrack (notrack chain)"
   });
 
   it('a notrack rule deleted by hand is put back at its place; a foreign rule there goes', () => {
-    const noDaddr = edit(REAL_IP, withoutRule(34));
-    expect(lines(renderNatgw(WANT, kernel(noDaddr)).script)).toEqual(['insert rule ip natgw shim_notrack position 35 ip daddr 127.78.71.87 notrack']);
+    const noDaddr = edit(REAL_IP, withoutRule(H.notrackDaddr));
+    expect(lines(renderNatgw(WANT, kernel(noDaddr)).script)).toEqual([
+      `insert rule ip natgw shim_notrack position ${H.notrackSaddr} ip daddr 127.78.71.87 notrack`,
+    ]);
     const foreign = edit(REAL_IP, (items) => [
       ...items,
       {

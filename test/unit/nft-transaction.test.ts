@@ -102,21 +102,22 @@ describe('FakeNftClient', () => {
       'fip-snat',
       'snat-jump',
       'hairpin',
+      // A CIDR of one EIP is a data-map element: its length's three dispatch rules, no chain of its own.
       'snat-dispatch',
-      'snat',
+      'snat-dispatch',
+      'snat-dispatch',
       'notrack',
       'notrack',
     ]);
     // Handles as the kernel numbers them: one counter per table; the port-DNAT rule's `{ tcp, udp }` takes one too.
     // (As a real kernel (6.18, nft 1.0.6) numbered the same table, shim_notrack's chain included.)
-    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5, 6, 7]);
+    expect([...dump!.sets.values()].map((s) => s.handle)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9]);
     expect([...dump!.chains.values()].map((c) => [c.handle, c.rules.map((r) => r.handle)])).toEqual([
-      [8, [14]],
-      [9, [16, 17, 18, 20]],
-      [10, [21, 22, 23]],
-      [11, [24]],
-      [12, [25]],
-      [13, [26, 27]],
+      [10, [15]],
+      [11, [17, 18, 19, 21]],
+      [12, [22, 23, 24]],
+      [13, [25, 26, 27]],
+      [14, [28, 29]],
     ]);
     expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();

@@ -15,7 +15,9 @@ import { variedStateDoc } from '../helpers/variedState.js';
  * The full-sync renderers are tuned for ten thousand objects; these pin their bytes. The
  * fixtures were rendered from variedStateDoc(8, 400) by the renderers before that tuning
  * (commit 222f496; nft.txt again after the per-CIDR SNAT layout, by the untuned renderer with
- * that layout, byte-identical to the tuned one), so any change in output, however small, fails here.
+ * that layout, byte-identical to the tuned one; and again after SNAT data maps, by the renderer,
+ * checked by loading it into a real kernel and finding nothing to change against its read-back),
+ * so any change in output, however small, fails here.
  */
 const fixture = (name: string): string => fs.readFileSync(new URL(`../fixtures/render/${name}`, import.meta.url), 'utf8');
 const fresh = (): NatTables => natTablesOf(desiredStateSchema.parse(variedStateDoc(8, 400)));

@@ -6,8 +6,9 @@
  * whatever the number of others. Shared SNAT is laid out per CIDR (snatLayout.ts) so that its
  * changes are element-level too: nft deletes a rule only by its handle, which it reports only by
  * reading back (`--echo` fetches the whole ruleset, as slow as a listing at ten thousand
- * elements), so a change flushes and rewrites only the chain of the CIDR it touches (a rule or
- * two), and the last rule of a CIDR going is one element and one chain deleted.
+ * elements). A CIDR with one single-EIP rule is one element of a data map; a CIDR with more
+ * has its own chain, which a change flushes and rewrites (a rule or two). A CIDR moving between
+ * the two forms is an element or two and that one chain, in the same transaction.
  *
  * Anything structural — an interface renamed, a family's table appearing or going — returns
  * null: the caller then runs a full sync, which reads back and repairs.

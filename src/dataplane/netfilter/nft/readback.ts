@@ -350,7 +350,7 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
   const eips = elements(SET.hairpinEips)
     .map((e) => e.key)
     .filter(isIp);
-  const snats: Snat[] = snatRulesOf(dump.owned, dump.sets).flatMap((r) =>
+  const snats: Snat[] = snatRulesOf(dump.owned, dump.sets, dump.family as NftFamily).flatMap((r) =>
     r.kind === 'snat' ? [{ eip: r.eip, cidr: r.cidr, randomFully: r.randomFully, ...(r.pool ? { eips: [...r.pool] } : {}) }] : [],
   );
   // Several EIPs may bind one internal IP; the SNAT map names the one that came first, so

@@ -20,9 +20,13 @@
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
  *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
- *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>   (one per length in use, longest first)
- *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>
- *   chain snat_<cidr> (regular, one per SNAT CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
+ *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>             (these three per
+ *                                                           snat ip to ip saddr & <mask> map @snat_to_len_<len>  length in use,
+ *                                                           snat ip to ip saddr & <mask> map @snat_to_fr_len_<len> fully-random   longest first)
+ *   map snat_to_len_<len> { type ipv4_addr : ipv4_addr }    <network> : <eip>   (a CIDR with one single-EIP rule)
+ *   map snat_to_fr_len_<len> { type ipv4_addr : ipv4_addr } <network> : <eip>   (the same, --random-fully)
+ *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>   (any other CIDR)
+ *   chain snat_<cidr> (regular, one per such CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
  *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
  *   chain shim_notrack (filter output, priority raw; ip only) ip daddr <shim address> notrack
  *                                                           ip saddr <shim address> notrack
@@ -38,17 +42,22 @@
  * Shared SNAT's semantics are "first matching rule wins" over overlapping prefixes, longest
  * prefix first, with per-rule options (fully-random, pools) and several EIPs per CIDR where only
  * the first counts. Rules of equal prefix length overlap only when their CIDR is identical, so
- * one exact-match verdict map per length (keyed by the masked source address), tried longest
- * first, finds the one CIDR that can match, and that CIDR's own chain keeps its rules in order
- * (snatLayout.ts). This makes every SNAT change element-level without rule handles: a CIDR is a
- * chain and one element, a change within it rewrites its rule or two. A flat ordered chain needed
- * a handle for a delete, which only a read-back gives (~170 ms at ten thousand objects), so the
- * command path flushed and rewrote every rule. The lookup cost per packet no longer grows with
- * the number of SNAT rules either (NAT chains see only a connection's first packet anyway). The
- * rules inside a CIDR chain keep their `saddr` match: the flat layout's text, recognised as
- * before. A table in the flat layout (SNAT rules directly in shared_snat: a gateway upgraded in
- * place) is a structural surprise the full sync rebuilds in one transaction; a stale CIDR chain
- * or length map is deleted after the element or rule naming it. The `oifname "<ext>"` match is
+ * exact-match maps per length (keyed by the masked source address), tried longest first, find
+ * the one CIDR that can match (snatLayout.ts): a CIDR translated by one EIP is an element of a
+ * data map whose value is that EIP (a miss breaks the snat rule, and evaluation goes on), any
+ * other CIDR an element of a verdict map that goes to its own chain, which keeps its rules in
+ * order. This makes every SNAT change element-level without rule handles: a CIDR is an element
+ * (or an element and a small chain), a change within it or between the two forms a few elements
+ * and at most one chain. Few chains matter: each one makes every transaction into the table
+ * dearer. A flat ordered chain needed a handle for a delete, which only a read-back gives (~170 ms
+ * at ten thousand objects), so the command path flushed and rewrote every rule. The lookup cost
+ * per packet no longer grows with the number of SNAT rules either (NAT chains see only a
+ * connection's first packet anyway). The rules inside a CIDR chain keep their `saddr` match: the
+ * flat layout's text, recognised as before. A table in the flat layout (SNAT rules directly in
+ * shared_snat: a gateway upgraded in place) is a structural surprise the full sync rebuilds in one
+ * transaction; one with a chain per CIDR (the layout before data maps) is diffed like any other:
+ * its chains and elements no longer wanted are stale, deleted after the element or rule naming
+ * them, and the new maps and elements added, in one transaction. The `oifname "<ext>"` match is
  * hoisted into the jump to shared_snat: identical semantics,
  * a rename of the external interface touches one rule, and the external interface stays readable
  * from the kernel even while no SNAT exists (adoption).
@@ -243,7 +252,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
   }
 }
 
-/** A SNAT as the rule shared_snat holds for it. */
+/** A SNAT as a rule: what its CIDR's chain holds, or, alone on its CIDR, what becomes a data-map element (snatLayout.ts). */
 export function snatRule(s: Snat): NatgwRule {
   return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }

@@ -25,8 +25,12 @@ export type NatgwRule =
       /** A pool (its first address is eip): new connections take its EIPs in turn. */
       readonly pool?: readonly string[];
     }
-  /** shared_snat's dispatch for one prefix length: `<fam> saddr & <mask> vmap @snat_len_<len>` (snatLayout.ts). */
-  | { readonly kind: 'snat-dispatch'; readonly len: number }
+  /**
+   * One of shared_snat's three dispatch rules for a prefix length (snatLayout.ts): to CIDR chains,
+   * `<fam> saddr & <mask> vmap @snat_len_<len>`; or to the EIP a data map holds,
+   * `snat <fam> to <fam> saddr & <mask> map @snat_to_len_<len>` (`snat_to_fr_len_<len>`, fully-random).
+   */
+  | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr' }
   /** The shim listener's loopback connections, one direction each, kept out of conntrack (netfilter/notrack.ts). */
   | { readonly kind: 'notrack'; readonly match: 'daddr' | 'saddr' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
