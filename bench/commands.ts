@@ -36,7 +36,7 @@ async function series(n: number, one: (k: number) => Promise<Outcome>): Promise<
 const enc = (id: string): string => id.replaceAll('/', '%2F');
 
 /** The API request of sample k of a command: method, path, body, the status that means success. */
-function request(cmd: Command, k: number): [string, string, unknown, number] {
+export function request(cmd: Command, k: number): [string, string, unknown, number] {
   const d = op.dnat(k);
   const s = op.snat(k);
   const f = op.fip(k);

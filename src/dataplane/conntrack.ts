@@ -2,6 +2,7 @@ import type { Logger } from 'pino';
 import type { ExecResult, Executor } from '../system/exec.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
+import { timelineMark } from '../observe/timeline.js';
 
 export interface ConntrackFilter {
   readonly dst: string;
@@ -153,6 +154,7 @@ export class Conntrack {
     if (filters.length === 0) return { deleted: 0, skipped: [] };
     let todo = filters;
     const tracked = await this.kernelTable();
+    timelineMark('conntrack: table read');
     const skipped: ConntrackFilter[] = [];
     if (tracked) {
       todo = filters.filter((f) => {

@@ -277,7 +277,9 @@ export class SystemExecutor implements Executor {
       runner = { session, marker };
       this.runners.set(key, runner);
     }
+    timelineMark(`runner: ${req.file}`);
     const reply = await runner.session.exchange(`${lines.length}\n${lines.join('\n')}\n`, `${runner.marker}\n`, limit);
+    timelineMark(`runner answered ${req.file}`);
     if (reply.failedToStart) return undefined;
     if (reply.timedOut) return { exitCode: 124, stdout: '', stderr: reply.stderr, timedOut: true, failedToStart: false };
     const at = reply.stderr.lastIndexOf(RC_LINE);
