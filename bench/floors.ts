@@ -72,6 +72,10 @@ async function nftFloor(gw: Gateway, mapSize: number): Promise<KernelFloor> {
   return {
     what: `nft add element ip ${table} ${map}`,
     async sample(k) {
+      // Untimed first: a netlink socket's close waits for the destroy work a delete left in the
+      // kernel (the RCU grace period), and natgw's own deletes just before, through its nft
+      // session that never closes, leave theirs pending: the add would wait for them.
+      await gw.runner.run(['nft', 'list', 'tables']);
       const a = await gw.runner.run(['nft', 'add', 'element', 'ip', table, map, `{ ${elem(k)} : 10.0.1.9 . 53 }`]);
       const d = await gw.runner.run(['nft', 'delete', 'element', 'ip', table, map, `{ ${elem(k)} }`]);
       return { add: { ms: a.ms, ok: a.exitCode === 0 }, del: { ms: d.ms, ok: d.exitCode === 0 } };
