@@ -29,6 +29,18 @@ export interface RunResult {
 
 const KEEP = 64 * 1024;
 
+/**
+ * What a started command's environment never holds: bash takes either as proof that sshd started
+ * it (`run_by_ssh`) and, run with `-c`, then sources ~/.bashrc (a pod's exec sets neither).
+ */
+const SSH_MARKERS = ['SSH_CLIENT', 'SSH2_CLIENT'];
+
+function envFor(given: Record<string, string> | undefined): NodeJS.ProcessEnv {
+  const env = { ...(given ?? process.env) };
+  for (const k of SSH_MARKERS) delete env[k];
+  return env;
+}
+
 function run(req: RunRequest): Promise<RunResult> {
   return new Promise((resolve) => {
     const [file, ...args] = req.argv;
@@ -36,15 +48,19 @@ function run(req: RunRequest): Promise<RunResult> {
     let stderr = '';
     let timedOut = false;
     const t0 = process.hrtime.bigint();
-    const child = spawn(file ?? 'false', args, { env: req.env ?? process.env, stdio: ['pipe', 'pipe', 'pipe'] });
+    // No input: stdin is /dev/null, as a pod exec without stdin gives it. Node's 'pipe' is a
+    // socketpair, and bash run with `-c` and a socket on stdin takes it for rshd's connection:
+    // with SHLVL unset (a bench started from cron, CI, a detached job) it sources ~/.bashrc,
+    // which made `bash -c true` cost 130-150 ms here (pyenv init) against 2-4 ms.
+    const child = spawn(file ?? 'false', args, { env: envFor(req.env), stdio: [req.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
     const timer = setTimeout(() => {
       timedOut = true;
       child.kill('SIGKILL');
     }, req.timeoutMs ?? 120_000);
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout = (stdout + d).slice(-KEEP)));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr = (stderr + d).slice(-KEEP)));
-    child.stdin.on('error', () => undefined);
-    child.stdin.end(req.input ?? '');
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout = (stdout + d).slice(-KEEP)));
+    child.stderr?.setEncoding('utf8').on('data', (d: string) => (stderr = (stderr + d).slice(-KEEP)));
+    child.stdin?.on('error', () => undefined);
+    child.stdin?.end(req.input);
     const finish = (exitCode: number) => {
       clearTimeout(timer);
       resolve({ ms: Number(process.hrtime.bigint() - t0) / 1e6, exitCode, stdout, stderr, timedOut });

@@ -12,6 +12,8 @@ export interface Options {
   readonly resync: string;
   readonly fipEips: boolean;
   readonly connRate: boolean;
+  /** Rounds of every command run on a fresh daemon before its first figures (reported apart). */
+  readonly warmup: number;
 }
 
 const HELP = `npm run bench -- [flags]            (root; everything runs in throw-away network namespaces)
@@ -19,6 +21,8 @@ const HELP = `npm run bench -- [flags]            (root; everything runs in thro
                                 'none' skips the per-size phase
   --backends iptables,nftables                                                        [BENCH_BACKENDS]
   --samples 30                  samples per figure (median and p99 of these)          [BENCH_SAMPLES]
+  --warmup 10                   rounds of every command (API and shim) a fresh daemon  [BENCH_WARMUP]
+                                runs before its first figures; reported apart, 0 skips
   --bulk-size N                 bulk PUT /v1/state and restore-at-start size; 0 skips  [BENCH_BULK_SIZE]
                                 (default 10000, or the largest --sizes below that)
   --compare '<prefix>'          also run the legacy sequence through '<prefix> <command> <rule>'
@@ -52,7 +56,7 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
     else if (a === '--fip-eips' || a === '--no-connrate') flags.set(a.slice(2), '1');
     else flags.set(a.slice(2), argv[++i] ?? '');
   }
-  const known = ['sizes', 'backends', 'samples', 'bulk-size', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
+  const known = ['sizes', 'backends', 'samples', 'warmup', 'bulk-size', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
   for (const k of flags.keys()) if (!known.includes(k)) throw new Error(`unknown flag --${k}\n${HELP}`);
   const get = (flag: string, envKey: string): string | undefined => flags.get(flag) ?? env[envKey];
 
@@ -62,6 +66,9 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
   const backends = (get('backends', 'BENCH_BACKENDS') ?? 'iptables,nftables').split(',').filter(Boolean);
   for (const b of backends) if (b !== 'iptables' && b !== 'nftables') throw new Error(`unknown backend ${b}`);
   const samples = list(get('samples', 'BENCH_SAMPLES') ?? '30')[0] ?? 30;
+  const warmupRaw = get('warmup', 'BENCH_WARMUP') ?? '10';
+  const warmup = Number(warmupRaw);
+  if (!Number.isInteger(warmup) || warmup < 0) throw new Error(`--warmup: not a number of rounds: ${warmupRaw}`);
   const bulkRaw = get('bulk-size', 'BENCH_BULK_SIZE');
   const bulkSize = bulkRaw === undefined ? Math.min(10_000, Math.max(0, ...sizes)) : Number(bulkRaw);
   if (!Number.isInteger(bulkSize) || bulkSize < 0) throw new Error(`--bulk-size: not a size: ${bulkRaw}`);
@@ -76,5 +83,6 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
     resync: get('resync', 'BENCH_RESYNC') ?? '1h',
     fipEips: flags.has('fip-eips') || env.BENCH_FIP_EIPS === '1',
     connRate: !(flags.has('no-connrate') || env.BENCH_CONNRATE === '0'),
+    warmup,
   };
 }

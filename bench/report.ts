@@ -41,10 +41,14 @@ const API_LABEL: Record<Command, string> = {
   'floating-ip-del': 'API DELETE /v1/fips/…',
 };
 
-/** What a shim call cannot go below: a bash, the client, the kernel change. */
+/**
+ * What a shim call cannot go below: a bash and the kernel change. By default the shim reaches
+ * the daemon through bash's own /dev/tcp (README, "The shim's loopback fast path"): no client
+ * process, so none is counted; curl is its fallback, and the floors list curl's own cost.
+ */
 export function idealShim(s: SizeFigures): number {
   const f = s.floors;
-  return f.bash.median + (f.client?.median ?? f.node.median) + f.kernel.median;
+  return f.bash.median + f.kernel.median;
 }
 
 export function backendSection(b: BackendFigures): string {
@@ -63,15 +67,15 @@ export function backendSection(b: BackendFigures): string {
     );
     const fl = sizes[0]!.floors;
     out.push(
-      table('\nFloors, ms median/p99 (same namespace, same runner)', head, [
+      table('\nFloors, ms median/p99 (same namespace, same runner; the kernel floor sampled once per round of API commands)', head, [
         [`kernel: ${fl.kernelWhat}`, ...sizes.map((s) => cell(s.floors.kernel))],
         ...(fl.kernelDelete
           ? [['kernel: nft delete element (the same, again: a delete waits for RCU)', ...sizes.map((s) => cell(s.floors.kernelDelete))] as Row]
           : []),
         ['node -e 0', ...sizes.map((s) => cell(s.floors.node))],
         ['bash -c true', ...sizes.map((s) => cell(s.floors.bash))],
-        [fl.client ? 'client: curl --unix-socket … /healthz' : 'client: curl not installed (node -e 0 stands in)', ...sizes.map((s) => cell(s.floors.client))],
-        ['ideal shim call = bash + client + kernel', ...sizes.map((s) => num(idealShim(s)))],
+        [fl.client ? "client: curl --unix-socket … /healthz (the shim's fallback)" : 'client: curl not installed', ...sizes.map((s) => cell(s.floors.client))],
+        ['ideal shim call = bash + kernel (loopback path: no client process)', ...sizes.map((s) => num(idealShim(s)))],
       ]),
     );
     const rows = (figs: (s: SizeFigures) => CommandFigures, label: (c: Command) => string): Row[] =>
@@ -88,9 +92,23 @@ export function backendSection(b: BackendFigures): string {
         ),
       ]),
     );
+    const warm = sizes.filter((s) => s.warmup);
+    if (warm.length > 0) {
+      const w = warm[0]!.warmup!;
+      out.push(
+        table(
+          `\nWarm-up: a fresh daemon's first ${w.rounds} rounds of every command, before the figures above (not in them), ms median/p99 ×(÷ kernel floor)`,
+          ['', ...warm.map((s) => `size ${s.mix.size}`)],
+          [
+            ...COMMANDS.map((c) => [API_LABEL[c], ...warm.map((s) => cell(s.warmup?.api[c], s.floors.kernel.median))]),
+            ...COMMANDS.map((c) => [`shim ${c}`, ...warm.map((s) => cell(s.warmup?.shim[c], s.floors.kernel.median))]),
+          ],
+        ),
+      );
+    }
     out.push(
       table(
-        '\nShim ÷ ideal shim call (bash + client + kernel floor), medians',
+        '\nShim ÷ ideal shim call (bash + kernel floor), medians',
         head,
         COMMANDS.map((c) => [`shim ${c}`, ...sizes.map((s) => times(ratio(s.shim[c]?.median ?? Number.NaN, idealShim(s))))]),
       ),
@@ -176,7 +194,7 @@ export function headerSection(r: Results): string {
     `natgw bench — ${Object.entries(r.environment)
       .map(([k, v]) => `${k} ${v}`)
       .join(', ')}`,
-    `samples ${o.samples} per figure; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
+    `samples ${o.samples} per figure, in rounds (one sample of every command per round, the kernel floor's beside it); warm-up ${o.warmup} rounds on a fresh daemon; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
   ].join('\n');
 }
 

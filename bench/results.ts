@@ -15,6 +15,8 @@ export interface SizeFigures {
   readonly floors: Floors;
   readonly api: CommandFigures;
   readonly shim: CommandFigures;
+  /** A fresh daemon's first rounds (the first size only): not in `api` or `shim`. */
+  readonly warmup?: { readonly rounds: number; readonly api: CommandFigures; readonly shim: CommandFigures };
   readonly memory?: Memory;
 }
 

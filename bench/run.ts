@@ -7,17 +7,17 @@
 import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import { bulkFigures } from './bulk.js';
-import { apiSeries, shimSeries } from './commands.js';
+import { apiRounds, shimRounds } from './commands.js';
 import { compare } from './compare.js';
 import { connectionRates } from './connrate.js';
-import { hasCurl, measureFloors } from './floors.js';
+import { floorSummary, hasCurl, openKernelFloor, processFloors } from './floors.js';
 import { Gateway, VanishedError, vanishedNote, type BackendName } from './gateway.js';
 import { parseOptions, type Options } from './options.js';
 import { note, progress, runNotes } from './progress.js';
 import { backendSection, closingSection, compareSection, headerSection } from './report.js';
 import type { BackendFigures, Results, SizeFigures } from './results.js';
 import { round } from './stats.js';
-import { mixOf, stateDoc } from './workload.js';
+import { WARMUP_K0, WARMUP_SHIM_K0, mixOf, stateDoc } from './workload.js';
 
 const message = (e: unknown): string => (e instanceof Error ? e.message : String(e)).slice(0, 3000);
 
@@ -26,18 +26,40 @@ function version(argv: string[]): string {
   return r.status === 0 ? (r.stdout.trim().split('\n')[0] ?? '') : 'absent';
 }
 
-async function measureSize(gw: Gateway, backend: BackendName, size: number, o: Options, curl: boolean, b: BackendFigures): Promise<SizeFigures> {
+async function measureSize(
+  gw: Gateway,
+  backend: BackendName,
+  size: number,
+  o: Options,
+  curl: boolean,
+  b: BackendFigures,
+  fresh: boolean,
+): Promise<SizeFigures> {
   progress(`${backend} size ${size}: fill (PUT /v1/state)`);
   const fill = await gw.putState(stateDoc(size, o.fipEips));
   await gw.settleAnnouncements();
   b.info = await gw.backendInfo();
   progress(`${backend} size ${size}: floors`);
-  const floors = await measureFloors(gw, b.info, size + 1, o.samples, curl);
-  progress(`${backend} size ${size}: API commands`);
-  const api = await apiSeries(gw, o.samples);
+  const processes = await processFloors(gw, o.samples, curl);
+  // A fresh daemon's first commands run its command path for the first time (V8 compiles it,
+  // its inline caches settle): once in a daemon's life, long done in one that serves a gateway.
+  let warmup: SizeFigures['warmup'];
+  if (fresh && o.warmup > 0) {
+    progress(`${backend} size ${size}: warm-up, ${o.warmup} rounds of every command`);
+    warmup = { rounds: o.warmup, api: (await apiRounds(gw, o.warmup, { k0: WARMUP_K0 })).api, shim: await shimRounds(gw, o.warmup, WARMUP_SHIM_K0) };
+  }
+  progress(`${backend} size ${size}: API commands, the kernel floor beside them`);
+  const floor = await openKernelFloor(gw, b.info, size + 1);
+  let rounds: Awaited<ReturnType<typeof apiRounds>>;
+  try {
+    rounds = await apiRounds(gw, o.samples, { floor });
+  } finally {
+    await floor.close();
+  }
+  const floors = { ...floorSummary(rounds.floor), kernelWhat: floor.what, ...processes };
   progress(`${backend} size ${size}: shim commands`);
-  const shim = await shimSeries(gw, o.samples);
-  return { mix: mixOf(size, o.fipEips), fillMs: round(fill.ms), floors, api, shim, memory: gw.daemon?.memory() };
+  const shim = await shimRounds(gw, o.samples);
+  return { mix: mixOf(size, o.fipEips), fillMs: round(fill.ms), floors, api: rounds.api, shim, ...(warmup ? { warmup } : {}), memory: gw.daemon?.memory() };
 }
 
 /** Ascending sizes on one gateway, each filled from the previous one. */
@@ -47,10 +69,12 @@ async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): 
   try {
     const curl = await hasCurl(gw);
     if (!curl) note('curl is not installed; the client floor is skipped');
+    let fresh = true;
     for (const size of o.sizes) {
       for (let attempt = 1; ; attempt++) {
         try {
-          const figures = await measureSize(gw, backend, size, o, curl, b);
+          const figures = await measureSize(gw, backend, size, o, curl, b, fresh);
+          fresh = false;
           if (gw.vanished()) throw new VanishedError('namespace or state dir gone after the run');
           b.sizes.push(figures);
           break;
@@ -59,6 +83,7 @@ async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): 
           note(`${vanishedNote(`${backend} size ${size}`)} (its fill is then from an empty gateway)`);
           await gw.cleanup();
           gw = await make();
+          fresh = true;
         }
       }
     }

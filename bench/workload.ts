@@ -88,3 +88,6 @@ export const op = {
   fip: (k: number) => ({ eip: in16(172, 22, k), internalIp: in16(10, 3, k) }),
 };
 export const SHIM_K0 = 5000;
+/** The warm-up rounds' identities (bench/run.ts), apart from the measured ones: API, then shim. */
+export const WARMUP_K0 = 10_000;
+export const WARMUP_SHIM_K0 = 15_000;

@@ -163,6 +163,17 @@ export function createApp(deps: AppDeps): Express {
       });
       next();
     });
+    // A single command's few milliseconds are spread over the request, the lock, the tool and
+    // the journal: its timeline says which (bench/commandTimeline.ts reads these lines).
+    app.use((req, res, next) => {
+      if (req.method === 'GET' || req.path === '/v1/state' || !req.path.startsWith('/v1/')) return next();
+      timelineStart();
+      res.on('finish', () => {
+        const timeline = timelineEnd();
+        if (timeline) log.debug({ ...timeline, method: req.method, path: req.path }, 'command timeline (ms since the request: wall, CPU)');
+      });
+      next();
+    });
   }
   app.use(
     express.json({
@@ -304,6 +315,7 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
     // Whether it existed is asked of the state the operation ran on, before the operation
     // hands that state's identity index on to the next (a batch may run it more than once).
     let existed = false;
+    timelineMark('validated');
     const result = await agent.change({
       guarded: def.guarded,
       qos: def.qos,
@@ -319,6 +331,7 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
 
   app.delete(`${base}/:id`, async (req, res) => {
     const { id } = parseIdentity(def, req);
+    timelineMark('validated');
     const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.del(s, id) });
     res.locals.log = { command: `delete-${def.path}`, id: String(req.params.id), batch: result.batchSize, outcome: 'ok' };
     res.status(204).end();

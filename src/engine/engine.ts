@@ -278,6 +278,7 @@ export class Engine {
     // lock's retries.
     if (!opts.dryRun) await this.rulesetCache?.settled();
     const out = await this.store.withLock(async () => {
+      timelineMark('lock taken');
       const epoch = this.epoch;
       this.backends.dropGuardReads();
       const stamp = await this.store.stamp();

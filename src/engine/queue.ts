@@ -2,6 +2,7 @@ import type { ApplyReport, Engine, Transaction } from './engine.js';
 import type { DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import { NotInitializedError } from '../model/errors.js';
+import { timelineMark } from '../observe/timeline.js';
 
 /**
  * The daemon's one queue. Every change (a legacy command, an API change, a resync) runs as
@@ -164,6 +165,7 @@ export class ChangeBatcher {
   /** One transaction for `batch`; settles each request, or throws if the apply failed. */
   private async apply(batch: Pending[]): Promise<void> {
     let outcomes: Outcome[] = [];
+    timelineMark('dequeued');
     try {
       const { report } = await this.engine.transact(
         async (tx) => {

@@ -1,7 +1,8 @@
 /**
- * The critical path of one bulk `PUT /v1/state`, for the debug log: wall and CPU milliseconds
- * at each step (request received, body in, parsed, validated, planned, rendered, tool started,
- * tool ended, answered). Off unless the daemon logs at debug level; then one timeline at a time
+ * The critical path of one bulk `PUT /v1/state`, and of each single command, for the debug log:
+ * wall and CPU milliseconds at each step (request received, body in, parsed, validated, the
+ * lock, planned, rendered, tool started and ended, the journal line written and synced,
+ * answered). Off unless the daemon logs at debug level; then one timeline at a time
  * (the engine runs one transaction at a time), and a mark costs one hrtime and one cpuUsage.
  * A bulk PUT is judged by its CPU and the order of these steps: wall time alone swings with
  * whatever else shares the machine's cores.

@@ -9,6 +9,7 @@ import { SystemError } from '../model/errors.js';
 import { fileIdentitySync } from '../system/fileIdentity.js';
 import { lockFs } from './lockFs.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
+import { timelineMark } from '../observe/timeline.js';
 
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the
@@ -477,7 +478,9 @@ export class StateStore {
       at?.(fresh ? 0 : fstatSync(fd).size);
       const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
+      timelineMark('journal: line written');
       await sync(fd);
+      timelineMark('journal: line synced');
       const done = fd;
       fd = undefined;
       closeSync(done);

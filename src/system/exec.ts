@@ -1,7 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { closeSync } from 'node:fs';
-import { open, readFile } from 'node:fs/promises';
+import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -277,7 +276,9 @@ export class SystemExecutor implements Executor {
       runner = { session, marker };
       this.runners.set(key, runner);
     }
+    timelineMark(`runner: ${req.file}`);
     const reply = await runner.session.exchange(`${lines.length}\n${lines.join('\n')}\n`, `${runner.marker}\n`, limit);
+    timelineMark(`runner answered ${req.file}`);
     if (reply.failedToStart) return undefined;
     if (reply.timedOut) return { exitCode: 124, stdout: '', stderr: reply.stderr, timedOut: true, failedToStart: false };
     const at = reply.stderr.lastIndexOf(RC_LINE);
@@ -360,8 +361,11 @@ export class SystemExecutor implements Executor {
   }
 
   async readKernelFile(path: string, maxBytes?: number): Promise<string | undefined> {
+    // Synchronous: a /proc file is made in memory as it is read, and its read never waits on a
+    // disk; through the thread pool each of open, read and close cost a round trip of the event
+    // loop (~0.3 ms together on a busy node), on a delete's path.
     try {
-      return maxBytes === undefined ? await readFile(path, 'utf8') : await readCapped(path, maxBytes);
+      return maxBytes === undefined ? readFileSync(path, 'utf8') : readCapped(path, maxBytes);
     } catch {
       return undefined;
     }
@@ -668,20 +672,22 @@ class ProcessSession implements ToolSession {
   }
 }
 
-/** A file's text if it holds at most `maxBytes` (a /proc seq_file hands out a page or less per read). */
-async function readCapped(path: string, maxBytes: number): Promise<string | undefined> {
-  const fh = await open(path, 'r');
+/**
+ * A file's text as ONE read(2) gives it, if that holds at most `maxBytes`; undefined when it
+ * holds more. A regular file's read returns all of it up to the buffer (64 KiB or more); a
+ * /proc seq_file's returns records until the next would overflow its page-sized buffer, so text
+ * of at most a page less one record (the caller's `maxBytes`, see PROC_CONNTRACK_MAX) is the
+ * whole file, and a second read would only walk it again (for /proc/net/nf_conntrack, the whole
+ * hash: as long as the first).
+ */
+function readCapped(path: string, maxBytes: number): string | undefined {
+  const fd = openSync(path, 'r');
   try {
     const buf = Buffer.allocUnsafe(Math.max(maxBytes + 1, 65536));
-    let total = 0;
-    for (;;) {
-      const { bytesRead } = await fh.read(buf, total, buf.length - total, null);
-      if (bytesRead === 0) return buf.toString('utf8', 0, total);
-      total += bytesRead;
-      if (total > maxBytes) return undefined;
-    }
+    const n = readSync(fd, buf, 0, buf.length, null);
+    return n > maxBytes ? undefined : buf.toString('utf8', 0, n);
   } finally {
-    await fh.close();
+    closeSync(fd);
   }
 }
 

@@ -1,7 +1,8 @@
 /**
  * The bulk PUT's timeline (src/observe/timeline.ts): at debug level, one log line per
  * PUT /v1/state with its steps in the order the request went through them, wall and CPU
- * milliseconds never decreasing; at any other level no line and no marks.
+ * milliseconds never decreasing, and one per command (PUT or DELETE of a resource); at any
+ * other level no line and no marks.
  */
 import { Writable } from 'node:stream';
 import pino from 'pino';
@@ -61,6 +62,31 @@ describe('bulk PUT timeline', () => {
     expect(typeof line.startUs).toBe('number');
     // Other routes have none.
     await request(app).get('/v1/dnats').expect(200);
+    expect(lines().filter((l) => l.msg === 'bulk PUT timeline (ms since the request: wall, CPU)')).toHaveLength(1);
+  });
+
+  it('at debug level: one line per command (PUT or DELETE of a resource), none for a read', async () => {
+    const engine = await FakeEngine.create();
+    const { log, lines } = capture('debug');
+    const app = createApp({ agent: fakeAgent(engine), log, bodyLimit: '1mb' });
+    const base = (await request(app).get('/v1/state').expect(200)).body.desired;
+    await request(app)
+      .put('/v1/state')
+      .send({ ...base, eips: DOC.eips, initialized: true })
+      .expect(200);
+    const commands = () => lines().filter((l) => l.msg === 'command timeline (ms since the request: wall, CPU)');
+    await request(app).put('/v1/dnats/172.20.0.10,81,tcp').send({ internalIp: '10.0.1.6', internalPort: 80 }).expect(201);
+    await request(app).delete('/v1/dnats/172.20.0.10,81,tcp').expect(204);
+    await request(app).get('/v1/dnats').expect(200);
+    const found = await waitFor(async () => (commands().length === 2 ? commands() : undefined), { what: 'two command timelines', intervalMs: 5 });
+    expect(found.map((l) => `${l.method} ${l.path}`)).toEqual(['PUT /v1/dnats/172.20.0.10,81,tcp', 'DELETE /v1/dnats/172.20.0.10,81,tcp']);
+    for (const line of found) {
+      const names = (line.steps as Step[]).map((s) => s.step);
+      expect(names[0]).toBe('request');
+      expect(names.at(-1)).toBe('answered');
+      expect(names.indexOf('validated')).toBeLessThan(names.indexOf('answered'));
+    }
+    // The bulk PUT keeps its own line, not a command line.
     expect(lines().filter((l) => l.msg === 'bulk PUT timeline (ms since the request: wall, CPU)')).toHaveLength(1);
   });
 

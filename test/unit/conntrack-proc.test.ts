@@ -1,13 +1,23 @@
 /**
  * The kernel's own conntrack table as a witness (src/dataplane/conntrack.ts): its parser, the
  * capped read, and the decision — a filter that matches no entry runs no conntrack, any doubt
- * (no file, too large, a line not understood) runs it as ever.
+ * (no file, too large, a line not understood) runs it as ever; a namespace whose entry count
+ * (/proc/net/stat/nf_conntrack) is zero is not walked at all.
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { Conntrack, type ConntrackFilter, matches, PROC_CONNTRACK, PROC_CONNTRACK_MAX, parseProcConntrack } from '../../src/dataplane/conntrack.js';
+import {
+  Conntrack,
+  type ConntrackFilter,
+  matches,
+  PROC_CONNTRACK,
+  PROC_CONNTRACK_MAX,
+  PROC_CONNTRACK_STAT,
+  parseConntrackEntries,
+  parseProcConntrack,
+} from '../../src/dataplane/conntrack.js';
 import pino from 'pino';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine, type FlushCount } from '../../src/engine/engine.js';
@@ -30,6 +40,27 @@ const ICMP4 =
   'ipv4     2 icmp     1 29 src=172.20.0.100 dst=172.20.0.11 type=8 code=0 id=77 src=10.0.1.7 dst=172.20.0.100 type=0 code=0 id=77 mark=0 zone=0 use=2';
 
 const table = (...lines: string[]): string => lines.map((l) => `${l}\n`).join('');
+
+/** /proc/net/stat/nf_conntrack as 6.18 prints it, two CPUs, `entries` first on every line. */
+const stat = (entries: number): string =>
+  'entries  clashres found new invalid ignore delete chainlength insert insert_failed drop early_drop icmp_error  expect_new expect_create expect_delete search_restart\n' +
+  `${entries.toString(16).padStart(8, '0')}  00000000 00000000 00000000 00000000 00000000 00000003 00000000 00000000 00000000 00000000 00000000 00000000  00000000 00000000 00000000 00000000\n`.repeat(
+    2,
+  );
+
+describe('parseConntrackEntries', () => {
+  it("the namespace's entry count, in hex, from the first CPU's line", () => {
+    expect(parseConntrackEntries(stat(0))).toBe(0);
+    expect(parseConntrackEntries(stat(26))).toBe(26);
+  });
+
+  it('anything else proves nothing', () => {
+    expect(parseConntrackEntries('')).toBeUndefined();
+    expect(parseConntrackEntries(stat(0).split('\n')[0] as string)).toBeUndefined();
+    expect(parseConntrackEntries(stat(0).replace('entries', 'searched'))).toBeUndefined();
+    expect(parseConntrackEntries(stat(0).replace('00000000  ', 'zz  '))).toBeUndefined();
+  });
+});
 
 describe('parseProcConntrack', () => {
   it('IPv4 lines: the original direction behind the family prefix, replied or not', () => {
@@ -83,12 +114,17 @@ describe('SystemExecutor.readKernelFile with a cap', () => {
 
 describe('Conntrack: the kernel table decides which flushes run', () => {
   const deletedOne = { stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
-  /** A recorder whose kernel file is `text`, honouring the cap as the system executor does. */
-  function kernel(text: string | undefined) {
+  /**
+   * A recorder whose kernel table is `text` and whose statistics are `statText` (none by
+   * default: the table is read as on a kernel without them), honouring the cap as the system
+   * executor does.
+   */
+  function kernel(text: string | undefined, statText?: string) {
     const reads: { path: string; maxBytes: number | undefined }[] = [];
     const exec = Object.assign(new RecordingExecutor(() => deletedOne), {
       readKernelFile: async (p: string, maxBytes?: number) => {
         reads.push({ path: p, maxBytes });
+        if (p === PROC_CONNTRACK_STAT) return statText;
         return text !== undefined && p === PROC_CONNTRACK && (maxBytes === undefined || text.length <= maxBytes) ? text : undefined;
       },
     });
@@ -103,7 +139,28 @@ describe('Conntrack: the kernel table decides which flushes run', () => {
     const r = await new Conntrack(k.exec).flushOwed([dnat8081, { dst: '172.20.0.12' }]);
     expect(k.runs()).toEqual([]);
     expect(r).toEqual({ deleted: 0, skipped: [dnat8081, { dst: '172.20.0.12' }] });
-    expect(k.reads).toEqual([{ path: PROC_CONNTRACK, maxBytes: PROC_CONNTRACK_MAX }]);
+    expect(k.reads).toEqual([
+      { path: PROC_CONNTRACK_STAT, maxBytes: undefined },
+      { path: PROC_CONNTRACK, maxBytes: PROC_CONNTRACK_MAX },
+    ]);
+  });
+
+  it('an entry count of zero: every filter skipped, the table never read, no conntrack', async () => {
+    const k = kernel(table(TCP4), stat(0));
+    const r = await new Conntrack(k.exec).flushOwed([dnat8080, fip]);
+    expect(r).toEqual({ deleted: 0, skipped: [dnat8080, fip] });
+    expect(k.runs()).toEqual([]);
+    expect(k.reads.map((x) => x.path)).toEqual([PROC_CONNTRACK_STAT]);
+  });
+
+  it('any other count, or statistics not understood: the table decides as without them', async () => {
+    for (const statText of [stat(1), 'entries\n', 'no such thing']) {
+      const k = kernel(table(TCP4, ICMP4), statText);
+      const r = await new Conntrack(k.exec).flushOwed([dnat8080, dnat8081]);
+      expect(k.reads.map((x) => x.path)).toEqual([PROC_CONNTRACK_STAT, PROC_CONNTRACK]);
+      expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080']);
+      expect(r.skipped).toEqual([dnat8081]);
+    }
   });
 
   it('a matching entry: conntrack -D runs exactly as without the table, for that filter only', async () => {
