@@ -98,3 +98,36 @@ describe('nft partial plan', () => {
     expect(renderPartial(view(T, false), { ...T, extIf: 'net2' })).toBeNull();
   });
 });
+
+describe('nft partial plan: a SNAT command at a thousand SNAT rules', () => {
+  // A SNAT object's `randomFully` is read when its rule is rendered (and by nothing that only
+  // sorts CIDRs out): counting the reads tells which objects a command rendered.
+  const counted = (cidr: string, reads: { n: number }): Snat => {
+    const s = { eip: '172.20.0.10', cidr } as Snat;
+    Object.defineProperty(s, 'randomFully', {
+      enumerable: true,
+      get: () => {
+        reads.n++;
+        return false;
+      },
+    });
+    return s;
+  };
+
+  it('renders only the CIDRs it touches, and the same script as a plan over every rule', () => {
+    const reads = { n: 0 };
+    const many = Array.from({ length: 1000 }, (_, i) => counted(`10.${100 + (i >> 8)}.${i & 255}.0/24`, reads));
+    const before = { ...T, snats: many };
+    const shared = { eip: '172.20.0.11', cidr: many[500]?.cidr as string, randomFully: false };
+    const next = { ...before, snats: [...many.slice(0, 501), shared, ...many.slice(501), snat('192.168.0.0/16')] };
+    const p = renderPartial(view(before, false), next);
+    // The new /16 and the CIDR that gained a second EIP, nothing else.
+    expect(reads.n).toBeLessThanOrEqual(2);
+    expect(p?.script).toContain('add element ip natgw snat_len_24 { 10.101.244.0 : goto snat_10_101_244_0_24 }');
+    expect(p?.script).toContain('delete element ip natgw snat_to_len_24 { 10.101.244.0 }');
+    // The same objects in fresh arrays: no reference is shared, so every rule is compared.
+    const copy = (s: Snat): Snat => ({ eip: s.eip, cidr: s.cidr, randomFully: s.randomFully });
+    const full = renderPartial(view({ ...before, snats: many.map(copy) }, false), { ...next, snats: next.snats.map(copy) });
+    expect(full?.script).toBe(p?.script);
+  });
+});

@@ -33,7 +33,7 @@ import {
 } from './render.js';
 import { memoOf } from '../../../model/memo.js';
 import { NftTransaction, type NftElement, type NftRule } from './transaction.js';
-import { planSnatChange, type SnatItem } from './snatLayout.js';
+import { planSnatChange, snatCidr, type SnatItem } from './snatLayout.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
 export interface NftView {
@@ -124,6 +124,30 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): RenderedSnat[] {
   return out;
 }
 
+/** A command-sized SNAT change by reference; null for anything larger, or a reorder. */
+function changedSnats(before: readonly Snat[], after: readonly Snat[]): { added: Snat[]; removed: Snat[] } | null {
+  const d = refDiff(before, after, SNAT_CHANGE_LIMIT);
+  return d && { added: d.added.map(([, x]) => x), removed: d.removed.map((i) => before[i] as Snat) };
+}
+
+/** Past this many SNAT objects added or removed, the change is planned over every SNAT rule. */
+const SNAT_CHANGE_LIMIT = 64;
+
+/** The CIDRs (by chain name, the canonical identity) of one family that a SNAT change touches. */
+function touchedCidrs(change: { readonly added: readonly Snat[]; readonly removed: readonly Snat[] }, fam: NftFamily): Set<string> {
+  const out = new Set<string>();
+  for (const s of change.removed) if (famOf(s.eip) === fam) out.add(snatCidr(s.cidr).chain);
+  for (const s of change.added) if (famOf(s.eip) === fam) out.add(snatCidr(s.cidr).chain);
+  return out;
+}
+
+/** The prefix lengths one family's SNAT rules use, longest first (no object per rule). */
+function lensIn(snats: readonly Snat[], fam: NftFamily): number[] {
+  const lens = new Set<number>();
+  for (const s of snats) if (famOf(s.eip) === fam) lens.add(snatCidr(s.cidr).len);
+  return [...lens].sort((a, b) => b - a);
+}
+
 /** The partial script taking the kernel from `view` to `next`; null when only a full sync can. */
 export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
   const p = planPartial(view, next);
@@ -150,15 +174,15 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   // Whether the ip6 table is still needed, from the change alone: scanning ten thousand objects
   // for an IPv6 address would cost more than the command's transaction.
   const snatsChanged = prev.snats !== next.snats;
+  // A command's SNAT change, by reference (null: a bulk change or a reorder, walked in full below).
+  const sn = snatsChanged ? changedSnats(prev.snats, next.snats) : { added: [], removed: [] };
   const isV6 = (ip: string) => famOf(ip) === 'ip6';
   const hadV6 = view.families.has('ip6');
+  const snatV6 = (change: readonly Snat[] | undefined, all: readonly Snat[]) => (change ?? all).some((x) => isV6(x.eip));
   const addedV6 =
-    dn.added.some((d) => isV6(d.eip)) || fp.added.some((f) => isV6(f.eip)) || ep.added.some(isV6) || (snatsChanged && next.snats.some((x) => isV6(x.eip)));
+    dn.added.some((d) => isV6(d.eip)) || fp.added.some((f) => isV6(f.eip)) || ep.added.some(isV6) || (snatsChanged && snatV6(sn?.added, next.snats));
   const removedV6 =
-    dn.removed.some((d) => isV6(d.eip)) ||
-    fp.removed.some((f) => isV6(f.eip)) ||
-    ep.removed.some(isV6) ||
-    (snatsChanged && prev.snats.some((x) => isV6(x.eip)));
+    dn.removed.some((d) => isV6(d.eip)) || fp.removed.some((f) => isV6(f.eip)) || ep.removed.some(isV6) || (snatsChanged && snatV6(sn?.removed, prev.snats));
   const needsV6 = hadV6 ? (removedV6 ? needsFamily(next, 'ip6') : true) : addedV6;
   if (needsV6 !== hadV6 || !view.families.has('ip')) return null;
   // A FIP whose internal IP changes hands may change which EIP SNATs it.
@@ -207,9 +231,15 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
     if (snatsChanged) {
       // Per CIDR, element-level (snatLayout.ts): no rule of another CIDR is rewritten.
       const item = (r: RenderedSnat): SnatItem => ({ rule: r.rule as SnatItem['rule'], text: r.text, nft: () => nftOf(r, fam) });
-      const before = snatRules(prev.snats, fam).map(item);
-      const after = snatRules(next.snats, fam).map(item);
-      out.changes += planSnatChange(out.adds, natgwTable(fam), fam, before, after);
+      const touched = sn && touchedCidrs(sn, fam);
+      if (touched?.size === 0) continue;
+      // A command's change renders and compares only the CIDRs it touched: the others hold the
+      // same objects in the same order (by reference), so their chains and elements stay.
+      const subset = (snats: readonly Snat[]) => (touched ? snats.filter((s) => famOf(s.eip) === fam && touched.has(snatCidr(s.cidr).chain)) : snats);
+      const before = snatRules(subset(prev.snats), fam).map(item);
+      const after = snatRules(subset(next.snats), fam).map(item);
+      const lens = touched ? () => [lensIn(prev.snats, fam), lensIn(next.snats, fam)] as const : undefined;
+      out.changes += planSnatChange(out.adds, natgwTable(fam), fam, before, after, lens);
     }
   }
   return { tx: NftTransaction.concat(out.deletes, out.adds), changes: out.changes };

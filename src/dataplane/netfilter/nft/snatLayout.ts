@@ -305,12 +305,22 @@ class ElementChanges {
 
 /**
  * Append to `tx` the operations that take one family's SNAT objects from `before` to `after`
- * (both deduplicated, in canonical order); returns the number of objects changed.
+ * (both deduplicated, in canonical order); returns the number of objects changed. `before` and
+ * `after` may hold only the rules of the CIDRs a change touched (every CIDR left out holding the
+ * same rules in both): `lensOfAll` then gives the prefix lengths in use before and after over
+ * all of the family's rules, which a CIDR appearing or going needs (asked only then).
  *
  * Order in the transaction: new maps, then chains and their rules, then elements (deletes before
  * adds), then shared_snat, then what nothing names any more (a length's maps, a CIDR's chain).
  */
-export function planSnatChange(tx: NftTransaction, t: NftTableRef, fam: NftFamily, before: readonly SnatItem[], after: readonly SnatItem[]): number {
+export function planSnatChange(
+  tx: NftTransaction,
+  t: NftTableRef,
+  fam: NftFamily,
+  before: readonly SnatItem[],
+  after: readonly SnatItem[],
+  lensOfAll?: () => readonly [readonly number[], readonly number[]],
+): number {
   // Only the CIDRs a rule was added to or removed from are grouped: a command at a thousand SNAT
   // rules must not regroup them all (the walk below compares texts, nothing more).
   const textsBefore = new Set(before.map((x) => x.text));
@@ -328,9 +338,9 @@ export function planSnatChange(tx: NftTransaction, t: NftTableRef, fam: NftFamil
   const g1 = groupSnats(after.filter(inTouched), (i) => i.rule.cidr);
   // A prefix length appears or goes only with a CIDR: the full walk for lengths is needed then only.
   const cidrsChange = [...touched].some((c) => g0.has(c) !== g1.has(c));
-  const lensOfAll = (items: readonly SnatItem[]): number[] => (cidrsChange ? lensOf(items.map((x) => snatCidr(x.rule.cidr))) : []);
-  const lens0 = lensOfAll(before);
-  const lens1 = lensOfAll(after);
+  const [lens0, lens1] = !cidrsChange
+    ? [[], []]
+    : (lensOfAll?.() ?? [lensOf(before.map((x) => snatCidr(x.rule.cidr))), lensOf(after.map((x) => snatCidr(x.rule.cidr)))]);
   const newLens = lens1.filter((l) => !lens0.includes(l));
   const goneLens = new Set(lens0.filter((l) => !lens1.includes(l)));
   let changes = 0;
