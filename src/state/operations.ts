@@ -16,6 +16,7 @@ import {
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
+import { recordRefDiff } from './refDiff.js';
 
 /**
  * Pure operations over the desired state, carrying the script's semantics: strict adds by
@@ -106,16 +107,44 @@ function without<T extends object>(list: T[], keys: Iterable<string>, key: (t: T
     indexes.delete(list);
     return list.filter((x) => !keys2.has(key(x)));
   }
-  const out = list.filter((x) => !gone.has(x));
+  const out = dropped(list, gone);
   indexes.delete(list);
   for (const x of gone) idx.delete(key(x));
   indexes.set(out, idx);
   return out;
 }
 
+/**
+ * `list` without the objects of `gone` (each in it once), and what was removed recorded for
+ * the diffs by reference (refDiff.ts): a command's few objects are found by the native
+ * `indexOf` and cut out by slices, not by a filter calling back for each of ten thousand.
+ */
+function dropped<T extends object>(list: readonly T[], gone: ReadonlySet<T>): T[] {
+  let removed = gone.size <= 8 ? [...gone].map((x) => list.indexOf(x)).sort((a, b) => a - b) : undefined;
+  let out: T[];
+  if (removed && !removed.includes(-1)) {
+    const pieces: T[][] = [];
+    let from = 0;
+    for (const i of removed) {
+      pieces.push(list.slice(from, i));
+      from = i + 1;
+    }
+    out = ([] as T[]).concat(...pieces, list.slice(from));
+  } else {
+    const kept: T[] = [];
+    const cut: number[] = [];
+    list.forEach((x, i) => (gone.has(x) ? cut.push(i) : kept.push(x)));
+    removed = cut;
+    out = kept;
+  }
+  recordRefDiff(list, out, { removed, added: [] });
+  return out;
+}
+
 /** `list` with `added` appended; its index moves to the new array (the old one rebuilds its own if ever asked). */
 function appended<T extends object>(list: readonly T[], added: readonly T[], idx: Map<string, T>, key: (t: T) => string): T[] {
   const out = list.concat(added);
+  recordRefDiff(list, out, { removed: [], added: added.map((x, k) => [list.length + k, x] as const) });
   indexes.delete(list);
   for (const x of added) idx.set(key(x), x);
   indexes.set(out, idx);
@@ -266,6 +295,11 @@ export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
     snats.splice(at === -1 ? snats.length : at, 0, n);
   }
   if (!snats) return unchanged(s);
+  const placed = snats;
+  if (added.size <= 8) {
+    const at = [...added.values()].map((n) => [placed.indexOf(n), n] as const).sort((a, b) => a[0] - b[0]);
+    recordRefDiff(s.snats, placed, { removed: [], added: at });
+  }
   indexes.delete(s.snats);
   for (const [k, n] of added) idx.set(k, n);
   indexes.set(snats, idx);

@@ -17,12 +17,37 @@ export interface RefDiff<T> {
 
 export function refDiff<T>(before: readonly T[], after: readonly T[], limit = Number.POSITIVE_INFINITY): RefDiff<T> | null {
   if (before === after) return { removed: [], added: [] };
+  const k = known.get(after);
+  if (k && k.before === before && k.beforeLength === before.length && k.afterLength === after.length) {
+    return k.diff.removed.length + k.diff.added.length <= limit ? (k.diff as RefDiff<T>) : null;
+  }
   const grown = Math.abs(after.length - before.length);
   // Every description removes or adds at least the difference in length.
   if (grown > limit) return null;
   const walked = walk(before, after, 8 + 2 * grown);
-  if (walked) return walked.removed.length + walked.added.length <= limit ? walked : null;
-  return matched(before, after, limit);
+  const d = walked ? (walked.removed.length + walked.added.length <= limit ? walked : null) : matched(before, after, limit);
+  if (d) remember(before, after, d);
+  return d;
+}
+
+/**
+ * The diffs already known, by the array they lead to: one command's change is asked for by the
+ * journal, the partial plan, the witnesses and the incremental sorts, each a walk of ten
+ * thousand objects, and the operations that build a new array know it without a walk
+ * (recordRefDiff). Arrays of a state are values, never changed once made; the lengths are
+ * checked all the same. Only command-sized diffs are kept: a bulk change's would hold its
+ * whole description as long as the state lives.
+ */
+const known = new WeakMap<readonly unknown[], { before: readonly unknown[]; beforeLength: number; afterLength: number; diff: RefDiff<unknown> }>();
+const KNOWN_MAX = 64;
+
+function remember<T>(before: readonly T[], after: readonly T[], diff: RefDiff<T>): void {
+  if (diff.removed.length + diff.added.length <= KNOWN_MAX) known.set(after, { before, beforeLength: before.length, afterLength: after.length, diff });
+}
+
+/** `after` was made from `before` by exactly `diff` (removing, then inserting, as refDiff describes). */
+export function recordRefDiff<T>(before: readonly T[], after: readonly T[], diff: RefDiff<T>): void {
+  remember(before, after, diff);
 }
 
 /** The side-by-side walk; null as soon as it describes the change with more than `max` entries. */

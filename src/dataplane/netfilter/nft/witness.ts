@@ -43,7 +43,8 @@
  * Port ranges (rules, not map elements), share DNAT and the iptables backend keep the flush.
  */
 import { canonicalIp, familyOfValid } from '../../../model/net.js';
-import type { Dnat, Fip } from '../../../model/rules.js';
+import { dnatKey, fipKey, type Dnat, type Fip } from '../../../model/rules.js';
+import { findByKey } from '../../../state/operations.js';
 import { refDiff } from '../../../state/refDiff.js';
 import type { NatTables, WitnessItem } from '../backend.js';
 import { NftTransaction } from './transaction.js';
@@ -88,18 +89,28 @@ export interface FlushFilter {
  */
 export function witnessFor(f: FlushFilter, before: WitnessObjects, after: WitnessObjects): WitnessItem | undefined {
   const dst = canonicalIp(f.dst);
+  // Presence in a list is asked of its identity index (operations keep it with the list), and
+  // what left it of the diff a delete recorded: no walk of ten thousand objects per delete.
   if (f.protocol !== undefined && f.port !== undefined && f.portEnd === undefined) {
     const same = (d: Dnat) => d.eip === dst && d.port === f.port && d.protocol === f.protocol && d.portEnd === undefined;
-    const d = before.dnats.find(same);
-    if (!d || after.dnats.some(same)) return undefined;
-    if (before.fips.some((x) => x.eip === dst)) return undefined;
+    const d = removedFrom(before.dnats, after.dnats).find(same);
+    if (!d || findByKey(after.dnats, dnatKey, dnatKey(d)) !== undefined) return undefined;
+    if (findByKey(before.fips, fipKey, dst) !== undefined) return undefined;
     if (before.shareDnats.some((x) => x.eip === dst && x.port === f.port && x.protocol === f.protocol)) return undefined;
     return { family: famOf(d.eip), kind: 'dnat', key: `${d.eip} . ${d.protocol} . ${d.port}` };
   }
   if (f.protocol !== undefined || f.port !== undefined) return undefined;
-  if (!before.fips.some((x) => x.eip === dst) || after.fips.some((x) => x.eip === dst)) return undefined;
+  if (!removedFrom(before.fips, after.fips).some((x) => x.eip === dst) || findByKey(after.fips, fipKey, dst) !== undefined) return undefined;
   if (before.dnats.some((x) => x.eip === dst) || before.shareDnats.some((x) => x.eip === dst)) return undefined;
   return { family: famOf(dst), kind: 'fip', key: dst };
+}
+
+/** The objects of `before` not in `after`, by reference (a command's delete recorded the diff: refDiff.ts). */
+function removedFrom<T>(before: readonly T[], after: readonly T[]): T[] {
+  const d = refDiff(before, after);
+  if (d) return d.removed.map((i) => before[i] as T);
+  const kept = new Set(after);
+  return before.filter((x) => !kept.has(x));
 }
 
 /** A hit set to list: the sets of the families and kinds among `items`. */
