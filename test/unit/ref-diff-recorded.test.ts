@@ -13,6 +13,7 @@ import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 const dnat = (k: number): Dnat => ({ eip: '172.20.0.10', port: 1000 + k, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 80 });
 const fip = (k: number): Fip => ({ eip: `172.20.1.${k}`, internalIp: `10.0.2.${k}` });
+const fipEip = (k: number): string => fip(k).eip;
 const snat = (k: number): Snat => ({ eip: '172.20.0.10', cidr: `10.${k}.0.0/${16 + (k % 9)}`, randomFully: false });
 
 type Step = readonly ['add' | 'del', 'dnat' | 'fip' | 'snat', readonly number[]];
@@ -24,7 +25,7 @@ const step: fc.Arbitrary<Step> = fc.tuple(
 
 function apply(s: DesiredState, [verb, kind, ks]: Step): DesiredState {
   if (kind === 'dnat') return (verb === 'add' ? Ops.addDnats(s, ks.map(dnat)) : Ops.delDnats(s, ks.map(dnat))).state;
-  if (kind === 'fip') return (verb === 'add' ? Ops.addFips(s, ks.map(fip)) : Ops.delFips(s, ks.map((k) => fip(k).eip))).state;
+  if (kind === 'fip') return (verb === 'add' ? Ops.addFips(s, ks.map(fip)) : Ops.delFips(s, ks.map(fipEip))).state;
   return (verb === 'add' ? Ops.addSnats(s, ks.map(snat)) : Ops.delSnats(s, ks.map(snat))).state;
 }
 
