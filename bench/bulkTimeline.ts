@@ -8,35 +8,11 @@
  * `--cpu-prof <dir>` also writes the daemon's V8 CPU profile there (at its exit); `--node-flags
  * '<flags>'` starts the daemon's Node.js with more flags (e.g. --trace-gc), whose output is printed.
  */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { rmSync } from 'node:fs';
 import { Gateway } from './gateway.js';
+import { cpuMs, type TimelineStep, wrappingNode } from './daemonProbe.js';
 import { median } from './stats.js';
 import { stateDoc } from './workload.js';
-
-interface Step {
-  readonly step: string;
-  readonly wallMs: number;
-  readonly cpuMs: number;
-}
-
-/**
- * A directory whose `node` runs this Node.js with `flags` (--cpu-prof is not allowed in
- * NODE_OPTIONS): first on the daemon's PATH, so the shim's `exec node` of serve takes them.
- */
-function wrappingNode(flags: string): string {
-  const bin = mkdtempSync(join(tmpdir(), 'natgw-prof-node-'));
-  writeFileSync(join(bin, 'node'), `#!/bin/sh\nexec ${process.execPath} ${flags} "$@"\n`, { mode: 0o755 });
-  return bin;
-}
-
-/** utime + stime of a process, in ms. */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
-}
 
 async function main(): Promise<void> {
   const argv = process.argv.slice(2);
@@ -68,11 +44,11 @@ async function main(): Promise<void> {
       const mem = gw.daemon?.memory();
       await new Promise((res) => setTimeout(res, 100));
       if (nodeFlags) for (const line of (gw.daemon?.logTail() ?? '').split('\n')) if (!line.startsWith('{')) console.log(`  | ${line}`);
-      let steps: Step[] = [];
+      let steps: TimelineStep[] = [];
       let startUs: number | undefined;
       for (const line of (gw.daemon?.logTail() ?? '').split('\n')) {
         try {
-          const j = JSON.parse(line) as { steps?: Step[]; startUs?: number; msg?: string };
+          const j = JSON.parse(line) as { steps?: TimelineStep[]; startUs?: number; msg?: string };
           if (j.steps && j.msg?.startsWith('bulk PUT timeline')) {
             steps = j.steps;
             startUs = j.startUs;

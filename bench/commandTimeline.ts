@@ -7,34 +7,13 @@
  * the lock, the plan, the tool, the journal's write and sync, the conntrack check), as the time
  * from the step before. Where a command's milliseconds go, beside the floor's.
  */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { rmSync } from 'node:fs';
 import { COMMANDS, request } from './commands.js';
 import { api } from './daemon.js';
 import { iptablesTools, Gateway } from './gateway.js';
+import { cpuMs, type TimelineStep, wrappingNode } from './daemonProbe.js';
 import { median } from './stats.js';
 import { stateDoc } from './workload.js';
-
-interface Step {
-  readonly step: string;
-  readonly wallMs: number;
-  readonly cpuMs: number;
-}
-
-/** A directory whose `node` runs this Node.js with `flags` first on the daemon's PATH (as bench/bulkTimeline.ts). */
-function wrappingNode(flags: string): string {
-  const bin = mkdtempSync(join(tmpdir(), 'natgw-prof-node-'));
-  writeFileSync(join(bin, 'node'), `#!/bin/sh\nexec ${process.execPath} ${flags} "$@"\n`, { mode: 0o755 });
-  return bin;
-}
-
-/** utime + stime of a process, in ms (the clock tick is 10 ms: meaningful over a series). */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
-}
 
 async function main(): Promise<void> {
   const argv = process.argv.slice(2);
@@ -62,7 +41,7 @@ async function main(): Promise<void> {
       ...(wrapper ? { PATH: `${wrapper}:${process.env.PATH ?? ''}` } : {}),
     });
     await gw.startDaemon();
-    const timelines: Array<{ steps: Step[]; method: string; path: string }> = [];
+    const timelines: Array<{ steps: TimelineStep[]; method: string; path: string }> = [];
     let buffered = '';
     gw.daemon?.child.stdout?.on('data', (d: string) => {
       buffered += d;
