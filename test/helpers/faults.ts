@@ -44,7 +44,9 @@ export function makeWrappers(): Faults {
     const real = execFileSync('bash', ['-c', 'command -v "$1"', '_', tool], { encoding: 'utf8' }).trim();
     // A restore tool does nothing before its input is in, and natgw's daemon starts one ahead of
     // the command (ExecRequest.prestartable): its wrapper reads the plan once the input is in.
-    const spool = tool.endsWith('-restore') ? 'spool=$(mktemp); cat > "$spool"; exec < "$spool"; rm -f "$spool"\n' : '';
+    // Spooled inputs live in the wrappers' own directory, removed with it (a fired or passed-on
+    // call execs its tool with the file still open, so the script itself cannot remove it).
+    const spool = tool.endsWith('-restore') ? `spool=$(mktemp -p ${q(dir)}); cat > "$spool"; exec < "$spool"; rm -f "$spool"\n` : '';
     const script = `#!/bin/bash
 ${spool}plan=${q(join(dir, `${tool}.plan`))}
 count=${q(join(dir, `${tool}.count`))}
@@ -53,7 +55,7 @@ if [ -f "$plan" ]; then
   if [[ "$*" == *"$args"* ]]; then
     input=""
     if [ -n "$re" ]; then
-      input=$(mktemp); cat > "$input"
+      input=$(mktemp -p ${q(dir)}); cat > "$input"
       if ! grep -qE -- "$re" "$input"; then exec < "$input"; rm -f "$input"; exec ${q(real)} "$@"; fi
     fi
     exec 9>>"$count.lock"; flock 9
@@ -61,7 +63,7 @@ if [ -f "$plan" ]; then
     exec 9>&-
     if [ "$c" -ge "$n" ]; then
       echo "${tool} $*" >> ${q(join(dir, 'fired'))}
-      [ -n "$input" ] && exec < "$input"
+      [ -n "$input" ] && exec < "$input" && rm -f "$input"
       case "$mode" in
         hang) echo $$ >> ${q(join(dir, 'hung.pids'))}; exec sleep 600 ;;
         half) head -n "\${lines:-1}" | ${q(real)} "$@"; echo "injected fault: ${tool} stopped half-way" >&2; exit 1 ;;
@@ -69,7 +71,7 @@ if [ -f "$plan" ]; then
         *) echo "injected fault: ${tool} failed" >&2; exit 1 ;;
       esac
     fi
-    [ -n "$input" ] && exec < "$input"
+    [ -n "$input" ] && exec < "$input" && rm -f "$input"
   fi
 fi
 exec ${q(real)} "$@"
