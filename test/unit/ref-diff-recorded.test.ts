@@ -4,6 +4,8 @@
  * objects. Each must rebuild the new array from the old exactly, and describe no more than a
  * walk from scratch would.
  */
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import type { Dnat, Fip, Snat } from '../../src/model/rules.js';
@@ -71,5 +73,28 @@ describe('diffs recorded by the operations', () => {
     // Another array as `before` (a copy holding one more object): walked, not the recorded answer.
     const other = [...s0.dnats, dnat(9)];
     expect(refDiff(other, s1.dnats)).toEqual({ removed: [1, 3], added: [] });
+  });
+});
+
+describe('diffs recorded by the operations, in memory', () => {
+  it('do not keep the arrays they start from alive (each state would hold every state before it)', async () => {
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    let s = Ops.addDnats(
+      emptyState('eth0', 'net1'),
+      Array.from({ length: 2000 }, (_, k) => dnat(k)),
+    ).state;
+    const first = new WeakRef(s.dnats);
+    for (let k = 0; k < 20; k++) {
+      const next = Ops.delDnats(Ops.addDnats(s, [dnat(5000 + k)]).state, [dnat(k)]).state;
+      // The walk's own answer is kept too.
+      refDiff(s.dnats, next.dnats);
+      s = next;
+    }
+    // A WeakRef's target stays alive until the job that made or read it ends.
+    await new Promise((r) => setImmediate(r));
+    gc();
+    expect(first.deref()).toBeUndefined();
+    expect(s.dnats.length).toBe(2000);
   });
 });
