@@ -7,6 +7,8 @@ export interface Options {
   readonly samples: number;
   /** Size of the bulk / restore comparison; 0 skips it. */
   readonly bulkSize: number;
+  /** Runs of the whole bulk sequence, each in fresh namespaces; figures are their medians. */
+  readonly bulkRuns: number;
   readonly compare?: string;
   readonly compareSizes: readonly number[];
   readonly resync: string;
@@ -25,6 +27,8 @@ const HELP = `npm run bench -- [flags]            (root; everything runs in thro
                                 runs before its first figures; reported apart, 0 skips
   --bulk-size N                 bulk PUT /v1/state and restore-at-start size; 0 skips  [BENCH_BULK_SIZE]
                                 (default 10000, or the largest --sizes below that)
+  --bulk-runs 5                 runs of the bulk sequence, fresh namespaces each:      [BENCH_BULK_RUNS]
+                                medians and min–max of these; ratios per run, then median
   --compare '<prefix>'          also run the legacy sequence through '<prefix> <command> <rule>'
                                 (e.g. 'bash /tmp/orig/nat-gateway.sh') and natgw's shim  [BENCH_COMPARE]
   --compare-sizes 100,1000      N of the compared sequence                            [BENCH_COMPARE_SIZES]
@@ -56,7 +60,7 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
     else if (a === '--fip-eips' || a === '--no-connrate') flags.set(a.slice(2), '1');
     else flags.set(a.slice(2), argv[++i] ?? '');
   }
-  const known = ['sizes', 'backends', 'samples', 'warmup', 'bulk-size', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
+  const known = ['sizes', 'backends', 'samples', 'warmup', 'bulk-size', 'bulk-runs', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
   for (const k of flags.keys()) if (!known.includes(k)) throw new Error(`unknown flag --${k}\n${HELP}`);
   const get = (flag: string, envKey: string): string | undefined => flags.get(flag) ?? env[envKey];
 
@@ -72,12 +76,16 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
   const bulkRaw = get('bulk-size', 'BENCH_BULK_SIZE');
   const bulkSize = bulkRaw === undefined ? Math.min(10_000, Math.max(0, ...sizes)) : Number(bulkRaw);
   if (!Number.isInteger(bulkSize) || bulkSize < 0) throw new Error(`--bulk-size: not a size: ${bulkRaw}`);
+  const bulkRunsRaw = get('bulk-runs', 'BENCH_BULK_RUNS') ?? '5';
+  const bulkRuns = Number(bulkRunsRaw);
+  if (!Number.isInteger(bulkRuns) || bulkRuns < 1) throw new Error(`--bulk-runs: not a number of runs (1 or more): ${bulkRunsRaw}`);
   const compare = get('compare', 'BENCH_COMPARE')?.trim() || undefined;
   return {
     sizes,
     backends: backends as BackendName[],
     samples,
     bulkSize,
+    bulkRuns,
     compare,
     compareSizes: list(get('compare-sizes', 'BENCH_COMPARE_SIZES') ?? '100,1000'),
     resync: get('resync', 'BENCH_RESYNC') ?? '1h',

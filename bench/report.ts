@@ -1,9 +1,10 @@
 /** The tables on stdout. Every figure is milliseconds unless its row says otherwise. */
+import type { BulkRun } from './bulk.js';
 import { COMMANDS, type Command, type CommandFigures } from './commands.js';
 import { SEQUENCE, type CompareRun } from './compare.js';
 import type { Memory } from './daemon.js';
 import type { BackendFigures, Results, SizeFigures } from './results.js';
-import { ratio, type Summary } from './stats.js';
+import { ratio, spread, type Spread, type Summary } from './stats.js';
 
 type Row = readonly string[];
 
@@ -19,7 +20,8 @@ function table(title: string, head: Row, rows: readonly Row[]): string {
 }
 
 const num = (x: number | undefined, digits = 1): string => (x === undefined || !Number.isFinite(x) ? '–' : x.toFixed(digits));
-const times = (r: number): string => (Number.isFinite(r) ? `×${r < 10 ? r.toFixed(1) : r.toFixed(0)}` : '');
+const factor = (r: number): string => (r < 10 ? r.toFixed(1) : r.toFixed(0));
+const times = (r: number): string => (Number.isFinite(r) ? `×${factor(r)}` : '');
 
 /** `median/p99 ×ratio` with failures flagged. */
 function cell(s: Summary | undefined, floor?: number): string {
@@ -130,29 +132,38 @@ export function backendSection(b: BackendFigures): string {
   return out.join('\n');
 }
 
+const range = (s: Spread | undefined, digits: number): string => (s ? `${num(s.min, digits)}–${num(s.max, digits)}` : '–');
+
+/** The median of the runs' own ratios, each against the same run's raw apply (the load moves between runs). */
+function ratioCell(runs: readonly BulkRun[], ms: (r: BulkRun) => number | undefined, raw: (r: BulkRun) => number | undefined): string {
+  const s = spread(runs.map((r) => ratio(ms(r) ?? Number.NaN, raw(r) ?? Number.NaN)));
+  return s ? `${times(s.median)} (${factor(s.min)}–${factor(s.max)})` : '';
+}
+
 function bulkReport(b: BackendFigures): string {
   const k = b.bulk!;
-  const raw = k.rawNetfilterMs;
-  const rawAll = raw === undefined ? undefined : raw + (k.rawLinkMs ?? 0);
+  const rawNf = (r: BulkRun) => r.rawNetfilterMs;
+  const rawAll = (r: BulkRun) => (r.rawNetfilterMs === undefined ? undefined : r.rawNetfilterMs + (r.rawLinkMs ?? 0));
   const tool = b.backend === 'nftables' ? 'nft -f -' : 'iptables-restore --noflush';
-  const row = (label: string, ms: number | undefined, vs = true): Row => [
-    label,
-    num(ms, 0),
-    vs ? times(ratio(ms ?? Number.NaN, raw ?? Number.NaN)) : '',
-    vs ? times(ratio(ms ?? Number.NaN, rawAll ?? Number.NaN)) : '',
-  ];
-  const title = `\nBulk at size ${k.size} (state document ${(k.documentBytes / 1048576).toFixed(1)} MiB; rendered script: ${k.scriptLines.netfilter} netfilter + ${k.scriptLines.link} address/route lines)`;
+  const row = (label: string, ms: (r: BulkRun) => number | undefined, vs = true): Row => {
+    const s = spread(k.runs.map(ms));
+    return [label, num(s?.median, 0), range(s, 0), vs ? ratioCell(k.runs, ms, rawNf) : '', vs ? ratioCell(k.runs, ms, rawAll) : ''];
+  };
+  const n = k.runs.length;
+  const runs = n < k.runsAsked ? `${n} of ${k.runsAsked} runs (the others failed: ERRORS below)` : `${n} runs`;
+  const title = `\nBulk at size ${k.size} (state document ${(k.documentBytes / 1048576).toFixed(1)} MiB; rendered script: ${k.scriptLines.netfilter} netfilter + ${k.scriptLines.link} address/route lines), ${runs}: ms median and min–max; ×: median (min–max) of each run's ratio to its own raw apply`;
   const rows: Row[] = [
-    row(`raw: ONE ${tool}, fresh namespace`, raw, false),
-    row('raw: ONE ip -batch (addresses, routes), fresh namespace', k.rawLinkMs, false),
-    row('PUT /v1/state?dryRun=true (plan + render)', k.dryRunMs),
-    row('PUT /v1/state into an empty gateway', k.putStateMs),
-    row('restore at start: spawn → /readyz, fresh namespace, state dir kept', k.restoreCold?.readyzMs),
-    row('  (of which spawn → /healthz)', k.restoreCold?.healthzMs),
-    row('restart: spawn → /readyz, kernel intact', k.restartWarm?.readyzMs),
+    row(`raw: ONE ${tool}, fresh namespace`, rawNf, false),
+    row('raw: ONE ip -batch (addresses, routes), fresh namespace', (r) => r.rawLinkMs, false),
+    row('PUT /v1/state?dryRun=true (plan + render)', (r) => r.dryRunMs),
+    row('PUT /v1/state into an empty gateway', (r) => r.putStateMs),
+    row('restore at start: spawn → /readyz, fresh namespace, state dir kept', (r) => r.restoreCold.readyzMs),
+    row('  (of which spawn → /healthz)', (r) => r.restoreCold.healthzMs),
+    row('restart: spawn → /readyz, kernel intact', (r) => r.restartWarm.readyzMs),
   ];
-  const mem = `daemon RSS now/peak MiB: after PUT ${mib(k.rssAfterPut)}, after cold restore ${mib(k.restoreCold?.rss)}, after warm restart ${mib(k.restartWarm?.rss)}`;
-  return `${table(title, ['', 'ms', '×raw netfilter', '×raw netfilter+ip'], rows)}\n${mem}${k.rawError ? `\nraw apply failed: ${k.rawError}` : ''}`;
+  const mem = `daemon RSS now/peak MiB, medians: after PUT ${mib(k.rssAfterPut)}, after cold restore ${mib(k.restoreCold?.rss)}, after warm restart ${mib(k.restartWarm?.rss)}`;
+  const head = ['', 'ms median', 'min–max', '×raw netfilter', '×raw netfilter+ip'];
+  return `${table(title, head, rows)}\n${mem}${k.rawError ? `\nraw apply failed: ${k.rawError}` : ''}`;
 }
 
 function compareReport(prefix: string, run: CompareRun): string {

@@ -111,7 +111,9 @@ async function benchBackend(backend: BackendName, o: Options): Promise<BackendFi
   }
   if (o.bulkSize > 0) {
     try {
-      b.bulk = await bulkFigures({ backend, resync: o.resync }, o.bulkSize, o.fipEips);
+      b.bulk = await bulkFigures({ backend, resync: o.resync }, o.bulkSize, o.fipEips, o.bulkRuns, (what, e) =>
+        b.errors.push(`bulk/restore ${what}: ${message(e)}`),
+      );
     } catch (e) {
       b.errors.push(`bulk/restore: ${message(e)}`);
     }

@@ -45,6 +45,21 @@ export async function timed<T>(fn: () => Promise<T>): Promise<[T, number]> {
 /** The median of a short series (the upper one of an even count). */
 export const median = (xs: readonly number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
+/** Median and range of a few runs' figure (bench/bulk.ts): on a shared machine one run alone is noise. */
+export interface Spread {
+  readonly n: number;
+  readonly median: number;
+  readonly min: number;
+  readonly max: number;
+}
+
+/** Runs that lack the figure (undefined, NaN: a failed step) are left out; undefined when none has it. */
+export function spread(xs: ReadonlyArray<number | undefined>): Spread | undefined {
+  const s = xs.filter((x): x is number => x !== undefined && Number.isFinite(x));
+  if (s.length === 0) return undefined;
+  return { n: s.length, median: round(median(s)), min: round(Math.min(...s)), max: round(Math.max(...s)) };
+}
+
 /**
  * The arguments of the in-process micro-benchmarks (bench/render.ts, bench/statePath.ts):
  * `[size] [runs] [--against <other dist/>]`, and this build's dist/ root.
