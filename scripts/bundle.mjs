@@ -31,7 +31,15 @@ const promClientLean = {
     b.onResolve({ filter: /^prom-client$/ }, () => ({ path: join(root, 'scripts', 'promClientLean.cjs') }));
   },
 };
-const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof', plugins: [promClientLean] };
+// 'mime-types' is answered from a table for the types natgw's API uses (scripts/mimeTypesLean.cjs),
+// the package loaded only for any other.
+const mimeTypesLean = {
+  name: 'mime-types-lean',
+  setup(b) {
+    b.onResolve({ filter: /^mime-types$/ }, () => ({ path: join(root, 'scripts', 'mimeTypesLean.cjs') }));
+  },
+};
+const common = { bundle: true, platform: 'node', target: 'node20', logLevel: 'warning', legalComments: 'eof', plugins: [promClientLean, mimeTypesLean] };
 
 await build({
   ...common,
