@@ -213,11 +213,13 @@ function exited(argv: readonly string[], child: ChildProcess): Promise<string | 
   });
 }
 
+const SAVE_MAX_BYTES = 512 * 1024 * 1024;
+
 /**
  * The first of natgw's iptables chains the kernel already holds, if any. A table that does not
  * exist (legacy: not in /proc/net/ip*_tables_names; nft variant: no such nft table) holds none.
  */
-function warmChain(checks: readonly ColdCheck[], variant: IptablesVariant): string | undefined {
+export function warmChain(checks: readonly ColdCheck[], variant: IptablesVariant): string | undefined {
   let nftTables: string | undefined;
   for (const c of checks) {
     const tools = toolsFor(variant, c.family);
@@ -232,7 +234,9 @@ function warmChain(checks: readonly ColdCheck[], variant: IptablesVariant): stri
       nftTables ??= spawnSync('nft', ['list', 'tables'], { encoding: 'utf8' }).stdout ?? '';
       if (!nftTables.split('\n').includes(`table ${c.family === 4 ? 'ip' : 'ip6'} ${c.table}`)) continue;
     }
-    const r = spawnSync(tools.save, ['-t', c.table], { encoding: 'utf8' });
+    // Every rule of the table comes back (2.5 MiB of nat at 10,000 DNATs): spawnSync's 1 MiB
+    // default cut it off and the check answered "failed" for a table it could have read.
+    const r = spawnSync(tools.save, ['-t', c.table], { encoding: 'utf8', maxBuffer: SAVE_MAX_BYTES });
     // Cannot tell: treated as warm (no replay), the full sync reads it back anyway.
     if (r.status !== 0 && c.family === 4) return `(${tools.save} failed)`;
     const { chains } = parseSave(r.stdout ?? '');
