@@ -31,6 +31,7 @@ import {
   snapshotSeal,
 } from '../state/appliedRuleset.js';
 import { natgwVersion } from '../system/version.js';
+import { clearDeadLock, removeLockOwner, writeLockOwner } from '../state/lockOwner.js';
 
 const KEY = Symbol.for('natgw.appliedRulesetReplay');
 
@@ -77,33 +78,38 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
   try {
     record = JSON.parse(readFileSync(path.join(dir, 'backend.json'), 'utf8'));
   } catch {}
+  // A lock left by a holder that is gone (killed mid-command) does not stop the replay.
+  const lockDir = path.join(dir, 'natgw.lock');
+  const dead = clearDeadLock(lockDir);
+  const taken = (o: Promise<ReplayOutcome>) => (dead.cleared ? o.then((r) => ({ ...r, lockTakenFrom: dead.pid })) : o);
   const verdict = replayVerdict(header, {
     snapshot: snapshotSeal(readHead(path.join(dir, 'state.json'))),
     // An empty journal holds no change (a refused first line is cut off to nothing, store.ts commitAhead).
     journal: (statSync(path.join(dir, 'state.journal'), { throwIfNoEntry: false })?.size ?? 0) > 0,
-    locked: existsSync(path.join(dir, 'natgw.lock')),
+    locked: existsSync(lockDir),
     natgwVersion: natgwVersion(import.meta.url),
     mode: get('GATEWAY_NETFILTER_MODE', 'auto'),
     iptablesVariant: get('NATGW_IPTABLES_VARIANT', 'auto'),
     backendRecord: record,
   });
-  if (!verdict.replay) return none(`not replayed: ${verdict.why}`, header);
+  if (!verdict.replay) return taken(none(`not replayed: ${verdict.why}`, header));
   // natgw's lock (proper-lockfile's directory, StateStore.withLock) is held while the tools
   // run: a command run in-process meanwhile (a shim that found no daemon answering) waits for
   // the replay instead of being overwritten by it. Released before the outcome is known to anyone.
-  const lockDir = path.join(dir, 'natgw.lock');
   try {
     mkdirSync(lockDir);
   } catch {
-    return none("not replayed: natgw's lock is held by another process", header);
+    return taken(none("not replayed: natgw's lock is held by another process", header));
   }
+  writeLockOwner(lockDir);
   const unlock = () => {
     try {
+      removeLockOwner(lockDir);
       rmdirSync(lockDir);
     } catch {}
   };
   try {
-    return replay(header, scripts, dir, t0).finally(unlock);
+    return taken(replay(header, scripts, dir, t0).finally(unlock));
   } catch (e) {
     unlock();
     throw e;

@@ -87,6 +87,8 @@ export class AppliedRulesetCache {
     const out = await boot;
     this.waitedMs += Math.round(performance.now() - t);
     if (out.header) this.lastKey = rulesetKey(metaOf(out.header));
+    if (out.lockTakenFrom !== undefined)
+      this.o.log.warn({ pid: out.lockTakenFrom }, "start: natgw's lock was held by a process that no longer exists: taken over");
     if (!out.replayed) return this.report('skipped', out.why);
     if (!out.ok || !out.header) return this.report('fallback', out.why);
     const rb = rulesetBackend(choice);

@@ -175,6 +175,11 @@ export class Engine {
           deps.log.error({ err }, 'lock taken over while held (event loop stalled): the next transaction is a full sync');
           this.distrust();
         },
+        (pid) => {
+          // It may have died mid-transaction: what the kernel holds is read back, not trusted.
+          deps.log.warn({ pid }, "natgw's lock was held by a process that no longer exists: taken over; the next transaction is a full sync");
+          this.distrust();
+        },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
     this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));

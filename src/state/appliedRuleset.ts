@@ -265,4 +265,6 @@ export interface ReplayOutcome {
   readonly accounting?: boolean;
   /** A phased nft cache: its phases applied (natgw's tables were absent), or the whole replacing transaction. */
   readonly nftPath?: 'phases' | 'whole';
+  /** natgw's lock was held by a process that no longer exists (killed mid-command): its pid; the loader took it over. */
+  readonly lockTakenFrom?: number;
 }

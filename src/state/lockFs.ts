@@ -1,4 +1,5 @@
 import * as fs from 'node:fs';
+import { removeLockOwner, writeLockOwner } from './lockOwner.js';
 
 type Callback<T = void> = (err: NodeJS.ErrnoException | null, value?: T) => void;
 
@@ -22,11 +23,23 @@ function now<T>(op: () => T, cb: Callback<T>): void {
  * system's mtime precision on it.
  */
 export const lockFs = {
-  mkdir: (p: string, cb: Callback) => now(() => void fs.mkdirSync(p), cb),
+  // The directory is the lock; its owner file says whose (lockOwner.ts), written in the same turn.
+  mkdir: (p: string, cb: Callback) =>
+    now(() => {
+      fs.mkdirSync(p);
+      writeLockOwner(p);
+    }, cb),
   // The release, after the answer (StateStore.withLock): on the thread pool, an ext4 rmdir
   // (~0.3 ms) overlaps the next request's parse and validation instead of preceding them.
-  rmdir: (p: string, cb: Callback) => fs.rmdir(p, cb),
-  rmdirSync: (p: string) => fs.rmdirSync(p),
+  // proper-lockfile removes a stale lock through this too.
+  rmdir: (p: string, cb: Callback) => {
+    removeLockOwner(p);
+    fs.rmdir(p, cb);
+  },
+  rmdirSync: (p: string) => {
+    removeLockOwner(p);
+    fs.rmdirSync(p);
+  },
   stat: (p: string, cb: Callback<fs.Stats>) => now(() => fs.statSync(p), cb),
   utimes: (p: string, atime: Date, mtime: Date, cb: Callback) => now(() => fs.utimesSync(p, atime, mtime), cb),
   realpath: (p: string, cb: Callback<string>) => now(() => fs.realpathSync(p), cb),

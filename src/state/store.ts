@@ -8,6 +8,7 @@ import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
 import { fileIdentitySync } from '../system/fileIdentity.js';
 import { lockFs } from './lockFs.js';
+import { clearDeadLock } from './lockOwner.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 import { timelineMark } from '../observe/timeline.js';
 
@@ -192,6 +193,9 @@ const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
 const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
 const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
 
+/** How long a command waits for natgw's lock before it fails (a holder alive and holding it). */
+const LOCK_WAIT_MS = 60_000;
+
 export class StateStore {
   readonly stateFile: string;
   readonly backendFile: string;
@@ -228,6 +232,8 @@ export class StateStore {
     private readonly onCorrupt?: (file: string, reason: string) => void,
     /** Told when the lock was found taken over while held (a stalled event loop). */
     private readonly onCompromised?: (err: Error) => void,
+    /** Told when the lock of a process that no longer exists was removed to take it. */
+    private readonly onDeadLock?: (pid: number) => void,
   ) {
     this.stateFile = path.join(dir, 'state.json');
     this.backendFile = path.join(dir, 'backend.json');
@@ -578,8 +584,32 @@ export class StateStore {
 
   /**
    * One writer at a time across processes (daemon, in-process shim runs). A holder killed
-   * with SIGKILL leaves a lock that goes stale after `stale` ms and is then taken over.
+   * with SIGKILL leaves a lock that is taken over at once when its owner file shows the holder
+   * gone (lockOwner.ts), else once it goes stale after `stale` ms.
    */
+  /**
+   * One attempt at a time (proper-lockfile's own, which takes a stale lock over), then a wait
+   * growing from 5 to 100 ms, for up to a minute. The lock is nearly always free; when it is
+   * held, each wait first asks whether its holder still exists (lockOwner.ts), so a holder
+   * killed meanwhile costs a retry, not the ~10 s until its lock goes stale.
+   */
+  private async acquire(options: lockfile.LockOptions): Promise<() => Promise<void>> {
+    const deadline = Date.now() + LOCK_WAIT_MS;
+    for (let delay = 5; ; delay = Math.min(100, delay * 1.2)) {
+      try {
+        return await lockfile.lock(this.lockTarget, { ...options, retries: 0 });
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'ELOCKED' || Date.now() > deadline) throw e;
+        const dead = clearDeadLock(`${this.lockTarget}.lock`);
+        if (dead.cleared) {
+          this.onDeadLock?.(dead.pid);
+          continue;
+        }
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+  }
+
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
     // This process's previous hold is released before it asks again (see the release below).
     await this.releasing;
@@ -591,16 +621,12 @@ export class StateStore {
       fs: lockFs,
       stale: 10_000,
       update: 2_000,
-      retries: { retries: 600, factor: 1.2, minTimeout: 5, maxTimeout: 100 },
       // The default throws inside a timer, which would kill the daemon mid-transaction when its
       // event loop stalls past `stale`. The transaction in hand finishes; the next one takes the
       // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
       onCompromised: (err) => this.onCompromised?.(err),
     };
-    // One attempt first: the lock is nearly always free, and a retry schedule (600 delays,
-    // computed and sorted by every lock call) is only worth building when it is not. Any
-    // failure of it goes on as before, with the retries.
-    const release = await lockfile.lock(this.lockTarget, { ...options, retries: 0 }).catch(() => lockfile.lock(this.lockTarget, options));
+    const release = await this.acquire(options);
     try {
       return await this.holder.run(true, fn);
     } finally {

@@ -26,7 +26,8 @@ describe('the replay cold check reads a large iptables-legacy nat table whole', 
   beforeAll(async () => {
     topo = await createTopology();
     const lines = ['*nat', ':DNAT_FILTER - [0:0]', ':FOREIGN - [0:0]'];
-    for (let i = 0; i < RULES; i++) lines.push(`-A FOREIGN -d 10.${(i >> 8) & 255}.${i & 255}.1/32 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 192.168.0.1:80`);
+    for (let i = 0; i < RULES; i++)
+      lines.push(`-A FOREIGN -d 10.${(i >> 8) & 255}.${i & 255}.1/32 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 192.168.0.1:80`);
     lines.push('COMMIT', '');
     await topo.exec('gw', ['iptables-legacy-restore', '--noflush'], { input: lines.join('\n'), timeoutMs: 60_000 });
     const save = await topo.exec('gw', ['iptables-legacy-save', '-t', 'nat'], { timeoutMs: 60_000 });
