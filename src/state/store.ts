@@ -583,11 +583,6 @@ export class StateStore {
   }
 
   /**
-   * One writer at a time across processes (daemon, in-process shim runs). A holder killed
-   * with SIGKILL leaves a lock that is taken over at once when its owner file shows the holder
-   * gone (lockOwner.ts), else once it goes stale after `stale` ms.
-   */
-  /**
    * One attempt at a time (proper-lockfile's own, which takes a stale lock over), then a wait
    * growing from 5 to 100 ms, for up to a minute. The lock is nearly always free; when it is
    * held, each wait first asks whether its holder still exists (lockOwner.ts), so a holder
@@ -610,6 +605,11 @@ export class StateStore {
     }
   }
 
+  /**
+   * One writer at a time across processes (daemon, in-process shim runs). A holder killed
+   * with SIGKILL leaves a lock that is taken over at once when its owner file shows the holder
+   * gone (lockOwner.ts), else once it goes stale after `stale` ms.
+   */
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
     // This process's previous hold is released before it asks again (see the release below).
     await this.releasing;
