@@ -43,22 +43,14 @@ export interface BulkRun {
  * The runs that finished, and the median of each figure over them under the keys a single run's
  * figures had (consumers of the JSON line read those); ranges and per-run ratios come from `runs`.
  */
-export interface BulkFigures {
+export type BulkFigures = Omit<BulkRun, 'run' | 'restoreCold' | 'restartWarm'> & {
   readonly size: number;
   readonly documentBytes: number;
   readonly runsAsked: number;
-  readonly dryRunMs: number;
-  readonly putStateMs: number;
-  readonly rssAfterPut?: Memory;
-  readonly scriptLines: { netfilter: number; link: number };
-  readonly rawNetfilterMs?: number;
-  readonly rawLinkMs?: number;
-  /** Each failed raw apply, with its run. */
-  readonly rawError?: string;
   readonly restoreCold?: StartFigures;
   readonly restartWarm?: StartFigures;
   readonly runs: readonly BulkRun[];
-}
+};
 
 /** ip -batch commands (link.ts) against everything else (nft statements, iptables-restore lines). */
 export function splitScript(script: string): { netfilter: string; link: string } {

@@ -37,15 +37,14 @@ function startOf(pid: number | 'self'): string | undefined {
   return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
 }
 
-let self: string | undefined;
-function selfText(): string {
+let self: Owner | undefined;
+function selfOwner(): Owner {
   if (self === undefined) {
     let pidns = '';
     try {
       pidns = readlinkSync('/proc/self/ns/pid');
     } catch {}
-    const o: Owner = { pid: process.pid, start: startOf('self') ?? '', boot: (read('/proc/sys/kernel/random/boot_id') ?? '').trim(), pidns };
-    self = JSON.stringify(o);
+    self = { pid: process.pid, start: startOf('self') ?? '', boot: (read('/proc/sys/kernel/random/boot_id') ?? '').trim(), pidns };
   }
   return self;
 }
@@ -53,7 +52,7 @@ function selfText(): string {
 /** Written by a holder right after it created the lock directory; a failure only leaves the lock ownerless. */
 export function writeLockOwner(lockDir: string): void {
   try {
-    writeFileSync(path.join(lockDir, OWNER), selfText(), { mode: 0o600 });
+    writeFileSync(path.join(lockDir, OWNER), JSON.stringify(selfOwner()), { mode: 0o600 });
   } catch {}
 }
 
@@ -71,7 +70,7 @@ function isDead(text: string | undefined): boolean {
   } catch {
     return false;
   }
-  const me = JSON.parse(selfText()) as Owner;
+  const me = selfOwner();
   if (typeof o.pid !== 'number' || !o.start || !me.boot || !me.pidns || o.boot !== me.boot || o.pidns !== me.pidns) return false;
   if (o.pid === process.pid) return false;
   const now = startOf(o.pid);
