@@ -11,7 +11,7 @@
  * is an outcome "not replayed".
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, rmSync, rmdirSync, statSync } from 'node:fs';
+import { closeSync, lstatSync, openSync, readFileSync, readSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseEnvFile } from '../config/envFile.js';
@@ -31,7 +31,7 @@ import {
   snapshotSeal,
 } from '../state/appliedRuleset.js';
 import { natgwVersion } from '../system/version.js';
-import { clearDeadLock, removeLockOwner, writeLockOwner } from '../state/lockOwner.js';
+import { clearDeadLock, LOCK_NAME, tryLock, unlockSync } from '../state/lock.js';
 
 const KEY = Symbol.for('natgw.appliedRulesetReplay');
 
@@ -79,33 +79,31 @@ function begin(env: NodeJS.ProcessEnv, t0: number): Promise<ReplayOutcome> {
     record = JSON.parse(readFileSync(path.join(dir, 'backend.json'), 'utf8'));
   } catch {}
   // A lock left by a holder that is gone (killed mid-command) does not stop the replay.
-  const lockDir = path.join(dir, 'natgw.lock');
-  const dead = clearDeadLock(lockDir);
-  const taken = (o: Promise<ReplayOutcome>) => (dead.cleared ? o.then((r) => ({ ...r, lockTakenFrom: dead.pid })) : o);
+  const lockFile = path.join(dir, LOCK_NAME);
+  const dead = clearDeadLock(lockFile);
+  const taken = (o: Promise<ReplayOutcome>) => (dead.cleared && dead.pid !== undefined ? o.then((r) => ({ ...r, lockTakenFrom: dead.pid })) : o);
   const verdict = replayVerdict(header, {
     snapshot: snapshotSeal(readHead(path.join(dir, 'state.json'))),
     // An empty journal holds no change (a refused first line is cut off to nothing, store.ts commitAhead).
     journal: (statSync(path.join(dir, 'state.journal'), { throwIfNoEntry: false })?.size ?? 0) > 0,
-    locked: existsSync(lockDir),
+    locked: lstatSync(lockFile, { throwIfNoEntry: false }) !== undefined,
     natgwVersion: natgwVersion(import.meta.url),
     mode: get('GATEWAY_NETFILTER_MODE', 'auto'),
     iptablesVariant: get('NATGW_IPTABLES_VARIANT', 'auto'),
     backendRecord: record,
   });
   if (!verdict.replay) return taken(none(`not replayed: ${verdict.why}`, header));
-  // natgw's lock (proper-lockfile's directory, StateStore.withLock) is held while the tools
-  // run: a command run in-process meanwhile (a shim that found no daemon answering) waits for
-  // the replay instead of being overwritten by it. Released before the outcome is known to anyone.
+  // natgw's lock (lock.ts, StateStore.withLock) is held while the tools run: a command run
+  // in-process meanwhile (a shim that found no daemon answering) waits for the replay instead
+  // of being overwritten by it. Released before the outcome is known to anyone.
+  let locked = false;
   try {
-    mkdirSync(lockDir);
-  } catch {
-    return taken(none("not replayed: natgw's lock is held by another process", header));
-  }
-  writeLockOwner(lockDir);
+    locked = tryLock(lockFile);
+  } catch {}
+  if (!locked) return taken(none("not replayed: natgw's lock is held by another process", header));
   const unlock = () => {
     try {
-      removeLockOwner(lockDir);
-      rmdirSync(lockDir);
+      unlockSync(lockFile);
     } catch {}
   };
   try {

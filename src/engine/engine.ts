@@ -175,9 +175,11 @@ export class Engine {
           deps.log.error({ err }, 'lock taken over while held (event loop stalled): the next transaction is a full sync');
           this.distrust();
         },
-        (pid) => {
+        (pid, why) => {
           // It may have died mid-transaction: what the kernel holds is read back, not trusted.
-          deps.log.warn({ pid }, "natgw's lock was held by a process that no longer exists: taken over; the next transaction is a full sync");
+          if (why === 'dead')
+            deps.log.warn({ pid }, "natgw's lock was held by a process that no longer exists: taken over; the next transaction is a full sync");
+          else deps.log.warn({ pid }, "natgw's lock went stale (its holder has not refreshed it for 10 s): taken over; the next transaction is a full sync");
           this.distrust();
         },
       );

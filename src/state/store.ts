@@ -2,13 +2,11 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, readFileSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import lockfile from 'proper-lockfile';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
 import { fileIdentitySync } from '../system/fileIdentity.js';
-import { lockFs } from './lockFs.js';
-import { clearDeadLock } from './lockOwner.js';
+import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 import { timelineMark } from '../observe/timeline.js';
 
@@ -199,7 +197,8 @@ const LOCK_WAIT_MS = 60_000;
 export class StateStore {
   readonly stateFile: string;
   readonly backendFile: string;
-  readonly lockTarget: string;
+  /** natgw's lock (lock.ts). */
+  readonly lockFile: string;
   readonly journalFile: string;
   /** sha256 of the snapshot body last loaded or written here: the journal's base. */
   private snapshotSha: string | undefined;
@@ -232,12 +231,12 @@ export class StateStore {
     private readonly onCorrupt?: (file: string, reason: string) => void,
     /** Told when the lock was found taken over while held (a stalled event loop). */
     private readonly onCompromised?: (err: Error) => void,
-    /** Told when the lock of a process that no longer exists was removed to take it. */
-    private readonly onDeadLock?: (pid: number) => void,
+    /** Told when a lock was taken over: its holder no longer exists, or it went stale (pid: its holder, when known). */
+    private readonly onDeadLock?: (pid: number | undefined, why: 'dead' | 'stale') => void,
   ) {
     this.stateFile = path.join(dir, 'state.json');
     this.backendFile = path.join(dir, 'backend.json');
-    this.lockTarget = path.join(dir, 'natgw');
+    this.lockFile = path.join(dir, LOCK_NAME);
     this.journalFile = path.join(dir, 'state.journal');
   }
 
@@ -583,57 +582,58 @@ export class StateStore {
   }
 
   /**
-   * One attempt at a time (proper-lockfile's own, which takes a stale lock over), then a wait
-   * growing from 5 to 100 ms, for up to a minute. The lock is nearly always free; when it is
-   * held, each wait first asks whether its holder still exists (lockOwner.ts), so a holder
-   * killed meanwhile costs a retry, not the ~10 s until its lock goes stale.
+   * One attempt at a time, then a wait growing from 5 to 100 ms, for up to a minute. The lock
+   * is nearly always free; when it is held, each wait first asks whether its holder still exists
+   * or went stale (lock.ts), so a holder killed meanwhile costs a retry, not a wait.
    */
-  private async acquire(options: lockfile.LockOptions): Promise<() => Promise<void>> {
+  private async acquire(): Promise<void> {
     const deadline = Date.now() + LOCK_WAIT_MS;
     for (let delay = 5; ; delay = Math.min(100, delay * 1.2)) {
-      try {
-        return await lockfile.lock(this.lockTarget, { ...options, retries: 0 });
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'ELOCKED' || Date.now() > deadline) throw e;
-        const dead = clearDeadLock(`${this.lockTarget}.lock`);
-        if (dead.cleared) {
-          this.onDeadLock?.(dead.pid);
-          continue;
-        }
-        await new Promise((r) => setTimeout(r, delay));
+      if (tryLock(this.lockFile)) return;
+      const taken = clearDeadLock(this.lockFile, { staleMs: STALE_MS });
+      if (taken.cleared) {
+        this.onDeadLock?.(taken.pid, taken.why);
+        continue;
       }
+      if (Date.now() > deadline) {
+        throw new SystemError(`Error: natgw's lock ${this.lockFile} has been held by another process for ${LOCK_WAIT_MS / 1000} s; the change was not applied`);
+      }
+      await new Promise((r) => setTimeout(r, delay));
     }
   }
 
   /**
    * One writer at a time across processes (daemon, in-process shim runs). A holder killed
-   * with SIGKILL leaves a lock that is taken over at once when its owner file shows the holder
-   * gone (lockOwner.ts), else once it goes stale after `stale` ms.
+   * with SIGKILL leaves a lock that is taken over at once when its owner shows the holder gone
+   * (lock.ts), else once it goes stale after STALE_MS without the holder's refresh.
    */
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
     // This process's previous hold is released before it asks again (see the release below).
     await this.releasing;
-    // Synchronous, as the lock's own calls (lockFs): microseconds on a local directory.
+    // Synchronous, as the lock's own calls: microseconds on a local directory.
     mkdirSync(this.dir, { recursive: true });
-    const options: lockfile.LockOptions = {
-      realpath: false,
-      // Synchronous calls: the lock is taken and released on every command (see lockFs).
-      fs: lockFs,
-      stale: 10_000,
-      update: 2_000,
-      // The default throws inside a timer, which would kill the daemon mid-transaction when its
-      // event loop stalls past `stale`. The transaction in hand finishes; the next one takes the
-      // lock anew, and the journal's checksums keep a concurrent writer from going unnoticed.
-      onCompromised: (err) => this.onCompromised?.(err),
-    };
-    const release = await this.acquire(options);
+    await this.acquire();
+    // A hold past REFRESH_MS (a bulk change) keeps its lock fresh. A lock found taken over (this
+    // process's event loop stalled past STALE_MS) is reported, not fatal: the transaction in hand
+    // finishes, the next one takes the lock anew, and the journal's checksums keep a concurrent
+    // writer from going unnoticed.
+    const refresh = setInterval(() => {
+      if (!refreshLock(this.lockFile)) this.onCompromised?.(new Error(`natgw's lock ${this.lockFile} was taken over while held`));
+    }, REFRESH_MS);
+    refresh.unref();
     try {
       return await this.holder.run(true, fn);
     } finally {
+      clearInterval(refresh);
       // Released on the check phase after the holder's result has gone on (a command's answer
-      // is microtasks away), not before: the rmdir and the lock's bookkeeping are off the
-      // answer's path. What the holder did is durable already; only the next holder waits.
-      this.releasing = new Promise<void>((r) => setImmediate(r)).then(() => release()).catch(() => undefined);
+      // is microtasks away), not before: the unlink is off the answer's path. What the holder
+      // did is durable already; only the next holder waits.
+      this.releasing = new Promise<void>((r) => setImmediate(r))
+        .then(() => unlock(this.lockFile))
+        .then((ours) => {
+          if (!ours) this.onCompromised?.(new Error(`natgw's lock ${this.lockFile} was taken over while held`));
+        })
+        .catch(() => undefined);
     }
   }
 }

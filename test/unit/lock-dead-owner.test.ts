@@ -1,16 +1,17 @@
 /**
- * natgw's lock (StateStore.withLock, proper-lockfile's directory) left by a holder killed with
- * SIGKILL: its owner file (src/state/lockOwner.ts) shows the holder gone, so the next taker
- * takes it over at once instead of waiting ~10 s for it to go stale (a daemon restarted after a
- * crash mid-command was not ready for that long, and skipped its replay). A live holder, and an
- * owner this process cannot judge (another pid namespace, no owner file), keep the lock.
+ * natgw's lock (StateStore.withLock, src/state/lock.ts: a symlink naming its holder) left by a
+ * holder killed with SIGKILL: its owner shows the holder gone, so the next taker takes it over
+ * at once instead of waiting ~10 s for it to go stale (a daemon restarted after a crash
+ * mid-command was not ready for that long, and skipped its replay). A live holder, and an owner
+ * this process cannot judge (another pid namespace or boot, an unreadable one), keep the lock
+ * until it goes stale; the directory lock of the natgw before is judged the same way.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { lstatSync, lutimesSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { clearDeadLock } from '../../src/state/lockOwner.js';
+import { clearDeadLock, holdsLock, LOCK_NAME, refreshLock, tryLock, unlockSync } from '../../src/state/lock.js';
 import { StateStore } from '../../src/state/store.js';
 
 const root = new URL('../../', import.meta.url).pathname;
@@ -52,36 +53,44 @@ const killed = (c: ChildProcess): Promise<void> =>
     c.kill('SIGKILL');
   });
 
+const present = (p: string): boolean => lstatSync(p, { throwIfNoEntry: false }) !== undefined;
+const ownerPid = (lock: string): number => Number(readlinkSync(lock).split(':')[1]);
+const boot8 = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').replace(/-/g, '').slice(0, 8);
+const pidns = /\d+/.exec(readlinkSync('/proc/self/ns/pid'))?.[0] ?? '';
+/** A pid above pid_max's default: no process has it. */
+const NO_PID = 2 ** 22 + 7;
+
 describe("natgw's lock and its owner", () => {
   it('is taken over at once from a holder killed with SIGKILL, and the taker is told whose it was', async () => {
     const dir = stateDir();
     const child = await holder(dir);
-    const lockDir = path.join(dir, 'natgw.lock');
-    const owner = JSON.parse(readFileSync(path.join(lockDir, 'owner'), 'utf8')) as { pid: number };
-    expect(owner.pid).toBe(child.pid);
+    const lock = path.join(dir, LOCK_NAME);
+    expect(ownerPid(lock)).toBe(child.pid);
+    // Short enough for ext4 to keep it in the inode (the point of a symlink lock).
+    expect(readlinkSync(lock).length).toBeLessThan(60);
     await killed(child);
-    expect(existsSync(lockDir)).toBe(true);
-    const dead: number[] = [];
-    const store = new StateStore(dir, undefined, undefined, (pid) => dead.push(pid));
-    // Without the owner check this waits for `stale` (10 s): past this test's 5 s.
+    expect(present(lock)).toBe(true);
+    const dead: Array<[number | undefined, string]> = [];
+    const store = new StateStore(dir, undefined, undefined, (pid, why) => dead.push([pid, why]));
+    // Without the owner check this waits for the lock to go stale (10 s): past this test's 5 s.
     const got = await store.withLock(async () => 'ran');
     expect(got).toBe('ran');
-    expect(dead).toEqual([child.pid]);
-    // Released as ever (the owner file with it); nothing set aside is left.
+    expect(dead).toEqual([[child.pid, 'dead']]);
+    // Released as ever; nothing set aside is left.
     await store.withLock(async () => undefined);
     await new Promise((r) => setTimeout(r, 50));
-    expect(existsSync(lockDir)).toBe(false);
-    expect(existsSync(path.join(dir, 'natgw.lock.dead'))).toBe(false);
+    expect(present(lock)).toBe(false);
+    expect(readdirSync(dir).filter((f) => f.startsWith(`${LOCK_NAME}.dead`))).toEqual([]);
   }, 5_000);
 
   it('stays with a live holder', async () => {
     const dir = stateDir();
     const child = await holder(dir);
-    const lockDir = path.join(dir, 'natgw.lock');
-    expect(clearDeadLock(lockDir)).toEqual({ cleared: false });
-    expect(JSON.parse(readFileSync(path.join(lockDir, 'owner'), 'utf8')).pid).toBe(child.pid);
+    const lock = path.join(dir, LOCK_NAME);
+    expect(clearDeadLock(lock)).toEqual({ cleared: false });
+    expect(ownerPid(lock)).toBe(child.pid);
     // A taker waits for it: still waiting after 300 ms, done once the holder is gone.
-    const dead: number[] = [];
+    const dead: Array<number | undefined> = [];
     const store = new StateStore(dir, undefined, undefined, (pid) => dead.push(pid));
     let done = false;
     const taking = store.withLock(async () => {
@@ -95,23 +104,71 @@ describe("natgw's lock and its owner", () => {
     expect(dead).toEqual([child.pid]);
   }, 8_000);
 
-  it('is not judged where the owner is of another pid namespace or boot, or unknown', () => {
+  it('is not judged where the owner is of another pid namespace or boot, or unreadable, until it goes stale', async () => {
     const dir = stateDir();
-    const lockDir = path.join(dir, 'natgw.lock');
-    mkdirSync(lockDir);
-    // No owner file (an older natgw, or a write that failed): alive until stale.
-    expect(clearDeadLock(lockDir)).toEqual({ cleared: false });
-    const self = (f: string) => readFileSync(f, 'utf8').trim();
-    const boot = self('/proc/sys/kernel/random/boot_id');
+    const lock = path.join(dir, LOCK_NAME);
     // A pid that does not run here, named from elsewhere: not ours to judge.
-    for (const o of [
-      { pid: 2 ** 22 + 7, start: '1', boot, pidns: 'pid:[1]' },
-      { pid: 2 ** 22 + 7, start: '1', boot: '00000000-0000-0000-0000-000000000000', pidns: 'x' },
-      'not json',
-    ]) {
-      writeFileSync(path.join(lockDir, 'owner'), typeof o === 'string' ? o : JSON.stringify(o));
-      expect(clearDeadLock(lockDir)).toEqual({ cleared: false });
-      expect(existsSync(lockDir)).toBe(true);
+    for (const target of [`natgw:${NO_PID}:1:${boot8}:1`, `natgw:${NO_PID}:1:00000000:${pidns}`, 'not an owner']) {
+      symlinkSync(target, lock);
+      expect(clearDeadLock(lock)).toEqual({ cleared: false });
+      expect(clearDeadLock(lock, { staleMs: 10_000 })).toEqual({ cleared: false });
+      expect(present(lock)).toBe(true);
+      rmSync(lock);
     }
+    // Not refreshed for 20 s: stale, whoever holds it; the taker is told so.
+    symlinkSync(`natgw:${NO_PID}:1:00000000:1`, lock);
+    const old = new Date(Date.now() - 20_000);
+    lutimesSync(lock, old, old);
+    expect(clearDeadLock(lock)).toEqual({ cleared: false });
+    const taken: Array<[number | undefined, string]> = [];
+    const store = new StateStore(dir, undefined, undefined, (pid, why) => taken.push([pid, why]));
+    expect(await store.withLock(async () => ownerPid(lock))).toBe(process.pid);
+    expect(taken).toEqual([[NO_PID, 'stale']]);
   });
+
+  it('judges the directory lock of the natgw before (an upgrade after a crash) by its owner file', () => {
+    const dir = stateDir();
+    const lock = path.join(dir, LOCK_NAME);
+    mkdirSync(lock);
+    // No owner file: alive until stale.
+    expect(clearDeadLock(lock)).toEqual({ cleared: false });
+    const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    const pidnsLink = readlinkSync('/proc/self/ns/pid');
+    writeFileSync(path.join(lock, 'owner'), JSON.stringify({ pid: NO_PID, start: '1', boot, pidns: 'pid:[1]' }));
+    expect(clearDeadLock(lock)).toEqual({ cleared: false });
+    writeFileSync(path.join(lock, 'owner'), JSON.stringify({ pid: NO_PID, start: '1', boot, pidns: pidnsLink }));
+    expect(clearDeadLock(lock)).toEqual({ cleared: true, why: 'dead', pid: NO_PID });
+    expect(present(lock)).toBe(false);
+    expect(readdirSync(dir)).toEqual([]);
+  });
+
+  it('is refreshed and released only by its holder; a lock taken over while held is reported, not removed', async () => {
+    const dir = stateDir();
+    const lock = path.join(dir, LOCK_NAME);
+    expect(tryLock(lock)).toBe(true);
+    expect(tryLock(lock)).toBe(false);
+    const old = new Date(Date.now() - 20_000);
+    lutimesSync(lock, old, old);
+    expect(refreshLock(lock)).toBe(true);
+    expect(Date.now() - lstatSync(lock).mtimeMs).toBeLessThan(5_000);
+    expect(unlockSync(lock)).toBe(true);
+    expect(present(lock)).toBe(false);
+
+    const compromised: string[] = [];
+    const store = new StateStore(dir, undefined, (err) => compromised.push(err.message));
+    const other = `natgw:${NO_PID}:1:00000000:1`;
+    await store.withLock(async () => {
+      expect(holdsLock(lock)).toBe(true);
+      // Another process took it over (this one's event loop stalled past stale, say).
+      rmSync(lock);
+      symlinkSync(other, lock);
+      expect(refreshLock(lock)).toBe(false);
+    });
+    // The release runs after the holder's result (a check phase later): poll for its report.
+    for (const until = Date.now() + 2_000; compromised.length === 0 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 10));
+    expect(compromised.length).toBeGreaterThanOrEqual(1);
+    expect(compromised[0]).toMatch(/taken over while held/);
+    // The other holder's lock is its own: never removed by this process.
+    expect(readlinkSync(lock)).toBe(other);
+  }, 5_000);
 });
