@@ -172,6 +172,45 @@ describe('a phase the kernel refuses', () => {
   }, 60_000);
 });
 
+describe('an accounting table someone created after natgw looked (the daemon on the kernel)', () => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  let servers: ServerHandle[] = [];
+  let sock: string;
+
+  beforeAll(async () => {
+    topo = await createTopology();
+    Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
+    sock = socketOf(topo);
+    servers = [startServer(topo, 'vpc1', 'tcp', 80)];
+    await Promise.all(servers.map((s) => s.ready));
+    daemon = await startDaemon(topo);
+    await waitReady(topo, daemon);
+  }, 60_000);
+
+  afterAll(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
+    await topo?.cleanup();
+  });
+
+  it("the phased apply's create table is refused, the full sync that follows applies, and the table is natgw's", async () => {
+    const { desired } = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body;
+    // natgw found no accounting table: its bulk change creates one (create table, no delete first).
+    expect((await topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'], { reject: false })).exitCode).not.toBe(0);
+    await topo.exec('gw', ['nft', '-f', '-'], { input: 'add table inet natgw_acct\nadd chain inet natgw_acct theirs\n' });
+    const at = daemon!.logs().length;
+    ok(await api(sock, 'PUT', '/v1/state', bulkDoc(desired)), 'PUT /v1/state');
+    const logs = daemon!.logs().slice(at);
+    expect(logs).toMatch(/"msg":"partial sync refused; retrying once as a full sync"/);
+    expect(logs).toMatch(/first phase[^"]*File exists/);
+    const acct = (await topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'])).stdout;
+    expect(acct).not.toContain('theirs');
+    expect(acct).toMatch(new RegExp(`set eip_rx4 \\{[^}]*elements = \\{[^}]*${EIP.replace(/\./g, '\\.')}`));
+    expect(parsePeer(await request(topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+  }, 60_000);
+});
+
 describe('a table someone created after natgw looked (the backend on the kernel)', () => {
   let topo: Topology;
 

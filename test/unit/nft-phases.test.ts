@@ -206,6 +206,30 @@ describe('runPhases and the backend against the fake nft', () => {
     expect((fake.calls.at(-1) as { script: string }).script).toMatch(/^create table ip natgw\n/);
   });
 
+  it('an accounting table known absent is created with the rest: once, its elements in the groups, its hooks last', async () => {
+    const created = NftTransaction.concat(planNatgw(want, EMPTY).tx, accountingTx(undefined, ['172.20.1.0', '172.20.1.1'], { absent: true }));
+    expect(created.text()).not.toMatch(/^delete table inet natgw_acct$/m);
+    const p = phases(created, OPTS) as NftPhases;
+    expect(p.created.map((t) => `${t.family} ${t.name}`).sort()).toEqual(['inet natgw_acct', 'ip natgw']);
+    expect(p.first.text().match(/^create table inet natgw_acct$/gm)).toHaveLength(1);
+    expect(p.first.text()).not.toMatch(/^add table inet natgw_acct$/m);
+    expect(p.groups.map((g) => g.text()).join('')).toMatch(/^add element inet natgw_acct eip_rx4 /m);
+    expect(p.last.text()).toMatch(/^add chain inet natgw_acct rx \{ type filter hook prerouting/m);
+    const one = new FakeNftClient();
+    await one.run(created);
+    const phased = new FakeNftClient();
+    await runPhases(phased, p);
+    expect(shape(phased, 'inet', 'natgw_acct')).toEqual(shape(one, 'inet', 'natgw_acct'));
+    expect(shape(phased, 'ip', 'natgw')).toEqual(shape(one, 'ip', 'natgw'));
+    // Someone made the accounting table since it was read: the first phase is refused, nothing changes.
+    const theirs = new FakeNftClient();
+    await theirs.run('add table inet natgw_acct\nadd chain inet natgw_acct mine\n');
+    const before = shape(theirs, 'inet', 'natgw_acct');
+    await expect(runPhases(theirs, p)).rejects.toThrow(/File exists|EEXIST/);
+    expect(shape(theirs, 'inet', 'natgw_acct')).toEqual(before);
+    expect(theirs.dump('ip', 'natgw')).toBeNull();
+  });
+
   it('the backend: a bulk change into absent tables goes phased, its report the whole script', async () => {
     const fake = new FakeNftClient();
     const b = new NftBackend(new RecordingExecutor(), undefined, fake, OPTS);

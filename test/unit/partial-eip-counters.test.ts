@@ -108,6 +108,21 @@ describe('EipCounters: partial sync', () => {
     expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
   });
 
+  it('a table found absent is created, not deleted first (no RCU wait); observed absent, the fold creates it too', async () => {
+    const x = fakeNft(() => null);
+    const c = new EipCounters(x);
+    await c.sync(['1.2.3.4']);
+    expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
+    expect(x.calls[1]!.input).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
+    expect(x.calls[1]!.input).toMatch(new RegExp(`^create table inet ${ACCT_TABLE}\n`));
+    expect(x.calls[1]!.input).not.toMatch(/^delete table/m);
+    const other = new EipCounters(fakeNft(() => null));
+    await other.observe();
+    expect(other.foldable(['1.2.3.4'])?.tx.text()).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
+    // Unknown (never read, or a listing that failed) is rebuilt with add + delete, valid either way.
+    expect(new EipCounters(fakeNft(() => null)).foldable(['1.2.3.4'])).toBeUndefined();
+  });
+
   it('a damaged table is rebuilt whole, and then trusted', async () => {
     const damaged = JSON.stringify({ nftables: [{ table: { family: 'inet', name: ACCT_TABLE } }] });
     const x = fakeNft(() => damaged);

@@ -7,7 +7,7 @@
  * Sound only for tables this transaction creates: until the last phase commits, no base chain
  * of theirs exists, so no packet traverses a half-filled table. Their `add table` becomes
  * `create table` (refused when the table exists), so a failure later can delete exactly the
- * tables this apply made. Operations on any other table (the accounting table, which may exist)
+ * tables this apply made. Operations on any other table (the accounting table where it may exist)
  * keep their atomicity: they all run in the last phase.
  */
 import { NftTransaction, type NftElement, type NftOp, type NftPick, type NftTableRef } from './transaction.js';
@@ -34,7 +34,7 @@ export interface PhaseOptions {
 
 const key = (t: NftTableRef): string => `${t.family} ${t.name}`;
 
-/** The tables the transaction creates: `add table` first among their operations, never deleted. */
+/** The tables the transaction creates: `add` or `create table` first among their operations, never deleted. */
 function createdTables(ops: readonly NftOp[]): Map<string, NftTableRef> {
   const seen = new Set<string>();
   const created = new Map<string, NftTableRef>();
@@ -42,7 +42,7 @@ function createdTables(ops: readonly NftOp[]): Map<string, NftTableRef> {
   for (const op of ops) {
     const k = key(op.table);
     if (op.object === 'table' && op.verb === 'delete') deleted.add(k);
-    if (!seen.has(k) && op.object === 'table' && op.verb === 'add') created.set(k, op.table);
+    if (!seen.has(k) && op.object === 'table' && (op.verb === 'add' || op.verb === 'create')) created.set(k, op.table);
     seen.add(k);
   }
   for (const k of deleted) created.delete(k);
@@ -88,6 +88,7 @@ export function phases(tx: NftTransaction, opts: PhaseOptions): NftPhases | null
   const last: NftPick[] = [];
   const lists: number[] = [];
   const hooked = new Set<string>();
+  const begun = new Set<string>();
   let elements = 0;
   for (let index = 0; index < ops.length; index++) {
     const op = ops[index] as NftOp;
@@ -99,8 +100,10 @@ export function phases(tx: NftTransaction, opts: PhaseOptions): NftPhases | null
     }
     switch (op.object) {
       case 'table':
-        if (op.verb !== 'add') return null;
-        first.push({ verb: 'create', object: 'table', table: op.table });
+        if (op.verb !== 'add' && op.verb !== 'create') return null;
+        // Once per table: a `create` followed by the skeleton's `add` (eipCounters.ts) is one creation.
+        if (!begun.has(table)) first.push({ verb: 'create', object: 'table', table: op.table });
+        begun.add(table);
         break;
       case 'set':
         if (op.verb !== 'add') return null;
