@@ -617,8 +617,13 @@ export class StateStore {
     // process's event loop stalled past STALE_MS) is reported, not fatal: the transaction in hand
     // finishes, the next one takes the lock anew, and the journal's checksums keep a concurrent
     // writer from going unnoticed.
+    let lost = false;
+    const taken = () => {
+      if (!lost) this.onCompromised?.(new Error(`natgw's lock ${this.lockFile} was taken over while held`));
+      lost = true;
+    };
     const refresh = setInterval(() => {
-      if (!refreshLock(this.lockFile)) this.onCompromised?.(new Error(`natgw's lock ${this.lockFile} was taken over while held`));
+      if (!lost && !refreshLock(this.lockFile)) taken();
     }, REFRESH_MS);
     refresh.unref();
     try {
@@ -631,7 +636,7 @@ export class StateStore {
       this.releasing = new Promise<void>((r) => setImmediate(r))
         .then(() => unlock(this.lockFile))
         .then((ours) => {
-          if (!ours) this.onCompromised?.(new Error(`natgw's lock ${this.lockFile} was taken over while held`));
+          if (!ours) taken();
         })
         .catch(() => undefined);
     }
