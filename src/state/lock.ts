@@ -12,11 +12,12 @@
  * pid namespace, a target it cannot read) keeps the lock until it goes stale: `STALE_MS` without
  * the refresh (`lutimes`) that every holder makes while it holds the lock.
  *
- * Synchronous and free of imports beyond node's own: the replay's loader takes the lock before
- * the daemon's code is loaded.
+ * Synchronous and free of imports beyond node's own (and bootId.ts, as small): the replay's
+ * loader takes the lock before the daemon's code is loaded.
  */
 import { lstatSync, lutimesSync, promises, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
 import path from 'node:path';
+import { bootId } from '../system/bootId.js';
 
 export const LOCK_NAME = 'natgw.lock';
 /** A holder that has not refreshed the lock for this long is taken over, whoever it is. */
@@ -56,7 +57,7 @@ function selfOwner(): { readonly owner: Owner; readonly text: string } {
       pidns = /\d+/.exec(readlinkSync('/proc/self/ns/pid'))?.[0] ?? '';
     } catch {}
     // Eight hex digits of the boot id tell two boots of one machine apart.
-    const boot = (read('/proc/sys/kernel/random/boot_id') ?? '').replace(/-/g, '').slice(0, 8);
+    const boot = bootId().replace(/-/g, '').slice(0, 8);
     const owner: Owner = { pid: process.pid, start: startOf('self') ?? '', boot, pidns };
     self = { owner, text: `natgw:${owner.pid}:${owner.start}:${owner.boot}:${owner.pidns}` };
   }

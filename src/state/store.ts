@@ -1,10 +1,11 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, readFileSync, writeSync } from 'node:fs';
+import { closeSync, fdatasync, fdatasyncSync, fstatSync, ftruncateSync, mkdirSync, openSync, promises as fs, writeSync } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
+import { bootId } from '../system/bootId.js';
 import { fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
@@ -169,23 +170,6 @@ interface JournalBook {
 
 /** The line that marks the pending line before it as answered (commitAhead). */
 const PENDING_MARK = '+';
-
-let bootIdRead: string | undefined;
-/**
- * This boot of the machine: a pending journal line whose mark is missing was left by a process
- * that died before answering (same boot), or possibly acknowledged before the machine went down
- * with the unsynced mark (another boot). Empty where it cannot be read (commitAhead then declines).
- */
-function bootId(): string {
-  if (bootIdRead === undefined) {
-    try {
-      bootIdRead = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
-    } catch {
-      bootIdRead = '';
-    }
-  }
-  return bootIdRead;
-}
 
 const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
 const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
@@ -413,6 +397,7 @@ export class StateStore {
    */
   commitAhead(before: DesiredState, after: DesiredState): PendingCommit | undefined {
     const boot = bootId();
+    // Without a boot id a pending line could not be told from one of another boot: commit after the kernel, as ever.
     if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
     const delta = stateDelta(before, after);
     if (delta === null || isEmptyDelta(delta) || deltaSize(delta) > Math.max(64, COLLECTION_SIZE(after) / 4)) return undefined;

@@ -77,52 +77,61 @@ function logged(text: string, msg: string): Array<Record<string, unknown>> {
     .filter((j) => j.msg === msg);
 }
 
-describe('bulk PUT /v1/state into absent nft tables, applied in phases', () => {
-  let topo: Topology;
-  let daemon: Daemon | undefined;
+/**
+ * A gateway (nftables, debug log) whose servers are up and whose daemon is ready, for the
+ * describe block that calls this; torn down after it. Read its fields inside the tests.
+ */
+function liveGateway(serversOf: (topo: Topology) => ServerHandle[]): { topo: Topology; daemon: Daemon; sock: string } {
+  const g = {} as { topo: Topology; daemon: Daemon; sock: string };
   let servers: ServerHandle[] = [];
-  let sock: string;
-
   beforeAll(async () => {
-    topo = await createTopology();
-    Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
-    sock = socketOf(topo);
-    servers = [startServer(topo, 'vpc1', 'tcp', 80), startServer(topo, 'vpc1', 'udp', 5353), startServer(topo, 'ext', 'tcp', 9000, ADDR.extHost)];
+    g.topo = await createTopology();
+    Object.assign(g.topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
+    g.sock = socketOf(g.topo);
+    servers = serversOf(g.topo);
     await Promise.all(servers.map((s) => s.ready));
-    daemon = await startDaemon(topo);
-    await waitReady(topo, daemon);
+    g.daemon = await startDaemon(g.topo);
+    await waitReady(g.topo, g.daemon);
   }, 60_000);
-
   afterAll(async () => {
-    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    if (g.daemon) await stopDaemon(g.daemon, 'SIGKILL');
     await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
-    await topo?.cleanup();
+    await g.topo?.cleanup();
   });
+  return g;
+}
+
+describe('bulk PUT /v1/state into absent nft tables, applied in phases', () => {
+  const g = liveGateway((topo) => [
+    startServer(topo, 'vpc1', 'tcp', 80),
+    startServer(topo, 'vpc1', 'udp', 5353),
+    startServer(topo, 'ext', 'tcp', 9000, ADDR.extHost),
+  ]);
 
   it('carries TCP, UDP and ICMP through DNAT, FIP and SNAT, and equals one nft -f of the dry run', async () => {
-    const { desired } = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body;
+    const { desired } = ok(await api(g.sock, 'GET', '/v1/state'), 'GET /v1/state').body;
     expect(desired.initialized).toBe(false);
     const doc = bulkDoc(desired);
-    const dry = ok(await api(sock, 'PUT', '/v1/state?dryRun=true', doc), 'dry run').body;
-    const at = daemon!.logs().length;
-    ok(await api(sock, 'PUT', '/v1/state', doc), 'PUT /v1/state');
-    const phased = logged(daemon!.logs().slice(at), 'nft: absent tables applied in phases');
+    const dry = ok(await api(g.sock, 'PUT', '/v1/state?dryRun=true', doc), 'dry run').body;
+    const at = g.daemon.logs().length;
+    ok(await api(g.sock, 'PUT', '/v1/state', doc), 'PUT /v1/state');
+    const phased = logged(g.daemon.logs().slice(at), 'nft: absent tables applied in phases');
     expect(phased).toHaveLength(1);
     expect(phased[0]).toMatchObject({ path: 'phased' });
     expect(phased[0]?.elements).toBeGreaterThan(3 * FILL);
     expect(phased[0]?.groups).toBeGreaterThanOrEqual(2);
 
-    expect(parsePeer(await request(topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
-    expect(parsePeer(await request(topo, 'ext', 'udp', EIP, 5353, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
-    expect(parsePeer(await request(topo, 'ext', 'tcp', FIP, 80, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
-    expect(await ping(topo, 'ext', FIP)).toBe(true);
+    expect(parsePeer(await request(g.topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    expect(parsePeer(await request(g.topo, 'ext', 'udp', EIP, 5353, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    expect(parsePeer(await request(g.topo, 'ext', 'tcp', FIP, 80, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    expect(await ping(g.topo, 'ext', FIP)).toBe(true);
     // vpc1 leaves as its FIP, vpc2 through the shared SNAT.
-    expect(parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 9000)).ip).toBe(FIP);
-    expect(parsePeer(await request(topo, 'vpc2', 'tcp', ADDR.extHost, 9000)).ip).toBe(EIP);
+    expect(parsePeer(await request(g.topo, 'vpc1', 'tcp', ADDR.extHost, 9000)).ip).toBe(FIP);
+    expect(parsePeer(await request(g.topo, 'vpc2', 'tcp', ADDR.extHost, 9000)).ip).toBe(EIP);
 
     const once = await appliedAtOnce(String(dry.script));
     expect(once).toContain('fip_dnat');
-    expect(await natgwTable(topo)).toBe(once);
+    expect(await natgwTable(g.topo)).toBe(once);
   }, 60_000);
 });
 
@@ -173,41 +182,22 @@ describe('a phase the kernel refuses', () => {
 });
 
 describe('an accounting table someone created after natgw looked (the daemon on the kernel)', () => {
-  let topo: Topology;
-  let daemon: Daemon | undefined;
-  let servers: ServerHandle[] = [];
-  let sock: string;
-
-  beforeAll(async () => {
-    topo = await createTopology();
-    Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
-    sock = socketOf(topo);
-    servers = [startServer(topo, 'vpc1', 'tcp', 80)];
-    await Promise.all(servers.map((s) => s.ready));
-    daemon = await startDaemon(topo);
-    await waitReady(topo, daemon);
-  }, 60_000);
-
-  afterAll(async () => {
-    if (daemon) await stopDaemon(daemon, 'SIGKILL');
-    await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
-    await topo?.cleanup();
-  });
+  const g = liveGateway((topo) => [startServer(topo, 'vpc1', 'tcp', 80)]);
 
   it("the phased apply's create table is refused, the full sync that follows applies, and the table is natgw's", async () => {
-    const { desired } = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body;
+    const { desired } = ok(await api(g.sock, 'GET', '/v1/state'), 'GET /v1/state').body;
     // natgw found no accounting table: its bulk change creates one (create table, no delete first).
-    expect((await topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'], { reject: false })).exitCode).not.toBe(0);
-    await topo.exec('gw', ['nft', '-f', '-'], { input: 'add table inet natgw_acct\nadd chain inet natgw_acct theirs\n' });
-    const at = daemon!.logs().length;
-    ok(await api(sock, 'PUT', '/v1/state', bulkDoc(desired)), 'PUT /v1/state');
-    const logs = daemon!.logs().slice(at);
+    expect((await g.topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'], { reject: false })).exitCode).not.toBe(0);
+    await g.topo.exec('gw', ['nft', '-f', '-'], { input: 'add table inet natgw_acct\nadd chain inet natgw_acct theirs\n' });
+    const at = g.daemon.logs().length;
+    ok(await api(g.sock, 'PUT', '/v1/state', bulkDoc(desired)), 'PUT /v1/state');
+    const logs = g.daemon.logs().slice(at);
     expect(logs).toMatch(/"msg":"partial sync refused; retrying once as a full sync"/);
     expect(logs).toMatch(/first phase[^"]*File exists/);
-    const acct = (await topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'])).stdout;
+    const acct = (await g.topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'])).stdout;
     expect(acct).not.toContain('theirs');
     expect(acct).toMatch(new RegExp(`set eip_rx4 \\{[^}]*elements = \\{[^}]*${EIP.replace(/\./g, '\\.')}`));
-    expect(parsePeer(await request(topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
+    expect(parsePeer(await request(g.topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
   }, 60_000);
 });
 
