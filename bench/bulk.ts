@@ -64,7 +64,7 @@ export function splitScript(script: string): { netfilter: string; link: string }
 }
 
 /** The regular files of a state dir (state, backend record, journal); not its socket, lock or log. */
-function copyStateFiles(from: string, to: string): void {
+export function copyStateFiles(from: string, to: string): void {
   for (const name of readdirSync(from)) {
     const p = join(from, name);
     if (statSync(p).isFile() && !name.endsWith('.log')) copyFileSync(p, join(to, name));
@@ -183,7 +183,7 @@ function medianMemory(ms: ReadonlyArray<Memory | undefined>): Memory | undefined
 
 const lines = (s: string): number => (s === '' ? 0 : s.trimEnd().split('\n').length);
 
-async function rawApply(
+export async function rawApply(
   opts: GatewayOptions,
   backend: BackendInfo,
   parts: { netfilter: string; link: string },

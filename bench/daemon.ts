@@ -66,6 +66,8 @@ export interface Memory {
 }
 
 export class Daemon {
+  /** How much of its stdout and stderr a daemon keeps (a timeline of a whole start needs more). */
+  static tailBytes = 16384;
   private out = '';
   private err = '';
   private gone = false;
@@ -79,8 +81,8 @@ export class Daemon {
     readonly startedAt: bigint,
   ) {
     // Drained continuously: a daemon blocked on a full log pipe would be measured as slow.
-    child.stdout?.setEncoding('utf8').on('data', (d: string) => (this.out = (this.out + d).slice(-16384)));
-    child.stderr?.setEncoding('utf8').on('data', (d: string) => (this.err = (this.err + d).slice(-16384)));
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => (this.out = (this.out + d).slice(-Daemon.tailBytes)));
+    child.stderr?.setEncoding('utf8').on('data', (d: string) => (this.err = (this.err + d).slice(-Daemon.tailBytes)));
     this.exited = new Promise((resolve) =>
       child.once('exit', (code, signal) => {
         this.gone = true;
@@ -106,13 +108,18 @@ export class Daemon {
     }
   }
 
-  /** Milliseconds from spawn until `probe` answers 200 (polled every `intervalMs`). */
+  /**
+   * Milliseconds from spawn until `probe` answers 200 (polled every `intervalMs`). /readyz is
+   * asked to hold its answer until ready (`?waitMs=`): a poll would measure its own interval
+   * (up to ~14 ms at 10 ms) and load the daemon with requests while it starts.
+   */
   async waitFor(probe: '/healthz' | '/readyz', timeoutMs = 600_000, intervalMs = 10): Promise<number> {
     const deadline = Date.now() + timeoutMs;
+    const asked = probe === '/readyz' ? '/readyz?waitMs=30000' : probe;
     let last = '';
     for (;;) {
       if (this.gone) throw new Error(`natgw serve exited while waiting for ${probe}: ${this.diagnostics()}`);
-      const r = await api(this.socket, 'GET', probe, undefined, 5000).catch((e: Error) => ({ status: 0, text: e.message, body: undefined }));
+      const r = await api(this.socket, 'GET', asked, undefined, 35_000).catch((e: Error) => ({ status: 0, text: e.message, body: undefined }));
       if (r.status === 200) {
         const ms = Number(process.hrtime.bigint() - this.startedAt) / 1e6;
         if (probe === '/healthz' && typeof r.body?.pid === 'number') this.pid = r.body.pid;

@@ -7,6 +7,7 @@ const { readFileSync, renameSync, writeFileSync } = require('node:fs');
 const { createRequire } = require('node:module');
 const { dirname } = require('node:path');
 const vm = require('node:vm');
+const { unhashHeapFlags } = require('./heapFlags.cjs');
 
 function compile(file, cachedData) {
   // ASCII by construction, so no UTF-8 decoding of the whole file.
@@ -24,6 +25,8 @@ function load(script, file) {
 
 /** Run the bundle as CommonJS module `file`, with its code cache when there is one. */
 function runDaemonBundle(file) {
+  // The cache was written under this flag hash (writeCodeCache); bin/serve.cjs did it already.
+  unhashHeapFlags();
   let cachedData;
   try {
     cachedData = readFileSync(`${file}.cache`);
@@ -37,6 +40,7 @@ function runDaemonBundle(file) {
  * (`warm`): a cache of the compile alone would leave them to be compiled at every start.
  */
 async function writeCodeCache(file) {
+  unhashHeapFlags();
   const script = compile(file, undefined);
   await load(script, file).warm();
   writeFileSync(`${file}.cache.tmp`, script.createCachedData());

@@ -4,6 +4,7 @@
 // daemon's bundle from its code cache. A bundle is used unless it is missing or older than the
 // compiled sources (only tsc was run since).
 import { statSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 
 const mtime = (rel) => statSync(new URL(rel, import.meta.url), { throwIfNoEntry: false })?.mtimeMs ?? -1;
@@ -12,6 +13,10 @@ const fresh = (rel) => {
   const t = mtime(rel);
   return t >= 0 && t >= compiled;
 };
+if (process.argv[2] === 'serve') {
+  // Before any built-in module the daemon needs is compiled (bin/heapFlags.cjs).
+  createRequire(import.meta.url)('./heapFlags.cjs').unhashHeapFlags();
+}
 if (process.argv[2] === 'serve' && process.argv.length === 3) {
   // Before the daemon's code loads: replay the applied-ruleset cache into the kernel, so that
   // the apply runs while Node.js loads (src/daemon/replayBoot.ts, bundled on its own; not the daemon's bundle).

@@ -6,6 +6,8 @@
 // replay needs). The same order as bin/natgw.js: the replay (its CommonJS bundle), then the
 // daemon's bundle from its code cache. Where a bundle is missing or older than the tsc output,
 // bin/natgw.js runs instead (its own replay, the tsc output).
+// First, before any built-in module is compiled (bin/heapFlags.cjs).
+require('./heapFlags.cjs').unhashHeapFlags();
 const { statSync } = require('node:fs');
 const { join } = require('node:path');
 

@@ -176,6 +176,6 @@ if [ "${1:-}" = serve ] && [ -f "${entry%/*}/serve.cjs" ]; then
 fi
 if [ "${1:-}" = serve ]; then
   # The daemon's V8 settings: DAEMON_NODE_FLAGS in src/daemon/nodeFlags.ts (a test keeps them equal).
-  exec node --max-semi-space-size=1 --max-old-space-size=1024 "$entry" "$@"
+  exec node --max-semi-space-size=4 --max-old-space-size=1024 "$entry" "$@"
 fi
 exec node "$entry" "$@"

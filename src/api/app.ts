@@ -124,6 +124,16 @@ function boolQuery(req: Request, name: string): boolean {
   throw new HttpError(400, 'validation', `${name}: must be true or false`, { field: name, in: 'query' });
 }
 
+/** The longest /readyz?waitMs= holds a request: below any client's or proxy's idle timeout. */
+export const READYZ_MAX_WAIT_MS = 30_000;
+
+function waitQuery(req: Request): number {
+  const v = req.query.waitMs;
+  if (v === undefined) return 0;
+  if (typeof v === 'string' && /^\d{1,9}$/.test(v) && Number(v) <= READYZ_MAX_WAIT_MS) return Number(v);
+  throw new HttpError(400, 'validation', `waitMs: must be a whole number of milliseconds from 0 to ${READYZ_MAX_WAIT_MS}`, { field: 'waitMs', in: 'query' });
+}
+
 function parseIdentity(def: ResourceDef, req: Request): { raw: Record<string, unknown>; id: unknown; key: string } {
   const raw = splitId(def, String(req.params.id ?? ''));
   const parsed = def.idSchema.safeParse(raw);
@@ -187,7 +197,11 @@ export function createApp(deps: AppDeps): Express {
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok', pid: process.pid, uptimeSeconds: Math.round(process.uptime()) });
   });
-  app.get('/readyz', (_req, res) => {
+  app.get('/readyz', async (req, res) => {
+    // `?waitMs=`: held until ready (or that long), so a client that waits for a start learns of
+    // it at once instead of at its next poll.
+    const waitMs = waitQuery(req);
+    if (waitMs > 0) await agent.whenReady?.(waitMs);
     const r = agent.readiness();
     // Over TCP the probe is open (tenant-reachable): the status only. The reasons name
     // interfaces and carry tool stderr and file paths; they stay on the Unix socket and in the log.

@@ -136,6 +136,15 @@ export function buildOpenApi(): Json {
         operationId: 'readyz',
         tags: ['Probes'],
         summary: 'Interfaces present and last sync succeeded (open over TCP)',
+        parameters: [
+          {
+            name: 'waitMs',
+            in: 'query',
+            required: false,
+            description: 'Hold the answer until ready or this many milliseconds passed (at most 30000), then answer as without it',
+            schema: { type: 'integer', minimum: 0, maximum: 30000 },
+          },
+        ],
         responses: { '200': json({ type: 'object' }, 'Ready'), '503': json({ type: 'object' }, 'Not ready; `reasons` says why') },
       },
     },

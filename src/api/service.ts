@@ -19,6 +19,8 @@ export interface AgentService {
   /** PUT /v1/state: replace the desired state in one transaction, or plan it (dryRun). */
   replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult>;
   readiness(): Readiness;
+  /** Resolved once ready, or after `timeoutMs` (GET /readyz?waitMs=); absent in fakes (answered at once). */
+  whenReady?(timeoutMs: number): Promise<void>;
   metrics(): Promise<{ contentType: string; body: string }>;
   /** The last apply's kind and duration (GET /v1/status); absent in fakes. */
   lastSyncInfo?(): SyncInfo | null;

@@ -10,6 +10,7 @@ import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
+import { timelineMark } from '../observe/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
@@ -254,6 +255,7 @@ export class Agent implements AgentService {
     const state = this.engine.lastApplied;
     if (!hygiene || !state) return;
     if (this.hygienePending) {
+      timelineMark('synced');
       try {
         await hygiene.afterFirstSync(state);
       } catch (e) {
@@ -317,10 +319,30 @@ export class Agent implements AgentService {
     else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');
     this.notReadyWhy = why;
     this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
+    if (why.length === 0) {
+      const waiting = this.readyWaiters;
+      this.readyWaiters = [];
+      for (const w of waiting) w();
+    }
   }
 
   readiness(): Readiness {
     return { ready: this.notReadyWhy.length === 0, interfaces: this.interfaces, lastSync: this.lastSync, reasons: this.notReadyWhy };
+  }
+
+  private readyWaiters: (() => void)[] = [];
+
+  whenReady(timeoutMs: number): Promise<void> {
+    if (this.notReadyWhy.length === 0 || timeoutMs <= 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.readyWaiters = this.readyWaiters.filter((w) => w !== done);
+        resolve();
+      };
+      const timer = setTimeout(done, timeoutMs);
+      this.readyWaiters.push(done);
+    });
   }
 
   metrics(): Promise<{ contentType: string; body: string }> {

@@ -19,6 +19,7 @@ import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSe
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
 import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
+import { enableTimeline, timelineEnd, timelineMark, timelineStart } from '../observe/timeline.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -28,6 +29,11 @@ import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
  */
 export async function serve(config: Config): Promise<number> {
   const log = daemonLogger(config.logLevel);
+  // Debug level: the start's critical path up to its first sync's end (bench/restoreTimeline.ts).
+  if (log.isLevelEnabled('debug')) {
+    enableTimeline(true);
+    timelineStart('serve');
+  }
   let tcp: Awaited<ReturnType<typeof tcpSettings>>;
   try {
     tcp = await tcpSettings(config);
@@ -98,7 +104,14 @@ export async function serve(config: Config): Promise<number> {
   };
   const reconciler = new Reconciler({
     agent: {
-      resync: (reason) => agent.resync(reason).finally(observe),
+      resync: (reason) =>
+        agent.resync(reason).finally(() => {
+          if (reason === 'start') {
+            const timeline = timelineEnd('first sync over');
+            if (timeline) log.debug(timeline, 'start timeline (ms since serve began: wall, CPU)');
+          }
+          observe();
+        }),
       setInterfaces: (missing) => agent.setInterfaces(missing),
     },
     log,
@@ -195,6 +208,7 @@ export async function serve(config: Config): Promise<number> {
     await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
   }
   opened(true);
+  timelineMark('serving');
   // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
   for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(

@@ -312,6 +312,7 @@ export class Engine {
         ({ backend, choice } = resolved);
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+        timelineMark('loaded');
         if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
@@ -472,6 +473,7 @@ export class Engine {
           ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}),
         });
         applied.push(part);
+        timelineMark(`part ${part.name}`);
         changes[part.name] = r.changes;
         script += r.script;
         notes.push(...r.notes);

@@ -1,5 +1,6 @@
 /**
- * The critical path of one bulk `PUT /v1/state`, and of each single command, for the debug log:
+ * The critical path of one bulk `PUT /v1/state`, of each single command, and of the daemon's
+ * start up to its first sync's end, for the debug log:
  * wall and CPU milliseconds at each step (request received, body in, parsed, validated, the
  * lock, planned, rendered, tool started and ended, the journal line written and synced,
  * answered). Off unless the daemon logs at debug level; then one timeline at a time
@@ -15,7 +16,7 @@ interface Mark {
 }
 
 let enabled = false;
-let current: { readonly t0: bigint; readonly cpu0: NodeJS.CpuUsage; readonly marks: Mark[] } | undefined;
+let current: { readonly t0: bigint; readonly epochMs: number; readonly cpu0: NodeJS.CpuUsage; readonly marks: Mark[] } | undefined;
 
 /** Turned on by the daemon at debug level (serve.ts). */
 export function enableTimeline(on: boolean): void {
@@ -28,10 +29,10 @@ export function timelineEnabled(): boolean {
 }
 
 /** Begin a timeline (a bulk PUT arrived); one begun before and not ended is dropped. */
-export function timelineStart(): void {
+export function timelineStart(first = 'request'): void {
   if (!enabled) return;
-  current = { t0: process.hrtime.bigint(), cpu0: process.cpuUsage(), marks: [] };
-  timelineMark('request');
+  current = { t0: process.hrtime.bigint(), epochMs: Date.now(), cpu0: process.cpuUsage(), marks: [] };
+  timelineMark(first);
 }
 
 export function timelineMark(step: string): void {
@@ -45,13 +46,14 @@ export function timelineMark(step: string): void {
 }
 
 /**
- * End the timeline: its marks (undefined when none ran) and its start on the monotonic clock in
- * microseconds (a CPU profile's timestamps are on it), for one debug line.
+ * End the timeline: its marks (undefined when none ran), its start on the monotonic clock in
+ * microseconds (a CPU profile's timestamps are on it) and in epoch milliseconds (a log line's
+ * `time`), for one debug line.
  */
-export function timelineEnd(): { steps: Mark[]; startUs: number } | undefined {
+export function timelineEnd(last = 'answered'): { steps: Mark[]; startUs: number; startMs: number } | undefined {
   if (current === undefined) return undefined;
-  timelineMark('answered');
-  const done = { steps: current.marks, startUs: Number(current.t0 / 1000n) };
+  timelineMark(last);
+  const done = { steps: current.marks, startUs: Number(current.t0 / 1000n), startMs: current.epochMs };
   current = undefined;
   return done;
 }

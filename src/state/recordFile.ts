@@ -30,6 +30,11 @@ export class RecordFile<T> {
     const key = fileIdentitySync(this.file);
     if (this.cached?.key === key) return this.cached.value;
     let value: T | undefined;
+    // No file (the QoS intent record of a gateway without QoS): the stat said so, no open to wait for.
+    if (key === '-') {
+      this.cached = { value, key };
+      return value;
+    }
     try {
       value = this.parse(JSON.parse(await fs.readFile(this.file, 'utf8')));
     } catch (e) {

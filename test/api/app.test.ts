@@ -312,6 +312,33 @@ describe('limits, auth, probes', () => {
     expect((await request(app).get('/readyz').expect(503)).body.reasons).toEqual(['waiting for interface(s) net1']);
   });
 
+  it('?waitMs= holds /readyz until ready, or answers as without it once the wait is over', async () => {
+    // Not ready, nothing changes: the wait runs out and the answer is the 503 with its reasons.
+    const t0 = performance.now();
+    const timedOut = await request(app).get('/readyz?waitMs=50').expect(503);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(45);
+    expect(timedOut.body.reasons).toEqual(['starting']);
+    // Ready while the request waits: answered 200 at that moment, well before its wait ends.
+    const held = request(app)
+      .get('/readyz?waitMs=20000')
+      .then((r) => r);
+    agent.setInterfaces([]);
+    await agent.resync('start');
+    const at = performance.now();
+    const ok = await held;
+    expect(ok.status).toBe(200);
+    expect(performance.now() - at).toBeLessThan(10_000);
+    // Ready already: no wait at all.
+    await request(app).get('/readyz?waitMs=30000').expect(200);
+  });
+
+  it('refuses a waitMs that is not a whole number of milliseconds up to 30 s', async () => {
+    for (const bad of ['-1', '1.5', 'soon', '30001', '']) {
+      const res = await request(app).get(`/readyz?waitMs=${bad}`).expect(400);
+      expect(res.body.message).toContain('waitMs');
+    }
+  });
+
   it('exports the sync metrics', async () => {
     await request(app).put(`/v1/dnats/${DNAT_ID}`).send({ internalIp: '10.0.1.6', internalPort: 80 }).expect(201);
     engine.refuse = () => new Error('no');

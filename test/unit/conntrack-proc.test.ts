@@ -216,6 +216,32 @@ describe('Conntrack: the kernel table decides which flushes run', () => {
   });
 });
 
+describe("restart hygiene's listing (listAll)", () => {
+  const listingOf = (statText: string | undefined) => {
+    const exec = Object.assign(new RecordingExecutor(() => ({ stdout: TCP4.slice(9) })), { readKernelFile: async () => statText });
+    return { exec, listed: () => new Conntrack(exec).listAll() };
+  };
+
+  it('a namespace that holds no entry: both families answer empty, no conntrack runs', async () => {
+    const k = listingOf(stat(0));
+    const r = await k.listed();
+    expect(k.exec.calls).toEqual([]);
+    expect(r.map((x) => [x.command, x.exitCode, x.stdout])).toEqual([
+      ['conntrack -L -f ipv4 -o extended', 0, ''],
+      ['conntrack -L -f ipv6 -o extended', 0, ''],
+    ]);
+  });
+
+  it('any entry, statistics not understood or unreadable: both families are listed', async () => {
+    for (const statText of [stat(1), 'no such thing', undefined]) {
+      const k = listingOf(statText);
+      const r = await k.listed();
+      expect(k.exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4 -o extended', '-L -f ipv6 -o extended']);
+      expect(r[0]?.stdout).toContain('dport=8080');
+    }
+  });
+});
+
 describe('natgw_conntrack_flushes_total', () => {
   it('counts the flushes the kernel table skipped beside those the hit witness skipped', async () => {
     const m = new Metrics();

@@ -23,4 +23,39 @@ describe("the daemon's V8 settings", () => {
     const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8' });
     expect({ stdout: r.stdout, stderr: r.stderr, status: r.status }).toEqual({ stdout: 'ok', stderr: '', status: 0 });
   });
+
+  describe('bin/heapFlags.cjs: the heap flags keep bounding the heap, and stop failing code caches', () => {
+    const heapFlags = new URL('../../bin/heapFlags.cjs', import.meta.url).pathname;
+    const probe = (flags: readonly string[], reset: boolean) => {
+      const script = [
+        reset ? `require(${JSON.stringify(heapFlags)}).unhashHeapFlags();` : '',
+        "const v8 = require('node:v8');",
+        'const spaces = Object.fromEntries(v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_size]));',
+        'process.stdout.write(JSON.stringify({ tag: v8.cachedDataVersionTag(), limit: v8.getHeapStatistics().heap_size_limit, newSpace: spaces.new_space }));',
+      ].join('\n');
+      return import('node:child_process').then(
+        ({ execFileSync }) =>
+          JSON.parse(execFileSync(process.execPath, [...flags, '-e', script], { encoding: 'utf8' })) as { tag: number; limit: number; newSpace: number },
+      );
+    };
+
+    it("after the reset the flag hash is plain Node.js's (its built-in code cache is accepted), the heap as the flags set it", async () => {
+      const plain = await probe([], false);
+      const flagged = await probe(DAEMON_NODE_FLAGS, false);
+      const reset = await probe(DAEMON_NODE_FLAGS, true);
+      // Without the reset the flags change the hash: what made every start compile the built-ins.
+      expect(flagged.tag).not.toBe(plain.tag);
+      expect(reset.tag).toBe(plain.tag);
+      // The bounds were fixed when the heap was made: the reset leaves them as the flags asked.
+      expect(reset.limit).toBe(flagged.limit);
+      expect(reset.newSpace).toBe(flagged.newSpace);
+      expect(reset.limit).not.toBe(plain.limit);
+    });
+
+    it('handles every flag the daemon is started with (a new one must be read at heap creation only, or not be here)', async () => {
+      const { HEAP_FLAGS, unhashHeapFlags } = (await import(heapFlags)) as { HEAP_FLAGS: string[]; unhashHeapFlags: (argv: string[]) => string[] };
+      expect(DAEMON_NODE_FLAGS.every((f) => HEAP_FLAGS.some((h) => f.startsWith(`${h}=`)))).toBe(true);
+      expect(unhashHeapFlags([])).toEqual([]);
+    });
+  });
 });
