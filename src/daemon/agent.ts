@@ -340,7 +340,8 @@ export class Agent implements AgentService {
         this.readyWaiters = this.readyWaiters.filter((w) => w !== done);
         resolve();
       };
-      const timer = setTimeout(done, timeoutMs);
+      // Its connection keeps the process alive as long as it needs; the timer alone must not delay a shutdown.
+      const timer = setTimeout(done, timeoutMs).unref();
       this.readyWaiters.push(done);
     });
   }

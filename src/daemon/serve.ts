@@ -19,7 +19,7 @@ import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSe
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
 import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
-import { enableTimeline, timelineEnd, timelineMark, timelineStart } from '../observe/timeline.js';
+import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../observe/timeline.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -106,7 +106,8 @@ export async function serve(config: Config): Promise<number> {
     agent: {
       resync: (reason) =>
         agent.resync(reason).finally(() => {
-          if (reason === 'start') {
+          // A request's timeline begun meanwhile (a bulk PUT at debug level) replaced it: left to that request.
+          if (reason === 'start' && timelineBegunAs() === 'serve') {
             const timeline = timelineEnd('first sync over');
             if (timeline) log.debug(timeline, 'start timeline (ms since serve began: wall, CPU)');
           }

@@ -35,6 +35,11 @@ export function timelineStart(first = 'request'): void {
   timelineMark(first);
 }
 
+/** The first step of the timeline under way, if any (the daemon's start ends only its own). */
+export function timelineBegunAs(): string | undefined {
+  return current?.marks[0]?.step;
+}
+
 export function timelineMark(step: string): void {
   if (current === undefined) return;
   const cpu = process.cpuUsage(current.cpu0);

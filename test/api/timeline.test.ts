@@ -105,3 +105,25 @@ describe('bulk PUT timeline', () => {
     expect(lines().some((l) => String(l.msg).startsWith('bulk PUT timeline'))).toBe(false);
   });
 });
+
+describe("the start's timeline beside a request's", () => {
+  it('a timeline begun later replaces it, and the start then knows it is not its own to end', async () => {
+    const { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } = await import('../../src/observe/timeline.js');
+    const was = timelineEnabled();
+    enableTimeline(true);
+    try {
+      timelineStart('serve');
+      timelineMark('serving');
+      expect(timelineBegunAs()).toBe('serve');
+      timelineStart();
+      expect(timelineBegunAs()).toBe('request');
+      const ended = timelineEnd();
+      expect(ended?.steps.map((s) => s.step)).toEqual(['request', 'answered']);
+      expect(typeof ended?.startMs).toBe('number');
+      expect(timelineBegunAs()).toBeUndefined();
+    } finally {
+      timelineEnd();
+      enableTimeline(was);
+    }
+  });
+});
