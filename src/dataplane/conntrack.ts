@@ -206,12 +206,17 @@ export class Conntrack {
     return { deleted, skipped };
   }
 
+  /** Whether the namespace's entry count (PROC_CONNTRACK_STAT) proves it tracks no connection at all. */
+  private async tracksNothing(): Promise<boolean> {
+    const stat = await this.exec.readKernelFile?.(PROC_CONNTRACK_STAT);
+    return stat !== undefined && parseConntrackEntries(stat) === 0;
+  }
+
   /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
   private async kernelTable(): Promise<TrackedFlow[] | undefined> {
     // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
     // shim's own connections untracked): the count says so without walking the hash.
-    const stat = await this.exec.readKernelFile?.(PROC_CONNTRACK_STAT);
-    if (stat !== undefined && parseConntrackEntries(stat) === 0) return [];
+    if (await this.tracksNothing()) return [];
     const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
     const flows = text === undefined ? undefined : parseProcConntrack(text);
     if (!flows && this.exec.readKernelFile)
@@ -291,8 +296,7 @@ export class Conntrack {
     const args = (fam: string) => ['-L', '-f', fam, '-o', 'extended'];
     // A pod just (re)started holds no entry at all: the count says so without two processes
     // (~10 ms beside the start's address batch, on the restore's path to readiness).
-    const stat = await this.exec.readKernelFile?.(PROC_CONNTRACK_STAT);
-    if (stat !== undefined && parseConntrackEntries(stat) === 0)
+    if (await this.tracksNothing())
       return HYGIENE_FAMILIES.map((fam) => ({
         command: ['conntrack', ...args(fam)].join(' '),
         exitCode: 0,

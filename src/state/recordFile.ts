@@ -1,5 +1,5 @@
 import { promises as fs } from 'node:fs';
-import { fileIdentitySync } from '../system/fileIdentity.js';
+import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { writeFileAtomic } from './store.js';
 
 /**
@@ -31,7 +31,7 @@ export class RecordFile<T> {
     if (this.cached?.key === key) return this.cached.value;
     let value: T | undefined;
     // No file (the QoS intent record of a gateway without QoS): the stat said so, no open to wait for.
-    if (key === '-') {
+    if (key === NO_FILE) {
       this.cached = { value, key };
       return value;
     }

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
 import { bootId } from '../system/bootId.js';
-import { fileIdentitySync } from '../system/fileIdentity.js';
+import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
 import { timelineMark } from '../observe/timeline.js';
@@ -517,7 +517,7 @@ export class StateStore {
   private async replayJournal(snapshot: DesiredState, sha: string, read: JournalBook): Promise<DesiredState> {
     // Most loads find no journal (a snapshot was just written): a stat says so without an open
     // through libuv's pool, which waits its turn on a busy event loop (a restore: ~4 ms).
-    if (fileIdentitySync(this.journalFile) === '-') return snapshot;
+    if (fileIdentitySync(this.journalFile) === NO_FILE) return snapshot;
     let text: string;
     try {
       text = await fs.readFile(this.journalFile, 'utf8');

@@ -1,5 +1,8 @@
 import { statSync } from 'node:fs';
 
+/** fileIdentitySync's answer for a file that does not exist. */
+export const NO_FILE = '-';
+
 /**
  * A file's identity as inode, size and mtime ('-' when absent): what tells this process that
  * another writer (an in-process shim run, a person, a restored backup) replaced or changed a
@@ -9,5 +12,5 @@ import { statSync } from 'node:fs';
  */
 export function fileIdentitySync(file: string): string {
   const st = statSync(file, { bigint: true, throwIfNoEntry: false });
-  return st === undefined ? '-' : `${st.ino}:${st.size}:${st.mtimeNs}`;
+  return st === undefined ? NO_FILE : `${st.ino}:${st.size}:${st.mtimeNs}`;
 }
