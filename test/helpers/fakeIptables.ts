@@ -1,8 +1,9 @@
 /**
  * A small iptables in memory, answering the tools natgw runs through the Executor:
  * `{ip,ip6}tables-<variant>-save -t <table>`, `…-restore --noflush` (`*table`, `:CHAIN`,
- * `-A`, `-I n`, `-D n|spec`, `-F`, `-X`, `COMMIT`; all or nothing, as iptables-restore
- * commits a table at once) and the variant probe `iptables-legacy -t nat -S INPUT 1`.
+ * `-A`, `-I n`, `-D n|spec`, `-F`, `-X`, `COMMIT`; each table all or nothing at its COMMIT, in
+ * order, as iptables-restore commits them: a refusal leaves the tables before it committed)
+ * and the variant probe `iptables-legacy -t nat -S INPUT 1`.
  * Enough for the backend switch; rule specs are opaque text, matched exactly.
  */
 import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
@@ -20,8 +21,10 @@ const TOOL = /^(ip6?tables)-(legacy|nft)-(save|restore)$/;
 export class FakeIptables {
   /** `iptables-nft/nat` → chain → rules (without `-A CHAIN`). */
   private readonly tables = new Map<string, Table>();
-  /** Refuse a restore whose input this matches (a cleanup that fails, say). */
+  /** Refuse a restore whose input this matches (a cleanup that fails, say): nothing of it commits. */
   fault: ((input: string) => string | undefined) | undefined;
+  /** Refuse one table's COMMIT (its name, its lines): the tables before it in the input stay committed. */
+  commitFault: ((table: string, lines: readonly string[]) => string | undefined) | undefined;
 
   private table(tool: string, name: string): Table {
     const k = `${tool}/${name}`;
@@ -65,22 +68,32 @@ export class FakeIptables {
   }
 
   private restore(tool: string, input: string): Partial<ExecResult> {
-    const work = new Map([...this.tables].map(([k, t]) => [k, new Map([...t].map(([c, rs]) => [c, [...rs]]))]));
+    const copy = (t: Table): Table => new Map([...t].map(([c, rs]) => [c, [...rs]]));
     let current: Table | undefined;
     let name = '';
+    let section: string[] = [];
     const lines = input.split('\n');
     for (const [i, raw] of lines.entries()) {
       const line = raw.trim();
       const fail = (why: string): Partial<ExecResult> => ({ exitCode: 1, stderr: `${tool}-restore: line ${i + 1} failed: ${why}\n` });
-      if (line === '' || line.startsWith('#') || line === 'COMMIT') continue;
+      if (line === '' || line.startsWith('#')) continue;
+      if (line === 'COMMIT') {
+        if (!current) return fail('no table');
+        const refused = this.commitFault?.(name, section);
+        if (refused) return fail(refused);
+        this.tables.set(`${tool}/${name}`, current);
+        current = undefined;
+        continue;
+      }
       if (line.startsWith('*')) {
         name = line.slice(1);
-        const k = `${tool}/${name}`;
-        if (!work.has(k)) work.set(k, new Map((BUILTIN[name] ?? []).map((c) => [c, []])));
-        current = work.get(k);
+        section = [];
+        const held = this.tables.get(`${tool}/${name}`);
+        current = held ? copy(held) : new Map((BUILTIN[name] ?? []).map((c) => [c, []]));
         continue;
       }
       if (!current) return fail('no table');
+      section.push(line);
       const t: Table = current;
       if (line.startsWith(':')) {
         // --noflush: declaring an existing user chain flushes it.
@@ -120,7 +133,6 @@ export class FakeIptables {
           return fail(`unknown ${flag}`);
       }
     }
-    for (const [k, t] of work) this.tables.set(k, t);
     return {};
   }
 }

@@ -113,6 +113,57 @@ describe('the notrack chain in the raw table', () => {
     expect(lines).toHaveLength(1);
   });
 
+  it('goes in with nat and mangle in one run, raw first, and the dry run shows that order', async () => {
+    const ipt = new FakeIptables();
+    const { b, exec } = backend(ipt);
+    const dry = await b.sync(WANT, { dryRun: true });
+    exec.calls.length = 0;
+    const first = await b.sync(WANT);
+    const runs = exec.calls.filter((c) => c.file === 'iptables-nft-restore');
+    expect(runs).toHaveLength(1);
+    expect(runs[0]?.input).toBe(first.script);
+    expect(first.script).toBe(dry.script);
+    expect(first.script.indexOf('*raw')).toBe(0);
+    expect(first.script.indexOf('*nat')).toBeGreaterThan(0);
+    expect(ipt.rules(TOOL, 'raw', 'NATGW_NOTRACK')).toEqual(RULES);
+    expect(ipt.rules(TOOL, 'nat', 'SHARED_DNAT')).toHaveLength(1);
+  });
+
+  it('a refusal of nat after raw committed is thrown, and the NAT is not run a second time', async () => {
+    const ipt = new FakeIptables();
+    ipt.commitFault = (table) => (table === 'nat' ? 'Invalid argument' : undefined);
+    const { log, lines } = warnings();
+    const { b, exec } = backend(ipt, log);
+    await expect(b.sync(WANT)).rejects.toThrow(/refused the raw and nat and mangle table transactions: .*line \d+ failed: Invalid argument/);
+    // raw committed before nat's COMMIT refused: in the kernel, and no warning about it.
+    expect(ipt.rules(TOOL, 'raw', 'NATGW_NOTRACK')).toEqual(RULES);
+    expect(ipt.rules(TOOL, 'nat', 'SHARED_DNAT')).toBeUndefined();
+    expect(exec.calls.filter((c) => c.file === 'iptables-nft-restore')).toHaveLength(1);
+    expect(lines).toHaveLength(0);
+    // The engine's retry is a full sync: it reads back, and finds raw needs nothing.
+    ipt.commitFault = undefined;
+    exec.calls.length = 0;
+    const retry = await b.sync(WANT);
+    expect(retry.script).not.toContain('*raw');
+    expect(ipt.rules(TOOL, 'nat', 'SHARED_DNAT')).toHaveLength(1);
+  });
+
+  it('a refusal of raw itself leaves nothing half-done: the NAT then goes in alone', async () => {
+    const ipt = new FakeIptables();
+    ipt.commitFault = (table) => (table === 'raw' ? 'No such file or directory' : undefined);
+    const { log, lines } = warnings();
+    const { b, exec } = backend(ipt, log);
+    const report = await b.sync(WANT);
+    const runs = exec.calls.filter((c) => c.file === 'iptables-nft-restore').map((c) => c.input ?? '');
+    expect(runs).toHaveLength(2);
+    expect(runs[0]?.startsWith('*raw')).toBe(true);
+    expect(runs[1]?.startsWith('*nat')).toBe(true);
+    expect(report.script).toBe(runs[1]);
+    expect(ipt.rules(TOOL, 'raw', 'NATGW_NOTRACK')).toBeUndefined();
+    expect(ipt.rules(TOOL, 'nat', 'SHARED_DNAT')).toHaveLength(1);
+    expect(lines).toHaveLength(1);
+  });
+
   it('a raw table that cannot be read is left alone: the sync of nat and mangle goes on', async () => {
     const ipt = new FakeIptables();
     const exec = new RecordingExecutor((r) =>

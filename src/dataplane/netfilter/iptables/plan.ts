@@ -16,7 +16,8 @@ export type TableName = 'nat' | 'mangle' | 'raw';
 /**
  * The tables natgw edits in one family. The raw table holds one static chain that keeps the
  * shim listener's loopback connections out of conntrack (netfilter/notrack.ts): IPv4 only,
- * where that listener is, and last, so that a kernel without it has its NAT committed first.
+ * where that listener is. Listed last: a removal takes nat first (one it refuses leaves every
+ * table as it was); a sync puts raw's script first in its run (IptablesBackend.apply).
  */
 export const tablesOf = (family: 4 | 6): readonly TableName[] => (family === 4 ? ['nat', 'mangle', 'raw'] : ['nat', 'mangle']);
 
