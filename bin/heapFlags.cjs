@@ -10,12 +10,32 @@
 // is checked against the same hash. Only these two flags: others may be read at run time.
 const HEAP_FLAGS = ['--max-semi-space-size', '--max-old-space-size'];
 
+/**
+ * V8's flag setter, without loading node:v8 for it: that module and its own imports (heap
+ * utilities, streams) compile from source while the hash is still the flagged one, ~5 ms of a
+ * start before the replay's first spawn. process.binding('v8') is the very binding node:v8
+ * wraps; it is deprecated, so its one-time warning (on stderr, where a shim must write nothing
+ * on success) is silenced for the call. A Node.js that no longer offers it gets node:v8's.
+ */
+function flagSetter() {
+  const quiet = process.noDeprecation;
+  process.noDeprecation = true;
+  try {
+    const binding = process.binding('v8');
+    if (typeof binding.setFlagsFromString === 'function') return (flags) => binding.setFlagsFromString(flags);
+  } catch {
+  } finally {
+    process.noDeprecation = quiet;
+  }
+  return (flags) => require('node:v8').setFlagsFromString(flags);
+}
+
 /** Set the heap-size flags this process was started with back to V8's defaults (idempotent). */
 function unhashHeapFlags(execArgv = process.execArgv) {
   const given = HEAP_FLAGS.filter((f) => execArgv.some((a) => a.startsWith(`${f}=`)));
   if (given.length === 0) return [];
-  const v8 = require('node:v8');
-  for (const f of given) v8.setFlagsFromString(`${f}=0`);
+  const set = flagSetter();
+  for (const f of given) set(`${f}=0`);
   return given;
 }
 

@@ -52,6 +52,22 @@ describe("the daemon's V8 settings", () => {
       expect(reset.limit).not.toBe(plain.limit);
     });
 
+    it('resets without loading node:v8 and writes nothing on stderr (the binding is deprecated; its warning is silenced)', async () => {
+      const { spawnSync } = await import('node:child_process');
+      const script = [
+        `require(${JSON.stringify(heapFlags)}).unhashHeapFlags();`,
+        "const loaded = process.moduleLoadList.includes('NativeModule v8');",
+        "process.stdout.write(JSON.stringify({ loaded, tag: require('node:v8').cachedDataVersionTag(), noDeprecation: process.noDeprecation ?? null }));",
+      ].join('\n');
+      const r = spawnSync(process.execPath, [...DAEMON_NODE_FLAGS, '-e', script], { encoding: 'utf8' });
+      expect(r.stderr).toBe('');
+      const out = JSON.parse(r.stdout) as { loaded: boolean; tag: number; noDeprecation: boolean | null };
+      expect(out.loaded).toBe(false);
+      expect(out.tag).toBe((await probe([], false)).tag);
+      // The silencing was for the one call: later deprecations still warn.
+      expect(out.noDeprecation).toBeNull();
+    });
+
     it('handles every flag the daemon is started with (a new one must be read at heap creation only, or not be here)', async () => {
       const { HEAP_FLAGS, unhashHeapFlags } = (await import(heapFlags)) as { HEAP_FLAGS: string[]; unhashHeapFlags: (argv: string[]) => string[] };
       expect(DAEMON_NODE_FLAGS.every((f) => HEAP_FLAGS.some((h) => f.startsWith(`${h}=`)))).toBe(true);
