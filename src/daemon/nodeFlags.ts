@@ -42,6 +42,12 @@
  * against 98/112 and 106/106 with 1 MiB; after a bulk PUT 98/106 and 95/96. Within the 150 MiB
  * budget: 4 MiB.
  *
+ * What they still cost (2-core machine, medians of 9 starts): Node.js's own bootstrap, before
+ * any user code can reset them, reaches the first line of a script at ~26 ms against ~20 without
+ * flags, and the same with any other V8 flag (`--stack-size=985`): the modules it loads before
+ * that line are compiled under the flagged hash. The reset itself took ~5.5 ms while it loaded
+ * node:v8 for its setter; through V8's binding it takes ~0.5 ms (bin/heapFlags.cjs).
+ *
  * Applied where natgw starts the daemon: the autostart (cli/forward.ts) and the shim's
  * `serve` (image/nat-gateway.sh, kept equal to this by a test).
  */
