@@ -81,7 +81,7 @@ describe.each(BACKENDS.filter((b) => b.iptablesVariant))('the raw table first in
     await dnatPasses();
     const warnings = (daemon?.logs() ?? '').split('\n').filter((l) => l.includes('iptables raw table refused'));
     expect(warnings).toHaveLength(1);
-    expect(JSON.parse(warnings[0] as string)).toMatchObject({ level: 40, err: expect.stringContaining('injected fault') });
+    expect(JSON.parse(warnings[0] as string)).toMatchObject({ level: 40, err: expect.stringMatching(/refused the raw table transaction: injected fault/) });
 
     // The kernel "gained the module": a restart's full sync reads back and adds raw's chain alone.
     faults.disarm();

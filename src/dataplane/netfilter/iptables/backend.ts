@@ -282,7 +282,7 @@ export class IptablesBackend implements NetfilterBackend {
       if (!(e instanceof ToolError) || e.timedOut) throw e;
       const now = await this.read('raw', family).catch(() => undefined);
       if (now === undefined || planTable(now, rawWant).changes === 0) throw e;
-      this.rawUnusable(e, 'refused');
+      this.rawUnusable(new ToolError(e.command, 'the raw table transaction', e.exitCode, e.stderr, raw), 'refused');
       await this.restore(family, touched, script);
       return false;
     }
