@@ -2,7 +2,7 @@
  * `node dist/bench/bulkTimeline.js [size=10000] [runs=5] [nftables|iptables] [--cpu-prof <dir>] [--node-flags '<flags>']`:
  * the bulk PUT /v1/state into an empty gateway as `npm run bench` makes it (a dry run first),
  * with the daemon at debug level, run by run in fresh namespaces; prints the daemon's CPU for
- * the PUT (/proc/<pid>/stat), its peak RSS and its own timeline of the PUT (observe/timeline.ts:
+ * the PUT (/proc/<pid>/stat), its peak RSS and its own timeline of the PUT (system/timeline.ts:
  * wall and CPU ms at each step), then the medians. The daemon's CPU and the order of its steps
  * are what to compare between builds on a shared machine; its wall time swings with the load.
  * `--cpu-prof <dir>` also writes the daemon's V8 CPU profile there (at its exit); `--node-flags

@@ -3,7 +3,7 @@
  * per-command API series (bench/commands.ts, same order, same identities) against one gateway
  * whose daemon logs at debug level, each series just after a series of the bench's kernel floor;
  * then per command the medians of the client's time, of the daemon's own (request → answered),
- * and of each step of the daemon's timeline (src/observe/timeline.ts: the request, the queue,
+ * and of each step of the daemon's timeline (src/system/timeline.ts: the request, the queue,
  * the lock, the plan, the tool, the journal's write and sync, the conntrack check), as the time
  * from the step before. Where a command's milliseconds go, beside the floor's.
  */

@@ -6,7 +6,7 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-/** One step of a daemon's debug timeline (src/observe/timeline.ts): ms since the request. */
+/** One step of a daemon's debug timeline (src/system/timeline.ts): ms since the request. */
 export interface TimelineStep {
   readonly step: string;
   readonly wallMs: number;

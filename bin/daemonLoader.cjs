@@ -15,7 +15,7 @@ function compile(file, cachedData) {
   return new vm.Script(`(function (exports, require, module, __filename, __dirname) {${source}\n})`, { filename: file, cachedData });
 }
 
-/** Evaluate the bundle as CommonJS module `file`; returns its exports (src/daemon/bundleEntry.ts). */
+/** Evaluate the bundle as CommonJS module `file`; returns its exports (src/cli/bundleEntry.ts). */
 function load(script, file) {
   const wrapper = script.runInThisContext();
   const module = { exports: {} };

@@ -7,7 +7,7 @@
 // - dist/natgw/daemon/serve.cjs (+ serve.cjs.cache): the same CLI as one CommonJS file with a
 //   V8 code cache, which bin/natgw.js runs for `natgw serve`: compiling the daemon's ~3 MB of
 //   JavaScript is replaced by loading the cache (~10 ms instead of ~70 ms). Its entry is
-//   src/daemon/bundleEntry.ts; the cache is written after its `warm` initialised the modules a
+//   src/cli/bundleEntry.ts; the cache is written after its `warm` initialised the modules a
 //   start runs, so that it holds their compiled code too. The cache is made under the daemon's
 //   own V8 flags (DAEMON_NODE_FLAGS), which V8 checks it against; any other node binary or
 //   flags reject it and the source is compiled as usual.
@@ -75,7 +75,7 @@ await build({
 const daemon = join(outdir, 'daemon', 'serve.cjs');
 await build({
   ...common,
-  entryPoints: [join(root, 'dist', 'src', 'daemon', 'bundleEntry.js')],
+  entryPoints: [join(root, 'dist', 'src', 'cli', 'bundleEntry.js')],
   format: 'cjs',
   outfile: daemon,
   // Two folders below dist/ as well, for the same import.meta.url paths.

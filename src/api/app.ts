@@ -8,7 +8,7 @@ import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.
 import { parseStateBody } from './stateDoc.js';
 import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
-import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../observe/timeline.js';
+import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../system/timeline.js';
 import type { AgentService, HaService } from './service.js';
 import type { DesiredState } from '../state/state.js';
 
@@ -162,7 +162,7 @@ export function createApp(deps: AppDeps): Express {
     next();
   });
   if (deps.auth) app.use(authenticate(deps.auth));
-  // Debug level: a bulk PUT's critical path, step by step (observe/timeline.ts).
+  // Debug level: a bulk PUT's critical path, step by step (system/timeline.ts).
   enableTimeline(log.isLevelEnabled('debug'));
   if (timelineEnabled()) {
     app.put('/v1/state', (_req, res, next) => {

@@ -10,7 +10,7 @@ import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */

@@ -19,7 +19,7 @@ import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSe
 import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
 import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
-import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../observe/timeline.js';
+import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),

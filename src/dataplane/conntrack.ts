@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import type { ExecResult, Executor } from '../system/exec.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 
 export interface ConntrackFilter {
   readonly dst: string;

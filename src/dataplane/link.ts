@@ -6,7 +6,7 @@ import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 
 /**
  * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired

@@ -21,7 +21,7 @@ import { adoptState } from './adopt.js';
 import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
 import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 
 export interface EngineDeps {
   readonly config: Config;

@@ -2,7 +2,7 @@ import type { ApplyReport, Engine, Transaction } from './engine.js';
 import type { DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import { NotInitializedError } from '../model/errors.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 
 /**
  * The daemon's one queue. Every change (a legacy command, an API change, a resync) runs as

@@ -9,7 +9,7 @@ import { bootId } from '../system/bootId.js';
 import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
 import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from '../system/timeline.js';
 
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the

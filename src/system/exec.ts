@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { unlinkedFileWith } from './unlinkedInput.js';
-import { timelineMark } from '../observe/timeline.js';
+import { timelineMark } from './timeline.js';
 
 /**
  * The one door to processes. Every tool natgw runs goes through an Executor, with an

@@ -1,5 +1,5 @@
 /**
- * The bulk PUT's timeline (src/observe/timeline.ts): at debug level, one log line per
+ * The bulk PUT's timeline (src/system/timeline.ts): at debug level, one log line per
  * PUT /v1/state with its steps in the order the request went through them, wall and CPU
  * milliseconds never decreasing, and one per command (PUT or DELETE of a resource); at any
  * other level no line and no marks.
@@ -9,7 +9,7 @@ import pino from 'pino';
 import request from 'supertest';
 import { describe, expect, it } from 'vitest';
 import { createApp } from '../../src/api/app.js';
-import { timelineEnabled } from '../../src/observe/timeline.js';
+import { timelineEnabled } from '../../src/system/timeline.js';
 import { waitFor } from '../helpers/poll.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
@@ -108,7 +108,7 @@ describe('bulk PUT timeline', () => {
 
 describe("the start's timeline beside a request's", () => {
   it('a timeline begun later replaces it, and the start then knows it is not its own to end', async () => {
-    const { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } = await import('../../src/observe/timeline.js');
+    const { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } = await import('../../src/system/timeline.js');
     const was = timelineEnabled();
     enableTimeline(true);
     try {

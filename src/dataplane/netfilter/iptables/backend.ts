@@ -8,7 +8,7 @@ import { desiredTables, planTable, renderRestore, savedAfter, tablesOf, type Tab
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
-import { timelineMark } from '../../../observe/timeline.js';
+import { timelineMark } from '../../../system/timeline.js';
 
 export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 

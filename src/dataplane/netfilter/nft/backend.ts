@@ -15,7 +15,7 @@ import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
 import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 import { phases, type PhaseOptions } from './phases.js';
-import { timelineMark } from '../../../observe/timeline.js';
+import { timelineMark } from '../../../system/timeline.js';
 
 /** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
 export { ToolError as NftError } from '../../../model/errors.js';

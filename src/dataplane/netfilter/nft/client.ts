@@ -14,7 +14,7 @@ import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 import { listingsDone, type HitSetRef } from './witness.js';
-import { timelineMark } from '../../../observe/timeline.js';
+import { timelineMark } from '../../../system/timeline.js';
 
 export interface NftClient {
   /** Whether nftables answers here at all (knftables' Present): the backend choice weighs it. */

@@ -12,17 +12,17 @@
 
 /** The CLI (for `serve`: the daemon), as `bin/natgw.js` runs it. */
 export function main(): Promise<unknown> {
-  return import('../cli/main.js');
+  return import('./main.js');
 }
 
 /** Initialise the modules a daemon's start runs, so that their code is compiled (the build). */
 export async function warm(): Promise<void> {
   await Promise.all([
-    import('./serve.js'),
+    import('../daemon/serve.js'),
     import('../api/app.js'),
     import('../config/config.js'),
     import('../config/socketPath.js'),
-    import('../cli/forward.js'),
+    import('./forward.js'),
     import('../system/logger.js'),
   ]);
 }
