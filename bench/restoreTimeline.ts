@@ -7,9 +7,11 @@
  * the spawn (pino's `time`), so that what a restore waits for can be read off, not guessed.
  * `--keep <dir>` leaves a copy of the filled gateway's state dir there; `--path-prefix <dir>` puts
  * a directory first on the daemon's PATH (tool wrappers that log their start and end);
- * `--node-options '<opts>'` is the daemon's NODE_OPTIONS (its non-JSON output is printed too).
+ * `--node-options '<opts>'` is the daemon's NODE_OPTIONS (its non-JSON output is printed too);
+ * `--warm` also stops the restored daemon and starts it again on the kernel it left (a container
+ * restart in a pod that kept its network namespace), and prints that start the same way.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { copyStateFiles, rawApply, splitScript } from './bulk.js';
@@ -36,6 +38,9 @@ async function main(): Promise<void> {
   // `--node-options '<opts>'`: NODE_OPTIONS for the daemon (e.g. `--trace-gc`; its lines are printed as they come).
   const optionsAt = argv.indexOf('--node-options');
   const nodeOptions = optionsAt >= 0 ? argv.splice(optionsAt, 2)[1] : undefined;
+  const warmAt = argv.indexOf('--warm');
+  const warm = warmAt >= 0 && argv.splice(warmAt, 1).length > 0;
+  if (keep) mkdirSync(keep, { recursive: true });
   const size = Number(argv[0] ?? 10000);
   const runs = Number(argv[1] ?? 3);
   const backend = (argv[2] ?? 'nftables') as 'nftables' | 'iptables';
@@ -77,30 +82,23 @@ async function main(): Promise<void> {
         console.log(
           `${backend} run ${r}: raw ${nf} + ip ${raw.rawLinkMs} ms; restore /healthz ${t.healthzMs.toFixed(0)} ms, /readyz ${t.readyzMs.toFixed(0)} ms ×${(t.readyzMs / nf).toFixed(2)}`,
         );
-        for (const text of (gw.daemon?.logTail() ?? '').split('\n')) {
-          if (!text.startsWith('{')) {
-            if (text.trim() !== '') console.log(`        ${text.trim().slice(0, 200)}`);
-            continue;
-          }
-          const line = JSON.parse(text) as LogLine;
-          const { time, msg, level: _l, pid: _p, hostname: _h, ...rest } = line;
-          if (msg?.startsWith('start timeline') && Array.isArray(rest.steps) && typeof rest.startMs === 'number') {
-            const at = rest.startMs - spawnedAt;
-            const steps = rest.steps as Array<{ step: string; wallMs: number; cpuMs: number }>;
-            console.log(
-              `  start timeline (ms since the spawn / CPU since serve began): ${steps.map((s) => `${s.step} +${Math.round(at + s.wallMs)}/${Math.round(s.cpuMs)}`).join(' | ')}`,
-            );
-            continue;
-          }
-          const extra = JSON.stringify(rest);
-          console.log(`  +${String((time ?? spawnedAt) - spawnedAt).padStart(4)} ${msg ?? ''}${extra === '{}' ? '' : ` ${extra.slice(0, 220)}`}`);
-        }
+        printStart(gw.daemon?.logTail() ?? '', spawnedAt);
         if (pathPrefix && existsSync(wrapLog)) {
           for (const l of readFileSync(wrapLog, 'utf8').trim().split('\n').sort()) {
             const [a, b, ...cmd] = l.split(' ');
             const at = (ns: string | undefined) => String(Math.round(Number(ns) / 1e6 - spawnedAt)).padStart(4);
             console.log(`  tool +${at(a)} → +${at(b)} ${cmd.join(' ').slice(0, 120)}`);
           }
+        }
+        if (warm) {
+          await gw.stopDaemon();
+          const again = Date.now();
+          const w = await gw.startDaemon();
+          await new Promise((res) => setTimeout(res, 50));
+          console.log(
+            `${backend} run ${r}, warm restart (kernel intact): /healthz ${w.healthzMs.toFixed(0)} ms, /readyz ${w.readyzMs.toFixed(0)} ms ×${(w.readyzMs / nf).toFixed(2)}`,
+          );
+          printStart(gw.daemon?.logTail() ?? '', again);
         }
         await gw.stopDaemon();
       } finally {
@@ -111,6 +109,30 @@ async function main(): Promise<void> {
     }
   }
   console.log(`${backend} size ${size}: restore ÷ raw netfilter, median of ${runs}: ×${median(ratios).toFixed(2)}`);
+}
+
+/** A start's log lines and its start timeline, each at its milliseconds since `spawnedAt`. */
+function printStart(tail: string, spawnedAt: number): void {
+  for (const text of tail.split('\n')) {
+    if (!text.startsWith('{')) {
+      if (text.trim() !== '') console.log(`        ${text.trim().slice(0, 200)}`);
+      continue;
+    }
+    const line = JSON.parse(text) as LogLine;
+    // A restart's tail begins with the lines of the daemon before it.
+    if ((line.time ?? spawnedAt) < spawnedAt) continue;
+    const { time, msg, level: _l, pid: _p, hostname: _h, ...rest } = line;
+    if (msg?.startsWith('start timeline') && Array.isArray(rest.steps) && typeof rest.startMs === 'number') {
+      const at = rest.startMs - spawnedAt;
+      const steps = rest.steps as Array<{ step: string; wallMs: number; cpuMs: number }>;
+      console.log(
+        `  start timeline (ms since the spawn / CPU since serve began): ${steps.map((s) => `${s.step} +${Math.round(at + s.wallMs)}/${Math.round(s.cpuMs)}`).join(' | ')}`,
+      );
+      continue;
+    }
+    const extra = JSON.stringify(rest);
+    console.log(`  +${String((time ?? spawnedAt) - spawnedAt).padStart(4)} ${msg ?? ''}${extra === '{}' ? '' : ` ${extra.slice(0, 220)}`}`);
+  }
 }
 
 main().catch((e) => {
