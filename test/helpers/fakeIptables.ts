@@ -133,6 +133,8 @@ export class FakeIptables {
           return fail(`unknown ${flag}`);
       }
     }
+    // As iptables-restore: a table left open at the end of the input is an error, not committed.
+    if (current) return { exitCode: 1, stderr: `${tool}-restore: COMMIT expected at line ${lines.length}\n` };
     return {};
   }
 }
