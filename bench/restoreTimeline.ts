@@ -119,8 +119,6 @@ function printStart(tail: string, spawnedAt: number): void {
       continue;
     }
     const line = JSON.parse(text) as LogLine;
-    // A restart's tail begins with the lines of the daemon before it.
-    if ((line.time ?? spawnedAt) < spawnedAt) continue;
     const { time, msg, level: _l, pid: _p, hostname: _h, ...rest } = line;
     if (msg?.startsWith('start timeline') && Array.isArray(rest.steps) && typeof rest.startMs === 'number') {
       const at = rest.startMs - spawnedAt;
