@@ -52,7 +52,7 @@ export async function serve(config: Config): Promise<number> {
     return 1;
   }
 
-  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
+  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
   const engine = new Engine({
     config,
     exec,

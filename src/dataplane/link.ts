@@ -1,8 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { type Executor, type ExecResult, type PendingRun, runChecked } from '../system/exec.js';
+import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
-import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
@@ -276,8 +275,6 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
 export interface LinkSyncOptions extends SyncOptions {
   /** A read-back the caller already made (see LinkManager.view). */
   readonly view?: LinkView;
-  /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
-  readonly batch?: PendingRun;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -340,16 +337,11 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
   return { ext: r.ext, vpc: r.vpc, addresses: strings(r.addresses), routes: strings(r.routes) };
 }
 
-/** How long an `ip -batch -` started at the daemon's start may wait for the first sync (takeBatchAhead). */
-const BATCH_AHEAD_MAX_AGE_MS = 500;
-
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
   /** A view read ahead of the first full sync (readAhead). */
   private ahead: { readonly ext: string; readonly vpc: string; readonly view: Promise<LinkView> } | undefined;
-  /** An `ip -batch -` readAhead started for the first full sync (takeBatchAhead), while the replay still runs. */
-  private batchAhead: { readonly ext: string; readonly vpc: string; readonly at: number; readonly batch: Promise<PendingRun | undefined> } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -494,15 +486,6 @@ export class LinkManager {
   }
 
   /**
-   * `ip -batch -` started now, its script written by the sync it is handed to (a bulk change:
-   * the process starts while the NAT transaction applies, not after it). Undefined where the
-   * executor cannot start a tool ahead.
-   */
-  startBatch(): PendingRun | undefined {
-    return this.exec.start?.({ file: 'ip', args: ['-batch', '-'] });
-  }
-
-  /**
    * The ownership record grown by everything a change from `previous` to `want` may add, durable
    * before it returns (the intent a sync writes before its `ip -batch`).
    */
@@ -558,25 +541,6 @@ export class LinkManager {
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
-    let batch = opts.batch;
-    try {
-      return await this.syncWith(want, previous, opts, (script) => {
-        const started = batch;
-        batch = undefined;
-        return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-      });
-    } finally {
-      // A batch started ahead that this sync had no script for reads nothing and ends.
-      batch?.cancel();
-    }
-  }
-
-  private async syncWith(
-    want: DesiredState,
-    previous: DesiredState | undefined,
-    opts: LinkSyncOptions,
-    runBatch: (script: string) => Promise<ExecResult>,
-  ): Promise<{ changes: number; script: string }> {
     // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
     await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
@@ -604,7 +568,7 @@ export class LinkManager {
     await this.recordIntent(want, previous);
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
     timelineMark('link: intent recorded');
-    const running = runBatch(script);
+    const running = this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
     const after = linkViewAfter(have, ops);
     const r = await running;
@@ -612,7 +576,7 @@ export class LinkManager {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is
       // somewhere in between, and the record (intent) lets the next sync finish the job.
       this.forget();
-      throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
+      throw new ExecError(r, 'the address and route change', script);
     }
     await this.writeOwned(settled);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
@@ -626,12 +590,6 @@ export class LinkManager {
   forget(): void {
     this.trusted = undefined;
     this.ahead = undefined;
-    this.dropBatchAhead();
-  }
-
-  private dropBatchAhead(): void {
-    void this.batchAhead?.batch.then((b) => b?.cancel());
-    this.batchAhead = undefined;
   }
 
   /**
@@ -646,33 +604,6 @@ export class LinkManager {
     // The ownership record too: the sync then only stats it (RecordFile keeps what it read).
     this.owned?.read().catch(() => undefined);
     this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
-    // An EIP the view lacks (a fresh pod) will be added: its `ip -batch -` starts now, fed by the
-    // first sync's link part after NAT is in place as ever, so that at a restore the process
-    // start (~5-20 ms on a loaded 2-core node) is not paid after the replay.
-    this.dropBatchAhead();
-    if (s.eips.length === 0 || !this.exec.start) return;
-    const batch = view.then(
-      (v) => {
-        const held = new Set(v.extAddresses.map((a) => a.address));
-        return s.eips.some((e) => !held.has(e.address)) ? this.startBatch() : undefined;
-      },
-      () => undefined,
-    );
-    batch.catch(() => undefined);
-    this.batchAhead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, at: performance.now(), batch };
-  }
-
-  /** The `ip -batch -` readAhead started, once, if it is for `want`'s interfaces (else it is ended). */
-  takeBatchAhead(want: DesiredState): Promise<PendingRun | undefined> | undefined {
-    const a = this.batchAhead;
-    this.batchAhead = undefined;
-    if (!a) return undefined;
-    // Its deadline (NATGW_TOOL_TIMEOUT, 1 s at least) runs from its start: one waiting longer
-    // than BATCH_AHEAD_MAX_AGE_MS is ended, and the sync starts its own.
-    const fresh = performance.now() - a.at < BATCH_AHEAD_MAX_AGE_MS;
-    if (fresh && a.ext === want.interfaces.ext && a.vpc === want.interfaces.vpc) return a.batch;
-    void a.batch.then((b) => b?.cancel());
-    return undefined;
   }
 
   /** The view readAhead started, once, if it is of `want`'s interfaces; a failed read is made again by the caller. */

@@ -54,7 +54,6 @@ describe('hit witnesses (nftables, real kernel)', () => {
 
   afterAll(async () => {
     await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
-    for (const e of execs) e.inner.session('nft', ['-i']).recycle();
     await topo?.cleanup();
   }, 60_000);
 

@@ -163,7 +163,7 @@ describe('the notrack chain in the raw table', () => {
     expect(ipt.rules(TOOL, 'nat', 'SHARED_DNAT')).toHaveLength(1);
     expect(lines).toHaveLength(1);
     // The warning names what was refused: raw's transaction, not the NAT it ran with.
-    expect(JSON.parse(lines[0] as string).err).toMatch(/^Error: iptables-nft-restore --noflush refused the raw table transaction: .*No such file or directory/);
+    expect(JSON.parse(lines[0] as string).err).toMatch(/^Error: iptables-nft-restore --noflush --wait refused the raw table transaction: .*No such file or directory/);
   });
 
   it('a raw table that cannot be read is left alone: the sync of nat and mangle goes on', async () => {

@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import type { NftTransaction } from '../../src/dataplane/netfilter/nft/transaction.js';
-import { ToolError } from '../../src/model/errors.js';
+import { ExecError } from '../../src/system/exec.js';
 import { RecordingExecutor } from '../../src/system/exec.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 
@@ -30,7 +30,19 @@ function withoutNotrack(): FakeNftClient {
   nft.run = async (tx: NftTransaction | string) => {
     const script = typeof tx === 'string' ? tx : tx.text();
     const line = script.split('\n').find((l) => l.endsWith(' notrack'));
-    if (line) throw new ToolError('nft -f -', 'the transaction', 1, `Error: Could not process rule: No such file or directory\n${line}\n`, script);
+    if (line)
+      throw new ExecError(
+        {
+          command: 'nft -f -',
+          exitCode: 1,
+          stdout: '',
+          stderr: `Error: Could not process rule: No such file or directory\n${line}\n`,
+          timedOut: false,
+          failedToStart: false,
+        },
+        'the transaction',
+        script,
+      );
     await run(tx);
   };
   return nft;

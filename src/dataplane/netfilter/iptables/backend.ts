@@ -1,6 +1,5 @@
 import type { Logger } from 'pino';
-import { type Executor, runChecked } from '../../../system/exec.js';
-import { ToolError } from '../../../model/errors.js';
+import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
@@ -89,7 +88,7 @@ export class IptablesBackend implements NetfilterBackend {
     // Any other failure (a hang, a lock, a crash) is not an empty table: reading it as one
     // would plan to re-create what is there, or adopt nothing.
     if (r.exitCode !== 0 && family === 6 && ip6Unusable(r)) return emptyTable;
-    if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
+    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
     return parseSave(r.stdout);
   }
 
@@ -252,7 +251,7 @@ export class IptablesBackend implements NetfilterBackend {
       await this.restore(family, 'raw', text);
       return true;
     } catch (e) {
-      if (!(e instanceof ToolError)) throw e;
+      if (!(e instanceof ExecError)) throw e;
       this.rawUnusable(e, 'refused');
       return false;
     }
@@ -260,8 +259,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   /**
    * One run for the family's tables: each commits at its own COMMIT, in order (raw, nat, then
-   * mangle), as when each had a run of its own, with one process start (and at a bulk change
-   * the runner's round trip, ~25 ms) less. Raw first: the NAT rules turn tracking on, and a
+   * mangle), as when each had a run of its own, with one process start less. Raw first: the NAT rules turn tracking on, and a
    * shim connection that saw them without the exemption (a delayed ACK of the init command's
    * own connection) would stay in the table as an established entry. The raw table's static
    * chain changes only at init or a repair, and a kernel refusing it (no raw table, no CT
@@ -279,10 +277,10 @@ export class IptablesBackend implements NetfilterBackend {
       await this.restore(family, ['raw', ...touched], raw + script);
       return true;
     } catch (e) {
-      if (!(e instanceof ToolError) || e.timedOut) throw e;
+      if (!(e instanceof ExecError) || e.timedOut) throw e;
       const now = await this.read('raw', family).catch(() => undefined);
       if (now === undefined || planTable(now, rawWant).changes === 0) throw e;
-      this.rawUnusable(new ToolError(e.command, 'the raw table transaction', e.exitCode, e.stderr, raw), 'refused');
+      this.rawUnusable(new ExecError(e, 'the raw table transaction', raw), 'refused');
       await this.restore(family, touched, script);
       return false;
     }
@@ -292,13 +290,8 @@ export class IptablesBackend implements NetfilterBackend {
   private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
     const names = typeof tables === 'string' ? [tables] : tables;
-    // iptables-restore waits for its first line before it locks or reads a table: the daemon's
-    // executor may hand it a process started ahead (ExecRequest.prestartable).
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text, prestartable: true });
-    if (r.exitCode !== 0) {
-      const what = `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`;
-      throw new ToolError(`${tool} --noflush`, what, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
-    }
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
     this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 

@@ -5,8 +5,7 @@
  */
 import { availableParallelism } from 'node:os';
 import type { Logger } from 'pino';
-import { ToolError } from '../../../model/errors.js';
-import type { Executor } from '../../../system/exec.js';
+import { ExecError, type Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
@@ -16,9 +15,6 @@ import { NftTransaction } from './transaction.js';
 import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 import { phases, type PhaseOptions } from './phases.js';
 import { timelineMark } from '../../../system/timeline.js';
-
-/** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
-export { ToolError as NftError } from '../../../model/errors.js';
 
 /**
  * The iptables version line when no iptables tool is installed. SPEC §2 get-iptables-version:
@@ -109,7 +105,7 @@ export class NftBackend implements NetfilterBackend {
     const hits = text === undefined ? undefined : hitsInListing(text);
     const hit = trusted.filter((w) => hits?.has(witnessId(w)));
     if (hit.length > 0) {
-      await this.nft.run(hitDeletesTx(hit, NATGW_TABLE), { partial: true }).catch((e: unknown) => {
+      await this.nft.run(hitDeletesTx(hit, NATGW_TABLE)).catch((e: unknown) => {
         this.log?.warn({ err: e }, 'hit witnesses: a hit element stays until the next full sync');
       });
     }
@@ -133,7 +129,7 @@ export class NftBackend implements NetfilterBackend {
         const tx = NftTransaction.concat(partial.tx, extra);
         if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
         try {
-          await this.nft.run(tx, { partial: true });
+          await this.nft.run(tx);
         } catch (e) {
           this.view = undefined;
           this.trust.clear();
@@ -212,7 +208,7 @@ export class NftBackend implements NetfilterBackend {
       // Handles in the script come from the read-back; another writer may have moved them
       // since. Render once more against a fresh read-back before giving up, without the
       // appended part (its owner then syncs it on its own).
-      if (!(err instanceof ToolError)) throw err;
+      if (!(err instanceof ExecError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
       if (this.notrack && err.stderr.includes(CHAIN.notrack)) {
         // nft names the command the kernel refused: the exemption, not the NAT.
