@@ -18,17 +18,54 @@ export interface LinkMonitorOptions {
    * drift (ARP churn and natgw's own removals are not).
    */
   readonly ownsNeighbour?: (address: string, dev: string) => boolean;
-  /** A link reported administratively up (created, recreated or brought up), undebounced. */
+  /**
+   * A link that came up: brought up, or created (recreated) up; undebounced. Not a flag change
+   * of a link that was up already (promiscuous mode, as tcpdump sets it, is no reason to
+   * announce the EIPs again).
+   */
   readonly onLinkUp?: (ifname: string) => void;
+  /**
+   * The links as `ip -o link show` prints them, read once the monitor runs: what was up before
+   * the first event. Without it a link the monitor has not heard of counts as down.
+   */
+  readonly links?: () => Promise<string>;
 }
 
 /** A line about the QoS probe's throwaway device (probe.ts names it). */
 const PROBE_LINE = new RegExp(`^(?:Deleted )?\\d+: ${PROBE_DEVICE_PREFIX}[0-9a-f]+[:@\\s]`);
 
-/** PURE: the name of a link an `ip -o monitor link` line reports up (flags with UP), else undefined. */
-export function linkUpOf(line: string): string | undefined {
-  const m = /^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
-  return m?.[2]?.split(',').includes('UP') ? m[1] : undefined;
+/** PURE: the link an `ip -o link show` or `ip -o monitor link` line reports, and whether it is up (flags with UP). */
+export function linkStateOf(line: string): { readonly index: number; readonly name: string; readonly up: boolean; readonly deleted: boolean } | undefined {
+  const m = /^(Deleted )?(\d+): ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
+  if (!m) return undefined;
+  return { index: Number(m[2]), name: m[3] as string, up: (m[4] ?? '').split(',').includes('UP'), deleted: m[1] !== undefined };
+}
+
+/**
+ * Which links came up, from the lines that report them: a link (by name and index, so a
+ * recreated one is new) counts once when it goes from not up (or absent) to up.
+ */
+export class LinkUpTracker {
+  private readonly up = new Map<string, number>();
+
+  /** Take the links' current state (`ip -o link show`) without reporting any. */
+  seed(listing: string): void {
+    this.up.clear();
+    for (const line of listing.split('\n')) this.observe(line);
+  }
+
+  /** The name of the link this line shows coming up, else undefined. */
+  observe(line: string): string | undefined {
+    const l = linkStateOf(line);
+    if (!l) return undefined;
+    const wasUp = this.up.get(l.name) === l.index;
+    if (l.deleted || !l.up) {
+      this.up.delete(l.name);
+      return undefined;
+    }
+    this.up.set(l.name, l.index);
+    return wasUp ? undefined : l.name;
+  }
 }
 
 /**
@@ -60,6 +97,9 @@ export class LinkMonitor {
   private stopped = true;
   private restartDelay: number;
   private lastLine = '';
+  private readonly links = new LinkUpTracker();
+  /** Lines are not reported as links coming up until the links' state is read (options.links). */
+  private seeded = false;
   restarts = 0;
 
   constructor(private readonly opts: LinkMonitorOptions) {
@@ -70,6 +110,20 @@ export class LinkMonitor {
     if (!this.stopped) return;
     this.stopped = false;
     this.spawn();
+    const read = this.opts.links;
+    if (!read) {
+      this.seeded = true;
+      return;
+    }
+    // Read once the monitor runs, so that no change falls between the two.
+    read()
+      .then(
+        (text) => this.links.seed(text),
+        (err: unknown) => this.opts.log.warn({ err }, 'links unreadable: a link seen up first counts as come up'),
+      )
+      .finally(() => {
+        this.seeded = true;
+      });
   }
 
   private spawn(): void {
@@ -117,8 +171,8 @@ export class LinkMonitor {
   }
 
   private event(line: string): void {
-    const up = this.opts.onLinkUp ? linkUpOf(line) : undefined;
-    if (up !== undefined) this.opts.onLinkUp?.(up);
+    const up = this.links.observe(line);
+    if (up !== undefined && this.seeded) this.opts.onLinkUp?.(up);
     const gone = deletedNeighbourOf(line);
     const ownLoss = gone !== undefined && (this.opts.ownsNeighbour?.(gone.address, gone.dev) ?? false);
     if (!ownLoss && !mayLoseState(line)) return;

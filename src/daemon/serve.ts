@@ -132,6 +132,7 @@ export async function serve(config: Config): Promise<number> {
     onLinkUp: (ifname) => {
       if (ifname === engine.lastApplied?.interfaces.ext) agent.requestAnnounce();
     },
+    links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
