@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import type { Logger } from 'pino';
 import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
 import { PROBE_DEVICE_PREFIX } from '../dataplane/qos/probe.js';
+import { diesWithNatgw } from '../system/diesWithNatgw.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
@@ -127,10 +128,10 @@ export class LinkMonitor {
   }
 
   private spawn(): void {
-    const [file = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
+    const [tool = 'ip', ...toolArgs] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
     const startedAt = Date.now();
-    // node:child_process, not execa: loading execa alone cost the daemon's start ~30 ms.
-    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LC_ALL: 'C' } });
+    const { file, args } = diesWithNatgw(tool, toolArgs);
+    const child = spawn(file, [...args], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LC_ALL: 'C' } });
     this.child = child;
     // The monitor never outlives natgw, however natgw exits.
     const kill = () => child.kill('SIGTERM');
