@@ -1,8 +1,6 @@
 /**
- * A delete through a running daemon (partial sync: on nftables through the long-lived
- * `nft -i` session, the conntrack flush settled by its summary line) has flushed the old
- * translation's conntrack entries by the time the command answers, on every backend: the
- * shortcuts on the command path must not answer before the kernel is done.
+ * A delete through a running daemon (a partial sync) has flushed the old translation's
+ * conntrack entries by the time the command answers, on every backend.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
