@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ResultPromise } from 'execa';
 import type { Logger } from 'pino';
 import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
 import { PROBE_DEVICE_PREFIX } from '../dataplane/qos/probe.js';
@@ -92,7 +92,8 @@ export function mayLoseState(line: string): boolean {
  * backoff), and a restart reports a change too, since events may have been missed meanwhile.
  */
 export class LinkMonitor {
-  private child: ChildProcess | undefined;
+  private child: ResultPromise | undefined;
+  private cancel: AbortController | undefined;
   private timer: NodeJS.Timeout | undefined;
   private restartTimer: NodeJS.Timeout | undefined;
   private stopped = true;
@@ -129,46 +130,53 @@ export class LinkMonitor {
 
   private spawn(): void {
     const [tool = 'ip', ...toolArgs] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
-    const startedAt = Date.now();
     const { file, args } = diesWithNatgw(tool, toolArgs);
-    const child = spawn(file, [...args], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LC_ALL: 'C' } });
-    this.child = child;
-    // The monitor never outlives natgw, however natgw exits.
-    const kill = () => child.kill('SIGTERM');
-    process.once('exit', kill);
-    let partial = '';
-    child.stdout?.setEncoding('utf8');
-    child.stdout?.on('data', (chunk: string) => {
-      partial += chunk;
-      const lines = partial.split('\n');
-      partial = lines.pop() ?? '';
-      for (const line of lines) if (line.trim() !== '') this.event(line);
+    const cancel = new AbortController();
+    this.cancel = cancel;
+    void this.follow(file, args, cancel.signal);
+  }
+
+  /**
+   * One monitor process on execa, read line by line until it ends: execa kills it when natgw
+   * exits (cleanup) and when stop() cancels it (SIGTERM, SIGKILL if it lingers).
+   */
+  private async follow(file: string, args: readonly string[], signal: AbortSignal): Promise<void> {
+    const startedAt = Date.now();
+    // Loaded with the first monitor, not with the daemon: none of the command path needs it.
+    const { execa } = await import('execa');
+    if (signal.aborted) return;
+    const child = execa(file, args, {
+      stdin: 'ignore',
+      stderr: 'ignore',
+      buffer: false,
+      env: { LC_ALL: 'C' },
+      cancelSignal: signal,
+      forceKillAfterDelay: 2000,
+      reject: false,
     });
-    let ended = false;
-    const end = (exitCode: number | null, signal: NodeJS.Signals | null, error?: Error) => {
-      if (ended) return;
-      ended = true;
-      process.removeListener('exit', kill);
-      if (this.child === child) this.child = undefined;
+    this.child = child;
+    try {
+      for await (const line of child.iterable()) if (line.trim() !== '') this.event(line);
+    } catch {
+      // The process failed or was cancelled: its result says how.
+    }
+    const r = await child;
+    if (this.child === child) this.child = undefined;
+    if (this.stopped) return;
+    // A monitor that ran for a while earns a fresh backoff.
+    if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
+    this.opts.log.warn(
+      { exitCode: r.exitCode, signal: r.signal, failed: r.failed, err: r.failed ? r.shortMessage : undefined, restartInMs: this.restartDelay },
+      'link monitor exited; restarting',
+    );
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = undefined;
       if (this.stopped) return;
-      // A monitor that ran for a while earns a fresh backoff.
-      if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
-      this.opts.log.warn(
-        { exitCode, signal, failed: error !== undefined || exitCode !== 0, err: error?.message, restartInMs: this.restartDelay },
-        'link monitor exited; restarting',
-      );
-      this.restartTimer = setTimeout(() => {
-        this.restartTimer = undefined;
-        if (this.stopped) return;
-        this.restarts++;
-        this.spawn();
-        this.opts.onChange('link monitor restarted');
-      }, this.restartDelay);
-      this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
-    };
-    // A tool that cannot start reports 'error' (and may report 'close' too); one that ran, 'close'.
-    child.on('error', (e) => end(null, null, e));
-    child.on('close', (code, signal) => end(code, signal));
+      this.restarts++;
+      this.spawn();
+      this.opts.onChange('link monitor restarted');
+    }, this.restartDelay);
+    this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
   }
 
   private event(line: string): void {
@@ -198,7 +206,7 @@ export class LinkMonitor {
     if (this.restartTimer) clearTimeout(this.restartTimer);
     this.timer = undefined;
     this.restartTimer = undefined;
-    this.child?.kill('SIGTERM');
+    this.cancel?.abort();
     this.child = undefined;
   }
 }
