@@ -95,7 +95,7 @@ export async function runChecked(exec: Executor, req: ExecRequest, action?: stri
 
 const DEFAULT_TIMEOUT_MS = 30_000;
 
-/** Output kept per stream before the tool is killed: far above any listing natgw reads. */
+/** Output (both streams) kept before the tool is killed: far above any listing natgw reads. */
 const MAX_OUTPUT_BYTES = 100 * 1024 * 1024;
 
 /** The tools' environment: natgw's own, with messages in the C locale (parsers read them). */
@@ -183,7 +183,7 @@ export class SystemExecutor implements Executor {
       }, limit);
       const collect = (into: Buffer[]) => (d: Buffer) => {
         bytes += d.length;
-        if (bytes > 2 * MAX_OUTPUT_BYTES) {
+        if (bytes > MAX_OUTPUT_BYTES) {
           overflow = true;
           killGroup();
           return;
