@@ -1,6 +1,18 @@
 import type { CommandOutput } from '../engine/output.js';
 import type { Executor } from '../system/exec.js';
-import { announce, applyNat, chooseBackend, ipBatch, LbToolError, readLink, readNat, readRoutes, readRulesFrom } from './apply.js';
+import {
+  announce,
+  applyNat,
+  chooseBackend,
+  ipBatch,
+  type LbBackend,
+  LbToolError,
+  type NatRead,
+  readLink,
+  readNat,
+  readRoutes,
+  readRulesFrom,
+} from './apply.js';
 import { COMMANDS, type DnatAdd, type DnatDel, type EipAdd, isCommandName, LbSvcInputError, parseCommand } from './parse.js';
 import { delRouteBatch, eipAddBatch, emptyChange, initBatch, planDnatAdd, planDnatDel, routeBatch, undoRouteBatch } from './plan.js';
 
@@ -70,15 +82,14 @@ async function init(e: LbSvcEnv): Promise<void> {
 
 async function eipAdd(e: LbSvcEnv, rules: readonly EipAdd[]): Promise<void> {
   if (rules.length === 0) return;
-  if ((await readLink(e.exec, e.ext)) === undefined) throw new LbSvcInputError([`Error: External interface '${e.ext}' not found`]);
+  // A missing EXT is `ip`'s own first refusal (`Cannot find device`): nothing is applied.
   await ipBatch(e.exec, 'eip-add', eipAddBatch(e.ext, rules));
   await Promise.all(rules.map((r) => announce(e.exec, e.ext, r.eip.address, r.gateway)));
 }
 
 async function dnatAdd(e: LbSvcEnv, rules: readonly DnatAdd[]): Promise<void> {
   if (rules.length === 0) return;
-  const backend = await chooseBackend(e.exec, e.mode, e.iptablesVariant);
-  const [nat, routes] = await Promise.all([readNat(e.exec, backend), readRoutes(e.exec)]);
+  const [{ backend, nat }, routes] = await Promise.all([readBackend(e), readRoutes(e.exec)]);
   const plan = planDnatAdd(nat, routes, rules);
   // The path first: a refused route (a gateway off-link) leaves nothing behind.
   await ipBatch(e.exec, 'dnat-add routes', routeBatch(plan.routes));
@@ -96,10 +107,14 @@ async function dnatAdd(e: LbSvcEnv, rules: readonly DnatAdd[]): Promise<void> {
 
 async function dnatDel(e: LbSvcEnv, rules: readonly DnatDel[]): Promise<void> {
   if (rules.length === 0) return;
-  const backend = await chooseBackend(e.exec, e.mode, e.iptablesVariant);
-  const [nat, routes] = await Promise.all([readNat(e.exec, backend), readRoutes(e.exec)]);
+  const [{ backend, nat }, routes] = await Promise.all([readBackend(e), readRoutes(e.exec)]);
   const plan = planDnatDel(nat, routes, rules);
   if (!emptyChange(plan.nat)) await applyNat(e.exec, backend, plan.nat);
   // Routes no DNAT needs any more, after the DNATs that used them are gone.
   await ipBatch(e.exec, 'dnat-del routes', delRouteBatch(plan.delRoutes));
+}
+
+async function readBackend(e: LbSvcEnv): Promise<{ backend: LbBackend; nat: NatRead }> {
+  const backend = await chooseBackend(e.exec, e.mode, e.iptablesVariant);
+  return { backend, nat: await readNat(e.exec, backend) };
 }
