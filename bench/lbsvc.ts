@@ -14,6 +14,7 @@
  * The original needs busybox-style `ipcalc -n/-p` (Kube-OVN's image is Alpine): the bench puts a
  * small stand-in first on its PATH.
  */
+import { spawnSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -58,16 +59,39 @@ interface Target {
   readonly name: string;
   readonly argv: readonly string[];
   readonly env: Record<string, string>;
+  /** The iptables-save of the variant its rules are in (iptables targets). */
+  readonly save?: string;
 }
 
-async function runTarget(target: Target, n: number): Promise<{ figures: Figures; floors: { bash: Summary; node: Summary } }> {
+/** The nat table's rules (no counters, no comments), in order. */
+const natRules = (save: string): string =>
+  save
+    .split('\n')
+    .filter((l) => l.startsWith('-A '))
+    .join('\n');
+
+/** The variant the plain `iptables` command is (the original's): `iptables -V` names nf_tables for nft. */
+function defaultVariant(): 'nft' | 'legacy' {
+  return spawnSync('iptables', ['-V'], { encoding: 'utf8' }).stdout?.includes('nf_tables') ? 'nft' : 'legacy';
+}
+
+interface TargetFigures {
+  readonly figures: Figures;
+  readonly floors: { bash: Summary; node: Summary };
+  readonly layout?: string;
+}
+
+async function runTarget(target: Target, n: number): Promise<TargetFigures> {
   const topo: Topology = await createTopology();
   try {
     const runner = new NsRunner(topo, 'gw', { ...topo.natgwEnv(), ...target.env });
     const env = { ...topo.natgwEnv(), ...target.env };
     const times = new Map<Command, number[]>();
     const failures = new Map<Command, { count: number; first: string }>();
+    let layout: string | undefined;
     for (const [cmd, rules] of calls(n)) {
+      // The nat table's rules once every dnat-add is in, as `iptables-save` shows them.
+      if (cmd === 'dnat-del' && layout === undefined && target.save) layout = natRules((await runner.run([target.save, '-t', 'nat'], { env })).stdout);
       const r = await runner.run([...target.argv, cmd, ...rules], { env, timeoutMs: 60_000 });
       times.set(cmd, [...(times.get(cmd) ?? []), r.ms]);
       const error = legacyError(r.exitCode, r.stdout, r.stderr);
@@ -89,7 +113,7 @@ async function runTarget(target: Target, n: number): Promise<{ figures: Figures;
         return [c, { ...summarize(times.get(c) ?? [], f?.count ?? 0), ...(f ? { firstError: f.first } : {}) }];
       }),
     ) as Figures;
-    return { figures, floors: { bash: summarize(bash), node: summarize(node) } };
+    return { figures, floors: { bash: summarize(bash), node: summarize(node) }, layout };
   } finally {
     await topo.cleanup();
   }
@@ -107,12 +131,22 @@ async function main(): Promise<void> {
     writeFileSync(join(bin, 'ipcalc'), IPCALC);
     chmodSync(join(bin, 'ipcalc'), 0o755);
     const targets: Target[] = [
-      { name: 'original', argv: ['bash', values.original], env: { PATH: `${bin}:${process.env.PATH ?? ''}` } },
-      { name: 'natgw iptables-nft', argv: ['bash', LB_SHIM], env: { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'nft' } },
-      { name: 'natgw iptables-legacy', argv: ['bash', LB_SHIM], env: { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'legacy' } },
+      { name: 'original', argv: ['bash', values.original], env: { PATH: `${bin}:${process.env.PATH ?? ''}` }, save: `iptables-${defaultVariant()}-save` },
+      {
+        name: 'natgw iptables-nft',
+        argv: ['bash', LB_SHIM],
+        env: { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'nft' },
+        save: 'iptables-nft-save',
+      },
+      {
+        name: 'natgw iptables-legacy',
+        argv: ['bash', LB_SHIM],
+        env: { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'legacy' },
+        save: 'iptables-legacy-save',
+      },
       { name: 'natgw nftables', argv: ['bash', LB_SHIM], env: { GATEWAY_NETFILTER_MODE: 'nftables' } },
     ];
-    const results: Array<{ name: string; figures: Figures; floors: { bash: Summary; node: Summary } }> = [];
+    const results: Array<TargetFigures & { name: string }> = [];
     for (const t of targets) {
       progress(`lb-svc: ${t.name}, N=${n}`);
       results.push({ name: t.name, ...(await runTarget(t, n)) });
@@ -129,6 +163,13 @@ async function main(): Promise<void> {
       });
       console.log([r.name.padEnd(24), ...cells, String(r.floors.bash.median).padStart(14), String(r.floors.node.median).padStart(11)].join(''));
     }
+    for (const r of results.slice(1)) {
+      if (r.layout === undefined) continue;
+      const same = r.layout === original.layout;
+      console.log(
+        `  ${r.name}: nat table after ${n} dnat-add ${same ? "identical to the original's" : `differs from the original's:\n${r.layout}\n  original:\n${original.layout}`}`,
+      );
+    }
     for (const r of results)
       for (const c of COMMANDS)
         if (r.figures[c].firstError) console.log(`  ${r.name} ${c}: ${r.figures[c].failures} failed, first: ${r.figures[c].firstError}`);
@@ -136,7 +177,7 @@ async function main(): Promise<void> {
       JSON.stringify({
         bench: 'lbsvc',
         n,
-        results: results.map((r) => ({ ...r, floors: { bash: round(r.floors.bash.median), node: round(r.floors.node.median) } })),
+        results: results.map(({ layout: _, ...r }) => ({ ...r, floors: { bash: round(r.floors.bash.median), node: round(r.floors.node.median) } })),
       }),
     );
   } finally {

@@ -107,6 +107,12 @@ describe.each(BACKENDS)('lb-svc.sh on $name', (backend: BackendCase) => {
     expect(rules).toMatch(/iif net1 lookup 100/);
     expect(rules).toMatch(/iif eth0 lookup 100/);
     expect(await gw('ip', 'link', 'show', 'dev', 'net1')).toMatch(/<[^>]*NOARP[^>]*UP[^>]*>/);
+    if (!backend.iptablesVariant) {
+      // natgw's own table from the start, its base chains at the NAT hooks.
+      const table = await netfilter();
+      expect(table).toMatch(/chain prerouting \{\n\t\ttype nat hook prerouting priority dstnat; policy accept;/);
+      expect(table).toMatch(/chain postrouting \{\n\t\ttype nat hook postrouting priority srcnat; policy accept;/);
+    }
     const before = await snapshot();
     await lbOk('init');
     expect(await snapshot()).toBe(before);
@@ -137,6 +143,9 @@ describe.each(BACKENDS)('lb-svc.sh on $name', (backend: BackendCase) => {
     expect(answer.ip).toBe(ADDR.gw);
     expect(await counts()).toEqual({ dnat: 1, masq: 1 });
     expect(await gw('ip', '-4', 'route', 'show', 'table', '100')).toContain(`${ADDR.sub2} via ${ADDR.rtr} dev eth0`);
+    // One backend only: nothing of natgw's in the other.
+    if (backend.iptablesVariant) expect((await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw_lbsvc'], { reject: false })).exitCode).not.toBe(0);
+    else expect(await topo.iptablesSave('nat', 'nft')).not.toContain('-j DNAT');
     if (backend.iptablesVariant) {
       // The script's layout, as `iptables-save` prints it.
       const nat = await netfilter();
@@ -151,6 +160,13 @@ describe.each(BACKENDS)('lb-svc.sh on $name', (backend: BackendCase) => {
     expect(await snapshot()).toBe(before);
     expect(await counts()).toEqual({ dnat: 1, masq: 1 });
     expect(parsePeer(await connect()).ip).toBe(ADDR.gw);
+    if (!backend.iptablesVariant) {
+      // Someone empties natgw's chains: the next init (or any command) puts them back.
+      await topo.exec('gw', ['nft', 'flush', 'chain', 'ip', 'natgw_lbsvc', 'prerouting']);
+      await lbOk('init');
+      expect(await snapshot()).toBe(before);
+      expect(parsePeer(await connect()).ip).toBe(ADDR.gw);
+    }
   });
 
   it('a bad rule among good ones: errors on stdout, status 1, nothing applied', async () => {
