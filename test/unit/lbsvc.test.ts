@@ -1,3 +1,6 @@
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { LbSvcInputError, parseCommand } from '../../src/lbsvc/parse.js';
 import { type Dnat, eipAddBatch, initBatch, type NatView, planDnatAdd, planDnatDel, undoRouteBatch } from '../../src/lbsvc/plan.js';
@@ -207,5 +210,15 @@ describe('lb-svc renderers and readers', () => {
       { dst: '172.20.0.0/24', dev: 'net1', table: '100' },
     ]);
     expect(parseRoutes(json)).toEqual(new Map([['10.96.0.10', '10.0.1.254']]));
+  });
+});
+
+describe('lb-svc in the image', () => {
+  it('ships the shim where Kube-OVN runs it, and the shim only execs natgw lb-svc', () => {
+    const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+    expect(readFileSync(join(root, 'image', 'Dockerfile'), 'utf8')).toMatch(/^COPY image\/lb-svc\.sh \/kube-ovn\/lb-svc\.sh$/m);
+    const shim = readFileSync(join(root, 'image', 'lb-svc.sh'), 'utf8');
+    expect(shim.startsWith('#!/usr/bin/env bash\n')).toBe(true);
+    expect(shim).toMatch(/^exec node "\$entry" lb-svc "\$@"$/m);
   });
 });
