@@ -230,4 +230,45 @@ describe.each(BACKENDS)('lb-svc.sh on $name', (backend: BackendCase) => {
     for (const rule of [`${EIP},${PORT},tcp,${ADDR.vpc1},${BACKEND_PORT}`, `${EIP},443,tcp,${ADDR.sub2},${BACKEND_PORT}`]) await lbOk('dnat-del', rule);
     expect(await counts()).toEqual({ dnat: 0, masq: 0 });
   });
+  it('UDP the same way: a datagram to eip:port reaches the backend and its answer returns', async () => {
+    const s = startServer(topo, 'sub2', 'udp', 5353);
+    servers.push(s);
+    await s.ready;
+    const rule = `${EIP},53,UDP,${ADDR.sub2},5353,${ADDR.rtr}`;
+    await lbOk('dnat-add', rule);
+    expect(parsePeer(await request(topo, 'ext', 'udp', EIP, 53, { localAddress: CLIENT })).ip).toBe(ADDR.gw);
+    await lbOk('dnat-del', `${EIP},53,udp,${ADDR.sub2},5353`);
+    expect(await counts()).toEqual({ dnat: 0, masq: 0 });
+  });
+
+  it.runIf(backend.iptablesVariant !== undefined)('adopts what the script left: its duplicate rules become one', async () => {
+    const iptables = `iptables-${backend.iptablesVariant}`;
+    // What the script runs for a dnat-add, twice (its checks grep for substrings and can miss).
+    for (let i = 0; i < 2; i++) {
+      await topo.exec('gw', [
+        iptables,
+        '-t',
+        'nat',
+        '-A',
+        'PREROUTING',
+        '-p',
+        'tcp',
+        '-d',
+        EIP,
+        '--dport',
+        String(PORT),
+        '-j',
+        'DNAT',
+        '--to-destination',
+        `${ADDR.sub2}:${BACKEND_PORT}`,
+      ]);
+      await topo.exec('gw', [iptables, '-t', 'nat', '-I', 'POSTROUTING', '-d', ADDR.sub2, '-j', 'MASQUERADE']);
+    }
+    expect(await counts()).toEqual({ dnat: 2, masq: 2 });
+    await lbOk('dnat-add', DNAT_RULE);
+    expect(await counts()).toEqual({ dnat: 1, masq: 1 });
+    expect(parsePeer(await connect()).ip).toBe(ADDR.gw);
+    await lbOk('dnat-del', DEL_RULE);
+    expect(await counts()).toEqual({ dnat: 0, masq: 0 });
+  });
 });
