@@ -23,6 +23,7 @@ async function main(argv: readonly string[]): Promise<number> {
     const { runAgent, isAgentCommand } = await import('./commands/index.js');
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
+  if (command === 'lb-svc') return emit(await (await import('../lbsvc/main.js')).lbSvc(args));
   const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
   if (fast) return emit(fast);
 
