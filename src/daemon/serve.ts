@@ -16,7 +16,6 @@ import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
-import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
 import { takeBootReplay } from './replayBoot.js';
 import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
@@ -192,22 +191,6 @@ export async function serve(config: Config): Promise<number> {
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
-  // The shim's loopback fast path: optional, so a failure to start it only logs.
-  let shimServer: ShimListener | undefined;
-  if (config.shimTcp) {
-    shimServer = await startShimListener({
-      socketPath: config.socket,
-      legacy: (c, r) => agent.legacy(c, r),
-      log,
-      maxBytes: config.bodyLimit,
-      maxConnections: config.maxConnections,
-      requestTimeoutMs: config.headersTimeoutMs,
-      shuttingDown: () => shuttingDown,
-    });
-  } else {
-    // A file left by an earlier daemon would send the shim to a dead port (or someone else's).
-    await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
-  }
   opened(true);
   timelineMark('serving');
   // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
@@ -234,7 +217,7 @@ export async function serve(config: Config): Promise<number> {
       );
     };
     const shutdown = async () => {
-      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve(), shimServer ? shimServer.close() : Promise.resolve()];
+      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
       monitor.stop();
       hygiene.stop();
       await haStarted;

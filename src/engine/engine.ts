@@ -6,8 +6,7 @@ import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp, type PendingCommit, type PreparedSnapshot } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
-import type { NetfilterBackend, SyncMode, WitnessItem } from '../dataplane/netfilter/backend.js';
-import { WITNESS_MAX, witnessFor } from '../dataplane/netfilter/nft/witness.js';
+import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { LinkManager } from '../dataplane/link.js';
@@ -48,12 +47,10 @@ export interface ApplyReport {
   readonly notes: readonly string[];
 }
 
-/** A change's conntrack flushes: run, and skipped because their hit witness proved no translated flow. */
+/** A change's conntrack flushes: run, and skipped because the kernel's conntrack table held no matching entry (conntrack.ts). */
 export interface FlushCount {
   readonly ran: number;
-  readonly skipped: number;
-  /** Skipped, when there are any, because the kernel's conntrack table held no matching entry (conntrack.ts). */
-  readonly noEntries?: number;
+  readonly noEntries: number;
 }
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
@@ -359,7 +356,7 @@ export class Engine {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
           timelineMark('reconciled');
-          flushing = this.flushConntrack(effects, state, next, backend);
+          flushing = this.flushConntrack(effects);
           try {
             await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
           } catch (e) {
@@ -520,55 +517,17 @@ export class Engine {
    * Conntrack flushes are the Conntrack part's (a batch may carry thousands). Never rejects: it
    * runs beside the commit, and the change is applied whatever the flush's outcome.
    */
-  private async flushConntrack(
-    effects: readonly Effect[],
-    before: DesiredState,
-    after: DesiredState,
-    backend: NetfilterBackend,
-  ): Promise<FlushCount | undefined> {
+  private async flushConntrack(effects: readonly Effect[]): Promise<FlushCount | undefined> {
     const flushes: ConntrackFilter[] = [];
     for (const e of effects) if (e.kind === 'conntrack-flush') flushes.push(e);
     if (flushes.length === 0) return undefined;
-    // A witness that cannot answer leaves every flush owed.
-    const todo = await this.witnessed(flushes, before, after, backend).catch((e: unknown) => {
-      this.log.warn({ err: e }, 'hit witnesses unreadable: every flush runs');
-      return flushes;
-    });
     let noEntries = 0;
     try {
-      noEntries = (await this.conntrack.flushOwed(todo)).skipped.length;
+      noEntries = (await this.conntrack.flushOwed(flushes)).skipped.length;
     } catch (e) {
       this.log.error({ err: e }, 'conntrack flush failed: connections may keep the old translation');
     }
-    return { ran: todo.length - noEntries, skipped: flushes.length - todo.length, ...(noEntries > 0 ? { noEntries } : {}) };
-  }
-
-  /** The flushes still owed once the backend's hit witnesses answered (nft/witness.ts); all of them without witnesses. */
-  private async witnessed(
-    flushes: readonly ConntrackFilter[],
-    before: DesiredState,
-    after: DesiredState,
-    backend: NetfilterBackend,
-  ): Promise<readonly ConntrackFilter[]> {
-    // With a replica (conntrackd), flows translated by the peer are written into this kernel
-    // without passing its rules: no witness here saw them. (The kernel's table, read by the
-    // Conntrack part next, lists them: that check runs with a peer too.)
-    if (!backend.witness || flushes.length > WITNESS_MAX || this.config.ha?.peer !== undefined) return flushes;
-    const items = flushes.map((f) => witnessFor(f, before, after));
-    const asked = items.filter((w): w is WitnessItem => w !== undefined);
-    if (asked.length === 0) {
-      this.log.debug({ flushes: flushes.length }, 'conntrack flush: no witness answers for these (port range, share DNAT, or a shared address)');
-      return flushes;
-    }
-    const answers = await backend.witness(asked);
-    const said = new Map(asked.map((w, i) => [w, answers[i] ?? 'unreadable'] as const));
-    return flushes.filter((f, i) => {
-      const w = items[i];
-      const outcome = w ? said.get(w) : undefined;
-      if (outcome === 'no-hits') this.log.debug({ filter: f }, 'conntrack flush skipped: the mapping never translated a connection (hit witness)');
-      else this.log.debug({ filter: f, witness: outcome ?? 'none' }, 'conntrack flush runs');
-      return outcome !== 'no-hits';
-    });
+    return { ran: flushes.length - noEntries, noEntries };
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

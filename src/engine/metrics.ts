@@ -73,11 +73,11 @@ export class Metrics {
     });
     this.conntrackFlushes = new Counter({
       name: 'natgw_conntrack_flushes_total',
-      help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_hits" (the mapping\'s hit witness proved it never translated a connection), "skipped_no_entries" (the kernel\'s conntrack table held no entry it could delete)',
+      help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_entries" (the kernel\'s conntrack table held no entry it could delete)',
       labelNames: ['outcome'],
       registers,
     });
-    for (const outcome of ['ran', 'skipped_no_hits', 'skipped_no_entries']) this.conntrackFlushes.inc({ outcome }, 0);
+    for (const outcome of ['ran', 'skipped_no_entries']) this.conntrackFlushes.inc({ outcome }, 0);
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);
@@ -92,8 +92,7 @@ export class Metrics {
       this.setObjects(e.state);
       if (e.flushes) {
         this.conntrackFlushes.inc({ outcome: 'ran' }, e.flushes.ran);
-        this.conntrackFlushes.inc({ outcome: 'skipped_no_hits' }, e.flushes.skipped);
-        this.conntrackFlushes.inc({ outcome: 'skipped_no_entries' }, e.flushes.noEntries ?? 0);
+        this.conntrackFlushes.inc({ outcome: 'skipped_no_entries' }, e.flushes.noEntries);
       }
     } else {
       this.syncs.inc({ kind: e.kind, outcome: 'failure' });

@@ -30,12 +30,8 @@ const SKELETON = [
   '  map fip_snat { type ipv4_addr : ipv4_addr; }',
   '  map port_dnat { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }',
   `  set hairpin_eips { type ipv4_addr; elements = { ${E1}, ${E2}, ${E3} }; }`,
-  '  set dnat_hit { type ipv4_addr . inet_proto . inet_service; size 1048576; flags dynamic; }',
-  '  set fip_hit { type ipv4_addr; size 1048576; flags dynamic; }',
   '  chain vpc_mark { type filter hook prerouting priority mangle; policy accept; iifname "eth0" meta mark set meta mark | 0x1; }',
   '  chain prerouting { type nat hook prerouting priority dstnat; policy accept;',
-  '    meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { ip daddr . meta l4proto . th dport }',
-  '    ip daddr @fip_dnat add @fip_hit { ip daddr }',
   '    dnat ip to ip daddr map @fip_dnat',
   '    meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
   '  }',
@@ -44,7 +40,6 @@ const SKELETON = [
   '    oifname "net1" jump shared_snat',
   '    oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
   '  }',
-  '  chain shim_notrack { type filter hook output priority raw; policy accept; ip daddr 127.78.71.87 notrack; ip saddr 127.78.71.87 notrack; }',
 ];
 
 describe('shared SNAT per-length layout on nftables, with real traffic', () => {

@@ -14,8 +14,7 @@
  * - both: the accounting table `inet natgw_acct` from scratch, a transaction of its own that
  *   begins with `create table`, so it applies only where that table does not exist (a warm
  *   one keeps its counters; the engine then syncs it as ever).
- * - iptables: one `--noflush` restore per family with objects (nat and mangle, and for IPv4 the
- *   raw table's chain that keeps the shim's loopback connections untracked): `:CHAIN - [0:0]`
+ * - iptables: one `--noflush` restore per family with objects (nat and mangle): `:CHAIN - [0:0]`
  *   creates or flushes natgw's chains, but the jumps from the built-in chains are appended, so
  *   the loader replays it only where none of natgw's chains exists yet (the cold checks).
  */
@@ -28,7 +27,7 @@ import { natgwKernel } from './nft/readback.js';
 import { PHASING } from './nft/backend.js';
 import { phases } from './nft/phases.js';
 import { ofFamily } from './iptables/backend.js';
-import { desiredTables, planTable, renderRestore, tablesOf } from './iptables/plan.js';
+import { desiredTables, planTable, renderRestore, TABLES } from './iptables/plan.js';
 import { emptyTable } from './iptables/save.js';
 
 const NONE: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
@@ -69,14 +68,12 @@ export function replayScripts(want: NatTables, backend: RulesetBackend): ReplayS
   const cold: ColdCheck[] = [];
   const owned = desiredTables(NONE);
   for (const family of [4, 6] as const) {
-    for (const table of tablesOf(family)) cold.push({ family, table, chains: [...owned[table].owned.keys()] });
+    for (const table of TABLES) cold.push({ family, table, chains: [...owned[table].owned.keys()] });
     const w = ofFamily(want, family);
     // The IPv4 skeleton is there even without objects (as syncFamily(4) keeps it); IPv6 only with objects.
     if (family === 6 && isEmpty(w)) continue;
     const desired = desiredTables(w);
-    const text = tablesOf(family)
-      .map((t) => renderRestore(t, planTable(emptyTable, desired[t])))
-      .join('');
+    const text = TABLES.map((t) => renderRestore(t, planTable(emptyTable, desired[t]))).join('');
     if (text !== '') scripts.push({ step: { tool: 'iptables', family }, text });
   }
   scripts.push(accounting);

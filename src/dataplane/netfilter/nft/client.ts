@@ -13,7 +13,6 @@ import { dropCreated, type NftPhases } from './phases.js';
 import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
-import { listingsDone, type HitSetRef } from './witness.js';
 import { timelineMark } from '../../../system/timeline.js';
 
 export interface NftClient {
@@ -27,12 +26,6 @@ export interface NftClient {
    * NftTransaction (tests, tools); natgw's own users hand transactions.
    */
   run(tx: NftTransaction | string, opts?: NftRunOptions): Promise<void>;
-  /**
-   * `list set` of each set, in one exchange with the nft session (nft lists one set without
-   * caching the table's other elements): the text nft prints. Undefined when no session
-   * answers or a listing fails. The hit witnesses' read (witness.ts).
-   */
-  listSets?(table: string, sets: readonly HitSetRef[]): Promise<string | undefined>;
   /**
    * Run phases (phases.ts) in order, the groups at once; throws PhaseRefused. Optional: without
    * it runPhases() runs them one `run()` at a time.
@@ -69,12 +62,6 @@ const inSession = (tx: NftTransaction): boolean =>
       // A SNAT CIDR's own chain comes and goes with a command (snatLayout.ts): a bare name, no declaration block.
       (op.object === 'chain' && (op.verb !== 'add' || op.chain.base === undefined)),
   );
-
-const NAME = /^[A-Za-z0-9_]+$/;
-function plainName(n: string): string {
-  if (!NAME.test(n)) throw new TypeError(`nft: name ${JSON.stringify(n)} is not plain data`);
-  return n;
-}
 
 /** What ends each session request: a line nft cannot parse, so it answers on stderr, after the transaction. */
 const MARK = '@@natgw-done-';
@@ -159,20 +146,6 @@ export class SystemNftClient implements NftClient {
     if (session) return this.runInSession(session, script);
     const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script, single: true });
     if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
-  }
-
-  async listSets(table: string, sets: readonly HitSetRef[]): Promise<string | undefined> {
-    const session = this.session;
-    if (!session || sets.length === 0) return undefined;
-    const lines = sets.map((s) => `list set ${s.family} ${plainName(table)} ${plainName(s.set)}`);
-    const mark = `${MARK}${++marks}`;
-    const failed = (stderr: string): boolean => /\bError\b/.test(ownStderr(stderr));
-    // The listing goes to stdout, the marker's error to stderr: wait for both (or for a failure).
-    const r = await session.exchange(`${lines.join('\n')}\n${mark}\n`, `${mark}\n`, undefined, {
-      stdoutDone: (out, err) => failed(err) || listingsDone(out, sets.length),
-    });
-    if (r.died || failed(r.stderr) || r.stdout === undefined) return undefined;
-    return r.stdout;
   }
 
   /**
