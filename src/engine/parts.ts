@@ -182,7 +182,7 @@ export function linkPart(link: LinkManager): Part {
       // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
       const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
-      return { changes: r.changes, script: r.script, notes: none };
+      return { changes: r.changes, script: r.script, notes: r.notes };
     },
   };
 }
