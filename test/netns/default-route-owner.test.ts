@@ -127,6 +127,22 @@ describe.each(BACKENDS)('one owner for the default route on $name', (b: BackendC
     expect(warnings).toContain(`subnet route ::/0 via ${VPC_HOP_V6} is held but not installed`);
   });
 
+  it('a restart from the persisted state that holds both puts the external default back and stays quiet', async () => {
+    await stopDaemon(daemon!, 'SIGKILL');
+    daemon = undefined;
+    // What the old natgw's last alternation may have left: the subnet routes in the defaults' place.
+    await topo.exec('gw', ['ip', 'route', 'replace', '0.0.0.0/0', 'via', VPC_HOP, 'dev', 'eth0']);
+    await topo.exec('gw', ['ip', '-6', 'route', 'replace', '::/0', 'via', VPC_HOP_V6, 'dev', 'eth0']);
+    daemon = await startDaemon(topo);
+    await waitReady(topo, daemon);
+    expect(await defaults('-4')).toMatch(new RegExp(`^default via ${topo.addr.extGateway} dev net1`));
+    expect(await defaults('-6')).toMatch(new RegExp(`^default via ${topo.addr.extGatewayV6} dev net1`));
+    const from = await fullSyncs();
+    await waitFor(async () => (await fullSyncs()) >= from + 3, { what: '3 full resyncs', timeoutMs: 30_000 });
+    expect(await repairs()).toBe(0);
+    expect(await defaults('-4')).not.toContain('eth0');
+  }, 120_000);
+
   it('subnet-route-add to the default is refused through the shim while the external default owns it', async () => {
     const before = await savedState(topo);
     for (const spelling of ['0.0.0.0/0', '0.0.0.0/00', '10.9.8.7/0']) {
