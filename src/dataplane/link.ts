@@ -282,8 +282,8 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
 export interface LinkSyncResult {
   readonly changes: number;
   readonly script: string;
-  /** Warnings for the change's output (a subnet route held, not installed). */
-  readonly notes: readonly string[];
+  /** Warnings for the change's output (a subnet route held, not installed); absent when there are none. */
+  readonly notes?: readonly string[];
 }
 
 export interface LinkSyncOptions extends SyncOptions {
@@ -579,7 +579,7 @@ export class LinkManager {
         batch = undefined;
         return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
       });
-      return { ...r, notes };
+      return notes.length ? { ...r, notes } : r;
     } finally {
       // A batch started ahead that this sync had no script for reads nothing and ends.
       batch?.cancel();
