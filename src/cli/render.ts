@@ -89,6 +89,8 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
         : 'none (the kernel holds the desired state)',
     );
   }
+  // An older daemon's document has none.
+  for (const [i, w] of (s.warnings ?? []).entries()) kv(i === 0 ? 'Warnings' : '', w);
   out.push('');
   const rows = Object.entries(s.objects).map(([kind, c]) => [
     kind,

@@ -4,6 +4,7 @@ import { type Executor, type ExecResult, type PendingRun, runChecked } from '../
 import { RecordFile } from '../state/recordFile.js';
 import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
+import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
@@ -90,7 +91,12 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   }
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
+  // A subnet route to a default the external default owns is held, not installed: installing
+  // both would have each replace the other at every sync. Nor is it deleted where the kernel
+  // still has it on VPC: the external default's `replace` below takes its place without a gap.
+  const held = new Set(heldDefaultRoutes(want).map((h) => h.route.cidr));
   for (const r of want.routes) {
+    if (held.has(r.cidr)) continue;
     if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
@@ -271,6 +277,13 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
         scope: a.scope ?? 'global',
       })),
   );
+}
+
+export interface LinkSyncResult {
+  readonly changes: number;
+  readonly script: string;
+  /** Warnings for the change's output (a subnet route held, not installed); absent when there are none. */
+  readonly notes?: readonly string[];
 }
 
 export interface LinkSyncOptions extends SyncOptions {
@@ -557,14 +570,16 @@ export class LinkManager {
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
-  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<LinkSyncResult> {
     let batch = opts.batch;
     try {
-      return await this.syncWith(want, previous, opts, (script) => {
+      const notes = this.heldNotes(want, opts.dryRun === true);
+      const r = await this.syncWith(want, previous, opts, (script) => {
         const started = batch;
         batch = undefined;
         return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
       });
+      return notes.length ? { ...r, notes } : r;
     } finally {
       // A batch started ahead that this sync had no script for reads nothing and ends.
       batch?.cancel();
@@ -620,6 +635,22 @@ export class LinkManager {
     else this.forget();
     this.log?.debug({ changes: lines.length, partial: kept !== undefined }, 'addresses and routes applied');
     return { changes: lines.length, script };
+  }
+
+  /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
+  private heldWarned = new Set<string>();
+
+  /**
+   * Each held subnet route as a `Warning:` line for the change's output; logged once while it
+   * stays held (a resync every few seconds would repeat it), again if it comes back.
+   */
+  private heldNotes(want: DesiredState, dryRun: boolean): string[] {
+    const texts = heldDefaultRoutes(want).map((h) => heldDefaultRouteText(h, want.interfaces));
+    if (!dryRun) {
+      for (const t of texts) if (!this.heldWarned.has(t)) this.log?.warn(t);
+      this.heldWarned = new Set(texts);
+    }
+    return texts.map((t) => `Warning: ${t}`);
   }
 
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */

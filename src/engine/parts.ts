@@ -182,7 +182,7 @@ export function linkPart(link: LinkManager): Part {
       // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
       const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
-      return { changes: r.changes, script: r.script, notes: none };
+      return { changes: r.changes, script: r.script, notes: r.notes ?? none };
     },
   };
 }
@@ -199,7 +199,7 @@ export function qosPart(qos: QosManager): Part {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
       const r = await qos.sync(want, opts);
-      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
+      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes ?? none };
     },
   };
 }

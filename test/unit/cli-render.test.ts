@@ -152,6 +152,26 @@ describe('renderStatus', () => {
     expect(text).toContain('Drift:       1 repair; last read-back 2026-01-01T00:00:00.000Z (10s ago) (periodic): repaired netfilter 2, link 1\n');
     expect(text).toContain('Drift now:   YES: 1 change(s) to repair (netfilter 1)');
     expect(text).toMatch(/^dnats\s+2\s+0\s+\*$/m);
+    expect(s.warnings).toEqual([]);
+    expect(text).not.toContain('Warnings:');
+  });
+
+  it('warns of a subnet route to the default that the external default owns (held, not installed)', () => {
+    const desired = {
+      ...base,
+      defaultRoutes: { v4: '172.20.0.1' },
+      routes: [
+        { cidr: '0.0.0.0/0', nexthop: '10.0.1.254' },
+        { cidr: '::/0', nexthop: 'fe80::1' },
+      ],
+    };
+    const s = buildStatus(doc({ desired }), readiness, null);
+    const held =
+      'subnet route 0.0.0.0/0 via 10.0.1.254 is held but not installed: the default route via 172.20.0.1 dev net1 (GATEWAY_V4) owns it; ' +
+      'subnet-route-del 0.0.0.0/0 drops it, or route 0.0.0.0/1 and 128.0.0.0/1 via 10.0.1.254 instead';
+    // The IPv6 one has no external default to yield to: installed, no warning.
+    expect(s.warnings).toEqual([held]);
+    expect(renderStatus(s, new Date('2026-01-01T00:00:10.000Z'))).toContain(`Warnings:    ${held}\n`);
   });
 });
 
