@@ -13,7 +13,8 @@
  * every error of a bad file at once with its line, --version, and the TCP listener's token.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { createReadStream, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, REPO_ROOT, type ExecResult, type Topology } from '../helpers/netns.js';
@@ -409,5 +410,98 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     const without = await cliFails(['get', 'dnats', '--server', server], 1);
     expect(without).toContain('401');
     expect(without).toContain('--token-file');
+  });
+});
+
+/**
+ * The shim's autostart as under the controller's pod spec: in a PID namespace whose PID 1
+ * (standing in for `sleep infinity`) has its own stdout, the shim's command starts the daemon,
+ * whose JSON log lands on PID 1's stdout (where `kubectl logs` reads a container's) when that
+ * is a file or pipe, and in natgw-daemon.log in the state dir when it is /dev/null. The
+ * command's own output stays clean either way.
+ */
+describe.runIf(ONE)('an autostarted daemon logs to the container stdout, else to its file', () => {
+  const backend = ONE as BackendCase;
+  let topo: Topology;
+
+  beforeAll(async () => {
+    topo = await createTopology();
+    Object.assign(topo.env, backend.env, { NATGW_AUTOSTART: 'true', NATGW_RESYNC_PERIOD: '1h' });
+  });
+  afterAll(async () => {
+    await topo?.cleanup();
+  });
+
+  /**
+   * PID 1 runs the shim's `init` (its output in shim.out), then becomes `sleep`. PID 1's
+   * stdout is a FIFO this test reads, as a container runtime's is, or /dev/null.
+   */
+  async function autostartUnder(pid1Stdout: 'fifo' | '/dev/null', tag: string): Promise<{ shim: string; logLine: Record<string, unknown>; logFile: string }> {
+    const shimOut = join(topo.stateDir, `shim-${tag}.out`);
+    // PID 1's stdout as containerd gives it: a FIFO the runtime reads.
+    const fifo = join(topo.stateDir, `pid1-${tag}.fifo`);
+    let containerLog = '';
+    if (pid1Stdout === 'fifo') {
+      execFileSync('mkfifo', [fifo]);
+      createReadStream(fifo, 'utf8').on('data', (d) => (containerLog += d));
+    }
+    // The shim runs in a child shell: a shell redirects a command's output in its own fds
+    // while the command runs, which would make PID 1's stdout the shim's (refused as its own).
+    const script = `exec 3>"$1" >"$2" 2>&1 </dev/null; sh -c 'node "$0" init >&3 2>&3; echo "exit=$?" >&3' "$3"; exec sleep 120`;
+    const pidns = topo.spawn(
+      'gw',
+      ['unshare', '--pid', '--fork', '--kill-child', '--mount-proc', 'sh', '-c', script, 'sh', shimOut, pid1Stdout === 'fifo' ? fifo : '/dev/null', NATGW_BIN],
+      { env: topo.natgwEnv() },
+    );
+    const gone = new Promise<void>((resolve) => pidns.once('exit', () => resolve()));
+    const sock = socketOf(topo);
+    try {
+      const shim = await waitFor(
+        async () => {
+          const t = existsSync(shimOut) ? readFileSync(shimOut, 'utf8') : '';
+          return /exit=\d+\n/.test(t) ? t : undefined;
+        },
+        { what: 'the shim under PID 1 to finish', timeoutMs: 30_000, intervalMs: 100 },
+      );
+      const logFile = join(topo.stateDir, 'natgw-daemon.log');
+      const where = pid1Stdout === 'fifo' ? "PID 1's stdout" : logFile;
+      const logLine = await waitFor(
+        async () => {
+          const t = pid1Stdout === 'fifo' ? containerLog : existsSync(logFile) ? readFileSync(logFile, 'utf8') : '';
+          const line = t.split('\n').find((l) => l.includes('"natgw serving"'));
+          return line ? (JSON.parse(line) as Record<string, unknown>) : undefined;
+        },
+        { what: `the daemon's start line in ${where}`, timeoutMs: 20_000, intervalMs: 100 },
+      );
+      expect(ok(await api(sock, 'GET', '/healthz'), 'healthz').body.status).toBe('ok');
+      return { shim, logLine, logFile };
+    } catch (e) {
+      const natgwLog = existsSync(join(topo.stateDir, 'natgw.log')) ? readFileSync(join(topo.stateDir, 'natgw.log'), 'utf8') : '';
+      throw new Error(`${(e as Error).message}\nPID 1 stdout: ${containerLog}\nshim log: ${natgwLog}`);
+    } finally {
+      // PID 1 gone takes the daemon with it (the PID namespace ends).
+      pidns.kill('SIGKILL');
+      await gone;
+      await waitFor(async () => (await api(sock, 'GET', '/healthz', undefined, {}, 500).catch(() => undefined))?.status !== 200, {
+        what: 'the autostarted daemon to end with its PID namespace',
+        timeoutMs: 10_000,
+        intervalMs: 100,
+      });
+    }
+  }
+
+  it("to PID 1's stdout when it is a pipe (FIFO); the shim's output stays the command's", async () => {
+    const { shim, logLine, logFile } = await autostartUnder('fifo', 'container');
+    expect(shim).toMatch(/^using VPC interface: eth0\nusing External interface: net1\n/);
+    expect(shim).not.toContain('"level"');
+    expect(shim).toMatch(/exit=0\n$/);
+    expect(logLine).toMatchObject({ msg: 'natgw serving', svc: 'natgw', logs: 'container stdout (/proc/1/fd/1)' });
+    expect(existsSync(logFile) ? readFileSync(logFile, 'utf8') : '').toBe('');
+  });
+
+  it("to natgw-daemon.log in the state dir when PID 1's stdout is /dev/null", async () => {
+    const { shim, logLine, logFile } = await autostartUnder('/dev/null', 'devnull');
+    expect(shim).toMatch(/exit=0\n$/);
+    expect(logLine).toMatchObject({ msg: 'natgw serving', logs: logFile });
   });
 });
