@@ -283,7 +283,8 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     const s = startServer(topo, 'vpc1', 'tcp', 80, '0.0.0.0', { reportLocal: true });
     servers.push(s);
     await s.ready;
-    daemon = await startDaemon(topo, { NATGW_LISTEN: `${ADDR.gw}:${PORT}`, NATGW_TOKEN_FILE: tokenFile });
+    // A port alone: the API binds to the VPC interface's address (eth0's, ADDR.gw), not net1's.
+    daemon = await startDaemon(topo, { NATGW_LISTEN: String(PORT), NATGW_TOKEN_FILE: tokenFile });
     await topo.natgwOk('init');
     await waitReady(topo, daemon);
     await cliOk(['apply', '-f', file('state.yaml', stateYaml(ADDR.vpc1, true))]);
@@ -402,7 +403,7 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     expect(await cliOk(['--version'])).toBe(`natgw ${pkg.version} (revision ${built.revision})\n`);
   });
 
-  it('talks to the TCP listener with the token, and says what is wrong without it', async () => {
+  it('talks to the TCP listener (on the VPC address only) with the token, and says what is wrong without it', async () => {
     const server = `http://${ADDR.gw}:${PORT}`;
     const withToken = await cli(['status', '-o', 'json', '--server', server, '--token-file', tokenFile]);
     expect(withToken.exitCode).toBe(0);
@@ -410,6 +411,35 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     const without = await cliFails(['get', 'dnats', '--server', server], 1);
     expect(without).toContain('401');
     expect(without).toContain('--token-file');
+    // The EIP on net1 (external side) has no API.
+    const onEip = await cliFails(['status', '--server', `http://${EIP}:${PORT}`, '--token-file', tokenFile], 1);
+    expect(onEip).toContain(`no natgw daemon answers on http://${EIP}:${PORT} (ECONNREFUSED)`);
+  });
+
+  it('serve refuses a token shorter than 32 bytes, or the example placeholder, naming the key', async () => {
+    const serve = (token: string) => {
+      const f = file('weak-token', `${token}\n`);
+      // Its own socket and state: were it not refused, it would not touch the running daemon's.
+      return topo.exec('gw', ['node', NATGW_BIN, 'serve'], {
+        env: {
+          ...topo.natgwEnv(),
+          NATGW_LISTEN: `${ADDR.gw}:${PORT + 1}`,
+          NATGW_TOKEN_FILE: f,
+          NATGW_SOCKET: join(topo.stateDir, 'weak.sock'),
+          NATGW_STATE_DIR: join(topo.stateDir, 'weak'),
+        },
+        reject: false,
+        timeoutMs: 20_000,
+      });
+    };
+    const short = await serve('0123456789abcdef');
+    expect(short.exitCode).toBe(1);
+    expect(short.stderr).toBe(
+      `Error: NATGW_TOKEN_FILE: the token in ${join(topo.stateDir, 'weak-token')} is 16 bytes, shorter than 32: put a random one there (e.g. openssl rand -hex 32)\n`,
+    );
+    const placeholder = await serve('change-me-to-a-long-random-string');
+    expect(placeholder.exitCode).toBe(1);
+    expect(placeholder.stderr).toMatch(/^Error: NATGW_TOKEN_FILE: .*weak-token holds the example's placeholder token/);
   });
 });
 
