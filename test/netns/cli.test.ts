@@ -308,6 +308,7 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     // The identity as the API reads it: a protocol in capitals names the same DNAT.
     expect((await cliOk(['get', 'dnat', `${EIP},8080,TCP`])).split('\n')[1]).toMatch(new RegExp(`^${ID.replace(/\./g, '\\.')}\\s`));
     expect(await cliOk(['get', 'snat', `${EIP},${ADDR.vpcCidr}`, '-o', 'yaml'])).toContain(`cidr: ${ADDR.vpcCidr}\n`);
+    expect(await cliOk(['get', 'dnats', '-o', 'name'])).toBe(`dnat/${ID}\n`);
     expect(await cliOk(['get', 'fips'])).toBe('No FIP objects.\n');
     expect(JSON.parse(await cliOk(['get', 'state'])).desired.dnats).toEqual([
       { eip: EIP, port: 8080, protocol: 'tcp', internalIp: ADDR.vpc1, internalPort: 80 },
@@ -324,7 +325,7 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
   });
 
   it('each error is one line with its exit status: usage 2, failure 1', async () => {
-    expect(await cliFails(['get', 'dnats', '-o', 'xml'], 2)).toContain("unknown output format 'xml'; one of: table, wide, json, yaml");
+    expect(await cliFails(['get', 'dnats', '-o', 'xml'], 2)).toContain("unknown output format 'xml'; one of: table, wide, json, yaml, name");
     expect(await cliFails(['get', 'dnats', '--frob'], 2)).toBe("Error: natgw get: unknown flag --frob (see 'natgw get --help')\n");
     expect(await cliFails(['get', 'dnats', '-o'], 2)).toContain('flag --output needs a value');
     expect(await cliFails(['get', 'dnats', '-o', 'json', '--yaml'], 2)).toContain('one output format at a time');

@@ -65,19 +65,22 @@ export async function get(args: readonly string[], io: Io): Promise<number> {
   }
   const def = requireKind('get', name);
   if (extra.length) throw new CliError(`natgw get: one kind and at most one ID (got ${positionals.join(' ')})`, 2);
-  const format = outputOf('get', values, ['table', 'wide', 'json', 'yaml'], 'table');
+  const format = outputOf('get', values, ['table', 'wide', 'json', 'yaml', 'name'], 'table');
+  const names = (items: readonly Item[]) => items.map((it) => `${kindName(def)}/${String(it.id)}\n`).join('');
   const target = await targetOf(values, io.env);
   if (id !== undefined) {
     const item = await getOne(target, def, id);
     if (!item) throw notFound(def, id);
     if (format === 'json') io.out(`${JSON.stringify(item, null, 2)}\n`);
     else if (format === 'yaml') io.out(stringify(item));
+    else if (format === 'name') io.out(names([item]));
     else io.out(renderItems(def, [item], format === 'wide'));
     return 0;
   }
   const { items } = await requestJson<{ items: Item[] }>(target, 'GET', `/v1/${def.path}`);
   if (format === 'json') io.out(`${JSON.stringify(items, null, 2)}\n`);
   else if (format === 'yaml') io.out(stringify(items));
+  else if (format === 'name') io.out(names(items));
   else io.out(renderItems(def, items, format === 'wide'));
   return 0;
 }

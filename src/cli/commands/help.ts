@@ -73,7 +73,7 @@ ${APPLY_FILE}
 Exit status: 0 no differences, 1 differences, 2 error (as kubectl diff).
 
 ${CONNECTION}`,
-  get: `Usage: natgw get KIND [ID] [-o table|wide|json|yaml] [connection options]
+  get: `Usage: natgw get KIND [ID] [-o table|wide|json|yaml|name] [connection options]
        natgw get state [-o json|yaml] [connection options]
 
 List the desired objects of one kind (or the one named by ID) as a table: the identity, then
@@ -82,7 +82,8 @@ the kind's main fields; -o wide shows every field (allocated QoS ids, pools, ...
 
 ${KINDS}
 
-  -o, --output FORMAT   table (default), wide, json or yaml (also: --json, --yaml)
+  -o, --output FORMAT   table (default), wide, json, yaml, or name (kind/ID per line)
+                        (also: --json, --yaml)
 
 ${CONNECTION}`,
   describe: `Usage: natgw describe KIND ID [connection options]
