@@ -77,11 +77,19 @@ describe('strict state file', () => {
     expect(lines.slice(1).every((l) => /^state\.yaml:\d+: \S+: /.test(l))).toBe(true);
   });
 
-  it('names an unknown field in JSON at its own line, and a duplicate beside a schema error', () => {
+  it('names an unknown field in JSON at its own line; a duplicate identity is reported beside it', () => {
     const text = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, routes: [{ cidr: '10.0.2.0/24', nexthop: '10.0.1.254', metric: 5 }] }, null, 2);
     const e = errorsOf(text, 's.json');
     expect(e.issues).toEqual([{ line: text.split('\n').findIndex((l) => l.includes('"metric"')) + 1, field: 'routes[0].metric', reason: 'unknown field' }]);
     expect(e.message).toBe(`s.json:${e.line}: routes[0].metric: unknown field`);
+    const both = errorsOf(
+      ['routes:', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.254, metric: 5}', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.253}', ''].join('\n'),
+    );
+    expect(both.issues.map((i) => [i.line, i.field])).toEqual([
+      [2, 'routes[0].metric'],
+      [3, 'routes[1]'],
+    ]);
+    expect(both.issues[1]?.reason).toContain('duplicate Subnet route identity');
   });
 
   it('accepts a file that lists only some kinds, and leaves out the interfaces', () => {
