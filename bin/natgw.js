@@ -13,6 +13,11 @@ const fresh = (rel) => {
   const t = mtime(rel);
   return t >= 0 && t >= compiled;
 };
+if (process.argv[2] === '--version' && process.argv.length === 3) {
+  // Two small file reads (src/cli/version.ts), before the CLI and its built-ins load.
+  process.stdout.write((await import('../dist/src/cli/version.js')).versionLine());
+  process.exit(0);
+}
 if (process.argv[2] === 'serve') {
   // Before any built-in module the daemon needs is compiled (bin/heapFlags.cjs).
   createRequire(import.meta.url)('./heapFlags.cjs').unhashHeapFlags();

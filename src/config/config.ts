@@ -138,9 +138,13 @@ export const configSchema = z.object({
     .meta({ values: 'a path of at most 107 bytes' })
     .describe("The daemon's Unix socket (mode 0600); the shim and the CLI talk to it."),
   NATGW_LISTEN: optionalText
-    .meta({ values: 'host:port' })
-    .describe('Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification.'),
-  NATGW_TOKEN_FILE: optionalText.meta({ values: 'a path' }).describe('Bearer token for the TCP API.'),
+    .meta({ values: 'host:port, or a port' })
+    .describe(
+      "Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification. A port alone (`8443`, `:8443`) binds to the VPC interface's address, not net1's.",
+    ),
+  NATGW_TOKEN_FILE: optionalText
+    .meta({ values: 'a path' })
+    .describe("Bearer token for the TCP API: at least 32 bytes, not the examples' placeholder (refused at start)."),
   NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
   NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
   NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),

@@ -196,7 +196,15 @@ export async function serve(config: Config): Promise<number> {
   // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
   for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(
-    { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
+    {
+      socket: config.socket,
+      tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined,
+      tls: Boolean(tcp?.tls),
+      pid: process.pid,
+      resyncMs: config.resyncMs,
+      // Where this log goes: the shim that autostarted the daemon says (src/cli/daemonLog.ts).
+      logs: process.env.NATGW_LOG_TO || 'stdout',
+    },
     'natgw serving',
   );
 

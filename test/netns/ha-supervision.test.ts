@@ -6,6 +6,7 @@
  *   the other's digest over the authenticated TCP API every resync period), and says 0 again
  *   once they agree; the digest is on /metrics (natgw_state_info) and in GET /v1/state.
  */
+import { randomBytes } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -90,7 +91,7 @@ describe('replicas that disagree', () => {
   it('natgw_ha_peer_divergent turns 1 on both replicas within a resync period or so, and 0 when they agree again', async () => {
     const t = await HaTopology.create();
     topo = t;
-    const token = `tok-${Math.random().toString(36).slice(2)}`;
+    const token = `tok-${randomBytes(24).toString('hex')}`;
     for (const r of ['ga', 'gb'] as const) writeFileSync(join(t.stateDir[r], 'token'), `${token}\n`, { mode: 0o600 });
     const env = (r: 'ga' | 'gb') => ({
       GATEWAY_NETFILTER_MODE: 'nftables',
