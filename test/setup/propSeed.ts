@@ -28,12 +28,15 @@ export function propSeedFrom(given: string | undefined, draw: () => number = () 
 
 /**
  * The run's seed, printed once. A "random" draw is written back to the environment, so that a
- * second reading of the configuration in the same run (and every worker) sees the same seed.
+ * later reading of the configuration in the same run (one per project) sees the same seed.
  */
 export function resolvePropSeed(env: NodeJS.ProcessEnv = process.env): number {
   const drawn = env.NATGW_PROP_SEED === 'random';
   const seed = propSeedFrom(env.NATGW_PROP_SEED);
   if (drawn) env.NATGW_PROP_SEED = String(seed);
+  // Vitest reads the configuration once more per project: say it once.
+  if (env.NATGW_PROP_SEED_SHOWN === String(seed)) return seed;
+  env.NATGW_PROP_SEED_SHOWN = String(seed);
   process.stdout.write(`property tests: seed ${seed}${drawn ? ' (drawn at random)' : ''}; NATGW_PROP_SEED=${seed} replays them\n`);
   return seed;
 }
