@@ -41,6 +41,9 @@ export const BACKENDS: readonly BackendCase[] = backendsFrom(process.env.NATGW_T
  */
 export const ONE_BACKEND: readonly BackendCase[] = [BACKENDS.find((b) => b.name === 'nftables') ?? BACKENDS[0]!];
 
+/** For one test of a suite that runs on every backend, whose subject is not the backend (validation). */
+export const isOneBackend = (b: BackendCase): boolean => b.name === ONE_BACKEND[0]!.name;
+
 /** Everything natgw owns in netfilter, as comparable text. */
 export async function ownedNetfilter(topo: Topology, b: BackendCase): Promise<string> {
   if (b.iptablesVariant) {
