@@ -169,7 +169,7 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
     expect(kernel.new).toMatch(/Egress Redirect to device ifb-net1/);
     expect(kernel.old).toContain('no ifb-net1');
     expect(kernel.old).not.toMatch(/htb|ingress ffff:/);
-  }, 300_000);
+  }, 90_000);
 
   afterAll(async () => {
     if (daemon) await stopDaemon(daemon, 'SIGKILL');

@@ -136,5 +136,5 @@ describe.each(BACKENDS)('replica failover ($name)', (b) => {
     // The control: the same move without conntrackd's state breaks the flow translated with
     // --random-fully (B picks its own port for it, or none).
     expect({ snat: withoutSync.snat, snatEntryOnB: withoutSync.snatEntryOnB }, 'without sync').toEqual({ snat: false, snatEntryOnB: false });
-  }, 240_000);
+  }, 90_000);
 });
