@@ -40,7 +40,7 @@ export default defineConfig({
         test: {
           name: 'unit',
           include: ['test/unit/**/*.test.ts', 'test/api/**/*.test.ts'],
-          testTimeout: 20_000,
+          testTimeout: 30_000,
           maxWorkers: PARALLEL,
           sequence: { groupOrder: 0 },
         },
