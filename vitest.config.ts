@@ -24,6 +24,9 @@ const SERIAL = [
  */
 const PARALLEL = Number(process.env.NATGW_TEST_WORKERS ?? 4);
 
+/** More property runs than CI's ~100 (npm run test:long) take proportionally longer. */
+const PROP_SCALE = Math.max(1, Number(process.env.NATGW_PROP_RUNS ?? 100) / 100);
+
 export default defineConfig({
   test: {
     // A real-kernel step can take a while on a loaded machine; slow files set their own limits.
@@ -40,7 +43,7 @@ export default defineConfig({
         test: {
           name: 'unit',
           include: ['test/unit/**/*.test.ts', 'test/api/**/*.test.ts'],
-          testTimeout: 30_000,
+          testTimeout: 30_000 * PROP_SCALE,
           maxWorkers: PARALLEL,
           sequence: { groupOrder: 0 },
         },
