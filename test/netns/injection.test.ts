@@ -1,28 +1,19 @@
 /**
  * The injection corpus (test/corpus/injection.json, every case with the reason it is hostile)
  * through the command shim against a real daemon in a gateway namespace, on every backend.
- * Every case must be refused (status 1, one reason line, nothing else on stderr) and the kernel
- * must stay byte-identical: one dump of everything natgw could touch before and after the whole
- * corpus, plus spot dumps every SPOT cases (per-case dumps would multiply the run time by ten).
+ * Every case must be refused (status 1, one reason line naming the hostile field, nothing else on
+ * stderr) and the kernel must stay byte-identical: one dump of everything natgw could touch before
+ * and after the whole corpus, plus spot dumps every SPOT cases (per-case dumps would multiply the
+ * run time by ten).
  * The control: every command's unmutated base rule (the corpus's bases) is accepted through the
  * same shim and changes that dump, the adds while the gateway is set up, the deletes at the end.
  */
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
+import { BASES, CORPUS, hostileField } from '../helpers/injectionCorpus.js';
+import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { api, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
-interface InjectionCase {
-  readonly command: string;
-  readonly rules: readonly string[];
-  readonly why: string;
-}
-const { cases: CORPUS, bases: BASES } = JSON.parse(readFileSync(path.join(REPO_ROOT, 'test', 'corpus', 'injection.json'), 'utf8')) as {
-  cases: InjectionCase[];
-  bases: Record<string, { rule: string }>;
-};
 const isDelete = (command: string) => command.endsWith('-del');
 const SPOT = 40;
 const EIP = '172.20.0.10';
@@ -115,6 +106,7 @@ describe.each(BACKENDS)('the injection corpus on $name', (backend: BackendCase) 
         c.command !== 'init' && r.stderr !== '' && `stderr ${JSON.stringify(r.stderr.slice(0, 300))}`,
         c.command !== 'init' && !r.stdout.startsWith(header) && 'stdout does not start with the command line',
         !/^Error: [^\n]*\n$/.test(reason) && `reason ${JSON.stringify(reason.slice(0, 300))}`,
+        !hostileField(c).test(reason) && `reason ${JSON.stringify(reason.slice(0, 300))} does not name the field (${hostileField(c)})`,
       ].filter(Boolean);
       if (problems.length) wrong.push(`#${i} ${c.why}: ${problems.join('; ')}`);
       if ((i + 1) % SPOT === 0) {

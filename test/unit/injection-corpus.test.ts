@@ -6,51 +6,13 @@
  * test/netns/injection.test.ts runs the same corpus through the shim against a real daemon and
  * kernel.
  */
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runLegacy } from '../../src/engine/legacy.js';
 import type { Engine } from '../../src/engine/engine.js';
+import { BASES, CORPUS, hostileField } from '../helpers/injectionCorpus.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
-import { REPO_ROOT } from '../helpers/netns.js';
-
-export interface InjectionCase {
-  readonly command: string;
-  readonly rules: readonly string[];
-  readonly why: string;
-}
-/** A command's unmutated rule, and per comma field a pattern of how a refusal names it. */
-export interface InjectionBase {
-  readonly rule: string;
-  readonly fields: readonly string[];
-}
-export const { cases: CORPUS, bases: BASES } = JSON.parse(readFileSync(path.join(REPO_ROOT, 'test', 'corpus', 'injection.json'), 'utf8')) as {
-  cases: InjectionCase[];
-  bases: Record<string, InjectionBase>;
-};
 
 const QOS = new Set(['eip-egress-qos-add', 'qos-add']);
-
-/** How the reason of a refusal where the field count changed (a comma or a blank in the hostile text) names it. */
-const COUNT = /comma-separated fields|Expected two interfaces|invalid nft-dnat-map rule: /;
-
-/**
- * The pattern the refusal of `c` must match: the one of the first comma field where its last
- * rule (the invalid one, after any valid ones) departs from the base; or the field count's,
- * where the mutation split or merged fields, or emptied one.
- */
-export function hostileField(c: InjectionCase): RegExp {
-  const base = BASES[c.command];
-  if (!base) throw new Error(`no base rule for ${c.command} in the corpus`);
-  const want = base.rule.split(',');
-  const rule = c.rules.at(-1) ?? '';
-  const got = rule.split(',');
-  const at = got.findIndex((v, i) => v !== want[i]);
-  const i = at < 0 ? got.length : at;
-  const field = base.fields[Math.min(i, base.fields.length - 1)]!;
-  const countChanged = got.length !== want.length || /\s/.test(rule) || got[i] === '';
-  return new RegExp(countChanged ? `${field}|${COUNT.source}` : field);
-}
 
 describe('the injection corpus against the legacy runner', () => {
   let kernel: RecordingKernel;
