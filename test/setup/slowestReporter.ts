@@ -26,7 +26,7 @@ export default class SlowestFiles implements Reporter {
       return { ms, name: m.relativeModuleId, project: m.project.name };
     });
     const slowest = files.sort((a, b) => b.ms - a.ms).slice(0, SHOWN);
-    const lines = [`\n${slowest.length} slowest files:`];
+    const lines = [`\nThe slowest files (${slowest.length} of ${files.length}):`];
     for (const f of slowest) lines.push(`${(f.ms / 1000).toFixed(1).padStart(8)} s  ${f.project ? `[${f.project}] ` : ''}${f.name}`);
     lines.push(`${passed} passed, ${failed} failed`);
     process.stdout.write(`${lines.join('\n')}\n`);
