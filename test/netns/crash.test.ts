@@ -177,81 +177,77 @@ describe.each(BACKENDS)('kill -9 during a large PUT /v1/state ($name)', (b: Back
     faults?.remove();
   });
 
-  it(
-    `${ROUNDS} rounds: the kernel is the old or the new state after a restart, as persisted`,
-    async () => {
-      const random = prng(SEED);
-      // How long one PUT takes here: the kill points are spread over it.
-      const t0 = performance.now();
-      ok(await api(sock, 'PUT', '/v1/state', newDoc), 'timing PUT');
-      const span = performance.now() - t0;
-      await backToPristineOld();
-      // How many lines the QoS batch has: a hang stops it after 1 to all of them.
-      const tcLines = Number(process.env.NATGW_CRASH_TC_LINES ?? 16);
-      const seen: string[] = [];
-      let timedRounds = 0;
-      let killedBeforeAnswer = 0;
-      for (let round = 0; round < ROUNDS; round++) {
-        const inTc = round % 2 === 1;
-        const at = inTc ? 0 : Math.floor(span * (0.05 + 0.9 * random()));
-        const lines = inTc ? 1 + Math.floor(random() * tcLines) : 0;
-        if (inTc) faults.arm('tc', 1, 'half-hang', '-batch', '^(qdisc|class|filter) (add|replace|change) ', lines);
-        let answered = false;
-        const put = api(sock, 'PUT', '/v1/state', newDoc).then(
-          () => {
-            answered = true;
-          },
-          () => undefined,
-        );
-        let beforeAnswer = false;
-        try {
-          if (inTc) await waitFor(async () => faults.hanging(), { what: `tc -batch hung after ${lines} lines`, timeoutMs: 120_000 });
-          else await new Promise((r) => setTimeout(r, at));
-          beforeAnswer = !answered;
-          await stopDaemon(daemon!, 'SIGKILL');
-          daemon = undefined;
-        } finally {
-          faults.disarm();
-          faults.endHung();
-        }
-        await put;
-        if (!inTc) {
-          timedRounds++;
-          if (beforeAnswer) killedBeforeAnswer++;
-        }
-        await start();
-        // Killed inside tc, the daemon held natgw's lock: the restart takes it over at once (its
-        // owner is gone), not ~10 s later when it goes stale, and says so.
-        if (inTc) expect(daemon!.logs(), `round ${round}: the dead holder's lock`).toMatch(/lock was held by a process that no longer exists/);
-        const persisted = (await api(sock, 'GET', '/v1/state')).body.digest as string;
-        const now = await dump();
-        const which = now === kernel.old ? 'old' : now === kernel.new ? 'new' : 'mix';
-        seen.push(inTc ? `tc+${lines}:${which}` : `${at}ms${beforeAnswer ? '' : '(after the answer)'}:${which}`);
-        if (which === 'mix') {
-          const lines = (t: string) => new Set(t.split('\n'));
-          const [o, n, c] = [lines(kernel.old), lines(kernel.new), lines(now)];
-          const odd = [...c]
-            .filter((l) => !o.has(l))
-            .slice(0, 10)
-            .map((l) => `+ ${l}`);
-          const missing = [...o]
-            .filter((l) => !c.has(l) && !n.has(l))
-            .slice(0, 10)
-            .map((l) => `- ${l}`);
-          seen.push(`\nbeside old:\n${[...odd, ...missing].join('\n')}`);
-        }
-        expect(which, `round ${round} (seed ${SEED}, ${inTc ? `tc hung after ${lines} lines` : `kill after ${at} ms`}): ${seen.join(' ')}`).not.toBe('mix');
-        // A change stopped inside tc was never persisted: the old state, and nothing of the new QoS.
-        if (inTc) expect(which, `round ${round}: killed inside tc`).toBe('old');
-        expect(persisted, `round ${round}: the persisted state says ${which}`).toBe(digest[which as 'old' | 'new']);
-        if (which === 'new') await backToPristineOld();
+  // A round takes 3–4 s here (a kill, a restart, a dump; a new state put back): three times that.
+  it(`${ROUNDS} rounds: the kernel is the old or the new state after a restart, as persisted`, { timeout: 30_000 + ROUNDS * 12_000 }, async () => {
+    const random = prng(SEED);
+    // How long one PUT takes here: the kill points are spread over it.
+    const t0 = performance.now();
+    ok(await api(sock, 'PUT', '/v1/state', newDoc), 'timing PUT');
+    const span = performance.now() - t0;
+    await backToPristineOld();
+    // How many lines the QoS batch has: a hang stops it after 1 to all of them.
+    const tcLines = Number(process.env.NATGW_CRASH_TC_LINES ?? 16);
+    const seen: string[] = [];
+    let timedRounds = 0;
+    let killedBeforeAnswer = 0;
+    for (let round = 0; round < ROUNDS; round++) {
+      const inTc = round % 2 === 1;
+      const at = inTc ? 0 : Math.floor(span * (0.05 + 0.9 * random()));
+      const lines = inTc ? 1 + Math.floor(random() * tcLines) : 0;
+      if (inTc) faults.arm('tc', 1, 'half-hang', '-batch', '^(qdisc|class|filter) (add|replace|change) ', lines);
+      let answered = false;
+      const put = api(sock, 'PUT', '/v1/state', newDoc).then(
+        () => {
+          answered = true;
+        },
+        () => undefined,
+      );
+      let beforeAnswer = false;
+      try {
+        if (inTc) await waitFor(async () => faults.hanging(), { what: `tc -batch hung after ${lines} lines`, timeoutMs: 120_000 });
+        else await new Promise((r) => setTimeout(r, at));
+        beforeAnswer = !answered;
+        await stopDaemon(daemon!, 'SIGKILL');
+        daemon = undefined;
+      } finally {
+        faults.disarm();
+        faults.endHung();
       }
-      console.log(`crash rounds on ${b.name} (span ${Math.round(span)} ms): ${seen.join(' ')}`);
-      // The timed kills test a change cut short only if some came before the answer.
-      if (timedRounds > 0)
-        expect(killedBeforeAnswer, `timed rounds killed before the answer (span ${Math.round(span)} ms): ${seen.join(' ')}`).toBeGreaterThan(0);
-      // A round takes 3–4 s here (a kill, a restart, a dump; a new state put back): three times that.
-    },
-    30_000 + ROUNDS * 12_000,
-  );
+      await put;
+      if (!inTc) {
+        timedRounds++;
+        if (beforeAnswer) killedBeforeAnswer++;
+      }
+      await start();
+      // Killed inside tc, the daemon held natgw's lock: the restart takes it over at once (its
+      // owner is gone), not ~10 s later when it goes stale, and says so.
+      if (inTc) expect(daemon!.logs(), `round ${round}: the dead holder's lock`).toMatch(/lock was held by a process that no longer exists/);
+      const persisted = (await api(sock, 'GET', '/v1/state')).body.digest as string;
+      const now = await dump();
+      const which = now === kernel.old ? 'old' : now === kernel.new ? 'new' : 'mix';
+      seen.push(inTc ? `tc+${lines}:${which}` : `${at}ms${beforeAnswer ? '' : '(after the answer)'}:${which}`);
+      if (which === 'mix') {
+        const lines = (t: string) => new Set(t.split('\n'));
+        const [o, n, c] = [lines(kernel.old), lines(kernel.new), lines(now)];
+        const odd = [...c]
+          .filter((l) => !o.has(l))
+          .slice(0, 10)
+          .map((l) => `+ ${l}`);
+        const missing = [...o]
+          .filter((l) => !c.has(l) && !n.has(l))
+          .slice(0, 10)
+          .map((l) => `- ${l}`);
+        seen.push(`\nbeside old:\n${[...odd, ...missing].join('\n')}`);
+      }
+      expect(which, `round ${round} (seed ${SEED}, ${inTc ? `tc hung after ${lines} lines` : `kill after ${at} ms`}): ${seen.join(' ')}`).not.toBe('mix');
+      // A change stopped inside tc was never persisted: the old state, and nothing of the new QoS.
+      if (inTc) expect(which, `round ${round}: killed inside tc`).toBe('old');
+      expect(persisted, `round ${round}: the persisted state says ${which}`).toBe(digest[which as 'old' | 'new']);
+      if (which === 'new') await backToPristineOld();
+    }
+    console.log(`crash rounds on ${b.name} (span ${Math.round(span)} ms): ${seen.join(' ')}`);
+    // The timed kills test a change cut short only if some came before the answer.
+    if (timedRounds > 0)
+      expect(killedBeforeAnswer, `timed rounds killed before the answer (span ${Math.round(span)} ms): ${seen.join(' ')}`).toBeGreaterThan(0);
+  });
 });
