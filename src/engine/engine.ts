@@ -247,7 +247,6 @@ export class Engine {
     this.backends.forgetAll();
     this.link.forget();
     this.shareDnat.forget();
-    this.qos.forget();
     this.eipCounters.forget();
     this.neighbours.forget();
   }
