@@ -15,6 +15,7 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { bulkTransfer, startSinkServer, type ServerHandle, type TransferResult } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 import { CLASS_RANGES, eipFirstClassId } from '../../src/model/qos.js';
+import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 import { StateStore } from '../../src/state/store.js';
 
@@ -448,13 +449,14 @@ describe('QoS through the command line', () => {
  * and made again, so the kernel's table ids (800:, 801:, …, handed out cyclically) no longer
  * follow the priorities; every delete must still remove exactly its own rule.
  */
-describe('QoS through a running daemon', () => {
+describe.each(BACKENDS)('QoS through a running daemon ($name)', (b: BackendCase) => {
   let topo: Topology;
   let daemon: Daemon | undefined;
   const ips = { a: '172.20.0.30', b: '172.20.0.31', c: '172.20.0.32', d: '172.20.0.33', e: '172.20.0.34', f: '172.20.0.35', g: '172.20.0.36' };
 
   beforeAll(async () => {
     topo = await createTopology();
+    Object.assign(topo.env, b.env);
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
     await topo.natgwOk('init');
