@@ -282,6 +282,16 @@ describe('QosManager: partial sync', () => {
     ]);
   });
 
+  it("prints the probe's line as a full sync does, even where the devices it plans keep no class", async () => {
+    const s = delEipQos(S1, 'ingress', '10.98.0.3').state;
+    const x = fakeKernel(() => AFTER_S1);
+    const partial = await new QosManager(x).sync(s, { mode: 'partial' }, S1);
+    expect(classReads(x)).toEqual(['ifb-net1']);
+    const full = await new QosManager(fakeKernel(() => AFTER_S1)).sync(s);
+    expect(partial.notes).toEqual(full.notes);
+    expect(partial.notes).toContainEqual(expect.stringMatching(/^INFO: QoS kernel probe: /));
+  });
+
   it('changedDevices: the devices of rules added, removed or changed; every device where EXT changed', () => {
     expect(changedDevices(S1, S1)).toEqual(new Set());
     expect(changedDevices(S1, S2)).toEqual(new Set(['net1']));

@@ -99,9 +99,11 @@ export class QosManager {
     const scope = opts.mode === 'partial' && from !== undefined && pending.length === 0 ? changedDevices(from, state) : undefined;
     if (scope?.size === 0) return { changes: 0, notes: [], commands: [] };
     const kernel = await this.readKernel(state, pending, scope);
-    const desired = this.layout(state, kernel, scope);
+    const all = this.layout(state, kernel);
+    const desired = scope ? new Map([...all].filter(([dev]) => scope.has(dev))) : all;
     const notes: string[] = [];
-    const needs = [...desired.values()].some((d) => d.classes.length > 0);
+    // Any class at all, not only in scope: a command prints the probe's line whichever sync carries it.
+    const needs = [...all.values()].some((d) => d.classes.length > 0);
     const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
     const plan = renderQos(desired, kernel, features, pending);
     notes.push(...plan.notes);
@@ -138,16 +140,15 @@ export class QosManager {
   }
 
   /**
-   * The classes and filters each device in `scope` (every device, without one) must hold. Rules
-   * without ids (a state written through the API, or adopted) first take the ids the kernel already uses for them.
+   * The classes and filters each device must hold. Rules without ids (a state written through
+   * the API, or adopted) first take the ids the kernel already uses for them.
    */
-  private layout(state: DesiredState, kernel: KernelQos, scope: ReadonlySet<string> | undefined): Map<string, DesiredDevice> {
+  private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
     const ext = state.interfaces.ext;
     const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
     const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices) : {};
     const allocated = allocateQos(state, hints);
-    const all = desiredDevices(ext, allocated.eipQos, allocated.qos);
-    return scope ? new Map([...all].filter(([dev]) => scope.has(dev))) : all;
+    return desiredDevices(ext, allocated.eipQos, allocated.qos);
   }
 
   /**
