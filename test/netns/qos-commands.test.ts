@@ -78,7 +78,7 @@ function keysMatch(f: ShownFilter, pkt: { src: string; dst: string }): boolean {
 
 const hex = (n: number): string => n.toString(16);
 
-describe('QoS through the command line', () => {
+describe.each(BACKENDS)('QoS through the command line ($name)', (b: BackendCase) => {
   let topo: Topology;
   let probeSeen = false;
 
@@ -145,6 +145,7 @@ describe('QoS through the command line', () => {
 
   beforeAll(async () => {
     topo = await createTopology();
+    Object.assign(topo.env, b.env);
     topo.env.GATEWAY_V4 = ADDR.extGateway;
     await topo.natgwOk('init');
     await topo.natgwOk('eip-add', `${EIP_A}/24`);
