@@ -154,17 +154,20 @@ export class QosManager {
   /**
    * What a plan for `scope` needs: the links, every qdisc, and the classes and filters of the
    * devices in scope (without one: those the rules name and those carrying natgw's layout), with
-   * the ingress filters of the devices their IFBs serve and of those an interrupted change redirected.
+   * the ingress filters of the devices their IFBs serve and of those an interrupted change
+   * redirected. A partial sync reads all of it at once; a full one finds the devices in the qdiscs first.
    */
   private async readKernel(state: DesiredState, pending: readonly QosPiece[], scope: ReadonlySet<string> | undefined): Promise<KernelQos> {
-    const base = await this.readBase();
     const ext = state.interfaces.ext;
-    const shaped = scope
-      ? [...scope]
-      : [...state.eipQos.map((q) => eipQosDevice(q, ext)), ...state.qos.map((q) => gwQosDevice(q)), ...shapedDevices(base.qdiscs).map((s) => s.dev)];
-    const served = shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length));
     const redirected = pending.flatMap((p) => (p.kind === 'redirect' ? [p.dev] : []));
-    return this.readDevices(base, shaped, [...served, ...redirected]);
+    const served = (shaped: string[]) => [...shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length)), ...redirected];
+    if (scope) {
+      const [base, devices] = await Promise.all([this.readBase(), this.readDevices([...scope], served([...scope]))]);
+      return { ...base, ...devices };
+    }
+    const base = await this.readBase();
+    const shaped = [...state.eipQos.map((q) => eipQosDevice(q, ext)), ...state.qos.map((q) => gwQosDevice(q)), ...shapedDevices(base.qdiscs).map((s) => s.dev)];
+    return { ...base, ...(await this.readDevices(...present(base, shaped, served(shaped)))) };
   }
 
   /**
@@ -176,8 +179,8 @@ export class QosManager {
     const base = await this.readBase();
     const discovered = shapedDevices(base.qdiscs).map((s) => s.servesIngressOf ?? s.dev);
     const gwDevs = [...new Set([extIf, ...devs, ...discovered])];
-    const kernel = await this.readDevices(base, [...gwDevs, ...gwDevs.map(ifbName)], []);
-    return rulesFromKernel(extIf, gwDevs, kernel.devices);
+    const { devices } = await this.readDevices(...present(base, [...gwDevs, ...gwDevs.map(ifbName)], []));
+    return rulesFromKernel(extIf, gwDevs, devices);
   }
 
   /**
@@ -248,27 +251,23 @@ export class QosManager {
     }
   }
 
-  private async readDevices(base: Pick<KernelQos, 'links' | 'qdiscs'>, shaped: string[], ingressOf: string[]): Promise<KernelQos> {
-    const exists = new Set(base.links.map((l) => l.name));
+  /** Classes and `parent 1:` filters of `shaped`, `parent ffff:` filters of `ingressOf`; a device or parent that is not there reads as empty. */
+  private async readDevices(shaped: string[], ingressOf: string[]): Promise<Pick<KernelQos, 'devices' | 'ingress'>> {
     const devices = new Map<string, DeviceTc>();
     const ingress = new Map<string, readonly TcFilter[]>();
     await Promise.all([
-      ...[...new Set(shaped)]
-        .filter((d) => exists.has(d))
-        .map(async (dev) => {
-          const [classes, filters] = await Promise.all([
-            this.read('tc', ['-d', '-raw', 'class', 'show', 'dev', dev]),
-            this.read('tc', ['filter', 'show', 'dev', dev, 'parent', '1:']),
-          ]);
-          devices.set(dev, { classes: parseClasses(classes), filters: parseFilters(filters) });
-        }),
-      ...[...new Set(ingressOf)]
-        .filter((d) => base.qdiscs.some((q) => q.dev === d && q.handle === 'ffff:'))
-        .map(async (dev) => {
-          ingress.set(dev, parseFilters(await this.read('tc', ['filter', 'show', 'dev', dev, 'parent', 'ffff:'])));
-        }),
+      ...[...new Set(shaped)].map(async (dev) => {
+        const [classes, filters] = await Promise.all([
+          this.read('tc', ['-d', '-raw', 'class', 'show', 'dev', dev]),
+          this.read('tc', ['filter', 'show', 'dev', dev, 'parent', '1:']),
+        ]);
+        devices.set(dev, { classes: parseClasses(classes), filters: parseFilters(filters) });
+      }),
+      ...[...new Set(ingressOf)].map(async (dev) => {
+        ingress.set(dev, parseFilters(await this.read('tc', ['filter', 'show', 'dev', dev, 'parent', 'ffff:'])));
+      }),
     ]);
-    return { ...base, devices, ingress };
+    return { devices, ingress };
   }
 
   private async readStrict(file: string, args: string[]): Promise<string> {
@@ -286,6 +285,12 @@ export class QosManager {
     }
     return r.stdout;
   }
+}
+
+/** Of the devices to read, those the base read shows: existing devices, and ingress qdiscs for the ingress filters. */
+function present(base: Pick<KernelQos, 'links' | 'qdiscs'>, shaped: string[], ingressOf: string[]): [string[], string[]] {
+  const exists = new Set(base.links.map((l) => l.name));
+  return [shaped.filter((d) => exists.has(d)), ingressOf.filter((d) => base.qdiscs.some((q) => q.dev === d && q.handle === 'ffff:'))];
 }
 
 /** The tool's complaint without the `Warning:` lines tc adds (e.g. htb quantum advice). */
