@@ -244,7 +244,6 @@ export class Engine {
     this.backends.forgetAll();
     this.link.forget();
     this.shareDnat.forget();
-    this.qos.forget();
     this.eipCounters.forget();
     this.neighbours.forget();
   }
