@@ -6,7 +6,6 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { DAEMON_NODE_FLAGS } from '../daemon/nodeFlags.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -24,6 +23,9 @@ const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
 const CONNECT_TIMEOUT_MS = 2000;
+
+/** The daemon's heap settings, as the shim's `serve` gives them (image/nat-gateway.sh; a test keeps them equal). */
+export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--max-old-space-size=1024'];
 
 type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
@@ -140,13 +142,10 @@ function startDaemon(config: Config, log: Logger): boolean {
     log.warn({ err: e }, 'daemon log file unavailable; its output is discarded');
   }
   try {
-    // The daemon's CommonJS entry beside bin/natgw.js, as the shim's `serve` takes it: no ES module loader before the start's replay.
-    const serveEntry = path.join(path.dirname(bin), 'serve.cjs');
-    const entry = path.basename(bin) === 'natgw.js' && existsSync(serveEntry) ? serveEntry : bin;
-    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, entry, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
+    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, bin, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
     child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
     child.unref();
-    log.info({ pid: child.pid, bin: entry }, 'autostarted natgw daemon');
+    log.info({ pid: child.pid, bin }, 'autostarted natgw daemon');
     return child.pid !== undefined;
   } catch (e) {
     log.warn({ err: e }, 'could not start the daemon');

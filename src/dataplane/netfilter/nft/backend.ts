@@ -185,11 +185,6 @@ export class NftBackend implements NetfilterBackend {
     return extra ? { ...plan, appended } : plan;
   }
 
-  assumeApplied(want: NatTables): void {
-    this.guardRead = undefined;
-    this.view = viewOf(want);
-  }
-
   async observe(): Promise<void> {
     if (this.view) return;
     const k = await this.kernel();
