@@ -119,7 +119,7 @@ else
   entry="$here/../bin/natgw.js"
 fi
 if [ "${1:-}" = serve ]; then
-  # The daemon's heap settings: DAEMON_NODE_FLAGS in src/cli/forward.ts (a test keeps them equal).
+  # The daemon's heap limits: DAEMON_NODE_FLAGS in src/cli/forward.ts (a test keeps them equal).
   exec node --max-semi-space-size=4 --max-old-space-size=1024 "$entry" "$@"
 fi
 exec node "$entry" "$@"
