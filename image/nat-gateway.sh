@@ -118,12 +118,8 @@ if [ -f "$here/natgw/bin/natgw.js" ]; then
 else
   entry="$here/../bin/natgw.js"
 fi
-if [ "${1:-}" = serve ] && [ -f "${entry%/*}/serve.cjs" ]; then
-  # The daemon's own CommonJS entry: no ES module loader before the start's replay (bin/serve.cjs).
-  entry="${entry%/*}/serve.cjs"
-fi
 if [ "${1:-}" = serve ]; then
-  # The daemon's V8 settings: DAEMON_NODE_FLAGS in src/daemon/nodeFlags.ts (a test keeps them equal).
+  # The daemon's heap limits: DAEMON_NODE_FLAGS in src/cli/forward.ts (a test keeps them equal).
   exec node --max-semi-space-size=4 --max-old-space-size=1024 "$entry" "$@"
 fi
 exec node "$entry" "$@"

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 
 /**
  * `natgw --version`: the package's version and the source revision it was built from. The
- * build writes both to dist/version.json (scripts/bundle.mjs: git's commit, or NATGW_REVISION
+ * build writes both to dist/version.json (scripts/version.mjs: git's commit, or NATGW_REVISION
  * where the build has no .git, as in the image's build stage); where that file or its revision
  * is missing, NATGW_REVISION from the environment, else `unknown`. Two small file reads.
  */
@@ -29,7 +29,7 @@ export function resolveVersion(built: Record<string, unknown> | undefined, pkg: 
   };
 }
 
-// This module sits two folders below dist/ (dist/src/cli, dist/natgw/cli), as the bundle keeps it.
+// This module sits two folders below dist/ (dist/src/cli).
 export function versionInfo(env: NodeJS.ProcessEnv = process.env): VersionInfo {
   return resolveVersion(readJson(new URL('../../version.json', import.meta.url)), readJson(new URL('../../../package.json', import.meta.url)), env);
 }

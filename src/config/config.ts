@@ -129,7 +129,7 @@ export const configSchema = z.object({
     .min(1)
     .default(DEFAULT_STATE_DIR)
     .meta({ values: 'a directory' })
-    .describe('Desired state (snapshot and journal), backend record, lock, command log and the applied-ruleset cache replayed at start.'),
+    .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
   NATGW_SOCKET: z
     .string()
     .min(1)

@@ -2,7 +2,6 @@ import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
 import type net from 'node:net';
-import v8 from 'node:v8';
 import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
@@ -16,8 +15,6 @@ import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
-import { takeBootReplay } from './replayBoot.js';
-import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
 
 /**
@@ -52,18 +49,7 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({
-    config,
-    exec,
-    log,
-    appliedRuleset: {
-      boot: takeBootReplay(),
-      onDecision: (path) => {
-        metrics.startReplays.inc({ path });
-        if (path === 'trusted') hygiene.netfilterInKernel();
-      },
-    },
-  });
+  const engine = new Engine({ config, exec, log });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
@@ -158,16 +144,7 @@ export async function serve(config: Config): Promise<number> {
     // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
     if (!(await listening) || shuttingDown) return;
     monitor.start();
-    // The first sync's reads of addresses, routes and `ip kube-ovn` run while it takes the lock,
-    // loads and decides (and waits for a replay still running). Not earlier: each process start
-    // blocks the event loop for milliseconds that the API's load would wait for.
-    if (present) engine.readAhead(await saved);
     reconciler.start({ present });
-    // In a gap of the first sync (at a restore it waits for the replay), not before it starts.
-    if (present) {
-      const state = await saved;
-      setImmediate(() => hygiene.prepare(state));
-    }
     if (!present) observe();
   })();
   // After the start-up's own continuation (registered first): its interface lookups run while this loads.
@@ -193,8 +170,6 @@ export async function serve(config: Config): Promise<number> {
   }
   opened(true);
   timelineMark('serving');
-  // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
-  for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(
     {
       socket: config.socket,
@@ -232,8 +207,6 @@ export async function serve(config: Config): Promise<number> {
       await ha.stop();
       await reconciler.stop();
       await agent.close();
-      // The applied-ruleset cache of the last apply, for the next start's replay.
-      await engine.rulesetCache?.flush();
       await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);

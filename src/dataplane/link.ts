@@ -353,16 +353,9 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
   return { ext: r.ext, vpc: r.vpc, addresses: strings(r.addresses), routes: strings(r.routes) };
 }
 
-/** How long an `ip -batch -` started at the daemon's start may wait for the first sync (takeBatchAhead). */
-const BATCH_AHEAD_MAX_AGE_MS = 500;
-
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
-  /** A view read ahead of the first full sync (readAhead). */
-  private ahead: { readonly ext: string; readonly vpc: string; readonly view: Promise<LinkView> } | undefined;
-  /** An `ip -batch -` readAhead started for the first full sync (takeBatchAhead), while the replay still runs. */
-  private batchAhead: { readonly ext: string; readonly vpc: string; readonly at: number; readonly batch: Promise<PendingRun | undefined> } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -656,62 +649,6 @@ export class LinkManager {
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
-    this.ahead = undefined;
-    this.dropBatchAhead();
-  }
-
-  private dropBatchAhead(): void {
-    void this.batchAhead?.batch.then((b) => b?.cancel());
-    this.batchAhead = undefined;
-  }
-
-  /**
-   * The daemon's start: read the view of `s`'s interfaces now, for the first full sync (which
-   * takes it with takeAhead), while the loader's replay and the daemon's own load still run.
-   * Nothing natgw runs meanwhile touches addresses or routes (the replay is netfilter only);
-   * a link event drops it (forget).
-   */
-  readAhead(s: DesiredState): void {
-    const view = this.view(s);
-    view.catch(() => undefined);
-    // The ownership record too: the sync then only stats it (RecordFile keeps what it read).
-    this.owned?.read().catch(() => undefined);
-    this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
-    // An EIP the view lacks (a fresh pod) will be added: its `ip -batch -` starts now, fed by the
-    // first sync's link part after NAT is in place as ever, so that at a restore the process
-    // start (~5-20 ms on a loaded 2-core node) is not paid after the replay.
-    this.dropBatchAhead();
-    if (s.eips.length === 0 || !this.exec.start) return;
-    const batch = view.then(
-      (v) => {
-        const held = new Set(v.extAddresses.map((a) => a.address));
-        return s.eips.some((e) => !held.has(e.address)) ? this.startBatch() : undefined;
-      },
-      () => undefined,
-    );
-    batch.catch(() => undefined);
-    this.batchAhead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, at: performance.now(), batch };
-  }
-
-  /** The `ip -batch -` readAhead started, once, if it is for `want`'s interfaces (else it is ended). */
-  takeBatchAhead(want: DesiredState): Promise<PendingRun | undefined> | undefined {
-    const a = this.batchAhead;
-    this.batchAhead = undefined;
-    if (!a) return undefined;
-    // Its deadline (NATGW_TOOL_TIMEOUT, 1 s at least) runs from its start: one waiting longer
-    // than BATCH_AHEAD_MAX_AGE_MS is ended, and the sync starts its own.
-    const fresh = performance.now() - a.at < BATCH_AHEAD_MAX_AGE_MS;
-    if (fresh && a.ext === want.interfaces.ext && a.vpc === want.interfaces.vpc) return a.batch;
-    void a.batch.then((b) => b?.cancel());
-    return undefined;
-  }
-
-  /** The view readAhead started, once, if it is of `want`'s interfaces; a failed read is made again by the caller. */
-  takeAhead(want: DesiredState): Promise<LinkView | undefined> | undefined {
-    const a = this.ahead;
-    this.ahead = undefined;
-    if (!a || a.ext !== want.interfaces.ext || a.vpc !== want.interfaces.vpc) return undefined;
-    return a.view.catch(() => undefined);
   }
 
   /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */

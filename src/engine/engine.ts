@@ -17,8 +17,6 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
-import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 import { timelineMark } from '../system/timeline.js';
 
@@ -29,11 +27,6 @@ export interface EngineDeps {
   readonly store?: StateStore;
   /** nftables for every part that uses it; by default `nft` through `exec` (tests: a fake kernel). */
   readonly nft?: NftClient;
-  /**
-   * The daemon: keep the applied-ruleset cache, and judge the loader's replay (`boot`, from
-   * takeBootReplay) at the first full sync.
-   */
-  readonly appliedRuleset?: { readonly boot?: Promise<ReplayOutcome>; readonly onDecision?: (path: ReplayPath) => void };
 }
 
 export interface ApplyReport {
@@ -158,8 +151,6 @@ export class Engine {
   generation = 0;
   /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
   private readonly syncListeners: SyncListeners;
-  /** The daemon's applied-ruleset cache (none in a shim run). */
-  readonly rulesetCache: AppliedRulesetCache | undefined;
 
   constructor(readonly deps: EngineDeps) {
     this.syncListeners = new SyncListeners(deps.log);
@@ -188,15 +179,6 @@ export class Engine {
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
-    this.rulesetCache = deps.appliedRuleset
-      ? new AppliedRulesetCache({
-          config: deps.config,
-          store: this.store,
-          log: deps.log,
-          boot: deps.appliedRuleset.boot,
-          onDecision: deps.appliedRuleset.onDecision,
-        })
-      : undefined;
   }
 
   /** Hear about every (non-dry-run) apply; the function returned unsubscribes. */
@@ -215,18 +197,6 @@ export class Engine {
   /** The backend without taking the lock or recording anything (get-iptables-version). */
   peekBackend(): Promise<NetfilterBackend> {
     return this.backends.peek();
-  }
-
-  /**
-   * The daemon's start, before its first full sync: start the reads that no replay or NAT
-   * part changes (addresses and routes of `state`'s interfaces, the `ip kube-ovn` table), so
-   * that they run while the loader's replay and the daemon's load still do. The first full
-   * sync's parts take them; a link event (distrust) drops them.
-   */
-  readAhead(state: DesiredState): void {
-    if (this.lastApplied !== undefined) return;
-    this.link.readAhead(state);
-    this.shareDnat.readAhead();
   }
 
   /**
@@ -276,10 +246,6 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // Announcing starts processes: that waits until the lock is free and the answer on its way.
     let announce: (() => void) | undefined;
-    // Nothing writes to the kernel while the loader's replay still runs (it would land on top of
-    // this transaction), and the replay holds the lock meanwhile: wait for it here, not in the
-    // lock's retries.
-    if (!opts.dryRun) await this.rulesetCache?.settled();
     const out = await this.store.withLock(async () => {
       timelineMark('lock taken');
       const epoch = this.epoch;
@@ -291,7 +257,6 @@ export class Engine {
       let state: DesiredState;
       let backend: NetfilterBackend;
       let choice: BackendChoice;
-      let replayed: Assumed | undefined;
       if (trusted) {
         ({ state, backend, choice } = trusted);
         // The skeleton was in the kernel at the last full sync and every change since went
@@ -309,15 +274,11 @@ export class Engine {
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
         timelineMark('loaded');
-        if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       timelineMark('locked');
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
       timelineMark('state built');
-      // The replay holds the state loaded: a first full sync that changes it applies as ever.
-      const assumeApplied = replayed && next === state ? replayed : undefined;
-      if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');
       for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
@@ -339,7 +300,6 @@ export class Engine {
             qos: opts.qos ?? true,
             mode: kind,
             bulk: prepared !== undefined,
-            assumeApplied,
           });
         } catch (e) {
           if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e, ahead);
@@ -388,7 +348,6 @@ export class Engine {
         this.trusted = this.epoch === epoch ? { state: next, backend, choice, stamp: after } : undefined;
         this.lastApplied = next;
         this.generation++;
-        this.rulesetCache?.afterApply(next, choice);
         const ms = performance.now() - started;
         // The answer waits for the flush anyway; its listeners hear how it went.
         const flushes = await flushing;
@@ -446,7 +405,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; assumeApplied?: Assumed } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
@@ -466,7 +425,6 @@ export class Engine {
           mode,
           dryRun: opts.dryRun,
           ...(opts.bulk ? { bulk: true } : {}),
-          ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}),
         });
         applied.push(part);
         timelineMark(`part ${part.name}`);

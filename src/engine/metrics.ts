@@ -18,7 +18,6 @@ export class Metrics {
   readonly objects: Gauge<'kind'>;
   readonly driftRepairs: Counter;
   readonly ready: Gauge;
-  readonly startReplays: Counter<'path'>;
   readonly conntrackFlushes: Counter<'outcome'>;
 
   constructor(opts: { processMetrics?: boolean; eipTraffic?: () => Promise<readonly EipTraffic[]> } = {}) {
@@ -65,12 +64,6 @@ export class Metrics {
       registers,
     });
     this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
-    this.startReplays = new Counter({
-      name: 'natgw_start_replays_total',
-      help: 'How the first full sync took the applied-ruleset replay: path="trusted" (counted as the netfilter apply), "fallback" (replayed, then read back and repaired), "skipped" (not replayed), "none" (no replay started)',
-      labelNames: ['path'],
-      registers,
-    });
     this.conntrackFlushes = new Counter({
       name: 'natgw_conntrack_flushes_total',
       help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_entries" (the kernel\'s conntrack table held no entry it could delete)',

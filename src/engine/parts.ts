@@ -28,12 +28,6 @@ export interface PartSync {
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
   readonly bulk?: boolean;
-  /**
-   * The daemon's start only: the loader's replay of the applied-ruleset cache put exactly
-   * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
-   * applied, as a full sync trusts its own apply, and reads nothing back.
-   */
-  readonly assumeApplied?: { readonly accounting: boolean };
 }
 
 export interface Part {
@@ -82,13 +76,6 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         return { changes: 0, script: '', notes: none };
       }
       const eips = want.eips.map((e) => e.address);
-      if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
-        backend.assumeApplied(natTablesOf(want));
-        // The replay built the accounting table only where there was none; else it is synced as ever.
-        if (opts.assumeApplied.accounting) counters.assumeApplied(eips);
-        else await counters.sync(eips, { mode: 'full' });
-        return { changes: 0, script: '', notes: none };
-      }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       let fold: AccountingFold | undefined;
@@ -153,19 +140,15 @@ export function linkPart(link: LinkManager): Part {
     // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
     // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
     prefetch(want, opts, from) {
-      // One started with the daemon start's read-ahead is this sync's (a dry run leaves it to the sync that applies).
-      const started = opts.mode === 'full' && !opts.dryRun ? link.takeBatchAhead(want) : undefined;
       if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
         // One that could not start leaves the sync to run its own.
-        const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
-        ahead = started ? started.then((b) => b ?? own()) : own();
+        ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
         // Its intent record too, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);
-      } else ahead = started;
+      }
       if (opts.mode !== 'full') return;
-      // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
-      early = link.takeAhead(want) ?? new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     abandon() {
       void ahead?.then((b) => b?.cancel());

@@ -77,18 +77,14 @@ describe('shared SNAT per-length layout on nftables, with real traffic', () => {
   const chains = async (): Promise<string[]> => [...(await list()).matchAll(/\tchain (\S+) \{/g)].map((m) => m[1]!);
   /** What a resync would change now: nothing, when the command path left what a full render makes. */
   const drifted = async (): Promise<boolean> => ok(await api(sock, 'GET', '/v1/status?check=true'), 'status check').body.drift.check.drifted;
-  /**
-   * Stopped, then started as after an upgrade: the applied-ruleset cache a new version would
-   * not replay (it was written by other code) is gone, so the start is a full sync.
-   */
+  /** Stopped, then started as after an upgrade: the start is a full sync. */
   const restart = async (between: () => Promise<void> = async () => undefined): Promise<void> => {
     if (daemon) await stopDaemon(daemon, 'SIGTERM');
     daemon = undefined;
-    rmSync(`${topo.stateDir}/applied-ruleset`, { force: true });
     await between();
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
-    expect(daemon.logs()).toContain('start: netfilter by a full sync');
+    expect(daemon.logs()).toContain('full sync: read back and reconciled everything natgw owns');
   };
 
   beforeAll(async () => {
@@ -305,7 +301,7 @@ describe('shared SNAT per-length layout on nftables, with real traffic', () => {
     expect(before).toHaveLength(4);
     await stopDaemon(daemon!, 'SIGKILL');
     daemon = undefined;
-    for (const f of ['state.json', 'state.journal', 'owned.json', 'backend.json', 'applied-ruleset']) rmSync(`${topo.stateDir}/${f}`, { force: true });
+    for (const f of ['state.json', 'state.journal', 'owned.json', 'backend.json']) rmSync(`${topo.stateDir}/${f}`, { force: true });
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
     expect((await api(sock, 'GET', '/v1/state')).body.desired.snats).toEqual(before);

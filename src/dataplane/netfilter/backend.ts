@@ -242,11 +242,6 @@ export interface NetfilterBackend {
    * against it: another writer may have changed the table since.
    */
   dropGuardRead?(): void;
-  /**
-   * Count `want` as applied, as a successful full sync of it would (the daemon's start, after
-   * the loader replayed the applied-ruleset cache: src/engine/appliedRulesetCache.ts).
-   */
-  assumeApplied?(want: NatTables): void;
   /** Remove every object this backend owns (backend switch). */
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */

@@ -66,7 +66,6 @@ export class IptablesBackend implements NetfilterBackend {
   private view = new Map<string, SavedTable>();
 
   forget(): void {
-    this.assumed = undefined;
     this.view.clear();
   }
 
@@ -114,7 +113,6 @@ export class IptablesBackend implements NetfilterBackend {
     try {
       return await this.syncBoth(want, opts);
     } catch (e) {
-      this.assumed = undefined;
       this.view.clear();
       throw e;
     }
@@ -126,7 +124,6 @@ export class IptablesBackend implements NetfilterBackend {
    * empty gateway) plans against it instead of reading back. A table not read keeps no view.
    */
   async observe(): Promise<void> {
-    this.materialize();
     const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => ({ family, table })));
     const read = await Promise.all(
       keys.map(({ family, table }) => (this.view.has(`${family}/${table}`) ? undefined : this.read(table, family).catch(() => undefined))),
@@ -137,34 +134,8 @@ export class IptablesBackend implements NetfilterBackend {
     });
   }
 
-  /**
-   * The tables as the replay of the applied-ruleset cache left them in a kernel that held none
-   * of natgw's chains (src/dataplane/netfilter/replayRender.ts): the IPv4 skeleton and rules,
-   * IPv6 ones only where there are IPv6 objects.
-   */
-  assumeApplied(want: NatTables): void {
-    this.guardRead = undefined;
-    this.view.clear();
-    // Built when a sync first needs it: ~30,000 rule texts at 10,000 objects, not on the way to ready.
-    this.assumed = want;
-  }
-
-  private assumed: NatTables | undefined;
-
-  private materialize(): void {
-    const want = this.assumed;
-    if (!want) return;
-    this.assumed = undefined;
-    for (const family of [4, 6] as const) {
-      const w = ofFamily(want, family);
-      const desired = family === 6 && isEmpty(w) ? undefined : desiredTables(w);
-      for (const table of TABLES) this.view.set(`${family}/${table}`, desired ? savedAfter(emptyTable, desired[table]) : emptyTable);
-    }
-  }
-
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
-    this.materialize();
     const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;
     return trusted ?? this.read(table, family);
   }
@@ -232,7 +203,6 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async removeAll(): Promise<void> {
-    this.assumed = undefined;
     this.view.clear();
     await this.removeFamily(4, {});
     await this.removeFamily(6, {});

@@ -157,6 +157,17 @@ export class NftBackend implements NetfilterBackend {
   private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     // The appended part may list its own table: both listings run at once.
     const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
+    // None of natgw's tables is there (a restore at start in a fresh namespace): they are
+    // created as the first change into absent tables creates them, in phases when large. A
+    // refusal there (a table made meanwhile) is left to the one transaction below, which re-reads and retries.
+    if (!opts.dryRun && kernel.ip === null && kernel.ip6 === null) {
+      try {
+        return await this.syncFromAbsent(want, { ...opts, append: Promise.resolve(extra) });
+      } catch (err) {
+        if (!(err instanceof ToolError)) throw err;
+        this.log?.warn({ err: err.message }, 'nft: creating the absent tables was refused; applying them as one transaction');
+      }
+    }
     let planned: NftTxPlan = planNatgw(want, kernel);
     if (opts.dryRun) return textPlan(planned);
     let appended = extra !== undefined;
@@ -183,11 +194,6 @@ export class NftBackend implements NetfilterBackend {
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
     return extra ? { ...plan, appended } : plan;
-  }
-
-  assumeApplied(want: NatTables): void {
-    this.guardRead = undefined;
-    this.view = viewOf(want);
   }
 
   async observe(): Promise<void> {
