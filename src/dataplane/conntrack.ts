@@ -209,7 +209,7 @@ export class Conntrack {
   /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
   private async kernelTable(): Promise<TrackedFlow[] | undefined> {
     // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
-    // shim's own connections untracked): the count says so without walking the hash.
+    // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
     if (await this.tracksNothing()) return [];
     const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
     const flows = text === undefined ? undefined : parseProcConntrack(text);

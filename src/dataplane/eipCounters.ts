@@ -253,12 +253,6 @@ export class EipCounters {
     }
   }
 
-  /** The table as built from scratch for `eips` (the applied-ruleset replay at start). */
-  assumeApplied(eips: readonly string[]): void {
-    this.trusted = new Set(eips);
-    this.absent = false;
-  }
-
   /** Stop trusting the kept view: the next sync reads the table back. */
   forget(): void {
     this.trusted = undefined;

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
+import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
@@ -89,7 +90,12 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   }
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
+  // A subnet route to a default the external default owns is held, not installed: installing
+  // both would have each replace the other at every sync. Nor is it deleted where the kernel
+  // still has it on VPC: the external default's `replace` below takes its place without a gap.
+  const held = new Set(heldDefaultRoutes(want).map((h) => h.route.cidr));
   for (const r of want.routes) {
+    if (held.has(r.cidr)) continue;
     if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
@@ -272,6 +278,13 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
   );
 }
 
+export interface LinkSyncResult {
+  readonly changes: number;
+  readonly script: string;
+  /** Warnings for the change's output (a subnet route held, not installed); absent when there are none. */
+  readonly notes?: readonly string[];
+}
+
 export interface LinkSyncOptions extends SyncOptions {
   /** A read-back the caller already made (see LinkManager.view). */
   readonly view?: LinkView;
@@ -340,8 +353,6 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
-  /** A view read ahead of the first full sync (readAhead). */
-  private ahead: { readonly ext: string; readonly vpc: string; readonly view: Promise<LinkView> } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -540,7 +551,13 @@ export class LinkManager {
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
-  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<LinkSyncResult> {
+    const notes = this.heldNotes(want, opts.dryRun === true);
+    const r = await this.syncWith(want, previous, opts);
+    return notes.length ? { ...r, notes } : r;
+  }
+
+  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions): Promise<{ changes: number; script: string }> {
     // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
     await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
@@ -586,32 +603,25 @@ export class LinkManager {
     return { changes: lines.length, script };
   }
 
+  /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
+  private heldWarned = new Set<string>();
+
+  /**
+   * Each held subnet route as a `Warning:` line for the change's output; logged once while it
+   * stays held (a resync every few seconds would repeat it), again if it comes back.
+   */
+  private heldNotes(want: DesiredState, dryRun: boolean): string[] {
+    const texts = heldDefaultRoutes(want).map((h) => heldDefaultRouteText(h, want.interfaces));
+    if (!dryRun) {
+      for (const t of texts) if (!this.heldWarned.has(t)) this.log?.warn(t);
+      this.heldWarned = new Set(texts);
+    }
+    return texts.map((t) => `Warning: ${t}`);
+  }
+
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
-    this.ahead = undefined;
-  }
-
-  /**
-   * The daemon's start: read the view of `s`'s interfaces now, for the first full sync (which
-   * takes it with takeAhead), while the loader's replay and the daemon's own load still run.
-   * Nothing natgw runs meanwhile touches addresses or routes (the replay is netfilter only);
-   * a link event drops it (forget).
-   */
-  readAhead(s: DesiredState): void {
-    const view = this.view(s);
-    view.catch(() => undefined);
-    // The ownership record too: the sync then only stats it (RecordFile keeps what it read).
-    this.owned?.read().catch(() => undefined);
-    this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
-  }
-
-  /** The view readAhead started, once, if it is of `want`'s interfaces; a failed read is made again by the caller. */
-  takeAhead(want: DesiredState): Promise<LinkView | undefined> | undefined {
-    const a = this.ahead;
-    this.ahead = undefined;
-    if (!a || a.ext !== want.interfaces.ext || a.vpc !== want.interfaces.vpc) return undefined;
-    return a.view.catch(() => undefined);
   }
 
   /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */

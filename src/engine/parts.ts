@@ -27,12 +27,6 @@ export interface PartSync {
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
   readonly bulk?: boolean;
-  /**
-   * The daemon's start only: the loader's replay of the applied-ruleset cache put exactly
-   * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
-   * applied, as a full sync trusts its own apply, and reads nothing back.
-   */
-  readonly assumeApplied?: { readonly accounting: boolean };
 }
 
 export interface Part {
@@ -81,13 +75,6 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         return { changes: 0, script: '', notes: none };
       }
       const eips = want.eips.map((e) => e.address);
-      if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
-        backend.assumeApplied(natTablesOf(want));
-        // The replay built the accounting table only where there was none; else it is synced as ever.
-        if (opts.assumeApplied.accounting) counters.assumeApplied(eips);
-        else await counters.sync(eips, { mode: 'full' });
-        return { changes: 0, script: '', notes: none };
-      }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       let fold: AccountingFold | undefined;
@@ -156,8 +143,7 @@ export function linkPart(link: LinkManager): Part {
         intent.written.catch(() => undefined);
       }
       if (opts.mode !== 'full') return;
-      // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
-      early = link.takeAhead(want) ?? new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     abandon() {
       // The change failed before this part ran: its intent goes again.
@@ -170,7 +156,7 @@ export function linkPart(link: LinkManager): Part {
       // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
       const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}) });
-      return { changes: r.changes, script: r.script, notes: none };
+      return { changes: r.changes, script: r.script, notes: r.notes ?? none };
     },
   };
 }
@@ -186,8 +172,8 @@ export function qosPart(qos: QosManager): Part {
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
-      const r = await qos.sync(want, opts);
-      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
+      const r = await qos.sync(want, opts, from);
+      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes ?? none };
     },
   };
 }

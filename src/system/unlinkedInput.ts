@@ -1,8 +1,7 @@
 /**
  * A tool's stdin as a file, not a pipe: `nft -f -` and `iptables-restore` read all of their
  * input before they work, and a pipe holds 64 KiB, the rest written only as the event loop
- * turns — busy with other work (a bulk change's hashing, the daemon's bundle load). A file is
- * there whole at once. Used by the executor (exec.ts) and the start's replay (replayBoot.ts).
+ * turns — busy with other work (a bulk change's hashing). A file is there whole at once.
  */
 import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
 

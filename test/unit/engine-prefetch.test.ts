@@ -90,61 +90,6 @@ describe('engine: a full sync reads the link view beside the NAT transaction', (
     expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(nat);
   });
 
-  describe('read ahead at the daemon start (Engine.readAhead)', () => {
-    const isShareRead = (r: ExecRequest): boolean => r.file === 'nft' && r.args.includes('list') && r.args.includes('kube-ovn');
-
-    /** Listings of `ip kube-ovn` in a start without a read-ahead (backend detection lists it too). */
-    async function plainShareReads(): Promise<number> {
-      const { engine, exec } = await setUp();
-      await engine.loadState();
-      await withEip(engine);
-      return exec.calls.filter(isShareRead).length;
-    }
-
-    it('the first full sync takes the views read ahead: nothing is listed twice', async () => {
-      const plain = await plainShareReads();
-      const { engine, exec } = await setUp();
-      engine.readAhead(await engine.loadState());
-      const ahead = exec.calls.length;
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(2);
-      await withEip(engine);
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(2);
-      // The share-DNAT part used the listing read ahead instead of its own.
-      expect(exec.calls.filter(isShareRead)).toHaveLength(plain);
-      // Read before the sync began; the change still comes after NAT.
-      expect(exec.calls.findIndex(isNatApply)).toBeGreaterThanOrEqual(ahead);
-      expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(exec.calls.findIndex(isNatApply));
-    });
-
-    it('a link event meanwhile (distrust) drops them: the sync reads again', async () => {
-      const plain = await plainShareReads();
-      const { engine, exec } = await setUp();
-      engine.readAhead(await engine.loadState());
-      engine.distrust();
-      await withEip(engine);
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(4);
-      expect(exec.calls.filter(isShareRead)).toHaveLength(plain + 1);
-    });
-
-    it('a view of other interfaces is not used', async () => {
-      const { engine, exec } = await setUp();
-      const state = await engine.loadState();
-      engine.readAhead({ ...state, interfaces: { vpc: 'other0', ext: 'other1' } });
-      await withEip(engine);
-      const reads = exec.calls.filter(isLinkRead);
-      expect(reads).toHaveLength(4);
-      expect(reads.slice(2).every((r) => !(r.input ?? '').includes('other'))).toBe(true);
-    });
-
-    it('only before the first apply', async () => {
-      const { engine, exec } = await setUp();
-      await withEip(engine);
-      const before = exec.calls.length;
-      engine.readAhead(await engine.loadState());
-      expect(exec.calls.length).toBe(before);
-    });
-  });
-
   it("a bulk change's ownership record (intent) is durable while NAT applies, not after it", async () => {
     /** The NAT transaction answers only once the record names the new EIP (or gives up after a deadline). */
     let seenDuringNat: boolean | undefined;

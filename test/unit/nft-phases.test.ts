@@ -92,7 +92,7 @@ describe('phases(): the split of a change into absent tables', () => {
   it('hooks nothing before the last phase, and the last phase is only hooks and foreign tables', () => {
     for (const t of [p.first, ...p.groups]) expect(t.ops.filter((op) => op.object === 'chain' && op.verb === 'add' && op.chain.base)).toEqual([]);
     const hooked = new Set(p.last.ops.flatMap((op) => (op.object === 'chain' && op.verb === 'add' && op.chain.base ? [op.chain.name] : [])));
-    expect([...hooked].sort()).toEqual(['postrouting', 'prerouting', 'rx', 'shim_notrack', 'tx', 'vpc_mark']);
+    expect([...hooked].sort()).toEqual(['postrouting', 'prerouting', 'rx', 'tx', 'vpc_mark']);
     for (const op of p.last.ops) if (op.table.name === 'natgw' && op.object === 'rule') expect(hooked.has(op.chain), opText(op)).toBe(true);
     expect(p.last.ops.filter((op) => op.table.name === 'natgw' && op.object === 'element')).toEqual([]);
   });

@@ -41,22 +41,12 @@ export class ShareDnatTable {
 
   /** A full sync's listing started early (Part.prefetch), for the next full sync only. */
   private early: Promise<NftTableDump | null> | undefined;
-  private ahead: Promise<NftTableDump | null> | undefined;
 
   /** List the table now, while the parts before this one apply (they never touch it). */
   prefetch(): void {
-    // One read ahead at the daemon's start (readAhead) is the first full sync's.
-    const p = this.ahead ?? this.read();
-    this.ahead = undefined;
-    p.catch(() => undefined);
-    this.early = p;
-  }
-
-  /** The daemon's start: list the table before the first full sync asks (no NAT part or replay touches it); forget drops it. */
-  readAhead(): void {
     const p = this.read();
     p.catch(() => undefined);
-    this.ahead = p;
+    this.early = p;
   }
 
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
@@ -100,7 +90,6 @@ export class ShareDnatTable {
   forget(): void {
     this.trusted = undefined;
     this.early = undefined;
-    this.ahead = undefined;
   }
 
   /**

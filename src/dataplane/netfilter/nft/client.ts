@@ -12,7 +12,6 @@ import { dropCreated, type NftPhases } from './phases.js';
 import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
-import type { HitSetRef } from './witness.js';
 import { timelineMark } from '../../../system/timeline.js';
 
 export interface NftClient {
@@ -27,12 +26,6 @@ export interface NftClient {
    */
   run(tx: NftTransaction | string): Promise<void>;
   /**
-   * `list set` of each set, in one `nft -f -` (nft lists one set without caching the table's
-   * other elements): the text nft prints. Undefined when a listing fails. The hit witnesses'
-   * read (witness.ts).
-   */
-  listSets?(table: string, sets: readonly HitSetRef[]): Promise<string | undefined>;
-  /**
    * Run phases (phases.ts) in order, the groups at once; throws PhaseRefused. Optional: without
    * it runPhases() runs them one `run()` at a time.
    */
@@ -42,12 +35,6 @@ export interface NftClient {
 /** `nft` answers a listing of an absent table with ENOENT's text. */
 function isMissingTable(r: ExecResult): boolean {
   return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
-}
-
-const NAME = /^[A-Za-z0-9_]+$/;
-function plainName(n: string): string {
-  if (!NAME.test(n)) throw new TypeError(`nft: name ${JSON.stringify(n)} is not plain data`);
-  return n;
 }
 
 export class SystemNftClient implements NftClient {
@@ -107,13 +94,6 @@ export class SystemNftClient implements NftClient {
     if (script === '') return;
     const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
     if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);
-  }
-
-  async listSets(table: string, sets: readonly HitSetRef[]): Promise<string | undefined> {
-    if (sets.length === 0) return undefined;
-    const script = sets.map((s) => `list set ${s.family} ${plainName(table)} ${plainName(s.set)}\n`).join('');
-    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-    return r.exitCode === 0 ? r.stdout : undefined;
   }
 }
 
