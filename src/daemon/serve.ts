@@ -48,7 +48,7 @@ export async function serve(config: Config): Promise<number> {
     return 1;
   }
 
-  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
+  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
   const engine = new Engine({ config, exec, log });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
@@ -117,6 +117,7 @@ export async function serve(config: Config): Promise<number> {
     onLinkUp: (ifname) => {
       if (ifname === engine.lastApplied?.interfaces.ext) agent.requestAnnounce();
     },
+    links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The

@@ -1,8 +1,7 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { type Executor, type ExecResult, type PendingRun, runChecked } from '../system/exec.js';
+import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
-import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DesiredState } from '../state/state.js';
@@ -289,8 +288,6 @@ export interface LinkSyncResult {
 export interface LinkSyncOptions extends SyncOptions {
   /** A read-back the caller already made (see LinkManager.view). */
   readonly view?: LinkView;
-  /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
-  readonly batch?: PendingRun;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -500,15 +497,6 @@ export class LinkManager {
   }
 
   /**
-   * `ip -batch -` started now, its script written by the sync it is handed to (a bulk change:
-   * the process starts while the NAT transaction applies, not after it). Undefined where the
-   * executor cannot start a tool ahead.
-   */
-  startBatch(): PendingRun | undefined {
-    return this.exec.start?.({ file: 'ip', args: ['-batch', '-'] });
-  }
-
-  /**
    * The ownership record grown by everything a change from `previous` to `want` may add, durable
    * before it returns (the intent a sync writes before its `ip -batch`).
    */
@@ -564,27 +552,12 @@ export class LinkManager {
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<LinkSyncResult> {
-    let batch = opts.batch;
-    try {
-      const notes = this.heldNotes(want, opts.dryRun === true);
-      const r = await this.syncWith(want, previous, opts, (script) => {
-        const started = batch;
-        batch = undefined;
-        return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-      });
-      return notes.length ? { ...r, notes } : r;
-    } finally {
-      // A batch started ahead that this sync had no script for reads nothing and ends.
-      batch?.cancel();
-    }
+    const notes = this.heldNotes(want, opts.dryRun === true);
+    const r = await this.syncWith(want, previous, opts);
+    return notes.length ? { ...r, notes } : r;
   }
 
-  private async syncWith(
-    want: DesiredState,
-    previous: DesiredState | undefined,
-    opts: LinkSyncOptions,
-    runBatch: (script: string) => Promise<ExecResult>,
-  ): Promise<{ changes: number; script: string }> {
+  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions): Promise<{ changes: number; script: string }> {
     // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
     await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
@@ -612,7 +585,7 @@ export class LinkManager {
     await this.recordIntent(want, previous);
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
     timelineMark('link: intent recorded');
-    const running = runBatch(script);
+    const running = this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
     const after = linkViewAfter(have, ops);
     const r = await running;
@@ -620,7 +593,7 @@ export class LinkManager {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is
       // somewhere in between, and the record (intent) lets the next sync finish the job.
       this.forget();
-      throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
+      throw new ExecError(r, 'the address and route change', script);
     }
     await this.writeOwned(settled);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.

@@ -365,9 +365,6 @@ export class Engine {
       return { state: next, report, effects };
     });
     announce?.();
-    // The tools' spare processes for the next command start once this answer is out (the
-    // rest of the answer's path is microtasks; a check-phase callback runs after it).
-    if (!opts.dryRun && this.deps.exec.startSpares) setImmediate(() => this.deps.exec.startSpares?.());
     return out;
   }
 

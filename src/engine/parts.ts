@@ -6,7 +6,6 @@ import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
-import type { PendingRun } from '../system/exec.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -126,7 +125,6 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
-  let ahead: Promise<PendingRun | undefined> | undefined;
   let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
@@ -137,13 +135,10 @@ export function linkPart(link: LinkManager): Part {
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
     // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
-    // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
-    // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
+    // A bulk change of the EIPs writes its intent record then, durable while NAT applies.
     prefetch(want, opts, from) {
       if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
-        // One that could not start leaves the sync to run its own.
-        ahead = new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
-        // Its intent record too, durable while NAT applies (one that failed is written by the sync).
+        // Its intent record, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);
       }
@@ -151,8 +146,6 @@ export function linkPart(link: LinkManager): Part {
       early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     abandon() {
-      void ahead?.then((b) => b?.cancel());
-      ahead = undefined;
       // The change failed before this part ran: its intent goes again.
       intent?.undo();
       intent = undefined;
@@ -160,11 +153,9 @@ export function linkPart(link: LinkManager): Part {
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;
       early = undefined;
-      const batch = await ahead;
-      ahead = undefined;
       // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
-      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
+      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}) });
       return { changes: r.changes, script: r.script, notes: r.notes ?? none };
     },
   };

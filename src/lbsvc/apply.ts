@@ -76,7 +76,7 @@ export async function applyNat(exec: Executor, b: LbBackend, change: NatChange):
   if (b.kind === 'iptables') {
     await checked(exec, 'the nat table transaction', { file: toolsFor(b.variant).restore, args: ['--noflush', '--wait'], input: renderIptables(change) });
   } else {
-    await checked(exec, `the table ip ${NFT_TABLE} transaction`, { file: 'nft', args: ['-f', '-'], input: renderNft(change), single: true });
+    await checked(exec, `the table ip ${NFT_TABLE} transaction`, { file: 'nft', args: ['-f', '-'], input: renderNft(change) });
   }
 }
 

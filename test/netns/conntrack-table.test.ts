@@ -88,7 +88,6 @@ describe.each(BACKENDS)('the conntrack table deciding a flush on $name', (backen
 
   afterAll(async () => {
     await Promise.all(servers.map((s) => s.stop().catch(() => undefined)));
-    exec?.inner.session('nft', ['-i']).recycle();
     await topo?.cleanup();
   }, 60_000);
 

@@ -34,10 +34,6 @@ class Recorder implements Executor {
     return this.inner.run(req);
   }
 
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached(req);
-  }
-
   take(): string[] {
     return this.calls.splice(0);
   }

@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest, type ExecResult, type PendingRun } from '../../src/system/exec.js';
+import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
 import { cmd } from '../helpers/execCalls.js';
 import { waitFor } from '../helpers/poll.js';
 
@@ -34,25 +34,6 @@ class TurnExecutor extends RecordingExecutor {
   }
 }
 
-/** A TurnExecutor that can start a tool ahead of its script (Executor.start), as the system's does. */
-class StartingExecutor extends TurnExecutor {
-  /** Each tool started ahead, and what became of it. */
-  readonly ahead: { cmd: string; at: number; fate: 'waiting' | 'fed' | 'cancelled' }[] = [];
-  start(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun {
-    const rec = { cmd: cmd(req as ExecRequest), at: this.calls.length, fate: 'waiting' as 'waiting' | 'fed' | 'cancelled' };
-    this.ahead.push(rec);
-    return {
-      feed: (input) => {
-        rec.fate = 'fed';
-        return this.run({ ...req, input });
-      },
-      cancel: () => {
-        rec.fate = 'cancelled';
-      },
-    };
-  }
-}
-
 async function setUp(failLinkReads = 0, Exec: typeof TurnExecutor = TurnExecutor) {
   const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
   dirs.push(dir);
@@ -69,7 +50,7 @@ async function setUp(failLinkReads = 0, Exec: typeof TurnExecutor = TurnExecutor
     return undefined;
   });
   const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
-  return { engine, exec: exec as StartingExecutor };
+  return { engine, exec };
 }
 
 const withEip = (engine: Engine) =>

@@ -6,8 +6,7 @@
  */
 import type { Logger } from 'pino';
 import type { ShareDnat } from '../../model/rules.js';
-import type { Executor } from '../../system/exec.js';
-import { ToolError } from '../../model/errors.js';
+import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/readback.js';
@@ -72,7 +71,7 @@ export class ShareDnatTable {
       } catch (err) {
         // Another writer may have changed the table since the read-back (handles, elements):
         // render once more against a fresh one before giving up.
-        if (!(err instanceof ToolError)) throw err;
+        if (!(err instanceof ExecError)) throw err;
         this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
         ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
         await this.nft.run(tx);
@@ -104,7 +103,7 @@ export class ShareDnatTable {
       await this.nft.run(deleteChainsTx(chains));
       return new Set(chains);
     } catch (err) {
-      if (!(err instanceof ToolError)) throw err;
+      if (!(err instanceof ExecError)) throw err;
     }
     const deleted = new Set<string>();
     for (const c of chains) {
@@ -112,7 +111,7 @@ export class ShareDnatTable {
         await this.nft.run(deleteChainsTx([c]));
         deleted.add(c);
       } catch (err) {
-        if (!(err instanceof ToolError)) throw err;
+        if (!(err instanceof ExecError)) throw err;
         this.log?.info({ chain: c, err: err.message }, 'stale share dnat chain not deleted yet; a later sync retries');
       }
     }

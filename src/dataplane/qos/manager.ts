@@ -1,8 +1,8 @@
 import { z } from 'zod';
 import type { Logger } from 'pino';
-import { SystemError, ToolError } from '../../model/errors.js';
+import { SystemError } from '../../model/errors.js';
 import { type EipQos, type GwQos, eipQosDevice, eipQosKey, gwQosDevice, gwQosKey, ifbName, IFB_PREFIX } from '../../model/qos.js';
-import type { Executor, ExecResult } from '../../system/exec.js';
+import { ExecError, type Executor, type ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
@@ -227,7 +227,7 @@ export class QosManager {
       const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
       if (r.exitCode !== 0) {
         this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
-        throw new ToolError('tc -batch -', 'the QoS change', r.exitCode, errorText(r), script, r.timedOut);
+        throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS change', script);
       }
     }
     await this.runIp(plan.ipAfter ?? []);
@@ -237,7 +237,7 @@ export class QosManager {
   private async runIp(commands: readonly (readonly string[])[]): Promise<void> {
     for (const args of commands) {
       const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) throw new ToolError(`ip ${args.join(' ')}`, 'the QoS device change', r.exitCode, errorText(r), undefined, r.timedOut);
+      if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS device change');
     }
   }
 
@@ -272,7 +272,7 @@ export class QosManager {
 
   private async readStrict(file: string, args: string[]): Promise<string> {
     const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
-    if (r.exitCode !== 0) throw new ToolError(`${file} ${args.join(' ')}`, 'the QoS listing', r.exitCode, errorText(r), undefined, r.timedOut);
+    if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS listing');
     return r.stdout;
   }
 

@@ -1,6 +1,5 @@
 import type { Logger } from 'pino';
-import { type Executor, runChecked } from '../../../system/exec.js';
-import { ToolError } from '../../../model/errors.js';
+import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
@@ -88,7 +87,7 @@ export class IptablesBackend implements NetfilterBackend {
     // Any other failure (a hang, a lock, a crash) is not an empty table: reading it as one
     // would plan to re-create what is there, or adopt nothing.
     if (r.exitCode !== 0 && family === 6 && ip6Unusable(r)) return emptyTable;
-    if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
+    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
     return parseSave(r.stdout);
   }
 
@@ -177,13 +176,8 @@ export class IptablesBackend implements NetfilterBackend {
   private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
     const names = typeof tables === 'string' ? [tables] : tables;
-    // iptables-restore waits for its first line before it locks or reads a table: the daemon's
-    // executor may hand it a process started ahead (ExecRequest.prestartable).
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text, prestartable: true });
-    if (r.exitCode !== 0) {
-      const what = `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`;
-      throw new ToolError(`${tool} --noflush`, what, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
-    }
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
     this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 

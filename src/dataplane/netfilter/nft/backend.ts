@@ -5,8 +5,7 @@
  */
 import { availableParallelism } from 'node:os';
 import type { Logger } from 'pino';
-import { ToolError } from '../../../model/errors.js';
-import type { Executor } from '../../../system/exec.js';
+import { ExecError, type Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
@@ -15,9 +14,6 @@ import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
 import { phases, type PhaseOptions } from './phases.js';
 import { timelineMark } from '../../../system/timeline.js';
-
-/** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
-export { ToolError as NftError } from '../../../model/errors.js';
 
 /**
  * The iptables version line when no iptables tool is installed. SPEC §2 get-iptables-version:
@@ -99,7 +95,7 @@ export class NftBackend implements NetfilterBackend {
         const tx = NftTransaction.concat(partial.tx, extra);
         if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
         try {
-          await this.nft.run(tx, { partial: true });
+          await this.nft.run(tx);
         } catch (e) {
           this.view = undefined;
           throw e;
@@ -164,7 +160,7 @@ export class NftBackend implements NetfilterBackend {
       try {
         return await this.syncFromAbsent(want, { ...opts, append: Promise.resolve(extra) });
       } catch (err) {
-        if (!(err instanceof ToolError)) throw err;
+        if (!(err instanceof ExecError)) throw err;
         this.log?.warn({ err: err.message }, 'nft: creating the absent tables was refused; applying them as one transaction');
       }
     }
@@ -183,7 +179,7 @@ export class NftBackend implements NetfilterBackend {
       // Handles in the script come from the read-back; another writer may have moved them
       // since. Render once more against a fresh read-back before giving up, without the
       // appended part (its owner then syncs it on its own).
-      if (!(err instanceof ToolError)) throw err;
+      if (!(err instanceof ExecError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
       planned = planNatgw(want, await this.kernel());
       appended = false;
