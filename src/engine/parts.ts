@@ -138,7 +138,7 @@ export function linkPart(link: LinkManager): Part {
     // A bulk change of the EIPs writes its intent record then, durable while NAT applies.
     prefetch(want, opts, from) {
       if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
-        // One that failed is written by the sync.
+        // Its intent record, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);
       }
