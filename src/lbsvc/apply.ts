@@ -1,5 +1,5 @@
 import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
-import { ExecError, type ExecRequest, type ExecResult, type Executor } from '../system/exec.js';
+import { ExecError, type ExecRequest, type ExecResult, type Executor, runChecked } from '../system/exec.js';
 import type { LinkView, NatChange, NatView, RouteView } from './plan.js';
 import { NFT_TABLE, renderIptables, renderNft } from './render.js';
 import { listsNftTable, parseIptablesNat, parseLink, parseNftTable, parseRoutes, parseRulesFrom } from './view.js';
@@ -12,10 +12,9 @@ import { listsNftTable, parseIptablesNat, parseLink, parseNftTable, parseRoutes,
 
 export type LbBackend = { readonly kind: 'iptables'; readonly variant: IptablesVariant } | { readonly kind: 'nftables' };
 
-async function checked(exec: Executor, what: string, req: ExecRequest): Promise<ExecResult> {
-  const r = await exec.run(req);
-  if (r.exitCode !== 0 || r.timedOut) throw new ExecError(r, what);
-  return r;
+/** Run and throw the tool's ExecError, naming `what` was refused, unless it exited 0. */
+function checked(exec: Executor, what: string, req: ExecRequest): Promise<ExecResult> {
+  return runChecked(exec, req, what);
 }
 
 /**

@@ -1,6 +1,5 @@
-import { ExecError } from '../system/exec.js';
 import type { CommandOutput } from '../engine/output.js';
-import type { Executor } from '../system/exec.js';
+import { ExecError, type Executor } from '../system/exec.js';
 import { announce, applyNat, chooseBackend, ipBatch, type LbBackend, type NatRead, readLink, readNat, readRoutes, readRulesFrom } from './apply.js';
 import { COMMANDS, type DnatAdd, type DnatDel, type EipAdd, isCommandName, LbSvcInputError, parseCommand } from './parse.js';
 import { delRouteBatch, eipAddBatch, emptyChange, initBatch, planDnatAdd, planDnatDel, routeBatch, undoRouteBatch } from './plan.js';
