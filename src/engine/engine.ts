@@ -129,6 +129,9 @@ export interface TransactOptions {
   readonly mode?: SyncMode;
 }
 
+/** The engine's transaction, as the script commands and the batcher call it. */
+export type Transact = Engine['transact'];
+
 export interface Transaction {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
