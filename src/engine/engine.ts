@@ -517,11 +517,7 @@ export class Engine {
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
-    const runs = (part: Part): boolean =>
-      !(part.name === 'qos' && !opts.qos) &&
-      (part.concerns(want, previous) || (mode === 'full' && part.repairsInFull === true)) &&
-      !(mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k]));
-    const parts = this.parts(backend).filter(runs);
+    const parts = this.parts(backend).filter((part) => !(part.name === 'qos' && !opts.qos) && part.runs(want, previous, mode));
     // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
@@ -559,7 +555,7 @@ export class Engine {
   private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
     if (!previous) return;
     for (const part of [...applied].reverse()) {
-      if (!part.concerns(previous, from)) continue;
+      if (!part.runs(previous, from, mode)) continue;
       try {
         await part.sync(previous, from, { mode });
         this.log.info({ part: part.name }, 'put back as it was before the failed change');
