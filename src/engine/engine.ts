@@ -146,6 +146,8 @@ interface Base {
   readonly backend: NetfilterBackend;
   readonly choice: BackendChoice;
   readonly kind: SyncMode;
+  /** Why a full sync reads the kernel back (the log says so). */
+  readonly why?: string;
 }
 
 /** A change's way to durability, begun before the kernel applies it (its write runs while the tool does). */
@@ -190,14 +192,14 @@ export class Engine {
         (file, reason) => deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
         (err) => {
           deps.log.error({ err }, 'lock taken over while held (event loop stalled): the next transaction is a full sync');
-          this.distrust();
+          this.distrust('the lock was taken over while held');
         },
         (pid, why) => {
           // It may have died mid-transaction: what the kernel holds is read back, not trusted.
           if (why === 'dead')
             deps.log.warn({ pid }, "natgw's lock was held by a process that no longer exists: taken over; the next transaction is a full sync");
           else deps.log.warn({ pid }, "natgw's lock went stale (its holder has not refreshed it for 10 s): taken over; the next transaction is a full sync");
-          this.distrust();
+          this.distrust(`the lock was taken over from a ${why} holder`);
         },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
@@ -293,7 +295,7 @@ export class Engine {
         });
         await this.settleQos(next);
         await this.trustApplied(next, base, running);
-        this.notify(kind, started, report, next, await flushing);
+        this.notify(kind === base.kind ? base : { ...base, kind, why: 'the partial sync was refused' }, started, report, next, await flushing);
         announce = () => this.announce(next, change.effects);
         return { state: next, report, effects: change.effects };
       } finally {
@@ -318,7 +320,7 @@ export class Engine {
     if (!opts.dryRun) this.trust = running;
     const decided = await this.needFullSync(opts, trust);
     try {
-      const base = 'applied' in decided ? this.reuse(decided.applied, opts) : await this.load(opts);
+      const base = 'applied' in decided ? this.reuse(decided.applied, opts) : await this.load(opts, decided.fullSync);
       return { base, change: await this.build(fn, base), running };
     } catch (e) {
       if (this.trust === running) this.trust = decided;
@@ -350,7 +352,7 @@ export class Engine {
   }
 
   /** A full sync loads the durable state (or adopts natgw's objects from the kernel) and resolves the backend. */
-  private async load(opts: TransactOptions): Promise<Base> {
+  private async load(opts: TransactOptions, why: string): Promise<Base> {
     const saved = await this.store.load();
     // A dry run changes nothing: no switch of backends, no record written.
     const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
@@ -360,7 +362,7 @@ export class Engine {
     if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
     const state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
     timelineMark('loaded');
-    return { state, backend, choice, kind: 'full' };
+    return { state, backend, choice, kind: 'full', why };
   }
 
   /** The operation: the next state and its effects. Addresses it releases are removed by this transaction's link sync. */
@@ -479,11 +481,11 @@ export class Engine {
   }
 
   /** Tell the observers (metrics, readiness) and the log how the apply went. */
-  private notify(kind: SyncMode, started: number, report: ApplyReport, next: DesiredState, flushes: FlushCount | undefined): void {
+  private notify({ kind, why }: Base, started: number, report: ApplyReport, next: DesiredState, flushes: FlushCount | undefined): void {
     const ms = performance.now() - started;
     this.syncListeners.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
     // Full syncs are rare and say why the kernel was read back; partial ones are every command.
-    const line = { kind, ms: Math.round(ms), changes: changesOf(report) };
+    const line = { kind, ms: Math.round(ms), changes: changesOf(report), ...(why ? { why } : {}) };
     if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
     else this.log.debug(line, 'partial sync');
   }
