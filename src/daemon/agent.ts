@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { ApplyReport, Engine, SyncEvent, SyncListener } from '../engine/engine.js';
+import { changesOf, type ApplyReport, type Engine, type SyncEvent, type SyncListener, type Transact } from '../engine/engine.js';
 import { ChangeBatcher, SerialQueue, type ChangeRequest, type ChangeResult } from '../engine/queue.js';
 import { Metrics } from '../engine/metrics.js';
 import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
@@ -31,14 +31,17 @@ export interface AgentDeps {
   readonly engine: EngineLike;
   readonly log: Logger;
   readonly metrics?: Metrics;
-  /** How a script command runs on an engine (default: runLegacy). */
-  readonly runLegacy?: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
+  /** How a script command runs on an engine, its change through `transact` (default: runLegacy). */
+  readonly runLegacy?: LegacyRunner;
   /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
   readonly hygiene?: {
     afterFirstSync(state: DesiredState): Promise<void>;
     announce(state: DesiredState, why: string): void;
   };
 }
+
+/** Runs a script command on `engine`, its change through `transact` (the engine's, or the batcher's). */
+export type LegacyRunner = (engine: EngineLike, command: string, args: readonly string[], transact: Transact) => Promise<CommandOutput>;
 
 /** Commands that need neither the queue nor the state: they may run beside an apply. */
 const UNQUEUED = new Set(['get-iptables-version', 'help', '--help', '-h']);
@@ -63,8 +66,6 @@ const MERGEABLE = new Set([
   'snat-del',
 ]);
 
-const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
-
 /**
  * The daemon's core: the engine behind one queue, plus what the API reports about it
  * (readiness, drift, metrics). Every change goes through the queue; API changes that
@@ -74,9 +75,7 @@ export class Agent implements AgentService {
   readonly queue = new SerialQueue();
   readonly batcher: ChangeBatcher;
   readonly metricsRegistry: Metrics;
-  private readonly legacyRunner: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
-  /** The engine as a mergeable script command sees it: its transactions go through the batcher. */
-  private readonly batchingEngine: EngineLike;
+  private readonly legacyRunner: LegacyRunner;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
   private lastSyncDetail: SyncInfo | null = null;
   private lastReadBack: ReadBack | null = null;
@@ -93,8 +92,7 @@ export class Agent implements AgentService {
   constructor(private readonly deps: AgentDeps) {
     this.metricsRegistry = deps.metrics ?? new Metrics();
     this.batcher = new ChangeBatcher(this.queue, deps.engine);
-    this.legacyRunner = deps.runLegacy ?? ((e, c, a) => runLegacy(e as Engine, c, a));
-    this.batchingEngine = this.batching(deps.engine);
+    this.legacyRunner = deps.runLegacy ?? ((e, c, a, t) => runLegacy(e as Engine, c, a, t));
     this.hygienePending = deps.hygiene !== undefined;
     this.unsubscribe = deps.engine.onSync((e) => this.observe(e));
   }
@@ -138,30 +136,11 @@ export class Agent implements AgentService {
 
   async legacy(command: string, rules: readonly string[]): Promise<CommandOutput> {
     const known = (LEGACY_COMMANDS as readonly string[]).includes(command);
-    if (UNQUEUED.has(command) || !known) return this.legacyRunner(this.engine, command, rules);
+    const own: Transact = (fn, opts) => this.engine.transact(fn, opts);
+    if (UNQUEUED.has(command) || !known) return this.legacyRunner(this.engine, command, rules, own);
     // Through the batcher (which queues it); not inside a queue job, which would wait on itself.
-    if (MERGEABLE.has(command)) return this.legacyRunner(this.batchingEngine, command, rules);
-    return this.queue.run(() => this.legacyRunner(this.engine, command, rules));
-  }
-
-  /**
-   * The engine with `transact` routed through the batcher: the command's transaction function
-   * becomes one request of a merged transaction, with its own outcome. Everything else is the
-   * engine itself (methods bound to it).
-   */
-  private batching(engine: EngineLike): EngineLike {
-    const transact: Engine['transact'] = async (fn, opts = {}) => {
-      if (opts.dryRun) return this.queue.run(() => engine.transact(fn, opts));
-      const r = await this.batcher.submit({ guarded: opts.guarded ?? false, qos: opts.qos ?? true, op: (_s, tx) => fn(tx) });
-      return { state: r.after, report: r.report, effects: [] };
-    };
-    return new Proxy(engine, {
-      get(target, prop) {
-        if (prop === 'transact') return transact;
-        const v: unknown = Reflect.get(target, prop, target);
-        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
-      },
-    });
+    if (MERGEABLE.has(command)) return this.legacyRunner(this.engine, command, rules, this.batcher.transact);
+    return this.queue.run(() => this.legacyRunner(this.engine, command, rules, own));
   }
 
   change(req: ChangeRequest): Promise<ChangeResult> {

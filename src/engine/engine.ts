@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
-import { StateStore, type BackendRecord, type FilesStamp, type PendingCommit, type PreparedSnapshot } from '../state/store.js';
+import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
@@ -45,6 +45,9 @@ export interface FlushCount {
   readonly ran: number;
   readonly noEntries: number;
 }
+
+/** How many objects an apply added, replaced or removed, all parts together. */
+export const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
 export type SyncEvent =
@@ -97,12 +100,21 @@ export class SyncListeners {
  * kernel back (kube-proxy's partial sync). Valid only while the durable files are exactly as
  * this process left them (`stamp`): another writer means a full sync.
  */
-interface Trusted {
+interface Applied {
   readonly state: DesiredState;
   readonly choice: BackendChoice;
   readonly backend: NetfilterBackend;
   readonly stamp: FilesStamp;
 }
+
+/**
+ * The one record of what the engine trusts: what it applied last, or why the next transaction
+ * must read the kernel back (kube-proxy's `needFullSync`). A transaction replaces it with a
+ * marker of its own while it runs; a distrust from outside (a link event, a lock taken over)
+ * replaces that marker in turn, and the transaction trusts what it applied only if its marker
+ * is still there at the end.
+ */
+type Trust = { readonly applied: Applied } | { readonly fullSync: string };
 
 export interface TransactOptions {
   /** Refused with NotInitializedError until init has run (SPEC §2 guard). */
@@ -117,12 +129,35 @@ export interface TransactOptions {
   readonly mode?: SyncMode;
 }
 
+/** The engine's transaction, as the script commands and the batcher call it. */
+export type Transact = Engine['transact'];
+
 export interface Transaction {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
   readonly choice: BackendChoice;
   /** The init guard's answer for this transaction (SPEC §2), read from the kernel only in a full sync. */
   readonly initialized: () => Promise<boolean>;
+}
+
+/** What a transaction plans against, and how it syncs. */
+interface Base {
+  readonly state: DesiredState;
+  readonly backend: NetfilterBackend;
+  readonly choice: BackendChoice;
+  readonly kind: SyncMode;
+  /** Why a full sync reads the kernel back (the log says so). */
+  readonly why?: string;
+}
+
+/** A change's way to durability, begun before the kernel applies it (its write runs while the tool does). */
+interface Persisting {
+  /** A whole new snapshot (a bulk change): the parts may start tools ahead too. */
+  readonly bulk: boolean;
+  /** The kernel took the change: make it durable (the commit point). Not durable means not acknowledged. */
+  commit(): Promise<void>;
+  /** The kernel refused the change: nothing of it may survive a restart. */
+  discard(): Promise<void>;
 }
 
 /**
@@ -141,13 +176,9 @@ export class Engine {
   readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
-  private trusted: Trusted | undefined;
-  /**
-   * Bumped by every distrust from outside a transaction (a link event, a lock takeover). A
-   * transaction re-trusts what it applied only if no such distrust came while it ran: its
-   * parts may have planned against views the event invalidated, then kept views of their own.
-   */
-  private epoch = 0;
+  /** See Trust. A new engine has applied nothing: its first transaction is a full sync. */
+  private trust: Trust = { fullSync: 'start' };
+  /** Acknowledged changes so far (reported with the state: GET /v1/state, PUT /v1/state's answer). */
   generation = 0;
   /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
   private readonly syncListeners: SyncListeners;
@@ -161,14 +192,14 @@ export class Engine {
         (file, reason) => deps.log.error({ file, reason }, 'state file unreadable: set aside; adopting the rules natgw owns from the kernel'),
         (err) => {
           deps.log.error({ err }, 'lock taken over while held (event loop stalled): the next transaction is a full sync');
-          this.distrust();
+          this.distrust('the lock was taken over while held');
         },
         (pid, why) => {
           // It may have died mid-transaction: what the kernel holds is read back, not trusted.
           if (why === 'dead')
             deps.log.warn({ pid }, "natgw's lock was held by a process that no longer exists: taken over; the next transaction is a full sync");
           else deps.log.warn({ pid }, "natgw's lock went stale (its holder has not refreshed it for 10 s): taken over; the next transaction is a full sync");
-          this.distrust();
+          this.distrust(`the lock was taken over from a ${why} holder`);
         },
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
@@ -200,17 +231,17 @@ export class Engine {
   }
 
   /**
-   * Stop trusting what this process applied: the next transaction is a full sync. Called when
-   * the kernel may have changed behind natgw's back (a link event) or an apply failed.
+   * Stop trusting what this process applied: the next transaction is a full sync, and one
+   * running now does not trust what it applies. Called when the kernel may have changed behind
+   * natgw's back (a link event, the lock taken over).
    */
-  distrust(): void {
-    this.epoch++;
+  distrust(why = 'the kernel may have changed outside natgw'): void {
+    this.trust = { fullSync: why };
     this.forgetViews();
   }
 
-  /** distrust() without the epoch: a transaction's own failures must not block its own re-trust. */
+  /** Every part drops what it remembers of the kernel: its next sync reads it back. */
   private forgetViews(): void {
-    this.trusted = undefined;
     this.backends.forgetAll();
     this.link.forget();
     this.shareDnat.forget();
@@ -232,13 +263,11 @@ export class Engine {
   }
 
   /**
-   * Run `fn` as one transaction under the cross-process lock: load, change, reconcile,
-   * persist. `fn` returns the next state (or throws a typed error: nothing is applied).
-   *
-   * The sync is partial when this process can trust what it applied last (same durable files,
-   * nothing refused since): the change is planned against that, and nothing is read back. It
-   * is full otherwise, or when asked for. A partial sync the kernel refuses is retried once as
-   * a full one (DESIGN.md, kube-proxy's model).
+   * Run `fn` as one transaction under the cross-process lock. `fn` returns the next state (or
+   * throws a typed error: nothing is applied). The sync is partial when this process can trust
+   * what it applied last, full otherwise or when asked for; a partial sync the kernel refuses
+   * is retried once as a full one (DESIGN.md, kube-proxy's model). Only a change that is in the
+   * kernel and durable is acknowledged.
    */
   async transact(
     fn: (tx: Transaction) => Promise<OpResult> | OpResult,
@@ -248,136 +277,217 @@ export class Engine {
     let announce: (() => void) | undefined;
     const out = await this.store.withLock(async () => {
       timelineMark('lock taken');
-      const epoch = this.epoch;
-      this.backends.dropGuardReads();
-      const stamp = await this.store.stamp();
-      const sameFiles = this.trusted?.stamp.key === stamp.key;
-      if (this.trusted && !sameFiles) this.log.info('durable state changed outside this process: full sync');
-      const trusted = opts.mode !== 'full' && sameFiles ? this.trusted : undefined;
-      let state: DesiredState;
-      let backend: NetfilterBackend;
-      let choice: BackendChoice;
-      if (trusted) {
-        ({ state, backend, choice } = trusted);
-        // The skeleton was in the kernel at the last full sync and every change since went
-        // through this process: the state's own flag is the guard's evidence.
-        if (opts.guarded && !state.initialized) throw new NotInitializedError();
-      } else {
-        // A dry run (a status drift check) leaves what this process applied last trusted.
-        if (!opts.dryRun) this.trusted = undefined;
-        const saved = await this.store.load();
-        // A dry run changes nothing: no switch of backends, no record written.
-        const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
-          ? await this.backends.choose()
-          : await this.backends.resolve(saved);
-        ({ backend, choice } = resolved);
-        if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
-        state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
-        timelineMark('loaded');
-      }
-      const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
-      timelineMark('locked');
-      const { state: next, effects } = await fn({ state, backend, choice, initialized });
-      timelineMark('state built');
-      for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
-      let kind: SyncMode = trusted ? 'partial' : 'full';
-      const started = performance.now();
-      let report: ApplyReport;
-      let flushing: Promise<FlushCount | undefined> | undefined;
-      // A whole new snapshot (a bulk change) is prepared while the kernel applies (serialised
-      // once the kernel tool runs, the next turn, not before the render) and put in place only
-      // once the kernel took the change; a refused change's snapshot is dropped.
-      const prepared =
-        !opts.dryRun && this.store.writesSnapshot(state, next) ? new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next)) : undefined;
-      prepared?.catch(() => undefined);
-      // A small change's journal line is written now and synced while the kernel applies; a
-      // change the kernel refuses has it revoked before the refusal is answered.
-      const ahead = !opts.dryRun && !prepared ? this.store.commitAhead(state, next) : undefined;
       try {
-        try {
-          report = await this.reconcile(next, state, backend, {
-            dryRun: opts.dryRun,
-            qos: opts.qos ?? true,
-            mode: kind,
-            bulk: prepared !== undefined,
-          });
-        } catch (e) {
-          if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e, ahead);
-          this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
-          this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
-          this.forgetViews();
-          kind = 'full';
-          report = await this.reconcile(next, state, backend, { qos: opts.qos ?? true, mode: kind }).catch(async (e2: unknown) => {
-            throw await this.discard(prepared, e2, ahead);
-          });
+        const { base, change, running } = await this.begin(fn, opts);
+        const next = change.state;
+        if (opts.dryRun) {
+          const report = await this.reconcile(next, base.state, base.backend, { dryRun: true, qos: opts.qos ?? true, mode: base.kind });
+          return { state: next, report, effects: change.effects };
         }
-        if (!opts.dryRun) {
-          // The old translations are out of the kernel: their conntrack entries go while the
-          // change is made durable (a process of its own either way, and neither waits on the other).
-          timelineMark('reconciled');
-          flushing = this.flushConntrack(effects);
-          try {
-            await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
-          } catch (e) {
-            // Not durable, so not acknowledged: the kernel goes back to the state that is.
-            this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
-            await this.discard(undefined, e, ahead);
-            this.forgetViews();
-            await this.reconcile(state, next, backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
-              this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
-            );
-            throw e;
-          }
-          timelineMark('durable');
-          // Acknowledged: what the QoS part created for it is now the state's (its intent settles).
-          await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
-        }
-      } catch (e) {
-        // The change failed after its flush began: the flush finishes first.
-        await flushing;
-        if (!opts.dryRun) {
-          this.forgetViews();
-          this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: e });
-        }
-        throw e;
+        const started = performance.now();
+        const persisting = this.persistAhead(base.state, next);
+        const { report, kind } = await this.applyRetryingFull(next, base, persisting, opts, started);
+        const flushing = this.flushConntrack(change.effects);
+        await this.persist(next, base, persisting, opts).catch(async (e: unknown) => {
+          // The change failed after its flush began: the flush finishes first.
+          await flushing;
+          throw this.failed(kind, started, e);
+        });
+        await this.settleQos(next);
+        await this.trustApplied(next, base, running);
+        this.notify(kind === base.kind ? base : { ...base, kind, why: 'the partial sync was refused' }, started, report, next, await flushing);
+        announce = () => this.announce(next, change.effects);
+        return { state: next, report, effects: change.effects };
       } finally {
         this.link.endTransaction();
       }
-      if (!opts.dryRun) {
-        const after = await this.store.stamp();
-        this.trusted = this.epoch === epoch ? { state: next, backend, choice, stamp: after } : undefined;
-        this.lastApplied = next;
-        this.generation++;
-        const ms = performance.now() - started;
-        // The answer waits for the flush anyway; its listeners hear how it went.
-        const flushes = await flushing;
-        this.syncListeners.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
-        // Full syncs are rare and say why the kernel was read back; partial ones are every command.
-        const line = {
-          kind,
-          ms: Math.round(performance.now() - started),
-          changes: report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0),
-        };
-        if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
-        else this.log.debug(line, 'partial sync');
-        announce = () => this.announce(next, effects);
-      }
-      return { state: next, report, effects };
     });
     announce?.();
     return out;
   }
 
-  /** A change the kernel refused is not persisted: its prepared snapshot or journal line goes. Resolves with `err`. */
-  private async discard(prepared: Promise<PreparedSnapshot> | undefined, err: unknown, ahead?: PendingCommit): Promise<unknown> {
-    await prepared?.then(
-      (p) => p.discard(),
-      () => undefined,
-    );
-    if (ahead && !(await ahead.revoke())) {
-      this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
+  /**
+   * Decide the sync's mode, load what it plans against and build the next state; nothing is
+   * applied yet. A change marks the trust record as its own while it runs (see Trust); one
+   * that stops here (a refused operation) leaves the record as it decided it.
+   */
+  private async begin(fn: (tx: Transaction) => Promise<OpResult> | OpResult, opts: TransactOptions): Promise<{ base: Base; change: OpResult; running: Trust }> {
+    // The init guard's listing of an earlier transaction is of a kernel that may have changed since.
+    this.backends.dropGuardReads();
+    const trust = this.trust;
+    const running: Trust = { fullSync: 'the last change failed or was cut short' };
+    // A dry run (a status drift check) changes nothing, what the engine trusts included.
+    if (!opts.dryRun) this.trust = running;
+    const decided = await this.needFullSync(opts, trust);
+    try {
+      const base = 'applied' in decided ? this.reuse(decided.applied, opts) : await this.load(opts, decided.fullSync);
+      return { base, change: await this.build(fn, base), running };
+    } catch (e) {
+      if (this.trust === running) this.trust = decided;
+      throw e;
     }
+  }
+
+  /**
+   * kube-proxy's needFullSync, decided in one place: why this transaction must read the kernel
+   * back (asked for: start, resync timer, init; nothing trusted: start, a refusal, a link event,
+   * a lock taken over; the durable files written by another process), or what it may plan against.
+   */
+  private async needFullSync(opts: TransactOptions, trust: Trust): Promise<Trust> {
+    if (opts.mode === 'full') return { fullSync: 'asked for' };
+    if ('fullSync' in trust) return trust;
+    if (trust.applied.stamp.key !== (await this.store.stamp()).key) {
+      this.log.info('durable state changed outside this process: full sync');
+      return { fullSync: 'durable state changed outside this process' };
+    }
+    return trust;
+  }
+
+  /** A partial sync plans against what this process applied last. */
+  private reuse(applied: Applied, opts: TransactOptions): Base {
+    // The skeleton was in the kernel at the last full sync and every change since went
+    // through this process: the state's own flag is the guard's evidence.
+    if (opts.guarded && !applied.state.initialized) throw new NotInitializedError();
+    return { state: applied.state, backend: applied.backend, choice: applied.choice, kind: 'partial' };
+  }
+
+  /** A full sync loads the durable state (or adopts natgw's objects from the kernel) and resolves the backend. */
+  private async load(opts: TransactOptions, why: string): Promise<Base> {
+    const saved = await this.store.load();
+    // A dry run changes nothing: no switch of backends, no record written.
+    const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
+      ? await this.backends.choose()
+      : await this.backends.resolve(saved);
+    const { backend, choice } = resolved;
+    if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
+    const state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+    timelineMark('loaded');
+    return { state, backend, choice, kind: 'full', why };
+  }
+
+  /** The operation: the next state and its effects. Addresses it releases are removed by this transaction's link sync. */
+  private async build(fn: (tx: Transaction) => Promise<OpResult> | OpResult, base: Base): Promise<OpResult> {
+    const { state, backend, choice } = base;
+    const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
+    const change = await fn({ state, backend, choice, initialized });
+    timelineMark('state built');
+    for (const e of change.effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
+    return change;
+  }
+
+  /**
+   * Begin making the change durable before the kernel applies it, so that the write runs while
+   * the tool does: a whole new snapshot (a bulk change) is prepared, serialised once the kernel
+   * tool runs (the next turn, not before the render), and put in place only once the kernel
+   * took it; a small change's journal line is written and synced now, and revoked if refused.
+   */
+  private persistAhead(before: DesiredState, next: DesiredState): Persisting {
+    if (this.store.writesSnapshot(before, next)) {
+      const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next));
+      prepared.catch(() => undefined);
+      return {
+        bulk: true,
+        commit: async () => (await prepared).publish(),
+        discard: () =>
+          prepared.then(
+            (p) => p.discard(),
+            () => undefined,
+          ),
+      };
+    }
+    const ahead = this.store.commitAhead(before, next);
+    if (!ahead) return { bulk: false, commit: () => this.store.commit(before, next), discard: async () => undefined };
+    const revoke = async () => {
+      if (!(await ahead.revoke()))
+        this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
+    };
+    return {
+      bulk: false,
+      commit: async () => {
+        try {
+          await ahead.durable;
+          ahead.confirm();
+        } catch (e) {
+          await revoke();
+          throw e;
+        }
+      },
+      discard: revoke,
+    };
+  }
+
+  /** Apply the change; a refused partial sync is retried once as a full one. A refused change is not persisted. */
+  private async applyRetryingFull(
+    next: DesiredState,
+    base: Base,
+    persisting: Persisting,
+    opts: TransactOptions,
+    started: number,
+  ): Promise<{ report: ApplyReport; kind: SyncMode }> {
+    const qos = opts.qos ?? true;
+    try {
+      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: persisting.bulk }) };
+    } catch (e) {
+      if (base.kind === 'full') {
+        await persisting.discard();
+        throw this.failed('full', started, e);
+      }
+      this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
+      this.syncListeners.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: e });
+    }
+    this.forgetViews();
+    try {
+      return { kind: 'full', report: await this.reconcile(next, base.state, base.backend, { qos, mode: 'full' }) };
+    } catch (e) {
+      await persisting.discard();
+      throw this.failed('full', started, e);
+    }
+  }
+
+  /** Acknowledge nothing that is not durable: if the change cannot be persisted, the kernel goes back to the state that is. */
+  private async persist(next: DesiredState, base: Base, persisting: Persisting, opts: TransactOptions): Promise<void> {
+    timelineMark('reconciled');
+    try {
+      await persisting.commit();
+    } catch (e) {
+      this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
+      this.forgetViews();
+      await this.reconcile(base.state, next, base.backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
+        this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
+      );
+      throw e;
+    }
+    timelineMark('durable');
+  }
+
+  /** Acknowledged: what the QoS part created for the change is now the state's (its intent settles). */
+  private async settleQos(next: DesiredState): Promise<void> {
+    await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
+  }
+
+  /** Trust what was applied, unless a distrust from outside replaced this change's mark while it ran. */
+  private async trustApplied(next: DesiredState, base: Base, running: Trust): Promise<void> {
+    const stamp = await this.store.stamp();
+    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, choice: base.choice, stamp } };
+    this.lastApplied = next;
+    this.generation++;
+  }
+
+  /** A change failed: every part reads the kernel back next time, and the observers hear of it. Returns `err`. */
+  private failed(kind: SyncMode, started: number, err: unknown): unknown {
+    this.forgetViews();
+    this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: err });
     return err;
+  }
+
+  /** Tell the observers (metrics, readiness) and the log how the apply went. */
+  private notify({ kind, why }: Base, started: number, report: ApplyReport, next: DesiredState, flushes: FlushCount | undefined): void {
+    const ms = performance.now() - started;
+    this.syncListeners.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
+    // Full syncs are rare and say why the kernel was read back; partial ones are every command.
+    const line = { kind, ms: Math.round(ms), changes: changesOf(report), ...(why ? { why } : {}) };
+    if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
+    else this.log.debug(line, 'partial sync');
   }
 
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */
@@ -409,11 +519,7 @@ export class Engine {
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
-    const runs = (part: Part): boolean =>
-      !(part.name === 'qos' && !opts.qos) &&
-      (part.concerns(want, previous) || (mode === 'full' && part.repairsInFull === true)) &&
-      !(mode === 'partial' && previous && !part.pending?.() && part.inputs.every((k) => want[k] === previous[k]));
-    const parts = this.parts(backend).filter(runs);
+    const parts = this.parts(backend).filter((part) => !(part.name === 'qos' && !opts.qos) && part.runs(want, previous, mode));
     // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
     for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
     for (const part of parts) {
@@ -451,7 +557,7 @@ export class Engine {
   private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
     if (!previous) return;
     for (const part of [...applied].reverse()) {
-      if (!part.concerns(previous, from)) continue;
+      if (!part.runs(previous, from, mode)) continue;
       try {
         await part.sync(previous, from, { mode });
         this.log.info({ part: part.name }, 'put back as it was before the failed change');
@@ -487,7 +593,7 @@ export class Engine {
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */
   async resync(reason: string): Promise<ApplyReport> {
     const { report } = await this.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full' });
-    const drift = report.netfilterChanges + report.shareDnatChanges + report.linkChanges + report.qosChanges + (report.neighbourChanges ?? 0);
+    const drift = changesOf(report);
     // At start, changes are the persisted state put back (a fresh network namespace holds
     // nothing of it): a restore, not drift.
     if (drift > 0 && reason === 'start') this.log.info({ reason, ...report, script: undefined }, 'start: the persisted state restored into the kernel');
@@ -503,7 +609,7 @@ export class Engine {
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
     const before = (await this.store.stamp()).key;
-    const t = this.trusted;
+    const t = 'applied' in this.trust ? this.trust.applied : undefined;
     if (t && t.stamp.key === before) return t.state;
     let saved = await this.store.load();
     // Outside the lock a commit may replace the files mid-read (a snapshot, then the journal of

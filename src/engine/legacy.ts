@@ -1,4 +1,4 @@
-import type { Engine } from './engine.js';
+import type { Engine, Transact } from './engine.js';
 import { Output, type CommandOutput } from './output.js';
 import * as P from '../model/legacy.js';
 import * as Q from '../model/qosLegacy.js';
@@ -124,7 +124,17 @@ function rulesOf(args: readonly string[]): string[] {
   return args.flatMap((a) => a.split(/\s+/)).filter((a) => a !== '');
 }
 
-export async function runLegacy(engine: Engine, command: string | undefined, args: readonly string[]): Promise<CommandOutput> {
+/**
+ * Run one script command. Its change goes through `transact`: the engine's own (the shim, a
+ * command of its own in the daemon's queue) or the daemon's batcher's, which merges it with
+ * the commands that arrive meanwhile (ChangeBatcher.transact).
+ */
+export async function runLegacy(
+  engine: Engine,
+  command: string | undefined,
+  args: readonly string[],
+  transact: Transact = (fn, opts) => engine.transact(fn, opts),
+): Promise<CommandOutput> {
   const out = new Output();
   const cmd = command ?? '';
   if (cmd === 'help' || cmd === '--help' || cmd === '-h') {
@@ -149,7 +159,7 @@ export async function runLegacy(engine: Engine, command: string | undefined, arg
       return out.result(0);
     }
     const items = rules.map((r) => spec.parse(r, engine.config));
-    const { report } = await engine.transact(({ state }) => spec.apply(state, items, out), { guarded: spec.guarded, qos: spec.qos ?? false });
+    const { report } = await transact(({ state }) => spec.apply(state, items, out), { guarded: spec.guarded, qos: spec.qos ?? false });
     for (const n of report.notes) out.line(n);
     log.info(
       { rules, ms: Date.now() - started, changes: report.netfilterChanges + report.linkChanges + report.shareDnatChanges + report.qosChanges },

@@ -31,27 +31,34 @@ export interface PartSync {
 
 export interface Part {
   readonly name: PartName;
-  /** The fields of the desired state this part renders: a partial sync skips it when none changed. */
-  readonly inputs: readonly (keyof DesiredState)[];
-  /** Work of its own beyond the state's fields (a delete of an unlisted object): a partial sync must not skip it. */
-  pending?(): boolean;
   /**
-   * A full sync runs this part even where `concerns` says no: what a crash left in its own
-   * objects (which no state lists any more) is found only by reading them back.
+   * Whether this sync runs the part at all. A full sync runs every part that may own something
+   * in the kernel (what a crash left in its objects is found only by reading them back); a
+   * partial sync runs a part only where it has something to hold for `want` or to remove given
+   * `from`, and something of its own changed (see `changed`).
    */
-  readonly repairsInFull?: boolean;
-  /** Whether this part has anything to hold for `want` (or to remove, given `from`). */
-  concerns(want: DesiredState, from: DesiredState | undefined): boolean;
+  runs(want: DesiredState, from: DesiredState | undefined, mode: SyncMode): boolean;
   /**
-   * Start this part's read-back now, while the parts before it apply (a full sync only; what
-   * it reads must be something those parts never change). `sync` then uses what it read.
+   * Optional, for speed only: start this part's kernel read (a full sync) or a durable write of
+   * its own (a bulk change) now, while the parts before it apply. What it reads must be
+   * something those parts never change; `sync` then uses what it started. Used by the link and
+   * share-DNAT parts, whose listings and ownership record would otherwise wait for nft.
    */
   prefetch?(want: DesiredState, opts: PartSync, from?: DesiredState): void;
-  /** Drop what prefetch started that sync did not use (the change failed before this part ran); after every reconcile. */
+  /**
+   * Required with `prefetch`: the change failed before this part's `sync` ran, so what
+   * `prefetch` started is dropped (the link part's ownership record is put back).
+   */
   abandon?(): void;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
   sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
 }
+
+/** Whether any of `fields` differs between the two states (always, with nothing applied before). */
+const changed =
+  (...fields: (keyof DesiredState)[]) =>
+  (want: DesiredState, from: DesiredState | undefined): boolean =>
+    !from || fields.some((k) => want[k] !== from[k]);
 
 const none: readonly string[] = [];
 
@@ -61,14 +68,14 @@ const none: readonly string[] = [];
  * trusted): one `nft -f` per change. Otherwise, or when the fold could not run, the accounting
  * is synced on its own (it never fails a change; EipCounters logs and retries).
  */
+const natChanged = changed('eips', 'snats', 'dnats', 'fips', 'interfaces');
+
 export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, log: Logger): Part {
   return {
     name: 'netfilter',
-    inputs: ['eips', 'snats', 'dnats', 'fips', 'interfaces'],
     // A full sync of a gateway not yet initialised only looks (observe), so that the first
     // change after it (a bulk PUT /v1/state into an empty gateway) need not read back.
-    repairsInFull: true,
-    concerns: (want) => want.initialized,
+    runs: (want, from, mode) => mode === 'full' || (want.initialized && natChanged(want, from)),
     async sync(want, from, opts) {
       if (!want.initialized) {
         if (opts.mode === 'full' && !opts.dryRun) await Promise.all([backend.observe?.(), counters.observe()]);
@@ -109,9 +116,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
 export function shareDnatPart(table: ShareDnatTable): Part {
   return {
     name: 'shareDnat',
-    inputs: ['shareDnats'],
-    repairsInFull: true,
-    concerns: (want, from) => want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0,
+    runs: (want, from, mode) => mode === 'full' || ((want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0) && changed('shareDnats')(want, from)),
     // NAT's parts never touch `ip kube-ovn`: a full sync lists it while they apply.
     prefetch(_want, opts) {
       if (opts.mode === 'full' && !opts.dryRun) table.prefetch();
@@ -123,14 +128,16 @@ export function shareDnatPart(table: ShareDnatTable): Part {
   };
 }
 
+const linkChanged = changed('eips', 'routes', 'defaultRoutes', 'interfaces');
+
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
   let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
-    inputs: ['eips', 'routes', 'defaultRoutes', 'interfaces'],
-    pending: () => link.hasReleases(),
-    concerns: () => true,
+    // An address or route released by the change (a delete of an unlisted object) is work of
+    // its own, beyond the state's fields.
+    runs: (want, from, mode) => mode === 'full' || link.hasReleases() || linkChanged(want, from),
     // Addresses and routes are read while NAT applies (no NAT part touches them); only the
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
@@ -165,10 +172,9 @@ export function qosPart(qos: QosManager): Part {
   const has = (s: DesiredState | undefined) => (s?.eipQos.length ?? 0) > 0 || (s?.qos.length ?? 0) > 0;
   return {
     name: 'qos',
-    inputs: ['eipQos', 'qos', 'interfaces'],
-    // An interrupted change's shared pieces (its intent record) may be there with no rule listing them.
-    repairsInFull: true,
-    concerns: (want, from) => has(want) || has(from),
+    // In a full sync too without rules: an interrupted change's shared pieces (its intent
+    // record) may be there with no rule listing them.
+    runs: (want, from, mode) => mode === 'full' || ((has(want) || has(from)) && changed('eipQos', 'qos', 'interfaces')(want, from)),
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
@@ -182,8 +188,7 @@ export function qosPart(qos: QosManager): Part {
 export function neighboursPart(neighbours: NeighbourManager): Part {
   return {
     name: 'neighbours',
-    inputs: ['neighbours'],
-    concerns: (want, from) => want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0,
+    runs: (want, from, mode) => (want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0) && (mode === 'full' || changed('neighbours')(want, from)),
     async sync(want, from, opts) {
       const r = await neighbours.sync(want.neighbours, from?.neighbours ?? [], opts);
       return { changes: r.changes, script: r.script, notes: none };

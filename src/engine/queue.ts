@@ -1,4 +1,4 @@
-import type { ApplyReport, Engine, Transaction } from './engine.js';
+import type { ApplyReport, Engine, Transact, Transaction } from './engine.js';
 import type { DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
 import { NotInitializedError } from '../model/errors.js';
@@ -113,6 +113,18 @@ export class ChangeBatcher {
   get waiting(): number {
     return this.pending.length;
   }
+
+  /**
+   * The engine's `transact`, merged: the transaction function becomes one request of the next
+   * merged transaction, with its own outcome (what a mergeable script command runs with). A
+   * dry run is a queued transaction of its own. The sync's mode is the batch's (partial when
+   * it can): no mergeable command asks for a full one.
+   */
+  readonly transact: Transact = async (fn, opts = {}) => {
+    if (opts.dryRun) return this.queue.run(() => this.engine.transact(fn, opts));
+    const r = await this.submit({ guarded: opts.guarded ?? false, qos: opts.qos ?? true, op: (_s, tx) => fn(tx) });
+    return { state: r.after, report: r.report, effects: [] };
+  };
 
   submit(req: ChangeRequest): Promise<ChangeResult> {
     return new Promise<ChangeResult>((resolve, reject) => {

@@ -120,5 +120,5 @@ export class FakeEngine implements EngineLike {
 
 /** An Agent over a FakeEngine, running script commands with the real runLegacy. */
 export function fakeAgent(engine: FakeEngine): Agent {
-  return new Agent({ engine, log: engine.log, runLegacy: (e, c, a) => runLegacy(e as unknown as Engine, c, a) });
+  return new Agent({ engine, log: engine.log, runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t) });
 }

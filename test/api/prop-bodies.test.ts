@@ -24,7 +24,7 @@ let app: Express;
 beforeAll(async () => {
   kernel = new RecordingKernel();
   const engine = await kernel.initialised();
-  const agent = new Agent({ engine, log: pino({ level: 'silent' }), runLegacy: (e, c, a) => runLegacy(e as unknown as Engine, c, a) });
+  const agent = new Agent({ engine, log: pino({ level: 'silent' }), runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t) });
   app = createApp({ agent, log: pino({ level: 'silent' }), bodyLimit: '1mb' });
 });
 afterAll(() => kernel?.cleanup());
