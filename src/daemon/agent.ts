@@ -235,7 +235,8 @@ export class Agent implements AgentService {
         this.repairs++;
         this.lastRepair = this.lastReadBack;
       }
-      await this.afterResync(asked);
+      // Addresses the kernel lost and this resync put back are announced again (where the role allows).
+      await this.afterResync(asked, repaired && report.linkChanges > 0);
       return report;
     });
   }
@@ -245,7 +246,7 @@ export class Agent implements AgentService {
     this.announceAsked++;
   }
 
-  private async afterResync(asked: number): Promise<void> {
+  private async afterResync(asked: number, linkRepaired: boolean): Promise<void> {
     const hygiene = this.deps.hygiene;
     const state = this.engine.lastApplied;
     if (!hygiene || !state) return;
@@ -260,9 +261,9 @@ export class Agent implements AgentService {
       this.hygienePending = false;
       this.announceServed = asked;
       this.updateReady();
-    } else if (asked > this.announceServed) {
+    } else if (asked > this.announceServed || linkRepaired) {
+      hygiene.announce(state, asked > this.announceServed ? 'external interface up' : 'addresses restored');
       this.announceServed = asked;
-      hygiene.announce(state, 'external interface up');
     }
   }
 
