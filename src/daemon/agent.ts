@@ -235,8 +235,7 @@ export class Agent implements AgentService {
         this.repairs++;
         this.lastRepair = this.lastReadBack;
       }
-      // Addresses the kernel lost and this resync put back are announced again (where the role allows).
-      await this.afterResync(asked, repaired && report.linkChanges > 0);
+      await this.afterResync(asked);
       return report;
     });
   }
@@ -246,7 +245,7 @@ export class Agent implements AgentService {
     this.announceAsked++;
   }
 
-  private async afterResync(asked: number, linkRepaired: boolean): Promise<void> {
+  private async afterResync(asked: number): Promise<void> {
     const hygiene = this.deps.hygiene;
     const state = this.engine.lastApplied;
     if (!hygiene || !state) return;
@@ -261,9 +260,9 @@ export class Agent implements AgentService {
       this.hygienePending = false;
       this.announceServed = asked;
       this.updateReady();
-    } else if (asked > this.announceServed || linkRepaired) {
-      hygiene.announce(state, asked > this.announceServed ? 'external interface up' : 'addresses restored');
+    } else if (asked > this.announceServed) {
       this.announceServed = asked;
+      hygiene.announce(state, 'external interface up');
     }
   }
 

@@ -64,8 +64,9 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
  * The gratuitous ARP goes only with an EIP that is new or whose prefix changed here: an eip-add
  * resent for one the gateway holds (after a divergence, or everything after a controller
  * restart) announces nothing, or a standby replica would pull the external side to itself.
- * The state holding it means the kernel does too while this process trusts what it applied; an
- * address the kernel lost is a link event, and the resync that restores it announces (Agent).
+ * The state holding it stands for the kernel holding it: the engine plans every change on that
+ * premise, and a kernel that lost the address with its interface (down and up, recreated) is
+ * announced again when the interface comes up (RestartHygiene).
  */
 export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: string }): OpResult {
   // `ip addr replace` semantics: a new prefix length replaces the old one, in place.

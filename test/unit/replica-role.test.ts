@@ -5,13 +5,11 @@
  */
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { Agent } from '../../src/daemon/agent.js';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
 import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
 import { ReplicaRole } from '../../src/ha/role.js';
 import * as Ops from '../../src/state/operations.js';
 import { desiredStateSchema } from '../../src/state/state.js';
-import { FakeEngine } from '../api/fakeEngine.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
 
 const HA = { ha: { peer: '10.99.0.2', port: 3780, syncTimeoutMs: 3000, conntrackd: 'conntrackd', initialRole: 'standby' as const } };
@@ -106,25 +104,5 @@ describe('the gate on every announcement', () => {
     await add();
     await engine.link.settle();
     expect(k.calls.filter((c) => c.startsWith('arping')).length).toBe(first);
-  });
-
-  it('a resync that put back addresses the kernel lost asks for an announcement (the role then decides); other repairs do not', async () => {
-    const engine = await FakeEngine.create();
-    const calls: string[] = [];
-    const agent = new Agent({
-      engine,
-      log: pino({ level: 'silent' }),
-      hygiene: { afterFirstSync: async () => void calls.push('first'), announce: (_s, why) => void calls.push(why) },
-    });
-    agent.setInterfaces([]);
-    await agent.resync('start');
-    const report = { netfilterChanges: 0, shareDnatChanges: 0, linkChanges: 0, qosChanges: 0, script: '', notes: [] };
-    engine.resync = async () => ({ ...report, netfilterChanges: 2 });
-    await agent.resync('periodic');
-    engine.resync = async () => ({ ...report, linkChanges: 1 });
-    await agent.resync('link event');
-    engine.resync = async () => report;
-    await agent.resync('periodic');
-    expect(calls).toEqual(['first', 'addresses restored']);
   });
 });
