@@ -49,14 +49,8 @@ export class RestartHygiene {
 
   /** Gratuitous ARP for every IPv4 EIP, at most once per ANNOUNCE_MIN_GAP_MS. */
   announce(state: DesiredState, why: string): void {
-    if (
-      this.deps.role &&
-      !this.deps.role.mayAnnounce(
-        why,
-        state.eips.map((e) => e.address),
-      )
-    )
-      return;
+    const ips = state.eips.map((e) => e.address);
+    if (this.deps.role && !this.deps.role.mayAnnounce(why, ips)) return;
     this.latest = state;
     const wait = this.lastAnnounce + ANNOUNCE_MIN_GAP_MS - Date.now();
     if (wait > 0) {
