@@ -321,6 +321,9 @@ export function buildOpenApi(): Json {
               required: ['enabled', 'digest'],
               properties: {
                 enabled: { type: 'boolean' },
+                mode: { type: 'string', enum: ['single', 'takeover'], description: 'takeover: NATGW_HA_PEERS is set' },
+                role: { type: 'string', enum: ['active', 'standby'], description: 'Only the active replica sends gratuitous ARP; a takeover makes it active' },
+                since: { type: 'string', description: 'When the role began (start or takeover)' },
                 digest: { type: 'string', description: 'The same digest as GET /v1/state' },
                 health: {
                   type: 'object',

@@ -194,6 +194,12 @@ export const configSchema = z.object({
     .refine((s) => s === undefined || (!s.includes(',') && (isIpv4(s) || isIpv6(s))), 'must be the one IP address of the peer replica on the sync network')
     .meta({ values: 'an IP address' })
     .describe("Replica sync: the peer replica's address on the sync network; unset turns conntrackd off."),
+  NATGW_HA_INITIAL_ROLE: z
+    .enum(['standby', 'active'])
+    .default('standby')
+    .describe(
+      'With NATGW_HA_PEERS set, the role a replica starts in: a standby sends no gratuitous ARP until a takeover (POST /v1/ha/takeover, SIGUSR2), so a restarted replica never pulls the EIPs from the active one.',
+    ),
   NATGW_HA_SYNC_INTERFACE: optionalText
     .refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name')
     .meta({ values: 'an interface name' })
@@ -291,6 +297,8 @@ export interface HaConfig {
   readonly conntrackd: string;
   readonly peerApi?: string;
   readonly peerTokenFile?: string;
+  /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
+  readonly initialRole: 'standby' | 'active';
 }
 
 export class ConfigError extends Error {
@@ -356,6 +364,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       conntrackd: c.NATGW_CONNTRACKD,
       peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
+      initialRole: c.NATGW_HA_INITIAL_ROLE,
     },
   };
 }

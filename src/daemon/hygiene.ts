@@ -4,6 +4,7 @@ import type { Conntrack } from '../dataplane/conntrack.js';
 import { targetsOf } from '../dataplane/conntrackStale.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { DesiredState } from '../state/state.js';
+import type { ReplicaRole } from '../ha/role.js';
 
 /** Announcements of every EIP are at least this far apart; a burst of link events makes one more at the end. */
 const ANNOUNCE_MIN_GAP_MS = 1000;
@@ -12,6 +13,8 @@ export interface HygieneDeps {
   readonly config: Pick<Config, 'conntrackCleanup'>;
   readonly conntrack: Pick<Conntrack, 'deleteUntranslated'>;
   readonly link: Pick<LinkManager, 'announce'>;
+  /** A standby replica announces nothing (src/ha/role.ts). */
+  readonly role?: Pick<ReplicaRole, 'mayAnnounce'>;
   readonly log: Logger;
 }
 
@@ -46,6 +49,8 @@ export class RestartHygiene {
 
   /** Gratuitous ARP for every IPv4 EIP, at most once per ANNOUNCE_MIN_GAP_MS. */
   announce(state: DesiredState, why: string): void {
+    const ips = state.eips.map((e) => e.address);
+    if (this.deps.role && !this.deps.role.mayAnnounce(why, ips)) return;
     this.latest = state;
     const wait = this.lastAnnounce + ANNOUNCE_MIN_GAP_MS - Date.now();
     if (wait > 0) {

@@ -52,7 +52,7 @@ export async function serve(config: Config): Promise<number> {
   const engine = new Engine({ config, exec, log });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
-  const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
+  const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
   const agent = new Agent({ engine, log, metrics, hygiene });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({
@@ -63,6 +63,7 @@ export async function serve(config: Config): Promise<number> {
     loadState: () => engine.loadState(),
     digest,
     announce: (ifname, ip) => engine.link.announce(ifname, ip),
+    role: engine.role,
   });
   // Flow classification follows every applied state (after the agent's own listener).
   engine.onSync((e) => {

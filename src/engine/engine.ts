@@ -1,6 +1,7 @@
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
+import { ReplicaRole } from '../ha/role.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
@@ -168,6 +169,8 @@ interface Persisting {
 export class Engine {
   readonly store: StateStore;
   readonly link: LinkManager;
+  /** Whether this replica announces (src/ha/role.ts). */
+  readonly role: ReplicaRole;
   readonly shareDnat: ShareDnatTable;
   readonly conntrack: Conntrack;
   readonly qos: QosManager;
@@ -204,6 +207,7 @@ export class Engine {
       );
     const nft = deps.nft ?? new SystemNftClient(deps.exec);
     this.link = new LinkManager(deps.exec, deps.log, path.join(deps.config.stateDir, 'owned.json'));
+    this.role = new ReplicaRole(deps.config, deps.log);
     this.shareDnat = new ShareDnatTable(deps.exec, deps.log, nft);
     this.conntrack = new Conntrack(deps.exec, deps.log);
     this.qos = new QosManager(deps.exec, deps.log, undefined, path.join(deps.config.stateDir, 'qos-intent.json'));
@@ -570,7 +574,9 @@ export class Engine {
 
   /** ARP is sent without waiting (queued, a few at a time). */
   private announce(state: DesiredState, effects: readonly Effect[]): void {
-    for (const e of effects) if (e.kind === 'garp') this.link.announce(state.interfaces.ext, e.ip);
+    const ips = effects.flatMap((e) => (e.kind === 'garp' ? [e.ip] : []));
+    if (ips.length === 0 || !this.role.mayAnnounce('new EIPs', ips)) return;
+    for (const ip of ips) this.link.announce(state.interfaces.ext, ip);
   }
 
   /**

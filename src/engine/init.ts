@@ -45,7 +45,9 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
     await loadIfb(engine, out);
     const v4 = (await engine.link.addresses(names.ext)).filter((a) => a.family === 4 && a.scope === 'global');
     if (v4.length === 0) out.line(`INFO: no IPv4 address on ${names.ext}; skipping gratuitous ARP`);
-    for (const a of v4) engine.link.announce(names.ext, a.address);
+    const ips = v4.map((a) => a.address);
+    if (engine.role.mayAnnounce('init', ips)) for (const ip of ips) engine.link.announce(names.ext, ip);
+    else if (ips.length > 0) out.line(`INFO: standby replica: no gratuitous ARP (a takeover announces)`);
     log.info({ vpc: names.vpc, ext: names.ext }, 'initialized');
     return out.result(0);
   } catch (e) {

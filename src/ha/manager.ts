@@ -10,6 +10,7 @@ import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
 import { Supervisor } from './supervisor.js';
 import { PeerCompare, type PeerView } from './peer.js';
 import type { HaMetrics } from './metrics.js';
+import type { ReplicaRole } from './role.js';
 
 export interface HaDeps {
   readonly config: Config;
@@ -20,6 +21,8 @@ export interface HaDeps {
   readonly digest: () => Promise<string>;
   /** Gratuitous ARP for one address (LinkManager.announce). */
   readonly announce: (ifname: string, ip: string) => void;
+  /** Whether this replica announces; a takeover makes it active. */
+  readonly role: ReplicaRole;
 }
 
 export interface TakeoverResult {
@@ -264,6 +267,7 @@ export class HaManager implements HaService {
     const sup = this.supervisor;
     return {
       enabled: this.enabled,
+      ...this.d.role.status(),
       digest: await this.d.digest(),
       health: this.updateHealth(),
       conntrackd: sup
@@ -299,6 +303,7 @@ export class HaManager implements HaService {
     } else {
       commitError = this.enabled ? 'conntrackd is not running' : `replica sync off: ${this.offReason ?? 'not started'}`;
     }
+    this.d.role.activate(reason);
     const state = await this.d.loadState();
     const announced = state.eips.map((e) => e.address);
     for (const ip of announced) this.d.announce(state.interfaces.ext, ip);

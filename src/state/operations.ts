@@ -60,16 +60,25 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
   return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects: [{ kind: 'release', route: cidr }] };
 }
 
+/**
+ * The gratuitous ARP goes only with an EIP that is new or whose prefix changed here: an eip-add
+ * resent for one the gateway holds (after a divergence, or everything after a controller
+ * restart) announces nothing, or a standby replica would pull the external side to itself.
+ * The state holding it stands for the kernel holding it: the engine plans every change on that
+ * premise, and a kernel that lost the address with its interface (down and up, recreated) is
+ * announced again when the interface comes up (RestartHygiene).
+ */
 export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: string }): OpResult {
   // `ip addr replace` semantics: a new prefix length replaces the old one, in place.
   const at = s.eips.findIndex((e) => e.address === eip.address);
-  const eips = at === -1 ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
+  const held = at !== -1 && s.eips[at]?.prefixLength === eip.prefixLength;
+  const eips = held ? s.eips : at === -1 ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
   const defaultRoutes = {
     ...s.defaultRoutes,
     ...(gateways.v4 ? { v4: gateways.v4 } : {}),
     ...(gateways.v6 ? { v6: gateways.v6 } : {}),
   };
-  return { state: { ...s, eips, defaultRoutes }, effects: [{ kind: 'garp', ip: eip.address }] };
+  return { state: { ...s, eips, defaultRoutes }, effects: held ? [] : [{ kind: 'garp', ip: eip.address }] };
 }
 
 export function delEip(s: DesiredState, address: string): OpResult {

@@ -10,6 +10,10 @@
  * Both replicas hold the same EIPs on their net1; which one receives traffic is decided by
  * the other sides' routes: ext routes each EIP via e-a or e-b, the VPC hosts' default route
  * points at ga's or gb's eth0 (what ECMP/BFD does in a cluster). failover() moves both.
+ *
+ * With `sharedExt` the external side is one segment instead (a bridge br-ext over e-a and e-b,
+ * 172.20.0.1/24 on it): ext reaches an EIP through its neighbour entry, so whichever replica
+ * announced last receives the traffic, as an upstream router on a shared L2 does.
  */
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -43,13 +47,16 @@ export class HaTopology {
   private eips: string[] = [];
   private cleaning: Promise<void> | undefined;
 
-  private constructor(readonly prefix: string) {
+  private constructor(
+    readonly prefix: string,
+    readonly sharedExt = false,
+  ) {
     this.ns = Object.fromEntries(ROLES.map((r) => [r, `${prefix}${r}`])) as Record<HaRole, string>;
     this.stateDir = { ga: mkdtempSync(join(tmpdir(), `natgw-${prefix}ga-`)), gb: mkdtempSync(join(tmpdir(), `natgw-${prefix}gb-`)) };
   }
 
-  static async create(): Promise<HaTopology> {
-    const t = new HaTopology(`nh${randomBytes(3).toString('hex').slice(0, 5)}-`);
+  static async create(opts: { sharedExt?: boolean } = {}): Promise<HaTopology> {
+    const t = new HaTopology(`nh${randomBytes(3).toString('hex').slice(0, 5)}-`, opts.sharedExt === true);
     try {
       await t.build();
     } catch (e) {
@@ -129,6 +136,8 @@ export class HaTopology {
       ];
       if (r === 'ga' || r === 'gb') sysctls.push('net.ipv4.ip_forward=1');
       if (r === 'vpc1' || r === 'vpc2') sysctls.push('net.ipv4.conf.all.accept_redirects=0', 'net.ipv4.conf.default.accept_redirects=0');
+      // A shared segment learns the EIPs' MACs from gratuitous ARP (new entries too), never from a race of two replies.
+      if (r === 'ext' && this.sharedExt) sysctls.push('net.ipv4.conf.all.arp_accept=1', 'net.ipv4.conf.default.arp_accept=1');
       await this.exec(r, ['sysctl', '-q', '-w', ...sysctls]);
     }
     await this.ip('vsw', ['link', 'add', 'br0', 'type', 'bridge']);
@@ -146,7 +155,13 @@ export class HaTopology {
       await this.ip(h, ['route', 'add', 'default', 'via', HA_ADDR.eth0.ga]);
     }
     // The external side: its addresses on lo, so that neither link going down takes them away.
-    await this.ip('ext', ['addr', 'add', `${HA_ADDR.extGateway}/32`, 'dev', 'lo']);
+    if (this.sharedExt) {
+      await this.ip('ext', ['link', 'add', 'br-ext', 'type', 'bridge']);
+      await this.ip('ext', ['link', 'set', 'br-ext', 'up']);
+      await this.ip('ext', ['addr', 'add', `${HA_ADDR.extGateway}/24`, 'dev', 'br-ext']);
+    } else {
+      await this.ip('ext', ['addr', 'add', `${HA_ADDR.extGateway}/32`, 'dev', 'lo']);
+    }
     await this.ip('ext', ['addr', 'add', `${HA_ADDR.extHost}/32`, 'dev', 'lo']);
     for (const [r, e] of [
       ['ga', 'e-a'],
@@ -154,6 +169,7 @@ export class HaTopology {
     ] as const) {
       await this.ip(r, ['link', 'add', 'net1', 'type', 'veth', 'peer', 'name', e, 'netns', this.ns.ext]);
       await this.ip(r, ['link', 'set', 'net1', 'up']);
+      if (this.sharedExt) await this.ip('ext', ['link', 'set', e, 'master', 'br-ext']);
       await this.ip('ext', ['link', 'set', e, 'up']);
     }
     await this.ip('ga', ['link', 'add', 'sync0', 'type', 'veth', 'peer', 'name', 'sync0', 'netns', this.ns.gb]);
@@ -165,6 +181,7 @@ export class HaTopology {
 
   /** The external side sends the EIPs to replica `r` (a /32 route per EIP on that replica's link). */
   async routeEips(eips: readonly string[], r: Replica): Promise<void> {
+    if (this.sharedExt) throw new Error('on a shared external segment the neighbour entries decide, not routes');
     this.eips = [...eips];
     for (const eip of eips) await this.ip('ext', ['route', 'replace', `${eip}/32`, 'dev', r === 'ga' ? 'e-a' : 'e-b']);
   }
@@ -174,6 +191,18 @@ export class HaTopology {
     for (const ifname of ['net1', 'eth0']) await this.ip('ga', ['link', 'set', ifname, 'down']);
     await this.routeEips(this.eips, 'gb');
     for (const h of ['vpc1', 'vpc2'] as const) await this.ip(h, ['route', 'replace', 'default', 'via', HA_ADDR.eth0.gb]);
+  }
+
+  /** The MAC address of replica `r`'s external interface (net1). */
+  async macOf(r: Replica): Promise<string> {
+    const out = JSON.parse((await this.ip(r, ['-j', 'link', 'show', 'net1'])).stdout) as Array<{ address: string }>;
+    return out[0]!.address;
+  }
+
+  /** The MAC ext's neighbour table holds for `ip` on the shared segment (undefined: no usable entry). */
+  async extNeighbour(ip: string): Promise<string | undefined> {
+    const out = JSON.parse((await this.ip('ext', ['-j', 'neigh', 'show', ip, 'dev', 'br-ext'])).stdout || '[]') as Array<{ lladdr?: string; state?: string[] }>;
+    return out.find((n) => n.lladdr && !n.state?.includes('FAILED'))?.lladdr;
   }
 
   cleanup(): Promise<void> {

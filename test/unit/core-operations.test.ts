@@ -239,11 +239,21 @@ describe('EIPs', () => {
     expect(r.state.defaultRoutes).toEqual({});
   });
 
-  it('re-adding with the same prefix changes nothing but still announces', () => {
+  it('re-adding with the same prefix changes nothing and announces nothing (a resent command)', () => {
     const s = frozen({ eips: [{ address: '1.2.3.4', prefixLength: 24 }] });
     const r = run(s, (x) => addEip(x, { address: '1.2.3.4', prefixLength: 24 }, {}));
     expect(r.state).toEqual(s);
-    expect(r.effects).toEqual([{ kind: 'garp', ip: '1.2.3.4' }]);
+    expect(r.effects).toEqual([]);
+    // A resent command that also names the gateway still records it, without an announcement.
+    const g = run(s, (x) => addEip(x, { address: '1.2.3.4', prefixLength: 24 }, { v4: '1.2.3.1' }));
+    expect(g.state.defaultRoutes).toEqual({ v4: '1.2.3.1' });
+    expect(g.effects).toEqual([]);
+  });
+
+  it('a changed prefix announces the EIP; a new EIP beside held ones announces only itself', () => {
+    const s = frozen({ eips: [{ address: '1.2.3.4', prefixLength: 24 }] });
+    expect(run(s, (x) => addEip(x, { address: '1.2.3.4', prefixLength: 16 }, {})).effects).toEqual([{ kind: 'garp', ip: '1.2.3.4' }]);
+    expect(run(s, (x) => addEip(x, { address: '1.2.3.5', prefixLength: 24 }, {})).effects).toEqual([{ kind: 'garp', ip: '1.2.3.5' }]);
   });
 
   it('a new prefix length replaces the old one in place', () => {
