@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Builds natgw's image from a clean clone with one command and no registry, as root:
 #   1. a Debian root filesystem (debootstrap --variant=minbase), cached as a tarball outside
-#      the checkout so later runs skip it;
-#   2. `podman import` of it, plus this machine's Node.js (image/Containerfile.base): the base;
-#   3. `podman build` of image/Dockerfile with --build-arg BASE=<that base>.
-# With a registry at hand, `podman build -f image/Dockerfile .` alone uses the official node image.
+#      the checkout so later runs skip it; imported as the image's RUNTIME base;
+#   2. the build stage's BASE: that Debian plus this machine's Node.js 24 (stripped) and npm
+#      (image/Containerfile.base); only the node binary reaches the image;
+#   3. `podman build` of image/Dockerfile, labelled with package.json's version and the checkout's
+#      revision, tagged <version>-<short revision> and NATGW_IMAGE; the build stage's image is
+#      removed afterwards (the two bases stay, cached).
+# With a registry at hand, `podman build -f image/Dockerfile .` alone uses the official images.
 #
 # NATGW_IMAGE (localhost/natgw:dev), NATGW_IMAGE_CACHE (/var/cache/natgw-image),
 # NATGW_IMAGE_SUITE (bookworm), NATGW_IMAGE_MIRROR (default: the first Debian archive this
-# machine's apt sources name) and
+# machine's apt sources name), NATGW_IMAGE_SOURCE (the OCI source label; default: the
+# checkout's origin remote, if any) and
 # NATGW_IMAGE_BUILD_CA (a CA bundle for npm in the build; default NODE_EXTRA_CA_CERTS) override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,15 +72,17 @@ if [ ! -s "$rootfs_tar" ]; then
   trap - EXIT
 fi
 
-# 2. The base image: Debian plus this machine's Node.js (the binary and its npm).
+# 2. The build stage's base: Debian plus this machine's Node.js and npm.
 node_bin=$(readlink -f "$(command -v node)")
 node_version=$(node --version)
 case $node_version in
-  v20.*) ;;
-  *) echo "the image needs Node.js 20; this machine has $node_version" >&2; exit 1 ;;
+  v24.*) ;;
+  *) echo "the image needs Node.js 24; this machine has $node_version (scripts/setup.sh installs it)" >&2; exit 1 ;;
 esac
-npm_dir=$(cd "$(dirname "$node_bin")/../lib/node_modules/npm" 2>/dev/null && pwd) || {
-  echo "npm not found next to $node_bin (expected ../lib/node_modules/npm)" >&2
+# npm wherever it is installed (next to node in the official tarballs, /usr/lib elsewhere).
+npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
+[ -f "$npm_dir/package.json" ] && [ -f "$npm_dir/bin/npm-cli.js" ] || {
+  echo "npm not found (expected bin/npm-cli.js under $npm_dir)" >&2
   exit 1
 }
 debian_image=localhost/natgw-debian:$suite-minbase-slim
@@ -90,10 +96,13 @@ if ! podman image exists "$base_image"; then
   ctx=$(mktemp -d)
   trap 'rm -rf "$ctx"' EXIT
   cp "$node_bin" "$ctx/node"
+  # The release binary carries its symbol tables (about 18 MB) for debuggers; the image runs it.
+  if command -v strip >/dev/null 2>&1; then strip "$ctx/node"; fi
   cp -a "$npm_dir" "$ctx/npm"
   cp image/Containerfile.base "$ctx/Containerfile"
   # chroot isolation: the build's RUN steps need no OCI runtime (crun/runc cannot set rlimits here).
-  podman build --quiet --isolation=chroot --network=host --build-arg "DEBIAN=$debian_image" \
+  # --layers=false: one image, no intermediate one per instruction left behind.
+  podman build --quiet --isolation=chroot --network=host --layers=false --build-arg "DEBIAN=$debian_image" \
     -t "$base_image" "$ctx" >/dev/null
   rm -rf "$ctx"
   trap - EXIT
@@ -103,8 +112,33 @@ fi
 secret=()
 ca=${NATGW_IMAGE_BUILD_CA:-${NODE_EXTRA_CA_CERTS:-}}
 [ -n "$ca" ] && [ -s "$ca" ] && secret=(--secret "id=build-ca,src=$ca")
-say "podman build image/Dockerfile (BASE=$base_image) → $image"
-podman build --isolation=chroot --network=host --layers --build-arg "BASE=$base_image" "${secret[@]}" \
-  -f image/Dockerfile -t "$image" .
+version=$(node -p 'require("./package.json").version')
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+short=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# Uncommitted changes show in both: such an image is not the revision's.
+if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  revision=$revision-dirty
+  short=$short-dirty
+fi
+# The origin remote as a web address, without any credentials it may carry.
+source_url=${NATGW_IMAGE_SOURCE:-$(git remote get-url origin 2>/dev/null | sed -E 's#^(https?://)[^/@]*@#\1#; s#^git@([^:]+):#https://\1/#; s#\.git$##' || true)}
+versioned=localhost/natgw:$version-$short
+say "podman build image/Dockerfile (BASE=$base_image) → $versioned, $image"
+previous=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+# --layers=false: no intermediate image per instruction. The build stage's own image remains,
+# untagged; it carries the stage's label (io.natgw.stage=build) and goes, with any such
+# leftover of an earlier build.
+podman build --isolation=chroot --network=host --layers=false \
+  --build-arg "BASE=$base_image" --build-arg "RUNTIME=$debian_image" \
+  --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
+  "${secret[@]}" -f image/Dockerfile -t "$versioned" -t "$image" .
+for id in $(podman images -a -q --filter label=io.natgw.stage=build); do
+  podman rmi -f "$id" >/dev/null
+done
+# The image the tag named before, if nothing names it now (a container still using it keeps it).
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$image")" ] &&
+  [ -z "$(podman image inspect --format '{{join .RepoTags ""}}' "$previous" 2>/dev/null)" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 size=$(podman image inspect --format '{{.Size}}' "$image")
-say "built $image: $((size / 1000000)) MB ($size bytes)"
+say "built $versioned ($image): $((size / 1000000)) MB ($size bytes)"
