@@ -38,6 +38,7 @@ need=()
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
+command -v strip >/dev/null 2>&1 || need+=(binutils)
 if [ "${#need[@]}" -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq
@@ -97,7 +98,7 @@ if ! podman image exists "$base_image"; then
   trap 'rm -rf "$ctx"' EXIT
   cp "$node_bin" "$ctx/node"
   # The release binary carries its symbol tables (about 18 MB) for debuggers; the image runs it.
-  if command -v strip >/dev/null 2>&1; then strip "$ctx/node"; fi
+  strip "$ctx/node"
   cp -a "$npm_dir" "$ctx/npm"
   cp image/Containerfile.base "$ctx/Containerfile"
   # chroot isolation: the build's RUN steps need no OCI runtime (crun/runc cannot set rlimits here).
@@ -129,7 +130,7 @@ previous=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 # untagged; it carries the stage's label (io.natgw.stage=build) and goes, with any such
 # leftover of an earlier build.
 podman build --isolation=chroot --network=host --layers=false \
-  --build-arg "BASE=$base_image" --build-arg "RUNTIME=$debian_image" \
+  --build-arg "BASE=$base_image" --build-arg "RUNTIME=$debian_image" --build-arg NODE_STRIPPED=1 \
   --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
   "${secret[@]}" -f image/Dockerfile -t "$versioned" -t "$image" .
 for id in $(podman images -a -q --filter label=io.natgw.stage=build); do
