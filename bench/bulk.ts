@@ -117,7 +117,6 @@ async function bulkRun(opts: GatewayOptions, doc: unknown, size: number, run: nu
         const rssAfterPut = gw.daemon?.memory();
         progress(`${opts.backend} bulk ${size}: warm restart (kernel intact)`);
         await gw.stopDaemon();
-        // After the stop: the daemon finishes writing its applied-ruleset cache as it shuts down.
         copyStateFiles(gw.topo.stateDir, saved);
         const warm = await gw.startDaemon();
         return { dryRunMs: round(dry.ms), putStateMs: round(put.ms), rssAfterPut, restartWarm: startFigures(warm, gw.daemon?.memory()) };

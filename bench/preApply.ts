@@ -9,7 +9,7 @@
  *
  *   node --max-semi-space-size=1 dist/bench/preApply.js [size=10000] [runs=15] [nftables|iptables] [--against <another build's dist/>]
  *
- * Run it with the daemon's V8 flags (src/daemon/nodeFlags.ts). `--against` alternates with
+ * Run it with the daemon's heap limits (DAEMON_NODE_FLAGS, src/cli/forward.ts). `--against` alternates with
  * another build run by run and checks that both hand the tool the same script.
  */
 import { mkdtempSync, rmSync } from 'node:fs';

@@ -118,7 +118,13 @@ function printStart(tail: string, spawnedAt: number): void {
       if (text.trim() !== '') console.log(`        ${text.trim().slice(0, 200)}`);
       continue;
     }
-    const line = JSON.parse(text) as LogLine;
+    let line: LogLine;
+    try {
+      line = JSON.parse(text) as LogLine;
+    } catch {
+      // A line cut by the log tail's size limit (the debug line of a whole ruleset's script).
+      continue;
+    }
     const { time, msg, level: _l, pid: _p, hostname: _h, ...rest } = line;
     if (msg?.startsWith('start timeline') && Array.isArray(rest.steps) && typeof rest.startMs === 'number') {
       const at = rest.startMs - spawnedAt;

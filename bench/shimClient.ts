@@ -5,10 +5,8 @@
  *   bashStart  `bash -c :`: the floor of the shim itself
  *   curlHealth one `curl --unix-socket` GET /healthz: curl's own floor, the daemon doing nothing
  *   curlPost   one `curl --unix-socket` form POST of the command, without the shim
- *   shimTcp    `bash nat-gateway.sh <command>` as deployed: the daemon's loopback listener
- *              through bash's own /dev/tcp (NATGW_SHIM_TCP), no process started
- *   shimCurl   the same with NATGW_SHIM_CLIENT=curl: the daemon reached through curl
- *   shimNode   the same with NATGW_SHIM_CLIENT=node: today's Node.js client
+ *   shimCurl   `bash nat-gateway.sh <command>` as deployed: the daemon reached through curl
+ *   shimNode   the same with NATGW_SHIM_CLIENT=node: the Node.js client
  *
  * measureShimClients() is the reusable part; it runs in the caller's network namespace against
  * a daemon already answering. Run directly (as root), this file builds a throw-away topology,
@@ -39,7 +37,7 @@ export interface Figure {
   readonly minMs: number;
 }
 
-export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'curlHealth' | 'curlPost' | 'shimTcp' | 'shimCurl' | 'shimNode', Figure> & {
+export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'curlHealth' | 'curlPost' | 'shimCurl' | 'shimNode', Figure> & {
   readonly runs: number;
 };
 
@@ -78,30 +76,26 @@ export function measureShimClients(o: ShimClientOptions): ShimClientFigures {
     bashStart: { file: 'bash', args: ['-c', ':'] },
     curlHealth: { file: 'curl', args: ['-q', '-sf', '--unix-socket', o.socket, '-o', '/dev/null', 'http://localhost/healthz'] },
     curlPost: { file: 'curl', args: ['-q', '-sf', '--unix-socket', o.socket, '-H', 'Expect:', ...form, '-o', '/dev/null', 'http://localhost/v1/legacy/raw'] },
-    shimTcp: { file: 'bash', args: [o.shim, ...o.argv], env: o.env, status: o.status },
-    shimCurl: { file: 'bash', args: [o.shim, ...o.argv], env: { ...o.env, NATGW_SHIM_CLIENT: 'curl' }, status: o.status },
+    shimCurl: { file: 'bash', args: [o.shim, ...o.argv], env: o.env, status: o.status },
     shimNode: { file: 'bash', args: [o.shim, ...o.argv], env: { ...o.env, NATGW_SHIM_CLIENT: 'node' }, status: o.status },
   } satisfies Record<string, Call>;
   type Key = keyof typeof calls;
   const keys = Object.keys(calls) as Key[];
   // Warm the page cache and the daemon, and check that both shim clients say the same.
-  const viaTcp = timed(calls.shimTcp).stdout;
   const viaCurl = timed(calls.shimCurl).stdout;
   const viaNode = timed(calls.shimNode).stdout;
-  if (viaCurl !== viaNode || viaTcp !== viaNode) throw new Error(`the shim's clients disagree:\n${viaTcp}\n---\n${viaCurl}\n---\n${viaNode}`);
+  if (viaCurl !== viaNode) throw new Error(`the shim's clients disagree:\n${viaCurl}\n---\n${viaNode}`);
   const samples = Object.fromEntries(keys.map((k) => [k, [] as number[]])) as Record<Key, number[]>;
   for (let i = 0; i < runs; i++) for (const k of keys) samples[k].push(timed(calls[k]).ms);
   return { runs, ...(Object.fromEntries(keys.map((k) => [k, figure(samples[k])])) as Record<Key, Figure>) };
 }
 
 /** Count of requests the daemon logged per legacy endpoint: which client really answered. */
-function legacyRequests(logs: string): { raw: number; json: number; tcp: number } {
+function legacyRequests(logs: string): { raw: number; json: number } {
   const lines = logs.split('\n');
-  const tcp = (l: string) => l.includes('"via":"shim-tcp"');
   return {
     raw: lines.filter((l) => l.includes('"path":"/v1/legacy/raw"')).length,
-    json: lines.filter((l) => l.includes('"path":"/v1/legacy"') && !tcp(l)).length,
-    tcp: lines.filter((l) => l.includes('"path":"/v1/legacy"') && tcp(l)).length,
+    json: lines.filter((l) => l.includes('"path":"/v1/legacy"')).length,
   };
 }
 
@@ -132,8 +126,8 @@ async function main(): Promise<void> {
         const r = await topo.exec('gw', [process.execPath, self, '--measure', JSON.stringify(opts)], { timeoutMs: 10 * 60_000 });
         const figures = JSON.parse(r.stdout.trim().split('\n').at(-1) ?? '{}') as ShimClientFigures;
         const after = legacyRequests(daemon.logs());
-        // Proof of the path taken: curlPost and shimCurl reach /v1/legacy/raw, shimNode /v1/legacy, shimTcp the loopback listener.
-        const daemonRequests = { raw: after.raw - before.raw, json: after.json - before.json, tcp: after.tcp - before.tcp };
+        // Proof of the path taken: curlPost and shimCurl reach /v1/legacy/raw, shimNode /v1/legacy.
+        const daemonRequests = { raw: after.raw - before.raw, json: after.json - before.json };
         console.log(JSON.stringify({ command: argv.join(' '), what, ...figures, daemonRequests }, null, 2));
       }
     } finally {

@@ -7,7 +7,7 @@
  *
  *   node --max-semi-space-size=1 dist/bench/statePath.js [size=10000] [runs=15] [--against <another build's dist/>]
  *
- * Run it with the daemon's V8 flags (src/daemon/nodeFlags.ts): the young generation's size
+ * Run it with the daemon's heap limits (DAEMON_NODE_FLAGS, src/cli/forward.ts): the young generation's size
  * decides what the garbage costs. `--against` alternates with another build run by run and
  * checks that both give the same digest.
  */

@@ -6,10 +6,7 @@
 # answer, anything but a command that ran — ends in natgw itself (`exec node`), which forwards,
 # autostarts or runs in-process exactly as before, so the output is the same on every path.
 #
-# Faster still, where the daemon publishes its loopback listener (NATGW_SHIM_TCP, on by default),
-# bash itself talks to it through /dev/tcp: no process is started at all.
-#
-# NATGW_SHIM_CLIENT (environment only): curl skips the loopback path, node skips both.
+# NATGW_SHIM_CLIENT=node (environment only): skip curl, straight to Node.js.
 
 # NATGW_SOCKET as natgw itself resolves it (src/config/socketPath.ts): the env file's value,
 # then the environment's, then the default. The env file wins (SPEC §4.3: the script sourced it
@@ -59,54 +56,6 @@ natgw_socket() {
   REPLY=${value:-${NATGW_SOCKET:-/run/natgw/natgw.sock}}
 }
 
-# The command over the daemon's loopback listener (src/daemon/shimListener.ts has the protocol),
-# with bash builtins only. Prints the command's output and exits with its status when the
-# daemon ran it and proved it is natgw; returns (having printed nothing) otherwise. $1 is the
-# socket; the listener's port, secrets and loopback address are in the file beside it (a file
-# without the address names 127.0.0.1).
-natgw_via_tcp() {
-  local file=$1.tcp port ctok stok host fd head out='' err='' n
-  shift
-  [ -f "$file" ] && [ -r "$file" ] || return 1
-  IFS=' ' read -r port ctok stok host <"$file" || return 1
-  [[ $port =~ ^[0-9]{1,5}$ && $ctok =~ ^[0-9a-f]{64}$ && $stok =~ ^[0-9a-f]{64}$ ]] || return 1
-  # natgw's own loopback address, whose connections its netfilter objects keep out of conntrack.
-  [ -n "$host" ] || host=127.0.0.1
-  [[ $host =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || return 1
-  # Byte lengths and byte-exact reads: no locale may count characters.
-  local LC_ALL=C
-  # bash's own complaint about a refused connection must not reach the controller.
-  { exec {fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null || return 1
-  # A daemon that hangs up mid-request must not kill the shim with SIGPIPE.
-  trap '' PIPE
-  # The arguments go as data: NUL-terminated bytes (argv cannot hold a NUL), never evaluated.
-  { printf 'natgw-shim/1 %s %s\n' "$ctok" "$#" && printf '%s\0' "$@"; } >&"$fd" 2>/dev/null &&
-    IFS= read -r -n 256 head <&"$fd" 2>/dev/null
-  n=$?
-  local re='^natgw-shim/1 ([0-9a-f]{64}) ([0-9]{1,3}) ([0-9]{1,10}) ([0-9]{1,10}) (raw|esc)$'
-  if [ "$n" -ne 0 ] || ! [[ $head =~ $re ]] || [ "${BASH_REMATCH[1]}" != "$stok" ]; then
-    exec {fd}<&-
-    trap - PIPE
-    return 1
-  fi
-  local status=${BASH_REMATCH[2]} nout=${BASH_REMATCH[3]} nerr=${BASH_REMATCH[4]} enc=${BASH_REMATCH[5]}
-  # The whole answer before anything is printed: a short one (a daemon dying mid-answer, or a
-  # NUL that bash drops) leaves no partial output behind the fallback.
-  if [ "$nout" -gt 0 ]; then IFS= read -r -d '' -N "$nout" out <&"$fd" 2>/dev/null; fi
-  if [ "$nerr" -gt 0 ]; then IFS= read -r -d '' -N "$nerr" err <&"$fd" 2>/dev/null; fi
-  exec {fd}<&-
-  trap - PIPE
-  [ "${#out}" -eq "$nout" ] && [ "${#err}" -eq "$nerr" ] || return 1
-  if [ "$enc" = raw ]; then
-    printf '%s' "$out"
-    [ -z "$err" ] || printf '%s' "$err" >&2
-  else
-    printf '%b' "$out"
-    [ -z "$err" ] || printf '%b' "$err" >&2
-  fi
-  exit "$status"
-}
-
 # One POST /v1/legacy/raw over the socket. Prints the command's output and exits with its
 # status when the daemon ran it; returns (having printed nothing) otherwise. The whole answer
 # is read before anything is printed, so a daemon dying mid-answer leaves no partial output
@@ -114,7 +63,6 @@ natgw_via_tcp() {
 natgw_via_daemon() {
   natgw_socket
   local sock=$REPLY
-  [ "${NATGW_SHIM_CLIENT-}" = curl ] || natgw_via_tcp "$sock" "$@"
   command -v curl >/dev/null 2>&1 || return 1
   [ -S "$sock" ] || return 1
   # --data-urlencode encodes each value whole, so no argument byte is ever shell, JSON or
@@ -170,12 +118,8 @@ if [ -f "$here/natgw/bin/natgw.js" ]; then
 else
   entry="$here/../bin/natgw.js"
 fi
-if [ "${1:-}" = serve ] && [ -f "${entry%/*}/serve.cjs" ]; then
-  # The daemon's own CommonJS entry: no ES module loader before the start's replay (bin/serve.cjs).
-  entry="${entry%/*}/serve.cjs"
-fi
 if [ "${1:-}" = serve ]; then
-  # The daemon's V8 settings: DAEMON_NODE_FLAGS in src/daemon/nodeFlags.ts (a test keeps them equal).
+  # The daemon's heap limits: DAEMON_NODE_FLAGS in src/cli/forward.ts (a test keeps them equal).
   exec node --max-semi-space-size=4 --max-old-space-size=1024 "$entry" "$@"
 fi
 exec node "$entry" "$@"

@@ -25,7 +25,7 @@ export interface AppDeps {
   readonly ha?: HaService;
 }
 
-/** A script command and its rules: the limits of every path into the daemon (HTTP here, the shim's loopback listener). */
+/** A script command and its rules: the limits of every path into the daemon. */
 export const legacyBody = z
   .object({
     command: z.string().max(256),

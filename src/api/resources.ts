@@ -271,7 +271,8 @@ const routes = define<Route, Pick<Route, 'cidr'>>({
   path: 'routes',
   stateKey: 'routes',
   title: 'Subnet route',
-  description: 'A route for a VPC subnet via a nexthop on the VPC interface (subnet-route-add / -del). PUT replaces the nexthop.',
+  description:
+    'A route for a VPC subnet via a nexthop on the VPC interface (subnet-route-add / -del). PUT replaces the nexthop. A route to 0.0.0.0/0 or ::/0 while the external default route (eip-add with GATEWAY_V4 / GATEWAY_V6) owns that family is a conflict (409): the gateway has one default route per family.',
   idFields: ['cidr'],
   idExample: '10.0.2.0%2F24',
   numericIdFields: [],

@@ -3,6 +3,7 @@ import type { DesiredState } from '../state/state.js';
 import { HttpError } from './errors.js';
 import { RESOURCES } from './resources.js';
 import { digestOf } from './stateDoc.js';
+import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
 
 /**
@@ -32,6 +33,8 @@ export interface StatusDocument {
     readonly lastRepair: Omit<ReadBack, 'script'> | null;
     readonly check?: DriftCheck;
   };
+  /** What the desired state holds that is not installed, and why (a subnet route to a default the external one owns). */
+  readonly warnings: readonly string[];
 }
 
 const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
@@ -67,6 +70,7 @@ export function buildStatus(doc: StateDocument, readiness: Readiness, sync: Sync
       lastRepair: withoutScript(doc.drift.lastRepair),
       ...(check ? { check } : {}),
     },
+    warnings: heldDefaultRoutes(doc.desired).map((h) => heldDefaultRouteText(h, doc.desired.interfaces)),
   };
 }
 
@@ -142,6 +146,12 @@ export function statusOpenApi(): Record<string, unknown> {
                         lastRepair: { type: ['object', 'null'] },
                         check: { type: 'object' },
                       },
+                    },
+                    warnings: {
+                      type: 'array',
+                      items: { type: 'string' },
+                      description:
+                        'What the desired state holds but the kernel does not, and why (a subnet route to a default route the external gateway owns)',
                     },
                   },
                 },

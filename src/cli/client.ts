@@ -93,7 +93,7 @@ export function request(target: Target, method: string, path: string, body?: str
     options = { socketPath: target.socket, path, method, headers: hdrs, agent: false };
   } else {
     if (target.token) hdrs.authorization = `Bearer ${target.token}`;
-    // node:https (and node:tls) only for an https: server: the daemon's bundle holds this module too.
+    // node:https (and node:tls) only for an https: server.
     mod = target.url.protocol === 'https:' ? lazyHttps() : http;
     options = { host: target.url.hostname, port: target.url.port || undefined, path, method, headers: hdrs, agent: false };
   }

@@ -1,12 +1,11 @@
 import { spawn } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
-import path from 'node:path';
+import { closeSync, existsSync } from 'node:fs';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { DAEMON_NODE_FLAGS } from '../daemon/nodeFlags.js';
+import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -24,6 +23,16 @@ const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
 const CONNECT_TIMEOUT_MS = 2000;
+
+/**
+ * The daemon's heap limits, two of the V8 options Node.js documents (`node --help`, "Useful V8
+ * options" in its CLI docs), given where natgw starts the daemon: here (the autostart) and in the
+ * shim's `serve` (image/nat-gateway.sh; a test keeps the two equal). Node's default young
+ * generation keeps a bulk change's garbage resident: at 10,000 DNAT + 10,000 FIP + 1,000 SNAT the
+ * daemon peaked at 155-157 MiB after a bulk PUT without them, 124-128 MiB with them (same build,
+ * `npm run bench`), against a 150 MiB budget.
+ */
+export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--max-old-space-size=1024'];
 
 type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
@@ -126,33 +135,32 @@ export function natgwBin(): string | undefined {
 
 /**
  * Start `natgw serve` detached, with this process's environment; it outlives the shim. Its
- * JSON log (stdout) and anything on its stderr go to natgw-daemon.log in the state dir: the
- * shim's own stdout and stderr carry only the command's output.
+ * JSON log (stdout) and anything on its stderr go to the container's stdout where `kubectl
+ * logs` reads it, else to natgw-daemon.log in the state dir (daemonLog.ts): the shim's own
+ * stdout and stderr carry only the command's output.
  */
 function startDaemon(config: Config, log: Logger): boolean {
   const bin = natgwBin();
   if (!bin) return false;
-  let out: number | 'ignore' = 'ignore';
+  const dest = openDaemonLog(config.stateDir);
+  if (!dest) log.warn({ stateDir: config.stateDir }, 'daemon log unavailable; its output is discarded');
+  const where = dest?.where ?? 'discarded';
   try {
-    mkdirSync(config.stateDir, { recursive: true });
-    out = openSync(path.join(config.stateDir, 'natgw-daemon.log'), 'a', 0o600);
-  } catch (e) {
-    log.warn({ err: e }, 'daemon log file unavailable; its output is discarded');
-  }
-  try {
-    // The daemon's CommonJS entry beside bin/natgw.js, as the shim's `serve` takes it: no ES module loader before the start's replay.
-    const serveEntry = path.join(path.dirname(bin), 'serve.cjs');
-    const entry = path.basename(bin) === 'natgw.js' && existsSync(serveEntry) ? serveEntry : bin;
-    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, entry, 'serve'], { detached: true, stdio: ['ignore', out, out], env: process.env });
+    const out = dest?.fd ?? 'ignore';
+    const child = spawn(process.execPath, [...DAEMON_NODE_FLAGS, bin, 'serve'], {
+      detached: true,
+      stdio: ['ignore', out, out],
+      env: { ...process.env, [LOG_TO_ENV]: where },
+    });
     child.on('error', (e) => log.warn({ err: e }, 'could not start the daemon'));
     child.unref();
-    log.info({ pid: child.pid, bin: entry }, 'autostarted natgw daemon');
+    log.info({ pid: child.pid, bin, logs: where }, 'autostarted natgw daemon');
     return child.pid !== undefined;
   } catch (e) {
     log.warn({ err: e }, 'could not start the daemon');
     return false;
   } finally {
-    if (typeof out === 'number') closeSync(out);
+    if (dest) closeSync(dest.fd);
   }
 }
 

@@ -9,17 +9,18 @@ import { tryRunningDaemon } from './forward.js';
  * Modules load in the order they are needed: a running daemon answers a forwarded command
  * before configuration (zod), logging (pino) or the engine are loaded at all.
  */
+/** natgw's own commands (src/cli/commands); everything else is the script's. */
+const AGENT = ['status', 'apply', 'diff', 'get', 'describe', 'delete'];
+
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
+  if (command === '--version') {
+    const { versionLine } = await import('./version.js');
+    process.stdout.write(versionLine());
+    return 0;
+  }
   // natgw's own commands and help; `help` alone stays the script's command.
-  if (
-    command === 'status' ||
-    command === 'apply' ||
-    command === 'get' ||
-    command === '--help' ||
-    command === '-h' ||
-    (command === 'help' && ['status', 'apply', 'get'].includes(args[0] ?? ''))
-  ) {
+  if (AGENT.includes(command ?? '') || command === '--help' || command === '-h' || (command === 'help' && AGENT.includes(args[0] ?? ''))) {
     const { runAgent, isAgentCommand } = await import('./commands/index.js');
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }

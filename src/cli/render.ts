@@ -28,13 +28,69 @@ export function cellOf(v: unknown): string {
   return String(v);
 }
 
-/** `natgw get <kind>`: the identity first, then every other field the items carry, in first-seen order. */
-export function renderItems(def: ResourceDef, items: readonly Record<string, unknown>[]): string {
+/** kubectl's column names: `internalIp` → `INTERNAL-IP`. */
+export function headerOf(field: string): string {
+  return field.replace(/([a-z0-9])([A-Z])/g, '$1-$2').toUpperCase();
+}
+
+/** A kind's name in the singular, as `natgw get` prints objects: dnat, share-dnat, eip-qos, neighbour. */
+export function kindName(def: ResourceDef): string {
+  return def.path.endsWith('qos') ? def.path : def.path.replace(/s$/, '');
+}
+
+/**
+ * The columns of `natgw get <kind>` after ID: what tells one object from another at a glance.
+ * `-o wide` shows every field the objects carry (allocated QoS ids, share-DNAT protocol text, pools).
+ */
+const TABLE_COLUMNS: Readonly<Record<string, readonly string[]>> = {
+  eips: ['prefixLength'],
+  snats: ['randomFully'],
+  dnats: ['internalIp', 'internalPort'],
+  fips: ['internalIp'],
+  'share-dnats': ['backends'],
+  routes: ['nexthop'],
+  'eip-qos': ['priority', 'rate', 'burst'],
+  qos: ['rate', 'burst'],
+  neighbours: ['mac'],
+};
+
+/** `natgw get <kind>`: the identity first, then the kind's columns (wide: every other field, in first-seen order). */
+export function renderItems(def: ResourceDef, items: readonly Record<string, unknown>[], wide = false): string {
   if (items.length === 0) return `No ${def.title} objects.\n`;
-  const cols: string[] = [];
-  for (const it of items) for (const k of Object.keys(it)) if (k !== 'id' && !def.idFields.includes(k) && !cols.includes(k)) cols.push(k);
+  let cols: string[] = [];
+  if (wide) {
+    for (const it of items) for (const k of Object.keys(it)) if (k !== 'id' && !def.idFields.includes(k) && !cols.includes(k)) cols.push(k);
+  } else {
+    cols = [...(TABLE_COLUMNS[def.path] ?? [])];
+  }
   const rows = items.map((it) => [String(it.id ?? idOf(def, it)), ...cols.map((c) => cellOf(it[c]))]);
-  return renderTable(['ID', ...cols.map((c) => c.toUpperCase())], rows);
+  return renderTable(['ID', ...cols.map(headerOf)], rows);
+}
+
+const ACRONYMS: Readonly<Record<string, string>> = { ip: 'IP', eip: 'EIP', eips: 'EIPs', id: 'ID', cidr: 'CIDR', mac: 'MAC', dev: 'Device' };
+
+/** `internalIp` → `Internal IP`. */
+export function labelOf(field: string): string {
+  return field
+    .replace(/([a-z0-9])([A-Z])/g, '$1 $2')
+    .split(' ')
+    .map((w, i) => ACRONYMS[w.toLowerCase()] ?? (i === 0 ? w.charAt(0).toUpperCase() + w.slice(1) : w.toLowerCase()))
+    .join(' ');
+}
+
+/** `natgw describe <kind> <id>`: one labelled line per field, then whether the daemon applied it. */
+export function renderDescribe(def: ResourceDef, item: Record<string, unknown>, applied: boolean | null): string {
+  const rows: [string, string][] = [
+    ['Kind', def.title],
+    ['ID', String(item.id ?? idOf(def, item))],
+  ];
+  for (const [k, v] of Object.entries(item)) if (k !== 'id') rows.push([labelOf(k), cellOf(v)]);
+  rows.push([
+    'Applied',
+    applied === null ? 'nothing applied by this daemon yet' : applied ? 'yes (as the daemon last applied it)' : 'no (desired; not yet applied as it stands)',
+  ]);
+  const width = Math.max(...rows.map(([l]) => l.length)) + 3;
+  return `${rows.map(([l, v]) => `${`${l}:`.padEnd(width)}${v}`.trimEnd()).join('\n')}\n`;
 }
 
 function ago(at: string, now: Date): string {
@@ -89,6 +145,8 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
         : 'none (the kernel holds the desired state)',
     );
   }
+  // An older daemon's document has none.
+  for (const [i, w] of (s.warnings ?? []).entries()) kv(i === 0 ? 'Warnings' : '', w);
   out.push('');
   const rows = Object.entries(s.objects).map(([kind, c]) => [
     kind,
@@ -117,13 +175,13 @@ export interface StateDiff {
 }
 
 /** Fields natgw allocates (QoS class ids) are not a change when the new object leaves them out. */
-function comparable(def: ResourceDef, x: unknown): Record<string, unknown> {
+export function comparable(def: ResourceDef, x: unknown): Record<string, unknown> {
   const o = { ...(x as Record<string, unknown>) };
   for (const f of def.readOnly) delete o[f];
   return o;
 }
 
-function describe(def: ResourceDef, x: unknown): string {
+function describeObject(def: ResourceDef, x: unknown): string {
   const o = comparable(def, x);
   const rest = Object.keys(o)
     .filter((k) => !def.idFields.includes(k))
@@ -132,7 +190,7 @@ function describe(def: ResourceDef, x: unknown): string {
 }
 
 /** Structural equality, key order ignored (cheaper than canonical text for plain values). */
-function sameValue(a: unknown, b: unknown): boolean {
+export function sameValue(a: unknown, b: unknown): boolean {
   if (a === b) return true;
   if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return (a ?? null) === (b ?? null);
   if (Array.isArray(a) !== Array.isArray(b)) return false;
@@ -153,7 +211,7 @@ export function diffStates(current: DesiredState, next: DesiredState): StateDiff
     for (const [k, v] of after) {
       const b = before.get(k);
       if (b === undefined) {
-        added.push(describe(def, v));
+        added.push(describeObject(def, v));
         continue;
       }
       if (b === v) continue;
@@ -165,7 +223,7 @@ export function diffStates(current: DesiredState, next: DesiredState): StateDiff
       }
       if (fields.length) changed.push({ id: idOf(def, v), fields });
     }
-    for (const [k, v] of before) if (!after.has(k)) removed.push(describe(def, v));
+    for (const [k, v] of before) if (!after.has(k)) removed.push(describeObject(def, v));
     kinds.push({ kind: def.path, added, removed, changed });
   }
   const gateway: string[] = [];
@@ -210,3 +268,6 @@ export function renderDiff(d: StateDiff, maxPerKind = Infinity): string {
   if (out.length === 0) return 'No changes: the file is the desired state.\n';
   return `${out.join('\n')}\nPlan: ${summary}.\n`;
 }
+
+/** The same object for apply's purposes: equal fields, natgw's allocated ones (QoS ids) aside. */
+export const sameObject = (def: ResourceDef, a: unknown, b: unknown): boolean => sameValue(comparable(def, a), comparable(def, b));

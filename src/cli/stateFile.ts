@@ -1,4 +1,5 @@
 import { isMap, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
+import type { z } from 'zod';
 import { HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
@@ -6,27 +7,58 @@ import { desiredStateSchema, type DesiredState } from '../state/state.js';
 
 /**
  * A state file for `natgw apply -f`: the document GET /v1/state returns (only `desired`
- * counts) or a bare desired state, in JSON or YAML. Checked here with the daemon's own schema
- * and normalisation, so a bad file fails before anything is sent, naming the line and the
- * field. The daemon validates again; this is for the message.
+ * counts) or a bare desired state, in JSON or YAML. Checked here, strictly, with the daemon's
+ * own schema and normalisation, so a bad file fails before anything is sent: every error at
+ * once (zod's issues, and every field the schema does not know), each with its line and field.
+ * The daemon validates again; this is for the message.
  */
 export interface ParsedStateFile {
-  /** What goes to PUT /v1/state: the file's value as written. */
-  readonly body: unknown;
-  /** The same, validated and normalised as the daemon will (for the diff). */
+  /** The file's desired state as the schema read it (defaults filled, not yet normalised): what apply merges. */
+  readonly data: FileState;
+  /** The same, normalised as the daemon will (placeholder interfaces where the file has none). */
   readonly desired: DesiredState;
+  /** Top-level keys of the desired state the file sets: apply leaves the others as they are. */
+  readonly present: ReadonlySet<string>;
   readonly objects: number;
 }
+
+/** A file may leave the interfaces out: apply keeps the daemon's. */
+const fileStateSchema = desiredStateSchema.extend({ interfaces: desiredStateSchema.shape.interfaces.optional() });
+export type FileState = z.infer<typeof fileStateSchema>;
+
+/** The read-only fields of GET /v1/state's document, which apply ignores beside `desired`. */
+const DOCUMENT_KEYS = new Set(['desired', 'lastApplied', 'drift', 'backend', 'mode', 'generation', 'digest']);
+
+export interface FileIssue {
+  readonly line: number | undefined;
+  readonly field: string;
+  readonly reason: string;
+}
+
+const issueText = (file: string, i: FileIssue): string => `${file}${i.line !== undefined ? `:${i.line}` : ''}: ${i.field ? `${i.field}: ` : ''}${i.reason}`;
 
 export class StateFileError extends Error {
   override readonly name = 'StateFileError';
   constructor(
     readonly file: string,
-    readonly line: number | undefined,
-    readonly field: string | undefined,
-    readonly reason: string,
+    readonly issues: readonly FileIssue[],
   ) {
-    super(`${file}${line !== undefined ? `:${line}` : ''}: ${field ? `${field}: ` : ''}${reason}`);
+    const [first] = issues;
+    super(
+      issues.length === 1 && first
+        ? issueText(file, first)
+        : `${file}: ${issues.length} errors, nothing was applied:\n${issues.map((i) => issueText(file, i)).join('\n')}`,
+    );
+  }
+  /** The first issue's parts. */
+  get line(): number | undefined {
+    return this.issues[0]?.line;
+  }
+  get field(): string | undefined {
+    return this.issues[0]?.field || undefined;
+  }
+  get reason(): string {
+    return this.issues[0]?.reason ?? '';
   }
 }
 
@@ -83,17 +115,123 @@ function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter
   const doc = parseDocument(text, { lineCounter: lc, prettyErrors: false, uniqueKeys: true });
   const err = doc.errors[0];
   if (err) {
+    // The first syntax error only: the parser's later ones follow from it.
     // Positions are offsets here (prettyErrors off keeps the message one line): the counter turns them into lines.
     const pos = err.linePos?.[0] ?? lc.linePos(err.pos[0]);
-    throw new StateFileError(file, pos.line, undefined, `not valid JSON or YAML: ${err.message.split('\n')[0]} (column ${pos.col})`);
+    throw new StateFileError(file, [{ line: pos.line, field: '', reason: `not valid JSON or YAML: ${err.message.split('\n')[0]} (column ${pos.col})` }]);
   }
   return { doc, lc };
 }
 
-const countObjects = (s: DesiredState): number =>
-  s.eips.length + s.snats.length + s.dnats.length + s.fips.length + s.shareDnats.length + s.routes.length + s.eipQos.length + s.qos.length;
+type SchemaDef = {
+  readonly type: string;
+  readonly innerType?: z.ZodType;
+  readonly in?: z.ZodType;
+  readonly element?: z.ZodType;
+  readonly shape?: Record<string, z.ZodType>;
+  readonly catchall?: z.ZodType;
+  readonly options?: readonly z.ZodType[];
+};
+const defOf = (schema: z.ZodType): SchemaDef => (schema as unknown as { _zod: { def: SchemaDef } })._zod.def;
 
-/** Parse and validate; throws StateFileError naming line and field. */
+/**
+ * The paths of fields `schema` does not know in `value` (zod strips them silently: a misspelt
+ * optional field would otherwise vanish without a word).
+ */
+export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []): Path[] {
+  const def = defOf(schema);
+  switch (def.type) {
+    case 'optional':
+    case 'nullable':
+    case 'default':
+    case 'prefault':
+    case 'nonoptional':
+    case 'readonly':
+    case 'catch':
+      return def.innerType ? unknownFields(def.innerType, value, path) : [];
+    case 'pipe':
+      return def.in ? unknownFields(def.in, value, path) : [];
+    case 'array':
+      return Array.isArray(value) && def.element ? value.flatMap((v, i) => unknownFields(def.element as z.ZodType, v, [...path, i])) : [];
+    case 'object': {
+      if (value === null || typeof value !== 'object' || Array.isArray(value)) return [];
+      const shape = def.shape ?? {};
+      const open = def.catchall !== undefined && defOf(def.catchall).type !== 'never';
+      return Object.entries(value).flatMap(([k, v]) => {
+        const field = shape[k];
+        if (field) return unknownFields(field, v, [...path, k]);
+        return open ? [] : [[...path, k]];
+      });
+    }
+    case 'union': {
+      // The option that fits best: the fewest unknown fields.
+      let best: Path[] | undefined;
+      for (const o of def.options ?? []) {
+        const u = unknownFields(o, value, path);
+        if (!best || u.length < best.length) best = u;
+      }
+      return best ?? [];
+    }
+    default:
+      return [];
+  }
+}
+
+/** A known field that an unknown one is probably a misspelling of (case, one or two letters). */
+export function closestField(name: string, known: readonly string[]): string | undefined {
+  const lower = name.toLowerCase().replace(/[-_]/g, '');
+  const exact = known.find((k) => k.toLowerCase() === lower);
+  if (exact) return exact;
+  let best: { k: string; d: number } | undefined;
+  for (const k of known) {
+    const d = editDistance(lower, k.toLowerCase());
+    if (d <= 2 && d < lower.length / 2 && (!best || d < best.d)) best = { k, d };
+  }
+  return best?.k;
+}
+
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i];
+    for (let j = 1; j <= b.length; j++) cur[j] = Math.min((prev[j] ?? 0) + 1, (cur[j - 1] ?? 0) + 1, (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1));
+    prev = cur;
+  }
+  return prev[b.length] ?? 0;
+}
+
+/** The fields an object at `path` may have (for a suggestion). */
+function knownAt(schema: z.ZodType, path: Path): string[] {
+  let s: z.ZodType | undefined = schema;
+  const unwrap = (x: z.ZodType): z.ZodType => {
+    const d = defOf(x);
+    if (d.innerType) return unwrap(d.innerType);
+    if (d.type === 'pipe' && d.in) return unwrap(d.in);
+    return x;
+  };
+  for (const seg of path) {
+    if (!s) return [];
+    const d = defOf(unwrap(s));
+    s = typeof seg === 'number' ? d.element : d.shape?.[seg];
+  }
+  return s ? Object.keys(defOf(unwrap(s)).shape ?? {}) : [];
+}
+
+const countObjects = (s: DesiredState): number =>
+  s.eips.length +
+  s.snats.length +
+  s.dnats.length +
+  s.fips.length +
+  s.shareDnats.length +
+  s.routes.length +
+  s.eipQos.length +
+  s.qos.length +
+  s.neighbours.length;
+
+/** Placeholder interfaces for normalising a file that leaves them out (nothing in normalisation reads them). */
+const NO_INTERFACES = { vpc: 'eth0', ext: 'net1' };
+
+/** Parse and validate strictly; throws StateFileError listing every error with its line and field. */
 export function parseStateFile(file: string, text: string): ParsedStateFile {
   let value: unknown;
   let yaml: { doc: Document; lc: LineCounter } | undefined;
@@ -104,31 +242,52 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
     yaml = parseYaml(file, text);
     value = yaml.doc.toJS({ maxAliasCount: 100 });
   }
-  const located = (path: Path, reason: string): StateFileError => {
+  const located = (path: Path, reason: string): FileIssue => {
     yaml ??= parseYaml(file, text);
-    return new StateFileError(file, lineOf(yaml.doc, yaml.lc, path), fieldOfPath(path) || '(root)', reason);
+    return { line: lineOf(yaml.doc, yaml.lc, path), field: fieldOfPath(path) || '(root)', reason };
+  };
+  const fail = (issues: FileIssue[]): never => {
+    throw new StateFileError(
+      file,
+      issues.sort((a, b) => (a.line ?? 0) - (b.line ?? 0)),
+    );
   };
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    throw located([], 'must be an object: a desired state, or the document GET /v1/state returns (with `desired`)');
+    fail([located([], 'must be an object: a desired state, or the document GET /v1/state returns (with `desired`)')]);
   }
-  const wrapped = 'desired' in value;
+  const obj = value as Record<string, unknown>;
+  const wrapped = 'desired' in obj;
   const prefix: Path = wrapped ? ['desired'] : [];
-  const parsed = desiredStateSchema.safeParse(wrapped ? (value as { desired: unknown }).desired : value);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    throw located([...prefix, ...(issue.path as (string | number)[])], issue.message);
+  const inner = wrapped ? obj.desired : obj;
+  const issues: FileIssue[] = [];
+  if (wrapped) {
+    for (const k of Object.keys(obj))
+      if (!DOCUMENT_KEYS.has(k)) issues.push(located([k], `unknown field (a state document has ${[...DOCUMENT_KEYS].join(', ')})`));
   }
-  let desired: DesiredState;
+  for (const path of unknownFields(fileStateSchema, inner)) {
+    const name = String(path[path.length - 1]);
+    const hint = closestField(name, knownAt(fileStateSchema, path.slice(0, -1)));
+    issues.push(located([...prefix, ...path], `unknown field${hint ? ` (did you mean ${hint}?)` : ''}`));
+  }
+  const parsed = fileStateSchema.safeParse(inner);
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) issues.push(located([...prefix, ...(issue.path as (string | number)[])], issue.message));
+    fail(issues);
+  }
+  const data = (parsed as { data: FileState }).data;
+  let desired: DesiredState | undefined;
   try {
-    desired = normaliseDesired(parsed.data, wrapped ? 'desired.' : '');
+    desired = normaliseDesired({ ...data, interfaces: data.interfaces ?? NO_INTERFACES }, wrapped ? 'desired.' : '');
   } catch (e) {
     if (e instanceof HttpError) {
       const field = e.extra.field ?? '';
       const reason = field && e.message.startsWith(`${field}: `) ? e.message.slice(field.length + 2) : e.message;
-      throw located(pathOfField(field), reason);
-    }
-    if (e instanceof NatgwError && e.kind === 'validation') throw located(pathOfField(`${wrapped ? 'desired.' : ''}${e.field ?? ''}`), e.message);
-    throw e;
+      issues.push(located(pathOfField(field), reason));
+    } else if (e instanceof NatgwError && e.kind === 'validation') {
+      issues.push(located(pathOfField(`${wrapped ? 'desired.' : ''}${e.field ?? ''}`), e.message));
+    } else throw e;
   }
-  return { body: value, desired, objects: countObjects(desired) };
+  if (issues.length || !desired) return fail(issues);
+  const present = new Set(inner !== null && typeof inner === 'object' ? Object.keys(inner) : []);
+  return { data, desired, present, objects: countObjects(desired) };
 }

@@ -129,7 +129,7 @@ export const configSchema = z.object({
     .min(1)
     .default(DEFAULT_STATE_DIR)
     .meta({ values: 'a directory' })
-    .describe('Desired state (snapshot and journal), backend record, lock, command log and the applied-ruleset cache replayed at start.'),
+    .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
   NATGW_SOCKET: z
     .string()
     .min(1)
@@ -138,12 +138,13 @@ export const configSchema = z.object({
     .meta({ values: 'a path of at most 107 bytes' })
     .describe("The daemon's Unix socket (mode 0600); the shim and the CLI talk to it."),
   NATGW_LISTEN: optionalText
-    .meta({ values: 'host:port' })
-    .describe('Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification.'),
-  NATGW_TOKEN_FILE: optionalText.meta({ values: 'a path' }).describe('Bearer token for the TCP API.'),
-  NATGW_SHIM_TCP: bool
-    .prefault('true')
-    .describe("The shim's fast path: a listener on 127.78.71.87 (untracked), random port, secrets in `<NATGW_SOCKET>.tcp` (0600), reached by bash's /dev/tcp."),
+    .meta({ values: 'host:port, or a port' })
+    .describe(
+      "Optional TCP listener for the API; needs NATGW_TOKEN_FILE or TLS with client verification. A port alone (`8443`, `:8443`) binds to the VPC interface's address, not net1's.",
+    ),
+  NATGW_TOKEN_FILE: optionalText
+    .meta({ values: 'a path' })
+    .describe("Bearer token for the TCP API: at least 32 bytes, not the examples' placeholder (refused at start)."),
   NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
   NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
   NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),
@@ -253,8 +254,6 @@ export interface Config {
   readonly socket: string;
   readonly listen?: string;
   readonly tokenFile?: string;
-  /** NATGW_SHIM_TCP; absent where a Config is built by hand (tests): off. */
-  readonly shimTcp?: boolean;
   readonly tlsCert?: string;
   readonly tlsKey?: string;
   readonly tlsClientCa?: string;
@@ -328,7 +327,6 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     socket: c.NATGW_SOCKET,
     listen: c.NATGW_LISTEN,
     tokenFile: c.NATGW_TOKEN_FILE,
-    shimTcp: c.NATGW_SHIM_TCP,
     tlsCert: c.NATGW_TLS_CERT,
     tlsKey: c.NATGW_TLS_KEY,
     tlsClientCa: c.NATGW_TLS_CLIENT_CA,

@@ -35,9 +35,6 @@ export interface AgentDeps {
   readonly runLegacy?: (engine: EngineLike, command: string, args: readonly string[]) => Promise<CommandOutput>;
   /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
   readonly hygiene?: {
-    /** The first resync begins / failed (RestartHygiene: what it may list ahead of its end). */
-    arm?(): void;
-    disarm?(): void;
     afterFirstSync(state: DesiredState): Promise<void>;
     announce(state: DesiredState, why: string): void;
   };
@@ -209,12 +206,10 @@ export class Agent implements AgentService {
     return this.queue.run(async () => {
       // Only a resync that starts after the request sees the addresses the link event took back.
       const asked = this.announceAsked;
-      if (this.hygienePending) this.deps.hygiene?.arm?.();
       let report: ApplyReport;
       try {
         report = await this.engine.resync(reason);
       } catch (e) {
-        this.deps.hygiene?.disarm?.();
         this.syncFailed(e);
         throw e;
       }

@@ -10,7 +10,7 @@ const ANNOUNCE_MIN_GAP_MS = 1000;
 
 export interface HygieneDeps {
   readonly config: Pick<Config, 'conntrackCleanup'>;
-  readonly conntrack: Pick<Conntrack, 'deleteUntranslated' | 'listAll'>;
+  readonly conntrack: Pick<Conntrack, 'deleteUntranslated'>;
   readonly link: Pick<LinkManager, 'announce'>;
   readonly log: Logger;
 }
@@ -26,65 +26,16 @@ export class RestartHygiene {
   private lastAnnounce = 0;
   private trailing: NodeJS.Timeout | undefined;
   private latest: DesiredState | undefined;
-  /** The first sync after the start is running (Agent): its listings may start before it ends. */
-  private armed = false;
-  private early: ReturnType<Conntrack['listAll']> | undefined;
-  /** Bumped when a first sync fails: a listing it deferred is then never started. */
-  private attempt = 0;
 
   constructor(private readonly deps: HygieneDeps) {}
 
-  /** The first sync after the start begins: from now on netfilterInKernel() may list ahead. */
-  arm(): void {
-    this.armed = true;
-    this.early = undefined;
-  }
-
-  /** That sync failed: what it listed is dropped, and the next first sync lists anew. */
-  disarm(): void {
-    this.armed = false;
-    this.early = undefined;
-    this.attempt++;
-  }
-
-  /**
-   * natgw's translations are in the kernel (the start's replay was trusted as the first sync's
-   * netfilter apply): the conntrack listings start now, beside the rest of that sync (addresses,
-   * routes), instead of after it; at a restore they held readiness ~10 ms after the sync. An
-   * entry committed from here on is translated, so none that the cleanup looks for is missed.
-   */
-  netfilterInKernel(): void {
-    if (!this.armed || this.early || !this.deps.config.conntrackCleanup) return;
-    const attempt = this.attempt;
-    // Started a turn later: the sync's own next process (`ip -batch`, from microtasks) goes first.
-    const listing = new Promise<void>((r) => setImmediate(r)).then(() => (attempt === this.attempt ? this.deps.conntrack.listAll() : []));
-    listing.catch(() => undefined);
-    this.early = listing;
-  }
-
-  /**
-   * Compute the cleanup's targets for `state` now (the daemon's start, while the first sync waits
-   * for the replay: ~3 ms at 10,000 objects that would otherwise follow the sync). Used only if
-   * the first sync applies this very state object.
-   */
-  prepare(state: DesiredState): void {
-    if (this.deps.config.conntrackCleanup) this.prepared = { state, targets: targetsOf(state) };
-  }
-
-  private prepared: { readonly state: DesiredState; readonly targets: ReturnType<typeof targetsOf> } | undefined;
-
   async afterFirstSync(state: DesiredState): Promise<void> {
     const { log } = this.deps;
-    const early = this.early;
-    this.armed = false;
-    this.early = undefined;
-    const prepared = this.prepared?.state === state ? this.prepared.targets : undefined;
-    this.prepared = undefined;
     if (this.deps.config.conntrackCleanup) {
       // Nothing natgw translates (targetsOf is empty): no entry can be stale, no listing needed.
       const none = state.eips.length + state.snats.length + state.dnats.length + state.fips.length + state.shareDnats.length === 0;
-      // The listings start first (if the sync did not start them): the targets are computed while they run.
-      const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(prepared ?? (() => targetsOf(state)), undefined, early);
+      // The targets are computed while the listings run.
+      const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(() => targetsOf(state));
       const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.orig.src}:${e.orig.sport ?? ''} -> ${e.orig.dst}:${e.orig.dport ?? ''}`);
       log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
     } else {

@@ -1,7 +1,8 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ResultPromise } from 'execa';
 import type { Logger } from 'pino';
 import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
 import { PROBE_DEVICE_PREFIX } from '../dataplane/qos/probe.js';
+import { diesWithNatgw } from '../system/diesWithNatgw.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
@@ -18,17 +19,54 @@ export interface LinkMonitorOptions {
    * drift (ARP churn and natgw's own removals are not).
    */
   readonly ownsNeighbour?: (address: string, dev: string) => boolean;
-  /** A link reported administratively up (created, recreated or brought up), undebounced. */
+  /**
+   * A link that came up: brought up, or created (recreated) up; undebounced. Not a flag change
+   * of a link that was up already (promiscuous mode, as tcpdump sets it, is no reason to
+   * announce the EIPs again).
+   */
   readonly onLinkUp?: (ifname: string) => void;
+  /**
+   * The links as `ip -o link show` prints them, read once the monitor runs: what was up before
+   * the first event. Without it a link the monitor has not heard of counts as down.
+   */
+  readonly links?: () => Promise<string>;
 }
 
 /** A line about the QoS probe's throwaway device (probe.ts names it). */
 const PROBE_LINE = new RegExp(`^(?:Deleted )?\\d+: ${PROBE_DEVICE_PREFIX}[0-9a-f]+[:@\\s]`);
 
-/** PURE: the name of a link an `ip -o monitor link` line reports up (flags with UP), else undefined. */
-export function linkUpOf(line: string): string | undefined {
-  const m = /^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
-  return m?.[2]?.split(',').includes('UP') ? m[1] : undefined;
+/** PURE: the link an `ip -o link show` or `ip -o monitor link` line reports, and whether it is up (flags with UP). */
+export function linkStateOf(line: string): { readonly index: number; readonly name: string; readonly up: boolean; readonly deleted: boolean } | undefined {
+  const m = /^(Deleted )?(\d+): ([^:@\s]+)(?:@\S+)?: <([^>]*)>/.exec(line);
+  if (!m) return undefined;
+  return { index: Number(m[2]), name: m[3] as string, up: (m[4] ?? '').split(',').includes('UP'), deleted: m[1] !== undefined };
+}
+
+/**
+ * Which links came up, from the lines that report them: a link (by name and index, so a
+ * recreated one is new) counts once when it goes from not up (or absent) to up.
+ */
+export class LinkUpTracker {
+  private readonly up = new Map<string, number>();
+
+  /** Take the links' current state (`ip -o link show`) without reporting any. */
+  seed(listing: string): void {
+    this.up.clear();
+    for (const line of listing.split('\n')) this.observe(line);
+  }
+
+  /** The name of the link this line shows coming up, else undefined. */
+  observe(line: string): string | undefined {
+    const l = linkStateOf(line);
+    if (!l) return undefined;
+    const wasUp = this.up.get(l.name) === l.index;
+    if (l.deleted || !l.up) {
+      this.up.delete(l.name);
+      return undefined;
+    }
+    this.up.set(l.name, l.index);
+    return wasUp ? undefined : l.name;
+  }
 }
 
 /**
@@ -54,12 +92,16 @@ export function mayLoseState(line: string): boolean {
  * backoff), and a restart reports a change too, since events may have been missed meanwhile.
  */
 export class LinkMonitor {
-  private child: ChildProcess | undefined;
+  private child: ResultPromise | undefined;
+  private cancel: AbortController | undefined;
   private timer: NodeJS.Timeout | undefined;
   private restartTimer: NodeJS.Timeout | undefined;
   private stopped = true;
   private restartDelay: number;
   private lastLine = '';
+  private readonly links = new LinkUpTracker();
+  /** Lines are not reported as links coming up until the links' state is read (options.links). */
+  private seeded = false;
   restarts = 0;
 
   constructor(private readonly opts: LinkMonitorOptions) {
@@ -70,55 +112,76 @@ export class LinkMonitor {
     if (!this.stopped) return;
     this.stopped = false;
     this.spawn();
+    const read = this.opts.links;
+    if (!read) {
+      this.seeded = true;
+      return;
+    }
+    // Read once the monitor runs, so that no change falls between the two.
+    read()
+      .then(
+        (text) => this.links.seed(text),
+        (err: unknown) => this.opts.log.warn({ err }, 'links unreadable: a link seen up first counts as come up'),
+      )
+      .finally(() => {
+        this.seeded = true;
+      });
   }
 
   private spawn(): void {
-    const [file = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
+    const [tool = 'ip', ...toolArgs] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
+    const { file, args } = diesWithNatgw(tool, toolArgs);
+    const cancel = new AbortController();
+    this.cancel = cancel;
+    void this.follow(file, args, cancel.signal);
+  }
+
+  /**
+   * One monitor process on execa, read line by line until it ends: execa kills it when natgw
+   * exits (cleanup) and when stop() cancels it (SIGTERM, SIGKILL if it lingers).
+   */
+  private async follow(file: string, args: readonly string[], signal: AbortSignal): Promise<void> {
     const startedAt = Date.now();
-    // node:child_process, not execa: loading execa alone cost the daemon's start ~30 ms.
-    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LC_ALL: 'C' } });
-    this.child = child;
-    // The monitor never outlives natgw, however natgw exits.
-    const kill = () => child.kill('SIGTERM');
-    process.once('exit', kill);
-    let partial = '';
-    child.stdout?.setEncoding('utf8');
-    child.stdout?.on('data', (chunk: string) => {
-      partial += chunk;
-      const lines = partial.split('\n');
-      partial = lines.pop() ?? '';
-      for (const line of lines) if (line.trim() !== '') this.event(line);
+    // Loaded with the first monitor, not with the daemon: none of the command path needs it.
+    const { execa } = await import('execa');
+    if (signal.aborted) return;
+    const child = execa(file, args, {
+      stdin: 'ignore',
+      stderr: 'ignore',
+      buffer: false,
+      env: { LC_ALL: 'C' },
+      cancelSignal: signal,
+      forceKillAfterDelay: 2000,
+      reject: false,
     });
-    let ended = false;
-    const end = (exitCode: number | null, signal: NodeJS.Signals | null, error?: Error) => {
-      if (ended) return;
-      ended = true;
-      process.removeListener('exit', kill);
-      if (this.child === child) this.child = undefined;
+    this.child = child;
+    try {
+      for await (const line of child.iterable()) if (line.trim() !== '') this.event(line);
+    } catch {
+      // The process failed or was cancelled: its result says how.
+    }
+    const r = await child;
+    if (this.child === child) this.child = undefined;
+    if (this.stopped) return;
+    // A monitor that ran for a while earns a fresh backoff.
+    if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
+    this.opts.log.warn(
+      { exitCode: r.exitCode, signal: r.signal, failed: r.failed, err: r.failed ? r.shortMessage : undefined, restartInMs: this.restartDelay },
+      'link monitor exited; restarting',
+    );
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = undefined;
       if (this.stopped) return;
-      // A monitor that ran for a while earns a fresh backoff.
-      if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
-      this.opts.log.warn(
-        { exitCode, signal, failed: error !== undefined || exitCode !== 0, err: error?.message, restartInMs: this.restartDelay },
-        'link monitor exited; restarting',
-      );
-      this.restartTimer = setTimeout(() => {
-        this.restartTimer = undefined;
-        if (this.stopped) return;
-        this.restarts++;
-        this.spawn();
-        this.opts.onChange('link monitor restarted');
-      }, this.restartDelay);
-      this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
-    };
-    // A tool that cannot start reports 'error' (and may report 'close' too); one that ran, 'close'.
-    child.on('error', (e) => end(null, null, e));
-    child.on('close', (code, signal) => end(code, signal));
+      this.restarts++;
+      this.spawn();
+      this.opts.onChange('link monitor restarted');
+    }, this.restartDelay);
+    this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
   }
 
   private event(line: string): void {
-    const up = this.opts.onLinkUp ? linkUpOf(line) : undefined;
-    if (up !== undefined) this.opts.onLinkUp?.(up);
+    const up = this.links.observe(line);
+    if (up !== undefined && this.seeded) this.opts.onLinkUp?.(up);
     const gone = deletedNeighbourOf(line);
     const ownLoss = gone !== undefined && (this.opts.ownsNeighbour?.(gone.address, gone.dev) ?? false);
     if (!ownLoss && !mayLoseState(line)) return;
@@ -143,7 +206,7 @@ export class LinkMonitor {
     if (this.restartTimer) clearTimeout(this.restartTimer);
     this.timer = undefined;
     this.restartTimer = undefined;
-    this.child?.kill('SIGTERM');
+    this.cancel?.abort();
     this.child = undefined;
   }
 }

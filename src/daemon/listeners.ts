@@ -4,6 +4,7 @@ import http from 'node:http';
 import type https from 'node:https';
 import { lazyHttps } from '../system/builtin.js';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import type { Express } from 'express';
 import type { Config } from '../config/config.js';
@@ -23,14 +24,42 @@ export interface TcpSettings {
   readonly limits?: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
 }
 
-/** `host:port`, `[v6]:port` or `:port` (all addresses). */
-export function parseListen(s: string): { host: string; port: number } | null {
-  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(s.trim());
+/** `host:port`, `[v6]:port`, or `:port` / `port` (no host: the VPC interface's address, see tcpSettings). */
+export function parseListen(s: string): { host: string | undefined; port: number } | null {
+  const m = /^(?:(?:\[([0-9A-Fa-f:.]+)\]|([^:[\]]*)):)?(\d{1,5})$/.exec(s.trim());
   if (!m) return null;
   const port = Number(m[3]);
-  if (port > 65535) return null;
-  const host = m[1] ?? (m[2] || '::');
-  return { host, port };
+  if (port < 1 || port > 65535) return null;
+  return { host: m[1] ?? (m[2] || undefined), port };
+}
+
+/**
+ * The address a host-less NATGW_LISTEN binds to: the VPC interface's first IPv4 address, else
+ * its first IPv6 one that is not link-local. The VPC side is where the controller and
+ * operators reach the gateway; net1 faces the external network and carries the EIPs, and an
+ * API bound to every address would face it too.
+ */
+export function vpcAddress(ifname: string, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]>): string | undefined {
+  const addrs = interfaces[ifname] ?? [];
+  return (addrs.find((a) => a.family === 'IPv4') ?? addrs.find((a) => a.family === 'IPv6' && !a.address.toLowerCase().startsWith('fe80')))?.address;
+}
+
+/** A token this short is guessable by a tenant on the VPC side (32 bytes: `openssl rand -hex 16` and up). */
+export const MIN_TOKEN_BYTES = 32;
+
+/** What the shipped examples put where a token goes (image/deploy): never a real secret. */
+const PLACEHOLDER = /change[-_ ]?me|replace[-_ ]?me|placeholder|your[-_ ]?token/i;
+
+/** Why this token must not guard the API, or undefined. */
+export function tokenProblem(token: string, file: string): string | undefined {
+  if (PLACEHOLDER.test(token)) {
+    return `NATGW_TOKEN_FILE: ${file} holds the example's placeholder token: put a random one there (e.g. openssl rand -hex 32)`;
+  }
+  const bytes = Buffer.byteLength(token);
+  if (bytes < MIN_TOKEN_BYTES) {
+    return `NATGW_TOKEN_FILE: the token in ${file} is ${bytes} bytes, shorter than ${MIN_TOKEN_BYTES}: put a random one there (e.g. openssl rand -hex 32)`;
+  }
+  return undefined;
 }
 
 async function readSecret(file: string, key: string): Promise<Buffer> {
@@ -46,10 +75,13 @@ async function readSecret(file: string, key: string): Promise<Buffer> {
  * serve TCP without a token file or TLS that verifies client certificates: the VPC side is
  * tenant-reachable, so an open API would hand the NAT to tenants.
  */
-export async function tcpSettings(config: Config): Promise<TcpSettings | undefined> {
+export async function tcpSettings(
+  config: Config,
+  interfaces: () => NodeJS.Dict<os.NetworkInterfaceInfo[]> = os.networkInterfaces,
+): Promise<TcpSettings | undefined> {
   if (!config.listen) return undefined;
   const addr = parseListen(config.listen);
-  if (!addr) throw new StartupError(`NATGW_LISTEN: '${config.listen}' is not host:port (e.g. 0.0.0.0:8443 or [::]:8443)`);
+  if (!addr) throw new StartupError(`NATGW_LISTEN: '${config.listen}' is not host:port or a port (e.g. 10.0.1.254:8443, [::]:8443 or 8443)`);
   if (Boolean(config.tlsCert) !== Boolean(config.tlsKey)) {
     throw new StartupError('NATGW_TLS_CERT and NATGW_TLS_KEY must be set together');
   }
@@ -67,6 +99,8 @@ export async function tcpSettings(config: Config): Promise<TcpSettings | undefin
   if (config.tokenFile) {
     token = (await readSecret(config.tokenFile, 'NATGW_TOKEN_FILE')).toString('utf8').trim();
     if (token === '' || /\s/.test(token)) throw new StartupError(`NATGW_TOKEN_FILE: ${config.tokenFile} must hold one token (non-empty, no white space)`);
+    const problem = tokenProblem(token, config.tokenFile);
+    if (problem) throw new StartupError(problem);
   }
   const tls =
     config.tlsCert && config.tlsKey
@@ -76,8 +110,16 @@ export async function tcpSettings(config: Config): Promise<TcpSettings | undefin
           ca: config.tlsClientCa ? await readSecret(config.tlsClientCa, 'NATGW_TLS_CLIENT_CA') : undefined,
         }
       : undefined;
+  const host = addr.host ?? vpcAddress(config.vpcInterface, interfaces());
+  if (host === undefined) {
+    throw new StartupError(
+      `NATGW_LISTEN=${config.listen} binds to the VPC interface's address, but ${config.vpcInterface} (VPC_INTERFACE) has none: ` +
+        'give the host (e.g. NATGW_LISTEN=10.0.1.254:8443)',
+    );
+  }
   return {
-    ...addr,
+    host,
+    port: addr.port,
     auth: { token, ...(config.tokenFile ? { tokenFile: config.tokenFile } : {}), clientCerts },
     tls,
     limits: { maxConnections: config.maxConnections, headersTimeoutMs: config.headersTimeoutMs, requestTimeoutMs: config.requestTimeoutMs },

@@ -2,7 +2,6 @@ import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
 import type net from 'node:net';
-import v8 from 'node:v8';
 import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
@@ -16,9 +15,6 @@ import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
-import { shimFileOf, startShimListener, type ShimListener } from './shimListener.js';
-import { takeBootReplay } from './replayBoot.js';
-import { DAEMON_RUNTIME_V8_FLAGS } from './nodeFlags.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
 
 /**
@@ -52,19 +48,8 @@ export async function serve(config: Config): Promise<number> {
     return 1;
   }
 
-  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs, prestart: true });
-  const engine = new Engine({
-    config,
-    exec,
-    log,
-    appliedRuleset: {
-      boot: takeBootReplay(),
-      onDecision: (path) => {
-        metrics.startReplays.inc({ path });
-        if (path === 'trusted') hygiene.netfilterInKernel();
-      },
-    },
-  });
+  const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
+  const engine = new Engine({ config, exec, log });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, log });
@@ -132,6 +117,7 @@ export async function serve(config: Config): Promise<number> {
     onLinkUp: (ifname) => {
       if (ifname === engine.lastApplied?.interfaces.ext) agent.requestAnnounce();
     },
+    links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
   // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
@@ -159,16 +145,7 @@ export async function serve(config: Config): Promise<number> {
     // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
     if (!(await listening) || shuttingDown) return;
     monitor.start();
-    // The first sync's reads of addresses, routes and `ip kube-ovn` run while it takes the lock,
-    // loads and decides (and waits for a replay still running). Not earlier: each process start
-    // blocks the event loop for milliseconds that the API's load would wait for.
-    if (present) engine.readAhead(await saved);
     reconciler.start({ present });
-    // In a gap of the first sync (at a restore it waits for the replay), not before it starts.
-    if (present) {
-      const state = await saved;
-      setImmediate(() => hygiene.prepare(state));
-    }
     if (!present) observe();
   })();
   // After the start-up's own continuation (registered first): its interface lookups run while this loads.
@@ -192,28 +169,18 @@ export async function serve(config: Config): Promise<number> {
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
-  // The shim's loopback fast path: optional, so a failure to start it only logs.
-  let shimServer: ShimListener | undefined;
-  if (config.shimTcp) {
-    shimServer = await startShimListener({
-      socketPath: config.socket,
-      legacy: (c, r) => agent.legacy(c, r),
-      log,
-      maxBytes: config.bodyLimit,
-      maxConnections: config.maxConnections,
-      requestTimeoutMs: config.headersTimeoutMs,
-      shuttingDown: () => shuttingDown,
-    });
-  } else {
-    // A file left by an earlier daemon would send the shim to a dead port (or someone else's).
-    await fs.unlink(shimFileOf(config.socket)).catch(() => undefined);
-  }
   opened(true);
   timelineMark('serving');
-  // Only now: set before the built-ins and the bundle compiled, a flag fails their code caches (nodeFlags.ts).
-  for (const f of DAEMON_RUNTIME_V8_FLAGS) v8.setFlagsFromString(f);
   log.info(
-    { socket: config.socket, tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined, tls: Boolean(tcp?.tls), pid: process.pid, resyncMs: config.resyncMs },
+    {
+      socket: config.socket,
+      tcp: tcp ? `${tcp.host}:${tcp.port}` : undefined,
+      tls: Boolean(tcp?.tls),
+      pid: process.pid,
+      resyncMs: config.resyncMs,
+      // Where this log goes: the shim that autostarted the daemon says (src/cli/daemonLog.ts).
+      logs: process.env.NATGW_LOG_TO || 'stdout',
+    },
     'natgw serving',
   );
 
@@ -234,15 +201,13 @@ export async function serve(config: Config): Promise<number> {
       );
     };
     const shutdown = async () => {
-      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve(), shimServer ? shimServer.close() : Promise.resolve()];
+      const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
       monitor.stop();
       hygiene.stop();
       await haStarted;
       await ha.stop();
       await reconciler.stop();
       await agent.close();
-      // The applied-ruleset cache of the last apply, for the next start's replay.
-      await engine.rulesetCache?.flush();
       await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);

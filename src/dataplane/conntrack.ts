@@ -30,12 +30,6 @@ const rangeListArgs = (f: ConntrackFilter): string[] => ['-L', '-f', familyOf(f.
 /** One key per flush owed: a range and its first port are different debts. */
 const filterKey = (f: ConntrackFilter): string => `${conntrackDeleteArgs(f).join(' ')}${isRange(f) ? `-${f.portEnd}` : ''}`;
 
-/**
- * conntrack's summary of a delete, written once every matching entry is gone: the flush is
- * done then, before conntrack's exit, which can wait ~10 ms on the kernel after an nft delete.
- */
-const DELETED = /\d+ flow entries have been deleted/;
-
 /** A flush that keeps failing is given up after this many attempts (logged each time). */
 const MAX_FLUSH_ATTEMPTS = 5;
 /** Flushes run side by side, this many at a time. */
@@ -215,7 +209,7 @@ export class Conntrack {
   /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
   private async kernelTable(): Promise<TrackedFlow[] | undefined> {
     // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
-    // shim's own connections untracked): the count says so without walking the hash.
+    // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
     if (await this.tracksNothing()) return [];
     const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
     const flows = text === undefined ? undefined : parseProcConntrack(text);
@@ -262,8 +256,8 @@ export class Conntrack {
     const key = filterKey(f);
     // A range is listed first (see flushRange); a listing that fails is owed like a delete that fails.
     const r = isRange(f)
-      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f), single: true })
-      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f), single: true, settledBy: DELETED });
+      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f) })
+      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
     if (r.failedToStart) {
       this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
       this.failed.delete(key);

@@ -1,6 +1,5 @@
 import type { Logger } from 'pino';
-import type { Executor } from '../system/exec.js';
-import { ToolError } from '../model/errors.js';
+import { ExecError, type Executor } from '../system/exec.js';
 import { familyOf } from '../model/net.js';
 import type { SyncMode } from './netfilter/backend.js';
 import { SystemNftClient, type NftClient } from './netfilter/nft/client.js';
@@ -179,7 +178,7 @@ export class EipCounters {
       const dump = await this.nft.list('inet', ACCT_TABLE);
       return dump ? accountingOf(dump) : null;
     } catch (e) {
-      if (e instanceof ToolError) return undefined;
+      if (e instanceof ExecError) return undefined;
       throw e;
     }
   }
@@ -252,12 +251,6 @@ export class EipCounters {
     } catch {
       this.absent = false;
     }
-  }
-
-  /** The table as built from scratch for `eips` (the applied-ruleset replay at start). */
-  assumeApplied(eips: readonly string[]): void {
-    this.trusted = new Set(eips);
-    this.absent = false;
   }
 
   /** Stop trusting the kept view: the next sync reads the table back. */

@@ -1,9 +1,9 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { type Executor, type ExecResult, type PendingRun, runChecked } from '../system/exec.js';
+import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
-import { ToolError } from '../model/errors.js';
 import { familyOf, formatCidr, parseCidr } from '../model/net.js';
+import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
@@ -90,7 +90,12 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   }
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
+  // A subnet route to a default the external default owns is held, not installed: installing
+  // both would have each replace the other at every sync. Nor is it deleted where the kernel
+  // still has it on VPC: the external default's `replace` below takes its place without a gap.
+  const held = new Set(heldDefaultRoutes(want).map((h) => h.route.cidr));
   for (const r of want.routes) {
+    if (held.has(r.cidr)) continue;
     if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
@@ -273,11 +278,16 @@ function addressesOf(links: IpAddrJson[]): LinkAddress[] {
   );
 }
 
+export interface LinkSyncResult {
+  readonly changes: number;
+  readonly script: string;
+  /** Warnings for the change's output (a subnet route held, not installed); absent when there are none. */
+  readonly notes?: readonly string[];
+}
+
 export interface LinkSyncOptions extends SyncOptions {
   /** A read-back the caller already made (see LinkManager.view). */
   readonly view?: LinkView;
-  /** An `ip -batch -` started ahead (startBatch): fed this sync's script, or cancelled when it has none. */
-  readonly batch?: PendingRun;
 }
 
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
@@ -340,16 +350,9 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
   return { ext: r.ext, vpc: r.vpc, addresses: strings(r.addresses), routes: strings(r.routes) };
 }
 
-/** How long an `ip -batch -` started at the daemon's start may wait for the first sync (takeBatchAhead). */
-const BATCH_AHEAD_MAX_AGE_MS = 500;
-
 export class LinkManager {
   /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
   private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
-  /** A view read ahead of the first full sync (readAhead). */
-  private ahead: { readonly ext: string; readonly vpc: string; readonly view: Promise<LinkView> } | undefined;
-  /** An `ip -batch -` readAhead started for the first full sync (takeBatchAhead), while the replay still runs. */
-  private batchAhead: { readonly ext: string; readonly vpc: string; readonly at: number; readonly batch: Promise<PendingRun | undefined> } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -494,15 +497,6 @@ export class LinkManager {
   }
 
   /**
-   * `ip -batch -` started now, its script written by the sync it is handed to (a bulk change:
-   * the process starts while the NAT transaction applies, not after it). Undefined where the
-   * executor cannot start a tool ahead.
-   */
-  startBatch(): PendingRun | undefined {
-    return this.exec.start?.({ file: 'ip', args: ['-batch', '-'] });
-  }
-
-  /**
    * The ownership record grown by everything a change from `previous` to `want` may add, durable
    * before it returns (the intent a sync writes before its `ip -batch`).
    */
@@ -557,26 +551,13 @@ export class LinkManager {
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
-  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<{ changes: number; script: string }> {
-    let batch = opts.batch;
-    try {
-      return await this.syncWith(want, previous, opts, (script) => {
-        const started = batch;
-        batch = undefined;
-        return started ? started.feed(script) : this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-      });
-    } finally {
-      // A batch started ahead that this sync had no script for reads nothing and ends.
-      batch?.cancel();
-    }
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<LinkSyncResult> {
+    const notes = this.heldNotes(want, opts.dryRun === true);
+    const r = await this.syncWith(want, previous, opts);
+    return notes.length ? { ...r, notes } : r;
   }
 
-  private async syncWith(
-    want: DesiredState,
-    previous: DesiredState | undefined,
-    opts: LinkSyncOptions,
-    runBatch: (script: string) => Promise<ExecResult>,
-  ): Promise<{ changes: number; script: string }> {
+  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions): Promise<{ changes: number; script: string }> {
     // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
     await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
@@ -604,7 +585,7 @@ export class LinkManager {
     await this.recordIntent(want, previous);
     const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
     timelineMark('link: intent recorded');
-    const running = runBatch(script);
+    const running = this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
     const after = linkViewAfter(have, ops);
     const r = await running;
@@ -612,7 +593,7 @@ export class LinkManager {
       // `ip -batch` stops at the first error with the lines before it applied: the kernel is
       // somewhere in between, and the record (intent) lets the next sync finish the job.
       this.forget();
-      throw new ToolError('ip -batch -', 'the address and route change', r.exitCode, r.stderr, script, r.timedOut);
+      throw new ExecError(r, 'the address and route change', script);
     }
     await this.writeOwned(settled);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
@@ -622,65 +603,25 @@ export class LinkManager {
     return { changes: lines.length, script };
   }
 
+  /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
+  private heldWarned = new Set<string>();
+
+  /**
+   * Each held subnet route as a `Warning:` line for the change's output; logged once while it
+   * stays held (a resync every few seconds would repeat it), again if it comes back.
+   */
+  private heldNotes(want: DesiredState, dryRun: boolean): string[] {
+    const texts = heldDefaultRoutes(want).map((h) => heldDefaultRouteText(h, want.interfaces));
+    if (!dryRun) {
+      for (const t of texts) if (!this.heldWarned.has(t)) this.log?.warn(t);
+      this.heldWarned = new Set(texts);
+    }
+    return texts.map((t) => `Warning: ${t}`);
+  }
+
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
-    this.ahead = undefined;
-    this.dropBatchAhead();
-  }
-
-  private dropBatchAhead(): void {
-    void this.batchAhead?.batch.then((b) => b?.cancel());
-    this.batchAhead = undefined;
-  }
-
-  /**
-   * The daemon's start: read the view of `s`'s interfaces now, for the first full sync (which
-   * takes it with takeAhead), while the loader's replay and the daemon's own load still run.
-   * Nothing natgw runs meanwhile touches addresses or routes (the replay is netfilter only);
-   * a link event drops it (forget).
-   */
-  readAhead(s: DesiredState): void {
-    const view = this.view(s);
-    view.catch(() => undefined);
-    // The ownership record too: the sync then only stats it (RecordFile keeps what it read).
-    this.owned?.read().catch(() => undefined);
-    this.ahead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, view };
-    // An EIP the view lacks (a fresh pod) will be added: its `ip -batch -` starts now, fed by the
-    // first sync's link part after NAT is in place as ever, so that at a restore the process
-    // start (~5-20 ms on a loaded 2-core node) is not paid after the replay.
-    this.dropBatchAhead();
-    if (s.eips.length === 0 || !this.exec.start) return;
-    const batch = view.then(
-      (v) => {
-        const held = new Set(v.extAddresses.map((a) => a.address));
-        return s.eips.some((e) => !held.has(e.address)) ? this.startBatch() : undefined;
-      },
-      () => undefined,
-    );
-    batch.catch(() => undefined);
-    this.batchAhead = { ext: s.interfaces.ext, vpc: s.interfaces.vpc, at: performance.now(), batch };
-  }
-
-  /** The `ip -batch -` readAhead started, once, if it is for `want`'s interfaces (else it is ended). */
-  takeBatchAhead(want: DesiredState): Promise<PendingRun | undefined> | undefined {
-    const a = this.batchAhead;
-    this.batchAhead = undefined;
-    if (!a) return undefined;
-    // Its deadline (NATGW_TOOL_TIMEOUT, 1 s at least) runs from its start: one waiting longer
-    // than BATCH_AHEAD_MAX_AGE_MS is ended, and the sync starts its own.
-    const fresh = performance.now() - a.at < BATCH_AHEAD_MAX_AGE_MS;
-    if (fresh && a.ext === want.interfaces.ext && a.vpc === want.interfaces.vpc) return a.batch;
-    void a.batch.then((b) => b?.cancel());
-    return undefined;
-  }
-
-  /** The view readAhead started, once, if it is of `want`'s interfaces; a failed read is made again by the caller. */
-  takeAhead(want: DesiredState): Promise<LinkView | undefined> | undefined {
-    const a = this.ahead;
-    this.ahead = undefined;
-    if (!a || a.ext !== want.interfaces.ext || a.vpc !== want.interfaces.vpc) return undefined;
-    return a.view.catch(() => undefined);
   }
 
   /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */

@@ -1,6 +1,5 @@
 import type { Logger } from 'pino';
-import type { Executor } from '../system/exec.js';
-import { ToolError } from '../model/errors.js';
+import { ExecError, type Executor } from '../system/exec.js';
 import { type Neighbour, neighbourKey } from '../model/neighbour.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { type NeighbourView, neighbourViewAfter, parseNeighbours, planNeighbours, renderNeighbours } from './neighboursPlan.js';
@@ -36,7 +35,7 @@ export class NeighbourManager {
       .filter((l) => l.startsWith('['))
       .map((l) => JSON.parse(l) as unknown);
     if (r.exitCode !== 0 || docs.length < 2) {
-      throw new ToolError('ip -j -batch -', 'the read-back of static neighbours', r.exitCode, r.stderr, 'neigh show nud permanent\nlink show\n', r.timedOut);
+      throw new ExecError(r, 'the read-back of static neighbours');
     }
     const links = (docs[1] ?? []) as { ifname?: string }[];
     return { entries: parseNeighbours(docs[0]), devices: new Set(links.map((l) => l.ifname ?? '').filter(Boolean)) };
@@ -53,7 +52,7 @@ export class NeighbourManager {
       const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
       if (r.exitCode !== 0) {
         this.forget();
-        throw new ToolError('ip -batch -', 'the static neighbour change', r.exitCode, r.stderr, script, r.timedOut);
+        throw new ExecError(r, 'the static neighbour change', script);
       }
       this.log?.debug({ changes: ops.length }, 'static neighbours applied');
     }

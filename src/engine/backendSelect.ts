@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
-import type { Executor } from '../system/exec.js';
+import { ExecError, type Executor } from '../system/exec.js';
 import type { BackendRecord } from '../state/store.js';
 import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
 import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
@@ -9,7 +9,6 @@ import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
 import { CHAINS } from '../model/ruleText.js';
-import { ToolError } from '../model/errors.js';
 
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
@@ -64,7 +63,7 @@ export class BackendProbe implements BackendEvidence {
     if (variant === 'legacy' && !(await legacyTableMayExist('nat'))) return false;
     const r = await this.exec.run({ file: toolsFor(variant).save, args: ['-t', 'nat'] });
     // A hung listing is no answer at all (see ownsNft).
-    if (r.timedOut) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, true);
+    if (r.timedOut) throw new ExecError(r, 'the listing');
     return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
   }
 
@@ -78,7 +77,7 @@ export class BackendProbe implements BackendEvidence {
     try {
       return (await this.nft.list('ip', NATGW_TABLE)) !== null;
     } catch (e) {
-      if (e instanceof ToolError && e.timedOut) throw e;
+      if (e instanceof ExecError && e.timedOut) throw e;
       if (!(await this.nft.present())) return false;
       throw e;
     }

@@ -6,8 +6,7 @@ import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp, type PendingCommit, type PreparedSnapshot } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult } from '../state/operations.js';
-import type { NetfilterBackend, SyncMode, WitnessItem } from '../dataplane/netfilter/backend.js';
-import { WITNESS_MAX, witnessFor } from '../dataplane/netfilter/nft/witness.js';
+import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { LinkManager } from '../dataplane/link.js';
@@ -18,8 +17,6 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { AppliedRulesetCache, type Assumed, type ReplayPath } from './appliedRulesetCache.js';
-import type { ReplayOutcome } from '../state/appliedRuleset.js';
 import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
 import { timelineMark } from '../system/timeline.js';
 
@@ -30,11 +27,6 @@ export interface EngineDeps {
   readonly store?: StateStore;
   /** nftables for every part that uses it; by default `nft` through `exec` (tests: a fake kernel). */
   readonly nft?: NftClient;
-  /**
-   * The daemon: keep the applied-ruleset cache, and judge the loader's replay (`boot`, from
-   * takeBootReplay) at the first full sync.
-   */
-  readonly appliedRuleset?: { readonly boot?: Promise<ReplayOutcome>; readonly onDecision?: (path: ReplayPath) => void };
 }
 
 export interface ApplyReport {
@@ -48,12 +40,10 @@ export interface ApplyReport {
   readonly notes: readonly string[];
 }
 
-/** A change's conntrack flushes: run, and skipped because their hit witness proved no translated flow. */
+/** A change's conntrack flushes: run, and skipped because the kernel's conntrack table held no matching entry (conntrack.ts). */
 export interface FlushCount {
   readonly ran: number;
-  readonly skipped: number;
-  /** Skipped, when there are any, because the kernel's conntrack table held no matching entry (conntrack.ts). */
-  readonly noEntries?: number;
+  readonly noEntries: number;
 }
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
@@ -161,8 +151,6 @@ export class Engine {
   generation = 0;
   /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
   private readonly syncListeners: SyncListeners;
-  /** The daemon's applied-ruleset cache (none in a shim run). */
-  readonly rulesetCache: AppliedRulesetCache | undefined;
 
   constructor(readonly deps: EngineDeps) {
     this.syncListeners = new SyncListeners(deps.log);
@@ -191,15 +179,6 @@ export class Engine {
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
-    this.rulesetCache = deps.appliedRuleset
-      ? new AppliedRulesetCache({
-          config: deps.config,
-          store: this.store,
-          log: deps.log,
-          boot: deps.appliedRuleset.boot,
-          onDecision: deps.appliedRuleset.onDecision,
-        })
-      : undefined;
   }
 
   /** Hear about every (non-dry-run) apply; the function returned unsubscribes. */
@@ -221,18 +200,6 @@ export class Engine {
   }
 
   /**
-   * The daemon's start, before its first full sync: start the reads that no replay or NAT
-   * part changes (addresses and routes of `state`'s interfaces, the `ip kube-ovn` table), so
-   * that they run while the loader's replay and the daemon's load still do. The first full
-   * sync's parts take them; a link event (distrust) drops them.
-   */
-  readAhead(state: DesiredState): void {
-    if (this.lastApplied !== undefined) return;
-    this.link.readAhead(state);
-    this.shareDnat.readAhead();
-  }
-
-  /**
    * Stop trusting what this process applied: the next transaction is a full sync. Called when
    * the kernel may have changed behind natgw's back (a link event) or an apply failed.
    */
@@ -247,7 +214,6 @@ export class Engine {
     this.backends.forgetAll();
     this.link.forget();
     this.shareDnat.forget();
-    this.qos.forget();
     this.eipCounters.forget();
     this.neighbours.forget();
   }
@@ -280,10 +246,6 @@ export class Engine {
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // Announcing starts processes: that waits until the lock is free and the answer on its way.
     let announce: (() => void) | undefined;
-    // Nothing writes to the kernel while the loader's replay still runs (it would land on top of
-    // this transaction), and the replay holds the lock meanwhile: wait for it here, not in the
-    // lock's retries.
-    if (!opts.dryRun) await this.rulesetCache?.settled();
     const out = await this.store.withLock(async () => {
       timelineMark('lock taken');
       const epoch = this.epoch;
@@ -295,7 +257,6 @@ export class Engine {
       let state: DesiredState;
       let backend: NetfilterBackend;
       let choice: BackendChoice;
-      let replayed: Assumed | undefined;
       if (trusted) {
         ({ state, backend, choice } = trusted);
         // The skeleton was in the kernel at the last full sync and every change since went
@@ -313,15 +274,11 @@ export class Engine {
         if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
         state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
         timelineMark('loaded');
-        if (!opts.dryRun && saved !== undefined && this.rulesetCache) replayed = await this.rulesetCache.decide(choice, backend);
       }
       const initialized = trusted ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
       timelineMark('locked');
       const { state: next, effects } = await fn({ state, backend, choice, initialized });
       timelineMark('state built');
-      // The replay holds the state loaded: a first full sync that changes it applies as ever.
-      const assumeApplied = replayed && next === state ? replayed : undefined;
-      if (replayed && !assumeApplied) this.log.info('start: the first full sync changes the state; the replay is repaired by it');
       for (const e of effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
       let kind: SyncMode = trusted ? 'partial' : 'full';
       const started = performance.now();
@@ -343,7 +300,6 @@ export class Engine {
             qos: opts.qos ?? true,
             mode: kind,
             bulk: prepared !== undefined,
-            assumeApplied,
           });
         } catch (e) {
           if (kind === 'full' || opts.dryRun) throw await this.discard(prepared, e, ahead);
@@ -359,7 +315,7 @@ export class Engine {
           // The old translations are out of the kernel: their conntrack entries go while the
           // change is made durable (a process of its own either way, and neither waits on the other).
           timelineMark('reconciled');
-          flushing = this.flushConntrack(effects, state, next, backend);
+          flushing = this.flushConntrack(effects);
           try {
             await (prepared ? (await prepared).publish() : ahead ? ahead.durable.then(() => ahead.confirm()) : this.store.commit(state, next));
           } catch (e) {
@@ -392,7 +348,6 @@ export class Engine {
         this.trusted = this.epoch === epoch ? { state: next, backend, choice, stamp: after } : undefined;
         this.lastApplied = next;
         this.generation++;
-        this.rulesetCache?.afterApply(next, choice);
         const ms = performance.now() - started;
         // The answer waits for the flush anyway; its listeners hear how it went.
         const flushes = await flushing;
@@ -410,9 +365,6 @@ export class Engine {
       return { state: next, report, effects };
     });
     announce?.();
-    // The tools' spare processes for the next command start once this answer is out (the
-    // rest of the answer's path is microtasks; a check-phase callback runs after it).
-    if (!opts.dryRun && this.deps.exec.startSpares) setImmediate(() => this.deps.exec.startSpares?.());
     return out;
   }
 
@@ -450,7 +402,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; assumeApplied?: Assumed } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
@@ -470,7 +422,6 @@ export class Engine {
           mode,
           dryRun: opts.dryRun,
           ...(opts.bulk ? { bulk: true } : {}),
-          ...(opts.assumeApplied ? { assumeApplied: opts.assumeApplied } : {}),
         });
         applied.push(part);
         timelineMark(`part ${part.name}`);
@@ -520,55 +471,17 @@ export class Engine {
    * Conntrack flushes are the Conntrack part's (a batch may carry thousands). Never rejects: it
    * runs beside the commit, and the change is applied whatever the flush's outcome.
    */
-  private async flushConntrack(
-    effects: readonly Effect[],
-    before: DesiredState,
-    after: DesiredState,
-    backend: NetfilterBackend,
-  ): Promise<FlushCount | undefined> {
+  private async flushConntrack(effects: readonly Effect[]): Promise<FlushCount | undefined> {
     const flushes: ConntrackFilter[] = [];
     for (const e of effects) if (e.kind === 'conntrack-flush') flushes.push(e);
     if (flushes.length === 0) return undefined;
-    // A witness that cannot answer leaves every flush owed.
-    const todo = await this.witnessed(flushes, before, after, backend).catch((e: unknown) => {
-      this.log.warn({ err: e }, 'hit witnesses unreadable: every flush runs');
-      return flushes;
-    });
     let noEntries = 0;
     try {
-      noEntries = (await this.conntrack.flushOwed(todo)).skipped.length;
+      noEntries = (await this.conntrack.flushOwed(flushes)).skipped.length;
     } catch (e) {
       this.log.error({ err: e }, 'conntrack flush failed: connections may keep the old translation');
     }
-    return { ran: todo.length - noEntries, skipped: flushes.length - todo.length, ...(noEntries > 0 ? { noEntries } : {}) };
-  }
-
-  /** The flushes still owed once the backend's hit witnesses answered (nft/witness.ts); all of them without witnesses. */
-  private async witnessed(
-    flushes: readonly ConntrackFilter[],
-    before: DesiredState,
-    after: DesiredState,
-    backend: NetfilterBackend,
-  ): Promise<readonly ConntrackFilter[]> {
-    // With a replica (conntrackd), flows translated by the peer are written into this kernel
-    // without passing its rules: no witness here saw them. (The kernel's table, read by the
-    // Conntrack part next, lists them: that check runs with a peer too.)
-    if (!backend.witness || flushes.length > WITNESS_MAX || this.config.ha?.peer !== undefined) return flushes;
-    const items = flushes.map((f) => witnessFor(f, before, after));
-    const asked = items.filter((w): w is WitnessItem => w !== undefined);
-    if (asked.length === 0) {
-      this.log.debug({ flushes: flushes.length }, 'conntrack flush: no witness answers for these (port range, share DNAT, or a shared address)');
-      return flushes;
-    }
-    const answers = await backend.witness(asked);
-    const said = new Map(asked.map((w, i) => [w, answers[i] ?? 'unreadable'] as const));
-    return flushes.filter((f, i) => {
-      const w = items[i];
-      const outcome = w ? said.get(w) : undefined;
-      if (outcome === 'no-hits') this.log.debug({ filter: f }, 'conntrack flush skipped: the mapping never translated a connection (hit witness)');
-      else this.log.debug({ filter: f, witness: outcome ?? 'none' }, 'conntrack flush runs');
-      return outcome !== 'no-hits';
-    });
+    return { ran: flushes.length - noEntries, noEntries };
   }
 
   /** Re-apply the persisted state (daemon start, periodic resync, link events). */

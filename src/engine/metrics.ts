@@ -18,7 +18,6 @@ export class Metrics {
   readonly objects: Gauge<'kind'>;
   readonly driftRepairs: Counter;
   readonly ready: Gauge;
-  readonly startReplays: Counter<'path'>;
   readonly conntrackFlushes: Counter<'outcome'>;
 
   constructor(opts: { processMetrics?: boolean; eipTraffic?: () => Promise<readonly EipTraffic[]> } = {}) {
@@ -65,19 +64,13 @@ export class Metrics {
       registers,
     });
     this.ready = new Gauge({ name: 'natgw_ready', help: '1 when interfaces are present and the last sync succeeded', registers });
-    this.startReplays = new Counter({
-      name: 'natgw_start_replays_total',
-      help: 'How the first full sync took the applied-ruleset replay: path="trusted" (counted as the netfilter apply), "fallback" (replayed, then read back and repaired), "skipped" (not replayed), "none" (no replay started)',
-      labelNames: ['path'],
-      registers,
-    });
     this.conntrackFlushes = new Counter({
       name: 'natgw_conntrack_flushes_total',
-      help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_hits" (the mapping\'s hit witness proved it never translated a connection), "skipped_no_entries" (the kernel\'s conntrack table held no entry it could delete)',
+      help: 'Conntrack flushes owed by deleted DNATs, floating IPs and share DNATs: outcome="ran" (conntrack -D ran), "skipped_no_entries" (the kernel\'s conntrack table held no entry it could delete)',
       labelNames: ['outcome'],
       registers,
     });
-    for (const outcome of ['ran', 'skipped_no_hits', 'skipped_no_entries']) this.conntrackFlushes.inc({ outcome }, 0);
+    for (const outcome of ['ran', 'skipped_no_entries']) this.conntrackFlushes.inc({ outcome }, 0);
     for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);
@@ -92,8 +85,7 @@ export class Metrics {
       this.setObjects(e.state);
       if (e.flushes) {
         this.conntrackFlushes.inc({ outcome: 'ran' }, e.flushes.ran);
-        this.conntrackFlushes.inc({ outcome: 'skipped_no_hits' }, e.flushes.skipped);
-        this.conntrackFlushes.inc({ outcome: 'skipped_no_entries' }, e.flushes.noEntries ?? 0);
+        this.conntrackFlushes.inc({ outcome: 'skipped_no_entries' }, e.flushes.noEntries);
       }
     } else {
       this.syncs.inc({ kind: e.kind, outcome: 'failure' });

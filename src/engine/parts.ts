@@ -6,7 +6,6 @@ import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
-import type { PendingRun } from '../system/exec.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -28,12 +27,6 @@ export interface PartSync {
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
   readonly bulk?: boolean;
-  /**
-   * The daemon's start only: the loader's replay of the applied-ruleset cache put exactly
-   * `want`'s netfilter objects in place (AppliedRulesetCache.decide); netfilter counts them as
-   * applied, as a full sync trusts its own apply, and reads nothing back.
-   */
-  readonly assumeApplied?: { readonly accounting: boolean };
 }
 
 export interface Part {
@@ -82,13 +75,6 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         return { changes: 0, script: '', notes: none };
       }
       const eips = want.eips.map((e) => e.address);
-      if (opts.assumeApplied && backend.assumeApplied && !opts.dryRun) {
-        backend.assumeApplied(natTablesOf(want));
-        // The replay built the accounting table only where there was none; else it is synced as ever.
-        if (opts.assumeApplied.accounting) counters.assumeApplied(eips);
-        else await counters.sync(eips, { mode: 'full' });
-        return { changes: 0, script: '', notes: none };
-      }
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
       let fold: AccountingFold | undefined;
@@ -139,7 +125,6 @@ export function shareDnatPart(table: ShareDnatTable): Part {
 
 export function linkPart(link: LinkManager): Part {
   let early: Promise<LinkView | undefined> | undefined;
-  let ahead: Promise<PendingRun | undefined> | undefined;
   let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
@@ -150,26 +135,17 @@ export function linkPart(link: LinkManager): Part {
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
     // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
-    // A bulk change of the EIPs also starts its `ip -batch` then (after NAT's tool): the
-    // process waits, its stdin unwritten, until NAT is in place (LinkManager.startBatch).
+    // A bulk change of the EIPs writes its intent record then, durable while NAT applies.
     prefetch(want, opts, from) {
-      // One started with the daemon start's read-ahead is this sync's (a dry run leaves it to the sync that applies).
-      const started = opts.mode === 'full' && !opts.dryRun ? link.takeBatchAhead(want) : undefined;
       if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
-        // One that could not start leaves the sync to run its own.
-        const own = () => new Promise<void>((r) => setImmediate(r)).then(() => link.startBatch()).catch(() => undefined);
-        ahead = started ? started.then((b) => b ?? own()) : own();
-        // Its intent record too, durable while NAT applies (one that failed is written by the sync).
+        // Its intent record, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);
-      } else ahead = started;
+      }
       if (opts.mode !== 'full') return;
-      // A view read ahead at the daemon's start (Engine.readAhead) is this one's if nothing dropped it.
-      early = link.takeAhead(want) ?? new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
     },
     abandon() {
-      void ahead?.then((b) => b?.cancel());
-      ahead = undefined;
       // The change failed before this part ran: its intent goes again.
       intent?.undo();
       intent = undefined;
@@ -177,12 +153,10 @@ export function linkPart(link: LinkManager): Part {
     async sync(want, from, opts) {
       const view = opts.mode === 'full' ? await early : undefined;
       early = undefined;
-      const batch = await ahead;
-      ahead = undefined;
       // The sync waits for the intent written ahead; from here its own outcome settles the record.
       intent = undefined;
-      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}), ...(batch ? { batch } : {}) });
-      return { changes: r.changes, script: r.script, notes: none };
+      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}) });
+      return { changes: r.changes, script: r.script, notes: r.notes ?? none };
     },
   };
 }
@@ -198,8 +172,8 @@ export function qosPart(qos: QosManager): Part {
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
-      const r = await qos.sync(want, opts);
-      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes };
+      const r = await qos.sync(want, opts, from);
+      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes ?? none };
     },
   };
 }

@@ -1,4 +1,5 @@
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
+import { diesWithNatgw } from '../system/diesWithNatgw.js';
 import { lazyReadline } from '../system/builtin.js';
 import type { Logger } from 'pino';
 
@@ -83,7 +84,12 @@ export class Supervisor {
       this.set('stopped');
       return;
     }
-    const spawn = this.o.spawn ?? ((f, a) => nodeSpawn(f, [...a], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } }));
+    const spawn =
+      this.o.spawn ??
+      ((f, a) => {
+        const cmd = diesWithNatgw(f, a);
+        return nodeSpawn(cmd.file, [...cmd.args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
+      });
     let child: ChildProcess;
     try {
       child = spawn(this.o.file, this.o.args);

@@ -1,5 +1,5 @@
 import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
-import type { ExecRequest, ExecResult, Executor } from '../system/exec.js';
+import { ExecError, type ExecRequest, type ExecResult, type Executor, runChecked } from '../system/exec.js';
 import type { LinkView, NatChange, NatView, RouteView } from './plan.js';
 import { NFT_TABLE, renderIptables, renderNft } from './render.js';
 import { listsNftTable, parseIptablesNat, parseLink, parseNftTable, parseRoutes, parseRulesFrom } from './view.js';
@@ -12,26 +12,9 @@ import { listsNftTable, parseIptablesNat, parseLink, parseNftTable, parseRoutes,
 
 export type LbBackend = { readonly kind: 'iptables'; readonly variant: IptablesVariant } | { readonly kind: 'nftables' };
 
-/** A tool that failed; the message names what was refused and the tool's own first line. */
-export class LbToolError extends Error {
-  override readonly name = 'LbToolError';
-  constructor(
-    readonly what: string,
-    readonly result: ExecResult,
-  ) {
-    const detail = (result.stderr.trim() || result.stdout.trim()).split('\n')[0] ?? '';
-    super(`Error: ${what} failed (${result.command}${result.timedOut ? ', timed out' : `, exit ${result.exitCode}`})${detail ? `: ${detail}` : ''}`);
-  }
-  /** The script exits with the failed tool's status. */
-  get exitCode(): number {
-    return this.result.exitCode > 0 && this.result.exitCode < 256 ? this.result.exitCode : 1;
-  }
-}
-
-async function checked(exec: Executor, what: string, req: ExecRequest): Promise<ExecResult> {
-  const r = await exec.run(req);
-  if (r.exitCode !== 0 || r.timedOut) throw new LbToolError(what, r);
-  return r;
+/** Run and throw the tool's ExecError, naming `what` was refused, unless it exited 0. */
+function checked(exec: Executor, what: string, req: ExecRequest): Promise<ExecResult> {
+  return runChecked(exec, req, what);
 }
 
 /**
@@ -68,7 +51,7 @@ export async function readNat(exec: Executor, b: LbBackend): Promise<NatRead> {
   if (r.exitCode === 0 && !r.timedOut) return parseNftTable(r.stdout);
   // A failed listing is an absent table only when the table list says so.
   if (!r.timedOut && !(await nftTableExists(exec))) return { dnats: [], masquerades: [], intact: false };
-  throw new LbToolError(`reading table ip ${NFT_TABLE}`, r);
+  throw new ExecError(r, `reading table ip ${NFT_TABLE}`);
 }
 
 /** One atomic transaction; nothing is run for an empty iptables change. */
@@ -76,7 +59,7 @@ export async function applyNat(exec: Executor, b: LbBackend, change: NatChange):
   if (b.kind === 'iptables') {
     await checked(exec, 'the nat table transaction', { file: toolsFor(b.variant).restore, args: ['--noflush', '--wait'], input: renderIptables(change) });
   } else {
-    await checked(exec, `the table ip ${NFT_TABLE} transaction`, { file: 'nft', args: ['-f', '-'], input: renderNft(change), single: true });
+    await checked(exec, `the table ip ${NFT_TABLE} transaction`, { file: 'nft', args: ['-f', '-'], input: renderNft(change) });
   }
 }
 

@@ -1,18 +1,6 @@
 import type { CommandOutput } from '../engine/output.js';
-import type { Executor } from '../system/exec.js';
-import {
-  announce,
-  applyNat,
-  chooseBackend,
-  ipBatch,
-  type LbBackend,
-  LbToolError,
-  type NatRead,
-  readLink,
-  readNat,
-  readRoutes,
-  readRulesFrom,
-} from './apply.js';
+import { ExecError, type Executor } from '../system/exec.js';
+import { announce, applyNat, chooseBackend, ipBatch, type LbBackend, type NatRead, readLink, readNat, readRoutes, readRulesFrom } from './apply.js';
 import { COMMANDS, type DnatAdd, type DnatDel, type EipAdd, isCommandName, LbSvcInputError, parseCommand } from './parse.js';
 import { delRouteBatch, eipAddBatch, emptyChange, initBatch, planDnatAdd, planDnatDel, routeBatch, undoRouteBatch } from './plan.js';
 
@@ -63,7 +51,8 @@ export async function runLbSvc(argv: readonly string[], env: () => Promise<LbSvc
     }
     return { status: 0, stdout: header, stderr: '' };
   } catch (e) {
-    if (e instanceof LbToolError) return { status: e.exitCode, stdout: header, stderr: `${e.message}\n` };
+    // The script exits with the failed tool's status.
+    if (e instanceof ExecError) return { status: e.exitCode > 0 && e.exitCode < 256 ? e.exitCode : 1, stdout: header, stderr: `${e.message}\n` };
     if (e instanceof LbSvcInputError) return { status: 1, stdout: `${header}${e.message}\n`, stderr: '' };
     return { status: 1, stdout: header, stderr: `Error: ${e instanceof Error ? e.message : String(e)}\n` };
   }

@@ -46,33 +46,10 @@ export class InterfaceMissingError extends NatgwError {
   }
 }
 
-/** A tool failed: the kernel refused a transaction. Nothing was applied (transactions are atomic). */
+/** A system failure (a tool's refusal: ExecError, system/exec.ts). Nothing was applied (transactions are atomic). */
 export class SystemError extends NatgwError {
   override readonly name: string = 'SystemError';
   constructor(message: string) {
     super('system', message, 'stderr');
-  }
-}
-
-/**
- * A tool refused what natgw asked of it (`nft -f -`, `iptables-restore`, `ip -batch`, `tc`):
- * one type for every tool, so a caller tells a kernel refusal from a bug the same way for all
- * of them, and a user reads the same shape of message. The refused script is kept for the log.
- */
-export class ToolError extends SystemError {
-  override readonly name = 'ToolError';
-  constructor(
-    /** The command, e.g. `nft -f -`. */
-    readonly command: string,
-    /** What was refused, e.g. `the nat table transaction`. */
-    readonly action: string,
-    readonly exitCode: number,
-    readonly stderr: string,
-    readonly script?: string,
-    readonly timedOut = false,
-  ) {
-    // A timed-out run's stderr begins with the executor's own line: how long, and which key sets it.
-    const why = stderr.trim().split('\n')[0] || (timedOut ? 'timed out' : `exit status ${exitCode}`);
-    super(`Error: ${command} refused ${action}: ${why}`);
   }
 }

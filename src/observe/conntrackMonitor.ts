@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { setPriority } from 'node:os';
 import type { Logger } from 'pino';
+import { diesWithNatgw } from '../system/diesWithNatgw.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
 import { parseConntrackLine } from './conntrackEvents.js';
@@ -155,7 +156,8 @@ export class ConntrackMonitor {
     const tool = this.opts.tool ?? 'conntrack';
     let child: ChildProcess;
     try {
-      child = spawn(tool, [...EVENT_ARGS], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
+      const { file, args } = diesWithNatgw(tool, EVENT_ARGS);
+      child = spawn(file, [...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
     } catch (e) {
       this.opts.log.warn({ err: e }, 'conntrack events: cannot start conntrack');
       this.scheduleRestart();

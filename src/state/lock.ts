@@ -1,6 +1,6 @@
 /**
- * natgw's lock (`natgw.lock` in the state dir): one writer at a time across the daemon, the
- * in-process shim runs and the start's replay. The lock is a symbolic link whose target names
+ * natgw's lock (`natgw.lock` in the state dir): one writer at a time across the daemon and the
+ * in-process shim runs. The lock is a symbolic link whose target names
  * its holder — `natgw:<pid>:<start>:<boot>:<pidns>` — as Emacs and Mercurial lock files do:
  * `symlink()` takes it and records who in one call, and fails when it is taken; `unlink()` lets
  * it go. A directory with an owner file inside (what natgw used before) costs four metadata
@@ -11,9 +11,6 @@
  * runs a process started at another time. A holder this process cannot judge (another boot or
  * pid namespace, a target it cannot read) keeps the lock until it goes stale: `STALE_MS` without
  * the refresh (`lutimes`) that every holder makes while it holds the lock.
- *
- * Synchronous and free of imports beyond node's own (and bootId.ts, as small): the replay's
- * loader takes the lock before the daemon's code is loaded.
  */
 import { lstatSync, lutimesSync, promises, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
 import path from 'node:path';
@@ -134,13 +131,6 @@ export function refreshLock(lock: string): boolean {
 }
 
 /** Let the lock go: false (and nothing removed) when it was not this process's any more. */
-export function unlockSync(lock: string): boolean {
-  if (!holdsLock(lock)) return false;
-  rmSync(lock, { force: true });
-  return true;
-}
-
-/** unlockSync with the unlink on the thread pool (off the path of what runs next on this one). */
 export async function unlock(lock: string): Promise<boolean> {
   if (!holdsLock(lock)) return false;
   await promises.unlink(lock).catch(() => undefined);

@@ -1,4 +1,5 @@
 import { ConflictError } from '../model/errors.js';
+import { defaultOwnerOf, defaultRouteConflictText } from '../model/defaultRoute.js';
 import {
   type Dnat,
   type DnatId,
@@ -42,6 +43,12 @@ export interface OpResult {
 const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
 
 export function addRoute(s: DesiredState, r: Route): OpResult {
+  // One default route per family: while the external one (eip-add, GATEWAY_V4/V6) owns it, a
+  // subnet route to it would replace it and be replaced back at every resync. Refused even when
+  // the state already holds it (added before the gateway was known): the answer depends on the
+  // state alone, never on the order the commands came in.
+  const owner = defaultOwnerOf(s, r);
+  if (owner) throw new ConflictError(defaultRouteConflictText(r, owner, s.interfaces));
   const i = s.routes.findIndex((x) => x.cidr === r.cidr);
   if (i !== -1 && s.routes[i]?.nexthop === r.nexthop) return unchanged(s);
   // `ip route replace` semantics: a new nexthop replaces the old one.

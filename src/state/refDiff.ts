@@ -32,7 +32,7 @@ export function refDiff<T>(before: readonly T[], after: readonly T[], limit = Nu
 
 /**
  * The diffs already known, by the array they lead to: one command's change is asked for by the
- * journal, the partial plan, the witnesses and the incremental sorts, each a walk of ten
+ * journal, the partial plan and the incremental sorts, each a walk of ten
  * thousand objects, and the operations that build a new array know it without a walk
  * (recordRefDiff). Arrays of a state are values, never changed once made; the lengths are
  * checked all the same. Only command-sized diffs are kept: a bulk change's would hold its

@@ -258,14 +258,6 @@ export class StateStore {
     return state;
   }
 
-  /**
-   * The seal of the snapshot the lock holder last loaded or wrote, and how many journal entries
-   * its load replayed onto it (the applied-ruleset cache describes a snapshot alone).
-   */
-  loadedSnapshot(): { snapshot: string | undefined; journalEntries: number; journalTorn: boolean } {
-    return { snapshot: this.snapshotSha, journalEntries: this.journalEntries, journalTorn: this.journalTorn };
-  }
-
   private holds(): boolean {
     return this.holder.getStore() === true;
   }

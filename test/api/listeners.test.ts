@@ -3,6 +3,7 @@
  * replaced, a live one or a non-socket refused), one daemon per socket, and the TCP settings
  * that refuse an unauthenticated listener.
  */
+import type os from 'node:os';
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -85,8 +86,10 @@ describe('TCP settings', () => {
   it('parses host:port forms', () => {
     expect(parseListen('0.0.0.0:8443')).toEqual({ host: '0.0.0.0', port: 8443 });
     expect(parseListen('[::1]:80')).toEqual({ host: '::1', port: 80 });
-    expect(parseListen(':9000')).toEqual({ host: '::', port: 9000 });
-    for (const bad of ['8443', 'host', '1.2.3.4:99999', '1.2.3.4:']) expect(parseListen(bad), bad).toBeNull();
+    // No host: the VPC interface's address (tcpSettings).
+    expect(parseListen(':9000')).toEqual({ host: undefined, port: 9000 });
+    expect(parseListen('8443')).toEqual({ host: undefined, port: 8443 });
+    for (const bad of ['host', '1.2.3.4:99999', '1.2.3.4:', '0', ':x']) expect(parseListen(bad), bad).toBeNull();
   });
 
   it('is off without NATGW_LISTEN', async () => {
@@ -106,9 +109,46 @@ describe('TCP settings', () => {
     await expect(tcpSettings(await config({ NATGW_LISTEN: ':1', NATGW_TOKEN_FILE: join(dir, 'empty-token') }))).rejects.toThrow(/one token/);
   });
 
+  const TOKEN = 'c2b1f0a9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3';
+
   it('reads the token (trimmed)', async () => {
-    writeFileSync(join(dir, 'token'), 's3cret\n');
+    writeFileSync(join(dir, 'token'), `${TOKEN}\n`);
     const s = await tcpSettings(await config({ NATGW_LISTEN: '10.0.1.1:8443', NATGW_TOKEN_FILE: join(dir, 'token') }));
-    expect(s).toMatchObject({ host: '10.0.1.1', port: 8443, auth: { token: 's3cret', clientCerts: false } });
+    expect(s).toMatchObject({ host: '10.0.1.1', port: 8443, auth: { token: TOKEN, clientCerts: false } });
+  });
+
+  it('refuses a token shorter than 32 bytes, or an example placeholder, naming the key', async () => {
+    const refused = async (token: string): Promise<string> => {
+      writeFileSync(join(dir, 'weak'), `${token}\n`);
+      const err = await tcpSettings(await config({ NATGW_LISTEN: '10.0.1.1:8443', NATGW_TOKEN_FILE: join(dir, 'weak') })).catch((e: unknown) => e);
+      expect(err, token).toBeInstanceOf(StartupError);
+      return (err as Error).message;
+    };
+    expect(await refused('s3cret')).toBe(
+      `NATGW_TOKEN_FILE: the token in ${join(dir, 'weak')} is 6 bytes, shorter than 32: put a random one there (e.g. openssl rand -hex 32)`,
+    );
+    expect(await refused('x'.repeat(31))).toMatch(/is 31 bytes, shorter than 32/);
+    expect(await refused('change-me-to-a-long-random-string')).toMatch(/^NATGW_TOKEN_FILE: .* holds the example's placeholder token/);
+    expect(await refused(`CHANGEME${'0'.repeat(40)}`)).toMatch(/placeholder/);
+    writeFileSync(join(dir, 'ok'), `${'x'.repeat(32)}\n`);
+    await expect(tcpSettings(await config({ NATGW_LISTEN: '10.0.1.1:8443', NATGW_TOKEN_FILE: join(dir, 'ok') }))).resolves.toBeDefined();
+  });
+
+  it("binds a port alone to the VPC interface's address (IPv4 first, no link-local IPv6), else refuses naming the keys", async () => {
+    writeFileSync(join(dir, 'token'), `${TOKEN}\n`);
+    const nic = (address: string, family: 'IPv4' | 'IPv6') =>
+      ({ address, family, netmask: '', mac: '', internal: false, cidr: null }) as os.NetworkInterfaceInfo;
+    const interfaces = () => ({
+      eth0: [nic('fe80::1', 'IPv6'), nic('fd00:1::5', 'IPv6'), nic('10.0.1.254', 'IPv4')],
+      net1: [nic('172.20.0.10', 'IPv4')],
+      v6only: [nic('fe80::2', 'IPv6'), nic('fd00:2::5', 'IPv6')],
+    });
+    const settings = (env: Record<string, string>) => config({ NATGW_TOKEN_FILE: join(dir, 'token'), ...env }).then((c) => tcpSettings(c, interfaces));
+    expect(await settings({ NATGW_LISTEN: '8443' })).toMatchObject({ host: '10.0.1.254', port: 8443 });
+    expect(await settings({ NATGW_LISTEN: ':8443', VPC_INTERFACE: 'v6only' })).toMatchObject({ host: 'fd00:2::5', port: 8443 });
+    expect(await settings({ NATGW_LISTEN: '0.0.0.0:8443' })).toMatchObject({ host: '0.0.0.0' });
+    await expect(settings({ NATGW_LISTEN: '8443', VPC_INTERFACE: 'eth9' })).rejects.toThrow(
+      "NATGW_LISTEN=8443 binds to the VPC interface's address, but eth9 (VPC_INTERFACE) has none: give the host (e.g. NATGW_LISTEN=10.0.1.254:8443)",
+    );
   });
 });

@@ -2,7 +2,8 @@
  * Property tests (fast-check) of every API body: arbitrary identities, bodies, state documents
  * and legacy requests never crash the API (no 5xx) and, when refused, never reach a tool (the
  * app runs on a real Agent and Engine over recording fakes: the count of tool calls does not
- * move); valid generated objects round-trip through PUT and GET.
+ * move), and, when accepted, leave the state holding what the answer says was accepted; valid
+ * generated objects round-trip through PUT and GET.
  */
 import fc from 'fast-check';
 import request from 'supertest';
@@ -10,7 +11,7 @@ import type { Express } from 'express';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApp } from '../../src/api/app.js';
-import { RESOURCES } from '../../src/api/resources.js';
+import { RESOURCES, splitId, type ResourceDef } from '../../src/api/resources.js';
 import { Agent } from '../../src/daemon/agent.js';
 import { runLegacy } from '../../src/engine/legacy.js';
 import type { Engine } from '../../src/engine/engine.js';
@@ -52,6 +53,27 @@ const mutatedBody = (example: Record<string, unknown>) =>
     fc.jsonValue({ maxDepth: 3 }),
   );
 
+/** Every planned change of a PUT /v1/state answer's plan, summed. */
+const planned = (plan: Record<string, { added: number; removed: number; changed: number }>): number =>
+  Object.values(plan).reduce((n, d) => n + d.added + d.removed + d.changed, 0);
+
+/**
+ * An accepted PUT (2xx): the state now holds the object the answer reports, under its identity;
+ * and a created one (201) is what the request asked for, every field as the schema reads it.
+ */
+async function expectStored(def: ResourceDef, id: string, body: unknown, r: request.Response): Promise<void> {
+  const what = `PUT ${def.path}/${id} ${JSON.stringify(body)} → ${r.status} ${r.text}`;
+  const got = await request(app).get(`/v1/${def.path}/${encodeURIComponent(String(r.body?.id))}`);
+  expect(got.status, what).toBe(200);
+  expect(got.body, what).toEqual(r.body);
+  if (r.status !== 201) return;
+  const raw = splitId(def, id);
+  const given = { ...(body as Record<string, unknown>) };
+  for (const f of def.readOnly) delete given[f];
+  const asked = def.schema.parse(def.prepare ? def.prepare(raw, { ...raw, ...given }) : { ...raw, ...given }) as Record<string, unknown>;
+  expect(r.body, what).toMatchObject(asked);
+}
+
 /** Every 4xx/5xx answer: one JSON error with a one-line message. */
 function expectRefusal(r: request.Response, what: string): void {
   expect(r.status, `${what}: ${r.text}`).toBeLessThan(500);
@@ -59,16 +81,33 @@ function expectRefusal(r: request.Response, what: string): void {
   expect(String(r.body?.message ?? ''), what).not.toMatch(/\n/);
 }
 
+const octet = fc.integer({ min: 0, max: 255 });
+const ipv4 = fc.tuple(fc.constantFrom(10, 172, 192), octet, octet, fc.integer({ min: 1, max: 254 })).map((o) => o.join('.'));
+const port = fc.integer({ min: 1, max: 65535 });
+/** DNATs and SNATs a whole state may hold (identities unique, CIDRs canonical). */
+const validCollections = fc.record({
+  dnats: fc.uniqueArray(fc.record({ eip: ipv4, port, protocol: fc.constantFrom('tcp', 'udp'), internalIp: ipv4, internalPort: port }), {
+    maxLength: 4,
+    selector: (d) => `${d.eip},${d.port},${d.protocol}`,
+  }),
+  snats: fc.uniqueArray(fc.record({ eip: ipv4, cidr: fc.tuple(octet, octet).map(([a, b]) => `10.${a}.${b}.0/24`), randomFully: fc.boolean() }), {
+    maxLength: 4,
+    selector: (x) => `${x.eip},${x.cidr}`,
+  }),
+});
+
 describe('arbitrary API input', () => {
   it.each(RESOURCES.map((d) => [d.path, d] as const))('PUT /v1/%s/<id>: accepted, or refused without reaching a tool', async (_p, def) => {
     await fc.assert(
       fc.asyncProperty(
         fc.oneof(
-          fc.constant(def.idExample),
+          // The example as a path segment holds (e.g. a CIDR's slash; encoded again below).
+          fc.constant(decodeURIComponent(def.idExample)),
           hostileText.filter((s) => s !== '' && !s.includes('/')),
         ),
         mutatedBody(def.bodyExample),
-        async (id, body) => {
+        fc.boolean(),
+        async (id, body, keep) => {
           const before = kernel.calls.length;
           const r = await request(app)
             .put(`/v1/${def.path}/${encodeURIComponent(id)}`)
@@ -79,7 +118,12 @@ describe('arbitrary API input', () => {
           if (r.status >= 400) {
             expectRefusal(r, `PUT ${def.path}/${id} ${JSON.stringify(body)}`);
             if (r.status !== 409) expect(kernel.calls.slice(before), `${r.status} ${r.text}`).toEqual([]);
+            return;
           }
+          expect([200, 201], r.text).toContain(r.status);
+          await expectStored(def, id, body, r);
+          // Kept, the next PUT of this identity meets it (an update or a conflict); removed, it creates again.
+          if (!keep) expect((await request(app).delete(`/v1/${def.path}/${encodeURIComponent(String(r.body.id))}`)).status).toBe(204);
         },
       ),
       { numRuns: RUNS },
@@ -96,7 +140,11 @@ describe('arbitrary API input', () => {
           if (r.status >= 400) {
             expectRefusal(r, `DELETE ${def.path}/${id}`);
             expect(kernel.calls.slice(before)).toEqual([]);
+            return;
           }
+          // Accepted: the identity is gone from the state.
+          expect(r.status, r.text).toBe(204);
+          expect((await request(app).get(`/v1/${def.path}/${encodeURIComponent(id)}`)).status, `GET ${def.path}/${id} after its DELETE`).toBe(404);
         },
       ),
       { numRuns: RUNS },
@@ -112,18 +160,41 @@ describe('arbitrary API input', () => {
         { requiredKeys: [] },
       ),
       fc.record({ desired: fc.jsonValue({ maxDepth: 3 }) }),
+      validCollections.map((valid) => ({ valid })),
     );
     await fc.assert(
-      fc.asyncProperty(doc, fc.boolean(), async (body, dry) => {
+      fc.asyncProperty(doc, fc.boolean(), async (generated, dry) => {
         const before = kernel.calls.length;
-        const r = await request(app)
-          .put(`/v1/state${dry ? '?dryRun=true' : ''}`)
-          .type('json')
-          .send(JSON.stringify(body));
+        const current = (await request(app).get('/v1/state')).body;
+        const digestBefore = current.digest as string;
+        // A valid document: the current desired state with generated DNATs and SNATs.
+        const body =
+          generated && typeof generated === 'object' && 'valid' in generated ? { desired: { ...current.desired, ...(generated.valid as object) } } : generated;
+        const put = (dryRun: boolean) =>
+          request(app)
+            .put(`/v1/state${dryRun ? '?dryRun=true' : ''}`)
+            .type('json')
+            .send(JSON.stringify(body));
+        const r = await put(dry);
         if (r.status >= 400) {
           expectRefusal(r, `PUT /v1/state ${JSON.stringify(body)}`);
           expect(kernel.calls.slice(before)).toEqual([]);
+          return;
         }
+        const what = `PUT /v1/state${dry ? '?dryRun=true' : ''} ${JSON.stringify(body)} → ${r.status}`;
+        expect(r.status, what).toBe(200);
+        const after = (await request(app).get('/v1/state')).body.digest as string;
+        if (dry) {
+          // A dry run changes nothing.
+          expect(after, what).toBe(digestBefore);
+          return;
+        }
+        // The state is the one accepted: its digest is the answer's, and the same document
+        // planned against it again changes nothing.
+        expect(after, what).toBe(r.body.digest);
+        const again = await put(true);
+        expect(again.status, what).toBe(200);
+        expect(planned(again.body.plan), `${what}: planned again ${JSON.stringify(again.body.plan)}`).toBe(0);
       }),
       { numRuns: RUNS },
     );
@@ -168,10 +239,6 @@ describe('arbitrary API input', () => {
 });
 
 describe('valid generated objects round-trip through PUT and GET', () => {
-  const octet = fc.integer({ min: 0, max: 255 });
-  const ipv4 = fc.tuple(fc.constantFrom(10, 172, 192), octet, octet, fc.integer({ min: 1, max: 254 })).map((o) => o.join('.'));
-  const port = fc.integer({ min: 1, max: 65535 });
-
   it('DNATs', async () => {
     await fc.assert(
       fc.asyncProperty(ipv4, port, fc.constantFrom('tcp', 'udp'), ipv4, port, async (eip, p, proto, ip, ip2) => {

@@ -13,11 +13,36 @@ const ALL: readonly BackendCase[] = [
   { name: 'nftables', env: { GATEWAY_NETFILTER_MODE: 'nftables' } },
 ];
 
-/** NATGW_TEST_BACKENDS=iptables-legacy,nftables narrows a local run; CI runs all. */
-export const BACKENDS: readonly BackendCase[] = (() => {
-  const only = process.env.NATGW_TEST_BACKENDS?.split(',').filter(Boolean);
-  return only?.length ? ALL.filter((b) => only.includes(b.name)) : ALL;
-})();
+/**
+ * The backends NATGW_TEST_BACKENDS names (e.g. `iptables-legacy,nftables`), to narrow a local
+ * run; unset or empty, all of them (CI). A name that is not a backend is refused: a typo must not
+ * quietly run fewer backends, or none.
+ */
+export function backendsFrom(given: string | undefined): readonly BackendCase[] {
+  const names = (given ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  if (names.length === 0) return ALL;
+  const unknown = names.filter((n) => !ALL.some((b) => b.name === n));
+  if (unknown.length) {
+    throw new Error(
+      `NATGW_TEST_BACKENDS: unknown backend ${unknown.map((n) => JSON.stringify(n)).join(', ')}; the backends are ${ALL.map((b) => b.name).join(', ')}`,
+    );
+  }
+  return ALL.filter((b) => names.includes(b.name));
+}
+
+export const BACKENDS: readonly BackendCase[] = backendsFrom(process.env.NATGW_TEST_BACKENDS);
+
+/**
+ * The one backend for suites whose subject does not depend on the backend (the API, the CLI, the
+ * daemon's lifecycle): nftables, the quickest, unless NATGW_TEST_BACKENDS leaves it out.
+ */
+export const ONE_BACKEND: readonly BackendCase[] = [BACKENDS.find((b) => b.name === 'nftables') ?? BACKENDS[0]!];
+
+/** For one test of a suite that runs on every backend, whose subject is not the backend (validation). */
+export const isOneBackend = (b: BackendCase): boolean => b.name === ONE_BACKEND[0]!.name;
 
 /** Everything natgw owns in netfilter, as comparable text. */
 export async function ownedNetfilter(topo: Topology, b: BackendCase): Promise<string> {
@@ -25,12 +50,7 @@ export async function ownedNetfilter(topo: Topology, b: BackendCase): Promise<st
     return (await topo.iptablesSave('nat', b.iptablesVariant)) + (await topo.iptablesSave('mangle', b.iptablesVariant));
   }
   const r = await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw'], { reject: false });
-  return sortNftBlocks(withoutHits(r.stdout));
-}
-
-/** The hit sets' elements are the packet path's (witness.ts), like counters: not what natgw owns; the traffic a test sent leaves some. */
-export function withoutHits(text: string): string {
-  return text.replace(/(\tset (?:dnat|fip)_hit \{[^}]*?)\n\t\telements = \{[^}]*\}/g, '$1');
+  return sortNftBlocks(r.stdout);
 }
 
 /**

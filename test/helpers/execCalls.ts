@@ -1,4 +1,4 @@
-import type { ExecRequest, ExecResult, Executor, ToolSession } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
 
 /** A recorded tool run as one line, for comparing what the engine ran. */
 export const cmd = (r: ExecRequest): string => [r.file, ...r.args].join(' ');
@@ -10,20 +10,12 @@ export const isListing = (r: ExecRequest): boolean =>
 /** An nft transaction. */
 export const isApply = (r: ExecRequest): boolean => r.file === 'nft' && r.args.includes('-f');
 
-/** A real executor (`inner`) that remembers every run; sessions pass through, unrecorded. */
+/** A real executor (`inner`) that remembers every run. */
 export class RecordedExecutor<E extends Executor = Executor> implements Executor {
   readonly calls: ExecRequest[] = [];
   constructor(readonly inner: E) {}
   run(req: ExecRequest): Promise<ExecResult> {
     this.calls.push(req);
     return this.inner.run(req);
-  }
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached(req);
-  }
-  session(file: string, args: readonly string[]): ToolSession {
-    const s = this.inner.session?.(file, args);
-    if (!s) throw new Error('the inner executor keeps no sessions');
-    return s;
   }
 }

@@ -5,7 +5,7 @@
  *
  * Faithful to nft 1.0.6 on Linux 6.x where natgw can tell (test/netns/fake-nft-faithful.test.ts
  * compares it with the kernel step by step):
- * - a transaction applies all or nothing; a refusal is a ToolError with the kernel's words
+ * - a transaction applies all or nothing; a refusal is an ExecError with the kernel's words
  *   (ENOENT for a missing element, rule handle, chain or table; EEXIST for a map key already
  *   bound to another value or a set declared otherwise; EBUSY for a chain that still has rules
  *   or is jumped to, or a set a rule still uses; EOPNOTSUPP for re-hooking a base chain);
@@ -22,7 +22,7 @@
  * (elements are compared as canonical text), the policy of packets, other tables' families'
  * checks, and which of several errors nft would report first (the first met is reported).
  */
-import { ToolError } from '../../src/model/errors.js';
+import { ExecError } from '../../src/system/exec.js';
 import type { NftClient } from '../../src/dataplane/netfilter/nft/client.js';
 import type { NftChainDump, NftSetDump, NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
 import { opText, type NftTableFamily, type NftTransaction } from '../../src/dataplane/netfilter/nft/transaction.js';
@@ -73,7 +73,7 @@ export class FakeNftClient implements NftClient {
     if (refused) throw refused;
   }
 
-  private apply(tx: NftTransaction, script: string): ToolError | undefined {
+  private apply(tx: NftTransaction, script: string): ExecError | undefined {
     const batch = new Batch(this.tables);
     const injected = this.fault?.(script);
     for (const op of tx.ops) batch.apply(op);
@@ -85,7 +85,7 @@ export class FakeNftClient implements NftClient {
     const refusal = batch.first?.refusal ?? new Refusal(injected as Errno, 'kernel');
     const line = batch.first ? opText(batch.first.op) : '';
     const stderr = `Error: ${refusal.by === 'kernel' ? 'Could not process rule: ' : ''}${refusal.message}\n${line}\n`;
-    return new ToolError('nft -f -', 'the transaction', 1, stderr, script);
+    return new ExecError({ command: 'nft -f -', exitCode: 1, stdout: '', stderr: stderr, timedOut: false, failedToStart: false }, 'the transaction', script);
   }
 
   /** A table as the read-back would parse it from `nft -j list table`; null when absent. */

@@ -42,8 +42,7 @@ export function makeWrappers(): Faults {
   const q = (s: string) => JSON.stringify(s);
   for (const tool of TOOLS) {
     const real = execFileSync('bash', ['-c', 'command -v "$1"', '_', tool], { encoding: 'utf8' }).trim();
-    // A restore tool does nothing before its input is in, and natgw's daemon starts one ahead of
-    // the command (ExecRequest.prestartable): its wrapper reads the plan once the input is in.
+    // A restore tool's wrapper reads the plan once the input is in.
     // Spooled inputs live in the wrappers' own directory, removed with it (a fired or passed-on
     // call execs its tool with the file still open, so the script itself cannot remove it).
     const spool = tool.endsWith('-restore') ? `spool=$(mktemp -p ${q(dir)}); cat > "$spool"; exec < "$spool"; rm -f "$spool"\n` : '';

@@ -102,7 +102,7 @@ export interface Topology {
   spawnNatgw(command: string, ...args: string[]): ChildProcess;
 
   /** Normalised `iptables-save -t <table>` from gw ('' when that backend has no such table). */
-  iptablesSave(table: 'nat' | 'mangle' | 'raw', variant?: 'legacy' | 'nft'): Promise<string>;
+  iptablesSave(table: 'nat' | 'mangle', variant?: 'legacy' | 'nft'): Promise<string>;
   /** Addresses (CIDR form) on an interface, or null when the interface does not exist. */
   addresses(ns: NsRef, ifname: string, family?: 4 | 6): Promise<string[] | null>;
 
@@ -361,7 +361,7 @@ class NetnsTopology implements Topology {
 
   // --- inspection ----------------------------------------------------------------
 
-  async iptablesSave(table: 'nat' | 'mangle' | 'raw', variant?: 'legacy' | 'nft'): Promise<string> {
+  async iptablesSave(table: 'nat' | 'mangle', variant?: 'legacy' | 'nft'): Promise<string> {
     const v = variant ?? (await defaultIptablesVariant());
     // Dumping a legacy table that does not exist would create it (the kernel instantiates
     // xt tables on first access), which natgw's backend detection could then see.

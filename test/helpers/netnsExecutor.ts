@@ -1,4 +1,4 @@
-import { SystemExecutor, type ExecRequest, type ExecResult, type Executor, type ToolSession } from '../../src/system/exec.js';
+import { SystemExecutor, type ExecRequest, type ExecResult, type Executor } from '../../src/system/exec.js';
 
 /**
  * The production Executor, one network namespace over: every tool runs under
@@ -11,15 +11,6 @@ export class NetnsExecutor implements Executor {
 
   run(req: ExecRequest): Promise<ExecResult> {
     return this.inner.run(this.wrap(req));
-  }
-
-  spawnDetached(req: ExecRequest): void {
-    this.inner.spawnDetached(this.wrap(req));
-  }
-
-  /** The production session (`nft -i` kept running), one namespace over. */
-  session(file: string, args: readonly string[]): ToolSession {
-    return this.inner.session('ip', ['netns', 'exec', this.ns, file, ...args]);
   }
 
   private wrap(req: ExecRequest): ExecRequest {

@@ -24,6 +24,9 @@ export class RecordingKernel {
     if (r.file === 'ip' && r.args.join(' ') === '-j -batch -' && r.input?.startsWith('neigh show')) {
       return { stdout: '[]\n[{"ifname":"eth0"},{"ifname":"net1"}]\n' };
     }
+    // QoS reads an empty kernel: the pod's two interfaces, no qdisc of natgw's.
+    if (r.file === 'ip' && r.args.join(' ') === '-j link show') return { stdout: '[{"ifname":"eth0"},{"ifname":"net1"}]\n' };
+    if (r.file === 'tc' && r.args.join(' ') === '-j qdisc show') return { stdout: '[]\n' };
     return this.ipt.answer(r);
   });
   readonly dir = mkdtempSync(path.join(tmpdir(), 'natgw-prop-'));

@@ -65,11 +65,24 @@ require('net').createServer((s) => {
   });
 }).listen({ port: Number(port), host: bind }, () => process.stdout.write('listening\\n'));`;
 
-/** Sends one request (TCP connect / UDP datagram, resent until answered) and prints the first answer line. */
+/**
+ * Exit status of REQUEST_CLIENT when the network did not answer (refused, reset, unreachable, no
+ * answer in time): the outcome a "blocked" check expects. Any other failure is the client's own.
+ */
+const BLOCKED_EXIT = 3;
+
+/**
+ * Sends one request (TCP connect / UDP datagram, resent until answered) and prints the first
+ * answer line. What the network did (no answer, a refusal, a reset, unreachable) exits with
+ * BLOCKED_EXIT; anything else (a bad argument, a local address it cannot bind) is a broken
+ * client and exits 1, like a client that could not start at all.
+ */
 const REQUEST_CLIENT = `
 const [proto, host, port, timeoutMs, localAddress, localPort] = process.argv.slice(1);
-const fail = (m) => { process.stderr.write(String(m) + '\\n'); process.exit(1); };
-setTimeout(() => fail('timeout'), Number(timeoutMs));
+const NETWORK = new Set(['ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'EPIPE']);
+const blocked = (m) => { process.stderr.write('blocked: ' + m + '\\n'); process.exit(${BLOCKED_EXIT}); };
+const fail = (e) => (NETWORK.has(e.code) ? blocked(e.code) : (process.stderr.write(String(e.code || e.message) + '\\n'), process.exit(1)));
+setTimeout(() => blocked('timeout'), Number(timeoutMs));
 const done = (line) => { process.stdout.write(line + '\\n'); process.exit(0); };
 const local = { address: localAddress || undefined, port: localPort ? Number(localPort) : undefined };
 if (proto === 'tcp') {
@@ -77,12 +90,12 @@ if (proto === 'tcp') {
   let buf = '';
   s.setEncoding('utf8');
   s.on('data', (d) => { buf += d; const i = buf.indexOf('\\n'); if (i >= 0) done(buf.slice(0, i)); });
-  s.on('error', (e) => fail(e.code || e.message));
-  s.on('end', () => fail('closed without an answer: ' + JSON.stringify(buf)));
+  s.on('error', fail);
+  s.on('end', () => blocked('closed without an answer: ' + JSON.stringify(buf)));
 } else {
   const sock = require('dgram').createSocket(host.includes(':') ? 'udp6' : 'udp4');
   sock.on('message', (m) => done(String(m).split('\\n')[0]));
-  sock.on('error', (e) => fail(e.code || e.message));
+  sock.on('error', fail);
   // Datagrams may be lost while rules change; resend from the same socket (same conntrack entry).
   const send = () => sock.send('hello\\n', Number(port), host);
   sock.bind({ address: local.address, port: local.port || 0 }, () => { send(); setInterval(send, 250); });
@@ -220,26 +233,42 @@ export interface RequestOptions {
 /** Slack for starting node inside the namespace, on top of the client's own timeout. */
 const NODE_START_SLACK_MS = 10_000;
 
-/**
- * One request to a startServer() server; returns its answer line (`peer=<ip>:<port>`).
- * Throws on timeout, refusal or any other failure.
- */
-export async function request(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions = {}): Promise<string> {
+/** How one request ended: an answer, the network's refusal or silence, or a client that failed by itself. */
+type RequestOutcome = { readonly answer: string } | { readonly blocked: string } | { readonly broken: string };
+
+async function runRequest(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions): Promise<RequestOutcome> {
   const timeoutMs = opts.timeoutMs ?? 3000;
   const args = [proto, host, port, timeoutMs, opts.localAddress ?? '', opts.localPort ?? ''];
   const r = await topo.exec(ns, nodeScript(REQUEST_CLIENT, args), {
     reject: false,
     timeoutMs: timeoutMs + NODE_START_SLACK_MS,
   });
-  if (r.exitCode !== 0) {
-    throw new Error(`${proto} request from ${ns} to ${host}:${port} failed: ${r.stderr.trim() || `exit ${r.exitCode}`}`);
-  }
-  return r.stdout.trim();
+  if (r.exitCode === 0 && r.stdout.trim() !== '') return { answer: r.stdout.trim() };
+  if (r.exitCode === BLOCKED_EXIT && !r.timedOut) return { blocked: r.stderr.trim() };
+  const why = r.timedOut ? 'the client outlived its own deadline and was killed' : `exit ${r.exitCode}`;
+  return { broken: `${why}: ${r.stderr.trim().slice(0, 500)}` };
 }
 
-/** request(), but null instead of an error: for asserting that traffic does NOT pass. */
+/**
+ * One request to a startServer() server; returns its answer line (`peer=<ip>:<port>`).
+ * Throws on timeout, refusal or any other failure.
+ */
+export async function request(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions = {}): Promise<string> {
+  const out = await runRequest(topo, ns, proto, host, port, opts);
+  if ('answer' in out) return out.answer;
+  throw new Error(`${proto} request from ${ns} to ${host}:${port} failed: ${'blocked' in out ? out.blocked : `client broken (${out.broken})`}`);
+}
+
+/**
+ * request(), but null when the network refused or never answered: for asserting that traffic
+ * does NOT pass. A client that failed by itself (did not start, could not bind, bad arguments)
+ * proves nothing about the network and throws, failing the test.
+ */
 export async function tryRequest(topo: Topology, ns: NsRef, proto: Proto, host: string, port: number, opts: RequestOptions = {}): Promise<string | null> {
-  return request(topo, ns, proto, host, port, opts).catch(() => null);
+  const out = await runRequest(topo, ns, proto, host, port, opts);
+  if ('answer' in out) return out.answer;
+  if ('blocked' in out) return null;
+  throw new Error(`${proto} request from ${ns} to ${host}:${port}: the client failed by itself, which says nothing about the network (${out.broken})`);
 }
 
 /** Split a `peer=<ip>:<port>` answer (v6 addresses contain colons: the port is after the last). */

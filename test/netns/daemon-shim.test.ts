@@ -121,8 +121,8 @@ describe('the shim on every path', () => {
     delete topo.env.NATGW_AUTOSTART;
     const pid = await daemonPid(topo);
     expect(pid).toBeTypeOf('number');
-    // Started through the daemon's CommonJS entry, as the shim's `serve` is.
-    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toContain(join(REPO_ROOT, 'bin', 'serve.cjs'));
+    // Started as the shim's `serve` starts it: bin/natgw.js serve.
+    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toEqual(expect.arrayContaining([join(REPO_ROOT, 'bin', 'natgw.js'), 'serve']));
     await stopAutostarted(topo);
 
     expect(forwarded).toEqual(inProcess);
@@ -143,8 +143,8 @@ describe('the shim on every path', () => {
     for (const r of results) expect({ code: r.exitCode, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
     const pid = await daemonPid(topo);
     expect(pid).toBeTypeOf('number');
-    // Started through the daemon's CommonJS entry, as the shim's `serve` is.
-    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toContain(join(REPO_ROOT, 'bin', 'serve.cjs'));
+    // Started as the shim's `serve` starts it: bin/natgw.js serve.
+    expect(readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')).toEqual(expect.arrayContaining([join(REPO_ROOT, 'bin', 'natgw.js'), 'serve']));
     // A shim that lost the race may have started a daemon that is still loading; it must give
     // way to the one serving (the single-daemon guard) rather than serve too.
     const serving = async () => {

@@ -3,6 +3,7 @@
  * probes are open; everything else needs the bearer token (or, with TLS client
  * verification, a client certificate). Without either, the daemon refuses to start.
  */
+import { randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -85,7 +86,7 @@ function makeCerts(dir: string): Record<'ca' | 'caKey' | 'serverCert' | 'serverK
 describe('the API over TCP', () => {
   let topo: Topology;
   let daemon: Daemon | undefined;
-  const token = `tok-${Math.random().toString(36).slice(2)}${Date.now().toString(36)}`;
+  const token = `tok-${randomBytes(24).toString('hex')}`;
   const base = `http://${ADDR.gw}:${PORT}`;
 
   beforeAll(async () => {

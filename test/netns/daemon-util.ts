@@ -144,7 +144,7 @@ export async function savedState(topo: Topology): Promise<any> {
   return new StateStore(topo.stateDir).load();
 }
 
-/** A state dir's regular files (state, journal, records, applied-ruleset), not its socket or log: a saved copy, or one put back. */
+/** A state dir's regular files (state, journal, records), not its socket or log: a saved copy, or one put back. */
 export function copyStateDir(from: string, to: string): void {
   for (const name of readdirSync(from)) {
     const p = join(from, name);

@@ -11,7 +11,7 @@
 import { randomBytes } from 'node:crypto';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ToolError } from '../../src/model/errors.js';
+import { ExecError } from '../../src/system/exec.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { accountingOf, accountingTx, ACCT_TABLE } from '../../src/dataplane/eipCounters.js';
 import { SystemNftClient, type NftClient } from '../../src/dataplane/netfilter/nft/client.js';
@@ -63,7 +63,7 @@ class Twins {
         await c.run(tx);
         return 'applied';
       } catch (e) {
-        if (!(e instanceof ToolError)) throw e;
+        if (!(e instanceof ExecError)) throw e;
         return `refused: ${ERRNO.exec(e.stderr)?.[0] ?? e.stderr}`;
       }
     };

@@ -134,9 +134,7 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
   }
 
   it('a conntrack flush that fails is logged and retried with the next flush', async () => {
-    // On the floating IP's address: its flush always runs. (A DNAT of its own address that never
-    // translated a connection owes none on nftables: hit witnesses, witness.ts.) A flush whose
-    // mapping has no entry in the kernel's conntrack table runs on no backend (conntrack.ts):
+    // A flush whose mapping has no entry in the kernel's conntrack table runs on no backend (conntrack.ts):
     // each port gets one, written by hand.
     const tracked = (port: number) =>
       topo.exec('gw', [

@@ -82,7 +82,13 @@ describe('netns topology', () => {
     } finally {
       await Promise.all([tcp.stop(), udp.stop()]);
     }
+    // Refused (TCP) and unanswered (UDP: the port-unreachable is not a reply) are "blocked"...
     expect(await tryRequest(topo, 'vpc1', 'tcp', ADDR.vpc2, 8080, { timeoutMs: 1000 })).toBeNull();
+    expect(await tryRequest(topo, 'vpc1', 'udp', ADDR.vpc2, 5353, { timeoutMs: 1000 })).toBeNull();
+    // ...a client that fails by itself (here: a source address that is not vpc1's) is not.
+    await expect(tryRequest(topo, 'vpc1', 'tcp', ADDR.vpc2, 8080, { timeoutMs: 1000, localAddress: ADDR.vpc2 })).rejects.toThrow(
+      /failed by itself.*EADDRNOTAVAIL/,
+    );
   });
 
   it('routes the second subnet through rtr once gw has a route', async () => {

@@ -193,7 +193,7 @@ describe.each(BACKENDS)('lb-svc.sh on $name', (backend: BackendCase) => {
     const r = await lb('dnat-add', `${EIP},82,tcp,${ADDR.vpc2},80,192.0.2.1`);
     expect(r.exitCode).not.toBe(0);
     expect(r.stdout).toBe(`dnat-add ${EIP},82,tcp,${ADDR.vpc2},80,192.0.2.1\n`);
-    expect(r.stderr).toMatch(/^Error: dnat-add routes failed \(ip -batch -, exit \d+\): .+\n$/);
+    expect(r.stderr).toMatch(/^Error: ip -batch - refused dnat-add routes: .+\n$/);
     expect(await snapshot()).toBe(before);
   });
 

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
-import { BACKENDS, ownedLinks, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
+import { BACKENDS, isOneBackend, ownedLinks, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { conntrackCount, parsePeer, ping, request, startServer, tryRequest, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 import { existsSync, readFileSync } from 'node:fs';
@@ -238,7 +238,8 @@ describe.each(BACKENDS)('legacy commands on $name', (backend: BackendCase) => {
     expect(parsePeer(await request(topo, 'vpc2', 'tcp', ADDR.extHost, 7001)).ip).toBe(EIP);
   });
 
-  it('rejects malformed rules with one line and status 1, changing nothing', async () => {
+  // Validation comes before any backend (test/netns/injection.test.ts refuses 471 cases on each).
+  it.runIf(isOneBackend(backend))('rejects malformed rules with one line and status 1, changing nothing', async () => {
     const before = await ownedNetfilter(topo, backend);
     const links = await ownedLinks(topo);
     for (const [cmd, rule] of [

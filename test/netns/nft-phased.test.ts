@@ -13,7 +13,7 @@ import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
-import { sortNftBlocks, withoutHits } from '../helpers/backends.js';
+import { sortNftBlocks } from '../helpers/backends.js';
 import { makeWrappers } from '../helpers/faults.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
@@ -46,7 +46,7 @@ function bulkDoc(desired: Record<string, unknown>): Record<string, unknown> {
 
 async function natgwTable(topo: Topology): Promise<string | null> {
   const r = await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw'], { reject: false });
-  return r.exitCode === 0 ? sortNftBlocks(withoutHits(r.stdout)) : null;
+  return r.exitCode === 0 ? sortNftBlocks(r.stdout) : null;
 }
 
 /** What one raw `nft -f` of `script` makes of natgw's table, in a namespace of its own (removed after). */

@@ -15,6 +15,8 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { bulkTransfer, startSinkServer, type ServerHandle, type TransferResult } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 import { CLASS_RANGES, eipFirstClassId } from '../../src/model/qos.js';
+import { BACKENDS, type BackendCase } from '../helpers/backends.js';
+import { startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 import { StateStore } from '../../src/state/store.js';
 
 const EXT = 'net1';
@@ -76,7 +78,7 @@ function keysMatch(f: ShownFilter, pkt: { src: string; dst: string }): boolean {
 
 const hex = (n: number): string => n.toString(16);
 
-describe('QoS through the command line', () => {
+describe.each(BACKENDS)('QoS through the command line ($name)', (b: BackendCase) => {
   let topo: Topology;
   let probeSeen = false;
 
@@ -143,6 +145,7 @@ describe('QoS through the command line', () => {
 
   beforeAll(async () => {
     topo = await createTopology();
+    Object.assign(topo.env, b.env);
     topo.env.GATEWAY_V4 = ADDR.extGateway;
     await topo.natgwOk('init');
     await topo.natgwOk('eip-add', `${EIP_A}/24`);
@@ -438,6 +441,82 @@ describe('QoS through the command line', () => {
     expect(mixed.exitCode).toBe(1);
     expect(mixed.stderr).toBe('');
     expect(await tcSnapshot()).toBe(before);
+  });
+});
+
+/**
+ * Through a running daemon every QoS command is a partial sync: it reads back only the devices
+ * it changes and names the u32 tables by the ids the kernel gave them. Priorities are emptied
+ * and made again, so the kernel's table ids (800:, 801:, …, handed out cyclically) no longer
+ * follow the priorities; every delete must still remove exactly its own rule.
+ */
+describe.each(BACKENDS)('QoS through a running daemon ($name)', (b: BackendCase) => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  const ips = { a: '172.20.0.30', b: '172.20.0.31', c: '172.20.0.32', d: '172.20.0.33', e: '172.20.0.34', f: '172.20.0.35', g: '172.20.0.36' };
+
+  beforeAll(async () => {
+    topo = await createTopology();
+    Object.assign(topo.env, b.env);
+    daemon = await startDaemon(topo);
+    await waitReady(topo, daemon);
+    await topo.natgwOk('init');
+  });
+  afterAll(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo?.cleanup();
+  });
+
+  const ok = async (command: string, rule: string): Promise<void> => {
+    const r = await topo.natgw(command, rule);
+    expect(r.exitCode, `${command} ${rule}: ${r.stdout}${r.stderr}`).toBe(0);
+    expect(r.stderr).toBe('');
+  };
+  /** Per address: the priority and class of its egress filter on EXT. */
+  const shaped = async (): Promise<Map<string, { pref: number; flowid: number | undefined }>> => {
+    const fs = parseFilters((await topo.exec('gw', ['tc', 'filter', 'show', 'dev', EXT, 'parent', '1:'])).stdout);
+    const byIp = new Map<string, { pref: number; flowid: number | undefined }>();
+    for (const f of fs) {
+      const k = f.keys[0];
+      if (f.keys.length === 1 && k?.off === 12 && k.mask === 0xffffffff)
+        byIp.set([24, 16, 8, 0].map((b) => (k.value >>> b) & 0xff).join('.'), { pref: f.pref, flowid: f.flowid });
+    }
+    return byIp;
+  };
+  const classes = async (): Promise<number[]> =>
+    [...(await topo.exec('gw', ['tc', 'class', 'show', 'dev', EXT])).stdout.matchAll(/^class htb 1:([0-9a-f]+) /gm)]
+      .map((m) => parseInt(m[1]!, 16))
+      .sort((x, y) => x - y);
+
+  it('deletes remove exactly their rule in u32 tables whose ids the kernel chose after priorities came and went', { timeout: LONG_MS }, async () => {
+    await ok('eip-egress-qos-add', `${ips.a},1,10,1`);
+    await ok('eip-egress-qos-add', `${ips.b},2,10,1`);
+    await ok('eip-egress-qos-add', `${ips.c},3,10,1`);
+    // Priority 2 goes whole, and with it its table; priority 4's table takes the next id, not its.
+    await ok('eip-egress-qos-del', ips.b);
+    await ok('eip-egress-qos-add', `${ips.d},4,10,1`);
+    await ok('eip-egress-qos-add', `${ips.e},4,10,1`);
+    await ok('eip-egress-qos-add', `${ips.f},2,10,1`);
+    await ok('eip-egress-qos-add', `${ips.g},2,10,1`);
+    const before = await shaped();
+    expect([...before.keys()].sort()).toEqual([ips.a, ips.c, ips.d, ips.e, ips.f, ips.g].sort());
+    const tables = (await topo.exec('gw', ['tc', 'filter', 'show', 'dev', EXT, 'parent', '1:'])).stdout;
+    // The kernel's ids no longer follow the priorities (prio 4 made before prio 2 came back).
+    expect(tables).toMatch(/pref 4 u32 chain 0 fh 803: ht divisor 1/);
+    expect(tables).toMatch(/pref 2 u32 chain 0 fh 804: ht divisor 1/);
+
+    // One node of each of the two newest tables.
+    await ok('eip-egress-qos-del', ips.d);
+    await ok('eip-egress-qos-del', ips.f);
+    const after = await shaped();
+    expect([...after.keys()].sort()).toEqual([ips.a, ips.c, ips.e, ips.g].sort());
+    for (const ip of after.keys()) expect(after.get(ip), ip).toEqual(before.get(ip));
+    // Their classes went with them; every other class stayed.
+    const kept = [...after.values()].map((f) => f.flowid!);
+    expect(await classes()).toEqual([...kept, 0x9999].sort((x, y) => x - y));
+
+    // These were partial syncs in the daemon, each reading back what it changed.
+    expect(daemon!.logs()).toMatch(/"msg":"qos sync".*"partial":true|"partial":true.*"msg":"qos sync"/);
   });
 });
 

@@ -185,4 +185,35 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
       await cap.stop();
     }
   });
+
+  it('a flag change of net1 (promiscuous mode, as tcpdump sets it) announces nothing; net1 down and up does', async () => {
+    const count = (re: RegExp) => (daemon?.logs().match(re) ?? []).length;
+    const QUEUED = /gratuitous ARP \/ unsolicited NA queued for every EIP/g;
+    const fullSyncs = count(/full sync: read back/g);
+    const queued = count(QUEUED);
+    await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'promisc', 'on']);
+    try {
+      // The link event's resync ran: an announcement asked for by the event is queued right after
+      // it, or at most a second later (announcements are a second apart at least).
+      await waitFor(async () => count(/full sync: read back/g) > fullSyncs, { what: 'the resync after the flag change' });
+      await new Promise((r) => setTimeout(r, 1100));
+      expect(count(QUEUED)).toBe(queued);
+      // The control: a real transition is announced, on the wire too.
+      const cap = await startCapture(topo, 'ext', 'e0', ['arp']);
+      try {
+        await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'down']);
+        await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'up']);
+        await waitFor(async () => count(QUEUED) > queued, { what: 'the announcement after net1 went down and up' });
+        for (const e of EIPS) {
+          await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), {
+            what: `gratuitous ARP for ${e} after net1 went down and up`,
+          });
+        }
+      } finally {
+        await cap.stop();
+      }
+    } finally {
+      await topo.exec('gw', ['ip', 'link', 'set', 'net1', 'promisc', 'off']);
+    }
+  });
 });

@@ -14,6 +14,14 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js';
 import { EIP, SEQUENCE, SHORT, requestsVia, pathWith, runSequence, shim, text } from './shim-util.js';
 
+/** The sequence, plus a successful init and a command whose output is large and not ASCII. */
+const CURL_SEQUENCE: readonly (readonly (string | Buffer)[])[] = [
+  ...SEQUENCE,
+  ['init'],
+  // Each argument under the kernel's 128 KiB per argument, as the test's wrapper escapes it.
+  ['dnat-add', 'é'.repeat(15_000), `${'€'.repeat(10_000)}\n`, 'ü'.repeat(15_000), ''],
+];
+
 describe("the shim's curl client", () => {
   let topo: Topology;
   const requestsTo = (d: Daemon, path: string) => requestsVia(socketOf(topo), d, path);
@@ -27,8 +35,7 @@ describe("the shim's curl client", () => {
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
     await topo.natgwOk('init');
-    // The loopback fast path off: this file is about curl (shim-tcp.test.ts covers that path).
-    daemon = await startDaemon(topo, { NATGW_SHIM_TCP: 'false' });
+    daemon = await startDaemon(topo);
   });
   afterAll(async () => {
     for (const f of fakes) f.close();
@@ -40,13 +47,13 @@ describe("the shim's curl client", () => {
 
   it('prints byte for byte what the Node.js path prints, without starting Node.js', async () => {
     const d = daemon!;
-    const viaCurl = await runSequence(topo, { PATH: noNode });
-    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+    const viaCurl = await runSequence(topo, { PATH: noNode }, CURL_SEQUENCE);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(CURL_SEQUENCE.length);
     expect(await requestsTo(d, '/v1/legacy')).toBe(0);
 
-    const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' });
-    expect(await requestsTo(d, '/v1/legacy')).toBe(SEQUENCE.length);
-    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(SEQUENCE.length);
+    const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' }, CURL_SEQUENCE);
+    expect(await requestsTo(d, '/v1/legacy')).toBe(CURL_SEQUENCE.length);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(CURL_SEQUENCE.length);
 
     expect(viaCurl).toEqual(viaNode);
     expect(existsSync('/tmp/natgw-pwned')).toBe(false);
@@ -64,6 +71,11 @@ describe("the shim's curl client", () => {
     expect(at(13).stdout).toContain('dnat-add 1\ufffd\ufffd,\ufffd\n');
     expect(at(16)).toMatchObject({ status: 1, stderr: 'Error: Expected two interfaces separated by a comma (e.g., net1,net2)\n' });
     expect(at(17)).toMatchObject({ status: 1, stderr: 'Error: Interface names cannot be empty\n' });
+    expect(at(SEQUENCE.length)).toMatchObject({ status: 0, stderr: '' });
+    const large = at(SEQUENCE.length + 1);
+    expect(large.status).toBe(1);
+    expect(Buffer.byteLength(large.stdout)).toBeGreaterThan(90_000);
+    expect(large.stdout).toContain('é'.repeat(15_000));
     expect(viaCurl.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
     expect(viaCurl.some((r) => r.status === 0)).toBe(true);
     expect(viaCurl.some((r) => r.status === 1 && r.stderr === '')).toBe(true);

@@ -1,7 +1,7 @@
 /**
  * Running the shim (image/nat-gateway.sh) as the controller does and capturing its raw bytes;
  * the command sequence its client tests compare across paths; the daemon's request counts.
- * Shared by shim-curl.test.ts and shim-tcp.test.ts.
+ * Shared by the shim's netns tests.
  */
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, symlinkSync } from 'node:fs';
@@ -104,15 +104,12 @@ export async function runSequence(topo: Topology, env: Record<string, string>, s
   return out;
 }
 
-/**
- * Lines the daemon logged for requests to exactly this path: over HTTP, or (via 'shim-tcp')
- * over the shim's loopback listener, which logs its commands as /v1/legacy too.
- */
-export const countRequests = (d: Daemon, path: string, via: 'http' | 'shim-tcp' = 'http') =>
+/** Lines the daemon logged for requests to exactly this path. */
+export const countRequests = (d: Daemon, path: string) =>
   d
     .logs()
     .split('\n')
-    .filter((l) => l.includes(`"path":"${path}"`) && l.includes('"via":"shim-tcp"') === (via === 'shim-tcp')).length;
+    .filter((l) => l.includes(`"path":"${path}"`)).length;
 
 /**
  * The daemon logs a request once its answer is sent, and the line reaches the test through a
@@ -132,10 +129,10 @@ export async function settleLogs(socketPath: string, d: Daemon): Promise<void> {
   await waitFor(async () => d.logs().includes(`"path":"${marker}"`), { timeoutMs: 10_000, intervalMs: 20, what: `the daemon's log line for ${marker}` });
 }
 
-/** The requests for `path` the daemon logged so far, through `via` (see settleLogs). */
-export async function requestsVia(socketPath: string, d: Daemon, path: string, via: 'http' | 'shim-tcp' = 'http'): Promise<number> {
+/** The requests for `path` the daemon logged so far (see settleLogs). */
+export async function requestsVia(socketPath: string, d: Daemon, path: string): Promise<number> {
   await settleLogs(socketPath, d);
-  return countRequests(d, path, via);
+  return countRequests(d, path);
 }
 
 /**

@@ -30,12 +30,8 @@ const SKELETON = [
   '  map fip_snat { type ipv4_addr : ipv4_addr; }',
   '  map port_dnat { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }',
   `  set hairpin_eips { type ipv4_addr; elements = { ${E1}, ${E2}, ${E3} }; }`,
-  '  set dnat_hit { type ipv4_addr . inet_proto . inet_service; size 1048576; flags dynamic; }',
-  '  set fip_hit { type ipv4_addr; size 1048576; flags dynamic; }',
   '  chain vpc_mark { type filter hook prerouting priority mangle; policy accept; iifname "eth0" meta mark set meta mark | 0x1; }',
   '  chain prerouting { type nat hook prerouting priority dstnat; policy accept;',
-  '    meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { ip daddr . meta l4proto . th dport }',
-  '    ip daddr @fip_dnat add @fip_hit { ip daddr }',
   '    dnat ip to ip daddr map @fip_dnat',
   '    meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
   '  }',
@@ -44,7 +40,6 @@ const SKELETON = [
   '    oifname "net1" jump shared_snat',
   '    oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
   '  }',
-  '  chain shim_notrack { type filter hook output priority raw; policy accept; ip daddr 127.78.71.87 notrack; ip saddr 127.78.71.87 notrack; }',
 ];
 
 describe('shared SNAT per-length layout on nftables, with real traffic', () => {
@@ -82,18 +77,14 @@ describe('shared SNAT per-length layout on nftables, with real traffic', () => {
   const chains = async (): Promise<string[]> => [...(await list()).matchAll(/\tchain (\S+) \{/g)].map((m) => m[1]!);
   /** What a resync would change now: nothing, when the command path left what a full render makes. */
   const drifted = async (): Promise<boolean> => ok(await api(sock, 'GET', '/v1/status?check=true'), 'status check').body.drift.check.drifted;
-  /**
-   * Stopped, then started as after an upgrade: the applied-ruleset cache a new version would
-   * not replay (it was written by other code) is gone, so the start is a full sync.
-   */
+  /** Stopped, then started as after an upgrade: the start is a full sync. */
   const restart = async (between: () => Promise<void> = async () => undefined): Promise<void> => {
     if (daemon) await stopDaemon(daemon, 'SIGTERM');
     daemon = undefined;
-    rmSync(`${topo.stateDir}/applied-ruleset`, { force: true });
     await between();
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
-    expect(daemon.logs()).toContain('start: netfilter by a full sync');
+    expect(daemon.logs()).toContain('full sync: read back and reconciled everything natgw owns');
   };
 
   beforeAll(async () => {
@@ -310,7 +301,7 @@ describe('shared SNAT per-length layout on nftables, with real traffic', () => {
     expect(before).toHaveLength(4);
     await stopDaemon(daemon!, 'SIGKILL');
     daemon = undefined;
-    for (const f of ['state.json', 'state.journal', 'owned.json', 'backend.json', 'applied-ruleset']) rmSync(`${topo.stateDir}/${f}`, { force: true });
+    for (const f of ['state.json', 'state.journal', 'owned.json', 'backend.json']) rmSync(`${topo.stateDir}/${f}`, { force: true });
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
     expect((await api(sock, 'GET', '/v1/state')).body.desired.snats).toEqual(before);

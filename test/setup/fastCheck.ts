@@ -1,13 +1,9 @@
 /**
- * Property tests draw from one seed so that a CI run is reproducible: NATGW_PROP_SEED=<number>
- * replays a run, NATGW_PROP_SEED=random explores new inputs (fast-check prints the seed and the
- * counterexample of any failure, which then replays with the same variable).
+ * Every property test draws from the run's one seed (test/setup/propSeed.ts): fast-check's
+ * global settings, which every fc.assert in every file inherits. A failure prints the seed and
+ * the counterexample; NATGW_PROP_SEED=<seed> replays it.
  */
 import fc from 'fast-check';
+import { inject } from 'vitest';
 
-const given = process.env.NATGW_PROP_SEED ?? '20261130';
-if (given !== 'random') {
-  const seed = Number(given);
-  if (!Number.isInteger(seed)) throw new Error(`NATGW_PROP_SEED must be an integer or "random", got ${given}`);
-  fc.configureGlobal({ seed });
-}
+fc.configureGlobal({ seed: inject('propSeed') });

@@ -166,7 +166,6 @@ describe('sameChoice and instantiate', () => {
   it('builds the backend of the choice', () => {
     const exec: Executor = {
       run: () => Promise.reject(new Error('not used')),
-      spawnDetached: () => undefined,
     };
     expect(instantiate(NFT, exec).kind).toBe('nftables');
     const legacy = instantiate(LEGACY, exec);

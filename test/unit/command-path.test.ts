@@ -133,17 +133,3 @@ describe('iptables chain plan: a command-sized change of a long chain', () => {
     expect(planChain('C', have, [rule(1), rule(4)], { deleteBySpec: true }).lines).toEqual([`-D C ${rule(2)}`]);
   });
 });
-
-describe('SystemExecutor: a single-binary tool', () => {
-  it('runs in the process group natgw runs in, and is killed alone at the deadline', async () => {
-    const r = await new SystemExecutor(undefined, { deadlineMs: 300 }).run({ file: 'sleep', args: ['30'], single: true });
-    expect(r).toMatchObject({ timedOut: true, failedToStart: false });
-    expect(r.exitCode).not.toBe(0);
-    expect(r.stderr).toMatch(/timed out after 300 ms \(NATGW_TOOL_TIMEOUT\)/);
-  });
-
-  it('answers like any other run', async () => {
-    const r = await new SystemExecutor().run({ file: 'bash', args: ['-c', 'cat; exit 2'], input: 'x\n', single: true });
-    expect(r).toMatchObject({ exitCode: 2, stdout: 'x\n', timedOut: false });
-  });
-});

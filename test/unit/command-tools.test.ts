@@ -1,8 +1,7 @@
 /**
  * The tools a command runs on the iptables backend, counted with the recording executor: after
  * a full sync, each command runs exactly one `iptables-restore --noflush` for the one table it
- * changes (none for the other family or the other table, no listing), handed to the executor
- * as prestartable (the daemon's executor may give it a process started ahead); a DNAT or FIP
+ * changes (none for the other family or the other table, no listing); a DNAT or FIP
  * delete adds its conntrack flush, nothing else. Where the executor reads the kernel's own
  * files, a DNAT or FIP delete in a namespace that tracks nothing reads one small file (the entry
  * count) and runs no conntrack at all; no other command reads anything.
@@ -70,11 +69,10 @@ async function setUp(kernelFiles?: (path: string) => string | undefined) {
 }
 
 describe('iptables backend: the tools one command runs', () => {
-  it('a DNAT add: one nat-table restore, prestartable, nothing listed', async () => {
+  it('a DNAT add: one nat-table restore, nothing listed', async () => {
     const { engine, exec } = await setUp();
     await engine.transact(({ state }) => Ops.addDnat(state, dnat(40001)), { guarded: true, qos: false });
     expect(exec.calls.map(cmd)).toEqual([RESTORE]);
-    expect(exec.calls[0]!.prestartable).toBe(true);
     expect(exec.calls[0]!.input).toMatch(/^\*nat\n-A SHARED_DNAT .*172\.20\.0\.10.*--dport 40001 .*\nCOMMIT\n$/);
   });
 
@@ -92,7 +90,6 @@ describe('iptables backend: the tools one command runs', () => {
     await engine.transact(({ state }) => Ops.delSnat(state, snat), { guarded: true, qos: false });
     await engine.transact(({ state }) => Ops.addFip(state, { eip: '172.20.0.11', internalIp: '10.0.9.9' }), { guarded: true, qos: false });
     expect(exec.calls.map(cmd)).toEqual([RESTORE, RESTORE, RESTORE]);
-    expect(exec.calls.every((r) => r.prestartable === true)).toBe(true);
   });
 
   it('with the kernel files readable and nothing tracked: each command one restore; a DNAT or FIP delete reads the entry count only', async () => {

@@ -106,6 +106,18 @@ describe('parseRouteAdd / parseRouteDel', () => {
     expect(parseRouteAdd('0.0.0.0/0,10.0.0.1')).toEqual({ cidr: '0.0.0.0/0', nexthop: '10.0.0.1' });
   });
 
+  it('every spelling of the default becomes 0.0.0.0/0 (the one owner check sees them all); `default` and `0/0` are not CIDRs', () => {
+    for (const spelling of ['0.0.0.0/00', '10.9.8.7/0', '255.255.255.255/000']) {
+      expect(parseRouteAdd(`${spelling},10.0.0.1`).cidr).toBe('0.0.0.0/0');
+      expect(parseRouteDel(spelling)).toBe('0.0.0.0/0');
+    }
+    expectStdout(
+      () => parseRouteAdd('default,10.0.0.1'),
+      "Error: invalid subnet-route rule 'default,10.0.0.1': cidr 'default' is not an IPv4 CIDR (a.b.c.d/0-32)",
+    );
+    expectStdout(() => parseRouteAdd('0/0,10.0.0.1'), "Error: invalid subnet-route rule '0/0,10.0.0.1': cidr '0/0' is not an IPv4 CIDR (a.b.c.d/0-32)");
+  });
+
   it('rejects a wrong field count', () => {
     expectStdout(() => parseRouteAdd('10.0.1.0/24'), "Error: invalid subnet-route rule '10.0.1.0/24': expected 2 comma-separated fields, got 1");
     expectStdout(

@@ -3,7 +3,7 @@
  * addresses, routes and default routes, removing only what natgw itself programmed before.
  */
 import { describe, expect, it } from 'vitest';
-import { linkOps, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/link.js';
+import { linkOps, linkViewAfter, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 function state(patch: Partial<DesiredState> = {}): DesiredState {
@@ -187,6 +187,81 @@ describe('planLink: default routes from GATEWAY_V4 / GATEWAY_V6', () => {
     const want = state({ defaultRoutes: { v4: '172.18.0.1' } });
     const have = view({ addrs: [addr('172.18.0.10', 24)], defaults: [{ dst: 'default', gateway: '172.18.0.1' }] });
     expect(planLink(have, want, previous)).toEqual(['addr del 172.18.0.10/24 dev net1']);
+  });
+});
+
+describe('planLink: one owner for the default route', () => {
+  // The external default (GATEWAY_V4/V6) owns a family's default; a subnet route to it is held.
+  const both = state({
+    defaultRoutes: { v4: '172.20.0.1', v6: 'fd00:20::1' },
+    routes: [
+      { cidr: '0.0.0.0/0', nexthop: '10.0.1.254' },
+      { cidr: '::/0', nexthop: 'fe80::fe' },
+      { cidr: '10.0.2.0/24', nexthop: '10.0.1.254' },
+    ],
+  });
+
+  it('a state holding both installs the external default and not the subnet route to it', () => {
+    expect(planLink(view(), both, undefined)).toEqual([
+      'route replace 10.0.2.0/24 via 10.0.1.254 dev eth0',
+      'route replace default via 172.20.0.1 dev net1 onlink',
+      'route replace default via fd00:20::1 dev net1 onlink',
+    ]);
+  });
+
+  it('where the kernel has the subnet route on VPC, the external default takes its place without a delete first (no gap)', () => {
+    const have = view({
+      routes: [
+        { dst: 'default', gateway: '10.0.1.254' },
+        { dst: 'default', gateway: 'fe80::fe' },
+        { dst: '10.0.2.0/24', gateway: '10.0.1.254' },
+      ],
+    });
+    const previous = state({ routes: both.routes });
+    expect(planLink(have, both, previous)).toEqual([
+      'route replace default via 172.20.0.1 dev net1 onlink',
+      'route replace default via fd00:20::1 dev net1 onlink',
+    ]);
+  });
+
+  it('converges: every sync after the first plans nothing (the two never replace each other)', () => {
+    let have = view({ routes: [{ dst: 'default', gateway: '10.0.1.254' }] });
+    let previous: DesiredState | undefined = state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] });
+    const plans: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      const ops = linkOps(have, both, previous);
+      plans.push(ops.length);
+      have = linkViewAfter(have, ops);
+      previous = both;
+    }
+    expect(plans.slice(1)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    expect(have.extDefaults).toEqual([
+      { dst: 'default', gateway: '172.20.0.1' },
+      { dst: 'default', gateway: 'fd00:20::1' },
+    ]);
+    expect(have.vpcRoutes.map((r) => r.dst)).toEqual(['10.0.2.0/24']);
+  });
+
+  it('only the family the external default owns is held', () => {
+    const v6Only = { ...both, defaultRoutes: { v6: 'fd00:20::1' } };
+    expect(planLink(view(), v6Only, undefined)).toEqual([
+      'route replace 0.0.0.0/0 via 10.0.1.254 dev eth0',
+      'route replace 10.0.2.0/24 via 10.0.1.254 dev eth0',
+      'route replace default via fd00:20::1 dev net1 onlink',
+    ]);
+  });
+
+  it('once the external default is removed from the state, the held route is installed', () => {
+    const have = view({ defaults: [{ dst: 'default', gateway: '172.20.0.1' }] });
+    const want = state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] });
+    expect(planLink(have, want, { ...want, defaultRoutes: { v4: '172.20.0.1' } })).toEqual(['route replace 0.0.0.0/0 via 10.0.1.254 dev eth0']);
+  });
+
+  it('deleting the held route removes nothing from the kernel (the default is the external one)', () => {
+    const have = view({ defaults: [{ dst: 'default', gateway: '172.20.0.1' }] });
+    const want = state({ defaultRoutes: { v4: '172.20.0.1' } });
+    const previous = { ...want, routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] };
+    expect(linkOps(have, want, previous, { addresses: new Set(), routes: new Set(['0.0.0.0/0']) })).toEqual([]);
   });
 });
 

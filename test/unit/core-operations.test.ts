@@ -375,6 +375,49 @@ describe('routes', () => {
   });
 });
 
+describe('routes: one owner for the default route', () => {
+  const gw = { v4: '172.20.0.1', v6: 'fd00:20::1' };
+
+  it('a subnet route to 0.0.0.0/0 is refused while the external default (GATEWAY_V4) owns it, naming both and the way out', () => {
+    const s = frozen({ defaultRoutes: { v4: gw.v4 } });
+    const e = conflict(() => addRoute(s, { cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }));
+    expect(e.message).toBe(
+      'subnet route 0.0.0.0/0 via 10.0.1.254 conflicts with the default route via 172.20.0.1 dev net1 that eip-add installs from GATEWAY_V4, ' +
+        'which owns the default: route 0.0.0.0/1 and 128.0.0.0/1 via 10.0.1.254 on eth0 instead, ' +
+        'or remove defaultRoutes.v4 from the state (PUT /v1/state) and unset GATEWAY_V4 to hand the default to eth0',
+    );
+    // Narrower routes and the other family's default are not the owned one.
+    expect(run(s, (x) => addRoute(x, { cidr: '0.0.0.0/1', nexthop: '10.0.1.254' })).state.routes).toHaveLength(1);
+    expect(run(s, (x) => addRoute(x, { cidr: '::/0', nexthop: 'fe80::1' })).state.routes).toEqual([{ cidr: '::/0', nexthop: 'fe80::1' }]);
+  });
+
+  it('::/0 is refused while GATEWAY_V6 owns the IPv6 default', () => {
+    const e = conflict(() => addRoute(frozen({ defaultRoutes: { v6: gw.v6 } }), { cidr: '::/0', nexthop: 'fe80::1' }));
+    expect(e.message).toContain('subnet route ::/0 via fe80::1 conflicts with the default route via fd00:20::1 dev net1 that eip-add installs from GATEWAY_V6');
+    expect(e.message).toContain('route ::/1 and 8000::/1 via fe80::1 on eth0 instead');
+    expect(e.message).toContain('remove defaultRoutes.v6 from the state (PUT /v1/state) and unset GATEWAY_V6');
+  });
+
+  it('without an external default the subnet route takes the default, as the script did', () => {
+    const r = run(frozen({ defaultRoutes: { v6: gw.v6 } }), (x) => addRoute(x, { cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }));
+    expect(r.state.routes).toEqual([{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }]);
+  });
+
+  it('either order ends with the external default owning it: eip-add after the route keeps the route (held), a route after eip-add is refused', () => {
+    const route = { cidr: '0.0.0.0/0', nexthop: '10.0.1.254' };
+    const eip = { address: '172.20.0.10', prefixLength: 24 };
+    const routeFirst = run(run(base(), (x) => addRoute(x, route)).state, (x) => addEip(x, eip, { v4: gw.v4 })).state;
+    expect(routeFirst.defaultRoutes).toEqual({ v4: gw.v4 });
+    expect(routeFirst.routes).toEqual([route]);
+    const eipFirst = run(base(), (x) => addEip(x, eip, { v4: gw.v4 })).state;
+    conflict(() => addRoute(eipFirst, route));
+    // The answer depends on the state alone: a re-send of the held route is refused too.
+    conflict(() => addRoute(routeFirst, route));
+    // And the held route goes as any other.
+    expect(run(routeFirst, (x) => delRoute(x, '0.0.0.0/0')).state.routes).toEqual([]);
+  });
+});
+
 describe('purity', () => {
   it('random sequences of operations never mutate a (deep-frozen) input and keep the invariants', () => {
     const rnd = prng(20240601);

@@ -28,7 +28,6 @@ const dashboard = JSON.parse(readFileSync(join(REPO_ROOT, 'dashboards', 'natgw.j
 
 const noExec: Executor = {
   run: async (req) => ({ command: req.file, exitCode: 1, stdout: '', stderr: '', timedOut: false, failedToStart: true }),
-  spawnDetached: () => undefined,
 };
 
 /** Metric names natgw's registry exports, with a histogram's series names. */

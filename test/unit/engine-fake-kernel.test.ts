@@ -106,17 +106,14 @@ const elements = (view: ReturnType<typeof tableView>, set: string) => view?.sets
 /** natgw's NAT objects in nftables: what the kernel holds after `populate`. */
 function expectNatgwNft(nft: FakeNftClient): void {
   const t = tableView(nft.dump('ip', 'natgw'));
-  // shim_notrack is created with the table (init), or beside the SNAT chain by a full sync that adds both.
-  expect(t?.chains.filter((c) => c.name !== 'shim_notrack').map((c) => [c.name, c.base])).toEqual([
+  expect(t?.chains.map((c) => [c.name, c.base])).toEqual([
     ['vpc_mark', 'filter prerouting -150 accept'],
     ['prerouting', 'nat prerouting -100 accept'],
     ['postrouting', 'nat postrouting 100 accept'],
     ['shared_snat', undefined],
   ]);
-  expect(t?.chains.find((c) => c.name === 'shim_notrack')?.base).toBe('filter output -300 accept');
-  expect(rules(t, 'shim_notrack')).toEqual([JSON.stringify({ kind: 'notrack', match: 'daddr' }), JSON.stringify({ kind: 'notrack', match: 'saddr' })]);
   expect(rules(t, 'vpc_mark')).toEqual([JSON.stringify({ kind: 'vpc-mark', vpcIf: 'eth0' })]);
-  expect(rules(t, 'prerouting')).toEqual(['dnat-witness', 'fip-witness', 'fip-dnat', 'port-dnat'].map((kind) => JSON.stringify({ kind })));
+  expect(rules(t, 'prerouting')).toEqual(['fip-dnat', 'port-dnat'].map((kind) => JSON.stringify({ kind })));
   expect(rules(t, 'postrouting')).toEqual([
     JSON.stringify({ kind: 'fip-snat' }),
     JSON.stringify({ kind: 'snat-jump', extIf: 'net1' }),
@@ -237,7 +234,6 @@ describe('engine on a fake kernel: switching the netfilter backend', () => {
     const ipt = await k.engine(dir, IPT);
     await populate(ipt.engine);
     expect(natgwChains(k).length).toBeGreaterThan(5);
-    expect(k.ipt.rules('iptables-nft', 'raw', 'NATGW_NOTRACK')).toEqual(['-d 127.78.71.87/32 -j CT --notrack', '-s 127.78.71.87/32 -j CT --notrack']);
     expect(k.nft.dump('ip', 'natgw')).toBeNull();
     // Another owner jumps to natgw's chain: iptables refuses to delete a chain still referenced.
     k.ipt.append('iptables-nft', 'nat', 'FOREIGN', `-j ${CHAINS.sharedSnat}`);
@@ -265,11 +261,9 @@ describe('engine on a fake kernel: switching the netfilter backend', () => {
     k.ipt.answer({ file: 'iptables-nft-restore', args: ['--noflush'], input: '*nat\n-F FOREIGN\n-X FOREIGN\nCOMMIT\n' });
     k.writes.length = 0;
     await nft.engine.resync('timer');
-    // nat, mangle, and raw (the shim's notrack chain): nothing of natgw's is left in any of them.
-    expect(k.writes.filter((w) => w.startsWith('iptables-nft-restore')).length).toBe(3);
+    // nat and mangle: nothing of natgw's is left in either.
+    expect(k.writes.filter((w) => w.startsWith('iptables-nft-restore')).length).toBe(2);
     expect(natgwChains(k)).toEqual([]);
-    expect(k.ipt.rules('iptables-nft', 'raw', 'NATGW_NOTRACK')).toBeUndefined();
-    expect(k.ipt.rules('iptables-nft', 'raw', 'OUTPUT')).toEqual([]);
     expect(await nft.engine.currentBackend()).toEqual({ kind: 'nftables' });
   });
 

@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest, type ExecResult, type PendingRun } from '../../src/system/exec.js';
+import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
 import { cmd } from '../helpers/execCalls.js';
 import { waitFor } from '../helpers/poll.js';
 
@@ -34,25 +34,6 @@ class TurnExecutor extends RecordingExecutor {
   }
 }
 
-/** A TurnExecutor that can start a tool ahead of its script (Executor.start), as the system's does. */
-class StartingExecutor extends TurnExecutor {
-  /** Each tool started ahead, and what became of it. */
-  readonly ahead: { cmd: string; at: number; fate: 'waiting' | 'fed' | 'cancelled' }[] = [];
-  start(req: Omit<ExecRequest, 'input' | 'settledBy'>): PendingRun {
-    const rec = { cmd: cmd(req as ExecRequest), at: this.calls.length, fate: 'waiting' as 'waiting' | 'fed' | 'cancelled' };
-    this.ahead.push(rec);
-    return {
-      feed: (input) => {
-        rec.fate = 'fed';
-        return this.run({ ...req, input });
-      },
-      cancel: () => {
-        rec.fate = 'cancelled';
-      },
-    };
-  }
-}
-
 async function setUp(failLinkReads = 0, Exec: typeof TurnExecutor = TurnExecutor) {
   const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
   dirs.push(dir);
@@ -69,7 +50,7 @@ async function setUp(failLinkReads = 0, Exec: typeof TurnExecutor = TurnExecutor
     return undefined;
   });
   const engine = new Engine({ config, exec, log: pino({ level: 'silent' }) });
-  return { engine, exec: exec as StartingExecutor };
+  return { engine, exec };
 }
 
 const withEip = (engine: Engine) =>
@@ -107,115 +88,6 @@ describe('engine: a full sync reads the link view beside the NAT transaction', (
     expect(reads.filter((i) => i < nat)).toHaveLength(2);
     expect(reads.filter((i) => i > nat)).toHaveLength(2);
     expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(nat);
-  });
-
-  describe('read ahead at the daemon start (Engine.readAhead)', () => {
-    const isShareRead = (r: ExecRequest): boolean => r.file === 'nft' && r.args.includes('list') && r.args.includes('kube-ovn');
-
-    /** Listings of `ip kube-ovn` in a start without a read-ahead (backend detection lists it too). */
-    async function plainShareReads(): Promise<number> {
-      const { engine, exec } = await setUp();
-      await engine.loadState();
-      await withEip(engine);
-      return exec.calls.filter(isShareRead).length;
-    }
-
-    it('the first full sync takes the views read ahead: nothing is listed twice', async () => {
-      const plain = await plainShareReads();
-      const { engine, exec } = await setUp();
-      engine.readAhead(await engine.loadState());
-      const ahead = exec.calls.length;
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(2);
-      await withEip(engine);
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(2);
-      // The share-DNAT part used the listing read ahead instead of its own.
-      expect(exec.calls.filter(isShareRead)).toHaveLength(plain);
-      // Read before the sync began; the change still comes after NAT.
-      expect(exec.calls.findIndex(isNatApply)).toBeGreaterThanOrEqual(ahead);
-      expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(exec.calls.findIndex(isNatApply));
-    });
-
-    it('a link event meanwhile (distrust) drops them: the sync reads again', async () => {
-      const plain = await plainShareReads();
-      const { engine, exec } = await setUp();
-      engine.readAhead(await engine.loadState());
-      engine.distrust();
-      await withEip(engine);
-      expect(exec.calls.filter(isLinkRead)).toHaveLength(4);
-      expect(exec.calls.filter(isShareRead)).toHaveLength(plain + 1);
-    });
-
-    it('a view of other interfaces is not used', async () => {
-      const { engine, exec } = await setUp();
-      const state = await engine.loadState();
-      engine.readAhead({ ...state, interfaces: { vpc: 'other0', ext: 'other1' } });
-      await withEip(engine);
-      const reads = exec.calls.filter(isLinkRead);
-      expect(reads).toHaveLength(4);
-      expect(reads.slice(2).every((r) => !(r.input ?? '').includes('other'))).toBe(true);
-    });
-
-    describe("the addresses' `ip -batch -` started ahead (LinkManager.readAhead)", () => {
-      const EIP = { address: '172.20.0.10', prefixLength: 24 };
-      const withEipState = async (engine: Engine) => Ops.addEip(await engine.loadState(), EIP, {}).state;
-      /** Let the read-ahead's listings answer (a turn each) and the batch start. */
-      const settle = async () => {
-        for (let i = 0; i < 5; i++) await new Promise<void>((r) => setImmediate(r));
-      };
-
-      it('an EIP the kernel lacks: started before the sync, fed by it only after NAT is in place', async () => {
-        const { engine, exec } = await setUp(0, StartingExecutor);
-        engine.readAhead(await withEipState(engine));
-        await settle();
-        expect(exec.ahead.map((a) => [a.cmd, a.fate])).toEqual([['ip -batch -', 'waiting']]);
-        const syncFrom = exec.calls.length;
-        await withEip(engine);
-        expect(exec.ahead.map((a) => a.fate)).toEqual(['fed']);
-        expect(exec.ahead[0]!.at).toBeLessThanOrEqual(syncFrom);
-        // One address change in all, and after NAT's transaction.
-        const changes = exec.calls.map((c, i) => (isLinkChange(c) ? i : -1)).filter((i) => i >= 0);
-        expect(changes).toHaveLength(1);
-        expect(changes[0]).toBeGreaterThan(exec.calls.findIndex(isNatApply));
-        expect(exec.calls[changes[0]!]!.input).toContain('172.20.0.10');
-      });
-
-      it('a link event meanwhile (distrust) ends it unwritten; the sync runs its own', async () => {
-        const { engine, exec } = await setUp(0, StartingExecutor);
-        engine.readAhead(await withEipState(engine));
-        await settle();
-        engine.distrust();
-        await settle();
-        expect(exec.ahead.map((a) => a.fate)).toEqual(['cancelled']);
-        await withEip(engine);
-        expect(exec.calls.filter(isLinkChange)).toHaveLength(1);
-      });
-
-      it('a state without EIPs starts none', async () => {
-        const { engine, exec } = await setUp(0, StartingExecutor);
-        engine.readAhead(await engine.loadState());
-        await settle();
-        expect(exec.ahead).toEqual([]);
-      });
-
-      it('one for other interfaces is ended, not fed', async () => {
-        const { engine, exec } = await setUp(0, StartingExecutor);
-        const state = await withEipState(engine);
-        engine.readAhead({ ...state, interfaces: { vpc: 'other0', ext: 'other1' } });
-        await settle();
-        await withEip(engine);
-        // (The bulk change then starts one of its own, which it feeds.)
-        expect(exec.ahead[0]?.fate).toBe('cancelled');
-        expect(exec.calls.filter(isLinkChange)).toHaveLength(1);
-      });
-    });
-
-    it('only before the first apply', async () => {
-      const { engine, exec } = await setUp();
-      await withEip(engine);
-      const before = exec.calls.length;
-      engine.readAhead(await engine.loadState());
-      expect(exec.calls.length).toBe(before);
-    });
   });
 
   it("a bulk change's ownership record (intent) is durable while NAT applies, not after it", async () => {

@@ -18,7 +18,6 @@ class FakeExec implements Executor {
     const ok = this.ipKnows.includes(req.args.at(-1) ?? '');
     return { command: req.file, exitCode: ok ? 0 : 1, stdout: '', stderr: ok ? '' : 'Device does not exist.\n', timedOut: false, failedToStart: false };
   }
-  spawnDetached(): void {}
 }
 
 describe('interface existence', () => {

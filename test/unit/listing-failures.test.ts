@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
 import { IptablesBackend } from '../../src/dataplane/netfilter/iptables/backend.js';
 import { Conntrack } from '../../src/dataplane/conntrack.js';
-import { ToolError } from '../../src/model/errors.js';
+import { ExecError } from '../../src/system/exec.js';
 
 const SAVE4 = `*nat
 :SNAT_FILTER - [0:0]
@@ -29,7 +29,7 @@ function backendAnswering(ip6: Partial<ExecResult>): IptablesBackend {
 describe('iptables listings', () => {
   it('a failing ip6tables-save is an error', async () => {
     const b = backendAnswering({ exitCode: 4, stderr: 'Another app is currently holding the xtables lock.' });
-    await expect(b.readBack()).rejects.toBeInstanceOf(ToolError);
+    await expect(b.readBack()).rejects.toBeInstanceOf(ExecError);
   });
 
   it('a hung ip6tables-save is an error', async () => {
@@ -84,13 +84,16 @@ describe('backend choice', () => {
   const nftFailing = (present: boolean, timedOut = false) => ({
     present: async () => present,
     list: async () => {
-      throw new ToolError(
-        'nft -j list table ip natgw',
+      throw new ExecError(
+        {
+          command: 'nft -j list table ip natgw',
+          exitCode: timedOut ? 124 : 1,
+          stdout: '',
+          stderr: 'netlink: Error: Could not process rule: Device or resource busy',
+          timedOut,
+          failedToStart: false,
+        },
         'the listing',
-        timedOut ? 124 : 1,
-        'netlink: Error: Could not process rule: Device or resource busy',
-        undefined,
-        timedOut,
       );
     },
     run: async () => undefined,
@@ -98,7 +101,7 @@ describe('backend choice', () => {
 
   it('a listing that fails while nft works is no evidence either way: the choice fails and is retried', async () => {
     const { BackendProbe } = await import('../../src/engine/backendSelect.js');
-    await expect(new BackendProbe(new RecordingExecutor(), nftFailing(true)).ownsNft()).rejects.toBeInstanceOf(ToolError);
+    await expect(new BackendProbe(new RecordingExecutor(), nftFailing(true)).ownsNft()).rejects.toBeInstanceOf(ExecError);
     await expect(new BackendProbe(new RecordingExecutor(), nftFailing(false, true)).ownsNft()).rejects.toThrow(/listing/);
   });
 

@@ -11,7 +11,7 @@ import { lstatSync, lutimesSync, mkdirSync, mkdtempSync, readdirSync, readFileSy
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { clearDeadLock, holdsLock, LOCK_NAME, refreshLock, tryLock, unlockSync } from '../../src/state/lock.js';
+import { clearDeadLock, holdsLock, LOCK_NAME, refreshLock, tryLock, unlock } from '../../src/state/lock.js';
 import { StateStore } from '../../src/state/store.js';
 
 const root = new URL('../../', import.meta.url).pathname;
@@ -151,7 +151,7 @@ describe("natgw's lock and its owner", () => {
     lutimesSync(lock, old, old);
     expect(refreshLock(lock)).toBe(true);
     expect(Date.now() - lstatSync(lock).mtimeMs).toBeLessThan(5_000);
-    expect(unlockSync(lock)).toBe(true);
+    expect(await unlock(lock)).toBe(true);
     expect(present(lock)).toBe(false);
 
     const compromised: string[] = [];

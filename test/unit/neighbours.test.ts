@@ -9,7 +9,7 @@ import {
   renderNeighbours,
   type NeighbourView,
 } from '../../src/dataplane/neighboursPlan.js';
-import { linkUpOf, mayLoseState } from '../../src/daemon/linkMonitor.js';
+import { linkStateOf, mayLoseState } from '../../src/daemon/linkMonitor.js';
 import { addNeighbour, delNeighbour } from '../../src/state/neighbourOperations.js';
 import { emptyState } from '../../src/state/state.js';
 
@@ -98,9 +98,10 @@ describe('static neighbours: monitor lines', () => {
     expect(mayLoseState(LINK_DOWN)).toBe(true);
   });
 
-  it('names a link that is up', () => {
-    expect(linkUpOf(LINK_UP)).toBe('net1');
-    expect(linkUpOf(LINK_DOWN)).toBeUndefined();
-    expect(linkUpOf(`Deleted ${LINK_UP}`)).toBeUndefined();
+  it('reads a link line: index, name, up', () => {
+    expect(linkStateOf(LINK_UP)).toEqual({ index: 7, name: 'net1', up: true, deleted: false });
+    expect(linkStateOf(LINK_DOWN)).toEqual({ index: 3, name: 'd0', up: false, deleted: false });
+    expect(linkStateOf(`Deleted ${LINK_UP}`)).toMatchObject({ name: 'net1', deleted: true });
+    expect(linkStateOf(NEIGH_ADDED)).toBeUndefined();
   });
 });

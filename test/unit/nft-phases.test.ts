@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ToolError } from '../../src/model/errors.js';
+import { ExecError } from '../../src/system/exec.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { runPhases, SystemNftClient } from '../../src/dataplane/netfilter/nft/client.js';
@@ -92,7 +92,7 @@ describe('phases(): the split of a change into absent tables', () => {
   it('hooks nothing before the last phase, and the last phase is only hooks and foreign tables', () => {
     for (const t of [p.first, ...p.groups]) expect(t.ops.filter((op) => op.object === 'chain' && op.verb === 'add' && op.chain.base)).toEqual([]);
     const hooked = new Set(p.last.ops.flatMap((op) => (op.object === 'chain' && op.verb === 'add' && op.chain.base ? [op.chain.name] : [])));
-    expect([...hooked].sort()).toEqual(['postrouting', 'prerouting', 'rx', 'shim_notrack', 'tx', 'vpc_mark']);
+    expect([...hooked].sort()).toEqual(['postrouting', 'prerouting', 'rx', 'tx', 'vpc_mark']);
     for (const op of p.last.ops) if (op.table.name === 'natgw' && op.object === 'rule') expect(hooked.has(op.chain), opText(op)).toBe(true);
     expect(p.last.ops.filter((op) => op.table.name === 'natgw' && op.object === 'element')).toEqual([]);
   });
@@ -179,7 +179,7 @@ describe('runPhases and the backend against the fake nft', () => {
     const before = shape(fake, 'inet', 'natgw_acct');
     fake.fault = (script) => (script.includes('add element ip natgw fip_snat') ? 'EINVAL' : undefined);
     const undo: unknown[] = [];
-    await expect(runPhases(fake, phases(fromAbsent(want), OPTS) as NftPhases, (e) => undo.push(e))).rejects.toBeInstanceOf(ToolError);
+    await expect(runPhases(fake, phases(fromAbsent(want), OPTS) as NftPhases, (e) => undo.push(e))).rejects.toBeInstanceOf(ExecError);
     expect(fake.dump('ip', 'natgw')).toBeNull();
     expect(shape(fake, 'inet', 'natgw_acct')).toEqual(before);
     expect(undo).toEqual([]);
@@ -189,7 +189,7 @@ describe('runPhases and the backend against the fake nft', () => {
   it('a refused last phase: the same', async () => {
     const fake = new FakeNftClient();
     fake.fault = (script) => (script.includes('hook prerouting') ? 'EOPNOTSUPP' : undefined);
-    await expect(runPhases(fake, phases(fromAbsent(want), OPTS) as NftPhases)).rejects.toBeInstanceOf(ToolError);
+    await expect(runPhases(fake, phases(fromAbsent(want), OPTS) as NftPhases)).rejects.toBeInstanceOf(ExecError);
     expect(fake.dump('ip', 'natgw')).toBeNull();
     expect(fake.dump('inet', 'natgw_acct')).toBeNull();
   });
@@ -290,8 +290,8 @@ describe('SystemNftClient.runPhases: one bash process runs the phases', () => {
         : undefined,
     );
     const err = await runPhases(new SystemNftClient(x), p).catch((e: unknown) => e);
-    expect(err).toBeInstanceOf(ToolError);
-    expect((err as ToolError).message).toBe(
+    expect(err).toBeInstanceOf(ExecError);
+    expect((err as ExecError).message).toBe(
       'Error: nft -f - refused the groups phase of the transaction: Error: Could not process rule: No such file or directory',
     );
     expect(x.calls.at(-1)).toMatchObject({ file: 'nft', args: ['-f', '-'], input: 'delete table ip natgw\n' });

@@ -58,7 +58,7 @@ const CHAINS_IP6 = listing('natgw-chains-ip6');
 /**
  * Handles in REAL_IP: shared_snat's three dispatch rules per length, d (CIDR chains), t (data
  * map), f (data map, fully-random) for /32, /24 and /0; the two rules of 10.0.1.0/24's chain,
- * snat24a (172.20.0.10) and snat24b (172.20.0.11); the notrack rules.
+ * snat24a (172.20.0.10) and snat24b (172.20.0.11).
  */
 const H = {
   mark: 22,
@@ -78,8 +78,6 @@ const H = {
   f0: 40,
   snat24a: 41,
   snat24b: 42,
-  notrackDaddr: 43,
-  notrackSaddr: 44,
 } as const;
 /** Handles in REAL_IP6. */
 const H6 = { mark: 14, jump: 22, hairpin: 23 } as const;
@@ -138,9 +136,6 @@ describe('render from nothing', () => {
       script.filter((l) => l.startsWith(`add rule ip natgw ${chain} `)).map((l) => l.slice(`add rule ip natgw ${chain} `.length));
     expect(rulesOf('vpc_mark')).toEqual(['iifname "eth0" meta mark set meta mark | 0x1']);
     expect(rulesOf('prerouting')).toEqual([
-      // The hit witnesses first (witness.ts): they see every connection a DNAT rule will translate.
-      'meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { ip daddr . meta l4proto . th dport }',
-      'ip daddr @fip_dnat add @fip_hit { ip daddr }',
       'dnat ip to ip daddr map @fip_dnat',
       'meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
     ]);
@@ -185,13 +180,8 @@ describe('render from nothing', () => {
   it('renders the skeleton for an empty state (init)', () => {
     const s = lines(renderNatgw({ vpcIf: 'eth0', extIf: 'net1', eips: [], snats: [], dnats: [], fips: [] }, { ip: null, ip6: null }).script);
     expect(s.filter((l) => l.startsWith('add element'))).toEqual([]);
-    // The three base chains' rules, the six of the witnesses, DNAT and SNAT maps, and notrack's two.
-    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(10);
-    expect(s).toContain('add chain ip natgw shim_notrack { type filter hook output priority raw; policy accept; }');
-    expect(s.filter((l) => l.startsWith('add rule ip natgw shim_notrack'))).toEqual([
-      'add rule ip natgw shim_notrack ip daddr 127.78.71.87 notrack',
-      'add rule ip natgw shim_notrack ip saddr 127.78.71.87 notrack',
-    ]);
+    // The three base chains' rules: the VPC mark, FIP and port DNAT, FIP SNAT, the SNAT jump and hairpin.
+    expect(s.filter((l) => l.startsWith('add rule'))).toHaveLength(6);
   });
 });
 
@@ -536,7 +526,7 @@ describe('repairs', () => {
     );
     const script = lines(renderNatgw(WANT, kernel(flushed)).script);
     expect(script.filter((l) => /^add (table|map|set|chain)/.test(l))).toEqual([]);
-    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(21);
+    expect(script.filter((l) => l.startsWith('add rule ip natgw'))).toHaveLength(17);
     expect(script.filter((l) => l.startsWith('add element ip natgw'))).toHaveLength(7);
   });
 
@@ -751,43 +741,21 @@ describe('untrusted kernel text', () => {
   });
 });
 
-describe("the shim's loopback connections kept out of conntrack (notrack chain)", () => {
-  it('a table of an older natgw (no notrack chain) gets the chain and its two rules, nothing else', () => {
-    const older = edit(REAL_IP, (items) => items.filter((i) => i['chain']?.['name'] !== 'shim_notrack' && i['rule']?.['chain'] !== 'shim_notrack'));
-    expect(lines(renderNatgw(WANT, kernel(older)).script)).toEqual([
-      'add chain ip natgw shim_notrack { type filter hook output priority raw; policy accept; }',
-      'add rule ip natgw shim_notrack ip daddr 127.78.71.87 notrack',
-      'add rule ip natgw shim_notrack ip saddr 127.78.71.87 notrack',
-    ]);
-  });
-
-  it('a notrack rule deleted by hand is put back at its place; a foreign rule there goes', () => {
-    const noDaddr = edit(REAL_IP, withoutRule(H.notrackDaddr));
-    expect(lines(renderNatgw(WANT, kernel(noDaddr)).script)).toEqual([
-      `insert rule ip natgw shim_notrack position ${H.notrackSaddr} ip daddr 127.78.71.87 notrack`,
-    ]);
-    const foreign = edit(REAL_IP, (items) => [
+describe('a table of an earlier natgw with objects natgw no longer declares', () => {
+  it('is rebuilt whole in the one transaction (a chain in the output hook, a set natgw never creates)', () => {
+    const extraChain = edit(REAL_IP, (items) => [
       ...items,
-      {
-        rule: {
-          family: 'ip',
-          table: 'natgw',
-          chain: 'shim_notrack',
-          handle: 99,
-          expr: [{ match: { op: '==', left: { payload: { protocol: 'ip', field: 'daddr' } }, right: '127.0.0.1' } }, { notrack: null }],
-        },
-      },
+      { chain: { family: 'ip', table: 'natgw', name: 'shim_notrack', handle: 98, type: 'filter', hook: 'output', prio: -300, policy: 'accept' } },
     ]);
-    expect(lines(renderNatgw(WANT, kernel(foreign)).script)).toEqual(['delete rule ip natgw shim_notrack handle 99']);
-  });
-
-  it('is in the IPv4 table only, and the adoption reads nothing from it', () => {
-    expect(desiredFamily(WANT, 'ip')?.chains.find((c) => c.name === 'shim_notrack')?.rules).toEqual([
-      { kind: 'notrack', match: 'daddr' },
-      { kind: 'notrack', match: 'saddr' },
+    const extraSet = edit(REAL_IP, (items) => [
+      ...items,
+      { set: { family: 'ip', name: 'fip_hit', table: 'natgw', type: 'ipv4_addr', handle: 97, size: 1048576, flags: ['dynamic'] } },
     ]);
-    expect(desiredFamily(WANT, 'ip6')?.chains.some((c) => c.name === 'shim_notrack')).toBe(false);
-    const without = edit(REAL_IP, (items) => items.filter((i) => i['chain']?.['name'] !== 'shim_notrack' && i['rule']?.['chain'] !== 'shim_notrack'));
-    expect(natTablesFromKernel(kernel(REAL_IP))).toEqual(natTablesFromKernel(kernel(without)));
+    for (const listing of [extraChain, extraSet]) {
+      const script = lines(renderNatgw(WANT, kernel(listing)).script);
+      expect(script[0]).toBe('delete table ip natgw');
+      expect(script).toContain('add table ip natgw');
+      expect(script.join('\n')).not.toMatch(/shim_notrack|fip_hit/);
+    }
   });
 });

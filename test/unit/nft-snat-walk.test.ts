@@ -121,7 +121,7 @@ describe('SNAT commands through the partial planner, at random', () => {
   it('leave the tables a full render makes, translating as SPEC says, at every step', async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(op, { minLength: 1, maxLength: 40 }), (ops) => walk(ops)),
-      { numRuns: 100, seed: 20260512 },
+      { numRuns: 100 },
     );
   }, 120_000);
 

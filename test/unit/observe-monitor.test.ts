@@ -64,7 +64,6 @@ function listing(lines: string[]): Executor & { calls: ExecRequest[] } {
       const v4 = req.args.includes('ipv4');
       return { command: req.file, exitCode: 0, stdout: v4 ? lines.join('\n') : '', stderr: '', timedOut: false, failedToStart: false };
     },
-    spawnDetached: () => undefined,
   };
 }
 

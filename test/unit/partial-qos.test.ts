@@ -1,12 +1,11 @@
 /**
- * QosManager, full and partial (SyncOptions): a partial sync plans against the view kept from
- * the last apply (KernelQos after the plan, qosViewAfter) and runs only `tc -batch -`, and
- * renders exactly what a full sync renders against the kernel's listing after that apply. The
- * listings are what iproute2 6.1 printed on Linux 6.18 (no fq_codel, no matchall) after a real
- * QosManager applied S1, S2 and S3; S2_REAL and S3_REAL are the commands it ran there.
+ * QosManager, full and partial (SyncOptions): a partial sync reads and plans only the devices
+ * whose rules changed since the state applied before, and renders there exactly what a full sync
+ * renders. The listings are what iproute2 6.1 printed on Linux 6.18 (no fq_codel, no matchall)
+ * after a real QosManager applied S1, S2 and S3; S2_REAL and S3_REAL are the commands it ran there.
  */
 import { describe, expect, it } from 'vitest';
-import { QosManager, qosViewAfter, type QosView } from '../../src/dataplane/qos/manager.js';
+import { QosManager, changedDevices } from '../../src/dataplane/qos/manager.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos, delEipQos, delGwQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
@@ -14,22 +13,31 @@ import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/
 
 type Listing = Readonly<Record<string, string>>;
 
+const noqueue = (dev: string) => ({ kind: 'noqueue', handle: '0:', dev, root: true, refcnt: 2, options: {} });
+const htb = (dev: string) => ({
+  kind: 'htb',
+  handle: '1:',
+  dev,
+  root: true,
+  refcnt: 2,
+  options: { r2q: 10, default: '0x9999', direct_packets_stat: 0, direct_qlen: 1000 },
+});
+const SHAPED_QDISCS = JSON.stringify([
+  noqueue('lo'),
+  noqueue('eth0'),
+  htb('net1'),
+  { kind: 'ingress', handle: 'ffff:', dev: 'net1', parent: 'ffff:fff1', options: {} },
+  htb('ifb-net1'),
+]);
+
 const INITIAL: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]}]`,
-  'tc qdisc show': `qdisc noqueue 0: dev lo root refcnt 2 
-qdisc noqueue 0: dev eth0 root refcnt 2 
-qdisc noqueue 0: dev net1 root refcnt 2 
-`,
+  'tc -j qdisc show': JSON.stringify([noqueue('lo'), noqueue('eth0'), noqueue('net1')]),
 };
 
 const AFTER_S1: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc qdisc show': `qdisc noqueue 0: dev lo root refcnt 2 
-qdisc noqueue 0: dev eth0 root refcnt 2 
-qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- 
-qdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-`,
+  'tc -j qdisc show': SHAPED_QDISCS,
   'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
 class htb 1:ff03 root prio 0 quantum 200000 rate 50Mbit ceil 50Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
@@ -68,12 +76,7 @@ filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid
 
 const AFTER_S2: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc qdisc show': `qdisc noqueue 0: dev lo root refcnt 2 
-qdisc noqueue 0: dev eth0 root refcnt 2 
-qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- 
-qdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-`,
+  'tc -j qdisc show': SHAPED_QDISCS,
   'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 200000 rate 20Mbit ceil 20Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0063fff9] cbuffer [0063fff9] 
 class htb 1:10f5 root prio 0 quantum 87500 rate 7Mbit ceil 7Mbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [008edb69] cbuffer [008edb69] 
@@ -115,12 +118,7 @@ filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid
 
 const AFTER_S3: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc qdisc show': `qdisc noqueue 0: dev lo root refcnt 2 
-qdisc noqueue 0: dev eth0 root refcnt 2 
-qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- 
-qdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-`,
+  'tc -j qdisc show': SHAPED_QDISCS,
   'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 200000 rate 20Mbit ceil 20Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0063fff9] cbuffer [0063fff9] 
 class htb 1:ff03 root prio 0 quantum 200000 rate 50Mbit ceil 50Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
@@ -208,12 +206,18 @@ const S3 = addGwQos(
 const cmd = (c: ExecRequest): string => [c.file, ...c.args].join(' ');
 const BATCH = 'tc -batch -';
 const isRead = (c: string): boolean => / show( |$)/.test(c);
+/** The devices whose classes a sync read. */
+const classReads = (x: RecordingExecutor): string[] =>
+  x.calls
+    .map(cmd)
+    .filter((c) => c.includes(' class show dev '))
+    .map((c) => c.split(' ').at(-1)!)
+    .sort();
 
 /** A kernel that answers natgw's reads from `listing()` and, like the dev machines, has neither fq_codel nor matchall. */
-function fakeKernel(listing: () => Listing, refuse: (req: ExecRequest) => boolean = () => false) {
+function fakeKernel(listing: () => Listing) {
   return new RecordingExecutor((req): Partial<ExecResult> | undefined => {
     const c = cmd(req);
-    if (refuse(req)) return { exitCode: 2, stderr: 'Error: Specified filter handle not found.\nCommand failed -:3\n' };
     if (c.includes('ngprobe') && (c.endsWith(' fq_codel') || c.includes(' matchall ')))
       return { exitCode: 2, stderr: 'Error: Specified qdisc kind is unknown.\n' };
     if (isRead(c)) return { stdout: listing()[c] ?? '' };
@@ -221,216 +225,77 @@ function fakeKernel(listing: () => Listing, refuse: (req: ExecRequest) => boolea
   });
 }
 
-const batch = (x: RecordingExecutor): string | undefined => x.calls.find((c) => cmd(c) === BATCH)?.input;
-
 /** The commands a full sync renders against a kernel that lists `listing` (not a dry run, which would not probe). */
 async function fullCommands(s: DesiredState, listing: Listing): Promise<string[]> {
   return (await new QosManager(fakeKernel(() => listing)).sync(s)).commands;
 }
 
 describe('QosManager: partial sync', () => {
-  it('after a full sync, partial syncs run only tc -batch and render what a full sync (and the real kernel) would', async () => {
-    const x = fakeKernel(() => INITIAL);
+  it('reads only the devices whose rules changed and renders there what a full sync (and the real kernel) would', async () => {
+    let listing = INITIAL;
+    const x = fakeKernel(() => listing);
     const m = new QosManager(x);
     await m.sync(S1);
-    expect(x.calls.some((c) => isRead(cmd(c)))).toBe(true);
+    // (ifb-net1 does not exist yet.)
+    expect(classReads(x)).toEqual(['net1']);
 
+    // S1 → S2 changes only net1's rules: ifb-net1 is neither read nor planned.
+    listing = AFTER_S1;
     x.calls.length = 0;
-    const r2 = await m.sync(S2, { mode: 'partial' });
-    expect(x.calls.map(cmd)).toEqual([BATCH]);
+    const r2 = await m.sync(S2, { mode: 'partial' }, S1);
+    expect(classReads(x)).toEqual(['net1']);
+    expect(x.calls.map(cmd).filter((c) => !isRead(c))).toEqual([BATCH]);
     expect(r2.commands).toEqual(await fullCommands(S2, AFTER_S1));
     expect(r2.commands).toEqual(S2_REAL);
 
+    // S2 → S3 also drops the ingress rule: the IFB and the redirect on net1 are read too.
+    listing = AFTER_S2;
     x.calls.length = 0;
-    const r3 = await m.sync(S3, { mode: 'partial' });
-    expect(x.calls.map(cmd)).toEqual([BATCH]);
+    const r3 = await m.sync(S3, { mode: 'partial' }, S2);
+    expect(classReads(x)).toEqual(['ifb-net1', 'net1']);
+    expect(x.calls.map(cmd)).toContain('tc filter show dev net1 parent ffff:');
     expect(r3.commands).toEqual(await fullCommands(S3, AFTER_S2));
     expect(r3.commands).toEqual(S3_REAL);
-    expect(batch(x)).toBe(S3_REAL.map((l) => `${l.slice(3)}\n`).join(''));
 
+    // Nothing changed: nothing read.
+    listing = AFTER_S3;
     x.calls.length = 0;
-    expect((await m.sync(S3, { mode: 'partial' })).changes).toBe(0);
+    expect((await m.sync(S3, { mode: 'partial' }, S3)).changes).toBe(0);
     expect(x.calls).toEqual([]);
     expect(await fullCommands(S3, AFTER_S3)).toEqual([]);
   });
 
-  it('a u32 table made from an empty qdisc has a known id, so deleting one of its nodes needs no read', async () => {
-    const x = fakeKernel(() => INITIAL);
-    const m = new QosManager(x);
-    for (const s of [S1, S2, S3]) await m.sync(s, { mode: 'partial' });
-    // Tables so far: 800 (prio 1), 801 (prio 2, deleted), 802 (prio 3), 803 (prio 4, deleted), 804 (prio 2 again).
-    const s4 = withEips(S3, [eip('egress', '10.98.0.6', 6, '1'), eip('egress', '10.98.0.7', 6, '1')]);
-    await m.sync(s4, { mode: 'partial' });
-    x.calls.length = 0;
-    const r = await m.sync(delEipQos(s4, 'egress', '10.98.0.7').state, { mode: 'partial' });
-    expect(x.calls.map(cmd)).toEqual([BATCH]);
-    expect(r.commands).toContainEqual(expect.stringMatching(/^tc filter del dev net1 parent 1: protocol ip prio 6 handle 805::2 u32$/));
-  });
-
-  it('a table made after a read-back of a qdisc that had u32 tables has an unknown id: a plan naming it reads first', async () => {
-    let listing: Listing = AFTER_S1;
-    const x = fakeKernel(() => listing);
-    const m = new QosManager(x);
-    await m.sync(S1);
-    const sA = withEips(S1, [eip('egress', '10.98.0.6', 5, '1'), eip('egress', '10.98.0.7', 5, '1')]);
-    x.calls.length = 0;
-    await m.sync(sA, { mode: 'partial' });
-    expect(x.calls.map(cmd)).toEqual([BATCH]);
-
-    // What the kernel holds now: the new priority's table got 803.
-    const ids = (ip: string) => sA.eipQos.find((q) => q.ip === ip)!;
-    const node = (ip: string, hex: string) => {
-      const q = ids(ip);
-      return `filter protocol ip pref 5 u32 chain 0 fh 803::${q.handle!.toString(16)} order ${q.handle} key ht 803 bkt 0 *flowid 1:${q.classId!.toString(16)} not_in_hw \n  match ${hex}/ffffffff at 12\n`;
-    };
-    const cls = (ip: string) =>
-      `class htb 1:${ids(ip).classId!.toString(16)} root prio 0 quantum 12500 rate 1Mbit ceil 1Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [07ffff80] cbuffer [07ffff80] \n`;
-    listing = {
+  it('leaves a device whose rules did not change as it is; a full sync repairs it', async () => {
+    // ifb-net1 lost its class and filter behind natgw's back.
+    const drifted: Listing = {
       ...AFTER_S1,
-      'tc -d -raw class show dev net1': AFTER_S1['tc -d -raw class show dev net1']! + cls('10.98.0.6') + cls('10.98.0.7'),
-      'tc filter show dev net1 parent 1:':
-        AFTER_S1['tc filter show dev net1 parent 1:']! +
-        'filter protocol ip pref 5 u32 chain 0 \nfilter protocol ip pref 5 u32 chain 0 fh 803: ht divisor 1 \n' +
-        node('10.98.0.6', '0a620006') +
-        node('10.98.0.7', '0a620007'),
+      'tc -d -raw class show dev ifb-net1': AFTER_S3['tc -d -raw class show dev ifb-net1']!,
+      'tc filter show dev ifb-net1 parent 1:': '',
     };
-    x.calls.length = 0;
-    const r = await m.sync(delEipQos(sA, 'egress', '10.98.0.7').state, { mode: 'partial' });
-    expect(x.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
-    expect(r.commands.join('\n')).toContain(`prio 5 handle 803::${ids('10.98.0.7').handle!.toString(16)} u32`);
-    expect(r.commands.join('\n')).not.toContain('?');
+    const x = fakeKernel(() => drifted);
+    const partial = await new QosManager(x).sync(S2, { mode: 'partial' }, S1);
+    expect(partial.commands).toEqual(S2_REAL);
+    const full = await new QosManager(x).sync(S2, { mode: 'full' }, S1);
+    expect(full.commands.filter((c) => c.includes('ifb-net1'))).toEqual([
+      expect.stringMatching(/^tc class add dev ifb-net1 parent 1: classid 1:0x3267 htb rate 5mbit/),
+      expect.stringMatching(/^tc filter add dev ifb-net1 parent 1: protocol ip prio 1 handle ::0x1 u32 match ip dst 10.98.0.3\/32/),
+    ]);
   });
 
-  it('a refused batch forgets the view: the next partial sync reads again', async () => {
-    let refuse = false;
-    const x = fakeKernel(
-      () => INITIAL,
-      (req) => refuse && cmd(req) === BATCH,
-    );
-    const m = new QosManager(x);
-    await m.sync(S1);
-    refuse = true;
-    await expect(m.sync(S2, { mode: 'partial' })).rejects.toThrow(/tc -batch - refused the QoS change/);
-    refuse = false;
-    x.calls.length = 0;
-    await m.sync(S2, { mode: 'partial' });
-    expect(x.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
+  it("prints the probe's line as a full sync does, even where the devices it plans keep no class", async () => {
+    const s = delEipQos(S1, 'ingress', '10.98.0.3').state;
+    const x = fakeKernel(() => AFTER_S1);
+    const partial = await new QosManager(x).sync(s, { mode: 'partial' }, S1);
+    expect(classReads(x)).toEqual(['ifb-net1']);
+    const full = await new QosManager(fakeKernel(() => AFTER_S1)).sync(s);
+    expect(partial.notes).toEqual(full.notes);
+    expect(partial.notes).toContainEqual(expect.stringMatching(/^INFO: QoS kernel probe: /));
   });
 
-  it('full mode (the default) reads every time; forget() makes partial read', async () => {
-    const x = fakeKernel(() => INITIAL);
-    const m = new QosManager(x);
-    await m.sync(S1);
-    x.calls.length = 0;
-    await m.sync(S1);
-    expect(x.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
-    m.forget();
-    x.calls.length = 0;
-    await m.sync(S1, { mode: 'partial' });
-    expect(x.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
-  });
-
-  it('a dry run plans against the view and never changes it', async () => {
-    const x = fakeKernel(() => INITIAL);
-    const m = new QosManager(x);
-    await m.sync(S1);
-    x.calls.length = 0;
-    const dry = await m.sync(S2, { mode: 'partial', dryRun: true });
-    expect(x.calls).toEqual([]);
-    expect((await m.sync(S2, { mode: 'partial' })).commands).toEqual(dry.commands);
-
-    const y = fakeKernel(() => AFTER_S1);
-    const n = new QosManager(y);
-    await n.sync(S2, { mode: 'partial', dryRun: true });
-    y.calls.length = 0;
-    await n.sync(S2, { mode: 'partial', dryRun: true });
-    expect(y.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
-  });
-
-  it('a missing device is not trusted to stay missing', async () => {
-    const x = fakeKernel(() => INITIAL);
-    const m = new QosManager(x);
-    const s = addGwQos(S1, gw(7, { dev: 'eth7' })).state;
-    await expect(m.sync(s)).rejects.toThrow(/not found: eth7/);
-    x.calls.length = 0;
-    await expect(m.sync(s, { mode: 'partial' })).rejects.toThrow(/not found: eth7/);
-    expect(x.calls.some((c) => cmd(c) === 'tc qdisc show')).toBe(true);
-  });
-});
-
-describe('qosViewAfter (pure)', () => {
-  const empty: QosView = {
-    kernel: {
-      links: [{ name: 'net1', up: true }],
-      qdiscs: [{ dev: 'net1', kind: 'noqueue', handle: '0:', parent: 'root' }],
-      devices: new Map(),
-      ingress: new Map(),
-    },
-    htidCursors: new Map(),
-  };
-  const plan = (tc: string[]) => ({ ip: [], tc, notes: [], missing: [] });
-
-  it('deleting the last node of the only u32 priority takes the priority (and the next table is 800: again)', () => {
-    const v = qosViewAfter(
-      empty,
-      plan([
-        'qdisc replace dev net1 root handle 1: htb default 0x9999',
-        'filter add dev net1 parent 1: protocol ip prio 3 handle ::0x1 u32 match ip src 1.2.3.4/32 flowid 1:0x10',
-        'filter del dev net1 parent 1: protocol ip prio 3 handle 800::1 u32',
-        'filter add dev net1 parent 1: protocol ip prio 5 handle ::0x1 u32 match ip src 1.2.3.4/32 flowid 1:0x10',
-      ]),
-    );
-    expect(
-      v?.kernel.devices
-        .get('net1')
-        ?.filters.filter((f) => f.isTable)
-        .map((f) => [f.pref, f.fh]),
-    ).toEqual([[5, '800:']]);
-  });
-
-  it('the allocator is cyclic: a freed id is not reused before the others', () => {
-    const v = qosViewAfter(
-      empty,
-      plan([
-        'qdisc replace dev net1 root handle 1: htb default 0x9999',
-        ...[1, 2, 3].map((p) => `filter add dev net1 parent 1: protocol ip prio ${p} handle ::0x1 u32 match ip src 1.2.3.${p}/32 flowid 1:0x10`),
-        'filter del dev net1 parent 1: prio 2',
-        'filter add dev net1 parent 1: protocol ip prio 4 handle ::0x1 u32 match ip src 1.2.3.4/32 flowid 1:0x10',
-      ]),
-    );
-    expect(
-      v?.kernel.devices
-        .get('net1')
-        ?.filters.filter((f) => f.isTable)
-        .map((f) => f.fh),
-    ).toEqual(['800:', '802:', '803:']);
-  });
-
-  it('classes are listed the way htb hashes them (checked on Linux 6.18): newest first in a bucket, re-inserted on growth', () => {
-    const minors = (tc: string[]) =>
-      qosViewAfter(empty, plan(['qdisc replace dev net1 root handle 1: htb default 0x9999', ...tc]))
-        ?.kernel.devices.get('net1')
-        ?.classes.map((c) => c.minor.toString(16));
-    const add = (m: string) => `class add dev net1 parent 1: classid 1:${m} htb rate 1mbit ceil 1mbit`;
-    expect(minors(['0x10', '0x18', '0x23'].map(add))).toEqual(['23', '18', '10']);
-    expect(minors(['0x10', '0x18', '0x23', '0x2b'].map(add))).toEqual(['10', '18', '23', '2b']);
-    expect(minors(['0x10', '0x18', '0x23', '0x2b', '0x11'].map(add))).toEqual(['11', '10', '18', '23', '2b']);
-  });
-
-  it('a node re-pointed at another class keeps its handle and keys', () => {
-    const v = qosViewAfter(
-      empty,
-      plan([
-        'qdisc replace dev net1 root handle 1: htb default 0x9999',
-        'filter add dev net1 parent 1: protocol ip prio 1 handle ::0x5 u32 match ip src 1.2.3.4/32 flowid 1:0x10',
-        'filter replace dev net1 parent 1: protocol ip prio 1 handle 800::5 u32 match ip src 1.2.3.4/32 flowid 1:0x20',
-      ]),
-    );
-    const node = v?.kernel.devices.get('net1')?.filters.find((f) => f.node === 5);
-    expect(node).toMatchObject({ fh: '800::5', flowid: { major: 1, minor: 0x20 }, keys: [{ value: 0x01020304, mask: 0xffffffff, off: 12 }] });
-  });
-
-  it('a command it does not model yields no view at all', () => {
-    expect(qosViewAfter(empty, plan(['qdisc add dev net1 clsact']))).toBeUndefined();
+  it('changedDevices: the devices of rules added, removed or changed; every device where EXT changed', () => {
+    expect(changedDevices(S1, S1)).toEqual(new Set());
+    expect(changedDevices(S1, S2)).toEqual(new Set(['net1']));
+    expect(changedDevices(S2, S3)).toEqual(new Set(['net1', 'ifb-net1']));
+    expect(changedDevices(S1, { ...S1, interfaces: { ...S1.interfaces, ext: 'net2' } })).toBeUndefined();
   });
 });

@@ -180,8 +180,6 @@ describe('nftables', () => {
     const spec = desiredFamily(tables, 'ip');
     const pre = spec?.chains.find((c) => c.name === CHAIN.prerouting);
     expect(pre?.rules.map((r) => ruleText(r, 'ip'))).toEqual([
-      'meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { ip daddr . meta l4proto . th dport }',
-      'ip daddr @fip_dnat add @fip_hit { ip daddr }',
       'dnat ip to ip daddr map @fip_dnat',
       'meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
       `ip daddr ${EIP} tcp dport 8000-8100 dnat ip to 10.0.1.6:8000-8100`,

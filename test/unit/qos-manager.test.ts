@@ -10,14 +10,14 @@ import { emptyState, type DesiredState } from '../../src/state/state.js';
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
 
 /** A fake kernel: answers natgw's reads, refuses fq_codel and matchall like the dev machines. */
-function fakeKernel(opts: { links?: string[]; qdiscs?: string; fail?: (req: ExecRequest) => Partial<ExecResult> | undefined } = {}) {
+function fakeKernel(opts: { links?: string[]; qdiscs?: object[]; fail?: (req: ExecRequest) => Partial<ExecResult> | undefined } = {}) {
   const links = opts.links ?? ['lo', 'net1', 'eth0'];
   return new RecordingExecutor((req) => {
     const cmd = [req.file, ...req.args].join(' ');
     const failed = opts.fail?.(req);
     if (failed) return failed;
     if (cmd === 'ip -j link show') return { stdout: JSON.stringify(links.map((ifname) => ({ ifname, flags: ['UP'] }))) };
-    if (cmd === 'tc qdisc show') return { stdout: opts.qdiscs ?? 'qdisc noqueue 0: dev net1 root refcnt 2 \n' };
+    if (cmd === 'tc -j qdisc show') return { stdout: JSON.stringify(opts.qdiscs ?? [{ kind: 'noqueue', handle: '0:', dev: 'net1', root: true }]) };
     if (/ fq_codel$/.test(cmd) && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: Specified qdisc kind is unknown.\n' };
     if (cmd.includes(' matchall ') && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: TC classifier not found.\n' };
     return undefined;
@@ -120,16 +120,19 @@ describe('QosManager', () => {
     expect((err as SystemError).message).toBe('Error: tc -batch - refused the QoS change: Error: Exclusivity flag on, cannot modify.; Command failed -:1');
   });
 
-  it('refuses to plan from a failed read of the qdiscs (it would replace roots it owns)', async () => {
-    const x = fakeKernel({ fail: (req) => (req.args.join(' ') === 'qdisc show' ? { exitCode: 1, stderr: 'boom' } : undefined) });
+  it('refuses to plan from a failed or unreadable read of the qdiscs (it would replace roots it owns)', async () => {
+    const x = fakeKernel({ fail: (req) => (req.args.join(' ') === '-j qdisc show' ? { exitCode: 1, stderr: 'boom' } : undefined) });
     await expect(new QosManager(x).sync(state([eip('1.2.3.4')]))).rejects.toBeInstanceOf(SystemError);
     expect(mutations(x)).toEqual([]);
+    const y = fakeKernel({ fail: (req) => (req.args.join(' ') === '-j qdisc show' ? { stdout: 'qdisc noqueue 0: dev net1 root' } : undefined) });
+    await expect(new QosManager(y).sync(state([eip('1.2.3.4')]))).rejects.toThrow(/^Error: tc -j qdisc show printed what natgw cannot read/);
+    expect(mutations(y)).toEqual([]);
   });
 
   it("readBack reads EXT, the given devices, their IFBs and devices carrying natgw's layout", async () => {
     const x = fakeKernel({
       links: ['net1', 'ifb-net1', 'eth3', 'eth4'],
-      qdiscs: 'qdisc htb 1: dev eth4 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n',
+      qdiscs: [{ kind: 'htb', handle: '1:', dev: 'eth4', root: true, options: { default: '0x9999' } }],
     });
     await new QosManager(x).readBack('net1', ['eth3']);
     const shown = x.calls
@@ -198,12 +201,15 @@ describe('QosManager: the intent record', () => {
     );
     const x = fakeKernel({
       links: ['lo', 'net1', 'eth0', 'ifb-net1', 'ngprobe0badcafe'],
-      qdiscs:
-        'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\nqdisc ingress ffff: dev net1 parent ffff:fff1 ----------------\n',
+      qdiscs: [
+        { kind: 'htb', handle: '1:', dev: 'net1', root: true, options: { default: '0x9999' } },
+        { kind: 'ingress', handle: 'ffff:', dev: 'net1', parent: 'ffff:fff1' },
+      ],
     });
     const m = new QosManager(x, undefined, undefined, file);
     const s = state([]);
-    await m.sync(s, { mode: 'full' });
+    // Even a partial sync of a change that touches no rule: the record's pieces may sit on any device.
+    await m.sync(s, { mode: 'partial' }, s);
     const changes = x.calls.filter((c) => !c.args.includes('show')).map((c) => [c.file, ...c.args].join(' '));
     expect(changes).toEqual(['tc -batch -', 'ip link del ifb-net1', 'ip link del ngprobe0badcafe']);
     expect(x.calls.find((c) => c.file === 'tc' && c.args[0] === '-batch')?.input).toBe('qdisc del dev net1 ingress\nqdisc del dev net1 root\n');

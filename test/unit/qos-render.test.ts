@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { type DeviceTc, parseClasses, parseFilters, parseQdiscs } from '../../src/dataplane/qos/readback.js';
+import { type DeviceTc, type TcQdisc, parseClasses, parseFilters } from '../../src/dataplane/qos/readback.js';
 import { type KernelQos, type QosFeatures, desiredDevices, renderQos, tcBatchScript } from '../../src/dataplane/qos/render.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
@@ -46,16 +46,21 @@ const matchall = (priority: number, classId: number, over: Partial<GwQos> = {}):
   ...over,
 });
 
-/** A kernel snapshot from tc text, as the manager reads it. */
+/** Qdiscs as parseQdiscs reads them from `tc -j qdisc show`. */
+const htbRoot = (dev: string, defaultMinor = 0x9999): TcQdisc => ({ dev, kind: 'htb', handle: '1:', parent: 'root', defaultMinor });
+const otherRoot = (dev: string, kind = 'noqueue'): TcQdisc => ({ dev, kind, handle: '0:', parent: 'root' });
+const ingressQdisc = (dev: string): TcQdisc => ({ dev, kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' });
+
+/** A kernel snapshot from tc's output, as the manager reads it. */
 function kernel(opts: {
   links?: string[];
-  qdiscs?: string;
+  qdiscs?: TcQdisc[];
   devices?: Record<string, { classes?: string; filters?: string }>;
   ingress?: Record<string, string>;
 }): KernelQos {
   return {
     links: (opts.links ?? ['lo', 'net1', 'eth0']).map((name) => ({ name, up: true })),
-    qdiscs: parseQdiscs(opts.qdiscs ?? ''),
+    qdiscs: opts.qdiscs ?? [],
     devices: new Map(
       Object.entries(opts.devices ?? {}).map(([d, v]): [string, DeviceTc] => [
         d,
@@ -69,9 +74,7 @@ function kernel(opts: {
 const plan = (k: KernelQos, eips: EipQos[], gws: GwQos[] = [], f: QosFeatures = NONE, ext = 'net1') => renderQos(desiredDevices(ext, eips, gws), k, f);
 
 // The layout of the captured kernel (iproute2 6.1), matching RULES below exactly.
-const QDISCS = `qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
-qdisc noqueue 0: dev eth0 root refcnt 2 
-`;
+const QDISCS = [htbRoot('net1'), otherRoot('eth0')];
 const CLASSES = `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:ff03 root prio 0 quantum 6250 rate 500Kbit ceil 500Kbit linklayer ethernet burst 1536Kb/1 mpu 0b cburst 1536Kb/1 mpu 0b level 0 buffer [17700000] cbuffer [17700000] 
 class htb 1:b81e root prio 0 quantum 18750 rate 1500Kbit ceil 1500Kbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [029aaaa0] cbuffer [029aaaa0] 
@@ -82,7 +85,7 @@ const captured = (filters = FILTERS, classes = CLASSES) => kernel({ qdiscs: QDIS
 
 describe('renderQos: from nothing', () => {
   it("an egress EIP rule: root htb, default class, the class and a u32 filter with natgw's handle, minors in 0x", () => {
-    const p = plan(kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), [eip('1.2.3.4', 0x4495, 1, { rate: '0.5', burst: '1.5' })]);
+    const p = plan(kernel({ qdiscs: [otherRoot('net1')] }), [eip('1.2.3.4', 0x4495, 1, { rate: '0.5', burst: '1.5' })]);
     expect(p.ip).toEqual([]);
     expect(p.tc).toEqual([
       'qdisc replace dev net1 root handle 1: htb default 0x9999',
@@ -214,18 +217,18 @@ describe('renderQos: against a kernel that holds things', () => {
   });
 
   it("a root qdisc that is not natgw's is replaced; one with another default is changed", () => {
-    expect(plan(kernel({ qdiscs: 'qdisc fq_codel 0: dev net1 root refcnt 2 limit 10240p\n' }), [eip('1.2.3.4', 0x10, 1)]).tc[0]).toBe(
+    expect(plan(kernel({ qdiscs: [otherRoot('net1', 'fq_codel')] }), [eip('1.2.3.4', 0x10, 1)]).tc[0]).toBe(
       'qdisc replace dev net1 root handle 1: htb default 0x9999',
     );
     const k = kernel({
-      qdiscs: 'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0 direct_packets_stat 0\n',
+      qdiscs: [htbRoot('net1', 0)],
       devices: { net1: { classes: CLASSES, filters: FILTERS } },
     });
     expect(plan(k, RULES.eips, RULES.gws).tc).toEqual(['qdisc change dev net1 root handle 1: htb default 0x9999']);
   });
 
   it('an existing IFB and redirect are left alone; a lost redirect comes back', () => {
-    const qdiscs = `${QDISCS}qdisc ingress ffff: dev net1 parent ffff:fff1 ----------------\nqdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n`;
+    const qdiscs = [...QDISCS, ingressQdisc('net1'), htbRoot('ifb-net1')];
     const ifbClasses = 'class htb 1:9999 root prio 0 rate 10Gbit ceil 10Gbit burst 0b cburst 0b buffer [0000000f] cbuffer [0000000f]\n';
     const redirect = `filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 terminal flowid not_in_hw \n  match 00000000/00000000 at 0\n\taction order 1: mirred (Egress Redirect to device ifb-net1) stolen\n`;
     const base = { links: ['net1', 'ifb-net1'], qdiscs, devices: { net1: { classes: CLASSES, filters: FILTERS }, 'ifb-net1': { classes: ifbClasses } } };
@@ -251,7 +254,7 @@ describe('renderQos: against a kernel that holds things', () => {
 
   it("leaves devices that are not natgw's alone", () => {
     const k = kernel({
-      qdiscs: 'qdisc htb 1: dev eth0 root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0\n',
+      qdiscs: [htbRoot('eth0', 0x10)],
       devices: { eth0: { classes: CLASSES, filters: FILTERS } },
     });
     expect(plan(k, [], []).tc).toEqual([]);
@@ -259,7 +262,7 @@ describe('renderQos: against a kernel that holds things', () => {
 });
 
 describe('renderQos: the shared pieces of a change that did not take effect', () => {
-  const ingressQdiscs = `${QDISCS}qdisc ingress ffff: dev net1 parent ffff:fff1 ----------------\nqdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0\n`;
+  const ingressQdiscs = [...QDISCS, ingressQdisc('net1'), htbRoot('ifb-net1')];
   const redirect = `filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 terminal flowid not_in_hw \n  match 00000000/00000000 at 0\n\taction order 1: mirred (Egress Redirect to device ifb-net1) stolen\n`;
   const ifbClasses = `class htb 1:9999 root prio 0 rate 10Gbit ceil 10Gbit burst 0b cburst 0b buffer [0000000f] cbuffer [0000000f]
 class htb 1:10 root prio 0 rate 10Mbit ceil 10Mbit burst 1024Kb cburst 1024Kb buffer [00c7fff3] cbuffer [00c7fff3]
@@ -273,10 +276,7 @@ class htb 1:10 root prio 0 rate 10Mbit ceil 10Mbit burst 1024Kb cburst 1024Kb bu
   ] as const;
 
   it('a plan names every shared piece it creates, and only those', () => {
-    const fresh = plan(kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), [
-      eip('1.2.3.4', 0x10, 1, { direction: 'ingress' }),
-      eip('1.2.3.5', 0x11, 2),
-    ]);
+    const fresh = plan(kernel({ qdiscs: [otherRoot('net1')] }), [eip('1.2.3.4', 0x10, 1, { direction: 'ingress' }), eip('1.2.3.5', 0x11, 2)]);
     expect(fresh.creates).toEqual(expect.arrayContaining([...everything]));
     expect(fresh.creates).toHaveLength(everything.length);
     // Where they all exist, a new rule creates none.
@@ -320,7 +320,7 @@ class htb 1:10 root prio 0 rate 10Mbit ceil 10Mbit burst 1024Kb cburst 1024Kb bu
     expect(keep.ipAfter).toEqual([]);
     expect(keep.tc.filter((l) => /^qdisc del|^filter del dev net1 parent ffff:/.test(l))).toEqual([]);
     // Nothing there (the crash came before the first line): nothing to remove.
-    const bare = renderQos(desiredDevices('net1', [], []), kernel({ qdiscs: 'qdisc noqueue 0: dev net1 root refcnt 2 \n' }), NONE, everything);
+    const bare = renderQos(desiredDevices('net1', [], []), kernel({ qdiscs: [otherRoot('net1')] }), NONE, everything);
     expect(bare).toMatchObject({ tc: [], ip: [], ipAfter: [] });
   });
 

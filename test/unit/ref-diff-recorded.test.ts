@@ -1,6 +1,6 @@
 /**
  * The diffs operations record for the arrays they make (refDiff.ts `recordRefDiff`): what a
- * command's journal line, partial plan and witnesses read instead of walking ten thousand
+ * command's journal line and partial plan read instead of walking ten thousand
  * objects. Each must rebuild the new array from the old exactly, and describe no more than a
  * walk from scratch would.
  */

@@ -3,7 +3,6 @@ import { describe, expect, it } from 'vitest';
 import { Agent } from '../../src/daemon/agent.js';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
 import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
-import type { ExecResult } from '../../src/system/exec.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 import { FakeEngine } from '../api/fakeEngine.js';
 import { waitFor } from '../helpers/poll.js';
@@ -50,32 +49,6 @@ describe('restart hygiene', () => {
     expect(calls).toEqual(['first net1', 'announce external interface up']);
   });
 
-  it('the agent arms the hygiene for its first resync and disarms it when that resync fails', async () => {
-    const engine = await FakeEngine.create();
-    const calls: string[] = [];
-    let failing = true;
-    const resync = engine.resync.bind(engine);
-    engine.resync = async (reason: string) => {
-      if (failing) throw new Error('refused');
-      return resync(reason);
-    };
-    const agent = new Agent({
-      engine,
-      log,
-      hygiene: {
-        arm: () => calls.push('arm'),
-        disarm: () => calls.push('disarm'),
-        afterFirstSync: async () => void calls.push('first'),
-        announce: () => undefined,
-      },
-    });
-    await expect(agent.resync('start')).rejects.toThrow('refused');
-    failing = false;
-    await agent.resync('retry');
-    await agent.resync('periodic');
-    expect(calls).toEqual(['arm', 'disarm', 'arm', 'first']);
-  });
-
   it('without hygiene (API tests, in-process runs) readiness does not wait for it', async () => {
     const agent = new Agent({ engine: await FakeEngine.create(), log });
     agent.setInterfaces([]);
@@ -89,7 +62,7 @@ describe('restart hygiene', () => {
     const mk = (conntrackCleanup: boolean) =>
       new RestartHygiene({
         config: { conntrackCleanup },
-        conntrack: { deleteUntranslated: async () => (cleaned++, [] as TrackedEntry[]), listAll: async () => [] },
+        conntrack: { deleteUntranslated: async () => (cleaned++, [] as TrackedEntry[]) },
         link: { announce: (ifname: string, ip: string) => void announced.push(`${ifname} ${ip}`) },
         log,
       });
@@ -109,76 +82,11 @@ describe('restart hygiene', () => {
     off.stop();
   });
 
-  it('lists ahead only while armed by the first sync, and hands that listing to the cleanup', async () => {
-    const listed: ExecResult[][] = [];
-    const given: (Promise<readonly ExecResult[]> | undefined)[] = [];
-    const h = new RestartHygiene({
-      config: { conntrackCleanup: true },
-      conntrack: {
-        listAll: async () => {
-          const marker: ExecResult[] = [];
-          listed.push(marker);
-          return marker;
-        },
-        deleteUntranslated: async (_t, _ms, listing) => (given.push(listing), [] as TrackedEntry[]),
-      },
-      link: { announce: () => undefined },
-      log,
-    });
-    const turn = () => new Promise<void>((r) => setImmediate(r));
-    // Not armed (a change before the first resync decided the replay): nothing listed ahead.
-    h.netfilterInKernel();
-    await turn();
-    expect(listed).toHaveLength(0);
-    // A first resync that failed before its listing started: it never starts.
-    h.arm();
-    h.netfilterInKernel();
-    h.disarm();
-    await turn();
-    expect(listed).toHaveLength(0);
-    // The next one lists once, however often it is told, and the cleanup gets that listing.
-    h.arm();
-    h.netfilterInKernel();
-    h.netfilterInKernel();
-    await turn();
-    expect(listed).toHaveLength(1);
-    await h.afterFirstSync(state);
-    expect(given).toHaveLength(1);
-    expect(await given[0]).toBe(listed[0]);
-    // Once done, later decisions list nothing ahead; a cleanup without one lists by itself.
-    h.netfilterInKernel();
-    await h.afterFirstSync(state);
-    await turn();
-    expect(listed).toHaveLength(1);
-    expect(given[1]).toBeUndefined();
-    h.stop();
-  });
-
-  it('uses targets prepared ahead only for the very state the first sync applied', async () => {
-    const kinds: string[] = [];
-    const mk = () =>
-      new RestartHygiene({
-        config: { conntrackCleanup: true },
-        conntrack: { listAll: async () => [], deleteUntranslated: async (t) => (kinds.push(typeof t), [] as TrackedEntry[]) },
-        link: { announce: () => undefined },
-        log,
-      });
-    const h = mk();
-    h.prepare(state);
-    await h.afterFirstSync(state);
-    const other = mk();
-    other.prepare(state);
-    await other.afterFirstSync({ ...state });
-    expect(kinds).toEqual(['object', 'function']);
-    h.stop();
-    other.stop();
-  });
-
   it('lists nothing for a state that translates nothing', async () => {
     let listed = 0;
     const h = new RestartHygiene({
       config: { conntrackCleanup: true },
-      conntrack: { listAll: async () => (listed++, []), deleteUntranslated: async () => (listed++, [] as TrackedEntry[]) },
+      conntrack: { deleteUntranslated: async () => (listed++, [] as TrackedEntry[]) },
       link: { announce: () => undefined },
       log,
     });

@@ -2,19 +2,20 @@ import { readFile } from 'node:fs/promises';
 import type { ReplaceResult } from '../../api/service.js';
 import type { DesiredState } from '../../state/state.js';
 import { CliError, request, apiError, type Target } from '../client.js';
+import { changesSomething, mergeState, renderResults, type Merged } from '../merge.js';
 import { diffIsEmpty, diffStates, renderDiff } from '../render.js';
-import { parseStateFile, StateFileError } from '../stateFile.js';
-import { CONNECTION_OPTIONS, parseOptions, targetOf, type Io } from './common.js';
+import { parseStateFile, StateFileError, type ParsedStateFile } from '../stateFile.js';
+import { CONNECTION_OPTIONS, OUTPUT_OPTIONS, outputOf, parseOptions, targetOf, type Io } from './common.js';
 import { commandHelp } from './help.js';
 
-/** Lines of each sign per kind in the diff unless --all: thousands of objects stay readable. */
-const DIFF_LINES_PER_KIND = 50;
+/** Lines of each action (diff: sign) per kind unless --all: thousands of objects stay readable. */
+const LINES_PER_KIND = 50;
 
 /**
  * Phases of a long apply on stderr — only when stderr is a terminal or --progress asks, so
  * stdout stays the diff (or the one JSON document) and a quiet run stays quiet.
  */
-class Progress {
+export class Progress {
   private readonly started = performance.now();
   constructor(
     private readonly io: Io,
@@ -73,75 +74,118 @@ async function putState(target: Target, body: string, digest: string, dryRun: bo
   return JSON.parse(a.text) as ReplaceResult;
 }
 
-/** `natgw apply -f FILE [--dry-run]`: the plan as a diff against the daemon's desired state, then apply it. */
+export const APPLY_OPTIONS = {
+  ...CONNECTION_OPTIONS,
+  filename: { type: 'string', short: 'f' },
+  prune: { type: 'boolean' },
+  all: { type: 'boolean' },
+} as const;
+
+/** The file read and validated strictly, merged into the daemon's desired state (apply and diff). */
+export async function planFile(
+  command: 'apply' | 'diff',
+  values: { filename?: string; prune?: boolean; socket?: string; server?: string; 'token-file'?: string },
+  io: Io,
+  progress?: Progress,
+): Promise<{ target: Target; current: { desired: DesiredState; digest: string }; merged: Merged; objects: number }> {
+  const file = values.filename;
+  if (file === undefined)
+    throw new CliError(`natgw ${command}: -f FILE is required (a state as JSON or YAML, '-' for stdin); see 'natgw ${command} --help'`, 2);
+  progress?.phase(`reading ${file === '-' ? 'stdin' : file}`);
+  const text = await readSource(file);
+  progress?.phase(`parsing and validating ${size(Buffer.byteLength(text))}`);
+  let parsed: ParsedStateFile;
+  try {
+    parsed = parseStateFile(file === '-' ? '<stdin>' : file, text);
+  } catch (e) {
+    if (e instanceof StateFileError) throw new CliError(e.message);
+    throw e;
+  }
+  progress?.phase(`validated ${parsed.objects} object(s)`);
+  const target = await targetOf(values, io.env);
+  const read = (async () => {
+    const a = await request(target, 'GET', '/v1/state');
+    if (a.status !== 200) throw apiError('GET /v1/state', a);
+    return JSON.parse(a.text) as { desired: DesiredState; digest: string };
+  })();
+  const current = progress ? await progress.during('reading the desired state from the daemon', read) : await read;
+  const merged = mergeState(current.desired, parsed, values.prune === true);
+  if (merged.results.length === 0 && !values.prune) throw new CliError(`${file}: no objects to apply (the file lists no kind and no gateway field)`);
+  return { target, current, merged, objects: parsed.objects };
+}
+
+/**
+ * `natgw apply -f FILE [--prune] [--dry-run]`: create or update what the file lists, remove
+ * the rest only with --prune; one line per object, as kubectl prints them.
+ */
 export async function apply(args: readonly string[], io: Io): Promise<number> {
   const { values } = parseOptions('apply', args, {
-    ...CONNECTION_OPTIONS,
-    filename: { type: 'string', short: 'f' },
+    ...APPLY_OPTIONS,
     'dry-run': { type: 'boolean' },
-    json: { type: 'boolean' },
+    output: OUTPUT_OPTIONS.output,
+    json: OUTPUT_OPTIONS.json,
     progress: { type: 'boolean' },
-    all: { type: 'boolean' },
     'show-script': { type: 'boolean' },
   });
   if (values.help) {
     io.out(commandHelp('apply'));
     return 0;
   }
-  const file = values.filename;
-  if (file === undefined) throw new CliError("natgw apply: -f FILE is required (a state as JSON or YAML, '-' for stdin)\nSee 'natgw apply --help'.", 2);
+  const json = outputOf('apply', values, ['text', 'json'], 'text') === 'json';
   const dryRun = values['dry-run'] === true;
   const progress = new Progress(io, values.progress === true || io.errIsTty);
+  const { target, current, merged, objects } = await planFile('apply', values, io, progress);
+  const body = JSON.stringify(merged.next);
+  const diff = diffStates(current.desired, merged.next);
+  const max = values.all ? Infinity : LINES_PER_KIND;
+  const changes = changesSomething(merged.results);
 
-  progress.phase(`reading ${file === '-' ? 'stdin' : file}`);
-  const text = await readSource(file);
-  progress.phase(`parsing and validating ${size(Buffer.byteLength(text))}`);
-  const parsed = (() => {
-    try {
-      return parseStateFile(file === '-' ? '<stdin>' : file, text);
-    } catch (e) {
-      if (e instanceof StateFileError) throw new CliError(e.message);
-      throw e;
-    }
-  })();
-  progress.phase(`validated ${parsed.objects} object(s)`);
-
-  const target = await targetOf(values, io.env);
-  const current = await progress.during(
-    'reading the desired state from the daemon',
-    (async () => {
-      const a = await request(target, 'GET', '/v1/state');
-      if (a.status !== 200) throw apiError('GET /v1/state', a);
-      return JSON.parse(a.text) as { desired: DesiredState; digest: string };
-    })(),
-  );
-  const diff = diffStates(current.desired, parsed.desired);
-  const body = JSON.stringify(parsed.body);
-  // The dry run against the digest the diff was made from: the daemon's plan is the one shown.
-  const plan = await progress.during(`sending ${size(Buffer.byteLength(body))} for a dry run`, putState(target, body, current.digest, true));
-  const noChange = diffIsEmpty(diff) && Object.values(plan.plan).every((p) => p.added + p.removed + p.changed === 0);
-
-  if (!values.json) {
-    io.out(renderDiff(diff, values.all ? Infinity : DIFF_LINES_PER_KIND));
-    if (values['show-script'] && plan.script) io.out(`\nScript:\n${plan.script}`);
-  }
-  if (dryRun || noChange) {
-    if (values.json)
+  if (dryRun || !changes) {
+    // The daemon's own plan (and script) of the merged state, against the digest it was made from.
+    const plan =
+      dryRun || json || values['show-script']
+        ? await progress.during(`sending ${size(Buffer.byteLength(body))} for a dry run`, putState(target, body, current.digest, true))
+        : undefined;
+    if (json) {
       io.out(
-        `${JSON.stringify({ dryRun, applied: false, diff, plan: plan.plan, report: plan.report, script: plan.script, digest: current.digest }, null, 2)}\n`,
+        `${JSON.stringify({ dryRun, applied: false, results: merged.results, diff, plan: plan?.plan, report: plan?.report, script: plan?.script, digest: current.digest }, null, 2)}\n`,
       );
-    else io.out(dryRun ? 'Dry run: nothing applied.\n' : 'Nothing to apply.\n');
+    } else {
+      io.out(renderResults(merged.results, dryRun, max));
+      if (values['show-script'] && plan?.script) io.out(`\nScript:\n${plan.script}`);
+    }
     progress.phase(`done in ${progress.ms} ms`);
     return 0;
   }
-  const result = await progress.during(`daemon applying ${parsed.objects} object(s)`, putState(target, body, current.digest, false));
-  if (values.json) {
+  const result = await progress.during(`daemon applying ${objects} object(s)`, putState(target, body, current.digest, false));
+  if (json) {
     io.out(
-      `${JSON.stringify({ dryRun: false, applied: true, diff, plan: result.plan, report: result.report, generation: result.generation, digest: result.digest }, null, 2)}\n`,
+      `${JSON.stringify({ dryRun: false, applied: true, results: merged.results, diff, plan: result.plan, report: result.report, generation: result.generation, digest: result.digest }, null, 2)}\n`,
     );
   } else {
-    io.out(`Applied: generation ${result.generation}, digest ${result.digest}.\n`);
+    io.out(renderResults(merged.results, false, max));
   }
   progress.phase(`done in ${progress.ms} ms`);
   return 0;
+}
+
+/**
+ * `natgw diff -f FILE [--prune]`: what apply would change, field by field, as kubectl diff:
+ * exit 0 without differences, 1 with, 2 on an error.
+ */
+export async function diff(args: readonly string[], io: Io): Promise<number> {
+  const { values } = parseOptions('diff', args, APPLY_OPTIONS);
+  if (values.help) {
+    io.out(commandHelp('diff'));
+    return 0;
+  }
+  try {
+    const { current, merged } = await planFile('diff', values, io);
+    const d = diffStates(current.desired, merged.next);
+    io.out(renderDiff(d, values.all ? Infinity : LINES_PER_KIND));
+    return diffIsEmpty(d) ? 0 : 1;
+  } catch (e) {
+    if (e instanceof CliError && e.exitCode === 1) throw new CliError(e.message, 2);
+    throw e;
+  }
 }

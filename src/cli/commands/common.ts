@@ -24,7 +24,28 @@ export const processIo = (): Io => ({
   env: process.env,
 });
 
-/** parseArgs with a usage error (exit 2) that names the command's help. */
+/**
+ * Node's parseArgs error as one line in kubectl's words (its own text suggests `--` and quotes
+ * runtime syntax); anything else as its first line.
+ */
+export function usageText(e: unknown): string {
+  const err = e as NodeJS.ErrnoException;
+  const quoted = /'([^']+)'/.exec(err.message ?? '')?.[1];
+  switch (err.code) {
+    case 'ERR_PARSE_ARGS_UNKNOWN_OPTION':
+      return `unknown flag ${quoted ?? ''}`.trim();
+    case 'ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL':
+      return `unexpected argument ${quoted ?? ''}`.trim();
+    case 'ERR_PARSE_ARGS_INVALID_OPTION_VALUE': {
+      const flag = quoted?.split(/[ ,]+/).find((f) => f.startsWith('--')) ?? quoted ?? '';
+      return /argument missing/.test(err.message) ? `flag ${flag} needs a value` : `flag ${flag} takes no value`;
+    }
+    default:
+      return String(err.message ?? e).split('\n')[0] ?? 'bad arguments';
+  }
+}
+
+/** parseArgs with a one-line usage error (exit 2) that names the command's help. */
 export function parseOptions<O extends NonNullable<ParseArgsConfig['options']>>(
   command: string,
   args: readonly string[],
@@ -34,8 +55,30 @@ export function parseOptions<O extends NonNullable<ParseArgsConfig['options']>>(
   try {
     return parseArgs({ args: [...args], options, allowPositionals, strict: true });
   } catch (e) {
-    throw new CliError(`${(e as Error).message.split('\n')[0]}\nSee 'natgw ${command} --help'.`, 2);
+    throw new CliError(`natgw ${command}: ${usageText(e)} (see 'natgw ${command} --help')`, 2);
   }
+}
+
+/** `-o FORMAT` (kubectl's), with the older --json and --yaml as its spellings. */
+export const OUTPUT_OPTIONS = {
+  output: { type: 'string', short: 'o' },
+  json: { type: 'boolean' },
+  yaml: { type: 'boolean' },
+} as const satisfies ParseArgsConfig['options'];
+
+export function outputOf<F extends string>(
+  command: string,
+  values: { output?: string; json?: boolean; yaml?: boolean },
+  formats: readonly F[],
+  fallback: F,
+): F {
+  const asked = [values.output, values.json ? 'json' : undefined, values.yaml ? 'yaml' : undefined].filter((x): x is string => x !== undefined);
+  if (new Set(asked).size > 1) throw new CliError(`natgw ${command}: one output format at a time (got ${asked.join(' and ')})`, 2);
+  const f = asked[0] ?? fallback;
+  if (!(formats as readonly string[]).includes(f)) {
+    throw new CliError(`natgw ${command}: unknown output format '${f}'; one of: ${formats.join(', ')}`, 2);
+  }
+  return f as F;
 }
 
 export function targetOf(values: { socket?: string; server?: string; 'token-file'?: string }, env: NodeJS.ProcessEnv): Promise<Target> {

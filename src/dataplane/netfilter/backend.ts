@@ -216,24 +216,6 @@ export interface SyncOptions {
  * A netfilter backend: renders NatTables for its kernel interface and applies the difference
  * to what it reads back, in one atomic transaction per table. It owns only its own objects.
  */
-/** A deleted DNAT's or floating IP's hit witness (nft/witness.ts). */
-export interface WitnessItem {
-  readonly family: 'ip' | 'ip6';
-  readonly kind: 'dnat' | 'fip';
-  /** The hit element's key as natgw writes it: `1.2.3.4 . tcp . 80`, or the EIP. */
-  readonly key: string;
-}
-
-/** What a witness says about one deleted mapping. */
-export type WitnessOutcome =
-  /** Created by this process since the last full apply and never hit: nothing to flush. */
-  | 'no-hits'
-  | 'hit'
-  /** Present since before a full apply, a replay or a restart: its set may have missed flows. */
-  | 'untrusted'
-  /** The hit element's delete failed otherwise, or no nft session: whether it was hit is unknown. */
-  | 'unreadable';
-
 export interface NetfilterBackend {
   readonly kind: 'iptables' | 'nftables';
   /**
@@ -260,17 +242,6 @@ export interface NetfilterBackend {
    * against it: another writer may have changed the table since.
    */
   dropGuardRead?(): void;
-  /**
-   * Count `want` as applied, as a successful full sync of it would (the daemon's start, after
-   * the loader replayed the applied-ruleset cache: src/engine/appliedRulesetCache.ts).
-   */
-  assumeApplied?(want: NatTables): void;
-  /**
-   * After deletes of these mappings committed: whether each one may have translated a
-   * connection (its hit witness, nft/witness.ts), so that a flush that deletes nothing is
-   * skipped. Absent where the backend keeps no witness (iptables): every flush runs.
-   */
-  witness?(items: readonly WitnessItem[]): Promise<WitnessOutcome[]>;
   /** Remove every object this backend owns (backend switch). */
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */

@@ -6,8 +6,7 @@
  */
 import type { Logger } from 'pino';
 import type { ShareDnat } from '../../model/rules.js';
-import type { Executor } from '../../system/exec.js';
-import { ToolError } from '../../model/errors.js';
+import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/readback.js';
@@ -42,22 +41,12 @@ export class ShareDnatTable {
 
   /** A full sync's listing started early (Part.prefetch), for the next full sync only. */
   private early: Promise<NftTableDump | null> | undefined;
-  private ahead: Promise<NftTableDump | null> | undefined;
 
   /** List the table now, while the parts before this one apply (they never touch it). */
   prefetch(): void {
-    // One read ahead at the daemon's start (readAhead) is the first full sync's.
-    const p = this.ahead ?? this.read();
-    this.ahead = undefined;
-    p.catch(() => undefined);
-    this.early = p;
-  }
-
-  /** The daemon's start: list the table before the first full sync asks (no NAT part or replay touches it); forget drops it. */
-  readAhead(): void {
     const p = this.read();
     p.catch(() => undefined);
-    this.ahead = p;
+    this.early = p;
   }
 
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
@@ -82,7 +71,7 @@ export class ShareDnatTable {
       } catch (err) {
         // Another writer may have changed the table since the read-back (handles, elements):
         // render once more against a fresh one before giving up.
-        if (!(err instanceof ToolError)) throw err;
+        if (!(err instanceof ExecError)) throw err;
         this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
         ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
         await this.nft.run(tx);
@@ -101,7 +90,6 @@ export class ShareDnatTable {
   forget(): void {
     this.trusted = undefined;
     this.early = undefined;
-    this.ahead = undefined;
   }
 
   /**
@@ -115,7 +103,7 @@ export class ShareDnatTable {
       await this.nft.run(deleteChainsTx(chains));
       return new Set(chains);
     } catch (err) {
-      if (!(err instanceof ToolError)) throw err;
+      if (!(err instanceof ExecError)) throw err;
     }
     const deleted = new Set<string>();
     for (const c of chains) {
@@ -123,7 +111,7 @@ export class ShareDnatTable {
         await this.nft.run(deleteChainsTx([c]));
         deleted.add(c);
       } catch (err) {
-        if (!(err instanceof ToolError)) throw err;
+        if (!(err instanceof ExecError)) throw err;
         this.log?.info({ chain: c, err: err.message }, 'stale share dnat chain not deleted yet; a later sync retries');
       }
     }

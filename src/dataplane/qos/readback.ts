@@ -1,3 +1,4 @@
+import { z } from 'zod';
 import {
   type Direction,
   type EipQos,
@@ -16,10 +17,11 @@ import {
 import { isInterfaceName } from '../../model/net.js';
 
 /**
- * Pure parsers for what the kernel holds, from tc's text output. Text rather than JSON:
- * iproute2 6.1 prints htb classes as plain text even under `-j`, older releases print
- * u32 and matchall filters as text too, while the text layout has been stable for years.
- * Classes are read with `-d -raw`, which adds the raw buffer (burst) in scheduler ticks.
+ * Pure parsers for what the kernel holds. Qdiscs come from `tc -j`; classes and filters from
+ * tc's text, whose layout has been stable for years: iproute2 6.1 prints htb classes as text
+ * even under `-j`, and its u32 JSON repeats the `match` key once per key, so a JSON parser
+ * would see only the last key of a filter. Classes are read with `-d -raw`, which adds the raw
+ * buffer (burst) in scheduler ticks.
  */
 
 // ---------------------------------------------------------------------------------
@@ -104,29 +106,26 @@ export function parseLinks(json: string): TcLink[] {
 }
 
 // ---------------------------------------------------------------------------------
-// Qdiscs (`tc qdisc show`, all devices)
+// Qdiscs (`tc -j qdisc show`, all devices)
 // ---------------------------------------------------------------------------------
 
-/** tc -raw appends `[0001 0000]`-style raw ids to handles; drop them. */
-const stripRaw = (s: string): string => s.replace(/\[[0-9a-fA-F]+\]/g, '');
+const qdiscJson = z.array(
+  z.looseObject({
+    kind: z.string(),
+    handle: z.string(),
+    dev: z.string(),
+    root: z.boolean().optional(),
+    parent: z.string().optional(),
+    options: z.looseObject({ default: z.string().optional() }).optional(),
+  }),
+);
 
-export function parseQdiscs(text: string): TcQdisc[] {
-  const out: TcQdisc[] = [];
-  for (const raw of text.split('\n')) {
-    const line = stripRaw(raw);
-    const m = /^qdisc (\S+) ([0-9a-f]+:)\s+(?:dev (\S+) )?(root|parent (\S+))/.exec(line);
-    if (!m) continue;
-    const [, kind = '', handle = '', dev = '', rootOrParent = '', parent] = m;
-    const def = /\bdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line);
-    out.push({
-      dev,
-      kind,
-      handle,
-      parent: rootOrParent === 'root' ? 'root' : (parent ?? ''),
-      ...(kind === 'htb' && def?.[1] ? { defaultMinor: parseInt(def[1], 16) } : {}),
-    });
-  }
-  return out;
+/** Throws on anything but tc's JSON: reading "no qdiscs" by mistake would make natgw replace roots it owns. */
+export function parseQdiscs(json: string): TcQdisc[] {
+  return qdiscJson.parse(JSON.parse(json)).map((q) => {
+    const def = q.kind === 'htb' && q.options?.default !== undefined ? parseInt(q.options.default, 16) : undefined;
+    return { dev: q.dev, kind: q.kind, handle: q.handle, parent: q.root ? 'root' : (q.parent ?? ''), ...(def !== undefined ? { defaultMinor: def } : {}) };
+  });
 }
 
 // ---------------------------------------------------------------------------------
@@ -171,6 +170,9 @@ function parseClassId(s: string): { major: number; minor: number } | undefined {
   if (!m) return undefined;
   return { major: parseInt(m[1] || '0', 16), minor: parseInt(m[2] || '0', 16) };
 }
+
+/** `-raw` appends raw values in brackets (`buffer [0fa00000]`); the words are read without them. */
+const stripRaw = (s: string): string => s.replace(/\[[0-9a-fA-F]+\]/g, '');
 
 export function parseClasses(text: string): TcClass[] {
   const out: TcClass[] = [];

@@ -93,9 +93,6 @@ export type QosPiece = z.infer<typeof qosPieceSchema>;
 
 export const pieceKey = (p: QosPiece): string => `${p.kind} ${p.dev}${p.kind === 'redirect' ? ` ${p.ifb}` : ''}`;
 
-/** The devices whose `parent ffff:` filters a plan removing `pieces` must have read. */
-export const ingressDevicesOf = (pieces: readonly QosPiece[]): string[] => pieces.filter((p) => p.kind === 'redirect').map((p) => p.dev);
-
 export interface DesiredClass {
   readonly minor: number;
   readonly rate: string;
@@ -272,10 +269,12 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
   const links = new Map(kernel.links.map((l) => [l.name, l]));
   const removal = renderRemovals(desired, kernel, owned);
 
-  // Devices natgw shapes but no longer has rules for still get their stale classes removed.
+  // Devices natgw shapes but no longer has rules for still get their stale classes removed
+  // (those that were read: a partial sync reads only the devices whose rules changed).
   const all = new Map(desired);
   for (const s of shapedDevices(kernel.qdiscs)) {
-    if (!all.has(s.dev)) all.set(s.dev, { dev: s.dev, ...(s.servesIngressOf ? { ingressOf: s.servesIngressOf } : {}), classes: [], filters: [] });
+    if (!all.has(s.dev) && kernel.devices.has(s.dev))
+      all.set(s.dev, { dev: s.dev, ...(s.servesIngressOf ? { ingressOf: s.servesIngressOf } : {}), classes: [], filters: [] });
   }
 
   for (const d of [...all.values()].sort((a, b) => a.dev.localeCompare(b.dev))) {
@@ -474,12 +473,3 @@ function renderFilters(dev: string, want: readonly DesiredFilter[], have: readon
 
 /** All tc lines as one script for `tc -batch -`. */
 export const tcBatchScript = (plan: QosPlan): string => (plan.tc.length === 0 ? '' : `${plan.tc.join('\n')}\n`);
-
-/** Devices (and IFBs) whose tc state a sync must read: the desired ones and those natgw shaped before. */
-export function devicesToRead(desired: ReadonlyMap<string, DesiredDevice>, qdiscs: readonly TcQdisc[]): { shaped: string[]; ingressOf: string[] } {
-  const shaped = new Set<string>(desired.keys());
-  for (const s of shapedDevices(qdiscs)) shaped.add(s.dev);
-  const ingressOf = new Set<string>();
-  for (const d of desired.values()) if (d.ingressOf !== undefined) ingressOf.add(d.ingressOf);
-  return { shaped: [...shaped].sort(), ingressOf: [...ingressOf].sort() };
-}

@@ -1,10 +1,9 @@
 import type { Logger } from 'pino';
-import { type Executor, runChecked } from '../../../system/exec.js';
-import { ToolError } from '../../../model/errors.js';
+import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
-import { desiredTables, planTable, renderRestore, savedAfter, tablesOf, type TableName, type TableWant } from './plan.js';
+import { desiredTables, planTable, renderRestore, savedAfter, TABLES, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
@@ -66,7 +65,6 @@ export class IptablesBackend implements NetfilterBackend {
   private view = new Map<string, SavedTable>();
 
   forget(): void {
-    this.assumed = undefined;
     this.view.clear();
   }
 
@@ -89,7 +87,7 @@ export class IptablesBackend implements NetfilterBackend {
     // Any other failure (a hang, a lock, a crash) is not an empty table: reading it as one
     // would plan to re-create what is there, or adopt nothing.
     if (r.exitCode !== 0 && family === 6 && ip6Unusable(r)) return emptyTable;
-    if (r.exitCode !== 0) throw new ToolError(r.command, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
+    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
     return parseSave(r.stdout);
   }
 
@@ -114,7 +112,6 @@ export class IptablesBackend implements NetfilterBackend {
     try {
       return await this.syncBoth(want, opts);
     } catch (e) {
-      this.assumed = undefined;
       this.view.clear();
       throw e;
     }
@@ -126,8 +123,7 @@ export class IptablesBackend implements NetfilterBackend {
    * empty gateway) plans against it instead of reading back. A table not read keeps no view.
    */
   async observe(): Promise<void> {
-    this.materialize();
-    const keys = ([4, 6] as const).flatMap((family) => tablesOf(family).map((table) => ({ family, table })));
+    const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => ({ family, table })));
     const read = await Promise.all(
       keys.map(({ family, table }) => (this.view.has(`${family}/${table}`) ? undefined : this.read(table, family).catch(() => undefined))),
     );
@@ -137,34 +133,8 @@ export class IptablesBackend implements NetfilterBackend {
     });
   }
 
-  /**
-   * The tables as the replay of the applied-ruleset cache left them in a kernel that held none
-   * of natgw's chains (src/dataplane/netfilter/replayRender.ts): the IPv4 skeleton and rules,
-   * IPv6 ones only where there are IPv6 objects.
-   */
-  assumeApplied(want: NatTables): void {
-    this.guardRead = undefined;
-    this.view.clear();
-    // Built when a sync first needs it: ~30,000 rule texts at 10,000 objects, not on the way to ready.
-    this.assumed = want;
-  }
-
-  private assumed: NatTables | undefined;
-
-  private materialize(): void {
-    const want = this.assumed;
-    if (!want) return;
-    this.assumed = undefined;
-    for (const family of [4, 6] as const) {
-      const w = ofFamily(want, family);
-      const desired = family === 6 && isEmpty(w) ? undefined : desiredTables(w);
-      for (const table of tablesOf(family)) this.view.set(`${family}/${table}`, desired ? savedAfter(emptyTable, desired[table]) : emptyTable);
-    }
-  }
-
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
-    this.materialize();
     const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;
     return trusted ?? this.read(table, family);
   }
@@ -181,124 +151,33 @@ export class IptablesBackend implements NetfilterBackend {
   private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
     timelineMark(`iptables: IPv${family} tables desired`);
-    const tables = tablesOf(family);
-    // undefined: the raw table could not be read (rawUnusable), it is then left alone.
-    const have = await Promise.all(tables.map((t) => (t === 'raw' ? this.haveRaw(family, opts) : this.have(t, family, opts))));
+    const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
     let script = '';
     let changes = 0;
     const touched: TableName[] = [];
-    let raw: { text: string; changes: number } | undefined;
-    for (const [i, table] of tables.entries()) {
-      const h = have[i];
-      if (h === undefined) continue;
-      const plan = planTable(h, desired[table], { deleteBySpec: opts.mode === 'partial' });
+    for (const [i, table] of TABLES.entries()) {
+      const plan = planTable(have[i] as SavedTable, desired[table], { deleteBySpec: opts.mode === 'partial' });
       const text = renderRestore(table, plan);
       if (text === '') continue;
-      if (table === 'raw') {
-        raw = { text, changes: plan.changes };
-        continue;
-      }
       changes += plan.changes;
       script += text;
       touched.push(table);
     }
     timelineMark(`iptables: IPv${family} rendered`);
-    let rawApplied = raw !== undefined;
     if (!opts.dryRun) {
-      rawApplied = await this.apply(family, raw?.text, touched, script, desired.raw);
-      // A refused raw chain counts as applied all the same: the commands after it do not try
-      // again (a full sync, which reads the kernel back, does).
-      for (const [i, table] of tables.entries()) {
-        const h = have[i];
-        if (h !== undefined) this.view.set(`${family}/${table}`, savedAfter(h, desired[table]));
-      }
-    }
-    // The script as it ran: raw first.
-    if (raw && rawApplied) {
-      changes += raw.changes;
-      script = raw.text + script;
+      // One run for the family's tables: each commits at its own COMMIT, in order.
+      if (script !== '') await this.restore(family, touched, script);
+      for (const [i, table] of TABLES.entries()) this.view.set(`${family}/${table}`, savedAfter(have[i] as SavedTable, desired[table]));
     }
     return { changes, script };
-  }
-
-  /** The last refusal of the raw table (a kernel without it or without the CT target), logged once as a warning. */
-  private rawRefused: string | undefined;
-
-  private rawUnusable(e: unknown, what: string): void {
-    const message = e instanceof Error ? e.message : String(e);
-    if (this.rawRefused === undefined) {
-      this.log?.warn(
-        { err: message },
-        `iptables raw table ${what}: the shim's loopback connections stay tracked (conntrack -D runs on more DNAT and floating-IP deletes); NAT is unaffected`,
-      );
-    } else {
-      this.log?.debug({ err: message }, `iptables raw table ${what} again`);
-    }
-    this.rawRefused = message;
-  }
-
-  /** The raw table as `have` gives it; undefined where it cannot be read (it is then left alone). */
-  private async haveRaw(family: Family, opts: SyncOptions): Promise<SavedTable | undefined> {
-    try {
-      return await this.have('raw', family, opts);
-    } catch (e) {
-      this.rawUnusable(e, 'unreadable');
-      return undefined;
-    }
-  }
-
-  private async restoreRaw(family: Family, text: string): Promise<boolean> {
-    try {
-      await this.restore(family, 'raw', text);
-      return true;
-    } catch (e) {
-      if (!(e instanceof ToolError)) throw e;
-      this.rawUnusable(e, 'refused');
-      return false;
-    }
-  }
-
-  /**
-   * One run for the family's tables: each commits at its own COMMIT, in order (raw, nat, then
-   * mangle), as when each had a run of its own, with one process start (and at a bulk change
-   * the runner's round trip, ~25 ms) less. Raw first: the NAT rules turn tracking on, and a
-   * shim connection that saw them without the exemption (a delayed ACK of the init command's
-   * own connection) would stay in the table as an established entry. The raw table's static
-   * chain changes only at init or a repair, and a kernel refusing it (no raw table, no CT
-   * target) must not take the NAT down with it: on a refusal the raw table read back tells
-   * which part it was. Raw not in: the refusal was raw's, and nothing after it ran; the rest
-   * then runs alone. Raw in: nat or mangle refused it, thrown as ever. True when raw is in.
-   */
-  private async apply(family: Family, raw: string | undefined, touched: readonly TableName[], script: string, rawWant: TableWant): Promise<boolean> {
-    if (raw === undefined) {
-      if (script !== '') await this.restore(family, touched, script);
-      return false;
-    }
-    if (script === '') return this.restoreRaw(family, raw);
-    try {
-      await this.restore(family, ['raw', ...touched], raw + script);
-      return true;
-    } catch (e) {
-      if (!(e instanceof ToolError) || e.timedOut) throw e;
-      const now = await this.read('raw', family).catch(() => undefined);
-      if (now === undefined || planTable(now, rawWant).changes === 0) throw e;
-      this.rawUnusable(new ToolError(e.command, 'the raw table transaction', e.exitCode, e.stderr, raw), 'refused');
-      await this.restore(family, touched, script);
-      return false;
-    }
   }
 
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
   private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
     const names = typeof tables === 'string' ? [tables] : tables;
-    // iptables-restore waits for its first line before it locks or reads a table: the daemon's
-    // executor may hand it a process started ahead (ExecRequest.prestartable).
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text, prestartable: true });
-    if (r.exitCode !== 0) {
-      const what = `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`;
-      throw new ToolError(`${tool} --noflush`, what, r.exitCode, r.stderr.trim() || r.stdout, text, r.timedOut);
-    }
+    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
+    if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
     this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 
@@ -318,7 +197,6 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async removeAll(): Promise<void> {
-    this.assumed = undefined;
     this.view.clear();
     await this.removeFamily(4, {});
     await this.removeFamily(6, {});
@@ -330,10 +208,9 @@ export class IptablesBackend implements NetfilterBackend {
     let script = '';
     let changes = 0;
     // nat first: a removal it refuses (another owner jumps into natgw's chains) leaves every
-    // table as it was, still pending; raw last, its chain natgw's alone.
-    for (const table of tablesOf(family)) {
-      const have = table === 'raw' ? await this.haveRaw(family, opts) : await this.have(table, family, opts);
-      if (have === undefined) continue;
+    // table as it was, still pending.
+    for (const table of TABLES) {
+      const have = await this.have(table, family, opts);
       const lines: string[] = [];
       for (const [builtin, jump] of skeleton[table].jumps) {
         for (const r of have.rules.get(builtin) ?? []) if (r === jump) lines.push(`-D ${builtin} ${jump}`);
@@ -348,7 +225,7 @@ export class IptablesBackend implements NetfilterBackend {
       script += text;
       if (!opts.dryRun) await this.restore(family, table, text);
     }
-    if (!opts.dryRun) for (const table of tablesOf(family)) this.view.set(`${family}/${table}`, emptyTable);
+    if (!opts.dryRun) for (const table of TABLES) this.view.set(`${family}/${table}`, emptyTable);
     return { changes, script };
   }
 

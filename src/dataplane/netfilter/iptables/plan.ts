@@ -3,7 +3,6 @@ import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { refDiff, type RefDiff } from '../../../state/refDiff.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
-import { NOTRACK_CHAIN, NOTRACK_SPECS } from '../notrack.js';
 
 /**
  * What natgw's iptables chains must hold (SPEC §2 layout), and the iptables-restore script
@@ -11,15 +10,10 @@ import { NOTRACK_CHAIN, NOTRACK_SPECS } from '../notrack.js';
  * jump in each built-in chain.
  */
 
-export type TableName = 'nat' | 'mangle' | 'raw';
+export type TableName = 'nat' | 'mangle';
 
-/**
- * The tables natgw edits in one family. The raw table holds one static chain that keeps the
- * shim listener's loopback connections out of conntrack (netfilter/notrack.ts): IPv4 only,
- * where that listener is. Listed last: a removal takes nat first (one it refuses leaves every
- * table as it was); a sync puts raw's script first in its run (IptablesBackend.apply).
- */
-export const tablesOf = (family: 4 | 6): readonly TableName[] => (family === 4 ? ['nat', 'mangle', 'raw'] : ['nat', 'mangle']);
+/** The tables natgw edits in each family. A removal takes nat first: one it refuses leaves every table as it was. */
+export const TABLES: readonly TableName[] = ['nat', 'mangle'];
 
 export interface TableWant {
   /** natgw's own chains and their exact rules, in order. */
@@ -126,10 +120,6 @@ export function desiredTables(given: NatTables): Record<TableName, TableWant> {
     mangle: {
       owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]]]),
       jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`]]),
-    },
-    raw: {
-      owned: new Map([[NOTRACK_CHAIN, NOTRACK_SPECS]]),
-      jumps: new Map([['OUTPUT', `-j ${NOTRACK_CHAIN}`]]),
     },
   };
 }

@@ -8,10 +8,7 @@ export interface IptablesTools {
   readonly restore: string;
 }
 
-/**
- * The binaries of one variant and family. A module of its own, importing nothing at run time:
- * the loader's replay (src/daemon/replayBoot.ts) names the same tools before the daemon loads.
- */
+/** The binaries of one variant and family. */
 export function toolsFor(variant: IptablesVariant, family: Family = 4): IptablesTools {
   const base = family === 4 ? 'iptables' : 'ip6tables';
   return { cmd: `${base}-${variant}`, save: `${base}-${variant}-save`, restore: `${base}-${variant}-restore` };

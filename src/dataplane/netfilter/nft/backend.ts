@@ -5,20 +5,15 @@
  */
 import { availableParallelism } from 'node:os';
 import type { Logger } from 'pino';
-import { ToolError } from '../../../model/errors.js';
-import type { Executor } from '../../../system/exec.js';
+import { ExecError, type Executor } from '../../../system/exec.js';
 import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
-import { CHAIN, NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
+import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
-import { WitnessTrust, hitCleanupTx, hitDeletesTx, hitSetsOf, hitsInListing, witnessId, type WitnessItem, type WitnessOutcome } from './witness.js';
 import { phases, type PhaseOptions } from './phases.js';
 import { timelineMark } from '../../../system/timeline.js';
-
-/** nft's refusals are ToolErrors like every tool's; the old name stays for its users. */
-export { ToolError as NftError } from '../../../model/errors.js';
 
 /**
  * The iptables version line when no iptables tool is installed. SPEC §2 get-iptables-version:
@@ -59,12 +54,6 @@ export class NftBackend implements NetfilterBackend {
     private readonly phasing: PhaseOptions = PHASING,
   ) {}
 
-  /**
-   * Whether natgw's tables carry the shim_notrack chain: false once this kernel refused it (a
-   * kernel without nft's `notrack`), for the process's life; the NAT goes on without it.
-   */
-  private notrack = true;
-
   /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
   private guardRead: { at: number; dump: NftTableDump | null } | undefined;
 
@@ -89,36 +78,9 @@ export class NftBackend implements NetfilterBackend {
 
   /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
   private view: NftView | undefined;
-  /** The hit witnesses this process may trust (witness.ts); cleared whenever the view is. */
-  private readonly trust = new WitnessTrust();
 
   forget(): void {
     this.view = undefined;
-    this.trust.clear();
-  }
-
-  /**
-   * After the deletes of these mappings committed: what each one's hit witness says (the hit
-   * sets are read only now, witness.ts). Hits found go from the sets, so that a later mapping
-   * of the same key starts clean; an untrusted key's hit stays until the next full sync.
-   */
-  async witness(items: readonly WitnessItem[]): Promise<WitnessOutcome[]> {
-    const trusted = items.filter((w) => this.trust.take(w));
-    const asked = new Set(trusted.map(witnessId));
-    const text = trusted.length > 0 ? await this.nft.listSets?.(NATGW_TABLE, hitSetsOf(trusted)).catch(() => undefined) : undefined;
-    const hits = text === undefined ? undefined : hitsInListing(text);
-    const hit = trusted.filter((w) => hits?.has(witnessId(w)));
-    if (hit.length > 0) {
-      await this.nft.run(hitDeletesTx(hit, NATGW_TABLE), { partial: true }).catch((e: unknown) => {
-        this.log?.warn({ err: e }, 'hit witnesses: a hit element stays until the next full sync');
-      });
-    }
-    return items.map((w): WitnessOutcome => {
-      const id = witnessId(w);
-      if (!asked.has(id)) return 'untrusted';
-      if (hits === undefined) return 'unreadable';
-      return hits.has(id) ? 'hit' : 'no-hits';
-    });
   }
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
@@ -133,15 +95,13 @@ export class NftBackend implements NetfilterBackend {
         const tx = NftTransaction.concat(partial.tx, extra);
         if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
         try {
-          await this.nft.run(tx, { partial: true });
+          await this.nft.run(tx);
         } catch (e) {
           this.view = undefined;
-          this.trust.clear();
           throw e;
         }
         // A partial plan never adds or drops a family's table (that needs a full sync).
         this.view = { tables: want, families: view.families };
-        this.trust.partial(view.tables, want);
         this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
         return extra ? { ...plan, appended: true } : plan;
       }
@@ -156,15 +116,13 @@ export class NftBackend implements NetfilterBackend {
    * the transaction fail; the engine then retries as a full sync.
    */
   private async syncFromAbsent(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    const planned = planNatgw(want, natgwKernel(null, null), { notrack: this.notrack });
+    const planned = planNatgw(want, natgwKernel(null, null));
     timelineMark('nft: planned and rendered');
     if (opts.dryRun) return textPlan(planned);
     const extra = await opts.append;
     timelineMark('nft: accounting appended');
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
-    // Tables created here may replace ones removed by hand, whose flows live on.
-    this.trust.clear();
     // run() has started the tool when it returns: the report's script (a megabyte joined) and
     // the view are made while the kernel applies, not after it.
     const phased = tx.isEmpty ? null : phases(tx, this.phasing);
@@ -195,12 +153,21 @@ export class NftBackend implements NetfilterBackend {
   private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     // The appended part may list its own table: both listings run at once.
     const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
-    let planned: NftTxPlan = planNatgw(want, kernel, { notrack: this.notrack });
+    // None of natgw's tables is there (a restore at start in a fresh namespace): they are
+    // created as the first change into absent tables creates them, in phases when large. A
+    // refusal there (a table made meanwhile) is left to the one transaction below, which re-reads and retries.
+    if (!opts.dryRun && kernel.ip === null && kernel.ip6 === null) {
+      try {
+        return await this.syncFromAbsent(want, { ...opts, append: Promise.resolve(extra) });
+      } catch (err) {
+        if (!(err instanceof ExecError)) throw err;
+        this.log?.warn({ err: err.message }, 'nft: creating the absent tables was refused; applying them as one transaction');
+      }
+    }
+    let planned: NftTxPlan = planNatgw(want, kernel);
     if (opts.dryRun) return textPlan(planned);
-    this.trust.full(kernel, planned.changes);
     let appended = extra !== undefined;
-    // The hits read back go first (witness.ts): valid whatever the plan does to their table after.
-    const tx = NftTransaction.concat(hitCleanupTx(kernel, NATGW_TABLE), planned.tx, extra);
+    const tx = NftTransaction.concat(planned.tx, extra);
     if (tx.isEmpty) {
       this.view = viewOf(want);
       return extra ? { ...textPlan(planned), appended } : textPlan(planned);
@@ -212,34 +179,17 @@ export class NftBackend implements NetfilterBackend {
       // Handles in the script come from the read-back; another writer may have moved them
       // since. Render once more against a fresh read-back before giving up, without the
       // appended part (its owner then syncs it on its own).
-      if (!(err instanceof ToolError)) throw err;
+      if (!(err instanceof ExecError)) throw err;
       this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
-      if (this.notrack && err.stderr.includes(CHAIN.notrack)) {
-        // nft names the command the kernel refused: the exemption, not the NAT.
-        this.notrack = false;
-        this.log?.warn(
-          { err: err.message },
-          "nftables refused the shim_notrack chain: the shim's loopback connections stay tracked (conntrack -D runs on more DNAT and floating-IP deletes); NAT is unaffected",
-        );
-      }
-      this.trust.clear();
-      const again = await this.kernel();
-      planned = planNatgw(want, again, { notrack: this.notrack });
+      planned = planNatgw(want, await this.kernel());
       appended = false;
-      const retry = NftTransaction.concat(hitCleanupTx(again, NATGW_TABLE), planned.tx);
-      if (!retry.isEmpty) await this.nft.run(retry);
+      if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
     }
     this.view = viewOf(want);
     const plan = textPlan(planned);
     this.log?.info({ changes: plan.changes }, 'nftables synced');
     this.log?.debug({ script: plan.script }, 'nft script');
     return extra ? { ...plan, appended } : plan;
-  }
-
-  assumeApplied(want: NatTables): void {
-    this.guardRead = undefined;
-    this.trust.clear();
-    this.view = viewOf(want);
   }
 
   async observe(): Promise<void> {
@@ -254,7 +204,6 @@ export class NftBackend implements NetfilterBackend {
 
   async removeAll(): Promise<void> {
     this.view = undefined;
-    this.trust.clear();
     await this.nft.run(removeAllTx(await this.kernel()));
   }
 

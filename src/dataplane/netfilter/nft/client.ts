@@ -6,33 +6,25 @@
  */
 import { rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { ToolError } from '../../../model/errors.js';
-import type { ExecResult, Executor, ToolSession } from '../../../system/exec.js';
+import { ExecError, type ExecResult, type Executor } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
 import { dropCreated, type NftPhases } from './phases.js';
 import { phaseRun } from './phaseScript.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
-import { listingsDone, type HitSetRef } from './witness.js';
 import { timelineMark } from '../../../system/timeline.js';
 
 export interface NftClient {
   /** Whether nftables answers here at all (knftables' Present): the backend choice weighs it. */
   present(): Promise<boolean>;
-  /** One table as `nft -j list table` shows it; null when it does not exist. Other failures throw ToolError. */
+  /** One table as `nft -j list table` shows it; null when it does not exist. Other failures throw ExecError. */
   list(family: NftTableFamily, table: string): Promise<NftTableDump | null>;
   /**
-   * Apply one transaction atomically: all of it or, on a refusal (ToolError), none of it.
+   * Apply one transaction atomically: all of it or, on a refusal (ExecError), none of it.
    * An empty transaction runs nothing. Text is accepted for scripts natgw did not build with
    * NftTransaction (tests, tools); natgw's own users hand transactions.
    */
-  run(tx: NftTransaction | string, opts?: NftRunOptions): Promise<void>;
-  /**
-   * `list set` of each set, in one exchange with the nft session (nft lists one set without
-   * caching the table's other elements): the text nft prints. Undefined when no session
-   * answers or a listing fails. The hit witnesses' read (witness.ts).
-   */
-  listSets?(table: string, sets: readonly HitSetRef[]): Promise<string | undefined>;
+  run(tx: NftTransaction | string): Promise<void>;
   /**
    * Run phases (phases.ts) in order, the groups at once; throws PhaseRefused. Optional: without
    * it runPhases() runs them one `run()` at a time.
@@ -40,68 +32,13 @@ export interface NftClient {
   runPhases?(p: NftPhases): Promise<PhaseTimings>;
 }
 
-export interface NftRunOptions {
-  /**
-   * A command's partial transaction: it may go through the long-lived nft session. Full syncs
-   * (rare; their refusals are what the user reads) keep `nft -f -` and its messages.
-   */
-  readonly partial?: boolean;
-}
-
 /** `nft` answers a listing of an absent table with ENOENT's text. */
 function isMissingTable(r: ExecResult): boolean {
   return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
 }
 
-/**
- * Transactions that change elements and rules of tables already there (a partial sync's):
- * what a session runs. Declarations keep `nft -f -`, and so does a large transaction: nft
- * reads an interactive line a byte per read(), which costs more than a process start beyond
- * ~16 KiB (a SNAT chain of 1,000 rules rewritten: 85 KiB, 33–41 ms by `nft -f`, 66–225 ms by
- * the session).
- */
-const SESSION_MAX_BYTES = 16 * 1024;
-const inSession = (tx: NftTransaction): boolean =>
-  tx.ops.every(
-    (op) =>
-      op.object === 'element' ||
-      op.object === 'rule' ||
-      // A SNAT CIDR's own chain comes and goes with a command (snatLayout.ts): a bare name, no declaration block.
-      (op.object === 'chain' && (op.verb !== 'add' || op.chain.base === undefined)),
-  );
-
-const NAME = /^[A-Za-z0-9_]+$/;
-function plainName(n: string): string {
-  if (!NAME.test(n)) throw new TypeError(`nft: name ${JSON.stringify(n)} is not plain data`);
-  return n;
-}
-
-/** What ends each session request: a line nft cannot parse, so it answers on stderr, after the transaction. */
-const MARK = '@@natgw-done-';
-let marks = 0;
-
-/** nft's answer to the marker line is `Error: syntax error, …`, the line, a caret line: the text around the transaction's own stderr. */
-function ownStderr(text: string): string {
-  const lines = text.replace(/\n$/, '').split('\n');
-  // The previous marker's caret line may arrive after that exchange ended.
-  while (lines.length > 0 && /^\s*\^*\s*$/.test(lines[0] ?? '')) lines.shift();
-  // The marker's own error line.
-  lines.pop();
-  return lines.join('\n');
-}
-
 export class SystemNftClient implements NftClient {
   constructor(private readonly exec: Executor) {}
-
-  /**
-   * `nft -i` kept running (shared through the executor): a command's transaction costs
-   * neither a process start nor the close of nft's netlink socket, which after a delete
-   * waits for the kernel's RCU grace period (~10 ms) although the commit itself is done.
-   * Each line nft reads in this mode is one transaction (all or nothing), as with `nft -f`.
-   */
-  private get session(): ToolSession | undefined {
-    return this.exec.session?.('nft', ['-i']);
-  }
 
   /**
    * The phases sequenced by one small bash process, not by natgw's event loop: a bulk change
@@ -134,7 +71,7 @@ export class SystemNftClient implements NftClient {
       const stderr = r.stderr.replace(/^natgw-phase-refused: \w+\n?/m, '');
       const script = failed === 'first' ? p.first.text() : failed === 'last' ? p.last.text() : undefined;
       // The first phase committed once its stamp was written: only then are the tables natgw's to delete.
-      throw new PhaseRefused(new ToolError('nft -f -', `the ${failed} phase of the transaction`, r.exitCode, stderr, script, r.timedOut), stamps.length >= 2);
+      throw new PhaseRefused(new ExecError({ ...r, command: 'nft -f -', stderr }, `the ${failed} phase of the transaction`, script), stamps.length >= 2);
     } finally {
       rmSync(run.dir, { recursive: true, force: true });
     }
@@ -148,51 +85,15 @@ export class SystemNftClient implements NftClient {
     const args = ['-j', 'list', 'table', family, table];
     const r = await this.exec.run({ file: 'nft', args });
     if (isMissingTable(r)) return null;
-    if (r.exitCode !== 0) throw new ToolError(`nft ${args.join(' ')}`, 'the listing', r.exitCode, r.stderr, undefined, r.timedOut);
+    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
     return parseTableListing(r.stdout, family, table);
   }
 
-  async run(tx: NftTransaction | string, opts: NftRunOptions = {}): Promise<void> {
+  async run(tx: NftTransaction | string): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
-    const session = opts.partial && typeof tx !== 'string' && script.length <= SESSION_MAX_BYTES && inSession(tx) ? this.session : undefined;
-    if (session) return this.runInSession(session, script);
-    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script, single: true });
-    if (r.exitCode !== 0) throw new ToolError('nft -f -', 'the transaction', r.exitCode, r.stderr, script, r.timedOut);
-  }
-
-  async listSets(table: string, sets: readonly HitSetRef[]): Promise<string | undefined> {
-    const session = this.session;
-    if (!session || sets.length === 0) return undefined;
-    const lines = sets.map((s) => `list set ${s.family} ${plainName(table)} ${plainName(s.set)}`);
-    const mark = `${MARK}${++marks}`;
-    const failed = (stderr: string): boolean => /\bError\b/.test(ownStderr(stderr));
-    // The listing goes to stdout, the marker's error to stderr: wait for both (or for a failure).
-    const r = await session.exchange(`${lines.join('\n')}\n${mark}\n`, `${mark}\n`, undefined, {
-      stdoutDone: (out, err) => failed(err) || listingsDone(out, sets.length),
-    });
-    if (r.died || failed(r.stderr) || r.stdout === undefined) return undefined;
-    return r.stdout;
-  }
-
-  /**
-   * One transaction as one line, then the marker line. nft handles its input in order, so
-   * the marker's error is written only after the batch was sent and the kernel's answer
-   * read: the batch is committed (or refused, its errors written first) by then. nft sends a
-   * batch in one sendmsg() that the kernel processes in full before returning.
-   */
-  private async runInSession(session: ToolSession, script: string): Promise<void> {
-    const mark = `${MARK}${++marks}`;
-    const line = script.trimEnd().split('\n').join('; ');
-    const r = await session.exchange(`${line}\n${mark}\n`, `${mark}\n`);
-    if (r.died) {
-      // Ended or stalled mid-request: whether the batch went in is unknown, so it counts as refused
-      // (the engine's full sync that follows reads back and repairs).
-      const why = r.timedOut ? 'nft -i: timed out (NATGW_TOOL_TIMEOUT) and was killed' : 'nft -i ended before it answered';
-      throw new ToolError('nft -i', 'the transaction', r.timedOut ? 124 : 1, `${why}\n${r.stderr}`, script, r.timedOut);
-    }
-    const err = ownStderr(r.stderr);
-    if (/\bError\b/.test(err)) throw new ToolError('nft -i', 'the transaction', 1, err, script);
+    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
+    if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);
   }
 }
 

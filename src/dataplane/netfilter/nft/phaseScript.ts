@@ -2,31 +2,20 @@
  * The bash text that runs a phased nft apply (phases.ts): the first phase, then the element
  * groups at once, then the last. One small bash process sequences them, not Node.js's event
  * loop: the daemon hashes and persists a bulk change on its thread while the kernel applies,
- * and the start's replay runs while the daemon's bundle loads, so a phase that ended would wait
- * for that work before the next began. The text is constant; its arguments are a private
- * directory holding the phases' scripts (files `first`, `group0`…, `last`), how many groups, and
- * optionally the name of a prelude file in it: when the first phase is refused (the start's
- * replay where natgw's tables already exist), the prelude and every phase run instead, as the
- * one transaction that replaces the tables.
+ * so a phase that ended would wait for that work before the next began. The text is constant;
+ * its arguments are a private directory holding the phases' scripts (files `first`,
+ * `group0`…, `last`) and how many groups.
  *
  * Output: a stamp `t <EPOCHREALTIME>` on stdout after each step (no process started for it);
- * on a refusal `natgw-phase-refused: first|groups|last` on stderr, exit 1. When the whole
- * transaction ran instead, `natgw-phases-whole` on stdout and nft's exit status.
+ * on a refusal `natgw-phase-refused: first|groups|last` on stderr, exit 1.
  */
 import { mkdtempSync, readdir, rm, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 export const PHASES_SH = `set -u
-d=$1; n=$2; prelude=\${3:-}
+d=$1; n=$2
 echo "t $EPOCHREALTIME"
-if ! nft -f - < "$d/first"; then
-  [ -n "$prelude" ] || { echo "natgw-phase-refused: first" >&2; exit 1; }
-  echo natgw-phases-whole
-  files=("$d/$prelude" "$d/first")
-  for ((i = 0; i < n; i++)); do files+=("$d/group$i"); done
-  cat "\${files[@]}" "$d/last" | nft -f -
-  exit
-fi
+nft -f - < "$d/first" || { echo "natgw-phase-refused: first" >&2; exit 1; }
 echo "t $EPOCHREALTIME"
 pids=()
 for ((i = 0; i < n; i++)); do nft -f - < "$d/group$i" & pids+=($!); done
@@ -38,9 +27,8 @@ nft -f - < "$d/last" || { echo "natgw-phase-refused: last" >&2; exit 1; }
 echo "t $EPOCHREALTIME"
 `;
 
-/** The scripts PHASES_SH runs, by phase; `prelude` only where the first may be refused (the replay). */
+/** The scripts PHASES_SH runs, by phase. */
 export interface PhaseFiles {
-  readonly prelude?: string | Buffer;
   readonly first: string | Buffer;
   readonly groups: readonly (string | Buffer)[];
   readonly last: string | Buffer;
@@ -53,13 +41,12 @@ export interface PhaseFiles {
  */
 export function phaseRun(files: PhaseFiles, parent: string, name: string): { readonly dir: string; readonly argv: readonly string[] } {
   // At the next turn, after the caller spawned bash: a temp dir of thousands of entries takes
-  // milliseconds to list, which the start's replay must not wait for.
+  // milliseconds to list.
   setImmediate(() => sweepOrphans(parent, name));
   // The pid in the name says whose it is, for sweepOrphans.
   const dir = mkdtempSync(join(parent, `${name}-${process.pid}-`));
   try {
     const write = (file: string, text: string | Buffer) => writeFileSync(join(dir, file), text, { mode: 0o600 });
-    if (files.prelude !== undefined) write('prelude', files.prelude);
     write('first', files.first);
     files.groups.forEach((g, i) => write(`group${i}`, g));
     write('last', files.last);
@@ -67,7 +54,7 @@ export function phaseRun(files: PhaseFiles, parent: string, name: string): { rea
     rmSync(dir, { recursive: true, force: true });
     throw e;
   }
-  const argv = ['bash', '-c', PHASES_SH, name, dir, String(files.groups.length), ...(files.prelude !== undefined ? ['prelude'] : [])];
+  const argv = ['bash', '-c', PHASES_SH, name, dir, String(files.groups.length)];
   return { dir, argv };
 }
 

@@ -287,10 +287,7 @@ function rangeDnatCandidate(expr: readonly unknown[]): NatgwRule | undefined {
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
-  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'dnat-witness' }, { kind: 'fip-witness' }];
-  // Only a rule ending in `notrack` can be one (no two candidates more per SNAT rule at a full sync).
-  const last = expr[expr.length - 1];
-  if (typeof last === 'object' && last !== null && 'notrack' in last) candidates.push({ kind: 'notrack', match: 'daddr' }, { kind: 'notrack', match: 'saddr' });
+  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }];
   const ifname = ifnameAt(expr);
   if (ifname !== undefined) {
     candidates.push({ kind: 'vpc-mark', vpcIf: ifname }, { kind: 'snat-jump', extIf: ifname }, { kind: 'hairpin', vpcIf: ifname });

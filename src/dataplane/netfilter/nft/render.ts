@@ -9,11 +9,7 @@
  *   map port_dnat    { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service }
  *   set hairpin_eips { type ipv4_addr }
  *   chain vpc_mark    (filter prerouting, priority mangle)  iifname "<vpc>" meta mark set meta mark | 0x1
- *   set dnat_hit      { type ipv4_addr . inet_proto . inet_service; flags dynamic }  filled by the packet path (witness.ts)
- *   set fip_hit       { type ipv4_addr; flags dynamic }
- *   chain prerouting  (nat prerouting, priority dstnat)     meta l4proto { tcp, udp } ip daddr . meta l4proto . th dport @port_dnat add @dnat_hit { … }
- *                                                           ip daddr @fip_dnat add @fip_hit { ip daddr }
- *                                                           dnat ip to ip daddr map @fip_dnat
+ *   chain prerouting  (nat prerouting, priority dstnat)     dnat ip to ip daddr map @fip_dnat
  *                                                           meta l4proto { tcp, udp } dnat ip addr . port to … map @port_dnat
  *   chain postrouting (nat postrouting, priority srcnat)    snat ip to ip saddr map @fip_snat
  *                                                           oifname "<ext>" jump shared_snat
@@ -28,12 +24,6 @@
  *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>   (any other CIDR)
  *   chain snat_<cidr> (regular, one per such CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
  *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
- *   chain shim_notrack (filter output, priority raw; ip only) ip daddr <shim address> notrack
- *                                                           ip saddr <shim address> notrack
- *
- * The shim_notrack chain keeps the shim listener's own loopback connections out of conntrack
- * (netfilter/notrack.ts). Its `notrack` statement needs nft_ct, which the hairpin rule's `ct`
- * matches need anyway: a kernel that takes natgw's table takes this chain.
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
@@ -85,8 +75,6 @@ import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
-import { HIT, HIT_SIZE } from './witness.js';
-import { NFT_NOTRACK_CHAIN, SHIM_ADDRESS } from '../notrack.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
 
@@ -99,7 +87,6 @@ export const CHAIN = {
   prerouting: 'prerouting',
   postrouting: 'postrouting',
   sharedSnat: 'shared_snat',
-  notrack: NFT_NOTRACK_CHAIN,
 } as const;
 
 export const SET = {
@@ -144,12 +131,6 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
       return `meta l4proto { tcp, udp } dnat ${fam} addr . port to ${fam} daddr . meta l4proto . th dport map @${SET.portDnat}`;
     case 'fip-snat':
       return `snat ${fam} to ${fam} saddr map @${SET.fipSnat}`;
-    case 'dnat-witness': {
-      const key = `${fam} daddr . meta l4proto . th dport`;
-      return `meta l4proto { tcp, udp } ${key} @${SET.portDnat} add @${HIT.dnat} { ${key} }`;
-    }
-    case 'fip-witness':
-      return `${fam} daddr @${SET.fipDnat} add @${HIT.fip} { ${fam} daddr }`;
     case 'snat-jump':
       return `oifname "${r.extIf}" jump ${CHAIN.sharedSnat}`;
     case 'hairpin':
@@ -163,8 +144,6 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     }
     case 'snat-dispatch':
       return dispatchText(r, fam);
-    case 'notrack':
-      return `${fam} ${r.match} ${SHIM_ADDRESS} notrack`;
     case 'range-dnat': {
       const to = fam === 'ip' ? r.internalIp : `[${r.internalIp}]`;
       return `${fam} daddr ${r.eip} ${r.protocol} dport ${r.port}-${r.portEnd} dnat ${fam} to ${to}:${r.port}-${r.portEnd}`;
@@ -214,16 +193,6 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       ];
     case 'fip-snat':
       return [{ snat: { addr: { map: { key: payload(fam, 'saddr'), data: `@${SET.fipSnat}` } } } }];
-    case 'dnat-witness': {
-      const key = { concat: [payload(fam, 'daddr'), meta('l4proto'), payload('th', 'dport')] };
-      return [
-        match('==', meta('l4proto'), { set: ['tcp', 'udp'] }),
-        match('==', key, `@${SET.portDnat}`),
-        { set: { op: 'add', elem: key, set: `@${HIT.dnat}` } },
-      ];
-    }
-    case 'fip-witness':
-      return [match('==', payload(fam, 'daddr'), `@${SET.fipDnat}`), { set: { op: 'add', elem: payload(fam, 'daddr'), set: `@${HIT.fip}` } }];
     case 'snat-jump':
       return [match('==', meta('oifname'), r.extIf), { jump: { target: CHAIN.sharedSnat } }];
     case 'hairpin':
@@ -243,8 +212,6 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     }
     case 'snat-dispatch':
       return dispatchJson(r, fam);
-    case 'notrack':
-      return [match('==', payload(fam, r.match), SHIM_ADDRESS), { notrack: null }];
     case 'range-dnat': {
       const range = { range: [r.port, r.portEnd] };
       return [match('==', payload(fam, 'daddr'), r.eip), match('==', payload(r.protocol, 'dport'), range), { dnat: { addr: r.internalIp, port: range } }];
@@ -263,9 +230,9 @@ export function snatRule(s: Snat): NatgwRule {
 
 interface BaseHookSpec {
   readonly type: 'filter' | 'nat';
-  readonly hook: 'prerouting' | 'postrouting' | 'output';
+  readonly hook: 'prerouting' | 'postrouting';
   /** Written by name, listed by number. */
-  readonly prioName: 'raw' | 'mangle' | 'dstnat' | 'srcnat';
+  readonly prioName: 'mangle' | 'dstnat' | 'srcnat';
   readonly prio: number;
 }
 
@@ -280,17 +247,10 @@ export interface SetSpec {
   readonly kind: 'set' | 'map';
   readonly type: string;
   readonly map?: string;
-  readonly dynamic?: boolean;
-  readonly size?: number;
   /** key text → value text (undefined for a plain set), in insertion order. */
   readonly elements: ReadonlyMap<string, string | undefined>;
   /** The same elements in the same order, as a new set's transaction writes them. */
   readonly list: readonly NftElement[];
-  /**
-   * A hit set (witness.ts): its elements are the packet path's. It is created empty and its
-   * elements are never diffed (the nft backend clears them at a full sync, witness.ts).
-   */
-  readonly hits?: true;
 }
 
 /**
@@ -368,11 +328,6 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
   );
 }
 
-export interface RenderOptions {
-  /** false: without the shim_notrack chain, which this kernel refused (nft/backend.ts). */
-  readonly notrack?: boolean;
-}
-
 /*
  * The per-object loops of desiredFamily live in functions of their own, small enough for V8 to
  * optimise in a few milliseconds: inside desiredFamily (its object literals, closures and
@@ -419,7 +374,7 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 }
 
 /** What one family's table must hold for `want`; null when the family needs no table. */
-export function desiredFamily(given: NatTables, fam: NftFamily, opts: RenderOptions = {}): FamilySpec | null {
+export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
   if (!needsFamily(given, fam)) return null;
   const want = canonicalOrder(given);
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
@@ -451,7 +406,6 @@ export function desiredFamily(given: NatTables, fam: NftFamily, opts: RenderOpti
         { name: SET.hairpinEips, kind: 'set', type: addr },
         eips.map((key) => ({ key })),
       ),
-      ...hitSets(addr),
       ...snatObjects.maps.map(({ elements, ...decl }) =>
         setOf(
           decl,
@@ -468,7 +422,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily, opts: RenderOpti
       {
         name: CHAIN.prerouting,
         base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
-        rules: [{ kind: 'dnat-witness' }, { kind: 'fip-witness' }, { kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
+        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
@@ -480,28 +434,8 @@ export function desiredFamily(given: NatTables, fam: NftFamily, opts: RenderOpti
         rules: snatObjects.dispatch,
       },
       ...snatObjects.chains,
-      // IPv4 only: the shim listener's address (netfilter/notrack.ts).
-      ...(fam === 'ip' && opts.notrack !== false ? [NOTRACK_CHAIN_SPEC] : []),
     ],
   };
-}
-
-const NOTRACK_CHAIN_SPEC: ChainSpec = {
-  name: CHAIN.notrack,
-  base: { type: 'filter', hook: 'output', prioName: 'raw', prio: -300 },
-  rules: [
-    { kind: 'notrack', match: 'daddr' },
-    { kind: 'notrack', match: 'saddr' },
-  ],
-};
-
-/** The witnesses' hit sets (witness.ts), empty as declared. */
-function hitSets(addr: string): SetSpec[] {
-  const decl = { kind: 'set', dynamic: true, size: HIT_SIZE } as const;
-  return [
-    setOf({ ...decl, name: HIT.dnat, type: `${addr} . inet_proto . inet_service`, hits: true }, []),
-    setOf({ ...decl, name: HIT.fip, type: addr, hits: true }, []),
-  ];
 }
 
 // ---------------------------------------------------------------------------------
@@ -547,7 +481,7 @@ function chainOf(c: ChainSpec): NftChainSpec {
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   if (s.kind === 'map') tx.addMap(t, { name: s.name, type: s.type, map: s.map ?? '' });
-  else tx.addSet(t, { name: s.name, type: s.type, ...(s.dynamic ? { dynamic: true } : {}), ...(s.size !== undefined ? { size: s.size } : {}) });
+  else tx.addSet(t, { name: s.name, type: s.type });
 }
 
 /** All of a set's elements (a new set), straight from its entries. */
@@ -771,9 +705,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
   const t = natgwTable(fam);
   for (const s of spec.sets) {
     const h = have.sets.get(s.name);
-    if (h && s.hits) {
-      // The packet path's elements: none to add, and none to repair.
-    } else if (h) {
+    if (h) {
       diffSet(sc, fam, s, h);
     } else {
       addSet(sc.create, t, s);
@@ -792,9 +724,9 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
-export function planNatgw(want: NatTables, have: NatgwKernel, opts: RenderOptions = {}): NftTxPlan {
+export function planNatgw(want: NatTables, have: NatgwKernel): NftTxPlan {
   const sc = new Script();
-  for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam, opts), have[fam], fam);
+  for (const fam of NFT_FAMILIES) renderFamily(sc, desiredFamily(want, fam), have[fam], fam);
   return { tx: sc.tx(), changes: sc.changes };
 }
 

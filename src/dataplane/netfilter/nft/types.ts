@@ -12,9 +12,6 @@ export type NatgwRule =
   | { readonly kind: 'fip-dnat' }
   | { readonly kind: 'port-dnat' }
   | { readonly kind: 'fip-snat' }
-  /** The hit witnesses (witness.ts): a new connection a DNAT or floating IP will translate leaves its key in a hit set. */
-  | { readonly kind: 'dnat-witness' }
-  | { readonly kind: 'fip-witness' }
   | { readonly kind: 'snat-jump'; readonly extIf: string }
   | { readonly kind: 'hairpin'; readonly vpcIf: string }
   | {
@@ -31,8 +28,6 @@ export type NatgwRule =
    * `snat <fam> to <fam> saddr & <mask> map @snat_to_len_<len>` (`snat_to_fr_len_<len>`, fully-random).
    */
   | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr' }
-  /** The shim listener's loopback connections, one direction each, kept out of conntrack (netfilter/notrack.ts). */
-  | { readonly kind: 'notrack'; readonly match: 'daddr' | 'saddr' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
       readonly kind: 'range-dnat';

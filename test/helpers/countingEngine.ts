@@ -6,8 +6,8 @@ import { runLegacy } from '../../src/engine/legacy.js';
 import type { RecordedExecutor } from './execCalls.js';
 import { ADDR, type Topology } from './netns.js';
 
-/** An engine of the witness tests, with the script's commands and the flushes each counted. */
-export interface WitnessEngine {
+/** An engine whose tools are counted, with the script's commands and the flushes each counted. */
+export interface CountingEngine {
   readonly engine: Engine;
   /** A script command, which must succeed without output on stderr. */
   natgw(command: string, ...args: string[]): Promise<void>;
@@ -20,7 +20,7 @@ export interface WitnessEngine {
  * gateway namespace), on the topology's state dir and kernel: what a daemon restart is.
  * `env` picks the backend.
  */
-export async function witnessEngine(topo: Topology, exec: RecordedExecutor, env: Record<string, string>): Promise<WitnessEngine> {
+export async function countingEngine(topo: Topology, exec: RecordedExecutor, env: Record<string, string>): Promise<CountingEngine> {
   const config = await loadConfig({
     NATGW_ENV_FILE: path.join(topo.stateDir, 'none.env'),
     NATGW_STATE_DIR: topo.stateDir,
