@@ -16,6 +16,7 @@
  * NATGW_IMAGE_LAB_MODE=podman|chroot forces a path; by default podman is tried first.
  */
 import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { parseAllDocuments } from 'yaml';
@@ -242,6 +243,40 @@ function podProcesses(pid1: number): PodProcess[] {
   return out;
 }
 
+/**
+ * The daemon, whatever its command line: the processes of the pod holding the Unix socket that
+ * listens at `socket` (the pod's network namespace's /proc/net/unix names the listener's inode;
+ * /proc/<pid>/fd shows who holds it).
+ */
+function daemonPids(pid1: number, socket: string, procs: readonly { pid: number }[]): number[] {
+  // Num RefCount Protocol Flags Type St Inode Path; Flags 00010000 is __SO_ACCEPTCON (listening).
+  const inodes = new Set(
+    readFileSync(`/proc/${pid1}/net/unix`, 'utf8')
+      .split('\n')
+      .slice(1)
+      .map((l) => l.trim().split(/\s+/))
+      .filter((f) => f[7] === socket && (Number.parseInt(f[3] ?? '0', 16) & 0x10000) !== 0)
+      .map((f) => `socket:[${f[6]}]`),
+  );
+  return procs
+    .filter((p) => {
+      try {
+        return readdirSync(`/proc/${p.pid}/fd`).some((fd) => inodes.has(readlinkSafe(`/proc/${p.pid}/fd/${fd}`)));
+      } catch {
+        return false; // exited while we looked
+      }
+    })
+    .map((p) => p.pid);
+}
+
+function readlinkSafe(path: string): string {
+  try {
+    return readlinkSync(path);
+  } catch {
+    return '';
+  }
+}
+
 /** ZOMBIE_COMMANDS shim commands in a pod whose PID 1 never reaps: a daemon, no zombies. */
 async function zombieCheck(mode: Mode): Promise<number> {
   console.log(`\nno-zombie check — ${ZOMBIE_COMMANDS} commands through ${SHIM}, PID 1 \`sleep infinity\` (${mode})`);
@@ -276,7 +311,7 @@ async function zombieCheck(mode: Mode): Promise<number> {
     }
     report(ok === commands.length, `${ok}/${commands.length} commands exited 0 with empty stderr${failures.length ? `: ${failures.join('; ')}` : ''}`);
     const procs = podProcesses(pod.pid1);
-    const daemon = procs.find((p) => p.cmdline.includes('natgw.js serve') && p.state !== 'Z');
+    const daemon = procs.find((p) => daemonPids(pod?.pid1 ?? 0, env.NATGW_SOCKET ?? '', procs).includes(p.pid) && p.state !== 'Z');
     report(daemon !== undefined, `the autostarted daemon runs: ${daemon ? `pid ${daemon.pid}, ${daemon.cmdline}` : 'none'}`);
     const zombies = procs.filter((p) => p.state === 'Z');
     report(
@@ -299,13 +334,26 @@ async function zombieCheck(mode: Mode): Promise<number> {
   return failed;
 }
 
-/** What image/deploy/natgw-gateway.yaml gives the pod: the env file, the token, the probes. */
-function deployManifest(): { envFile: string; token: string; probes: Record<'liveness' | 'readiness', string[]> } {
-  const docs = parseAllDocuments(readFileSync(join(REPO_ROOT, 'image', 'deploy', 'natgw-gateway.yaml'), 'utf8')).map((d) => d.toJS() as Record<string, any>);
-  const envFile = docs.find((d) => d.kind === 'ConfigMap')?.data?.['nat-gateway.env'] as string;
-  const token = docs.find((d) => d.kind === 'Secret')?.stringData?.token as string;
+/**
+ * What image/deploy gives the StatefulSet's pod: the env file (with the TCP API turned on as
+ * its comment says: both lines uncommented, bound to the lab's VPC-side address), a random
+ * token where the Secret would put it (the Secret's own is a placeholder natgw refuses), the probes.
+ */
+function deployManifest(): { envFile: string; tokenFile: string; token: string; probes: Record<'liveness' | 'readiness', string[]> } {
+  const dir = join(REPO_ROOT, 'image', 'deploy');
+  const docs = readdirSync(dir)
+    .filter((f) => /\.ya?ml$/.test(f))
+    .flatMap((f) => parseAllDocuments(readFileSync(join(dir, f), 'utf8')).map((d) => d.toJS() as Record<string, any>));
+  const shipped = docs.find((d) => d.kind === 'ConfigMap' && typeof d.data?.['nat-gateway.env'] === 'string')?.data['nat-gateway.env'] as string;
+  const tokenFile = /^#?NATGW_TOKEN_FILE=(.*)$/m.exec(shipped)?.[1] ?? '';
+  const envFile = shipped.replace(/^#NATGW_LISTEN=.*$/m, `NATGW_LISTEN=${ADDR.gw}:8443`).replace(/^#NATGW_TOKEN_FILE=/m, 'NATGW_TOKEN_FILE=');
   const main = docs.find((d) => d.kind === 'StatefulSet')?.spec.template.spec.containers[0] as Record<string, any>;
-  return { envFile, token, probes: { liveness: main.livenessProbe.exec.command, readiness: main.readinessProbe.exec.command } };
+  return {
+    envFile,
+    tokenFile,
+    token: randomBytes(32).toString('hex'),
+    probes: { liveness: main.livenessProbe.exec.command, readiness: main.readinessProbe.exec.command },
+  };
 }
 
 /**
@@ -329,9 +377,13 @@ async function mainProcessCheck(mode: Mode): Promise<number> {
   try {
     // The manifest's env file names the lab's upstream gateway; the lab depends on that.
     if (!manifest.envFile.includes(`GATEWAY_V4=${ADDR.extGateway}`)) throw new Error(`the manifest's env file no longer sets GATEWAY_V4=${ADDR.extGateway}`);
-    const tokenFile = /^NATGW_TOKEN_FILE=(.*)$/m.exec(manifest.envFile)?.[1] ?? '';
     const port = /^NATGW_LISTEN=.*:(\d+)$/m.exec(manifest.envFile)?.[1] ?? '';
-    pod = await startPod(mode, topo, { argv: 'image', env: {}, files: { '/etc/kube-ovn/nat-gateway.env': manifest.envFile, [tokenFile]: manifest.token } });
+    if (manifest.tokenFile === '' || port === '') throw new Error("the manifest's env file no longer names NATGW_LISTEN and NATGW_TOKEN_FILE");
+    pod = await startPod(mode, topo, {
+      argv: 'image',
+      env: {},
+      files: { '/etc/kube-ovn/nat-gateway.env': manifest.envFile, [manifest.tokenFile]: manifest.token },
+    });
     const p = pod;
     const probe = (which: 'liveness' | 'readiness') => p.exec(manifest.probes[which], {});
     const live = await waitFor(async () => (await probe('liveness')).exitCode === 0, {
@@ -371,7 +423,8 @@ async function mainProcessCheck(mode: Mode): Promise<number> {
     report(codes.join(' ') === '200 401 200', `TCP API ${url}: /healthz open, /v1/state 401 without and 200 with the Secret's token (${codes.join(' ')})`);
     const procs = podProcesses(p.pid1);
     const pid1 = procs.find((x) => x.pid === p.pid1);
-    const daemons = procs.filter((x) => x.cmdline.includes('natgw.js serve') && x.state !== 'Z');
+    const listeners = daemonPids(p.pid1, /^NATGW_SOCKET=(.*)$/m.exec(manifest.envFile)?.[1] ?? '/run/natgw/natgw.sock', procs);
+    const daemons = procs.filter((x) => listeners.includes(x.pid) && x.state !== 'Z');
     const parent = daemons[0] === undefined ? -1 : Number(/^PPid:\s*(\d+)/m.exec(readFileSync(`/proc/${daemons[0].pid}/status`, 'utf8'))?.[1]);
     report(
       daemons.length === 1 && parent === p.pid1,

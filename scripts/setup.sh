@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs=(nftables iptables iproute2 conntrack conntrackd iputils-arping ipv6toolkit iputils-ping tcpdump procps ca-certificates curl)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 # NATGW_IMAGE_TOOLS=1: what image/build.sh and image/lab.sh need besides (not part of npm test).
-if [ "${NATGW_IMAGE_TOOLS:-0}" = 1 ]; then pkgs+=(podman debootstrap fuse-overlayfs util-linux); fi
+if [ "${NATGW_IMAGE_TOOLS:-0}" = 1 ]; then pkgs+=(podman debootstrap fuse-overlayfs util-linux binutils); fi
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then
