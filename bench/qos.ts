@@ -2,7 +2,8 @@
  * QoS through the API: `POST /v1/legacy` of one `eip-egress-qos-add` (a new rule on EXT) and its
  * `eip-egress-qos-del`, with the device holding `size` rules in all, against one bare
  * `tc class show dev net1` (the floor: one tc process in the gateway's namespace) in the same run.
- * Rounds alternate: one floor sample, then one add and its delete.
+ * Rounds alternate: one floor sample, then one add and its delete. Ratios: of the medians, and the
+ * median of each round's command over that round's floor.
  *
  *   node dist/bench/qos.js [--sizes 1,100] [--rounds 30] [--warmup 5] [--backend nftables]
  *
@@ -55,7 +56,18 @@ async function measure(size: number): Promise<Record<string, number>> {
         del.push(d);
       }
       const [fl, ad, de] = [summarize(floor), summarize(add), summarize(del)];
-      return { size, floorMs: fl.median, addMs: ad.median, delMs: de.median, addRatio: round(ad.median / fl.median), delRatio: round(de.median / fl.median) };
+      // Under a shifting load the floor moves too: each round's command over that round's floor, then their median.
+      const perRound = (xs: number[]) => summarize(xs.map((x, i) => x / floor[i]!)).median;
+      return {
+        size,
+        floorMs: fl.median,
+        addMs: ad.median,
+        delMs: de.median,
+        addRatio: round(ad.median / fl.median),
+        delRatio: round(de.median / fl.median),
+        addRoundRatio: perRound(add),
+        delRoundRatio: perRound(del),
+      };
     },
   );
 }
@@ -66,7 +78,7 @@ for (const size of sizes) {
   const r = await measure(size);
   results.push(r);
   console.log(
-    `${size} rule(s): floor (tc class show) ${round(r.floorMs!)} ms; add ${round(r.addMs!)} ms = ×${r.addRatio}; del ${round(r.delMs!)} ms = ×${r.delRatio}`,
+    `${size} rule(s): floor (tc class show) ${r.floorMs} ms; add ${r.addMs} ms = ×${r.addRatio} (per round ×${r.addRoundRatio}); del ${r.delMs} ms = ×${r.delRatio} (per round ×${r.delRoundRatio})`,
   );
 }
 console.log(JSON.stringify({ qos: results, backend, rounds }));
