@@ -26,7 +26,7 @@ export class RecordingKernel {
     }
     // QoS reads an empty kernel: the pod's two interfaces, no qdisc of natgw's.
     if (r.file === 'ip' && r.args.join(' ') === '-j link show') return { stdout: '[{"ifname":"eth0"},{"ifname":"net1"}]\n' };
-    if (r.file === 'tc' && r.args.join(' ') === '-j qdisc show') return { stdout: '[]\n' };
+    if (r.file === 'tc' && r.args.join(' ') === 'qdisc show') return { stdout: '' };
     return this.ipt.answer(r);
   });
   readonly dir = mkdtempSync(path.join(tmpdir(), 'natgw-prop-'));

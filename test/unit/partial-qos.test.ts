@@ -10,50 +10,40 @@ import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos, delEipQos, delGwQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import { answerQosRead } from '../helpers/tcFixtures.js';
 
 type Listing = Readonly<Record<string, string>>;
 
-const noqueue = (dev: string) => ({ kind: 'noqueue', handle: '0:', dev, root: true, refcnt: 2, options: {} });
-const htb = (dev: string) => ({
-  kind: 'htb',
-  handle: '1:',
-  dev,
-  root: true,
-  refcnt: 2,
-  options: { r2q: 10, default: '0x9999', direct_packets_stat: 0, direct_qlen: 1000 },
-});
-const SHAPED_QDISCS = JSON.stringify([
-  noqueue('lo'),
-  noqueue('eth0'),
-  htb('net1'),
-  { kind: 'ingress', handle: 'ffff:', dev: 'net1', parent: 'ffff:fff1', options: {} },
-  htb('ifb-net1'),
-]);
+const noqueue = (dev: string) => `qdisc noqueue 0: dev ${dev} root refcnt 2 \n`;
+const htb = (dev: string) => `qdisc htb 1: dev ${dev} root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000\n`;
+const SHAPED_QDISCS = [noqueue('lo'), noqueue('eth0'), htb('net1'), 'qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- \n', htb('ifb-net1')].join(
+  '',
+);
 
 const INITIAL: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]}]`,
-  'tc -j qdisc show': JSON.stringify([noqueue('lo'), noqueue('eth0'), noqueue('net1')]),
+  'tc qdisc show': [noqueue('lo'), noqueue('eth0'), noqueue('net1')].join(''),
 };
 
 const AFTER_S1: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc -j qdisc show': SHAPED_QDISCS,
-  'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
+  'tc qdisc show': SHAPED_QDISCS,
+  'tc class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
 class htb 1:ff03 root prio 0 quantum 200000 rate 50Mbit ceil 50Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
 class htb 1:c112 root prio 0 quantum 200000 rate 100Mbit ceil 100Mbit linklayer ethernet burst 2Mb/1 mpu 0b cburst 2Mb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
 `,
-  'tc filter show dev net1 parent 1:': `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
+  'tc filter show dev net1': `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
   match 0a620002/ffffffff at 12
-filter protocol ip pref 2 u32 chain 0 
-filter protocol ip pref 2 u32 chain 0 fh 801: ht divisor 1 
-filter protocol ip pref 2 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 *flowid 1:c112 not_in_hw 
+filter parent 1: protocol ip pref 2 u32 chain 0 
+filter parent 1: protocol ip pref 2 u32 chain 0 fh 801: ht divisor 1 
+filter parent 1: protocol ip pref 2 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 *flowid 1:c112 not_in_hw 
   match 0a000000/ffff0000 at 12
-filter protocol ip pref 3 u32 chain 0 
-filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
-filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
+filter parent 1: protocol ip pref 3 u32 chain 0 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
   match 00000000/00000000 at 0
 `,
   'tc filter show dev net1 parent ffff:': `filter protocol all pref 65535 u32 chain 0 
@@ -64,38 +54,38 @@ filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt
 	index 1 ref 1 bind 1
 
 `,
-  'tc -d -raw class show dev ifb-net1': `class htb 1:3267 root prio 0 quantum 62500 rate 5Mbit ceil 5Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [018ffff6] cbuffer [018ffff6] 
+  'tc class show dev ifb-net1': `class htb 1:3267 root prio 0 quantum 62500 rate 5Mbit ceil 5Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [018ffff6] cbuffer [018ffff6] 
 class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 `,
-  'tc filter show dev ifb-net1 parent 1:': `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:3267 not_in_hw 
+  'tc filter show dev ifb-net1': `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:3267 not_in_hw 
   match 0a620003/ffffffff at 16
 `,
 };
 
 const AFTER_S2: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc -j qdisc show': SHAPED_QDISCS,
-  'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
+  'tc qdisc show': SHAPED_QDISCS,
+  'tc class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 200000 rate 20Mbit ceil 20Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0063fff9] cbuffer [0063fff9] 
 class htb 1:10f5 root prio 0 quantum 87500 rate 7Mbit ceil 7Mbit linklayer ethernet burst 512Kb/1 mpu 0b cburst 512Kb/1 mpu 0b level 0 buffer [008edb69] cbuffer [008edb69] 
 class htb 1:ff03 root prio 0 quantum 200000 rate 50Mbit ceil 50Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
 class htb 1:1688 root prio 0 quantum 125000 rate 10Mbit ceil 10Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [00c7fff3] cbuffer [00c7fff3] 
 `,
-  'tc filter show dev net1 parent 1:': `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
+  'tc filter show dev net1': `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
   match 0a620002/ffffffff at 12
-filter protocol ip pref 1 u32 chain 0 fh 800::2 order 2 key ht 800 bkt 0 *flowid 1:1688 not_in_hw 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::2 order 2 key ht 800 bkt 0 *flowid 1:1688 not_in_hw 
   match 0a620004/ffffffff at 12
-filter protocol ip pref 3 u32 chain 0 
-filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
-filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
+filter parent 1: protocol ip pref 3 u32 chain 0 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
   match 00000000/00000000 at 0
-filter protocol ip pref 4 u32 chain 0 
-filter protocol ip pref 4 u32 chain 0 fh 803: ht divisor 1 
-filter protocol ip pref 4 u32 chain 0 fh 803::1 order 1 key ht 803 bkt 0 *flowid 1:10f5 not_in_hw 
+filter parent 1: protocol ip pref 4 u32 chain 0 
+filter parent 1: protocol ip pref 4 u32 chain 0 fh 803: ht divisor 1 
+filter parent 1: protocol ip pref 4 u32 chain 0 fh 803::1 order 1 key ht 803 bkt 0 *flowid 1:10f5 not_in_hw 
   match 0a620005/ffffffff at 12
 `,
   'tc filter show dev net1 parent ffff:': `filter protocol all pref 65535 u32 chain 0 
@@ -106,35 +96,35 @@ filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt
 	index 1 ref 1 bind 1
 
 `,
-  'tc -d -raw class show dev ifb-net1': `class htb 1:3267 root prio 0 quantum 62500 rate 5Mbit ceil 5Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [018ffff6] cbuffer [018ffff6] 
+  'tc class show dev ifb-net1': `class htb 1:3267 root prio 0 quantum 62500 rate 5Mbit ceil 5Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [018ffff6] cbuffer [018ffff6] 
 class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 `,
-  'tc filter show dev ifb-net1 parent 1:': `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:3267 not_in_hw 
+  'tc filter show dev ifb-net1': `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:3267 not_in_hw 
   match 0a620003/ffffffff at 16
 `,
 };
 
 const AFTER_S3: Listing = {
   'ip -j link show': `[{"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"net1","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"]},{"ifname":"ifb-net1","flags":["BROADCAST","NOARP","UP","LOWER_UP"]}]`,
-  'tc -j qdisc show': SHAPED_QDISCS,
-  'tc -d -raw class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
+  'tc qdisc show': SHAPED_QDISCS,
+  'tc class show dev net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:37fa root prio 0 quantum 200000 rate 20Mbit ceil 20Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0063fff9] cbuffer [0063fff9] 
 class htb 1:ff03 root prio 0 quantum 200000 rate 50Mbit ceil 50Mbit linklayer ethernet burst 1024Kb/1 mpu 0b cburst 1024Kb/1 mpu 0b level 0 buffer [0027fffd] cbuffer [0027fffd] 
 class htb 1:f7ae root prio 0 quantum 200000 rate 30Mbit ceil 30Mbit linklayer ethernet burst 2Mb/1 mpu 0b cburst 2Mb/1 mpu 0b level 0 buffer [0085554d] cbuffer [0085554d] 
 `,
-  'tc filter show dev net1 parent 1:': `filter protocol ip pref 1 u32 chain 0 
-filter protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
-filter protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
+  'tc filter show dev net1': `filter parent 1: protocol ip pref 1 u32 chain 0 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ip pref 1 u32 chain 0 fh 800::1 order 1 key ht 800 bkt 0 *flowid 1:37fa not_in_hw 
   match 0a620002/ffffffff at 12
-filter protocol ip pref 2 u32 chain 0 
-filter protocol ip pref 2 u32 chain 0 fh 804: ht divisor 1 
-filter protocol ip pref 2 u32 chain 0 fh 804::800 order 2048 key ht 804 bkt 0 *flowid 1:f7ae not_in_hw 
+filter parent 1: protocol ip pref 2 u32 chain 0 
+filter parent 1: protocol ip pref 2 u32 chain 0 fh 804: ht divisor 1 
+filter parent 1: protocol ip pref 2 u32 chain 0 fh 804::800 order 2048 key ht 804 bkt 0 *flowid 1:f7ae not_in_hw 
   match 0a010000/ffff0000 at 16
-filter protocol ip pref 3 u32 chain 0 
-filter protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
-filter protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
+filter parent 1: protocol ip pref 3 u32 chain 0 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802: ht divisor 1 
+filter parent 1: protocol ip pref 3 u32 chain 0 fh 802::fff order 4095 key ht 802 bkt 0 *flowid 1:ff03 not_in_hw 
   match 00000000/00000000 at 0
 `,
   'tc filter show dev net1 parent ffff:': `filter protocol all pref 65535 u32 chain 0 
@@ -145,7 +135,7 @@ filter protocol all pref 65535 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt
 	index 1 ref 1 bind 1
 
 `,
-  'tc -d -raw class show dev ifb-net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
+  'tc class show dev ifb-net1': `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 `,
 };
 
@@ -205,13 +195,16 @@ const S3 = addGwQos(
 
 const cmd = (c: ExecRequest): string => [c.file, ...c.args].join(' ');
 const BATCH = 'tc -batch -';
-const isRead = (c: string): boolean => / show( |$)/.test(c);
+const LISTING = 'tc -d -raw -batch -';
+const isRead = (c: string): boolean => c === LISTING || c === 'tc qdisc show' || c === 'ip -j link show';
+/** The lines the device listings asked tc for. */
+const listed = (x: RecordingExecutor): string[] =>
+  x.calls.filter((c) => cmd(c) === LISTING).flatMap((c) => (c.input ?? '').split('\n').filter((l) => l !== ''));
 /** The devices whose classes a sync read. */
 const classReads = (x: RecordingExecutor): string[] =>
-  x.calls
-    .map(cmd)
-    .filter((c) => c.includes(' class show dev '))
-    .map((c) => c.split(' ').at(-1)!)
+  listed(x)
+    .filter((l) => l.startsWith('class show dev '))
+    .map((l) => l.split(' ').at(-1)!)
     .sort();
 
 /** A kernel that answers natgw's reads from `listing()` and, like the dev machines, has neither fq_codel nor matchall. */
@@ -220,8 +213,7 @@ function fakeKernel(listing: () => Listing) {
     const c = cmd(req);
     if (c.includes('ngprobe') && (c.endsWith(' fq_codel') || c.includes(' matchall ')))
       return { exitCode: 2, stderr: 'Error: Specified qdisc kind is unknown.\n' };
-    if (isRead(c)) return { stdout: listing()[c] ?? '' };
-    return undefined;
+    return answerQosRead(req, listing());
   });
 }
 
@@ -236,8 +228,9 @@ describe('QosManager: partial sync', () => {
     const x = fakeKernel(() => listing);
     const m = new QosManager(x);
     await m.sync(S1);
-    // (ifb-net1 does not exist yet.)
-    expect(classReads(x)).toEqual(['net1']);
+    // ifb-net1 does not exist yet: its listing ends at its first line, and `ip` says it is not there.
+    expect(classReads(x)).toEqual(['ifb-net1', 'net1']);
+    expect(x.calls.map(cmd).filter((c) => c === 'ip -j link show')).toHaveLength(1);
 
     // S1 → S2 changes only net1's rules: ifb-net1 is neither read nor planned.
     listing = AFTER_S1;
@@ -253,7 +246,7 @@ describe('QosManager: partial sync', () => {
     x.calls.length = 0;
     const r3 = await m.sync(S3, { mode: 'partial' }, S2);
     expect(classReads(x)).toEqual(['ifb-net1', 'net1']);
-    expect(x.calls.map(cmd)).toContain('tc filter show dev net1 parent ffff:');
+    expect(listed(x)).toContain('filter show dev net1 parent ffff:');
     expect(r3.commands).toEqual(await fullCommands(S3, AFTER_S2));
     expect(r3.commands).toEqual(S3_REAL);
 
@@ -269,8 +262,8 @@ describe('QosManager: partial sync', () => {
     // ifb-net1 lost its class and filter behind natgw's back.
     const drifted: Listing = {
       ...AFTER_S1,
-      'tc -d -raw class show dev ifb-net1': AFTER_S3['tc -d -raw class show dev ifb-net1']!,
-      'tc filter show dev ifb-net1 parent 1:': '',
+      'tc class show dev ifb-net1': AFTER_S3['tc class show dev ifb-net1']!,
+      'tc filter show dev ifb-net1': '',
     };
     const x = fakeKernel(() => drifted);
     const partial = await new QosManager(x).sync(S2, { mode: 'partial' }, S1);

@@ -8,16 +8,20 @@ import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import { answerQosRead } from '../helpers/tcFixtures.js';
 
 /** A fake kernel: answers natgw's reads, refuses fq_codel and matchall like the dev machines. */
-function fakeKernel(opts: { links?: string[]; qdiscs?: object[]; fail?: (req: ExecRequest) => Partial<ExecResult> | undefined } = {}) {
-  const links = opts.links ?? ['lo', 'net1', 'eth0'];
+function fakeKernel(opts: { links?: string[]; qdiscs?: string[]; fail?: (req: ExecRequest) => Partial<ExecResult> | undefined } = {}) {
+  const listing = {
+    'ip -j link show': JSON.stringify((opts.links ?? ['lo', 'net1', 'eth0']).map((ifname) => ({ ifname, flags: ['UP'] }))),
+    'tc qdisc show': (opts.qdiscs ?? ['qdisc noqueue 0: dev net1 root refcnt 2 ']).map((l) => `${l}\n`).join(''),
+  };
   return new RecordingExecutor((req) => {
     const cmd = [req.file, ...req.args].join(' ');
     const failed = opts.fail?.(req);
     if (failed) return failed;
-    if (cmd === 'ip -j link show') return { stdout: JSON.stringify(links.map((ifname) => ({ ifname, flags: ['UP'] }))) };
-    if (cmd === 'tc -j qdisc show') return { stdout: JSON.stringify(opts.qdiscs ?? [{ kind: 'noqueue', handle: '0:', dev: 'net1', root: true }]) };
+    const read = answerQosRead(req, listing);
+    if (read) return read;
     if (/ fq_codel$/.test(cmd) && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: Specified qdisc kind is unknown.\n' };
     if (cmd.includes(' matchall ') && cmd.includes('ngprobe')) return { exitCode: 2, stderr: 'Error: TC classifier not found.\n' };
     return undefined;
@@ -31,8 +35,9 @@ const state = (eips: EipQos[], gws: GwQos[] = []): DesiredState => {
   for (const q of gws) s = addGwQos(s, q).state;
   return s;
 };
+const isRead = (c: ExecRequest): boolean => c.args.includes('show') || c.args.join(' ') === '-d -raw -batch -';
 const mutations = (x: RecordingExecutor) =>
-  x.calls.filter((c) => !(c.args.includes('show') || c.args.join(' ').includes('ngprobe'))).map((c) => [c.file, ...c.args].join(' '));
+  x.calls.filter((c) => !(isRead(c) || c.args.join(' ').includes('ngprobe'))).map((c) => [c.file, ...c.args].join(' '));
 
 describe('QosManager', () => {
   it('reads, probes once, and applies the plan as one tc batch on stdin', async () => {
@@ -121,25 +126,36 @@ describe('QosManager', () => {
   });
 
   it('refuses to plan from a failed or unreadable read of the qdiscs (it would replace roots it owns)', async () => {
-    const x = fakeKernel({ fail: (req) => (req.args.join(' ') === '-j qdisc show' ? { exitCode: 1, stderr: 'boom' } : undefined) });
+    const x = fakeKernel({ fail: (req) => (req.args.join(' ') === 'qdisc show' ? { exitCode: 1, stderr: 'boom' } : undefined) });
     await expect(new QosManager(x).sync(state([eip('1.2.3.4')]))).rejects.toBeInstanceOf(SystemError);
     expect(mutations(x)).toEqual([]);
-    const y = fakeKernel({ fail: (req) => (req.args.join(' ') === '-j qdisc show' ? { stdout: 'qdisc noqueue 0: dev net1 root' } : undefined) });
-    await expect(new QosManager(y).sync(state([eip('1.2.3.4')]))).rejects.toThrow(/^Error: tc -j qdisc show printed what natgw cannot read/);
+    const y = fakeKernel({ fail: (req) => (req.args.join(' ') === 'qdisc show' ? { stdout: 'qdisc htb 1: somewhere\n' } : undefined) });
+    await expect(new QosManager(y).sync(state([eip('1.2.3.4')]))).rejects.toThrow(/^Error: tc qdisc show printed what natgw cannot read/);
     expect(mutations(y)).toEqual([]);
+  });
+
+  it('refuses to plan from a device listing that failed where the device exists (it would replace its root)', async () => {
+    const x = fakeKernel({
+      fail: (req) => (req.args.join(' ') === '-d -raw -batch -' ? { exitCode: 2, stderr: 'RTNETLINK answers: Operation not permitted\n' } : undefined),
+    });
+    await expect(new QosManager(x).sync(state([eip('1.2.3.4')]), { mode: 'partial' }, state([]))).rejects.toBeInstanceOf(SystemError);
+    expect(x.calls.map((c) => [c.file, ...c.args].join(' '))).toContain('ip -j link show');
+    expect(mutations(x)).toEqual([]);
   });
 
   it("readBack reads EXT, the given devices, their IFBs and devices carrying natgw's layout", async () => {
     const x = fakeKernel({
       links: ['net1', 'ifb-net1', 'eth3', 'eth4'],
-      qdiscs: [{ kind: 'htb', handle: '1:', dev: 'eth4', root: true, options: { default: '0x9999' } }],
+      qdiscs: ['qdisc htb 1: dev eth4 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000'],
     });
     await new QosManager(x).readBack('net1', ['eth3']);
     const shown = x.calls
-      .filter((c) => c.args.includes('class'))
-      .map((c) => c.args.at(-1))
+      .flatMap((c) => (c.input ?? '').split('\n'))
+      .filter((l) => l.startsWith('class show dev '))
+      .map((l) => l.split(' ').at(-1))
       .sort();
-    expect(shown).toEqual(['eth3', 'eth4', 'ifb-net1', 'net1']);
+    // ifb-eth3 and ifb-eth4 do not exist: their listings fail at their first line.
+    expect(shown).toEqual(['eth3', 'eth4', 'ifb-eth3', 'ifb-eth4', 'ifb-net1', 'net1']);
   });
 });
 
@@ -202,15 +218,15 @@ describe('QosManager: the intent record', () => {
     const x = fakeKernel({
       links: ['lo', 'net1', 'eth0', 'ifb-net1', 'ngprobe0badcafe'],
       qdiscs: [
-        { kind: 'htb', handle: '1:', dev: 'net1', root: true, options: { default: '0x9999' } },
-        { kind: 'ingress', handle: 'ffff:', dev: 'net1', parent: 'ffff:fff1' },
+        'qdisc htb 1: dev net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000',
+        'qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- ',
       ],
     });
     const m = new QosManager(x, undefined, undefined, file);
     const s = state([]);
     // Even a partial sync of a change that touches no rule: the record's pieces may sit on any device.
     await m.sync(s, { mode: 'partial' }, s);
-    const changes = x.calls.filter((c) => !c.args.includes('show')).map((c) => [c.file, ...c.args].join(' '));
+    const changes = x.calls.filter((c) => !isRead(c)).map((c) => [c.file, ...c.args].join(' '));
     expect(changes).toEqual(['tc -batch -', 'ip link del ifb-net1', 'ip link del ngprobe0badcafe']);
     expect(x.calls.find((c) => c.file === 'tc' && c.args[0] === '-batch')?.input).toBe('qdisc del dev net1 ingress\nqdisc del dev net1 root\n');
     await m.settle(s);

@@ -20,15 +20,14 @@ import {
 } from '../../src/dataplane/qos/readback.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
 
-/** `tc -j qdisc show` as iproute2 6.1 prints it on Linux 6.18 (the layout natgw writes; the fq_codel leaf as any leaf qdisc). */
-const QDISCS = JSON.stringify([
-  { kind: 'noqueue', handle: '0:', dev: 'lo', root: true, refcnt: 2, options: {} },
-  { kind: 'htb', handle: '1:', dev: 'net1', root: true, refcnt: 3, options: { r2q: 10, default: '0x9999', direct_packets_stat: 0, direct_qlen: 1000 } },
-  { kind: 'ingress', handle: 'ffff:', dev: 'net1', parent: 'ffff:fff1', options: {} },
-  { kind: 'htb', handle: '1:', dev: 'ifb-net1', root: true, refcnt: 2, options: { r2q: 10, default: '0x9999', direct_packets_stat: 0, direct_qlen: 32 } },
-  { kind: 'fq_codel', handle: '8001:', dev: 'net1', parent: '1:1d3a', options: { limit: 10240, flows: 1024, quantum: 1514 } },
-  { kind: 'htb', handle: '1:', dev: 'eth9', root: true, refcnt: 2, options: { r2q: 10, default: '0x10', direct_packets_stat: 0, direct_qlen: 1000 } },
-]);
+/** `tc qdisc show` as iproute2 6.1 prints it on Linux 6.18 (the layout natgw writes; the fq_codel leaf as q_fq_codel.c prints its options). */
+const QDISCS = `qdisc noqueue 0: dev lo root refcnt 2 
+qdisc htb 1: dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 1000
+qdisc ingress ffff: dev net1 parent ffff:fff1 ---------------- 
+qdisc htb 1: dev ifb-net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 direct_qlen 32
+qdisc fq_codel 8001: dev net1 parent 1:1d3a limit 10240p flows 1024 quantum 1514 target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64 
+qdisc htb 1: dev eth9 root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000
+`;
 
 const CLASSES = `class htb 1:9999 root prio 0 quantum 200000 rate 10Gbit ceil 10Gbit linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [0000000f] cbuffer [0000000f] 
 class htb 1:ff03 root prio 0 quantum 6250 rate 500Kbit ceil 500Kbit linklayer ethernet burst 1536Kb/1 mpu 0b cburst 1536Kb/1 mpu 0b level 0 buffer [17700000] cbuffer [17700000] 
@@ -56,9 +55,13 @@ describe('tc parsers', () => {
     expect(q).toContainEqual({ dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 });
     expect(q).toContainEqual({ dev: 'net1', kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' });
     expect(q).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8001:', parent: '1:1d3a' });
-    // Reading "no qdiscs" from output that is not tc's JSON would make natgw replace roots it owns.
-    expect(() => parseQdiscs('qdisc htb 1: dev x root refcnt 2 r2q 10 default 0x9999')).toThrow();
-    expect(() => parseQdiscs('[{"kind":"htb"}]')).toThrow();
+    // Reading "no qdiscs" from a qdisc line it cannot read would make natgw replace roots it owns.
+    expect(() => parseQdiscs('qdisc htb 1: somewhere refcnt 2')).toThrow();
+    // A device's own listing names no device: the caller names it.
+    expect(parseQdiscs('qdisc htb 1:[00010000] root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 1 ver 3.17 direct_qlen 1000\n', 'net1')).toEqual([
+      { dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 },
+    ]);
+    expect(() => parseQdiscs('qdisc htb 1: root refcnt 3\n')).toThrow();
   });
 
   it("shaped devices are those with natgw's root signature", () => {

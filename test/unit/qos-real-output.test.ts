@@ -12,7 +12,16 @@
  *   given that parent.
  */
 import { describe, expect, it } from 'vitest';
-import { parseClasses, parseFilters, parseQdiscs, rulesFromKernel } from '../../src/dataplane/qos/readback.js';
+import { readFileSync } from 'node:fs';
+import {
+  classifyingFilters,
+  parseClasses,
+  parseDeviceListing,
+  parseFilters,
+  parseQdiscs,
+  rulesFromKernel,
+  shapedDevices,
+} from '../../src/dataplane/qos/readback.js';
 
 const tdc = (pattern: string, text: string): number => (text.match(new RegExp(pattern, 'gms')) ?? []).length;
 
@@ -44,14 +53,13 @@ filter parent 1: protocol ip pref 10 matchall chain 0 handle 0x1 flowid 1:ff0a
   not_in_hw
 `;
 /**
- * natgw's fq_codel leaf under class 1:ff0a in `tc -j qdisc show`: tc_qdisc.c prints kind, handle,
- * dev, root or parent for every qdisc alike (checked on this machine with a pfifo leaf), and
- * q_fq_codel.c its options (limit, flows, quantum, ...) under "options".
+ * natgw's fq_codel leaf under class 1:ff0a in `tc -d -raw qdisc show dev net1`: tc_qdisc.c prints kind,
+ * handle (with `-raw` its 32 bits in brackets), root or parent for every qdisc alike (checked on this
+ * machine with a pfifo leaf), and q_fq_codel.c its options.
  */
-const NATGW_QDISCS = JSON.stringify([
-  { kind: 'htb', handle: '1:', dev: 'net1', root: true, refcnt: 2, options: { r2q: 10, default: '0x9999', direct_packets_stat: 0, direct_qlen: 1000 } },
-  { kind: 'fq_codel', handle: '8002:', dev: 'net1', parent: '1:ff0a', options: { limit: 10240, flows: 1024, quantum: 1514, target: 4999, interval: 99999 } },
-]);
+const NATGW_QDISCS = `qdisc htb 1:[00010000] root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 ver 3.17 direct_qlen 1000
+qdisc fq_codel 8002:[80020000] parent 1:ff0a limit 10240p flows 1024 quantum 1514 target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64 
+`;
 /**
  * The class line captured on this machine (iproute2 6.1: `tc class add … classid 1:0xff0a htb rate 5mbit
  * ceil 5mbit burst 1048576 cburst 1048576`, then `tc -d -raw class show`), with the "leaf 8002: " field that
@@ -85,7 +93,7 @@ describe('natgw reads real fq_codel and matchall output', () => {
   });
 
   it('fq_codel leaves: kind, handle and the parent class', () => {
-    expect(parseQdiscs(NATGW_QDISCS)).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8002:', parent: '1:ff0a' });
+    expect(parseQdiscs(NATGW_QDISCS, 'net1')).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8002:', parent: '1:ff0a' });
   });
 
   it('rebuilds a gateway matchall rule with an fq_codel leaf from real output', () => {
@@ -106,5 +114,59 @@ describe('natgw reads real fq_codel and matchall output', () => {
         handle: 1,
       },
     ]);
+  });
+});
+
+/**
+ * Device listings captured on this machine (iproute2 6.1, Linux 6.18) as natgw reads them: one
+ * `tc -d -raw -batch -` of `qdisc show dev D`, `class show dev D`, `filter show dev D` and (net1)
+ * `filter show dev D parent ffff:`, and `tc qdisc show`. net1 carries an EIP rule (a pfifo leaf:
+ * this kernel has no fq_codel), a catch-all and the redirect into ifb-net1, which carries an ingress EIP rule.
+ */
+const fixture = (name: string): string => readFileSync(new URL(`../fixtures/tc/${name}`, import.meta.url), 'utf8');
+
+describe("natgw reads this machine's tc batch listings", () => {
+  it("tells a device's qdiscs, classes, root filters and ingress filters apart", () => {
+    const net1 = parseDeviceListing('net1', fixture('listing-net1.txt'));
+    expect(net1.qdiscs).toEqual([
+      { dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 },
+      { dev: 'net1', kind: 'pfifo', handle: '8002:', parent: '1:37fa' },
+      { dev: 'net1', kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' },
+    ]);
+    expect(net1.classes.map((c) => [c.minor.toString(16), c.rateBits, c.bufferTicks])).toEqual([
+      ['9999', 1e10, 0xf],
+      ['37fa', 1e7, 0xc7fff3],
+      ['ff03', 5e7, 0x27fffd],
+    ]);
+    expect(classifyingFilters(net1.filters).map((f) => [f.pref, f.fh, f.flowid?.minor.toString(16), f.keys])).toEqual([
+      [1, '800::1', '37fa', [{ value: 0x0a620002, mask: 0xffffffff, off: 12 }]],
+      [3, '801::fff', 'ff03', [{ value: 0, mask: 0, off: 0 }]],
+    ]);
+    expect(net1.filters.every((f) => f.parent === '1:')).toBe(true);
+    expect(classifyingFilters(net1.ingress)).toEqual([expect.objectContaining({ pref: 65535, redirectTo: 'ifb-net1' })]);
+
+    const ifb = parseDeviceListing('ifb-net1', fixture('listing-ifb-net1.txt'));
+    expect(ifb.ingress).toEqual([]);
+    const devices = new Map([
+      ['net1', { classes: net1.classes, filters: net1.filters }],
+      ['ifb-net1', { classes: ifb.classes, filters: ifb.filters }],
+    ]);
+    expect(rulesFromKernel('net1', [], devices).eipQos).toEqual([
+      { direction: 'egress', ip: '10.98.0.2', priority: 1, rate: '10', burst: '1', classId: 0x37fa, handle: 1 },
+      { direction: 'ingress', ip: '10.98.0.3', priority: 1, rate: '5', burst: '1', classId: 0x3267, handle: 1 },
+    ]);
+  });
+
+  it('reads every qdisc of `tc qdisc show` with its device, and the shaped devices from it', () => {
+    const all = parseQdiscs(fixture('qdisc-show.txt'));
+    expect(all.map((q) => `${q.dev} ${q.kind} ${q.handle} ${q.parent}`)).toEqual([
+      'lo noqueue 0: root',
+      'net1p noqueue 0: root',
+      'net1 htb 1: root',
+      'net1 pfifo 8002: 1:37fa',
+      'net1 ingress ffff: ffff:fff1',
+      'ifb-net1 htb 1: root',
+    ]);
+    expect(shapedDevices(all)).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
   });
 });

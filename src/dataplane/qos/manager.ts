@@ -6,7 +6,19 @@ import { ExecError, type Executor, type ExecResult } from '../../system/exec.js'
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
-import { type DeviceTc, type TcFilter, parseClasses, parseFilters, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
+import {
+  type DeviceListing,
+  type DeviceTc,
+  type TcFilter,
+  type TcLink,
+  type TcQdisc,
+  deviceListingScript,
+  parseDeviceListing,
+  parseLinks,
+  parseQdiscs,
+  rulesFromKernel,
+  shapedDevices,
+} from './readback.js';
 import {
   type DesiredDevice,
   type KernelQos,
@@ -152,22 +164,32 @@ export class QosManager {
   }
 
   /**
-   * What a plan for `scope` needs: the links, every qdisc, and the classes and filters of the
-   * devices in scope (without one: those the rules name and those carrying natgw's layout), with
-   * the ingress filters of the devices their IFBs serve and of those an interrupted change
-   * redirected. A partial sync reads all of it at once; a full one finds the devices in the qdiscs first.
+   * What a plan for `scope` needs: per device one tc batch (readDevices) of the devices in scope
+   * (without one: those the rules name and those carrying natgw's layout), the ingress filters of
+   * the devices their IFBs serve and of those an interrupted change left pieces on, and the links
+   * where an IFB's state or such pieces matter. A partial sync reads all of it at once; a full one
+   * lists every qdisc alongside, then reads the devices that shows carrying natgw's layout.
    */
   private async readKernel(state: DesiredState, pending: readonly QosPiece[], scope: ReadonlySet<string> | undefined): Promise<KernelQos> {
     const ext = state.interfaces.ext;
-    const redirected = pending.flatMap((p) => (p.kind === 'redirect' ? [p.dev] : []));
-    const served = (shaped: string[]) => [...shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length)), ...redirected];
-    if (scope) {
-      const [base, devices] = await Promise.all([this.readBase(), this.readDevices([...scope], served([...scope]))]);
-      return { ...base, ...devices };
-    }
-    const base = await this.readBase();
-    const shaped = [...state.eipQos.map((q) => eipQosDevice(q, ext)), ...state.qos.map((q) => gwQosDevice(q)), ...shapedDevices(base.qdiscs).map((s) => s.dev)];
-    return { ...base, ...(await this.readDevices(...present(base, shaped, served(shaped)))) };
+    const served = (shaped: readonly string[]) => shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length));
+    // An IFB is set up if it is down; only `ip` prints a link's state.
+    const links = (shaped: readonly string[]) => pending.length > 0 || shaped.some((d) => d.startsWith(IFB_PREFIX));
+    if (scope) return this.readDevices([...scope], served([...scope]), links([...scope]));
+    const known = [
+      ...new Set([
+        ...state.eipQos.map((q) => eipQosDevice(q, ext)),
+        ...state.qos.map((q) => gwQosDevice(q)),
+        ...pending.flatMap((p) => (p.kind === 'root' ? [p.dev] : [])),
+      ]),
+    ];
+    // The other pieces need only whether their device exists and its qdiscs and ingress filters.
+    const others = pending.flatMap((p) => (p.kind === 'root' ? [] : [p.dev]));
+    const [all, first] = await Promise.all([this.readQdiscs(), this.readDevices(known, [...served(known), ...others], links(known))]);
+    const more = shapedDevices(all).flatMap((s) => (known.includes(s.dev) ? [] : [s.dev]));
+    if (more.length === 0) return withQdiscsOf(first, all);
+    const rest = await this.readDevices(more, served(more), links(more));
+    return withQdiscsOf(mergeReads(first, rest), all);
   }
 
   /**
@@ -176,10 +198,9 @@ export class QosManager {
    * carries natgw's layout (root htb 1: with default class 0x9999).
    */
   async readBack(extIf: string, devs: string[]): Promise<{ eipQos: EipQos[]; qos: GwQos[] }> {
-    const base = await this.readBase();
-    const discovered = shapedDevices(base.qdiscs).map((s) => s.servesIngressOf ?? s.dev);
+    const discovered = shapedDevices(await this.readQdiscs()).map((s) => s.servesIngressOf ?? s.dev);
     const gwDevs = [...new Set([extIf, ...devs, ...discovered])];
-    const { devices } = await this.readDevices(...present(base, [...gwDevs, ...gwDevs.map(ifbName)], []));
+    const { devices } = await this.readDevices([...gwDevs, ...gwDevs.map(ifbName)], [], false);
     return rulesFromKernel(extIf, gwDevs, devices);
   }
 
@@ -241,33 +262,61 @@ export class QosManager {
     }
   }
 
-  private async readBase(): Promise<Pick<KernelQos, 'links' | 'qdiscs'>> {
-    // Strict: reading "no qdiscs" by mistake would make natgw replace roots it already owns.
-    const [links, qdiscs] = await Promise.all([this.readStrict('ip', ['-j', 'link', 'show']), this.readStrict('tc', ['-j', 'qdisc', 'show'])]);
+  /** Every qdisc of the namespace, each naming its device. Strict: reading "no qdiscs" by mistake would make natgw replace roots it owns. */
+  private async readQdiscs(): Promise<TcQdisc[]> {
+    const text = await this.readStrict('tc', ['qdisc', 'show']);
     try {
-      return { links: parseLinks(links), qdiscs: parseQdiscs(qdiscs) };
+      return parseQdiscs(text);
     } catch (e) {
-      throw new SystemError(`Error: tc -j qdisc show printed what natgw cannot read (${e instanceof Error ? e.message.split('\n')[0] : String(e)})`);
+      throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
     }
   }
 
-  /** Classes and `parent 1:` filters of `shaped`, `parent ffff:` filters of `ingressOf`; a device or parent that is not there reads as empty. */
-  private async readDevices(shaped: string[], ingressOf: string[]): Promise<Pick<KernelQos, 'devices' | 'ingress'>> {
+  /**
+   * One `tc -d -raw -batch -` per device (deviceListingScript): classes and root filters of
+   * `shaped`, ingress filters of `ingressOf`, the qdiscs of both. A device whose batch succeeds
+   * exists. One that fails is looked up with `ip` (tc's complaint is not read): one that is gone
+   * reads as missing, one that is there is an error (planning from a failed read would replace
+   * what natgw owns). `links`: read the links with `ip` anyway (an IFB's state).
+   */
+  private async readDevices(shaped: readonly string[], ingressOf: readonly string[], links: boolean): Promise<KernelQos> {
+    const want = new Map<string, { classes: boolean; ingress: boolean }>();
+    for (const dev of shaped) want.set(dev, { classes: true, ingress: false });
+    for (const dev of ingressOf) want.set(dev, { classes: want.get(dev)?.classes ?? false, ingress: true });
+    const listLinks = () => this.readStrict('ip', ['-j', 'link', 'show']).then(parseLinks);
+    const [reads, linkList] = await Promise.all([
+      Promise.all(
+        [...want].map(async ([dev, w]) => ({
+          dev,
+          w,
+          r: await this.exec.run({ file: 'tc', args: ['-d', '-raw', '-batch', '-'], input: deviceListingScript(dev, w), timeoutMs: READ_TIMEOUT_MS }),
+        })),
+      ),
+      links ? listLinks() : undefined,
+    ]);
+    const failed = reads.filter((x) => x.r.exitCode !== 0);
+    const known = linkList ?? (failed.length > 0 ? await listLinks() : undefined);
+    const exists = new Set(known?.map((l) => l.name));
+    for (const { dev, r } of failed) {
+      if (exists.has(dev)) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
+    }
     const devices = new Map<string, DeviceTc>();
     const ingress = new Map<string, readonly TcFilter[]>();
-    await Promise.all([
-      ...[...new Set(shaped)].map(async (dev) => {
-        const [classes, filters] = await Promise.all([
-          this.read('tc', ['-d', '-raw', 'class', 'show', 'dev', dev]),
-          this.read('tc', ['filter', 'show', 'dev', dev, 'parent', '1:']),
-        ]);
-        devices.set(dev, { classes: parseClasses(classes), filters: parseFilters(filters) });
-      }),
-      ...[...new Set(ingressOf)].map(async (dev) => {
-        ingress.set(dev, parseFilters(await this.read('tc', ['filter', 'show', 'dev', dev, 'parent', 'ffff:'])));
-      }),
-    ]);
-    return { devices, ingress };
+    const qdiscs: TcQdisc[] = [];
+    for (const { dev, w, r } of reads) {
+      if (r.exitCode !== 0) continue;
+      let listing: DeviceListing;
+      try {
+        listing = parseDeviceListing(dev, r.stdout);
+      } catch (e) {
+        throw new SystemError(`Error: tc printed a QoS listing of ${dev} that natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
+      }
+      qdiscs.push(...listing.qdiscs);
+      if (w.classes) devices.set(dev, { classes: listing.classes, filters: listing.filters });
+      if (w.ingress) ingress.set(dev, listing.ingress);
+    }
+    const listed = reads.filter((x) => x.r.exitCode === 0).map((x): TcLink => ({ name: x.dev }));
+    return { links: known ?? listed, qdiscs, devices, ingress };
   }
 
   private async readStrict(file: string, args: string[]): Promise<string> {
@@ -275,22 +324,24 @@ export class QosManager {
     if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS listing');
     return r.stdout;
   }
-
-  /** A read that fails (a device gone meanwhile, no such parent) reads as empty. */
-  private async read(file: string, args: string[]): Promise<string> {
-    const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
-    if (r.exitCode !== 0) {
-      this.log?.debug({ cmd: r.command, exitCode: r.exitCode, stderr: r.stderr }, 'qos read failed');
-      return '';
-    }
-    return r.stdout;
-  }
 }
 
-/** Of the devices to read, those the base read shows: existing devices, and ingress qdiscs for the ingress filters. */
-function present(base: Pick<KernelQos, 'links' | 'qdiscs'>, shaped: string[], ingressOf: string[]): [string[], string[]] {
-  const exists = new Set(base.links.map((l) => l.name));
-  return [shaped.filter((d) => exists.has(d)), ingressOf.filter((d) => base.qdiscs.some((q) => q.dev === d && q.handle === 'ffff:'))];
+/** Two device reads as one (the later one's devices win). */
+function mergeReads(a: KernelQos, b: KernelQos): KernelQos {
+  const byName = new Map([...a.links, ...b.links].map((l) => [l.name, l]));
+  const read = new Set([...b.devices.keys(), ...b.ingress.keys()]);
+  return {
+    links: [...byName.values()],
+    qdiscs: [...a.qdiscs.filter((q) => !read.has(q.dev)), ...b.qdiscs],
+    devices: new Map([...a.devices, ...b.devices]),
+    ingress: new Map([...a.ingress, ...b.ingress]),
+  };
+}
+
+/** A full sync's read: the qdiscs of the devices it did not read come from the listing of every qdisc. */
+function withQdiscsOf(k: KernelQos, all: readonly TcQdisc[]): KernelQos {
+  const read = new Set([...k.devices.keys(), ...k.ingress.keys()]);
+  return { ...k, qdiscs: [...k.qdiscs, ...all.filter((q) => !read.has(q.dev))] };
 }
 
 /** The tool's complaint without the `Warning:` lines tc adds (e.g. htb quantum advice). */

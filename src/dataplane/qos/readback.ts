@@ -1,4 +1,3 @@
-import { z } from 'zod';
 import {
   type Direction,
   type EipQos,
@@ -17,11 +16,10 @@ import {
 import { isInterfaceName } from '../../model/net.js';
 
 /**
- * Pure parsers for what the kernel holds. Qdiscs come from `tc -j`; classes and filters from
- * tc's text, whose layout has been stable for years: iproute2 6.1 prints htb classes as text
- * even under `-j`, and its u32 JSON repeats the `match` key once per key, so a JSON parser
- * would see only the last key of a filter. Classes are read with `-d -raw`, which adds the raw
- * buffer (burst) in scheduler ticks.
+ * Pure parsers for what the kernel holds, from tc's text, whose layout has been stable for
+ * years: iproute2 6.1 prints htb classes as text even under `-j`, and its u32 JSON repeats the
+ * `match` key once per key, so a JSON parser would see only the last key of a filter. A device
+ * is listed with `-d -raw`, which adds the raw buffer (burst) in scheduler ticks to a class.
  */
 
 // ---------------------------------------------------------------------------------
@@ -85,7 +83,8 @@ export interface TcFilter {
 
 export interface TcLink {
   readonly name: string;
-  readonly up: boolean;
+  /** Undefined where only tc's answer showed the device exists (tc does not print link state). */
+  readonly up?: boolean;
 }
 
 // ---------------------------------------------------------------------------------
@@ -106,26 +105,33 @@ export function parseLinks(json: string): TcLink[] {
 }
 
 // ---------------------------------------------------------------------------------
-// Qdiscs (`tc -j qdisc show`, all devices)
+// Qdiscs (`tc qdisc show`: every device, each line naming its `dev`; `tc qdisc show dev D`: none does)
 // ---------------------------------------------------------------------------------
 
-const qdiscJson = z.array(
-  z.looseObject({
-    kind: z.string(),
-    handle: z.string(),
-    dev: z.string(),
-    root: z.boolean().optional(),
-    parent: z.string().optional(),
-    options: z.looseObject({ default: z.string().optional() }).optional(),
-  }),
-);
+const QDISC_LINE = /^qdisc (\S+) ([0-9a-fA-F]+:)(?:\[[0-9a-fA-F]+\])? (?:dev (\S+) )?(root|parent (\S+))/;
 
-/** Throws on anything but tc's JSON: reading "no qdiscs" by mistake would make natgw replace roots it owns. */
-export function parseQdiscs(json: string): TcQdisc[] {
-  return qdiscJson.parse(JSON.parse(json)).map((q) => {
-    const def = q.kind === 'htb' && q.options?.default !== undefined ? parseInt(q.options.default, 16) : undefined;
-    return { dev: q.dev, kind: q.kind, handle: q.handle, parent: q.root ? 'root' : (q.parent ?? ''), ...(def !== undefined ? { defaultMinor: def } : {}) };
-  });
+/**
+ * Throws on a qdisc line it cannot read: reading "no qdiscs" by mistake would make natgw
+ * replace roots it owns. `dev`: the device a `qdisc show dev D` listing is of.
+ */
+export function parseQdiscs(text: string, dev?: string): TcQdisc[] {
+  const out: TcQdisc[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('qdisc ')) continue;
+    const m = QDISC_LINE.exec(line);
+    const d = m?.[3] ?? dev;
+    if (!m || d === undefined) throw new Error(`unreadable qdisc line: ${line.trim()}`);
+    const kind = m[1] ?? '';
+    const def = kind === 'htb' ? /\sdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line)?.[1] : undefined;
+    out.push({
+      dev: d,
+      kind,
+      handle: m[2] ?? '',
+      parent: m[4] === 'root' ? 'root' : (m[5] ?? ''),
+      ...(def !== undefined ? { defaultMinor: parseInt(def, 16) } : {}),
+    });
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------
@@ -225,10 +231,13 @@ interface MutableFilter {
 }
 
 function parseFilterLine(line: string): MutableFilter | undefined {
-  const m = /^filter (?:parent (\S+) )?protocol (\S+) pref (\d+) (\S+)/.exec(line);
+  // tc_filter.c print_filter names the parent unless `show` was given that same parent: `parent X`,
+  // or `root`/`ingress`/`egress` for the special ones (clsact's hooks are ffff:fff2 and ffff:fff3).
+  const m = /^filter (?:(?:parent (\S+)|(root|ingress|egress)) )?protocol (\S+) pref (\d+) (\S+)/.exec(line);
   if (!m) return undefined;
-  const f: MutableFilter = { protocol: m[2] ?? '', pref: Number(m[3]), kind: m[4] ?? '', keys: [] };
-  if (m[1]) f.parent = m[1];
+  const f: MutableFilter = { protocol: m[3] ?? '', pref: Number(m[4]), kind: m[5] ?? '', keys: [] };
+  const parent = m[1] ?? { root: 'root', ingress: 'ffff:fff2', egress: 'ffff:fff3' }[m[2] ?? ''];
+  if (parent) f.parent = parent;
   const fh = /\bfh ([0-9a-f]+:[0-9a-f]*:?[0-9a-f]*)/.exec(line)?.[1];
   if (fh) {
     f.fh = fh;
@@ -257,6 +266,8 @@ export function parseFilters(text: string): TcFilter[] {
       if (cur) out.push(cur);
       continue;
     }
+    // A filter's own lines are indented; anything else (a qdisc or class of a batch listing) ends it.
+    if (!/^\s/.test(line)) cur = undefined;
     if (!cur) continue;
     const key = /^\s+match ([0-9a-fA-F]{1,8})\/([0-9a-fA-F]{1,8}) at (-?\d+)/.exec(line);
     if (key) {
@@ -267,6 +278,45 @@ export function parseFilters(text: string): TcFilter[] {
     if (redirect?.[1]) cur.redirectTo = redirect[1];
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------
+// One device's listing (`tc -d -raw -batch -`)
+// ---------------------------------------------------------------------------------
+
+export interface DeviceListing {
+  readonly qdiscs: readonly TcQdisc[];
+  readonly classes: readonly TcClass[];
+  /** Filters under parent `1:`. */
+  readonly filters: readonly TcFilter[];
+  /** Filters under the ingress qdisc (`parent ffff:`). */
+  readonly ingress: readonly TcFilter[];
+}
+
+/**
+ * The lines of one `tc -d -raw -batch -` that lists a device: its qdiscs, then (`classes`) its
+ * classes and root filters, then (`ingress`) its ingress filters. The device comes first, so a
+ * device that does not exist fails the first line (tc(8): the first failure ends a batch) and
+ * nothing is printed. The listings are told apart by their lines, not by where they stand: each
+ * line starts with its kind (`qdisc`, `class`, `filter`); the root filters are listed without a
+ * parent, so tc names each one's parent (`filter parent 1: …`), and the ingress listing, given
+ * `parent ffff:`, is the only one whose lines name none (or a clsact hook).
+ */
+export function deviceListingScript(dev: string, want: { readonly classes: boolean; readonly ingress: boolean }): string {
+  const lines = [`qdisc show dev ${dev}`];
+  if (want.classes) lines.push(`class show dev ${dev}`, `filter show dev ${dev}`);
+  if (want.ingress) lines.push(`filter show dev ${dev} parent ffff:`);
+  return `${lines.join('\n')}\n`;
+}
+
+export function parseDeviceListing(dev: string, text: string): DeviceListing {
+  const filters = parseFilters(text);
+  return {
+    qdiscs: parseQdiscs(text, dev),
+    classes: parseClasses(text),
+    filters: filters.filter((f) => f.parent === '1:'),
+    ingress: filters.filter((f) => f.parent === undefined || f.parent.startsWith('ffff:')),
+  };
 }
 
 /** The filters that classify (not a priority's header or a u32 hash-table line). */
