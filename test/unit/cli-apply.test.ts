@@ -4,9 +4,10 @@
  * the usage errors as one line; `describe`'s text; `--version`'s sources.
  */
 import { describe, expect, it } from 'vitest';
+import { stateFileError } from '../helpers/stateFileError.js';
 import { parseArgs } from 'node:util';
 import { desiredStateSchema } from '../../src/state/state.js';
-import { closestField, parseStateFile, StateFileError, unknownFields } from '../../src/cli/stateFile.js';
+import { closestField, parseStateFile, unknownFields } from '../../src/cli/stateFile.js';
 import { mergeState, renderResults } from '../../src/cli/merge.js';
 import { headerOf, labelOf, renderDescribe } from '../../src/cli/render.js';
 import { kindOf } from '../../src/cli/commands/get.js';
@@ -25,16 +26,6 @@ const current = desiredStateSchema.parse({
   snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24' }],
   eipQos: [{ direction: 'egress', ip: '172.20.0.10', priority: 1, rate: '10', burst: '1', classId: 7, handle: 7 }],
 });
-
-function errorsOf(text: string, name = 'state.yaml'): StateFileError {
-  try {
-    parseStateFile(name, text);
-  } catch (e) {
-    if (e instanceof StateFileError) return e;
-    throw e;
-  }
-  throw new Error('the file was accepted');
-}
 
 describe('strict state file', () => {
   it('reports every error at once, unknown fields with their line and a suggestion', () => {
@@ -56,7 +47,7 @@ describe('strict state file', () => {
       'extra: 1', // 15
       '',
     ].join('\n');
-    const e = errorsOf(text);
+    const e = stateFileError(text);
     const byField = Object.fromEntries(e.issues.map((i) => [i.field, i]));
     expect(byField['desired.eips[0].prefixLenght']).toEqual({
       line: 5,
@@ -79,10 +70,10 @@ describe('strict state file', () => {
 
   it('names an unknown field in JSON at its own line; a duplicate identity is reported beside it', () => {
     const text = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, routes: [{ cidr: '10.0.2.0/24', nexthop: '10.0.1.254', metric: 5 }] }, null, 2);
-    const e = errorsOf(text, 's.json');
+    const e = stateFileError(text, 's.json');
     expect(e.issues).toEqual([{ line: text.split('\n').findIndex((l) => l.includes('"metric"')) + 1, field: 'routes[0].metric', reason: 'unknown field' }]);
     expect(e.message).toBe(`s.json:${e.line}: routes[0].metric: unknown field`);
-    const both = errorsOf(
+    const both = stateFileError(
       ['routes:', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.254, metric: 5}', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.253}', ''].join('\n'),
     );
     expect(both.issues.map((i) => [i.line, i.field])).toEqual([

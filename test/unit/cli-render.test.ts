@@ -3,12 +3,13 @@
  * parser (line and field of a bad file). The commands against a real daemon: test/netns/cli.test.ts.
  */
 import { describe, expect, it } from 'vitest';
+import { stateFileError } from '../helpers/stateFileError.js';
 import { buildStatus } from '../../src/api/status.js';
 import type { Readiness, StateDocument } from '../../src/api/service.js';
 import { RESOURCES } from '../../src/api/resources.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { diffIsEmpty, diffStates, renderDiff, renderItems, renderStatus, renderTable } from '../../src/cli/render.js';
-import { parseStateFile, pathOfField, StateFileError } from '../../src/cli/stateFile.js';
+import { parseStateFile, pathOfField } from '../../src/cli/stateFile.js';
 import { kindOf } from '../../src/cli/commands/get.js';
 
 const base = desiredStateSchema.parse({
@@ -21,16 +22,6 @@ const base = desiredStateSchema.parse({
   ],
   snats: [{ eip: '172.20.0.10', cidr: '10.0.1.0/24' }],
 });
-
-function fileError(text: string, name = 'state.yaml'): StateFileError {
-  try {
-    parseStateFile(name, text);
-  } catch (e) {
-    if (e instanceof StateFileError) return e;
-    throw e;
-  }
-  throw new Error('the file was accepted');
-}
 
 describe('renderTable', () => {
   it('aligns columns two spaces apart without trailing blanks', () => {
@@ -236,7 +227,7 @@ describe('parseStateFile', () => {
       '      internalPort: 80',
       '',
     ].join('\n');
-    const e = fileError(text);
+    const e = stateFileError(text);
     expect(e.line).toBe(5);
     expect(e.field).toBe('desired.dnats[0].port');
     expect(e.message).toMatch(/^state\.yaml:5: desired\.dnats\[0\]\.port: /);
@@ -248,7 +239,7 @@ describe('parseStateFile', () => {
       null,
       2,
     );
-    const e = fileError(text, 'state.json');
+    const e = stateFileError(text, 'state.json');
     expect(e.field).toBe('eips[1].prefixLength');
     const line = text.split('\n').findIndex((l) => l.includes('172.20.0.11')) + 1;
     // The object `{` opens the line before its first field.
@@ -264,16 +255,16 @@ describe('parseStateFile', () => {
       '  - {eip: 172.20.0.11, internalIp: 10.0.1.7}',
       '',
     ].join('\n');
-    const e = fileError(dup);
+    const e = stateFileError(dup);
     expect(e.line).toBe(4);
     expect(e.field).toBe('fips[1]');
     expect(e.reason).toContain('duplicate');
-    const yamlSyntax = fileError('interfaces:\n  vpc: eth0\n  ext: net1\neips:\n  - address: 1\n   - x: 2\n');
+    const yamlSyntax = stateFileError('interfaces:\n  vpc: eth0\n  ext: net1\neips:\n  - address: 1\n   - x: 2\n');
     expect(yamlSyntax.message).toMatch(/^state\.yaml:6: not valid JSON or YAML: .*\(column \d+\)$/);
     // A JSON file without a comma: the line where the next member starts.
-    const jsonSyntax = fileError('{\n  "interfaces": {"vpc": "eth0",\n  "ext": "net1"\n  "eips": []\n}\n', 'state.json');
+    const jsonSyntax = stateFileError('{\n  "interfaces": {"vpc": "eth0",\n  "ext": "net1"\n  "eips": []\n}\n', 'state.json');
     expect(jsonSyntax.message).toMatch(/^state\.json:4: not valid JSON or YAML: /);
-    expect(fileError('[1, 2]').reason).toContain('must be an object');
+    expect(stateFileError('[1, 2]').reason).toContain('must be an object');
   });
 
   it('maps API field names to paths', () => {
