@@ -56,6 +56,24 @@ function stateYaml(dnatTarget: string, withSnat: boolean): string {
   ].join('\n');
 }
 
+/** The CLI run in the gateway against its daemon; `topo` and `sock` are read at each call (made in beforeAll). */
+function cliOf(topo: () => Topology, sock: () => string) {
+  const cli = (args: readonly string[], env: Record<string, string> = {}): Promise<ExecResult> =>
+    topo().exec('gw', ['node', NATGW_BIN, ...args], { env: { ...topo().natgwEnv(), ...env }, reject: false, timeoutMs: 60_000 });
+  const cliOk = async (args: readonly string[]): Promise<string> => {
+    const r = await cli(args);
+    if (r.exitCode !== 0 || r.stderr !== '') throw new Error(`natgw ${args.join(' ')} → exit ${r.exitCode}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
+    return r.stdout;
+  };
+  const file = (name: string, text: string): string => {
+    const p = join(topo().stateDir, name);
+    writeFileSync(p, text);
+    return p;
+  };
+  const digest = async (): Promise<string> => ok(await api(sock(), 'GET', '/v1/state'), 'state').body.digest as string;
+  return { cli, cliOk, file, digest };
+}
+
 describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCase) => {
   let topo: Topology;
   let daemon: Daemon | undefined;
@@ -63,19 +81,10 @@ describe.each(CASES)('natgw status | apply | get on $name', (backend: BackendCas
   let tokenFile: string;
   const servers: ServerHandle[] = [];
 
-  const cli = (args: readonly string[], env: Record<string, string> = {}): Promise<ExecResult> =>
-    topo.exec('gw', ['node', NATGW_BIN, ...args], { env: { ...topo.natgwEnv(), ...env }, reject: false, timeoutMs: 60_000 });
-  const cliOk = async (args: readonly string[]): Promise<string> => {
-    const r = await cli(args);
-    if (r.exitCode !== 0 || r.stderr !== '') throw new Error(`natgw ${args.join(' ')} → exit ${r.exitCode}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
-    return r.stdout;
-  };
-  const file = (name: string, text: string): string => {
-    const p = join(topo.stateDir, name);
-    writeFileSync(p, text);
-    return p;
-  };
-  const digest = async (): Promise<string> => ok(await api(sock, 'GET', '/v1/state'), 'state').body.digest as string;
+  const { cli, cliOk, file, digest } = cliOf(
+    () => topo,
+    () => sock,
+  );
   /** Which VPC host answers on the EIP's port 8080 from the external host. */
   const backendOf8080 = async (): Promise<string> => parseLocal(await request(topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -253,13 +262,10 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
   const servers: ServerHandle[] = [];
   const ID = `${EIP},8080,tcp`;
 
-  const cli = (args: readonly string[]): Promise<ExecResult> =>
-    topo.exec('gw', ['node', NATGW_BIN, ...args], { env: topo.natgwEnv(), reject: false, timeoutMs: 60_000 });
-  const cliOk = async (args: readonly string[]): Promise<string> => {
-    const r = await cli(args);
-    if (r.exitCode !== 0 || r.stderr !== '') throw new Error(`natgw ${args.join(' ')} → exit ${r.exitCode}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
-    return r.stdout;
-  };
+  const { cli, cliOk, file, digest } = cliOf(
+    () => topo,
+    () => sock,
+  );
   /** A failure: nothing on stdout, one line on stderr, this exit status. */
   const cliFails = async (args: readonly string[], exitCode: number): Promise<string> => {
     const r = await cli(args);
@@ -268,12 +274,6 @@ describe.runIf(ONE)('natgw get | describe | delete | errors | --version on one b
     expect(r.exitCode, args.join(' ')).toBe(exitCode);
     return r.stderr;
   };
-  const file = (name: string, text: string): string => {
-    const p = join(topo.stateDir, name);
-    writeFileSync(p, text);
-    return p;
-  };
-  const digest = async (): Promise<string> => ok(await api(sock, 'GET', '/v1/state'), 'state').body.digest as string;
 
   beforeAll(async () => {
     topo = await createTopology();
