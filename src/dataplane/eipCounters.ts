@@ -79,7 +79,8 @@ export const renderElements = (have: ReadonlySet<string>, want: readonly string[
  * `absent`: the last read found no table. It is then created (`create table`, which the kernel
  * refuses where someone made one since: the transaction fails and is retried as a full sync)
  * rather than deleted first: a delete makes the commit wait for an RCU grace period (a bulk
- * change's hooking step took 30-33 ms with it, 13-21 ms without).
+ * change's last phase took 30-33 ms with it, 13-21 ms without), and a table the transaction
+ * creates is one the phased apply can load beside natgw's own (phases.ts).
  */
 export function accountingTx(have: ReadonlySet<string> | undefined, want: readonly string[], opts: { readonly absent?: boolean } = {}): NftTransaction {
   if (have !== undefined) return elementsTx(have, want);

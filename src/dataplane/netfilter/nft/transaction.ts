@@ -191,6 +191,12 @@ export function opText(op: NftOp): string {
   }
 }
 
+/** An operation of another transaction, its line reused as rendered there. */
+export interface NftPick {
+  readonly from: NftTransaction;
+  readonly index: number;
+}
+
 /**
  * Operations collected in order and run once. Typed methods only: a caller cannot slip raw
  * text in except as a rule body. Empty element lists add nothing, so callers need not check.
@@ -200,7 +206,7 @@ export class NftTransaction {
   /** Each operation's line, rendered when it was added (a bulk change renders once). */
   private readonly lines: string[] = [];
 
-  /** Several transactions as one, in the given order (a change and its appended part). */
+  /** Several transactions as one, in the given order (phases of one change, a folded one). */
   static concat(...parts: ReadonlyArray<NftTransaction | undefined>): NftTransaction {
     const tx = new NftTransaction();
     for (const p of parts) {
@@ -211,8 +217,28 @@ export class NftTransaction {
     return tx;
   }
 
+  /**
+   * Operations of other transactions (their lines as rendered there: a split of a bulk change
+   * renders nothing twice), or new ones (rendered and checked now), in the given order.
+   */
+  static select(picks: ReadonlyArray<NftPick | NftOp>): NftTransaction {
+    const tx = new NftTransaction();
+    for (const p of picks) {
+      if ('from' in p) {
+        tx.list.push(p.from.list[p.index] as NftOp);
+        tx.lines.push(p.from.lines[p.index] as string);
+      } else tx.push(p);
+    }
+    return tx;
+  }
+
   get ops(): readonly NftOp[] {
     return this.list;
+  }
+
+  /** The length of operation `index`'s line: what nft parses for it. */
+  lineLength(index: number): number {
+    return this.lines[index]?.length ?? 0;
   }
 
   get isEmpty(): boolean {

@@ -1,17 +1,20 @@
 /**
- * A bulk PUT /v1/state into a gateway whose nft tables are absent (the change is rendered from
- * scratch and applied as one `nft -f`, nothing read back), on the real kernel: TCP, UDP and ICMP
- * through port DNAT, FIP and SNAT afterwards, and natgw's table exactly what ONE `nft -f` of the
- * dry-run script makes (modulo the order nft lists chains in). A table someone created after
- * natgw last looked makes its `create table` fail, and that table is left as it was.
+ * A bulk PUT /v1/state into a gateway whose nft tables are absent goes through the phased apply
+ * (nft/phases.ts: create and declare, element groups by several `nft` at once, hooks last), on
+ * the real kernel: TCP, UDP and ICMP through port DNAT, FIP and SNAT afterwards, and natgw's table
+ * exactly what ONE `nft -f` of the dry-run script makes (modulo the order nft lists chains in).
+ * A group the kernel refuses leaves no natgw table behind and the PUT answers the tool's error;
+ * the same PUT then applies. A table someone created after natgw last looked makes the first
+ * phase's `create table` fail, and that table is left as it was.
  *
- * nftables only: the iptables backend has no path into absent tables.
+ * nftables only: the iptables backend has no phased path.
  */
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { sortNftBlocks } from '../helpers/backends.js';
+import { makeWrappers } from '../helpers/faults.js';
 import { parsePeer, ping, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
@@ -19,7 +22,7 @@ import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } fr
 
 const EIP = '172.20.0.10';
 const FIP = '172.20.0.11';
-/** A bulk change's worth of elements beside the few that carry traffic. */
+/** Enough elements for the phased path (PHASING.minElements) beside the few that carry traffic. */
 const FILL = 5000;
 
 function bulkDoc(desired: Record<string, unknown>): Record<string, unknown> {
@@ -65,6 +68,15 @@ async function appliedAtOnce(script: string): Promise<string> {
   }
 }
 
+/** The daemon's debug lines with this message. */
+function logged(text: string, msg: string): Array<Record<string, unknown>> {
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+    .filter((j) => j.msg === msg);
+}
+
 /**
  * A gateway (nftables, debug log) whose servers are up and whose daemon is ready, for the
  * describe block that calls this; torn down after it. Read its fields inside the tests.
@@ -89,7 +101,7 @@ function liveGateway(serversOf: (topo: Topology) => ServerHandle[]): { topo: Top
   return g;
 }
 
-describe('bulk PUT /v1/state into absent nft tables', () => {
+describe('bulk PUT /v1/state into absent nft tables, applied in phases', () => {
   const g = liveGateway((topo) => [
     startServer(topo, 'vpc1', 'tcp', 80),
     startServer(topo, 'vpc1', 'udp', 5353),
@@ -103,7 +115,11 @@ describe('bulk PUT /v1/state into absent nft tables', () => {
     const dry = ok(await api(g.sock, 'PUT', '/v1/state?dryRun=true', doc), 'dry run').body;
     const at = g.daemon.logs().length;
     ok(await api(g.sock, 'PUT', '/v1/state', doc), 'PUT /v1/state');
-    expect(g.daemon.logs().slice(at)).toMatch(/"msg":"nftables synced \(partial, into absent tables\)"/);
+    const phased = logged(g.daemon.logs().slice(at), 'nft: absent tables applied in phases');
+    expect(phased).toHaveLength(1);
+    expect(phased[0]).toMatchObject({ path: 'phased' });
+    expect(phased[0]?.elements).toBeGreaterThan(3 * FILL);
+    expect(phased[0]?.groups).toBeGreaterThanOrEqual(2);
 
     expect(parsePeer(await request(g.topo, 'ext', 'tcp', EIP, 8080, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
     expect(parsePeer(await request(g.topo, 'ext', 'udp', EIP, 5353, { localAddress: ADDR.extHost })).ip).toBe(ADDR.extHost);
@@ -119,10 +135,56 @@ describe('bulk PUT /v1/state into absent nft tables', () => {
   }, 60_000);
 });
 
+describe('a phase the kernel refuses', () => {
+  let topo: Topology;
+  let daemon: Daemon | undefined;
+  let sock: string;
+  let faults: ReturnType<typeof makeWrappers>;
+
+  beforeAll(async () => {
+    faults = makeWrappers();
+    topo = await createTopology();
+    Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
+    sock = socketOf(topo);
+    daemon = await startDaemon(topo, { PATH: `${faults.dir}:${process.env.PATH ?? ''}` });
+    await waitReady(topo, daemon);
+  }, 60_000);
+
+  afterAll(async () => {
+    if (daemon) await stopDaemon(daemon, 'SIGKILL');
+    await topo?.cleanup();
+    faults?.remove();
+  });
+
+  it('a refused group: no natgw table stays, the PUT answers the error; the same PUT then applies', async () => {
+    const before = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body;
+    const doc = bulkDoc(before.desired);
+    const at = daemon!.logs().length;
+    // The element groups count 1 and 2 (one of them is refused), the full sync's retry from 3 on
+    // (refused too); the first phase (no elements) and the delete that undoes it do not match.
+    faults.arm('nft', 2, 'fail', '-f', '^add element ip natgw ');
+    let r: Awaited<ReturnType<typeof api>>;
+    try {
+      r = await api(sock, 'PUT', '/v1/state', doc);
+    } finally {
+      faults.disarm();
+    }
+    expect(r.status, r.text).toBe(500);
+    expect(r.body.message).toMatch(/injected fault/);
+    expect(faults.fired().trim().split('\n').length).toBeGreaterThanOrEqual(2);
+    expect(daemon!.logs().slice(at)).toMatch(/"msg":"partial sync refused; retrying once as a full sync"/);
+    expect(await natgwTable(topo)).toBeNull();
+    expect(ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body.digest).toBe(before.digest);
+
+    ok(await api(sock, 'PUT', '/v1/state', doc), 'PUT /v1/state after the fault');
+    expect(await natgwTable(topo)).toContain('172.21.20.250 : 10.3.20.250');
+  }, 60_000);
+});
+
 describe('an accounting table someone created after natgw looked (the daemon on the kernel)', () => {
   const g = liveGateway((topo) => [startServer(topo, 'vpc1', 'tcp', 80)]);
 
-  it("the change into absent tables: its create table is refused, the full sync that follows applies, and the table is natgw's", async () => {
+  it("the phased apply's create table is refused, the full sync that follows applies, and the table is natgw's", async () => {
     const { desired } = ok(await api(g.sock, 'GET', '/v1/state'), 'GET /v1/state').body;
     // natgw found no accounting table: its bulk change creates one (create table, no delete first).
     expect((await g.topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'], { reject: false })).exitCode).not.toBe(0);
@@ -131,7 +193,7 @@ describe('an accounting table someone created after natgw looked (the daemon on 
     ok(await api(g.sock, 'PUT', '/v1/state', bulkDoc(desired)), 'PUT /v1/state');
     const logs = g.daemon.logs().slice(at);
     expect(logs).toMatch(/"msg":"partial sync refused; retrying once as a full sync"/);
-    expect(logs).toMatch(/File exists/);
+    expect(logs).toMatch(/first phase[^"]*File exists/);
     const acct = (await g.topo.exec('gw', ['nft', 'list', 'table', 'inet', 'natgw_acct'])).stdout;
     expect(acct).not.toContain('theirs');
     expect(acct).toMatch(new RegExp(`set eip_rx4 \\{[^}]*elements = \\{[^}]*${EIP.replace(/\./g, '\\.')}`));
@@ -159,7 +221,9 @@ describe('a table someone created after natgw looked (the backend on the kernel)
       eip: `172.21.${1 + Math.floor(i / 250)}.${1 + (i % 250)}`,
       internalIp: `10.3.${1 + Math.floor(i / 250)}.${1 + (i % 250)}`,
     }));
-    await expect(nft.sync({ vpcIf: 'eth0', extIf: 'net1', eips: [EIP], snats: [], dnats: [], fips }, { mode: 'partial' })).rejects.toThrow(/File exists/);
+    await expect(nft.sync({ vpcIf: 'eth0', extIf: 'net1', eips: [EIP], snats: [], dnats: [], fips }, { mode: 'partial' })).rejects.toThrow(
+      /first phase.*File exists/,
+    );
     expect(await natgwTable(topo)).toBe(theirs);
   }, 60_000);
 });
