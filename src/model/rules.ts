@@ -1,4 +1,3 @@
-import { memoOf } from './memo.js';
 import { z } from 'zod';
 import { isIp, isIpv4, isInterfaceName, parseCidr, canonicalIp, formatCidr } from './net.js';
 
@@ -124,17 +123,15 @@ export const routeSchema = z.object({
 export type Route = z.infer<typeof routeSchema>;
 
 // ---- identities: the keys under which an add is strict and a delete is lenient ----
-const snatKeys = new WeakMap<Pick<Snat, 'eip' | 'cidr'>, string>();
 /** A DNAT's identity: (eip, port or port range, protocol). */
 export type DnatId = Pick<Dnat, 'eip' | 'port' | 'protocol'> & { readonly portEnd?: number | undefined };
-const dnatKeys = new WeakMap<DnatId, string>();
 /** `8080`, or `8000-8100` for a range: the port field of the legacy rule and of the API path. */
 export const portText = (d: { readonly port: number; readonly portEnd?: number | undefined }): string =>
   d.portEnd === undefined ? String(d.port) : `${d.port}-${d.portEnd}`;
 /** The pool of a SNAT: its EIPs in order (one for a plain SNAT). */
 export const snatEips = (s: Pick<Snat, 'eip' | 'eips'>): readonly string[] => s.eips ?? [s.eip];
-export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => memoOf(snatKeys, s, (x) => `${x.eip}|${x.cidr}`);
-export const dnatKey = (d: DnatId): string => memoOf(dnatKeys, d, (x) => `${x.eip}|${portText(x)}|${x.protocol}`);
+export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => `${s.eip}|${s.cidr}`;
+export const dnatKey = (d: DnatId): string => `${d.eip}|${portText(d)}|${d.protocol}`;
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;
 export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;

@@ -1,7 +1,6 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
 import type { DesiredState } from '../../state/state.js';
-import { refDiff, type RefDiff } from '../../state/refDiff.js';
 import type { NftTransaction } from './nft/transaction.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
@@ -35,81 +34,15 @@ export function natTablesOf(s: DesiredState): NatTables {
  * resolve to the lowest EIP for outbound traffic, again independent of arrival order.
  */
 export function canonicalOrder(t: NatTables): NatTables {
-  const key = memoKey();
-  // Fifty DNATs share an EIP at ten thousand: equal addresses need no key lookups. Two IPv4
+  // Fifty DNATs share an EIP at ten thousand: equal addresses need no key. Two IPv4
   // addresses compare as numbers (the order of their keys), without a key string each.
-  const byEip = (a: string, b: string) => (a === b ? 0 : !a.includes(':') && !b.includes(':') ? v4Number(a) - v4Number(b) : cmp(key(a), key(b)));
+  const byEip = (a: string, b: string) => (a === b ? 0 : !a.includes(':') && !b.includes(':') ? v4Number(a) - v4Number(b) : cmp(ipSortKey(a), ipSortKey(b)));
   return {
     ...t,
     eips: [...t.eips].sort(byEip),
-    dnats: dnatOrder.sort(
-      t.dnats,
-      (a, b) => byEip(a.eip, b.eip) || byPortProto(a, b),
-      (all) => sortedByAddress(all, key, (d) => d.eip, byPortProto),
-    ),
-    fips: fipOrder.sort(
-      t.fips,
-      (a, b) => byEip(a.eip, b.eip),
-      (all) => sortedByAddress(all, key, (f) => f.eip),
-    ),
+    dnats: sortedByAddress(t.dnats, (d) => d.eip, byPortProto),
+    fips: sortedByAddress(t.fips, (f) => f.eip),
   };
-}
-
-/**
- * A sorted copy of a collection that changes a little at a time: the last sort is kept and
- * brought up to date by reference (what left is filtered out, what came in is placed by
- * binary search), so a command at ten thousand rules costs a walk, not a sort.
- */
-class IncrementalSort<T> {
-  /**
-   * The last few sorts, newest first: the iptables backend sorts the IPv4 and the IPv6 objects
-   * of every command in turn, and each must find its own last sort, not the other family's.
-   */
-  private recent: Array<{ readonly source: readonly T[]; readonly sorted: T[] }> = [];
-
-  /** `full` sorts the whole collection as `compare` would, for when no last sort helps. */
-  sort(source: readonly T[], compare: (a: T, b: T) => number, full: (all: readonly T[]) => T[] = (all) => [...all].sort(compare)): T[] {
-    let sorted: T[] | undefined;
-    for (const [at, e] of this.recent.entries()) {
-      // The diff gives up early on a change larger than an update handles (a bulk change).
-      const d = refDiff(e.source, source, MAX_UPDATE);
-      if (!d) continue;
-      sorted = d.added.length + d.removed.length === 0 ? e.sorted : update(e.source, e.sorted, d, compare);
-      this.recent.splice(at, 1);
-      break;
-    }
-    // A controller's redo and a state document written back by GET /v1/state mostly come in
-    // order already: one pass to see that costs less than a sort.
-    sorted ??= inOrder(source, compare) ? source.slice() : full(source);
-    this.recent = [{ source, sorted }, ...this.recent].slice(0, RECENT_SORTS);
-    return sorted;
-  }
-}
-
-function inOrder<T>(items: readonly T[], compare: (a: T, b: T) => number): boolean {
-  for (let i = 1; i < items.length; i++) if (compare(items[i - 1] as T, items[i] as T) > 0) return false;
-  return true;
-}
-
-const RECENT_SORTS = 2;
-/** The most objects in and out that an update places one by one; more are sorted anew. */
-const MAX_UPDATE = 64;
-
-/** `sorted` (the sort of `source`) with what left filtered out and what came in placed by binary search. */
-function update<T>(source: readonly T[], sorted: readonly T[], d: RefDiff<T>, compare: (a: T, b: T) => number): T[] {
-  const gone = new Set(d.removed.map((i) => source[i] as T));
-  const out = gone.size > 0 ? sorted.filter((x) => !gone.has(x)) : [...sorted];
-  for (const [, x] of d.added) {
-    let lo = 0;
-    let hi = out.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >> 1;
-      if (compare(out[mid] as T, x) <= 0) lo = mid + 1;
-      else hi = mid;
-    }
-    out.splice(lo, 0, x);
-  }
-  return out;
 }
 
 const byPortProto = (a: Dnat, b: Dnat): number => a.port - b.port || cmp(a.protocol, b.protocol);
@@ -129,11 +62,11 @@ function sortedByKey<T>(list: readonly T[], keyOf: (t: T) => string, tie?: (a: T
  * sortedByKey by address: when every address is IPv4, by its number (one per object, no key
  * string; the same order as the keys', IPv4 keys being the octets in order).
  */
-function sortedByAddress<T>(list: readonly T[], key: (ip: string) => string, addrOf: (t: T) => string, tie?: (a: T, b: T) => number): T[] {
+function sortedByAddress<T>(list: readonly T[], addrOf: (t: T) => string, tie?: (a: T, b: T) => number): T[] {
   const nums = new Float64Array(list.length);
   for (let i = 0; i < list.length; i++) {
     const a = addrOf(list[i] as T);
-    if (a.includes(':')) return sortedByKey(list, (t) => key(addrOf(t)), tie);
+    if (a.includes(':')) return sortedByKey(list, (t) => ipSortKey(addrOf(t)), tie);
     nums[i] = v4Number(a);
   }
   const at: number[] = [];
@@ -144,24 +77,7 @@ function sortedByAddress<T>(list: readonly T[], key: (ip: string) => string, add
   return out;
 }
 
-const dnatOrder = new IncrementalSort<Dnat>();
-const fipOrder = new IncrementalSort<Fip>();
-
 const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
-
-/** Sort keys computed once per address, not once per comparison (an IPv4 key costs less than the lookup). */
-function memoKey(): (ip: string) => string {
-  const keys = new Map<string, string>();
-  return (ip) => {
-    if (!ip.includes(':')) return v4SortKey(ip);
-    let k = keys.get(ip);
-    if (k === undefined) {
-      k = ipSortKey(ip);
-      keys.set(ip, k);
-    }
-    return k;
-  };
-}
 
 /** Numeric address order (IPv4 before IPv6). */
 export function compareIp(a: string, b: string): number {

@@ -29,6 +29,10 @@ const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
  * When a change into absent tables is applied in phases (phases.ts). Below ~10,000 elements the
  * two extra `nft` runs cost what the parallel groups save (measured on 2 cores: 7,500 elements
  * even, 30,000 elements 0.75× one `nft -f`); one group per core, at most 4.
+ * Kept for the bulk target (PUT /v1/state at most 2× one raw `nft -f`): with phases ×1.2–1.5,
+ * as one `nft -f` ×2.0–2.3 (bench, 10,000 DNAT + FIP, alternated in one session). It rests on
+ * nft accepting elements into an unhooked table from several processes at once and on
+ * `create table` refusing an existing table; an nft that serialised those would void the gain.
  */
 export const PHASING: PhaseOptions = { minElements: 10_000, groups: Math.min(availableParallelism(), 4) };
 

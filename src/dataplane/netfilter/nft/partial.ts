@@ -31,8 +31,7 @@ import {
   type NftPlan,
   type NftTxPlan,
 } from './render.js';
-import { memoOf } from '../../../model/memo.js';
-import { NftTransaction, type NftElement, type NftRule } from './transaction.js';
+import { NftTransaction, type NftElement } from './transaction.js';
 import { planSnatChange, snatCidr, type SnatItem } from './snatLayout.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
@@ -86,30 +85,16 @@ function firstEips(fips: readonly Fip[], internal: ReadonlySet<string>): Map<str
   return first;
 }
 
-/**
- * A SNAT object's rule and its text, rendered once per object: a SNAT command compares the
- * whole chain before and after, and the objects it did not touch are the same ones as before.
- */
+/** A SNAT object's rule and its text (chains are compared by text before anything is written). */
 interface RenderedSnat {
   readonly rule: NatgwRule;
   readonly text: string;
-  /** The rule as a transaction carries it, built the first time one does. */
-  nft?: NftRule;
 }
-
-const renderedSnats = new WeakMap<Snat, RenderedSnat>();
 
 function renderedSnat(s: Snat, fam: NftFamily): RenderedSnat {
-  return memoOf(renderedSnats, s, () => {
-    checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
-    const rule: NatgwRule = snatRule(s);
-    return { rule, text: ruleText(rule, fam) };
-  });
-}
-
-function nftOf(r: RenderedSnat, fam: NftFamily): NftRule {
-  r.nft ??= nftRule(r.rule, fam, r.text);
-  return r.nft;
+  checkFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? '');
+  const rule: NatgwRule = snatRule(s);
+  return { rule, text: ruleText(rule, fam) };
 }
 
 /** The SNAT rules of one family in chain order, with their text (compared before anything is written). */
@@ -230,7 +215,7 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
 
     if (snatsChanged) {
       // Per CIDR, element-level (snatLayout.ts): no rule of another CIDR is rewritten.
-      const item = (r: RenderedSnat): SnatItem => ({ rule: r.rule as SnatItem['rule'], text: r.text, nft: () => nftOf(r, fam) });
+      const item = (r: RenderedSnat): SnatItem => ({ rule: r.rule as SnatItem['rule'], text: r.text, nft: () => nftRule(r.rule, fam, r.text) });
       const touched = sn && touchedCidrs(sn, fam);
       if (touched?.size === 0) continue;
       // A command's change renders and compares only the CIDRs it touched: the others hold the
