@@ -127,4 +127,11 @@ describe('iptables backend: the tools one command runs', () => {
     expect(restore).toBeGreaterThanOrEqual(0);
     expect(acct).toBeGreaterThan(restore);
   });
+
+  it("an EIP add: the NAT restore, the accounting table's nft -f after it, then the addresses", async () => {
+    const { engine, exec } = await setUp();
+    await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.12', prefixLength: 24 }, {}), { guarded: true, qos: false });
+    expect(exec.calls.map(cmd)).toEqual([RESTORE, 'nft -f -', 'ip -batch -']);
+    expect(exec.calls[1]!.input).toMatch(/^add element inet natgw_acct eip_rx4 \{ 172\.20\.0\.12 \}$/m);
+  });
 });
