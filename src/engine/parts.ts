@@ -90,10 +90,13 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       }
       // Without nftables for NAT the accounting is a transaction of its own, on another table:
       // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
-      // It starts at the next turn, once the NAT tool has started: its render and process start
-      // (~3 ms, tens under load) were spent before the NAT render, which the change waits for.
+      // A bulk change starts it at the next turn, once the NAT tool has started: its render and
+      // process start (~3 ms) were spent before the NAT render, which the kernel's tool waits for.
+      // A single command starts it first: `nft` takes longer than the NAT restore, and is what
+      // the change waits for.
+      const besideNat = () => counters.sync(eips, { mode: opts.mode });
       const beside =
-        counting && backend.kind !== 'nftables' ? new Promise<void>((r) => setImmediate(r)).then(() => counters.sync(eips, { mode: opts.mode })) : undefined;
+        counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
       const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) }).finally(() => beside);
       if (fold && r.appended) fold.done();
       else if (counting && !beside) {
