@@ -1,6 +1,6 @@
 /**
- * `--compare '<command prefix>'`: the controller's legacy command sequence (init, eip-add, then
- * N× snat-add, dnat-add, floating-ip-add, dnat-del) through any command-compatible script —
+ * `--compare '<command prefix>'`: the controller's legacy command sequence (init, eipCount(N)×
+ * eip-add, then N× snat-add, dnat-add, floating-ip-add, dnat-del) through any command-compatible script —
  * the original Kube-OVN nat-gateway.sh, say — in its own fresh namespaces, and through natgw's
  * shim with the daemon running, per backend. Contract as the controller uses it: one
  * `<prefix> <command> <rule>` exec per call, success = exit 0 and no stderr but `Warning:`.
@@ -31,12 +31,17 @@ export interface CompareRun {
 
 const EIP = poolEip(0);
 
+/**
+ * EIPs the sequence adds: one per 20 rules, at most 5. One eip-add was one sample, whatever a
+ * busy machine did to it in that moment; the script's takes ~3 s each (it waits for arping).
+ */
+export const eipCount = (n: number): number => Math.max(1, Math.min(5, Math.floor(n / 20)));
+
 /** The sequence's calls: [command, rule] in the order the controller would send them. */
 export function sequence(n: number): Array<[SequenceCommand, string[]]> {
-  const calls: Array<[SequenceCommand, string[]]> = [
-    ['init', ['eth0,net1']],
-    ['eip-add', [`${EIP}/16`]],
-  ];
+  const calls: Array<[SequenceCommand, string[]]> = [['init', ['eth0,net1']]];
+  // The rules below all use the first; the others are EIPs of FIPs the sequence does not add.
+  for (let i = 0; i < eipCount(n); i++) calls.push(['eip-add', [`${poolEip(i)}/16`]]);
   for (let i = 0; i < n; i++) calls.push(['snat-add', [`${EIP},10.${100 + (i >> 8)}.${i & 255}.0/24`]]);
   for (let i = 0; i < n; i++) calls.push(['dnat-add', [`${EIP},${1000 + i},tcp,10.0.1.${2 + (i % 250)},80`]]);
   for (let i = 0; i < n; i++) calls.push(['floating-ip-add', [`${in16(172, 21, i)},${in16(10, 2, i)}`]]);

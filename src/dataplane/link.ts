@@ -515,7 +515,7 @@ export class LinkManager {
   private recordWrites: Promise<void> = Promise.resolve();
 
   /**
-   * recordIntent(want, previous) while NAT applies (a bulk change), not between NAT's end and
+   * recordIntent(want, previous) while NAT applies (a change of the EIPs or routes), not between NAT's end and
    * the addresses. `undo` puts the record back as it was, for a change that failed before the
    * link part ran (a refused NAT transaction): its addresses were never added, and a record
    * naming them would let a later sync remove such an address someone else put there. A crash

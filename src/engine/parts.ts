@@ -99,6 +99,8 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
       // A bulk change starts it at the next turn, once the NAT tool has started: its render and
       // process start (~3 ms) were spent before the NAT render, which the kernel's tool waits for.
+      // A single command starts it first: `nft` takes longer than the NAT restore, and is what
+      // the change waits for.
       const besideNat = () => counters.sync(eips, { mode: opts.mode });
       const beside =
         counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
@@ -142,9 +144,10 @@ export function linkPart(link: LinkManager): Part {
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
     // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
-    // A bulk change of the EIPs writes its intent record then, durable while NAT applies.
+    // A change of the EIPs or routes writes its intent record then, durable while NAT applies
+    // (two fsyncs, which under load cost more than the `ip -batch` they guard).
     prefetch(want, opts, from) {
-      if (opts.bulk && !opts.dryRun && want.eips !== from?.eips) {
+      if (!opts.dryRun && (want.eips !== from?.eips || want.routes !== from?.routes)) {
         // Its intent record, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);

@@ -127,4 +127,13 @@ describe('iptables backend: the tools one command runs', () => {
     expect(restore).toBeGreaterThanOrEqual(0);
     expect(acct).toBeGreaterThan(restore);
   });
+
+  it("an EIP add: the NAT restore and the accounting table's nft -f, then the addresses, nothing listed", async () => {
+    const { engine, exec } = await setUp();
+    await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.12', prefixLength: 24 }, {}), { guarded: true, qos: false });
+    const tools = exec.calls.map(cmd);
+    expect(tools.slice(0, 2).sort()).toEqual([RESTORE, 'nft -f -'].sort());
+    expect(tools.slice(2)).toEqual(['ip -batch -']);
+    expect(exec.calls.find((c) => cmd(c) === 'nft -f -')!.input).toMatch(/^add element inet natgw_acct eip_rx4 \{ 172\.20\.0\.12 \}$/m);
+  });
 });

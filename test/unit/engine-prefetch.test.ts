@@ -116,6 +116,35 @@ describe('engine: a full sync reads the link view beside the NAT transaction', (
     expect(changes[0]).toBeGreaterThan(exec.calls.findIndex(isNatApply));
   });
 
+  it("a single command's ownership record (intent) is durable while NAT applies too", async () => {
+    /** The second NAT transaction answers only once the record names the second EIP. */
+    let natRuns = 0;
+    let seenDuringNat: boolean | undefined;
+    class NatWaitsForIntent extends TurnExecutor {
+      static ownedFile = '';
+      override async run(req: ExecRequest): Promise<ExecResult> {
+        // The partial change's nft transaction names no table line: any `nft -f` after the first.
+        if (cmd(req) === 'nft -f -' && ++natRuns === 2) {
+          const names = () => existsSync(NatWaitsForIntent.ownedFile) && readFileSync(NatWaitsForIntent.ownedFile, 'utf8').includes('172.20.0.11');
+          seenDuringNat = await waitFor(async () => names(), { what: 'the intent record', timeoutMs: 3000, intervalMs: 5 }).then(
+            () => true,
+            () => false,
+          );
+        }
+        return super.run(req);
+      }
+    }
+    const { engine, exec } = await setUp(0, NatWaitsForIntent);
+    NatWaitsForIntent.ownedFile = path.join(engine.config.stateDir, 'owned.json');
+    await withEip(engine);
+    exec.calls.length = 0;
+    const r = await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.11', prefixLength: 24 }, {}));
+    expect(r.report.linkChanges).toBe(1);
+    expect(seenDuringNat).toBe(true);
+    expect(exec.calls.findIndex(isLinkChange)).toBeGreaterThan(exec.calls.findIndex((c) => cmd(c) === 'nft -f -'));
+    expect(readFileSync(NatWaitsForIntent.ownedFile, 'utf8')).toContain('172.20.0.11');
+  });
+
   it('a refused NAT transaction puts the record back as it was: the addresses were never added', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'natgw-prefetch-'));
     dirs.push(dir);
