@@ -130,22 +130,21 @@ describe('link ownership record: a reader outside the lock', () => {
       if (r.file !== 'ip') return undefined;
       if (r.args.join(' ') === '-j -batch -') return { stdout: addrJson(kernel) };
       if (r.args.join(' ') === '-6 -j -batch -') return { stdout: '[]\n[]\n' };
-      if (r.args.join(' ') === '-batch -') return refuse ? { exitCode: 2, stderr: 'RTNETLINK answers: File exists' } : undefined;
+      if (r.args.join(' ') === '-batch -') {
+        // The kernel change is made; the holder writes the shrunk record next, while the reader runs.
+        if (!refuse && reader === undefined) reader = link.ownedRecord();
+        return refuse ? { exitCode: 2, stderr: 'RTNETLINK answers: File exists' } : undefined;
+      }
       return undefined;
     });
     const link = new LinkManager(exec, pino({ level: 'silent' }), file);
 
     // The reader (engine.loadState's adoption, for GET /v1/state or the reconciler) starts
-    // reading the record while the holder writes a new one, and finishes after it.
+    // reading the record just before the holder writes a new one, and finishes after it.
     let release: () => void = () => undefined;
     const gate = new Promise<void>((r) => (release = r));
     let reader: Promise<unknown> | undefined;
-    const realOpen = fsp.open.bind(fsp);
     const realRead = fsp.readFile.bind(fsp) as (f: unknown, o?: unknown) => Promise<string>;
-    const open = vi.spyOn(fsp, 'open').mockImplementation(((f: string, ...rest: unknown[]) => {
-      if (reader === undefined && typeof f === 'string' && f.startsWith(`${file}.tmp-`)) reader = link.ownedRecord();
-      return (realOpen as (...a: unknown[]) => Promise<unknown>)(f, ...rest);
-    }) as typeof fsp.open);
     const read = vi.spyOn(fsp, 'readFile').mockImplementation((async (f: unknown, o?: unknown) => {
       const text = await realRead(f, o);
       if (f === file && reader !== undefined) await gate;
@@ -159,7 +158,6 @@ describe('link ownership record: a reader outside the lock', () => {
       release();
       await reader;
     } finally {
-      open.mockRestore();
       read.mockRestore();
     }
     expect(JSON.parse(readFileSync(file, 'utf8')).addresses).toEqual([A]);

@@ -98,6 +98,7 @@ describe('HA configuration keys', () => {
       conntrackd: 'conntrackd',
       peerApi: undefined,
       peerTokenFile: undefined,
+      initialRole: 'standby',
     });
   });
 
