@@ -4,7 +4,7 @@ import type { Conntrack } from '../dataplane/conntrack.js';
 import { targetsOf } from '../dataplane/conntrackStale.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { DesiredState } from '../state/state.js';
-import type { ReplicaRole } from '../ha/role.js';
+import type { ReplicaRole } from '../engine/replicaRole.js';
 
 /** Announcements of every EIP are at least this far apart; a burst of link events makes one more at the end. */
 const ANNOUNCE_MIN_GAP_MS = 1000;

@@ -1,7 +1,7 @@
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
-import { ReplicaRole } from '../ha/role.js';
+import { ReplicaRole } from './replicaRole.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';

@@ -10,7 +10,7 @@ import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
 import { Supervisor } from './supervisor.js';
 import { PeerCompare, type PeerView } from './peer.js';
 import type { HaMetrics } from './metrics.js';
-import type { ReplicaRole } from './role.js';
+import type { ReplicaRole } from '../engine/replicaRole.js';
 
 export interface HaDeps {
   readonly config: Config;

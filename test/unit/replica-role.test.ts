@@ -7,7 +7,7 @@ import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
 import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
-import { ReplicaRole } from '../../src/ha/role.js';
+import { ReplicaRole } from '../../src/engine/replicaRole.js';
 import * as Ops from '../../src/state/operations.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
