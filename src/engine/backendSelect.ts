@@ -5,6 +5,7 @@ import { ExecError, type Executor } from '../system/exec.js';
 import type { BackendRecord } from '../state/store.js';
 import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
 import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
+import { probeIptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
@@ -52,9 +53,8 @@ export class BackendProbe implements BackendEvidence {
   }
 
   /** The script's probe: legacy iptables answering for the nat table means legacy. */
-  async iptablesVariant(): Promise<IptablesVariant> {
-    const r = await this.exec.run({ file: 'iptables-legacy', args: ['-t', 'nat', '-S', 'INPUT', '1'] });
-    return r.exitCode === 0 ? 'legacy' : 'nft';
+  iptablesVariant(): Promise<IptablesVariant> {
+    return probeIptablesVariant(this.exec);
   }
 
   async ownsIptables(variant: IptablesVariant): Promise<boolean> {

@@ -1,4 +1,4 @@
-import { type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
+import { type IptablesVariant, probeIptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/tools.js';
 import { ExecError, type ExecRequest, type ExecResult, type Executor, runChecked } from '../system/exec.js';
 import type { LinkView, NatChange, NatView, RouteView } from './plan.js';
 import { NFT_TABLE, renderIptables, renderNft } from './render.js';
@@ -27,8 +27,7 @@ export async function chooseBackend(exec: Executor, mode: 'auto' | 'nftables' | 
   if (mode === 'nftables') return { kind: 'nftables' };
   if (mode === 'auto' && (await nftTableExists(exec))) return { kind: 'nftables' };
   if (variant !== 'auto') return { kind: 'iptables', variant };
-  const probe = await exec.run({ file: 'iptables-legacy', args: ['-t', 'nat', '-S', 'INPUT', '1'] });
-  return { kind: 'iptables', variant: probe.exitCode === 0 ? 'legacy' : 'nft' };
+  return { kind: 'iptables', variant: await probeIptablesVariant(exec) };
 }
 
 async function nftTableExists(exec: Executor): Promise<boolean> {
