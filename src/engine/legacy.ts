@@ -1,4 +1,4 @@
-import type { Engine, Transact } from './engine.js';
+import { changesOf, type Engine, type Transact } from './engine.js';
 import { Output, type CommandOutput } from './output.js';
 import * as P from '../model/legacy.js';
 import * as Q from '../model/qosLegacy.js';
@@ -161,10 +161,7 @@ export async function runLegacy(
     const items = rules.map((r) => spec.parse(r, engine.config));
     const { report } = await transact(({ state }) => spec.apply(state, items, out), { guarded: spec.guarded, qos: spec.qos ?? false });
     for (const n of report.notes) out.line(n);
-    log.info(
-      { rules, ms: Date.now() - started, changes: report.netfilterChanges + report.linkChanges + report.shareDnatChanges + report.qosChanges },
-      'command done',
-    );
+    log.info({ rules, ms: Date.now() - started, changes: changesOf(report) }, 'command done');
     return out.result(0);
   } catch (e) {
     return failure(out, e, log, rules);
