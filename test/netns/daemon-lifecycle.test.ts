@@ -11,7 +11,7 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, ownedNetfilter, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
-import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 
@@ -57,7 +57,7 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
     expect(init.exitCode).toBe(0);
     expect(init.stderr).toBe('');
     await waitReady(topo, daemon);
-    expect(daemon.logs()).toContain('"command":"init"');
+    await waitForLog(daemon, '"command":"init"');
 
     ok(await api(sock, 'PUT', `/v1/eips/${EIP}`, { prefixLength: 24 }), 'eip');
     ok(await api(sock, 'PUT', `/v1/dnats/${EIP},8080,tcp`, { internalIp: ADDR.vpc1, internalPort: 80 }), 'dnat');
@@ -117,7 +117,7 @@ describe.each(BACKENDS)('natgw serve on $name', (backend: BackendCase) => {
     // Putting the state back at start is a restore: it is no drift repair in the status or the metric.
     const drift = ok(await api(sock, 'GET', '/v1/state'), 'state').body.drift;
     expect(drift).toMatchObject({ repairs: 0, lastRepair: null });
-    expect(daemon.logs()).toContain('start: the persisted state restored into the kernel');
+    await waitForLog(daemon, 'start: the persisted state restored into the kernel');
     expect((await api(sock, 'GET', '/metrics')).text).toMatch(/^natgw_drift_repairs_total 0$/m);
   });
 

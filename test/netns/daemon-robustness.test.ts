@@ -8,7 +8,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
-import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
+import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 
@@ -86,7 +86,7 @@ describe('daemon robustness', () => {
       },
       { what: 'a new ip monitor', timeoutMs: 10_000 },
     );
-    expect(daemon.logs()).toContain('link monitor exited; restarting');
+    await waitForLog(daemon, 'link monitor exited; restarting');
 
     await topo.recreateExternal();
     await waitFor(async () => (await topo.addresses('gw', 'net1', 4))?.includes(`${EIP}/24`), {

@@ -122,6 +122,20 @@ export async function waitReady(topo: Topology, d?: Daemon, timeoutMs = 20_000):
   });
 }
 
+/**
+ * Wait for a log line: the daemon writes its log through a pipe, so a line logged before an
+ * answer may reach this process after it.
+ */
+export async function waitForLog(d: Pick<Daemon, 'logs'>, pattern: string | RegExp, timeoutMs = 5000, from = 0): Promise<void> {
+  const seen = () => {
+    const text = d.logs().slice(from);
+    return typeof pattern === 'string' ? text.includes(pattern) : pattern.test(text);
+  };
+  await waitFor(async () => seen(), { what: `the log line ${String(pattern)}`, timeoutMs, intervalMs: 20 }).catch((e: unknown) => {
+    throw new Error(`${(e as Error).message}\nlogs:\n${d.logs().slice(from)}`);
+  });
+}
+
 /** Signal the daemon (by its own pid) and wait for it to exit. */
 export async function stopDaemon(d: Daemon, signal: NodeJS.Signals = 'SIGTERM'): Promise<number> {
   try {

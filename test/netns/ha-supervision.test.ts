@@ -15,7 +15,7 @@ import { ONE_BACKEND } from '../helpers/backends.js';
 import { HA_ADDR, HaTopology } from '../helpers/haTopology.js';
 import { waitFor } from '../helpers/poll.js';
 import { request, startEchoServer, startLongFlow, startServer } from '../helpers/traffic.js';
-import { api, ok } from './daemon-util.js';
+import { api, ok, waitForLog } from './daemon-util.js';
 import { haStatus, legacy, metric, metricsText, startReplica, syncEnv } from './ha-util.js';
 
 const EIP = '172.20.0.10';
@@ -128,13 +128,13 @@ describe('replicas that disagree', () => {
 
     await legacy(t, 'ga', 'dnat-add', `${EIP},8080,tcp,${HA_ADDR.vpc1},80`);
     await agree(1);
-    expect(a.logs()).toContain('replicas disagree');
+    await waitForLog(a, 'replicas disagree');
     // Reported, never repaired: B's state is still without the DNAT.
     expect(ok(await api(t.socket('gb'), 'GET', '/v1/dnats'), 'dnats on B').body.items).toEqual([]);
 
     await legacy(t, 'gb', 'dnat-add', `${EIP},8080,tcp,${HA_ADDR.vpc1},80`);
     await agree(0);
-    expect(a.logs()).toContain('replicas agree again');
+    await waitForLog(a, 'replicas agree again');
 
     // SIGUSR2 is the takeover for hooks without HTTP; without conntrackd it announces the EIPs only.
     const pid = ok(await api(t.socket('ga'), 'GET', '/healthz'), 'healthz').body.pid as number;

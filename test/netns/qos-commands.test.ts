@@ -16,7 +16,7 @@ import { bulkTransfer, startSinkServer, type ServerHandle, type TransferResult }
 import { waitFor } from '../helpers/poll.js';
 import { CLASS_RANGES, eipFirstClassId } from '../../src/model/qos.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
-import { startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 import { StateStore } from '../../src/state/store.js';
 
 const EXT = 'net1';
@@ -516,7 +516,7 @@ describe.each(BACKENDS)('QoS through a running daemon ($name)', (b: BackendCase)
     expect(await classes()).toEqual([...kept, 0x9999].sort((x, y) => x - y));
 
     // These were partial syncs in the daemon, each reading back what it changed.
-    expect(daemon!.logs()).toMatch(/"msg":"qos sync".*"partial":true|"partial":true.*"msg":"qos sync"/);
+    await waitForLog(daemon!, /"msg":"qos sync".*"partial":true|"partial":true.*"msg":"qos sync"/);
   });
 });
 

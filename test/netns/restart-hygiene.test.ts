@@ -14,7 +14,7 @@ import { parsePeer, request, startServer, type ServerHandle } from '../helpers/t
 import { waitFor } from '../helpers/poll.js';
 import { startCapture } from '../helpers/capture.js';
 import { isTranslated, parseConntrackExtended } from '../../src/dataplane/conntrackStale.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, ok, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 
 const EIPS = ['172.20.0.10', '172.20.0.11'];
 /** An IPv6 EIP: announced by an unsolicited neighbour advertisement (na6), not ARP. */
@@ -135,7 +135,7 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
       await waitFor(async () => flow.sent() >= at.sent + 20, { what: 'twenty more datagrams of the flow (2 s)' });
       expect(flow.recv()).toBe(at.recv);
       expect(isTranslated((await flowEntries(topo))[0]!)).toBe(false);
-      expect(daemon?.logs()).toContain('NATGW_CONNTRACK_CLEANUP=false');
+      await waitForLog(daemon!, 'NATGW_CONNTRACK_CLEANUP=false');
     });
   }
 
@@ -148,7 +148,7 @@ describe.each(BACKENDS)('restart hygiene on $name', (backend: BackendCase) => {
       await waitFor(async () => flow.recv() > at.recv || flow.sent() >= at.sent + 10, { what: 'an answer or ten datagrams after ready', timeoutMs: 10_000 });
       expect(flow.recv()).toBeGreaterThan(at.recv);
       expect(isTranslated((await flowEntries(topo))[0]!)).toBe(true);
-      expect(daemon?.logs()).toMatch(/"deleted":[1-9]\d*,.*restart hygiene/);
+      await waitForLog(daemon!, /"deleted":[1-9]\d*,.*restart hygiene/);
       for (const e of EIPS) {
         await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${e} `) && l.includes(`tell ${e},`)), {
           what: `gratuitous ARP for ${e} after the restart`,

@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { parsePeer, request, startEchoServer, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { startLongFlow } from '../helpers/traffic.js';
-import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, ok, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 
 const E1 = '172.20.0.10';
 const E2 = '172.20.0.11';
@@ -84,7 +84,7 @@ describe('shared SNAT per-length layout on nftables, with real traffic', () => {
     await between();
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
-    expect(daemon.logs()).toContain('full sync: read back and reconciled everything natgw owns');
+    await waitForLog(daemon, 'full sync: read back and reconciled everything natgw owns');
   };
 
   beforeAll(async () => {
