@@ -313,9 +313,6 @@ async function zombieCheck(mode: Mode): Promise<number> {
     const procs = podProcesses(pod.pid1);
     const daemon = procs.find((p) => daemonPids(pod?.pid1 ?? 0, env.NATGW_SOCKET ?? '', procs).includes(p.pid) && p.state !== 'Z');
     report(daemon !== undefined, `the autostarted daemon runs: ${daemon ? `pid ${daemon.pid}, ${daemon.cmdline}` : 'none'}`);
-    // Node.js lives in /usr/local/bin: without it on PATH only the shim's nc client can answer.
-    const viaNc = await pod.exec(['bash', SHIM, 'eip-add', '172.20.0.99/24'], { ...env, PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
-    report(viaNc.exitCode === 0 && viaNc.stderr === '', `a command reaches the daemon through nc -U, Node.js off PATH (exit ${viaNc.exitCode}${viaNc.stderr ? `, ${viaNc.stderr.trim()}` : ''})`);
     const zombies = procs.filter((p) => p.state === 'Z');
     report(
       zombies.length === 0,
@@ -328,6 +325,10 @@ async function zombieCheck(mode: Mode): Promise<number> {
       timeoutMs: 10_000,
     }).catch(() => 0);
     report(orphan.exitCode === 0 && seen > 0, `control: an orphan left by \`bash -c '(sleep 0 &)'\` is seen as a zombie (${seen})`);
+    // Last, as it starts tools the zombie count above would catch mid-exit. Node.js lives in
+    // /usr/local/bin: without it on PATH only the shim's nc client can answer.
+    const viaNc = await pod.exec(['bash', SHIM, 'eip-add', '172.20.0.99/24'], { ...env, PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
+    report(viaNc.exitCode === 0 && viaNc.stderr === '', `a command reaches the daemon through nc -U, Node.js off PATH (exit ${viaNc.exitCode}${viaNc.stderr ? `, ${viaNc.stderr.trim()}` : ''})`);
   } catch (err) {
     report(false, `error: ${String(err)}`);
   } finally {
