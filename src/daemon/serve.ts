@@ -73,8 +73,7 @@ export async function serve(config: Config): Promise<number> {
   const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
   const saved = engine.loadState();
   saved.catch(() => undefined);
-  let opened: (ok: boolean) => void = () => undefined;
-  const listening = new Promise<boolean>((resolve) => (opened = resolve));
+  let cannotListen = false;
 
   // The conntrack follower (three processes and their output) starts once the first resync is
   // over, ready or not: before, it would only compete with it. Its first listing counts the
@@ -121,9 +120,8 @@ export async function serve(config: Config): Promise<number> {
     links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
-  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
-  // interfaces are looked up while the API's code (express and the routes) loads and the
-  // sockets open.
+  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events, while
+  // the API's code (express and the routes) loads and the sockets open.
   let present = false;
   const startup = (async () => {
     try {
@@ -143,8 +141,10 @@ export async function serve(config: Config): Promise<number> {
     } catch (e) {
       log.error({ err: e }, 'start-up check failed; the reconciler retries');
     }
-    // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
-    if (!(await listening) || shuttingDown) return;
+    // The first sync runs while the API's code loads and its sockets open: the socket's claim
+    // (above) already makes this daemon the only writer. One that then cannot listen stops
+    // syncing and exits.
+    if (cannotListen || shuttingDown) return;
     monitor.start();
     reconciler.start({ present });
     if (!present) observe();
@@ -164,13 +164,14 @@ export async function serve(config: Config): Promise<number> {
     const msg = e instanceof Error ? e.message : String(e);
     process.stderr.write(`Error: ${msg}\n`);
     log.fatal({ err: e }, 'cannot listen');
+    cannotListen = true;
+    monitor.stop();
+    await reconciler.stop();
     singleton.close();
-    opened(false);
     // The start-up may still be polling for interfaces.
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
-  opened(true);
   timelineMark('serving');
   log.info(
     {
