@@ -26,15 +26,7 @@ function version(argv: string[]): string {
   return r.status === 0 ? (r.stdout.trim().split('\n')[0] ?? '') : 'absent';
 }
 
-async function measureSize(
-  gw: Gateway,
-  backend: BackendName,
-  size: number,
-  o: Options,
-  nc: boolean,
-  b: BackendFigures,
-  fresh: boolean,
-): Promise<SizeFigures> {
+async function measureSize(gw: Gateway, backend: BackendName, size: number, o: Options, nc: boolean, b: BackendFigures, fresh: boolean): Promise<SizeFigures> {
   progress(`${backend} size ${size}: fill (PUT /v1/state)`);
   const fill = await gw.putState(stateDoc(size, o.fipEips));
   await gw.settleAnnouncements();

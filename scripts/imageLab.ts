@@ -328,7 +328,10 @@ async function zombieCheck(mode: Mode): Promise<number> {
     // Last, as it starts tools the zombie count above would catch mid-exit. Node.js lives in
     // /usr/local/bin: without it on PATH only the shim's nc client can answer.
     const viaNc = await pod.exec(['bash', SHIM, 'eip-add', '172.20.0.99/24'], { ...env, PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
-    report(viaNc.exitCode === 0 && viaNc.stderr === '', `a command reaches the daemon through nc -U, Node.js off PATH (exit ${viaNc.exitCode}${viaNc.stderr ? `, ${viaNc.stderr.trim()}` : ''})`);
+    report(
+      viaNc.exitCode === 0 && viaNc.stderr === '',
+      `a command reaches the daemon through nc -U, Node.js off PATH (exit ${viaNc.exitCode}${viaNc.stderr ? `, ${viaNc.stderr.trim()}` : ''})`,
+    );
   } catch (err) {
     report(false, `error: ${String(err)}`);
   } finally {
