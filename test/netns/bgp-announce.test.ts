@@ -220,7 +220,10 @@ describe.each(BACKENDS)('EIPs announced by BGP ($name)', (b) => {
 
     // Routed EIPs are never ARPed by natgw: not at init, not at eip-add (arping would have sent by now).
     // The control: the capture does see A's ARP (for its own address, on the way to the BGP session).
-    expect(arp.some((l) => l.includes(OWN_A))).toBe(true);
+    expect(
+      arp.some((l) => l.includes(OWN_A)),
+      arp.join('\n'),
+    ).toBe(true);
     expect(arp.filter((l) => garpFor(EIP_SEG).test(l) || garpFor(EIP).test(l))).toEqual([]);
     if (!isOneBackend(b)) return;
 
@@ -241,13 +244,12 @@ describe.each(BACKENDS)('EIPs announced by BGP ($name)', (b) => {
     const down = await waitFor(
       async () => {
         const x = await bgpStatus(t);
-        return x.announcing === false ? x : undefined;
+        return x.announcing === false && x.eips.every((e: { advertised: boolean }) => !e.advertised) ? x : undefined;
       },
-      { what: 'GET /v1/bgp to say the EIPs are withdrawn', timeoutMs: 5000 },
+      { what: 'GET /v1/bgp to say the EIPs are withdrawn and advertised to no peer', timeoutMs: 5000 },
     );
     expect(down.reasons.join('\n')).toMatch(/not ready: waiting for interface\(s\) eth0/);
     expect(down.sessions[0]).toMatchObject({ established: true });
-    expect(down.eips.every((e: { advertised: boolean }) => !e.advertised)).toBe(true);
     await rename(t, 'eth0x', 'eth0', true);
     await announcedVia(t, EIP, OWN_A, 'ready again');
 
