@@ -11,7 +11,9 @@
  * through the routed EIP (DNAT to a VPC host), on every backend; no gratuitous ARP from A for its
  * EIPs; and (one backend: routing does not depend on it) the routes go within 1 s when A's net1
  * goes down, when A's readiness fails (its VPC interface gone) and when natgw is SIGKILLed
- * (withdrawal times printed), and a restarted A announces only once it is ready.
+ * (withdrawal times printed), and a restarted A announces only once it is ready. With two
+ * replicas the router spreads an EIP over both (ECMP) and keeps the survivor when one is killed.
+ * An IPv6 EIP goes to the IPv6 peer as a /128 beside the IPv4 session.
  */
 import type { ChildProcess } from 'node:child_process';
 import { spawnSync } from 'node:child_process';
@@ -39,6 +41,8 @@ const CLIENT = { addr: '192.0.2.2', router: '192.0.2.1' };
 const ASN = '65001';
 const ROUTER_ASN = '65000';
 const WITHDRAW_MAX_MS = 1000;
+/** IPv6: the segment's prefix and a routed EIP outside it. */
+const V6 = { router: 'fd00:20::1', ownA: 'fd00:20::11', eip: '2001:db8:100::10' };
 
 const live: Array<() => Promise<void>> = [];
 afterEach(async () => {
@@ -46,11 +50,25 @@ afterEach(async () => {
 });
 
 /** The upstream router's BIRD: a session per replica, BFD 100 ms × 3, every learned route into the kernel (ECMP). */
-function routerConf(): string {
+function routerConf(v6: boolean): string {
+  const six = v6
+    ? `protocol kernel { ipv6 { import none; export all; }; merge paths on; }
+template bgp replica6 {
+  local ${V6.router} as ${ROUTER_ASN};
+  direct;
+  bfd on;
+  connect delay time 1;
+  connect retry time 2;
+  error wait time 1, 5;
+  ipv6 { import all; export none; };
+}
+protocol bgp ga6 from replica6 { neighbor ${V6.ownA} as ${ASN}; }
+`
+    : '';
   return `log stderr { warning, error, fatal, bug };
 router id ${ROUTER};
 protocol device {}
-protocol kernel { ipv4 { import none; export all; }; merge paths on; }
+${six}protocol kernel { ipv4 { import none; export all; }; merge paths on; }
 protocol bfd { interface "br-ext" { interval 100 ms; multiplier 3; }; }
 template bgp replica {
   local ${ROUTER} as ${ROUTER_ASN};
@@ -73,7 +91,7 @@ interface Stand {
   readonly router: ChildProcess;
 }
 
-async function build(): Promise<Stand> {
+async function build(opts: { v6?: boolean } = {}): Promise<Stand> {
   const t = await HaTopology.create({ sharedExt: true });
   const cl = `${t.prefix}cl`;
   const dir = mkdtempSync(join(tmpdir(), `natgw-${t.prefix}rtr-`));
@@ -99,8 +117,15 @@ async function build(): Promise<Stand> {
   await sh(['ip', '-n', t.ns.ga, 'addr', 'add', `${OWN_A}/24`, 'dev', 'net1']);
   await sh(['ip', '-n', t.ns.gb, 'addr', 'add', `${OWN_B}/24`, 'dev', 'net1']);
 
+  if (opts.v6) {
+    // HaTopology turns IPv6 off: back on for the router's segment and A's net1.
+    await t.exec('ext', ['sysctl', '-q', '-w', 'net.ipv6.conf.all.disable_ipv6=0', 'net.ipv6.conf.br-ext.disable_ipv6=0', 'net.ipv6.conf.all.forwarding=1']);
+    await t.exec('ga', ['sysctl', '-q', '-w', 'net.ipv6.conf.all.disable_ipv6=0', 'net.ipv6.conf.net1.disable_ipv6=0']);
+    await sh(['ip', '-n', t.ns.ext, 'addr', 'add', `${V6.router}/64`, 'dev', 'br-ext', 'nodad']);
+    await sh(['ip', '-n', t.ns.ga, 'addr', 'add', `${V6.ownA}/64`, 'dev', 'net1', 'nodad']);
+  }
   const conf = join(dir, 'bird.conf');
-  writeFileSync(conf, routerConf());
+  writeFileSync(conf, routerConf(opts.v6 === true));
   const router = t.spawn('ext', ['bird', '-f', '-c', conf, '-s', join(dir, 'bird.ctl')]);
   let routerLog = '';
   router.stderr?.setEncoding('utf8').on('data', (d: string) => (routerLog += d));
@@ -121,7 +146,8 @@ async function build(): Promise<Stand> {
 
 /** The next hops the router's kernel FIB holds for `eip`/32 (none: no route). */
 async function fibVia(t: HaTopology, eip: string): Promise<string[]> {
-  const r = await t.exec('ext', ['ip', '-j', 'route', 'show', `${eip}/32`]);
+  const v6 = eip.includes(':');
+  const r = await t.exec('ext', ['ip', v6 ? '-6' : '-4', '-j', 'route', 'show', `${eip}/${v6 ? 128 : 32}`]);
   const routes = JSON.parse(r.stdout || '[]') as Array<{ gateway?: string; nexthops?: Array<{ gateway?: string }> }>;
   return routes.flatMap((x) => (x.nexthops ? x.nexthops.map((n) => n.gateway ?? '') : [x.gateway ?? ''])).filter(Boolean);
 }
@@ -315,5 +341,35 @@ describe.each(BACKENDS.filter(isOneBackend))('EIPs announced by two replicas ($n
     expect(stopMs).toBeLessThan(WITHDRAW_MAX_MS);
     await waitFor(async () => replicas.gb.child.exitCode !== null, { what: 'natgw on B to exit', timeoutMs: 10_000 });
     expect(replicas.gb.child.exitCode).toBe(0);
+  });
+});
+
+describe.each(BACKENDS.filter(isOneBackend))('IPv6 EIPs announced by BGP ($name)', (b) => {
+  it('an IPv6 EIP goes to the IPv6 peer as a /128 via A, beside the IPv4 one; deleting it withdraws it', async () => {
+    const { t } = await build({ v6: true });
+    await startReplica(t, 'ga', bgpEnv(b, { NATGW_BGP_PEERS: `${ROUTER},${V6.router}` }));
+    await legacy(t, 'ga', 'init');
+    await legacy(t, 'ga', 'eip-add', `${EIP}/32`);
+    ok(await api(t.socket('ga'), 'PUT', `/v1/eips/${V6.eip}`, { prefixLength: 128 }), 'IPv6 EIP');
+    await announcedVia(t, EIP, OWN_A, 'IPv4 session');
+    await announcedVia(t, V6.eip, V6.ownA, 'IPv6 session');
+    const s = await waitFor(
+      async () => {
+        const x = await bgpStatus(t);
+        return x.eips.every((e: { advertised: boolean }) => e.advertised) ? x : undefined;
+      },
+      { what: 'both EIPs advertised in GET /v1/bgp', timeoutMs: 5000 },
+    );
+    expect(s.sessions.map((x: { peer: string; local: string; established: boolean }) => [x.peer, x.local, x.established])).toEqual([
+      [ROUTER, OWN_A, true],
+      [V6.router, V6.ownA, true],
+    ]);
+    expect(s.eips).toEqual([
+      { address: EIP, prefix: `${EIP}/32`, offered: true, advertised: true, peers: [ROUTER] },
+      { address: V6.eip, prefix: `${V6.eip}/128`, offered: true, advertised: true, peers: [V6.router] },
+    ]);
+    ok(await api(t.socket('ga'), 'DELETE', `/v1/eips/${V6.eip}`), 'delete the IPv6 EIP');
+    await withdrawnAfter(t, V6.eip, Date.now(), 'IPv6 EIP deleted');
+    expect(await fibVia(t, EIP)).toEqual([OWN_A]);
   });
 });
