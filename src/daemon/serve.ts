@@ -80,6 +80,16 @@ export async function serve(config: Config): Promise<number> {
     role: () => engine.role.name,
   });
   agent.onReadiness(() => routing.changed('readiness'));
+  // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
+  const haService = {
+    status: () => ha.status(),
+    health: () => ha.health(),
+    takeover: async (reason: string) => {
+      const r = await ha.takeover(reason);
+      routing.changed('takeover');
+      return r;
+    },
+  };
   // Flow classification follows every applied state (after the agent's own listener).
   engine.onSync((e) => {
     if (e.ok) observer.setState(e.state);
@@ -87,7 +97,7 @@ export async function serve(config: Config): Promise<number> {
     if (e.ok) routing.changed('applied');
   });
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha, routing };
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: haService, routing };
   const saved = engine.loadState();
   saved.catch(() => undefined);
   let cannotListen = false;
@@ -243,7 +253,7 @@ export async function serve(config: Config): Promise<number> {
     process.on('SIGINT', () => stop('SIGINT'));
     // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
     process.on('SIGUSR2', () => {
-      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+      if (!shuttingDown) void haService.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
     });
   });
   void startup;

@@ -28,7 +28,7 @@ import { killTree, runProcess, spawnTracked, type ExecOptions, type ExecResult, 
 import { waitFor } from '../helpers/poll.js';
 import { request, startEchoServer } from '../helpers/traffic.js';
 import { api, ok } from './daemon-util.js';
-import { legacy, metric, startReplica, type Replicad } from './ha-util.js';
+import { legacy, metric, startReplica, syncEnv, type Replicad } from './ha-util.js';
 
 /** Routed: outside the external segment, reachable only through the BGP route. */
 const EIP = '198.51.100.10';
@@ -371,5 +371,31 @@ describe.each(BACKENDS.filter(isOneBackend))('IPv6 EIPs announced by BGP ($name)
     ok(await api(t.socket('ga'), 'DELETE', `/v1/eips/${V6.eip}`), 'delete the IPv6 EIP');
     await withdrawnAfter(t, V6.eip, Date.now(), 'IPv6 EIP deleted');
     expect(await fibVia(t, EIP)).toEqual([OWN_A]);
+  });
+});
+
+describe.each(BACKENDS.filter(isOneBackend))('BGP in the takeover mode ($name)', (b) => {
+  it('a standby keeps its session but announces nothing; a takeover announces at once', async () => {
+    const { t } = await build();
+    await startReplica(t, 'ga', bgpEnv(b, syncEnv('ga')));
+    await legacy(t, 'ga', 'init');
+    await legacy(t, 'ga', 'eip-add', `${EIP}/32`);
+    const standby = await waitFor(
+      async () => {
+        const x = await bgpStatus(t);
+        return x.sessions[0]?.established === true ? x : undefined;
+      },
+      { what: 'the standby’s session established', timeoutMs: 30_000 },
+    );
+    expect(standby.announcing).toBe(false);
+    expect(standby.reasons.join('\n')).toMatch(/standby replica/);
+    expect(await fibVia(t, EIP)).toEqual([]);
+    const t0 = Date.now();
+    ok(await api(t.socket('ga'), 'POST', '/v1/ha/takeover?reason=test'), 'takeover');
+    await announcedVia(t, EIP, OWN_A, 'after the takeover', 10_000);
+    const ms = Date.now() - t0;
+    console.log(`[bgp] takeover: announced ${ms} ms after the call`);
+    // Not the status poll's period (2 s): the takeover itself reloads BIRD.
+    expect(ms).toBeLessThan(WITHDRAW_MAX_MS);
   });
 });
