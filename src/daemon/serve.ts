@@ -78,6 +78,7 @@ export async function serve(config: Config): Promise<number> {
     readiness: () => agent.readiness(),
     applied: () => engine.lastApplied,
     role: () => engine.role.name,
+    requestSync: (why) => reconciler.request(why),
   });
   agent.onReadiness(() => routing.changed('readiness'));
   // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.

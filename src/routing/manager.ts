@@ -5,7 +5,7 @@ import type { Registry } from 'prom-client';
 import type { BgpConfig, Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { canonicalIp } from '../model/net.js';
-import { Supervisor } from '../ha/supervisor.js';
+import { Supervisor, type SupervisorOptions } from '../ha/supervisor.js';
 import { errorOf, parseBfdSessions, parseProtocols, parseReplies, parseRoutePrefixes, type BfdRow, type ProtocolRow } from './birdc.js';
 import { announceOf, gateOf, prefixOf, type Gate } from './plan.js';
 import { renderBirdConf, routerIdOf, sessionsOf, type Session, type Skipped } from './render.js';
@@ -22,6 +22,10 @@ export interface RoutingDeps {
   readonly applied: () => { readonly eips: readonly { readonly address: string }[]; readonly interfaces: { readonly ext: string } } | undefined;
   /** The replica's role (takeover mode); 'active' without replicas. */
   readonly role: () => 'active' | 'standby';
+  /** Ask for a full sync (the reconciler's); the EIPs wait for one after the external interface came back. */
+  readonly requestSync?: (why: string) => void;
+  /** How BIRD is started (tests: a fake child). */
+  readonly spawn?: SupervisorOptions['spawn'];
 }
 
 export interface BirdPaths {
@@ -125,6 +129,7 @@ export class RoutingManager {
       file: bgp.bird,
       args: ['-f', '-c', this.paths.config, '-s', this.paths.socket],
       log: this.d.log,
+      spawn: this.d.spawn,
       beforeStart: () => this.prepare(),
       onSpawn: (pid) => void fs.writeFile(this.paths.pid, `${pid}\n`).catch(() => undefined),
       onState: (s) => {
@@ -225,8 +230,12 @@ export class RoutingManager {
       this.linkError = null;
       this.link = { up: flags.includes('UP') && flags.includes('LOWER_UP'), own };
     }
-    // Down and back up: addresses and routes may be gone until a full sync restores them.
-    if (wasUp === false && this.link.up) this.syncedSinceExtUp = false;
+    // Down and back up: addresses and routes may be gone until a full sync restores them. The
+    // sync is asked for here, after the up was seen, so one that ended before does not count.
+    if (wasUp === false && this.link.up) {
+      this.syncedSinceExtUp = false;
+      this.d.requestSync?.('external interface up: BGP waits for a full sync before announcing');
+    }
   }
 
   private decide(): void {

@@ -1,14 +1,25 @@
 /**
  * EIPs announced by BGP (issue 30): the configuration keys, the decision to announce, the
- * rendered bird.conf, and the parsers of BIRD's control replies (fed with replies as BIRD 2
- * prints them with `birdc -v`).
+ * rendered bird.conf, the parsers of BIRD's control replies (fed with replies as BIRD 2
+ * prints them with `birdc -v`), and the manager's reloads with BIRD and the kernel faked.
  */
+import type { ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { PassThrough } from 'node:stream';
+import { pino } from 'pino';
+import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from '../../src/config/config.js';
+import { ConfigError, loadConfig, type Config } from '../../src/config/config.js';
 import { ReplicaRole } from '../../src/engine/replicaRole.js';
 import { errorOf, parseBfdSessions, parseProtocols, parseReplies, parseRoutePrefixes } from '../../src/routing/birdc.js';
 import { announceOf, gateOf, prefixOf } from '../../src/routing/plan.js';
+import { RoutingManager } from '../../src/routing/manager.js';
 import { renderBirdConf, routerIdOf, sessionsOf } from '../../src/routing/render.js';
+import type { Executor } from '../../src/system/exec.js';
+import { waitFor } from '../helpers/poll.js';
 
 const load = (env: Record<string, string>) => loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw-routing-test.env', ...env });
 
@@ -230,5 +241,96 @@ describe("BIRD's control replies", () => {
       text: 'syntax error, unexpected CF_SYM_UNDEFINED',
     });
     expect(errorOf(parseReplies('0001 BIRD 2.0.12 ready.\n8002 /x/bird.conf, line 3: syntax error\n'))?.code).toBe(8002);
+  });
+});
+
+/** A child that exits when told to (BIRD's stand-in). */
+class FakeChild extends EventEmitter {
+  readonly pid = 4242;
+  readonly stdout = new PassThrough();
+  readonly stderr = new PassThrough();
+  exitCode: number | null = null;
+  signalCode: string | null = null;
+  kill(signal: string): boolean {
+    this.signalCode = signal;
+    this.emit('exit', null, signal);
+    return true;
+  }
+}
+
+describe('RoutingManager (BIRD and the kernel faked)', () => {
+  it('rewrites and reloads BIRD as readiness and the external link change; after the link comes back it waits for a full sync', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'natgw-routing-unit-'));
+    try {
+      let ready = true;
+      let carrier = true;
+      const ran: string[] = [];
+      const exec: Executor = {
+        run: async (req) => {
+          ran.push([req.file, ...req.args].join(' '));
+          const result = { command: req.file, exitCode: 0, stdout: '', stderr: '', timedOut: false, failedToStart: false };
+          if (req.file === 'ip') {
+            const flags = ['BROADCAST', 'UP', ...(carrier ? ['LOWER_UP'] : [])];
+            const addr_info = [
+              { family: 'inet', local: '172.20.0.11', scope: 'global' },
+              { family: 'inet', local: '198.51.100.10', scope: 'global' },
+            ];
+            return { ...result, stdout: JSON.stringify([{ ifname: 'net1', flags, addr_info }]) };
+          }
+          if (req.args.includes('configure')) return { ...result, stdout: '0001 BIRD 2.0.12 ready.\n0003 Reconfigured\n' };
+          return result;
+        },
+      };
+      const syncs: string[] = [];
+      const registry = new Registry();
+      const bgp = { peers: ['172.20.0.1'], asn: 65001, peerAsn: 65000, bfd: { intervalMs: 100, multiplier: 3 }, bird: 'bird', birdc: 'birdc' };
+      const child = new FakeChild();
+      const m = new RoutingManager({
+        config: { stateDir: dir, extInterface: 'net1', bgp } as unknown as Config,
+        exec,
+        log: pino({ level: 'silent' }),
+        registry,
+        readiness: () => ({ ready, reasons: ready ? [] : ['waiting for interface(s) eth0'] }),
+        applied: () => ({ eips: [{ address: '198.51.100.10' }], interfaces: { ext: 'net1' } }),
+        role: () => 'active',
+        requestSync: (why) => syncs.push(why),
+        spawn: () => child as unknown as ChildProcess,
+      });
+      const conf = () => readFileSync(m.paths.config, 'utf8');
+      const routed = () => conf().includes('route 198.51.100.10/32 blackhole;');
+      await m.start();
+      await waitFor(async () => routed(), { what: 'the EIP rendered at start' });
+      // The session's source and the router ID: the replica's own address, never the EIP it also holds.
+      expect(conf()).toMatch(/router id 172\.20\.0\.11;/);
+      expect(conf()).toMatch(/local 172\.20\.0\.11 as 65001;/);
+
+      ready = false;
+      m.changed('readiness');
+      await waitFor(async () => !routed(), { what: 'withdrawn when not ready' });
+      await waitFor(async () => ran.some((c) => c === `birdc -v -s ${m.paths.socket} configure`), { what: 'BIRD reloaded' });
+      ready = true;
+      m.changed('readiness');
+      await waitFor(async () => routed(), { what: 'announced again when ready' });
+
+      carrier = false;
+      m.changed('link event', { link: true });
+      await waitFor(async () => !routed(), { what: 'withdrawn when net1 lost carrier' });
+      carrier = true;
+      m.changed('link event', { link: true });
+      await waitFor(async () => syncs.length === 1, { what: 'a full sync asked for' });
+      expect(routed()).toBe(false);
+      expect((await m.status()).reasons).toEqual(['external interface came back up: waiting for a full sync to restore its addresses and routes']);
+      m.synced();
+      await waitFor(async () => routed(), { what: 'announced after the sync' });
+
+      const text = await registry.metrics();
+      expect(text).toMatch(/natgw_bgp_withdrawals_total\{reason="not-ready"\} 1/);
+      expect(text).toMatch(/natgw_bgp_withdrawals_total\{reason="external-down"\} 1/);
+      expect(text).toMatch(/natgw_bgp_announcing 1/);
+      await m.stop();
+      expect(child.signalCode).toBe('SIGTERM');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
