@@ -180,6 +180,7 @@ export class RoutingManager {
   }
 
   private linkStale = false;
+  private applyError: string | null = null;
 
   /** A full sync succeeded: the external interface's addresses and routes are back if it went down. */
   synced(): void {
@@ -198,8 +199,12 @@ export class RoutingManager {
         }
         this.decide();
         await this.apply(why);
+        this.applyError = null;
       } catch (e) {
-        this.d.log.warn({ err: e, why }, 'BGP: could not update BIRD (retried at the next change or poll)');
+        const msg = e instanceof Error ? e.message : String(e);
+        // Retried at every poll: said once per distinct failure, and in the status meanwhile.
+        if (msg !== this.applyError) this.d.log.warn({ err: e, why }, 'BGP: could not update BIRD (retried at the next change or poll)');
+        this.applyError = msg;
       }
       why = this.again;
       this.again = undefined;
@@ -384,6 +389,7 @@ export class RoutingManager {
     }
     if (this.pollError) reasons.push(this.pollError);
     if (this.reloadError) reasons.push(`BIRD refused its configuration: ${this.reloadError}`);
+    if (this.applyError) reasons.push(this.applyError);
     if (this.linkError) reasons.push(this.linkError);
     for (const s of this.skipped) reasons.push(`peer ${s.peer}: ${s.reason}`);
     for (const v of this.views) if (!v.established) reasons.push(`session with ${v.peer} is ${v.info || v.state}`);
