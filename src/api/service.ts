@@ -97,3 +97,8 @@ export interface HaService {
   takeover(reason: string): Promise<object>;
   health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
 }
+
+/** EIPs announced by BGP (src/routing), as the API sees it: GET /v1/bgp. */
+export interface RoutingService {
+  status(): Promise<Record<string, unknown>>;
+}

@@ -73,6 +73,8 @@ const count = (key: string, min: number, max: number) =>
     })
     .meta({ values: `a whole number, ${min} to ${max}` });
 
+const isAsn = (s: string): boolean => /^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295;
+
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
   optionalText
@@ -236,6 +238,40 @@ export const configSchema = z.object({
   NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000)
     .prefault('2m')
     .describe('How long a TCP client may take to send its whole request (headers and body).'),
+  NATGW_BGP_PEERS: optionalText
+    .refine(
+      (s) => s === undefined || (s.split(',').length <= 8 && s.split(',').every((p) => isIpv4(p.trim()) || isIpv6(p.trim()))),
+      'must be one to eight IP addresses of upstream routers on the external network, separated by commas (e.g. 172.20.0.1,172.20.0.2)',
+    )
+    .meta({ values: 'IP addresses, comma-separated' })
+    .describe(
+      'EIPs announced by BGP: the upstream routers this replica peers with (BIRD, supervised by natgw). Each router carries the EIPs of its family (/32, /128), next hop this replica, while its data plane is ready; the EIPs then get no gratuitous ARP. Unset: off.',
+    ),
+  NATGW_BGP_ASN: optionalText
+    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
+    .meta({ values: 'an AS number' })
+    .describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
+  NATGW_BGP_PEER_ASN: optionalText
+    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
+    .meta({ values: 'an AS number' })
+    .describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
+  NATGW_BGP_ROUTER_ID: optionalText
+    .refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address (BGP router IDs are written as one)')
+    .meta({ values: 'an IPv4 address' })
+    .describe("BGP router ID (default: this replica's own IPv4 address on the external interface, never an EIP, which every replica holds)."),
+  NATGW_BFD: bool.prefault('true').describe('BFD with each BGP peer: a replica whose BFD stops is withdrawn within NATGW_BFD_INTERVAL × NATGW_BFD_MULTIPLIER.'),
+  NATGW_BFD_INTERVAL: duration('NATGW_BFD_INTERVAL', 10, 10_000).prefault('300ms').describe('BFD transmit and receive interval.'),
+  NATGW_BFD_MULTIPLIER: count('NATGW_BFD_MULTIPLIER', 1, 255)
+    .prefault('3')
+    .describe('BFD packets missed before the session (and its routes) is declared down.'),
+  NATGW_BIRD: z.string().trim().min(1).default('bird').meta({ values: 'a command or path' }).describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
+  NATGW_BIRDC: z
+    .string()
+    .trim()
+    .min(1)
+    .default('birdc')
+    .meta({ values: 'a command or path' })
+    .describe("BIRD's control client (reconfiguration, session status)."),
 });
 
 /** Keys read from the environment only, before the env file is found. */
@@ -285,6 +321,8 @@ export interface Config {
   readonly requestTimeoutMs: number;
   /** Absent where a Config is built by hand (tests): HA off. */
   readonly ha?: HaConfig;
+  /** Absent: BGP off. */
+  readonly bgp?: BgpConfig;
 }
 
 /** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
@@ -299,6 +337,19 @@ export interface HaConfig {
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
   readonly initialRole: 'standby' | 'active';
+}
+
+/** EIPs announced by BGP (src/routing); absent means off. */
+export interface BgpConfig {
+  /** Canonical addresses, in the order given. */
+  readonly peers: readonly string[];
+  readonly asn: number;
+  readonly peerAsn: number;
+  readonly routerId?: string;
+  /** Null: no BFD. */
+  readonly bfd: { readonly intervalMs: number; readonly multiplier: number } | null;
+  readonly bird: string;
+  readonly birdc: string;
 }
 
 export class ConfigError extends Error {
@@ -366,5 +417,27 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
       initialRole: c.NATGW_HA_INITIAL_ROLE,
     },
+    bgp: bgpOf(c, envFile),
+  };
+}
+
+/** The BGP settings, or undefined without peers; the keys BGP cannot run without are named. */
+function bgpOf(c: z.infer<typeof configSchema>, envFile: string): BgpConfig | undefined {
+  if (c.NATGW_BGP_PEERS === undefined) return undefined;
+  const missing = (['NATGW_BGP_ASN', 'NATGW_BGP_PEER_ASN'] as const).filter((k) => c[k] === undefined);
+  if (missing.length > 0) {
+    throw new ConfigError(
+      `invalid configuration (${envFile} or environment): NATGW_BGP_PEERS is set, so ${missing.join(' and ')} must be set too (AS numbers, e.g. NATGW_BGP_ASN=65001 NATGW_BGP_PEER_ASN=65000), or unset NATGW_BGP_PEERS to turn BGP off`,
+    );
+  }
+  const peers = [...new Set(c.NATGW_BGP_PEERS.split(',').map((p) => canonicalIp(p.trim())))];
+  return {
+    peers,
+    asn: Number(c.NATGW_BGP_ASN),
+    peerAsn: Number(c.NATGW_BGP_PEER_ASN),
+    routerId: c.NATGW_BGP_ROUTER_ID,
+    bfd: c.NATGW_BFD ? { intervalMs: c.NATGW_BFD_INTERVAL, multiplier: c.NATGW_BFD_MULTIPLIER } : null,
+    bird: c.NATGW_BIRD,
+    birdc: c.NATGW_BIRDC,
   };
 }

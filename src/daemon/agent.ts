@@ -291,8 +291,10 @@ export class Agent implements AgentService {
     if (!this.lastSync) why.push('no sync yet');
     else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
     else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');
+    const changed = (why.length === 0) !== (this.notReadyWhy.length === 0);
     this.notReadyWhy = why;
     this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
+    if (changed) for (const l of this.readinessListeners) l(why.length === 0);
     if (why.length === 0) {
       const waiting = this.readyWaiters;
       this.readyWaiters = [];
@@ -305,6 +307,13 @@ export class Agent implements AgentService {
   }
 
   private readyWaiters: (() => void)[] = [];
+  private readonly readinessListeners = new Set<(ready: boolean) => void>();
+
+  /** Called whenever readiness flips (BGP withdraws the EIPs at once); the function returned unsubscribes. */
+  onReadiness(listener: (ready: boolean) => void): () => void {
+    this.readinessListeners.add(listener);
+    return () => this.readinessListeners.delete(listener);
+  }
 
   whenReady(timeoutMs: number): Promise<void> {
     if (this.notReadyWhy.length === 0 || timeoutMs <= 0) return Promise.resolve();

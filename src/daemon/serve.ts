@@ -13,6 +13,7 @@ import { LinkMonitor } from './linkMonitor.js';
 import { RestartHygiene } from './hygiene.js';
 import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
+import { RoutingManager } from '../routing/manager.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
@@ -62,15 +63,42 @@ export async function serve(config: Config): Promise<number> {
     metrics: new HaMetrics(metrics.registry, digest),
     loadState: () => engine.loadState(),
     digest,
-    announce: (ifname, ip) => engine.link.announce(ifname, ip),
+    // Routed EIPs (BGP) get no gratuitous ARP, a takeover's included.
+    announce: (ifname, ip) => {
+      if (!engine.role.routed) engine.link.announce(ifname, ip);
+    },
     role: engine.role,
   });
+  // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
+  const routing = new RoutingManager({
+    config,
+    exec,
+    log,
+    registry: metrics.registry,
+    readiness: () => agent.readiness(),
+    applied: () => engine.lastApplied,
+    role: () => engine.role.name,
+    requestSync: (why) => reconciler.request(why),
+  });
+  agent.onReadiness(() => routing.changed('readiness'));
+  // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
+  const haService = {
+    status: () => ha.status(),
+    health: () => ha.health(),
+    takeover: async (reason: string) => {
+      const r = await ha.takeover(reason);
+      routing.changed('takeover');
+      return r;
+    },
+  };
   // Flow classification follows every applied state (after the agent's own listener).
   engine.onSync((e) => {
     if (e.ok) observer.setState(e.state);
+    if (e.ok && e.kind === 'full') routing.synced();
+    if (e.ok) routing.changed('applied');
   });
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: haService, routing };
   const saved = engine.loadState();
   saved.catch(() => undefined);
   let cannotListen = false;
@@ -112,6 +140,7 @@ export async function serve(config: Config): Promise<number> {
     onChange: (why) => {
       engine.distrust();
       reconciler.request(why);
+      routing.changed(why, { link: true });
     },
     ownsNeighbour: (address, dev) => engine.neighbours.holds(address, dev),
     onLinkUp: (ifname) => {
@@ -188,6 +217,7 @@ export async function serve(config: Config): Promise<number> {
 
   // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
   const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
+  const routingStarted = routing.start().catch((e: unknown) => log.error({ err: e }, 'BGP failed to start; NAT is not affected'));
 
   const code = await new Promise<number>((resolve) => {
     const stop = (signal: string) => {
@@ -204,6 +234,9 @@ export async function serve(config: Config): Promise<number> {
     };
     const shutdown = async () => {
       const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
+      // The peers first: BIRD tells them it is going, so no traffic is sent here while the rest stops.
+      await routingStarted;
+      await routing.stop();
       monitor.stop();
       hygiene.stop();
       await haStarted;
@@ -221,7 +254,7 @@ export async function serve(config: Config): Promise<number> {
     process.on('SIGINT', () => stop('SIGINT'));
     // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
     process.on('SIGUSR2', () => {
-      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+      if (!shuttingDown) void haService.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
     });
   });
   void startup;

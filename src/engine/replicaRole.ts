@@ -14,14 +14,17 @@ export type RoleName = 'active' | 'standby';
  */
 export class ReplicaRole {
   readonly mode: 'single' | 'takeover';
+  /** The EIPs are routed (BGP, src/routing): the peers learn where they live from BGP, never from ARP. */
+  readonly routed: boolean;
   private current: RoleName;
   private since: string;
 
   constructor(
-    config: Pick<Config, 'ha'>,
+    config: Pick<Config, 'ha' | 'bgp'>,
     private readonly log?: Logger,
   ) {
     this.mode = config.ha?.peer === undefined ? 'single' : 'takeover';
+    this.routed = config.bgp !== undefined;
     this.current = this.mode === 'single' ? 'active' : (config.ha?.initialRole ?? 'standby');
     this.since = new Date().toISOString();
   }
@@ -44,6 +47,10 @@ export class ReplicaRole {
 
   /** Whether `ips` may be announced now; a standby says at debug level what it kept quiet. */
   mayAnnounce(why: string, ips: readonly string[]): boolean {
+    if (this.routed) {
+      if (ips.length > 0) this.log?.debug({ why, ips: ips.slice(0, 20), count: ips.length }, 'EIPs are routed (BGP): no gratuitous ARP');
+      return false;
+    }
     if (this.current === 'active') return true;
     if (ips.length > 0) this.log?.debug({ why, ips: ips.slice(0, 20), count: ips.length }, 'standby replica: not announced');
     return false;
