@@ -9,13 +9,14 @@
  * priority before natgw's SNAT (the first NAT chain to bind a connection wins), and the daemon
  * is told the range through NATGW_SNAT_PORT_RANGE, the denominator of the share.
  *
- * UDP, not TCP, so the counts match exactly: each flow is one datagram from its own socket, sent
- * once (a TCP connect sends a SYN and retransmits it, each refused and counted).
+ * UDP first, where counts match flow for flow: each flow is one datagram from its own socket,
+ * sent once. Then TCP, where a failed connect sends its SYN and retransmits it, each refused and
+ * counted: the count matches the SYNs the client sent beyond one per connection that succeeded.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
-import { startServer, type ServerHandle } from '../helpers/traffic.js';
+import { startEchoServer, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 import { api, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
@@ -26,6 +27,7 @@ const RANGE = PORTS.max - PORTS.min + 1;
 const EXTRA = 4;
 const SERVER_PORT = 7002;
 const OTHER_PORT = 7003;
+const TCP_PORT = 7001;
 
 /**
  * One client process: one UDP socket per flow, from its own source port, one datagram each, an
@@ -48,11 +50,45 @@ const one = (localPort) => new Promise((resolve) => {
   process.stdout.write(JSON.stringify(out) + '\\n');
 })();`;
 
+/**
+ * One client process: TCP connects one after the other to host:port, each kept open, each given
+ * up by the kernel's own SYN retries (ETIMEDOUT). Prints a JSON array: the server's
+ * `peer=ip:port` line per connection, or null for a connect that failed.
+ */
+const CONNECTS_CLIENT = `
+const net = require('node:net');
+const [host, port, count] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+const held = [];
+const one = () => new Promise((resolve) => {
+  const s = net.connect({ host, port });
+  let buf = '';
+  s.setEncoding('utf8');
+  s.on('data', (d) => { buf += d; const i = buf.indexOf('\\n'); if (i >= 0) { held.push(s); resolve(buf.slice(0, i)); } });
+  s.on('error', (e) => resolve(e.code === 'ETIMEDOUT' ? null : 'error ' + e.code));
+});
+(async () => {
+  const out = [];
+  for (let i = 0; i < count; i++) out.push(await one());
+  process.stdout.write(JSON.stringify(out) + '\\n');
+  for (const s of held) s.destroy();
+})();`;
+
 async function udpFlows(topo: Topology, port: number, firstPort: number, count: number): Promise<(string | null)[]> {
   const r = await topo.exec('vpc1', [process.execPath, '-e', FLOWS_CLIENT, '--', ADDR.extHost, String(port), String(firstPort), String(count), '1500'], {
     timeoutMs: count * 1500 + 15_000,
   });
   return JSON.parse(r.stdout) as (string | null)[];
+}
+
+async function tcpConnects(topo: Topology, count: number): Promise<(string | null)[]> {
+  const r = await topo.exec('vpc1', [process.execPath, '-e', CONNECTS_CLIENT, '--', ADDR.extHost, String(TCP_PORT), String(count)], { timeoutMs: 120_000 });
+  return JSON.parse(r.stdout) as (string | null)[];
+}
+
+/** SYNs vpc1 sent to the TCP server: the counter of the test's own table in vpc1. */
+async function synsSent(topo: Topology): Promise<number> {
+  const r = await topo.exec('vpc1', ['nft', 'list', 'table', 'ip', 'natgw_test_syn']);
+  return Number(/counter packets (\d+)/.exec(r.stdout)?.[1] ?? Number.NaN);
 }
 
 const metricsText = async (topo: Topology): Promise<string> => (await api(socketOf(topo), 'GET', '/metrics')).text;
@@ -79,7 +115,12 @@ describe.each(BACKENDS)('SNAT port exhaustion on $name', (backend: BackendCase) 
     Object.assign(topo.env, backend.env);
     // Entries must outlive the test: the share is of connections still tracked.
     for (const k of ['udp_timeout', 'udp_timeout_stream']) await topo.exec('gw', ['sysctl', '-qw', `net.netfilter.nf_conntrack_${k}=600`]);
-    servers = [startServer(topo, 'ext', 'udp', SERVER_PORT, ADDR.extHost), startServer(topo, 'ext', 'udp', OTHER_PORT, ADDR.extHost)];
+    servers = [
+      startServer(topo, 'ext', 'udp', SERVER_PORT, ADDR.extHost),
+      startServer(topo, 'ext', 'udp', OTHER_PORT, ADDR.extHost),
+      // Answers at once and keeps the connection open: a closed one's port could be taken again.
+      startEchoServer(topo, 'ext', TCP_PORT),
+    ];
     await Promise.all(servers.map((s) => s.ready));
     await topo.natgwOk('init');
     await topo.natgwOk('eip-add', `${EIP}/24`);
@@ -90,7 +131,7 @@ describe.each(BACKENDS)('SNAT port exhaustion on $name', (backend: BackendCase) 
         'table ip natgw_test_narrow {',
         '  chain postrouting {',
         '    type nat hook postrouting priority srcnat - 1; policy accept;',
-        `    oifname "net1" ip saddr ${ADDR.vpc1} meta l4proto udp snat ip to ${EIP}:${PORTS.min}-${PORTS.max}`,
+        `    oifname "net1" ip saddr ${ADDR.vpc1} meta l4proto { tcp, udp } snat ip to ${EIP}:${PORTS.min}-${PORTS.max}`,
         '  }',
         '}',
         '',
@@ -176,6 +217,49 @@ describe.each(BACKENDS)('SNAT port exhaustion on $name', (backend: BackendCase) 
     await waitFor(async () => (await share(topo)) === 0.1, { what: `the share of the one flow left on ${EIP}`, timeoutMs: 15_000 });
     const [again] = await udpFlows(topo, SERVER_PORT, 43000, 1);
     expect(again).not.toBeNull();
+  });
+
+  it('TCP: connects beyond the range time out, and every SYN the kernel refused is counted', async () => {
+    // Each failed connect sends a SYN and retransmits it (the kernel's tcp_syn_retries, kept
+    // short here); every one is refused and counted. vpc1's own table counts the SYNs it sent.
+    await topo.exec('vpc1', ['sysctl', '-qw', 'net.ipv4.tcp_syn_retries=1']);
+    await topo.exec('vpc1', ['nft', '-f', '-'], {
+      input: [
+        'table ip natgw_test_syn {',
+        '  chain output {',
+        '    type filter hook output priority 0; policy accept;',
+        `    ip daddr ${ADDR.extHost} tcp dport ${TCP_PORT} tcp flags & (syn | ack) == syn counter`,
+        '  }',
+        '}',
+        '',
+      ].join('\n'),
+    });
+    const failuresBefore = sample(await metricsText(topo), 'natgw_snat_port_allocation_failures_total');
+    const answers = await tcpConnects(topo, RANGE + 2);
+    const ok = answers.filter((a) => a?.startsWith('peer='));
+    expect(ok).toHaveLength(RANGE);
+    expect(answers.filter((a) => a === null)).toHaveLength(2);
+    // A connect that succeeded sent one SYN; the rest went out for the two that failed.
+    const refusedSyns = (await synsSent(topo)) - ok.length;
+    expect(refusedSyns).toBeGreaterThanOrEqual(2 * 2);
+    const text = await waitFor(
+      async () => {
+        const t = await metricsText(topo);
+        return sample(t, 'natgw_snat_port_allocation_failures_total') - failuresBefore === refusedSyns ? t : undefined;
+      },
+      { what: `${refusedSyns} refused SYNs counted`, timeoutMs: 15_000 },
+    );
+    expect(sample(text, 'natgw_snat_port_usage_ratio', { eip: EIP })).toBe(1);
+    console.log(`SNAT exhaustion over TCP on ${backend.name}: 2 connects failed, ${refusedSyns} SYNs refused and counted`);
+    const status = await api(socketOf(topo), 'GET', '/v1/status');
+    const mine = (status.body.snatPorts as { eip: string; top: { protocol: string; port: number }[] }[]).find((u) => u.eip === EIP)!;
+    expect(mine.top.find((t) => t.protocol === 'tcp' && t.port === TCP_PORT)).toEqual({
+      ip: ADDR.extHost,
+      port: TCP_PORT,
+      protocol: 'tcp',
+      ports: RANGE,
+      share: 1,
+    });
   });
 });
 
