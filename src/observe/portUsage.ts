@@ -23,13 +23,14 @@ export const KERNEL_SNAT_PORTS: PortRange = { min: 1024, max: 65535 };
 
 export const rangeSize = (r: PortRange): number => r.max - r.min + 1;
 
-/** One destination of one EIP and the connections toward it; `tag` is the caller's, given at its first connection. */
+/**
+ * One destination of one EIP and the connections toward it; `tag` is the caller's, given at its
+ * first connection. The destination is kept as its key alone (`ip|port|protocol`), read apart
+ * only for a report.
+ */
 export interface PortRow<T = unknown> {
   readonly tag: T;
   readonly eip: string;
-  readonly ip: string;
-  readonly port: number;
-  readonly protocol: string;
   readonly key: string;
   /** Connections, which is source ports of the EIP in use toward this destination. */
   n: number;
@@ -74,10 +75,12 @@ export class PortUsage<T = unknown> {
       rows = new Map();
       this.byEip.set(eip, rows);
     }
-    const key = `${ip}|${port}|${protocol}`;
+    // Joined, not a template: one flat string, which holds no reference to the event line the
+    // address was read from (a row outlives the line; a hundred thousand lines would stay).
+    const key = [ip, port, protocol].join('|');
     let row = rows.get(key);
     if (!row) {
-      row = { tag, eip, ip, port, protocol, key, n: 0 };
+      row = { tag, eip, key, n: 0 };
       rows.set(key, row);
     }
     row.n++;
@@ -119,7 +122,10 @@ export class PortUsage<T = unknown> {
         destinations: rows.size,
         maxPorts: max,
         maxShare: this.share(max),
-        top: best.map((r) => ({ ip: r.ip, port: r.port, protocol: r.protocol, ports: r.n, share: this.share(r.n) })),
+        top: best.map((r) => {
+          const [ip = '', port = '', protocol = ''] = r.key.split('|');
+          return { ip, port: Number(port), protocol, ports: r.n, share: this.share(r.n) };
+        }),
       };
     });
   }
