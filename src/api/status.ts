@@ -47,13 +47,7 @@ const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
 };
 
 /** Pure: the status document from what the agent reports. */
-export function buildStatus(
-  doc: StateDocument,
-  readiness: Readiness,
-  sync: SyncInfo | null,
-  check?: DriftCheck,
-  snatPorts?: readonly EipPortUsage[],
-): StatusDocument {
+export function buildStatus(doc: StateDocument, readiness: Readiness, sync: SyncInfo | null, check?: DriftCheck): StatusDocument {
   const applied: DesiredState | null = doc.lastApplied;
   const objects: Record<string, { desired: number; applied: number | null }> = {};
   for (const def of RESOURCES) {
@@ -80,7 +74,6 @@ export function buildStatus(
       ...(check ? { check } : {}),
     },
     warnings: heldDefaultRoutes(doc.desired).map((h) => heldDefaultRouteText(h, doc.desired.interfaces)),
-    ...(snatPorts ? { snatPorts } : {}),
   };
 }
 
@@ -96,7 +89,8 @@ export function mountStatus(app: Express, agent: AgentService): void {
     const check = checkQuery(req);
     const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    res.json(buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift, agent.portUsage?.()));
+    const snatPorts = agent.portUsage?.();
+    res.json({ ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift), ...(snatPorts ? { snatPorts } : {}) });
   });
 }
 
