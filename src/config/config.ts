@@ -207,7 +207,7 @@ export const configSchema = z.object({
     .prefault('1024-65535')
     .meta({ values: 'min-max, ports 1 to 65535' })
     .describe(
-      "The source ports SNAT gives connections toward one destination, the denominator of the port-usage share (natgw_snat_port_usage_ratio): the kernel's range for a SNAT rule without one.",
+      "The source ports SNAT translates into, the denominator of natgw_snat_port_usage_ratio. natgw's SNAT rules name no range, so the kernel's 1024-65535 applies; set it only where the SNAT is narrowed.",
     ),
   NATGW_CONNTRACK_METRICS: bool.prefault('true').describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
   NATGW_CONNTRACK_SYSCTLS: bool
