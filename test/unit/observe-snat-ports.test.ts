@@ -64,6 +64,12 @@ describe('PortUsage', () => {
     expect(u.summary()).toEqual([]);
   });
 
+  it('keeps an IPv6 destination whole', () => {
+    const u = new PortUsage();
+    u.add('fd00:20::10', 'fd00:20::100', 443, 'tcp', undefined);
+    expect(u.report()[0]!.top).toEqual([{ ip: 'fd00:20::100', port: 443, protocol: 'tcp', ports: 1, share: 1 / 64512 }]);
+  });
+
   it('reports the busiest destinations, most ports first, at most `top` of them', () => {
     const u = new PortUsage({ min: 1, max: 10 });
     const ns = [3, 1, 7, 5, 2, 9, 4];
