@@ -2,6 +2,7 @@ import type { ApplyReport } from '../engine/engine.js';
 import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /**
  * What the HTTP layer needs from the agent. The daemon's Agent implements it over the engine
@@ -26,6 +27,8 @@ export interface AgentService {
   lastSyncInfo?(): SyncInfo | null;
   /** A full read-back of the kernel that repairs nothing: what a resync would change now (GET /v1/status?check=true). */
   checkDrift?(): Promise<DriftCheck>;
+  /** SNAT source ports in use per EIP, with the busiest destinations (GET /v1/status); undefined while connections are not followed. */
+  portUsage?(): readonly EipPortUsage[] | undefined;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
 }

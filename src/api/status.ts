@@ -5,6 +5,7 @@ import { RESOURCES } from './resources.js';
 import { digestOf } from './stateDoc.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /**
  * GET /v1/status: one read-only summary for `natgw status` — readiness, backend, desired
@@ -35,6 +36,8 @@ export interface StatusDocument {
   };
   /** What the desired state holds that is not installed, and why (a subnet route to a default the external one owns). */
   readonly warnings: readonly string[];
+  /** Per EIP, SNAT source ports in use toward its busiest destinations; absent while conntrack is not followed. */
+  readonly snatPorts?: readonly EipPortUsage[];
 }
 
 const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
@@ -86,7 +89,8 @@ export function mountStatus(app: Express, agent: AgentService): void {
     const check = checkQuery(req);
     const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    res.json(buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift));
+    const snatPorts = agent.portUsage?.();
+    res.json({ ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift), ...(snatPorts ? { snatPorts } : {}) });
   });
 }
 
@@ -145,6 +149,33 @@ export function statusOpenApi(): Record<string, unknown> {
                         last: { type: ['object', 'null'] },
                         lastRepair: { type: ['object', 'null'] },
                         check: { type: 'object' },
+                      },
+                    },
+                    snatPorts: {
+                      type: 'array',
+                      description:
+                        'Per EIP: destinations (ip, port, protocol) with open SNAT connections, the most source ports any one uses and its share of the port range, and the busiest few; absent while conntrack is not followed',
+                      items: {
+                        type: 'object',
+                        properties: {
+                          eip: { type: 'string' },
+                          destinations: { type: 'integer' },
+                          maxPorts: { type: 'integer' },
+                          maxShare: { type: 'number' },
+                          top: {
+                            type: 'array',
+                            items: {
+                              type: 'object',
+                              properties: {
+                                ip: { type: 'string' },
+                                port: { type: 'integer' },
+                                protocol: { type: 'string' },
+                                ports: { type: 'integer' },
+                                share: { type: 'number' },
+                              },
+                            },
+                          },
+                        },
                       },
                     },
                     warnings: {

@@ -187,6 +187,30 @@ export const configSchema = z.object({
   NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000)
     .prefault('2000')
     .describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
+  NATGW_FLOW_LOG_SCHEMA: z
+    .enum(['natgw', 'kube-ovn'])
+    .default('natgw')
+    .describe(
+      "Flow-line fields: natgw's own, or `kube-ovn`, those of Kube-OVN's VPC egress gateway observer (schemaVersion v1; identity from `NATGW_GATEWAY_NAME`, `POD_NAMESPACE`, `POD_NAME`, `NODE_NAME`).",
+    ),
+  NATGW_GATEWAY_NAME: optionalText.meta({ values: 'a name' }).describe("The gateway's name, written as `name` in flow lines of the `kube-ovn` schema."),
+  NATGW_SNAT_PORT_RANGE: z
+    .string()
+    .transform((s, ctx) => {
+      const m = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(s);
+      const min = Number(m?.[1]);
+      const max = Number(m?.[2]);
+      if (!m || min < 1 || max > 65535 || min > max) {
+        ctx.addIssue({ code: 'custom', message: `NATGW_SNAT_PORT_RANGE must be two ports min-max, 1 to 65535, got ${s.trim() || 'nothing'}` });
+        return z.NEVER;
+      }
+      return { min, max };
+    })
+    .prefault('1024-65535')
+    .meta({ values: 'min-max, ports 1 to 65535' })
+    .describe(
+      "The source ports SNAT translates into, the denominator of natgw_snat_port_usage_ratio. natgw's SNAT rules name no range, so the kernel's 1024-65535 applies; set it only where the SNAT is narrowed.",
+    ),
   NATGW_CONNTRACK_METRICS: bool.prefault('true').describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
   NATGW_CONNTRACK_SYSCTLS: bool
     .prefault('false')
@@ -315,6 +339,12 @@ export interface Config {
   readonly flowLogBurst: number;
   readonly conntrackMetrics: boolean;
   readonly conntrackSysctls: boolean;
+  /** natgw's flow-line fields unless set. */
+  readonly flowLogSchema?: 'natgw' | 'kube-ovn';
+  /** Who writes the flow lines (the `kube-ovn` schema's identity fields); each empty when unknown. */
+  readonly flowLogIdentity?: { readonly namespace: string; readonly name: string; readonly pod: string; readonly node: string };
+  /** The kernel's default range (1024-65535) unless set. */
+  readonly snatPortRange?: { readonly min: number; readonly max: number };
   readonly toolTimeoutMs: number;
   readonly maxConnections: number;
   readonly headersTimeoutMs: number;
@@ -402,6 +432,10 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     flowLogBurst: c.NATGW_FLOW_LOG_BURST,
     conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
     conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
+    flowLogSchema: c.NATGW_FLOW_LOG_SCHEMA,
+    // The Kubernetes downward API's usual names (Kube-OVN's observer reads POD_NAME and NODE_NAME).
+    flowLogIdentity: { namespace: env.POD_NAMESPACE ?? '', name: c.NATGW_GATEWAY_NAME ?? '', pod: env.POD_NAME ?? '', node: env.NODE_NAME ?? '' },
+    snatPortRange: c.NATGW_SNAT_PORT_RANGE,
     toolTimeoutMs: c.NATGW_TOOL_TIMEOUT,
     maxConnections: c.NATGW_MAX_CONNECTIONS,
     headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,

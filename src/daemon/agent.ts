@@ -12,6 +12,7 @@ import { internState } from '../state/intern.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
 export interface EngineLike {
@@ -38,6 +39,8 @@ export interface AgentDeps {
     afterFirstSync(state: DesiredState): Promise<void>;
     announce(state: DesiredState, why: string): void;
   };
+  /** SNAT port usage from the conntrack follower (daemon only). */
+  readonly portUsage?: () => readonly EipPortUsage[] | undefined;
 }
 
 /** Runs a script command on `engine`, its change through `transact` (the engine's, or the batcher's). */
@@ -249,6 +252,10 @@ export class Agent implements AgentService {
 
   lastSyncInfo(): SyncInfo | null {
     return this.lastSyncDetail;
+  }
+
+  portUsage(): readonly EipPortUsage[] | undefined {
+    return this.deps.portUsage?.();
   }
 
   /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */

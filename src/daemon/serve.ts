@@ -7,6 +7,7 @@ import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
 import { Observer, daemonMetrics } from '../observe/observer.js';
+import { TOP_DESTINATIONS } from '../observe/portUsage.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
@@ -54,7 +55,7 @@ export async function serve(config: Config): Promise<number> {
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
-  const agent = new Agent({ engine, log, metrics, hygiene });
+  const agent = new Agent({ engine, log, metrics, hygiene, portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }) });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({
     config,
