@@ -284,6 +284,11 @@ export function createApp(deps: AppDeps): Express {
     res.locals.log = { command: 'ha-takeover', outcome: 'ok' };
     res.json(await deps.ha.takeover(reason));
   });
+  app.post('/v1/ha/resend', async (_req, res) => {
+    if (!deps.ha?.resend) throw new HttpError(503, 'unavailable', 'resend needs the daemon (natgw serve) with replica sync');
+    res.locals.log = { command: 'ha-resend', outcome: 'ok' };
+    res.json(await deps.ha.resend());
+  });
 
   // ---- resources ----
   for (const def of RESOURCES) mountResource(app, def, agent);

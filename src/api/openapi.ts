@@ -432,6 +432,22 @@ export function buildOpenApi(): Json {
         },
       },
     },
+    '/v1/ha/resend': {
+      post: {
+        operationId: 'ha-resend',
+        tags: ['Replicas'],
+        summary: 'Resend the whole kernel table to the peer (conntrackd -R, then -B)',
+        description: 'Called by an active-active peer that (re)joins, over its NATGW_HA_PEER_API: it reports ready only once these flows arrived.',
+        responses: {
+          '200': json(
+            { type: 'object', properties: { resent: { type: 'boolean' }, flows: { type: 'integer' }, reason: { type: 'string' } } },
+            'Done (resent false: conntrackd is not running here)',
+          ),
+          '401': commonErrors['401'],
+          '503': errorResponse('Not the daemon (no replica part), or shutting down.'),
+        },
+      },
+    },
   };
   for (const def of RESOURCES) Object.assign(paths, resourcePaths(def));
   Object.assign(paths, statusOpenApi());

@@ -98,6 +98,8 @@ export interface DriftCheck {
 export interface HaService {
   status(): Promise<{ readonly digest: string }>;
   takeover(reason: string): Promise<object>;
+  /** An active-active peer (re)joined: resend the whole kernel table to it (POST /v1/ha/resend). */
+  resend?(): Promise<object>;
   health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
 }
 

@@ -6,6 +6,7 @@ export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
+import { parsePortSlice, type PortSlice } from './portSlice.js';
 
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
 const duration = (key: string, minMs: number, maxMs: number) =>
@@ -226,6 +227,26 @@ export const configSchema = z.object({
     .describe(
       'With NATGW_HA_PEERS set, the role a replica starts in: a standby sends no gratuitous ARP until a takeover (POST /v1/ha/takeover, SIGUSR2), so a restarted replica never pulls the EIPs from the active one.',
     ),
+  NATGW_HA_MODE: z
+    .enum(['takeover', 'active-active'])
+    .default('takeover')
+    .describe(
+      "With NATGW_HA_PEERS set: `takeover` (one active replica, keepalived calls POST /v1/ha/takeover) or `active-active` (every replica forwards behind ECMP; conntrackd writes the peer's flows straight into the kernel; no gratuitous ARP, the EIPs are routed).",
+    ),
+  NATGW_SNAT_PORT_SLICE: optionalText
+    .transform((s, ctx) => {
+      if (s === undefined) return undefined;
+      const r = parsePortSlice(s);
+      if (typeof r === 'string') {
+        ctx.addIssue({ code: 'custom', message: r });
+        return z.NEVER;
+      }
+      return r;
+    })
+    .meta({ values: '`<index>/<count>` or `<lo>-<hi>`' })
+    .describe(
+      "This replica's SNAT source ports for TCP and UDP, on every EIP: `<index>/<count>` (index from 0; 1024-65535 cut into count slices) or an explicit range. Give each replica its own, so synchronised flows never collide.",
+    ),
   NATGW_HA_SYNC_INTERFACE: optionalText
     .refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name')
     .meta({ values: 'an interface name' })
@@ -367,6 +388,10 @@ export interface HaConfig {
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
   readonly initialRole: 'standby' | 'active';
+  /** How replicas share the traffic (NATGW_HA_MODE; absent: takeover); only with a peer. */
+  readonly mode?: 'takeover' | 'active-active';
+  /** This replica's SNAT source ports (NATGW_SNAT_PORT_SLICE); all ports when absent. */
+  readonly snatPortSlice?: PortSlice;
 }
 
 /** EIPs announced by BGP (src/routing); absent means off. */
@@ -450,6 +475,8 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
       initialRole: c.NATGW_HA_INITIAL_ROLE,
+      mode: c.NATGW_HA_MODE,
+      ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
     },
     bgp: bgpOf(c, envFile),
   };

@@ -286,6 +286,16 @@ export class Agent implements AgentService {
 
   // ---- readiness ----
 
+  /** Reasons other parts of the daemon hold readiness for (replica sync joining), by part. */
+  private readonly holds = new Map<string, string>();
+
+  /** Hold readiness with a reason, or release it (null). */
+  hold(part: string, reason: string | null): void {
+    if (reason === null) this.holds.delete(part);
+    else this.holds.set(part, reason);
+    this.updateReady();
+  }
+
   setInterfaces(missing: readonly string[]): void {
     this.interfaces = { present: missing.length === 0, missing: [...missing] };
     this.updateReady();
@@ -298,6 +308,7 @@ export class Agent implements AgentService {
     if (!this.lastSync) why.push('no sync yet');
     else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
     else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');
+    for (const reason of this.holds.values()) why.push(reason);
     const changed = (why.length === 0) !== (this.notReadyWhy.length === 0);
     this.notReadyWhy = why;
     this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);

@@ -69,6 +69,7 @@ export async function serve(config: Config): Promise<number> {
       if (!engine.role.routed) engine.link.announce(ifname, ip);
     },
     role: engine.role,
+    holdReady: (reason) => agent.hold('ha', reason),
   });
   // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
   const routing = new RoutingManager({

@@ -72,7 +72,7 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr } from '../../../model/net.js';
 import { sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
@@ -87,6 +87,9 @@ export const CHAIN = {
   prerouting: 'prerouting',
   postrouting: 'postrouting',
   sharedSnat: 'shared_snat',
+  /** Only with dropInvalid (an active-active replica). */
+  forward: 'forward',
+  input: 'input',
 } as const;
 
 export const SET = {
@@ -139,9 +142,16 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
         `ct original ${fam} daddr @${SET.hairpinEips} snat ${fam} to ct original ${fam} daddr fully-random`
       );
     case 'snat': {
-      const to = r.pool ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }` : r.eip;
-      return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${to}${r.randomFully ? ' fully-random' : ''}`;
+      const to = r.pool
+        ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }${r.ports ? ' ' : ''}`
+        : r.ports && fam === 'ip6'
+          ? `[${r.eip}]`
+          : r.eip;
+      const ports = r.ports ? `:${r.ports.lo}-${r.ports.hi}` : '';
+      return `${fam} saddr ${cidrText(r.cidr, fam)} ${r.ports ? `${L4_TCP_UDP} ` : ''}snat ${fam} to ${to}${ports}${r.randomFully ? ' fully-random' : ''}`;
     }
+    case 'drop-invalid':
+      return 'ct state invalid drop';
     case 'snat-dispatch':
       return dispatchText(r, fam);
     case 'range-dnat': {
@@ -208,8 +218,13 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       if (!c) throw new NftRenderError(`invalid CIDR ${r.cidr}`);
       const right = c.prefix === hostBits(fam) ? c.address : { prefix: { addr: c.address, len: c.prefix } };
       const addr = r.pool ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } } : r.eip;
-      return [match('==', payload(fam, 'saddr'), right), { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } }];
+      const snat = {
+        snat: { addr, ...(r.ports ? { port: { range: [r.ports.lo, r.ports.hi] } } : {}), ...(r.randomFully ? { flags: 'fully-random' } : {}) },
+      };
+      return r.ports ? [match('==', payload(fam, 'saddr'), right), l4TcpUdpJson(), snat] : [match('==', payload(fam, 'saddr'), right), snat];
     }
+    case 'drop-invalid':
+      return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
     case 'snat-dispatch':
       return dispatchJson(r, fam);
     case 'range-dnat': {
@@ -230,9 +245,9 @@ export function snatRule(s: Snat): NatgwRule {
 
 interface BaseHookSpec {
   readonly type: 'filter' | 'nat';
-  readonly hook: 'prerouting' | 'postrouting';
+  readonly hook: 'prerouting' | 'postrouting' | 'forward' | 'input';
   /** Written by name, listed by number. */
-  readonly prioName: 'mangle' | 'dstnat' | 'srcnat';
+  readonly prioName: 'mangle' | 'dstnat' | 'srcnat' | 'filter';
   readonly prio: number;
 }
 
@@ -431,9 +446,18 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       },
       {
         name: CHAIN.sharedSnat,
-        rules: snatObjects.dispatch,
+        rules: withPortSlice(snatObjects.dispatch, want.snatPorts),
       },
-      ...snatObjects.chains,
+      ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
+      ...(want.dropInvalid
+        ? [CHAIN.forward, CHAIN.input].map(
+            (name): ChainSpec => ({
+              name,
+              base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
+              rules: [{ kind: 'drop-invalid' }],
+            }),
+          )
+        : []),
     ],
   };
 }
