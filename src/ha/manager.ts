@@ -123,6 +123,7 @@ export class HaManager implements HaService {
     if (this.stopped) return;
     if (this.activeActive) {
       this.d.holdReady?.("replica sync: waiting for the peer's flows (active-active join)");
+      await this.liberalTcp();
       if (!ha.snatPortSlice) {
         this.d.log.warn('active-active without NATGW_SNAT_PORT_SLICE: two replicas may give one EIP port to two flows (give each replica its own slice)');
       }
@@ -156,6 +157,27 @@ export class HaManager implements HaService {
       });
     };
     this.timer = setTimeout(tick, period).unref();
+  }
+
+  /**
+   * Active-active: TCP tracking without window checks in this pod's network namespace
+   * (nf_conntrack_tcp_be_liberal=1). ECMP may send a flow's two directions through two
+   * replicas, and move either at any time: a replica then sees acknowledgements of data that
+   * went through the other, which window tracking marks invalid (and the forward chain drops).
+   * Entries conntrackd writes are liberal already; the replica's own are not.
+   */
+  private async liberalTcp(): Promise<void> {
+    const file = '/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal';
+    try {
+      if ((await fs.readFile(file, 'utf8')).trim() === '1') return;
+      await fs.writeFile(file, '1\n');
+      this.d.log.info('active-active: nf_conntrack_tcp_be_liberal=1 (a flow may take two replicas, one per direction)');
+    } catch (e) {
+      this.d.log.warn(
+        { err: e instanceof Error ? e.message : String(e) },
+        'active-active: cannot set nf_conntrack_tcp_be_liberal=1; a flow whose directions ECMP splits over two replicas may stall',
+      );
+    }
   }
 
   /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
