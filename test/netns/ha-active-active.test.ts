@@ -11,11 +11,13 @@
  *   printed. The killed replica then comes back with an empty conntrack table: it reports ready
  *   only once the survivor resent its flows, and once its next hop is back every flow still
  *   answers.
- * - Port slices: many short flows through both replicas with the sync link slowed down (so that
- *   each replica picks ports the other does not know yet): with disjoint slices none fails; with
+ * - Port slices: many short flows through both replicas with the sync slowed down (so that each
+ *   replica picks ports the other does not know yet): with disjoint slices none fails; with
  *   one overlapping range (the control) two replicas give one EIP port to two flows toward the
  *   same server, and flows fail.
  */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { ECMP_ADDR, EcmpTopology } from '../helpers/ecmpTopology.js';
@@ -107,6 +109,33 @@ function gapSummary(flows: readonly FlowRecord[]): string {
 }
 
 const sliceOf = (port: number): number => (port >= 33280 ? 1 : 0);
+
+/**
+ * A slow sync (this kernel has no netem): both conntrackds paused 150 ms of every 200, so each
+ * replica picks ports the other learns of up to 150 ms later.
+ */
+function stutterSync(t: EcmpTopology): { stop(): Promise<void> } {
+  const pids = t.stateDir.map((d) => Number(readFileSync(join(d, 'conntrackd', 'conntrackd.pid'), 'utf8').trim()));
+  const signal = (sig: NodeJS.Signals) => {
+    for (const p of pids) process.kill(p, sig);
+  };
+  let running = true;
+  const loop = (async () => {
+    while (running) {
+      signal('SIGSTOP');
+      await new Promise((r) => setTimeout(r, 150));
+      signal('SIGCONT');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      signal('SIGCONT');
+    },
+  };
+}
 
 describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('every flow survives the loss of one replica; the replica that comes back is ready only once it holds the flows', async () => {
@@ -223,10 +252,9 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('many short flows through both replicas: disjoint port slices never collide; one shared range does', async () => {
     const run = async (slices: readonly string[]) => {
       const { t } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: slices[i] as string }));
-      // A slow sync link: each replica picks ports the other learns of only 150 ms later.
-      for (const i of [0, 1]) await t.exec(`g${i}`, ['tc', 'qdisc', 'add', 'dev', 'sync0', 'root', 'netem', 'delay', '150ms']);
       await serve(startServer(t.traffic, 'ext', 'tcp', 9002, ECMP_ADDR.extHost)).ready;
-      const r = await shortFlows(t, 'vpc1', ECMP_ADDR.extHost, 9002, 400, 40, 8000);
+      const stutter = stutterSync(t);
+      const r = await shortFlows(t, 'vpc1', ECMP_ADDR.extHost, 9002, 400, 40, 8000).finally(() => stutter.stop());
       const bySlice = (lo: number) => r.ports.filter((p) => p >= lo && p < lo + 512).length;
       for (const s of stoppers.splice(0)) await s();
       await t.cleanup();
