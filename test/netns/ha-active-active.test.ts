@@ -5,6 +5,7 @@
  * committing each replica's flows straight into the other's kernel, each replica SNATing into
  * its own port slice.
  *
+ * - No gratuitous ARP for the EIPs (a resent eip-add, a link flag change): they are routed.
  * - Failover: long-lived TCP flows through SNAT, DNAT and FIP and UDP sessions through SNAT,
  *   spread over both replicas; one replica is killed (SIGKILL, links down) and, as BFD would,
  *   its next hop leaves both ECMP routes. Every flow survives; the largest gap per flow is
@@ -144,6 +145,18 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
       const st = await haStatus(t, i);
       expect({ mode: st.mode, role: st.role, slice: st.snatPortSlice?.spec }).toEqual({ mode: 'active-active', role: 'active', slice: SLICES[i] });
     }
+    // No replica announces the EIPs (they are routed): not for a resent eip-add, nor for a link
+    // flag change on net1 (promiscuous mode, as tcpdump turns on).
+    const capture = t.spawn('rtr', ['timeout', '3', 'tcpdump', '-lnni', 'br-ext', 'arp']);
+    let arp = '';
+    capture.stdout?.setEncoding('utf8').on('data', (d: string) => (arp += d));
+    const captured = new Promise((r) => capture.once('exit', r));
+    await new Promise((r) => setTimeout(r, 500));
+    for (const i of [0, 1]) await legacy(t, i, 'eip-add', `${EIP_SNAT}/24`, `${EIP_DNAT}/24`, `${EIP_FIP}/24`);
+    await t.exec('g1', ['ip', 'link', 'set', 'net1', 'promisc', 'on']);
+    await captured;
+    const announced = arp.split('\n').filter((l) => [EIP_SNAT, EIP_DNAT, EIP_FIP].some((e) => l.includes(`tell ${e}`) || l.includes(`${e} is-at`)));
+    expect(announced, 'gratuitous ARP for an EIP').toEqual([]);
     await Promise.all(
       [
         serve(startEchoServer(t.traffic, 'ext', 9000, ECMP_ADDR.extHost)),
