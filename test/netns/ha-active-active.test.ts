@@ -144,6 +144,9 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     for (const i of [0, 1]) {
       const st = await haStatus(t, i);
       expect({ mode: st.mode, role: st.role, slice: st.snatPortSlice?.spec }).toEqual({ mode: 'active-active', role: 'active', slice: SLICES[i] });
+      // A steady gateway is quiet: the sliced SNAT rules and the invalid drop read back as rendered.
+      const check = ok(await api(t.socket(i), 'GET', '/v1/status?check=true'), 'status check').body.drift.check;
+      expect({ drifted: check.drifted, script: check.script }, `g${i}`).toEqual({ drifted: false, script: '' });
     }
     // No replica announces the EIPs (they are routed): not for a resent eip-add, nor for a link
     // flag change on net1 (promiscuous mode, as tcpdump turns on).
