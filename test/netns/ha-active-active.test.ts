@@ -24,7 +24,7 @@ import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { ECMP_ADDR, EcmpTopology } from '../helpers/ecmpTopology.js';
 import { percentile, shortFlows, startLongFlows, type FlowRecord, type LongFlows } from '../helpers/ecmpFlows.js';
 import { waitFor } from '../helpers/poll.js';
-import { startEchoServer, startServer, type ServerHandle } from '../helpers/traffic.js';
+import { parsePeer, request, startEchoServer, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok } from './daemon-util.js';
 
 const EIP_SNAT = '172.20.0.10';
@@ -206,6 +206,9 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
       bySlice.every((n) => n > 0),
       `SNAT flows through both replicas: ${bySlice}`,
     ).toBe(true);
+    // Hairpin (a VPC host reaching a VPC service through its EIP) through the sliced hairpin SNAT.
+    const hairpin = await request(t.traffic, 'vpc1', 'tcp', EIP_DNAT, 8080, { timeoutMs: 8000 });
+    expect(parsePeer(hairpin).ip, 'hairpin SNAT to the EIP').toBe(EIP_DNAT);
     const udpPeers = new Map(before.filter((f) => f.proto === 'udp').map((f) => [f.id, f.peers.join(',')]));
 
     await Promise.all(groups.map((g) => g.reset()));

@@ -80,6 +80,10 @@ describe('nftables under a port slice', () => {
       'ip saddr 10.0.3.0/24 meta l4proto { tcp, udp } snat ip to numgen inc mod 2 map { 0 : 172.20.0.11, 1 : 172.20.0.10 } :1024-33279 fully-random',
       'ip saddr 10.0.3.0/24 snat ip to numgen inc mod 2 map { 0 : 172.20.0.11, 1 : 172.20.0.10 } fully-random',
     ]);
+    expect(chain('postrouting')?.slice(-2)).toEqual([
+      'oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips meta l4proto { tcp, udp } snat ip to ct original ip daddr :1024-33279 fully-random',
+      'oifname "eth0" meta mark & 0x1 == 0x1 ct status dnat ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random',
+    ]);
     expect(chain('forward')).toBeUndefined();
   });
 
@@ -95,6 +99,7 @@ describe('nftables under a port slice', () => {
         },
         { kind: 'snat-dispatch', len: 24, via: 'eip', ports: PORTS },
         { kind: 'snat-dispatch', len: 24, via: 'eip-fr', ports: PORTS },
+        { kind: 'hairpin', vpcIf: 'eth0', ports: PORTS },
         { kind: 'drop-invalid' },
       ] as const;
       for (const r of rules) expect(recogniseRule(ruleJson(r, fam), fam)).toEqual(r);
@@ -133,6 +138,11 @@ describe('iptables under a port slice', () => {
       '-s 10.0.3.0/24 -o net1 -m statistic --mode nth --every 2 --packet 0 -j SNAT --to-source 172.20.0.11 --random-fully',
       '-s 10.0.3.0/24 -o net1 -j SNAT --to-source 172.20.0.10 --random-fully',
     ]);
+    expect(want.nat.owned.get('HAIRPIN_SNAT')?.slice(0, 3)).toEqual([
+      '-o eth0 -p tcp -m mark --mark 0x1/0x1 -m conntrack --ctstate DNAT --ctorigdst 172.20.0.10 -j SNAT --to-source 172.20.0.10:1024-33279 --random-fully',
+      '-o eth0 -p udp -m mark --mark 0x1/0x1 -m conntrack --ctstate DNAT --ctorigdst 172.20.0.10 -j SNAT --to-source 172.20.0.10:1024-33279 --random-fully',
+      '-o eth0 -m mark --mark 0x1/0x1 -m conntrack --ctstate DNAT --ctorigdst 172.20.0.10 -j SNAT --to-source 172.20.0.10 --random-fully',
+    ]);
     expect(want.mangle.owned.get('NATGW_DROP_INVALID')).toEqual(['-m conntrack --ctstate INVALID -j DROP']);
     expect([...want.mangle.jumps.keys()]).toEqual(['PREROUTING', 'FORWARD', 'INPUT']);
 
@@ -142,6 +152,7 @@ describe('iptables under a port slice', () => {
       );
     const adopted = adoptFromSave(save('nat', want.nat.owned), save('mangle', want.mangle.owned));
     expect(adopted?.snats).toEqual(BASE.snats);
+    expect(adopted?.eips).toEqual(BASE.eips);
   });
 });
 

@@ -117,7 +117,11 @@ function withPortSlice(specs: readonly string[], ports: PortRange | undefined): 
       .replace(/--to-source (\S+)/, (_m, ip: string) => `--to-source ${ip.includes(':') ? `[${ip}]` : ip}:${ports.lo}-${ports.hi}`);
   return [...specs.map((s) => slice(s, 'tcp')), ...specs.map((s) => slice(s, 'udp')), ...specs];
 }
-const hairpinRules = new Derived<string>((eips, vpcIf) => eips.map((e) => hairpinSpec(e, vpcIf)));
+const hairpinRules = new Derived<string>((eips, param) => {
+  const [vpcIf = '', lo, hi] = param.split('|');
+  const ports = lo === undefined ? undefined : { lo: Number(lo), hi: Number(hi) };
+  return eips.flatMap((e) => withPortSlice([hairpinSpec(e, vpcIf)], ports));
+});
 
 export function desiredTables(given: NatTables): Record<TableName, TableWant> {
   const want = canonicalOrder(given);
@@ -128,7 +132,7 @@ export function desiredTables(given: NatTables): Record<TableName, TableWant> {
     [CHAINS.exclusiveSnat, fipSnatRules.of(want.fips)],
     [CHAINS.sharedDnat, dnatRules.of(want.dnats)],
     [CHAINS.sharedSnat, snatRules.of(want.snats, want.snatPorts ? `${want.extIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.extIf)],
-    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.vpcIf)],
+    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.snatPorts ? `${want.vpcIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.vpcIf)],
   ]);
   return {
     nat: {

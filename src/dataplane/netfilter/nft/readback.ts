@@ -13,7 +13,7 @@ import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { prefixOf } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
 import { CHAIN, SET, ruleJson } from './render.js';
-import { dispatchCandidate, l4TcpUdpJson, snatRulesOf } from './snatLayout.js';
+import { dispatchCandidate, isSliceable, l4TcpUdpJson, snatRulesOf } from './snatLayout.js';
 import type {
   NatgwKernel,
   NatgwRule,
@@ -297,8 +297,7 @@ function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | 
   if (typeof lo !== 'number' || typeof hi !== 'number') return undefined;
   const { port: _port, ...snat } = (expr[n - 1] as { snat: Record<string, unknown> }).snat;
   const inner = recogniseRule([...expr.slice(0, n - 2), { snat }], fam);
-  if (inner?.kind === 'snat' || (inner?.kind === 'snat-dispatch' && inner.via !== 'chain')) return { ...inner, ports: { lo, hi } };
-  return undefined;
+  return inner && isSliceable(inner) ? { ...inner, ports: { lo, hi } } : undefined;
 }
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */

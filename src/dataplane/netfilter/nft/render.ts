@@ -139,7 +139,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     case 'hairpin':
       return (
         `oifname "${r.vpcIf}" meta mark & 0x${VPC_MARK.toString(16)} == 0x${VPC_MARK.toString(16)} ct status dnat ` +
-        `ct original ${fam} daddr @${SET.hairpinEips} snat ${fam} to ct original ${fam} daddr fully-random`
+        `ct original ${fam} daddr @${SET.hairpinEips} ${r.ports ? `${L4_TCP_UDP} ` : ''}snat ${fam} to ct original ${fam} daddr` +
+        `${r.ports ? ` :${r.ports.lo}-${r.ports.hi}` : ''} fully-random`
       );
     case 'snat': {
       const to = r.pool
@@ -211,7 +212,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
         match('==', { '&': [meta('mark'), VPC_MARK] }, VPC_MARK),
         match('in', { ct: { key: 'status' } }, 'dnat'),
         match('==', ctOrig(fam), `@${SET.hairpinEips}`),
-        { snat: { addr: ctOrig(fam), flags: 'fully-random' } },
+        ...(r.ports ? [l4TcpUdpJson()] : []),
+        { snat: { addr: ctOrig(fam), ...(r.ports ? { port: { range: [r.ports.lo, r.ports.hi] } } : {}), flags: 'fully-random' } },
       ];
     case 'snat': {
       const c = parseCidr(r.cidr);
@@ -442,7 +444,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.postrouting,
         base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
-        rules: [{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }],
+        rules: withPortSlice([{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }], want.snatPorts),
       },
       {
         name: CHAIN.sharedSnat,

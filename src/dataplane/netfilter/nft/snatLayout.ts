@@ -148,13 +148,20 @@ export function dispatchJson(r: DispatchRule, fam: NftFamily): unknown[] {
 }
 
 /**
- * With a port slice, every SNAT statement of the layout comes twice: first for TCP and UDP
+ * With a port slice, every SNAT statement of the layout (and the hairpin's) comes twice: first for TCP and UDP
  * into the slice, then as it is for the other protocols (nft takes a port range only after a
  * transport protocol match). A CIDR chain's rules keep their order, each sliced one first.
  */
 export function withPortSlice(rules: readonly NatgwRule[], ports: SnatPorts | undefined): NatgwRule[] {
   if (!ports) return [...rules];
-  return rules.flatMap((r): NatgwRule[] => (r.kind === 'snat' || (r.kind === 'snat-dispatch' && r.via !== 'chain') ? [{ ...r, ports }, r] : [r]));
+  return rules.flatMap((r): NatgwRule[] => (isSliceable(r) ? [{ ...r, ports }, r] : [r]));
+}
+
+type Sliceable = Extract<NatgwRule, { kind: 'snat' | 'snat-dispatch' | 'hairpin' }>;
+
+/** The rules whose SNAT a port slice restricts: shared SNAT (rules and data-map dispatch) and hairpin SNAT, all to an EIP. */
+export function isSliceable(r: NatgwRule): r is Sliceable {
+  return r.kind === 'snat' || r.kind === 'hairpin' || (r.kind === 'snat-dispatch' && r.via !== 'chain');
 }
 
 /** A dispatch rule's parameters lifted from listed JSON (then compared in full by the caller). */

@@ -19,7 +19,7 @@ export type NatgwRule =
   | { readonly kind: 'port-dnat' }
   | { readonly kind: 'fip-snat' }
   | { readonly kind: 'snat-jump'; readonly extIf: string }
-  | { readonly kind: 'hairpin'; readonly vpcIf: string }
+  | { readonly kind: 'hairpin'; readonly vpcIf: string; readonly ports?: SnatPorts }
   | {
       readonly kind: 'snat';
       readonly cidr: string;
