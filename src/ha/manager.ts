@@ -123,6 +123,13 @@ export class HaManager implements HaService {
     if (this.stopped) return;
     if (this.activeActive) {
       this.d.holdReady?.("replica sync: waiting for the peer's flows (active-active join)");
+      // Bounded: a conntrackd that never comes up (no sync interface yet) must not keep the
+      // replica out of service for good; its health says why.
+      setTimeout(() => {
+        if (this.join !== null && this.join.state !== 'waiting') return;
+        this.d.log.warn({ join: this.join }, "active-active join did not finish in 3x NATGW_HA_SYNC_TIMEOUT; ready without the peer's flows");
+        this.d.holdReady?.(null);
+      }, 3 * ha.syncTimeoutMs).unref();
       await this.liberalTcp();
       if (!ha.snatPortSlice) {
         this.d.log.warn('active-active without NATGW_SNAT_PORT_SLICE: two replicas may give one EIP port to two flows (give each replica its own slice)');
