@@ -92,6 +92,7 @@ export async function serve(config: Config): Promise<number> {
       routing.changed('takeover');
       return r;
     },
+    resend: () => ha.resend(),
   };
   // Flow classification follows every applied state (after the agent's own listener).
   engine.onSync((e) => {
