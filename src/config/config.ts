@@ -216,11 +216,23 @@ export const configSchema = z.object({
   NATGW_CONNTRACK_SYSCTLS: bool
     .prefault('false')
     .describe("Set `nf_conntrack_acct=1` and `nf_conntrack_timestamp=1` in the pod's network namespace at start (bytes and durations in flow logs)."),
-  // conntrackd's FTFW over UDP pairs exactly two replicas, so one address.
+  // One address: conntrackd's FTFW over UDP unicast pairs two replicas. More: a multicast
+  // channel over the sync interface carries every replica's flows to all the others.
   NATGW_HA_PEERS: optionalText
-    .refine((s) => s === undefined || (!s.includes(',') && (isIpv4(s) || isIpv6(s))), 'must be the one IP address of the peer replica on the sync network')
-    .meta({ values: 'an IP address' })
-    .describe("Replica sync: the peer replica's address on the sync network; unset turns conntrackd off."),
+    .refine(
+      (s) => s === undefined || (s.split(',').length <= 16 && s.split(',').every((p) => isIpv4(p.trim()) || isIpv6(p.trim()))),
+      'must be the IP addresses of the other replicas on the sync network, separated by commas (one for a pair, up to 16)',
+    )
+    .meta({ values: 'IP addresses, comma-separated' })
+    .describe(
+      "Replica sync: the other replicas' addresses on the sync network; unset turns conntrackd off. One address: a pair over UDP unicast. Several (NATGW_HA_MODE=active-active only): multicast to NATGW_HA_SYNC_GROUP over NATGW_HA_SYNC_INTERFACE.",
+    ),
+  NATGW_HA_SYNC_GROUP: optionalText
+    .refine((s) => s === undefined || isMulticast(s), 'must be a multicast address (IPv4 224.0.0.0/4 or IPv6 ff00::/8)')
+    .meta({ values: 'a multicast address' })
+    .describe(
+      'With several NATGW_HA_PEERS: the multicast group conntrackd syncs to, the same on every replica (default 225.0.0.50 for IPv4 peers; IPv6 peers need one set).',
+    ),
   NATGW_HA_INITIAL_ROLE: z
     .enum(['standby', 'active'])
     .default('standby')
@@ -267,9 +279,14 @@ export const configSchema = z.object({
     .meta({ values: 'a command or path' })
     .describe('The conntrackd binary natgw runs and supervises.'),
   NATGW_HA_PEER_API: optionalText
-    .refine((s) => s === undefined || /^https?:\/\/[^\s/]+\/?$/.test(s), 'must be http://host:port or https://host:port')
-    .meta({ values: 'http(s)://host:port' })
-    .describe("The peer's natgw TCP API: its state digest is compared every resync period (a metric and a log line, never a change)."),
+    .refine(
+      (s) => s === undefined || s.split(',').every((a) => /^https?:\/\/[^\s/]+\/?$/.test(a.trim())),
+      'must be http://host:port or https://host:port, one per peer replica, separated by commas',
+    )
+    .meta({ values: 'http(s)://host:port, comma-separated' })
+    .describe(
+      "The peers' natgw TCP APIs: an active-active replica that (re)joins asks each to resend its flows; the first one's state digest is compared every resync period (a metric and a log line, never a change).",
+    ),
   NATGW_HA_PEER_TOKEN_FILE: optionalText
     .meta({ values: 'a path' })
     .describe("Bearer token for the peer's API (default: NATGW_TOKEN_FILE, the same secret on both replicas)."),
@@ -379,12 +396,19 @@ export interface Config {
 /** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
 export interface HaConfig {
   readonly peer?: string;
+  /** Every other replica on the sync network, `peer` first (absent: `peer` alone). */
+  readonly peers?: readonly string[];
+  /** The multicast group with more than one peer (NATGW_HA_SYNC_GROUP). */
+  readonly syncGroup?: string;
   readonly syncInterface?: string;
   readonly syncAddress?: string;
   readonly port: number;
   readonly syncTimeoutMs: number;
   readonly conntrackd: string;
+  /** The first of peerApis: its digest is compared. */
   readonly peerApi?: string;
+  /** Every peer's API, `peerApi` first (absent: `peerApi` alone): a joining active-active replica asks each to resend. */
+  readonly peerApis?: readonly string[];
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
   readonly initialRole: 'standby' | 'active';
@@ -467,19 +491,47 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,
     requestTimeoutMs: c.NATGW_REQUEST_TIMEOUT,
     ha: {
-      peer: c.NATGW_HA_PEERS === undefined ? undefined : canonicalIp(c.NATGW_HA_PEERS),
+      ...haPeersOf(c, envFile),
       syncInterface: c.NATGW_HA_SYNC_INTERFACE,
       syncAddress: c.NATGW_HA_SYNC_ADDRESS === undefined ? undefined : canonicalIp(c.NATGW_HA_SYNC_ADDRESS),
       port: c.NATGW_HA_SYNC_PORT,
       syncTimeoutMs: c.NATGW_HA_SYNC_TIMEOUT,
       conntrackd: c.NATGW_CONNTRACKD,
-      peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
       initialRole: c.NATGW_HA_INITIAL_ROLE,
       mode: c.NATGW_HA_MODE,
       ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
     },
     bgp: bgpOf(c, envFile),
+  };
+}
+
+const isMulticast = (s: string): boolean => (isIpv4(s) && Number(s.split('.')[0]) >= 224 && Number(s.split('.')[0]) <= 239) || (isIpv6(s) && /^ff/i.test(s));
+
+/** The peers (first one in `peer`), the multicast group with several, the peers' APIs; what several peers need is named. */
+function haPeersOf(c: z.infer<typeof configSchema>, envFile: string): Pick<HaConfig, 'peer' | 'peers' | 'syncGroup' | 'peerApi' | 'peerApis'> {
+  const fail = (msg: string): never => {
+    throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
+  };
+  const peers = c.NATGW_HA_PEERS === undefined ? [] : [...new Set(c.NATGW_HA_PEERS.split(',').map((p) => canonicalIp(p.trim())))];
+  const peerApis = c.NATGW_HA_PEER_API === undefined ? [] : c.NATGW_HA_PEER_API.split(',').map((a) => a.trim().replace(/\/$/, ''));
+  let syncGroup: string | undefined;
+  if (peers.length > 1) {
+    if (c.NATGW_HA_MODE !== 'active-active') fail('NATGW_HA_PEERS names several replicas, which only NATGW_HA_MODE=active-active runs (takeover pairs two)');
+    if (new Set(peers.map((p) => isIpv6(p))).size > 1) fail('NATGW_HA_PEERS mixes IPv4 and IPv6 addresses; the sync network is of one family');
+    if (c.NATGW_HA_SYNC_INTERFACE === undefined)
+      fail('NATGW_HA_PEERS names several replicas, so NATGW_HA_SYNC_INTERFACE must name the interface the multicast channel uses');
+    const v6 = isIpv6(peers[0] as string);
+    syncGroup = c.NATGW_HA_SYNC_GROUP === undefined ? (v6 ? undefined : '225.0.0.50') : canonicalIp(c.NATGW_HA_SYNC_GROUP);
+    if (syncGroup === undefined) fail('NATGW_HA_PEERS names several IPv6 replicas, so NATGW_HA_SYNC_GROUP must be set (an ff00::/8 address)');
+    if (isIpv6(syncGroup as string) !== v6) fail(`NATGW_HA_SYNC_GROUP ${syncGroup} is not of the peers' family`);
+  }
+  return {
+    peer: peers[0],
+    peers,
+    ...(syncGroup ? { syncGroup } : {}),
+    peerApi: peerApis[0],
+    peerApis,
   };
 }
 

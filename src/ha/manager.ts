@@ -152,8 +152,8 @@ export class HaManager implements HaService {
       },
     });
     this.d.log.info(
-      { peer: ha.peer, port: ha.port, interface: ha.syncInterface, config: this.paths.config },
-      'replica sync on: supervising conntrackd (FTFW over UDP)',
+      { peers: ha.peers ?? [ha.peer], group: ha.syncGroup, port: ha.port, interface: ha.syncInterface, config: this.paths.config },
+      `replica sync on: supervising conntrackd (${ha.syncGroup ? `NOTRACK over multicast to ${ha.syncGroup}` : 'FTFW over UDP'})`,
     );
     this.supervisor.start();
     const period = Math.max(250, Math.min(2000, Math.floor(ha.syncTimeoutMs / 4)));
@@ -196,6 +196,8 @@ export class HaManager implements HaService {
     const text = renderConntrackdConf({
       localAddress: local,
       peerAddress: ha.peer,
+      peerAddresses: ha.peers ?? [ha.peer],
+      ...(ha.syncGroup ? { multicastGroup: ha.syncGroup } : {}),
       syncInterface: ha.syncInterface,
       port: ha.port,
       paths: this.paths,
@@ -293,15 +295,16 @@ export class HaManager implements HaService {
   }
 
   /**
-   * Active-active (re)join: send this kernel's flows to the peer, and have the peer resend its
+   * Active-active (re)join: send this kernel's flows to the peers, and have each peer resend its
    * whole kernel table (conntrackd -R then -B, POST /v1/ha/resend): flows it received from
-   * others never enter its internal cache, so its conntrackd alone would not resend them.
-   * Readiness is held until they arrived (or the peer cannot be asked, or the sync timeout
+   * others never enter its conntrackd's internal cache, so its conntrackd alone would not resend
+   * them. Readiness is held until they arrived (or no peer can be asked, or the sync timeout
    * passed): a replica that ECMP sends traffic to before it holds the established flows would
-   * drop them.
+   * drop them. A peer that cannot be asked is down or joining itself: it has nothing to give.
    */
   private async joinPeer(): Promise<void> {
     const ha = this.ha as HaConfig & { peer: string };
+    const apis = ha.peerApis ?? (ha.peerApi ? [ha.peerApi] : []);
     const started = Date.now();
     const base = this.injected();
     const set = (state: JoinState['state'], expected: number | null, error: string | null): void => {
@@ -316,16 +319,20 @@ export class HaManager implements HaService {
     };
     set('waiting', null, null);
     await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(() => undefined);
-    let expected: number;
-    try {
-      if (!ha.peerApi)
-        throw new Error('NATGW_HA_PEER_API is not set: asked conntrackd for a resync instead (flows the peer received from others are not resent)');
-      expected = await requestResend(ha.peerApi, ha.peerTokenFile, ha.syncTimeoutMs);
-    } catch (e) {
-      if (!ha.peerApi) await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
-      const msg = e instanceof Error ? e.message : String(e);
+    const asked = await Promise.allSettled(apis.map((api) => requestResend(api, ha.peerTokenFile, ha.syncTimeoutMs)));
+    const errors = asked.flatMap((r, i) => (r.status === 'rejected' ? [`${apis[i]}: ${r.reason instanceof Error ? r.reason.message : String(r.reason)}`] : []));
+    // Every peer holds every flow: the first to answer fills the kernel, the others' copies
+    // count as updates, so the sum is what arrives.
+    const expected = asked.reduce((n, r) => n + (r.status === 'fulfilled' ? r.value : 0), 0);
+    if (errors.length > 0) this.d.log.warn({ errors }, 'active-active join: some peers could not resend their flows (down or joining themselves)');
+    if (errors.length === apis.length) {
+      const msg =
+        apis.length === 0
+          ? 'NATGW_HA_PEER_API is not set: asked conntrackd for a resync instead (flows the peer received from others are not resent)'
+          : errors.join('; ');
+      if (apis.length === 0) await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
       set('gave-up', null, msg);
-      this.d.log.warn({ err: msg }, 'active-active join: the peer could not resend its flows; ready without them (a peer that is down has none to give)');
+      this.d.log.warn({ err: msg }, 'active-active join: no peer could resend its flows; ready without them (a peer that is down has none to give)');
       this.d.holdReady?.(null);
       return;
     }
@@ -391,7 +398,7 @@ export class HaManager implements HaService {
       reasons.push(this.statsError);
     } else if (this.lastExchange === null || Date.now() - this.lastExchange > ha.syncTimeoutMs) {
       reasons.push(
-        `nothing received from the peer ${ha.peer} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`,
+        `nothing received from ${(ha.peers?.length ?? 1) > 1 ? `the peers ${ha.peers?.join(', ')}` : `the peer ${ha.peer}`} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`,
       );
     }
     return { enabled: true, healthy: reasons.length === 0, reasons };
@@ -429,6 +436,8 @@ export class HaManager implements HaService {
       sync: this.ha?.peer
         ? {
             peer: this.ha.peer,
+            peers: this.ha.peers ?? [this.ha.peer],
+            group: this.ha.syncGroup ?? null,
             localAddress: this.localAddress ?? null,
             port: this.ha.port,
             lastExchange: this.lastExchange === null ? null : new Date(this.lastExchange).toISOString(),

@@ -19,6 +19,10 @@ export interface ConntrackdSettings {
   readonly localAddress: string;
   /** The peer replica's address on the sync network (same family). */
   readonly peerAddress: string;
+  /** Every other replica, peerAddress among them; with more than one, `multicastGroup` carries the sync. */
+  readonly peerAddresses?: readonly string[];
+  /** The multicast group (active-active with more than two replicas; needs syncInterface). */
+  readonly multicastGroup?: string;
   /** The sync interface (needed for IPv6 link-local addresses; binds the channel otherwise). */
   readonly syncInterface?: string;
   readonly port: number;
@@ -60,31 +64,54 @@ function safe(what: string, v: string): string {
  *   against a few ms), and the resend a (re)joining peer needs comes from it.
  * - No TCP state filter: a flow synced only once established is unknown to the peer during its
  *   handshake, and a SYN-ACK that ECMP sends to the peer then finds nothing.
+ * - More than two replicas: one multicast channel over the sync interface reaches them all
+ *   (UDP unicast links exactly two), in NOTRACK mode.
  */
 export function renderConntrackdConf(s: ConntrackdSettings): string {
   const v6 = isIpv6(s.peerAddress);
-  if (v6 !== isIpv6(s.localAddress)) {
-    throw new HaConfigError(`sync address ${s.localAddress} and peer ${s.peerAddress} are not of one family`);
+  const peers = [...new Set([s.peerAddress, ...(s.peerAddresses ?? [])])];
+  for (const p of [s.localAddress, ...peers, ...(s.multicastGroup ? [s.multicastGroup] : [])]) {
+    if (isIpv6(p) !== v6) throw new HaConfigError(`sync address ${s.localAddress} and ${p} are not of one family`);
   }
   if (!Number.isInteger(s.port) || s.port < 1 || s.port > 65535) throw new HaConfigError(`sync port ${s.port} is not a port number`);
   const fam = v6 ? 'IPv6' : 'IPv4';
   const activeActive = s.mode === 'active-active';
+  const multicast = s.multicastGroup !== undefined;
+  if (multicast && (!activeActive || !s.syncInterface)) throw new HaConfigError('a multicast sync channel needs active-active mode and a sync interface');
+  const mode = multicast
+    ? // FTFW tracks one sequence of messages, one sender's: with several senders on a group it
+      // takes the others' messages for losses and drops them as late. NOTRACK keeps none.
+      ['\tMode NOTRACK {', '\t\tDisableExternalCache On', '\t\tDisableInternalCache Off', '\t\tPurgeTimeout 5', '\t}']
+    : [
+        '\tMode FTFW {',
+        `\t\tDisableExternalCache ${activeActive ? 'On' : 'Off'}`,
+        // conntrackd refuses a commit timeout without an external cache (there is nothing to commit).
+        ...(activeActive ? [] : ['\t\tCommitTimeout 1800']),
+        '\t\tPurgeTimeout 5',
+        '\t\tResendQueueSize 131072',
+        '\t\tACKWindowSize 300',
+        '\t}',
+      ];
+  const channel = multicast
+    ? [
+        '\tMulticast {',
+        `\t\t${fam}_address ${safe('multicast group', s.multicastGroup as string)}`,
+        `\t\tGroup ${s.port}`,
+        `\t\t${fam}_interface ${safe('sync address', s.localAddress)}`,
+        `\t\tInterface ${safe('sync interface', s.syncInterface as string)}`,
+      ]
+    : [
+        '\tUDP {',
+        `\t\t${fam}_address ${safe('sync address', s.localAddress)}`,
+        `\t\t${fam}_Destination_Address ${safe('peer address', s.peerAddress)}`,
+        `\t\tPort ${s.port}`,
+        ...(s.syncInterface ? [`\t\tInterface ${safe('sync interface', s.syncInterface)}`] : []),
+      ];
   const lines = [
     '# Written by natgw at every start; edits are lost.',
     'Sync {',
-    '\tMode FTFW {',
-    `\t\tDisableExternalCache ${activeActive ? 'On' : 'Off'}`,
-    // conntrackd refuses a commit timeout without an external cache (there is nothing to commit).
-    ...(activeActive ? [] : ['\t\tCommitTimeout 1800']),
-    '\t\tPurgeTimeout 5',
-    '\t\tResendQueueSize 131072',
-    '\t\tACKWindowSize 300',
-    '\t}',
-    '\tUDP {',
-    `\t\t${fam}_address ${safe('sync address', s.localAddress)}`,
-    `\t\t${fam}_Destination_Address ${safe('peer address', s.peerAddress)}`,
-    `\t\tPort ${s.port}`,
-    ...(s.syncInterface ? [`\t\tInterface ${safe('sync interface', s.syncInterface)}`] : []),
+    ...mode,
+    ...channel,
     '\t\tSndSocketBuffer 1249280',
     '\t\tRcvSocketBuffer 1249280',
     '\t\tChecksum on',
@@ -118,7 +145,7 @@ export function renderConntrackdConf(s: ConntrackdSettings): string {
     '\t\t\tIPv4_address 127.0.0.1',
     '\t\t\tIPv6_address ::1',
     `\t\t\t${fam}_address ${s.localAddress}`,
-    `\t\t\t${fam}_address ${s.peerAddress}`,
+    ...peers.map((p) => `\t\t\t${fam}_address ${safe('peer address', p)}`),
     '\t\t}',
     ...(activeActive ? [] : ['\t\tState Accept {', '\t\t\tESTABLISHED CLOSED TIME_WAIT CLOSE_WAIT for TCP', '\t\t}']),
     '\t}',

@@ -83,7 +83,8 @@ function cache(text: string, name: 'internal' | 'external'): CacheStats {
  * message tracking counters. Counters restart from zero when conntrackd restarts.
  */
 export function parseConntrackdStats(text: string): ConntrackdStats {
-  const udp = block(text, /^(UDP|TCP|Multicast) traffic/);
+  // conntrackd 1.4 writes "UDP traffic" but "multicast traffic".
+  const udp = block(text, /^(UDP|TCP|multicast) traffic/i);
   if (!udp) throw new StatsParseError('conntrackd -s: no sync channel traffic section (is conntrackd in sync mode?)');
   const device = /device=([^\s):]+)/.exec(udp[0] ?? '')?.[1] ?? '';
   const pairOf = (re: RegExp, what: string): [number, number] => {

@@ -8,10 +8,12 @@
  *                                g<i> net1 172.20.0.(2+i) ── rtr br-ext 172.20.0.1 ── ext 198.51.100.100
  *                                g<i> sync0 10.99.0.(1+i) ── vsw br-sync            (rtr 198.51.100.1)
  *
- * rtr routes each EIP (/32) by ECMP over the replicas' net1 addresses; the replicas' net1 sit
- * on a bridge in rtr, so a replica's link going down does not take the route away (BFD does
- * that: failNexthop). Every ECMP hashes on the five-tuple (fib_multipath_hash_policy 3 with the
- * fields of the five-tuple), never on a hash a sender's socket left on the packet.
+ * rtr routes each EIP (/32) by ECMP over the replicas' net1 addresses: either a static route
+ * (routeEips; failNexthop stands in for BFD) or, with startRouterBgp, what BIRD learns by BGP
+ * from each replica's own BIRD (natgw's NATGW_BGP_*), BFD 100 ms x 3 withdrawing a dead one.
+ * The replicas' net1 sit on a bridge in rtr, so a replica's link going down does not take the
+ * route away (BFD does). Every ECMP hashes on the five-tuple (fib_multipath_hash_policy 3 with
+ * the fields of the five-tuple), never on a hash a sender's socket left on the packet.
  */
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -28,6 +30,8 @@ export const ECMP_ADDR = {
   vpc2: '10.0.1.7',
   vpcCidr: '10.0.1.0/24',
   extGateway: '172.20.0.1',
+  replicaAsn: '65001',
+  routerAsn: '65000',
   extHost: '198.51.100.100',
   rtrUp: '198.51.100.1',
   apiPort: 18080,
@@ -104,14 +108,15 @@ export class EcmpTopology {
 
   /**
    * natgw's environment for replica i: its own state dir, socket and env file; active-active sync
-   * with the replica next to it (conntrackd pairs two), its API on the sync network for the peer.
+   * with every other replica, its API on the sync network for the peers.
    */
   natgwEnv(i: number, extra: Record<string, string> = {}): Record<string, string> {
     const inherited = Object.fromEntries(
       Object.entries(process.env).filter((e): e is [string, string] => e[1] !== undefined && !/^(NATGW_|GATEWAY_)/.test(e[0])),
     );
     const dir = this.stateDir[i] as string;
-    const peer = (i + 1) % this.n;
+    // A pair syncs over UDP unicast; more replicas name every other one (a multicast channel).
+    const peers = this.replicas.map((_, j) => j).filter((j) => j !== i);
     return {
       ...inherited,
       NATGW_STATE_DIR: dir,
@@ -121,13 +126,13 @@ export class EcmpTopology {
       NATGW_INTERFACE_WAIT_TIMEOUT: '10s',
       NATGW_RESYNC_PERIOD: '5s',
       GATEWAY_V4: ECMP_ADDR.extGateway,
-      NATGW_HA_PEERS: ECMP_ADDR.sync(peer),
+      NATGW_HA_PEERS: peers.map((j) => ECMP_ADDR.sync(j)).join(','),
       NATGW_HA_SYNC_INTERFACE: 'sync0',
       NATGW_HA_SYNC_TIMEOUT: '3s',
       NATGW_HA_MODE: 'active-active',
       NATGW_LISTEN: `${ECMP_ADDR.sync(i)}:${ECMP_ADDR.apiPort}`,
       NATGW_TOKEN_FILE: this.tokenFile,
-      NATGW_HA_PEER_API: `http://${ECMP_ADDR.sync(peer)}:${ECMP_ADDR.apiPort}`,
+      NATGW_HA_PEER_API: peers.map((j) => `http://${ECMP_ADDR.sync(j)}:${ECMP_ADDR.apiPort}`).join(','),
       ...extra,
     };
   }
@@ -227,8 +232,80 @@ export class EcmpTopology {
     await this.routeVpc();
   }
 
-  /** Every process of replica i killed (natgw and conntrackd), its links down. */
-  async killReplica(i: number): Promise<void> {
+  /**
+   * The upstream router's BIRD: a BGP session with each replica's net1 address, BFD at
+   * 100 ms x 3 on br-ext, every learned route into rtr's kernel (ECMP over the replicas).
+   * natgwBgpEnv() is the replicas' side.
+   */
+  async startRouterBgp(): Promise<{ log(): string }> {
+    const dir = this.stateDir[0] as string;
+    const conf = join(dir, 'rtr-bird.conf');
+    const sock = join(dir, 'rtr-bird.ctl');
+    const sessions = this.replicas.map((g, i) => `protocol bgp ${g} from replica { neighbor ${ECMP_ADDR.net1(i)} as ${ECMP_ADDR.replicaAsn}; }`);
+    writeFileSync(
+      conf,
+      `log stderr all;
+router id ${ECMP_ADDR.extGateway};
+protocol device {}
+protocol kernel { ipv4 { import none; export all; }; merge paths on; }
+protocol bfd { interface "br-ext" { interval 100 ms; multiplier 3; }; }
+template bgp replica {
+  local ${ECMP_ADDR.extGateway} as ${ECMP_ADDR.routerAsn};
+  direct;
+  bfd on;
+  connect delay time 1;
+  connect retry time 2;
+  error wait time 1, 5;
+  ipv4 { import all; export none; };
+}
+${sessions.join('\n')}
+`,
+    );
+    const bird = this.spawn('rtr', ['bird', '-f', '-c', conf, '-s', sock]);
+    let log = '';
+    bird.stderr?.setEncoding('utf8').on('data', (d: string) => (log += d));
+    for (let deadline = Date.now() + 10_000; ; ) {
+      if ((await this.exec('rtr', ['birdc', '-s', sock, 'show', 'status'], { reject: false })).exitCode === 0) break;
+      if (Date.now() > deadline) throw new Error(`the router's BIRD does not answer: ${log}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return { log: () => log };
+  }
+
+  /** A replica's BGP settings toward rtr's BIRD (BFD as the router's). */
+  static natgwBgpEnv(): Record<string, string> {
+    return {
+      NATGW_BGP_PEERS: ECMP_ADDR.extGateway,
+      NATGW_BGP_ASN: ECMP_ADDR.replicaAsn,
+      NATGW_BGP_PEER_ASN: ECMP_ADDR.routerAsn,
+      NATGW_BFD_INTERVAL: '100ms',
+      NATGW_BFD_MULTIPLIER: '3',
+    };
+  }
+
+  /** The next hops rtr's kernel holds for `eip`/32 (none: no route). */
+  async fibVia(eip: string): Promise<string[]> {
+    const r = await this.ip('rtr', ['-4', '-j', 'route', 'show', `${eip}/32`]);
+    const routes = JSON.parse(r.stdout || '[]') as Array<{ gateway?: string; nexthops?: Array<{ gateway?: string }> }>;
+    return routes.flatMap((x) => (x.nexthops ? x.nexthops.map((n) => n.gateway ?? '') : [x.gateway ?? ''])).filter(Boolean);
+  }
+
+  /** The VPC side only (OVN's own BFD, which this stand-in has not): replica i leaves the VPC's ECMP. */
+  async failVpcNexthop(i: number): Promise<void> {
+    this.up.delete(i);
+    await this.routeVpc();
+  }
+
+  /**
+   * Every process of replica i killed (natgw and conntrackd), its links down. linksFirst: the
+   * links go down before the kill, as when a node dies, so that no FIN of a closing socket (the
+   * BGP session's) reaches the router, and only BFD can tell.
+   */
+  async killReplica(i: number, linksFirst = false): Promise<void> {
+    const down = async () => {
+      for (const ifname of ['net1', 'eth0', 'sync0']) await this.ip(`g${i}`, ['link', 'set', ifname, 'down']);
+    };
+    if (linksFirst) await down();
     const ns = this.resolve(`g${i}`);
     const r = await runProcess(['ip', 'netns', 'pids', ns], process.env, { reject: false }, new Set());
     for (const p of r.stdout.split('\n').map((l) => Number(l.trim()))) {
@@ -239,7 +316,7 @@ export class EcmpTopology {
         // gone already
       }
     }
-    for (const ifname of ['net1', 'eth0', 'sync0']) await this.ip(`g${i}`, ['link', 'set', ifname, 'down']);
+    if (!linksFirst) await down();
   }
 
   /** Replica i's links up again (a new pod in its place would get the same addresses). */

@@ -1,17 +1,19 @@
 /**
- * Active-active replicas as Kube-OVN runs them (issue 30), for real: two natgw replicas with the
- * same rules behind ECMP on both sides (the VPC's default route over their eth0, an upstream
- * router's static ECMP route for the EIPs over their net1, standing in for BGP), conntrackd
- * committing each replica's flows straight into the other's kernel, each replica SNATing into
- * its own port slice.
+ * Active-active replicas as Kube-OVN runs them (issue 30), for real: natgw replicas with the
+ * same rules behind ECMP on both sides (the VPC's default route over their eth0, standing in for
+ * OVN; an upstream router's ECMP route for the EIPs over their net1), conntrackd committing each
+ * replica's flows straight into the others' kernels, each replica SNATing into its own port
+ * slice.
  *
  * - No gratuitous ARP for the EIPs (a resent eip-add, a link flag change): they are routed.
- * - Failover: long-lived TCP flows through SNAT, DNAT and FIP and UDP sessions through SNAT,
- *   spread over both replicas; one replica is killed (SIGKILL, links down) and, as BFD would,
- *   its next hop leaves both ECMP routes. Every flow survives; the largest gap per flow is
- *   printed. The killed replica then comes back with an empty conntrack table: it reports ready
- *   only once the survivor resent its flows, and once its next hop is back every flow still
- *   answers.
+ * - Failover, EIPs announced by BGP (the router's BIRD learns them from each replica's BIRD,
+ *   BFD 100 ms x 3): 200 long-lived TCP flows through SNAT, DNAT and FIP and 20 UDP sessions
+ *   through SNAT, spread over the replicas; one replica is killed (SIGKILL, links down); the
+ *   router's BFD withdraws its routes (timed), the test takes it out of the VPC's ECMP as OVN's
+ *   BFD would. Every flow survives; the largest gap per flow is printed. The killed replica
+ *   comes back with an empty conntrack table: it is ready (and announced) only once the
+ *   survivors resent their flows, and once it is back every flow still answers. Two replicas
+ *   (a UDP unicast sync channel) and three (one multicast channel).
  * - Port slices: many short flows through both replicas with the sync slowed down (so that each
  *   replica picks ports the other does not know yet): with disjoint slices none fails; with
  *   one overlapping range (the control) two replicas give one EIP port to two flows toward the
@@ -79,15 +81,36 @@ const ready = async (t: EcmpTopology, i: number): Promise<boolean> => (await api
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 const haStatus = async (t: EcmpTopology, i: number): Promise<any> => ok(await api(t.socket(i), 'GET', '/v1/ha'), `GET /v1/ha on g${i}`).body;
 
-async function pair(b: BackendCase, envOf: (i: number) => Record<string, string>): Promise<{ t: EcmpTopology; replicas: Replica[]; logs: () => string }> {
-  const t = await EcmpTopology.create(2);
+const EIPS = [EIP_SNAT, EIP_DNAT, EIP_FIP];
+
+/**
+ * n replicas with the same rules. Routing of the EIPs: a static ECMP route on rtr, or (bgp) the
+ * router's BIRD learning them from each replica's BIRD, resolved once rtr's FIB holds every
+ * replica as a next hop of every EIP.
+ */
+async function pair(
+  b: BackendCase,
+  envOf: (i: number) => Record<string, string>,
+  opts: { n?: number; bgp?: boolean } = {},
+): Promise<{ t: EcmpTopology; replicas: Replica[]; logs: () => string }> {
+  const t = await EcmpTopology.create(opts.n ?? 2);
   topo = t;
+  const all = [...t.replicas.keys()];
+  const router = opts.bgp ? await t.startRouterBgp() : undefined;
   const replicas: Replica[] = [];
-  for (const i of [0, 1]) replicas.push(await startReplica(t, i, { ...b.env, ...envOf(i) }));
-  const logs = () => replicas.map((r) => `--- g${r.i}\n${r.logs()}`).join('\n');
-  for (const i of [0, 1]) await configure(t, i);
-  await t.routeEips([EIP_SNAT, EIP_DNAT, EIP_FIP]);
-  for (const i of [0, 1]) {
+  for (const i of all) replicas.push(await startReplica(t, i, { ...b.env, ...(opts.bgp ? EcmpTopology.natgwBgpEnv() : {}), ...envOf(i) }));
+  const logs = () => [...replicas.map((r) => `--- g${r.i}\n${r.logs()}`), ...(router ? [`--- rtr bird\n${router.log()}`] : [])].join('\n');
+  for (const i of all) await configure(t, i);
+  if (router) {
+    for (const eip of EIPS) {
+      await waitFor(async () => (await t.fibVia(eip)).length === all.length, { what: `${eip} via every replica in rtr's FIB (BGP)`, timeoutMs: 30_000 }).catch(
+        (e: unknown) => {
+          throw new Error(`${(e as Error).message}\n${logs()}`);
+        },
+      );
+    }
+  } else await t.routeEips(EIPS);
+  for (const i of all) {
     await waitFor(async () => (await ready(t, i)) && (await haStatus(t, i)).health.healthy === true, {
       what: `g${i} ready with sync healthy`,
       timeoutMs: 30_000,
@@ -103,10 +126,75 @@ function serve(h: ServerHandle): ServerHandle {
   return h;
 }
 
+/**
+ * 200 long-lived TCP flows (SNAT, FIP outbound, DNAT and FIP inbound) and 20 UDP sessions
+ * through SNAT, spread over the replicas by ECMP; resolves once every flow answers.
+ */
+async function startFlows(t: EcmpTopology, logs: () => string): Promise<{ groups: LongFlows[]; report: () => Promise<FlowRecord[]> }> {
+  await Promise.all(
+    [
+      serve(startEchoServer(t.traffic, 'ext', 9000, ECMP_ADDR.extHost)),
+      serve(startServer(t.traffic, 'ext', 'udp', 9001, ECMP_ADDR.extHost)),
+      serve(startEchoServer(t.traffic, 'vpc1', 80)),
+      serve(startEchoServer(t.traffic, 'vpc2', 7000)),
+    ].map((s) => s.ready),
+  );
+  const groups: LongFlows[] = [];
+  const start = async (ns: string, specs: Parameters<typeof startLongFlows>[2], local = '') => {
+    const g = await startLongFlows(t, ns, specs, 100, local);
+    stoppers.push(() => g.stop());
+    groups.push(g);
+  };
+  await start('vpc1', [
+    { name: 'snat', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 60 },
+    { name: 'snat-udp', proto: 'udp', host: ECMP_ADDR.extHost, port: 9001, count: 20 },
+  ]);
+  await start('vpc2', [{ name: 'fip-out', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 20 }]);
+  await start(
+    'ext',
+    [
+      { name: 'dnat', proto: 'tcp', host: EIP_DNAT, port: 8080, count: 40 },
+      { name: 'fip', proto: 'tcp', host: EIP_FIP, port: 7000, count: 40 },
+    ],
+    ECMP_ADDR.extHost,
+  );
+  const report = async () => (await Promise.all(groups.map((g) => g.report()))).flat();
+  // Every flow established and answering (a first SYN-ACK that reached the replica without
+  // the state yet was dropped and retransmitted, which takes a second).
+  await waitFor(async () => (await report()).every((f) => f.up && f.error === null && (f.sinceLastMs ?? 1e9) < 500), {
+    what: 'every flow answering',
+    timeoutMs: 20_000,
+  }).catch(async (e: unknown) => {
+    const bad = (await report()).filter((f) => !f.up || f.error !== null);
+    throw new Error(`${(e as Error).message}: ${JSON.stringify(bad.slice(0, 5))}\n${logs()}`);
+  });
+  return { groups, report };
+}
+
 function gapSummary(flows: readonly FlowRecord[]): string {
   const gaps = flows.map((f) => f.maxGapMs);
   const worst = [...flows].sort((a, b) => b.maxGapMs - a.maxGapMs).slice(0, 3);
   return `p50 ${percentile(gaps, 50)} ms, p99 ${percentile(gaps, 99)} ms, max ${percentile(gaps, 100)} ms (worst: ${worst.map((f) => `${f.id} ${f.maxGapMs} ms`).join(', ')})`;
+}
+
+/**
+ * Replica i killed behind BGP (links down, then SIGKILL: no FIN of its BGP session reaches rtr):
+ * rtr's BFD withdraws its routes on its own (timed from the links going down, polled every few ms); the VPC side, which OVN's BFD would handle, is
+ * switched by the test 300 ms after the kill. Resolves 4 s after the kill.
+ */
+async function killBehindBgp(t: EcmpTopology, i: number): Promise<{ withdrawnMs: number; windowMs: number }> {
+  const killedAt = Date.now();
+  await t.killReplica(i, true);
+  const vpc = new Promise((r) => setTimeout(r, 300)).then(() => t.failVpcNexthop(i));
+  await waitFor(async () => (await Promise.all(EIPS.map((e) => t.fibVia(e)))).every((via) => !via.includes(ECMP_ADDR.net1(i))), {
+    what: `g${i}'s routes withdrawn from rtr by BFD`,
+    timeoutMs: 5000,
+    intervalMs: 5,
+  });
+  const withdrawnMs = Date.now() - killedAt;
+  await vpc;
+  await new Promise((r) => setTimeout(r, Math.max(0, 4000 - (Date.now() - killedAt))));
+  return { withdrawnMs, windowMs: Date.now() - killedAt };
 }
 
 const sliceOf = (port: number): number => (port >= 33280 ? 1 : 0);
@@ -140,7 +228,7 @@ function stutterSync(t: EcmpTopology): { stop(): Promise<void> } {
 
 describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('every flow survives the loss of one replica; the replica that comes back is ready only once it holds the flows', async () => {
-    const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: SLICES[i] as string }));
+    const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: SLICES[i] as string }), { bgp: true });
     for (const i of [0, 1]) {
       const st = await haStatus(t, i);
       expect({ mode: st.mode, role: st.role, slice: st.snatPortSlice?.spec }).toEqual({ mode: 'active-active', role: 'active', slice: SLICES[i] });
@@ -160,43 +248,7 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     await captured;
     const announced = arp.split('\n').filter((l) => [EIP_SNAT, EIP_DNAT, EIP_FIP].some((e) => l.includes(`tell ${e}`) || l.includes(`${e} is-at`)));
     expect(announced, 'gratuitous ARP for an EIP').toEqual([]);
-    await Promise.all(
-      [
-        serve(startEchoServer(t.traffic, 'ext', 9000, ECMP_ADDR.extHost)),
-        serve(startServer(t.traffic, 'ext', 'udp', 9001, ECMP_ADDR.extHost)),
-        serve(startEchoServer(t.traffic, 'vpc1', 80)),
-        serve(startEchoServer(t.traffic, 'vpc2', 7000)),
-      ].map((s) => s.ready),
-    );
-    const groups: LongFlows[] = [];
-    const start = async (ns: string, specs: Parameters<typeof startLongFlows>[2], local = '') => {
-      const g = await startLongFlows(t, ns, specs, 100, local);
-      stoppers.push(() => g.stop());
-      groups.push(g);
-    };
-    await start('vpc1', [
-      { name: 'snat', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 60 },
-      { name: 'snat-udp', proto: 'udp', host: ECMP_ADDR.extHost, port: 9001, count: 20 },
-    ]);
-    await start('vpc2', [{ name: 'fip-out', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 20 }]);
-    await start(
-      'ext',
-      [
-        { name: 'dnat', proto: 'tcp', host: EIP_DNAT, port: 8080, count: 40 },
-        { name: 'fip', proto: 'tcp', host: EIP_FIP, port: 7000, count: 40 },
-      ],
-      ECMP_ADDR.extHost,
-    );
-    const report = async () => (await Promise.all(groups.map((g) => g.report()))).flat();
-    // Every flow established and answering (a first SYN-ACK that reached the replica without
-    // the state yet was dropped and retransmitted, which takes a second).
-    await waitFor(async () => (await report()).every((f) => f.up && f.error === null && (f.sinceLastMs ?? 1e9) < 500), {
-      what: 'every flow answering',
-      timeoutMs: 20_000,
-    }).catch(async (e: unknown) => {
-      const bad = (await report()).filter((f) => !f.up || f.error !== null);
-      throw new Error(`${(e as Error).message}: ${JSON.stringify(bad.slice(0, 5))}\n${logs()}`);
-    });
+    const { groups, report } = await startFlows(t, logs);
     const before = await report();
     const snatPorts = before.filter((f) => f.id.startsWith('snat')).map((f) => Number(f.peers[0]?.split(':')[1]));
     const bySlice = [0, 1].map((s) => snatPorts.filter((p) => sliceOf(p) === s).length);
@@ -212,14 +264,10 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     const udpPeers = new Map(before.filter((f) => f.proto === 'udp').map((f) => [f.id, f.peers.join(',')]));
 
     await Promise.all(groups.map((g) => g.reset()));
-    const killedAt = Date.now();
-    await t.killReplica(0);
-    // BFD at 100 ms x 3.
-    await new Promise((r) => setTimeout(r, 300));
-    await t.failNexthop(0);
-    await new Promise((r) => setTimeout(r, 4000));
+    const { withdrawnMs, windowMs } = await killBehindBgp(t, 0);
     const after = await report();
-    console.log(`[${b.name}] largest gap per flow over the loss of g0 (${Date.now() - killedAt} ms window): ${gapSummary(after)}`);
+    console.log(`[${b.name}] g0 killed: withdrawn from rtr by BFD after ${withdrawnMs} ms; largest gap per flow (${windowMs} ms window): ${gapSummary(after)}`);
+    expect(withdrawnMs, "BFD (100 ms x 3) withdraws the dead replica's routes").toBeLessThan(1000);
     console.log(`[${b.name}] per flow: ${after.map((f) => `${f.id}=${f.maxGapMs}`).join(' ')}`);
     const lost = after.filter((f) => f.error !== null || (f.sinceLastMs ?? 1e9) > 1000);
     expect(
@@ -237,7 +285,7 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
         .split('\n')
         .filter((l) => l.includes('ESTABLISHED')).length;
     expect(await flowsToExt('g0'), 'the new g0 starts without flows').toBe(0);
-    const again = await startReplica(t, 0, { ...b.env, NATGW_SNAT_PORT_SLICE: SLICES[0] as string });
+    const again = await startReplica(t, 0, { ...b.env, ...EcmpTopology.natgwBgpEnv(), NATGW_SNAT_PORT_SLICE: SLICES[0] as string });
     let readyAt = 0;
     await waitFor(
       async () => {
@@ -265,6 +313,73 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     expect(
       lostBack.map((f) => `${f.id}: ${f.error ?? `silent ${f.sinceLastMs} ms`}`),
       'flows lost as g0 rejoins',
+    ).toEqual([]);
+  }, 180_000);
+
+  it('three replicas (one multicast sync channel) behind BGP: one killed and restarted, no flow lost; it is announced only once it holds the flows', async () => {
+    const slices = ['0/3', '1/3', '2/3'];
+    const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: slices[i] as string }), { n: 3, bgp: true });
+    const sync = (await haStatus(t, 1)).sync;
+    expect({ peers: sync.peers, group: sync.group }).toEqual({ peers: [ECMP_ADDR.sync(0), ECMP_ADDR.sync(2)], group: '225.0.0.50' });
+    const { groups, report } = await startFlows(t, logs);
+    // 1024-65535 in three slices of 21504 ports.
+    const snatPorts = (await report()).filter((f) => f.id.startsWith('snat')).map((f) => Number(f.peers[0]?.split(':')[1]));
+    const bySlice = [0, 1, 2].map((k) => snatPorts.filter((p) => Math.floor((p - 1024) / 21504) === k).length);
+    console.log(`[${b.name}] three replicas, SNAT flows per replica (by port slice): ${bySlice.join(', ')}`);
+    expect(
+      bySlice.every((n) => n > 0),
+      `SNAT flows through every replica: ${bySlice}`,
+    ).toBe(true);
+    const udpPeers = new Map((await report()).filter((f) => f.proto === 'udp').map((f) => [f.id, f.peers.join(',')]));
+
+    await Promise.all(groups.map((g) => g.reset()));
+    const { withdrawnMs, windowMs } = await killBehindBgp(t, 1);
+    const after = await report();
+    console.log(
+      `[${b.name}] three replicas, g1 killed: withdrawn from rtr by BFD after ${withdrawnMs} ms; largest gap per flow (${windowMs} ms window): ${gapSummary(after)}`,
+    );
+    expect(withdrawnMs, "BFD (100 ms x 3) withdraws the dead replica's routes").toBeLessThan(1000);
+    const lost = after.filter((f) => f.error !== null || (f.sinceLastMs ?? 1e9) > 1000);
+    expect(
+      lost.map((f) => `${f.id}: ${f.error ?? `silent ${f.sinceLastMs} ms`}`),
+      'flows lost with g1',
+    ).toEqual([]);
+    for (const f of after.filter((x) => x.proto === 'udp')) expect(f.peers.join(','), f.id).toBe(udpPeers.get(f.id));
+
+    // g1 comes back as a new pod: links up, an empty conntrack table; it asks both survivors.
+    await t.linksUp(1);
+    await t.exec('g1', ['conntrack', '-F'], { reject: false });
+    await Promise.all(groups.map((g) => g.reset()));
+    const again = await startReplica(t, 1, { ...b.env, ...EcmpTopology.natgwBgpEnv(), NATGW_SNAT_PORT_SLICE: slices[1] as string });
+    // The moment rtr learns g1 again, g1 is ready and holds the survivors' flows.
+    let announcedWhile: { ready: boolean; join: unknown } | undefined;
+    await waitFor(
+      async () => {
+        if (!(await t.fibVia(EIP_SNAT)).includes(ECMP_ADDR.net1(1))) return false;
+        announcedWhile = { ready: await ready(t, 1), join: (await haStatus(t, 1)).join?.state };
+        return true;
+      },
+      { what: 'g1 announced again', timeoutMs: 30_000, intervalMs: 10 },
+    ).catch(async (e: unknown) => {
+      throw new Error(`${(e as Error).message}\n${JSON.stringify(await haStatus(t, 1))}\n${again.logs()}`);
+    });
+    expect(announcedWhile, 'g1 announced only once ready, its join done').toEqual({ ready: true, join: 'done' });
+    const held = (await t.exec('g1', ['conntrack', '-L', '-p', 'tcp', '--orig-dst', ECMP_ADDR.extHost, '--orig-port-dst', '9000'], { reject: false })).stdout
+      .split('\n')
+      .filter((l) => l.includes('ESTABLISHED')).length;
+    const join = (await haStatus(t, 1)).join;
+    console.log(`[${b.name}] g1 rejoined three replicas: ${JSON.stringify(join)}; SNAT flows in its kernel when ready: ${held}`);
+    expect(join?.state, JSON.stringify(join)).toBe('done');
+    expect(held, "g1's kernel holds the established flows when it reports ready").toBeGreaterThanOrEqual(80);
+    // OVN's side: g1 back in the VPC's ECMP (its BFD would see it answer).
+    await t.restoreNexthop(1);
+    await new Promise((r) => setTimeout(r, 3000));
+    const back = await report();
+    console.log(`[${b.name}] three replicas, largest gap per flow as g1 restarts and rejoins ECMP: ${gapSummary(back)}`);
+    const lostBack = back.filter((f) => f.error !== null || (f.sinceLastMs ?? 1e9) > 1000);
+    expect(
+      lostBack.map((f) => `${f.id}: ${f.error ?? `silent ${f.sinceLastMs} ms`}`),
+      'flows lost as g1 rejoins',
     ).toEqual([]);
   }, 180_000);
 

@@ -1,7 +1,7 @@
 /**
  * Replica sync (src/ha): conntrackd.conf rendering, the `conntrackd -s` parser on output
  * captured from Debian's conntrackd 1.4.7 (two replicas in two namespaces, one TCP flow synced
- * from the active to the backup and committed there), the HA configuration keys, and the
+ * from the active to the backup and committed there; one multicast replica), the HA configuration keys, and the
  * supervisor's restart with backoff.
  */
 import { EventEmitter } from 'node:events';
@@ -52,6 +52,29 @@ describe('renderConntrackdConf', () => {
     expect(text).not.toContain('Interface ');
   });
 
+  it('more than two replicas: NOTRACK over multicast on the sync interface, every peer ignored', () => {
+    const text = renderConntrackdConf({
+      localAddress: '10.99.0.1',
+      peerAddress: '10.99.0.2',
+      peerAddresses: ['10.99.0.2', '10.99.0.3'],
+      multicastGroup: '225.0.0.50',
+      syncInterface: 'sync0',
+      port: 3780,
+      paths,
+      mode: 'active-active',
+    });
+    expect(text).toContain('\tMode NOTRACK {\n\t\tDisableExternalCache On\n\t\tDisableInternalCache Off\n');
+    expect(text).toContain('\tMulticast {\n\t\tIPv4_address 225.0.0.50\n\t\tGroup 3780\n\t\tIPv4_interface 10.99.0.1\n\t\tInterface sync0\n');
+    expect(text).toContain('\t\t\tIPv4_address 10.99.0.1\n\t\t\tIPv4_address 10.99.0.2\n\t\t\tIPv4_address 10.99.0.3\n');
+    expect(text).not.toMatch(/FTFW|UDP \{|ResendQueueSize/);
+    const pair = { localAddress: '10.99.0.1', peerAddress: '10.99.0.2', syncInterface: 'sync0', port: 3780, paths, mode: 'active-active' as const };
+    // A pair keeps its unicast channel, whether its one peer is also listed or not.
+    expect(renderConntrackdConf({ ...pair, peerAddresses: ['10.99.0.2'] })).toBe(renderConntrackdConf(pair));
+    expect(() => renderConntrackdConf({ ...pair, multicastGroup: 'ff02::1' })).toThrow(/one family/);
+    expect(() => renderConntrackdConf({ ...pair, multicastGroup: '225.0.0.50', syncInterface: undefined })).toThrow(/sync interface/);
+    expect(() => renderConntrackdConf({ ...pair, multicastGroup: '225.0.0.50', mode: 'takeover' })).toThrow(/active-active/);
+  });
+
   it('refuses mixed families, bad ports and text that would break the syntax', () => {
     expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: 'fd00::2', port: 3780, paths })).toThrow(HaConfigError);
     expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: '10.99.0.2', port: 0, paths })).toThrow(/port/);
@@ -69,6 +92,12 @@ describe('parseConntrackdStats (conntrackd 1.4.7 output)', () => {
     expect(s.channel).toEqual({ device: 'sync0', bytesSent: 196, bytesReceived: 128, packetsSent: 9, packetsReceived: 8, sendErrors: 0, receiveErrors: 0 });
     expect(s.malformed).toBe(0);
     expect(s.lost).toBe(0);
+  });
+
+  it('a multicast channel (NOTRACK, external inject): conntrackd names its section in lower case', () => {
+    const s = parseConntrackdStats(fixture('stats-multicast.txt'));
+    expect(s.channel).toEqual({ device: 'sync0', bytesSent: 8, bytesReceived: 0, packetsSent: 1, packetsReceived: 0, sendErrors: 0, receiveErrors: 0 });
+    expect(s.external.created).toBe(0);
   });
 
   it("the backup replica: the peer's flow in its external cache", () => {
@@ -91,12 +120,14 @@ describe('HA configuration keys', () => {
     const c = await loadConfig(base);
     expect(c.ha).toEqual({
       peer: undefined,
+      peers: [],
       syncInterface: undefined,
       syncAddress: undefined,
       port: 3780,
       syncTimeoutMs: 10_000,
       conntrackd: 'conntrackd',
       peerApi: undefined,
+      peerApis: [],
       peerTokenFile: undefined,
       initialRole: 'standby',
       mode: 'takeover',
@@ -123,9 +154,40 @@ describe('HA configuration keys', () => {
     });
   });
 
+  it('several peers: a multicast group (225.0.0.50 by default), every peer API; only in active-active mode', async () => {
+    const several = {
+      ...base,
+      NATGW_HA_PEERS: '10.99.0.2, 10.99.0.3',
+      NATGW_HA_MODE: 'active-active',
+      NATGW_HA_SYNC_INTERFACE: 'sync0',
+      NATGW_HA_PEER_API: 'http://10.99.0.2:8080/,http://10.99.0.3:8080',
+    };
+    expect((await loadConfig(several)).ha).toMatchObject({
+      peer: '10.99.0.2',
+      peers: ['10.99.0.2', '10.99.0.3'],
+      syncGroup: '225.0.0.50',
+      peerApi: 'http://10.99.0.2:8080',
+      peerApis: ['http://10.99.0.2:8080', 'http://10.99.0.3:8080'],
+    });
+    expect((await loadConfig({ ...several, NATGW_HA_SYNC_GROUP: '239.1.2.3' })).ha?.syncGroup).toBe('239.1.2.3');
+    const refused = async (env: Record<string, string | undefined>, message: RegExp) => {
+      const err = await loadConfig({ ...several, ...env }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ConfigError);
+      expect(String(err)).toMatch(message);
+    };
+    await refused({ NATGW_HA_MODE: 'takeover' }, /only NATGW_HA_MODE=active-active/);
+    await refused({ NATGW_HA_SYNC_INTERFACE: undefined }, /NATGW_HA_SYNC_INTERFACE must name/);
+    await refused({ NATGW_HA_PEERS: '10.99.0.2,fd00::3' }, /mixes IPv4 and IPv6/);
+    await refused({ NATGW_HA_PEERS: 'fd00::2,fd00::3' }, /NATGW_HA_SYNC_GROUP must be set/);
+    await refused({ NATGW_HA_PEERS: 'fd00::2,fd00::3', NATGW_HA_SYNC_GROUP: '225.0.0.50' }, /not of the peers' family/);
+    expect((await loadConfig({ ...several, NATGW_HA_PEERS: 'fd00::2,fd00::3', NATGW_HA_SYNC_GROUP: 'ff02::3780' })).ha?.syncGroup).toBe('ff02::3780');
+  });
+
   it.each([
-    ['NATGW_HA_PEERS', '10.99.0.2,10.99.0.3', /one IP address/],
-    ['NATGW_HA_PEERS', 'peer-b', /one IP address/],
+    ['NATGW_HA_PEERS', '10.99.0.2,peer-c', /IP addresses of the other replicas/],
+    ['NATGW_HA_PEERS', 'peer-b', /IP addresses of the other replicas/],
+    ['NATGW_HA_SYNC_GROUP', '10.0.0.1', /multicast address/],
+    ['NATGW_HA_PEER_API', 'http://a:1,ftp://b', /http:\/\/host:port/],
     ['NATGW_HA_SYNC_PORT', '70000', /NATGW_HA_SYNC_PORT/],
     ['NATGW_HA_SYNC_TIMEOUT', '0s', /NATGW_HA_SYNC_TIMEOUT must be between/],
     ['NATGW_HA_PEER_API', 'ftp://x', /http:\/\/host:port/],
