@@ -80,7 +80,8 @@ export function renderConntrackdConf(s: ConntrackdSettings): string {
   if (multicast && (!activeActive || !s.syncInterface)) throw new HaConfigError('a multicast sync channel needs active-active mode and a sync interface');
   const mode = multicast
     ? // FTFW tracks one sequence of messages, one sender's: with several senders on a group it
-      // takes the others' messages for losses and drops them as late. NOTRACK keeps none.
+      // takes the others' messages for losses and drops them as late (tried with three
+      // replicas: most new flows never got through). NOTRACK tracks none.
       ['\tMode NOTRACK {', '\t\tDisableExternalCache On', '\t\tDisableInternalCache Off', '\t\tPurgeTimeout 5', '\t}']
     : [
         '\tMode FTFW {',
