@@ -330,7 +330,11 @@ export function buildOpenApi(): Json {
                   properties: { enabled: { type: 'boolean' }, healthy: { type: 'boolean' }, reasons: { type: 'array', items: { type: 'string' } } },
                 },
                 conntrackd: { type: ['object', 'null'], description: 'The supervised process: state, pid, restarts, last exit' },
-                sync: { type: ['object', 'null'], description: 'Peer and local sync address, last exchange, conntrackd statistics' },
+                sync: {
+                  type: ['object', 'null'],
+                  description:
+                    'Peers (`peer` the first, `peers` all), multicast `group` (null for a pair), local sync address, last exchange, conntrackd statistics',
+                },
                 peerApi: { type: ['object', 'null'], description: "The peer's digest as last read, whether it differs, the last error" },
                 lastTakeover: { type: ['object', 'null'] },
               },
