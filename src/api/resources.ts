@@ -134,7 +134,7 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   stateKey: 'snats',
   title: 'SNAT',
   description:
-    "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn. The CIDR is canonicalised; rules are kept longest prefix first.",
+    "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn; EIPs listed in `draining` take no new connections while their established ones carry on (PUT with `?replace=true` to change a SNAT). The CIDR is canonicalised; rules are kept longest prefix first.",
   idFields: ['eip', 'cidr'],
   idExample: '172.20.0.10,10.0.1.0%2F24',
   numericIdFields: [],
@@ -150,7 +150,7 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   put: (s, x, ctx) => {
     const existing = ctx.replace ? Ops.findByKey(s.snats, snatKey, snatKey(x)) : undefined;
     const samePool = (a?: readonly string[], b?: readonly string[]) => (a ?? []).join(',') === (b ?? []).join(',');
-    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips))) {
+    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips) || !samePool(existing.draining, x.draining))) {
       return chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
     }
     return Ops.addSnat(s, x);

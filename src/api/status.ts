@@ -4,6 +4,7 @@ import { HttpError } from './errors.js';
 import { RESOURCES } from './resources.js';
 import { digestOf } from './stateDoc.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
+import type { DrainingStatus } from '../dataplane/draining.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
 
 /**
@@ -35,6 +36,8 @@ export interface StatusDocument {
   };
   /** What the desired state holds that is not installed, and why (a subnet route to a default the external one owns). */
   readonly warnings: readonly string[];
+  /** EIPs draining out of SNAT pools and the connections still translated to each (only while some drain). */
+  readonly draining?: readonly DrainingStatus[];
 }
 
 const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
@@ -44,7 +47,13 @@ const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
 };
 
 /** Pure: the status document from what the agent reports. */
-export function buildStatus(doc: StateDocument, readiness: Readiness, sync: SyncInfo | null, check?: DriftCheck): StatusDocument {
+export function buildStatus(
+  doc: StateDocument,
+  readiness: Readiness,
+  sync: SyncInfo | null,
+  check?: DriftCheck,
+  draining?: readonly DrainingStatus[],
+): StatusDocument {
   const applied: DesiredState | null = doc.lastApplied;
   const objects: Record<string, { desired: number; applied: number | null }> = {};
   for (const def of RESOURCES) {
@@ -71,6 +80,7 @@ export function buildStatus(doc: StateDocument, readiness: Readiness, sync: Sync
       ...(check ? { check } : {}),
     },
     warnings: heldDefaultRoutes(doc.desired).map((h) => heldDefaultRouteText(h, doc.desired.interfaces)),
+    ...(draining && draining.length > 0 ? { draining } : {}),
   };
 }
 
@@ -86,7 +96,8 @@ export function mountStatus(app: Express, agent: AgentService): void {
     const check = checkQuery(req);
     const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    res.json(buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift));
+    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : undefined;
+    res.json(buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift, draining));
   });
 }
 
@@ -145,6 +156,21 @@ export function statusOpenApi(): Record<string, unknown> {
                         last: { type: ['object', 'null'] },
                         lastRepair: { type: ['object', 'null'] },
                         check: { type: 'object' },
+                      },
+                    },
+                    draining: {
+                      type: 'array',
+                      description: 'EIPs draining out of SNAT pools (present only while some drain)',
+                      items: {
+                        type: 'object',
+                        properties: {
+                          snat: { type: 'object', properties: { eip: { type: 'string' }, cidr: { type: 'string' } } },
+                          eip: { type: 'string' },
+                          connections: {
+                            type: ['integer', 'null'],
+                            description: 'Connections from the CIDR still translated to the EIP (null: conntrack unreadable)',
+                          },
+                        },
                       },
                     },
                     warnings: {

@@ -147,6 +147,10 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
   }
   // An older daemon's document has none.
   for (const [i, w] of (s.warnings ?? []).entries()) kv(i === 0 ? 'Warnings' : '', w);
+  for (const [i, x] of (s.draining ?? []).entries()) {
+    const left = x.connections === null ? 'connections unknown (conntrack unreadable)' : `${x.connections} connection${x.connections === 1 ? '' : 's'} left`;
+    kv(i === 0 ? 'Draining' : '', `${x.eip} out of snat ${x.snat.eip},${x.snat.cidr}: ${left}`);
+  }
   out.push('');
   const rows = Object.entries(s.objects).map(([kind, c]) => [
     kind,

@@ -6,6 +6,7 @@ import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { Config } from '../config/config.js';
 import type { DesiredState } from '../state/state.js';
+import type { DrainingStatus } from '../dataplane/draining.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { internState } from '../state/intern.js';
@@ -38,6 +39,8 @@ export interface AgentDeps {
     afterFirstSync(state: DesiredState): Promise<void>;
     announce(state: DesiredState, why: string): void;
   };
+  /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
+  readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
 }
 
 /** Runs a script command on `engine`, its change through `transact` (the engine's, or the batcher's). */
@@ -249,6 +252,10 @@ export class Agent implements AgentService {
 
   lastSyncInfo(): SyncInfo | null {
     return this.lastSyncDetail;
+  }
+
+  async draining(state: DesiredState): Promise<readonly DrainingStatus[]> {
+    return this.deps.countDraining ? this.deps.countDraining(state) : [];
   }
 
   /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */
