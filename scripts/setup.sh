@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 # curl: the shim's client for a running daemon (image/nat-gateway.sh), as in the image.
-pkgs=(nftables iptables iproute2 conntrack conntrackd iputils-arping ipv6toolkit iputils-ping tcpdump procps ca-certificates curl)
+pkgs=(nftables iptables iproute2 conntrack conntrackd nfct iputils-arping ipv6toolkit iputils-ping tcpdump procps ca-certificates curl)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 # NATGW_IMAGE_TOOLS=1: what image/build.sh and image/lab.sh need besides (not part of npm test).
 if [ "${NATGW_IMAGE_TOOLS:-0}" = 1 ]; then pkgs+=(podman debootstrap fuse-overlayfs util-linux binutils); fi

@@ -18,7 +18,8 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { CtTimeouts } from '../dataplane/ctTimeouts.js';
 import { timelineMark } from '../system/timeline.js';
 
 export interface EngineDeps {
@@ -176,6 +177,8 @@ export class Engine {
   readonly qos: QosManager;
   readonly eipCounters: EipCounters;
   readonly neighbours: NeighbourManager;
+  /** Timeouts of the connections natgw translates (NATGW_CT_TIMEOUT_*). */
+  readonly ctTimeouts: CtTimeouts;
   readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
@@ -213,6 +216,7 @@ export class Engine {
     this.qos = new QosManager(deps.exec, deps.log, undefined, path.join(deps.config.stateDir, 'qos-intent.json'));
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
+    this.ctTimeouts = new CtTimeouts(deps.exec, nft, deps.log, deps.config.ctTimeouts);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
@@ -251,6 +255,7 @@ export class Engine {
     this.shareDnat.forget();
     this.eipCounters.forget();
     this.neighbours.forget();
+    this.ctTimeouts.forget();
   }
 
   /** What natgw owns in the kernel (no state file survived), or an empty state. */
@@ -499,6 +504,7 @@ export class Engine {
     return [
       netfilterPart(backend, this.eipCounters, this.log),
       shareDnatPart(this.shareDnat),
+      ctTimeoutsPart(this.ctTimeouts, backend),
       linkPart(this.link),
       qosPart(this.qos),
       neighboursPart(this.neighbours),
@@ -519,7 +525,7 @@ export class Engine {
     opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
-    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
+    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
@@ -548,7 +554,8 @@ export class Engine {
       }
     }
     return {
-      netfilterChanges: changes.netfilter,
+      // The timeout policies are netfilter objects of natgw's too.
+      netfilterChanges: changes.netfilter + changes.ctTimeouts,
       shareDnatChanges: changes.shareDnat,
       linkChanges: changes.link,
       qosChanges: changes.qos,

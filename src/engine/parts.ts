@@ -6,6 +6,8 @@ import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
+import type { CtTarget, CtTimeouts } from '../dataplane/ctTimeouts.js';
+import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -13,7 +15,7 @@ import type { NeighbourManager } from '../dataplane/neighbours.js';
  * (reading back only in a full sync) and say what changed. The engine's reconcile is a loop
  * over these, in order; a part knows nothing of the others.
  */
-export type PartName = 'netfilter' | 'shareDnat' | 'link' | 'qos' | 'neighbours';
+export type PartName = 'netfilter' | 'shareDnat' | 'ctTimeouts' | 'link' | 'qos' | 'neighbours';
 
 export interface PartResult {
   readonly changes: number;
@@ -126,6 +128,26 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
       return { changes: r.changes, script: r.script, notes: none };
+    },
+  };
+}
+
+const translatedChanged = changed('snats', 'dnats', 'fips', 'shareDnats', 'interfaces', 'initialized');
+
+/**
+ * Timeouts of the connections natgw translates, for the backend in use. Without a policy
+ * configured it runs only in a full sync (once per process: what an earlier configuration left).
+ */
+export function ctTimeoutsPart(ct: CtTimeouts, backend: NetfilterBackend): Part {
+  const target: CtTarget = backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
+  return {
+    name: 'ctTimeouts',
+    runs: (want, from, mode) => mode === 'full' || (ct.configured && translatedChanged(want, from)),
+    async sync(want, _from, opts) {
+      // Nothing is translated before init; leftovers of an earlier configuration go at once.
+      if (!want.initialized && ct.configured) return { changes: 0, script: '', notes: none };
+      const r = await ct.sync(want, target, opts);
+      return { changes: r.changes, script: r.script, notes: r.notes };
     },
   };
 }
