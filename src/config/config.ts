@@ -65,23 +65,19 @@ const size = (key: string, min: number, max: number) =>
  */
 const ctTimeout = (key: string) =>
   optionalText
-    .pipe(
-      z.union([
-        z.undefined(),
-        z.string().transform((s, ctx) => {
-          const ms = parseDuration(s);
-          if (ms === null || ms % 1000 !== 0) {
-            ctx.addIssue({ code: 'custom', message: `${key} must be whole seconds such as 30s, 20m or 1h, got ${s}` });
-            return z.NEVER;
-          }
-          if (ms < 1000 || ms > 2_592_000_000) {
-            ctx.addIssue({ code: 'custom', message: `${key} must be between 1s and 720h (30 days), got ${s}` });
-            return z.NEVER;
-          }
-          return ms / 1000;
-        }),
-      ]),
-    )
+    .transform((s, ctx): number | undefined => {
+      if (s === undefined) return undefined;
+      const ms = parseDuration(s);
+      if (ms === null || ms % 1000 !== 0) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be whole seconds such as 30s, 20m or 1h, got ${s}` });
+        return z.NEVER;
+      }
+      if (ms < 1000 || ms > 2_592_000_000) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be between 1s and 720h (30 days), got ${s}` });
+        return z.NEVER;
+      }
+      return ms / 1000;
+    })
     .meta({ values: 'whole seconds, 1s to 720h; unset: the kernel default' });
 
 /** A whole number within bounds, written in decimal. */

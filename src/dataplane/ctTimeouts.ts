@@ -147,6 +147,7 @@ export class CtTimeouts {
   private async readIpt(variant: IptablesVariant): Promise<IptView> {
     const policies = parseNfctList((await runChecked(this.exec, { file: 'nfct', args: ['list', 'timeout'] })).stdout);
     const read = async (f: 4 | 6): Promise<IptCtHave> => {
+      if (!(await this.rawMayHold(variant, f))) return { policies: policies[f], lines: [], chains: false };
       const r = await this.exec.run({ file: toolsFor(variant, f).save, args: ['-t', 'raw'] });
       // Without ip6tables (or its raw table) nothing of natgw's can be there.
       if (r.exitCode !== 0) {
@@ -199,6 +200,18 @@ export class CtTimeouts {
     return { changes: add.length + del.length + restores.reduce((n, r) => n + lineCount(r.script) - 2, 0), script: text, notes: [] };
   }
 
+  /**
+   * Whether the family's raw table may hold natgw's chains. Listing a legacy table that does not
+   * exist yet creates it (with its hooks) in this namespace: the kernel's list of legacy tables
+   * is asked first, where this executor can read it.
+   */
+  private async rawMayHold(variant: IptablesVariant, f: 4 | 6): Promise<boolean> {
+    if (variant !== 'legacy' || !this.exec.readKernelFile) return true;
+    const names = await this.exec.readKernelFile(f === 4 ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names');
+    // No such file: no legacy table at all in this namespace.
+    return names !== undefined && /^raw$/m.test(names);
+  }
+
   // ---- without a policy ----
 
   /** Remove what an earlier configuration left (once, at the first full sync); errors are only logged. */
@@ -217,6 +230,7 @@ export class CtTimeouts {
       let changes = 0;
       let text = '';
       for (const f of FAMILIES) {
+        if (!(await this.rawMayHold(target.variant, f))) continue;
         const r = await this.exec.run({ file: toolsFor(target.variant, f).save, args: ['-t', 'raw'] });
         if (r.exitCode !== 0) continue;
         const script = planIptCt(null, { policies: new Set(), ...parseIptCt(r.stdout) });
