@@ -54,7 +54,7 @@ const lineCount = (s: string): number => s.split('\n').filter((l) => l.trim() !=
 export class CtTimeouts {
   private view: View | undefined;
   private readonly supported = new Map<string, boolean>();
-  /** Without a policy, leftovers of an earlier configuration are removed by the first full sync. */
+  /** What an earlier configuration left is removed by the first full sync (leftovers). */
   private cleaned = false;
   /** Said once, with the sync that found timeouts unsupported. */
   private note: string | undefined;
@@ -77,7 +77,8 @@ export class CtTimeouts {
 
   async sync(want: DesiredState, target: CtTarget, opts: { mode: SyncMode; dryRun?: boolean }): Promise<CtSyncResult> {
     const policy = this.policy;
-    if (!isConfigured(policy)) return this.cleanUp(target, opts);
+    const left = await this.leftovers(target, isConfigured(policy), opts);
+    if (!isConfigured(policy)) return left;
     const key = keyOf(target);
     if (!(await this.probe(target, key))) {
       const notes = this.note ? [this.note] : [];
@@ -85,7 +86,9 @@ export class CtTimeouts {
       return { changes: 0, script: '', notes };
     }
     try {
-      return target.kind === 'nftables' ? await this.syncNft(nftCtTable(want, policy), key, opts) : await this.syncIpt(want, policy, target.variant, key, opts);
+      const r =
+        target.kind === 'nftables' ? await this.syncNft(nftCtTable(want, policy), key, opts) : await this.syncIpt(want, policy, target.variant, key, opts);
+      return { ...r, changes: r.changes + left.changes, script: left.script + r.script };
     } catch (e) {
       this.view = undefined;
       throw e;
@@ -212,48 +215,76 @@ export class CtTimeouts {
     return names !== undefined && /^raw$/m.test(names);
   }
 
-  // ---- without a policy ----
+  // ---- leftovers ----
 
-  /** Remove what an earlier configuration left (once, at the first full sync); errors are only logged. */
-  private async cleanUp(target: CtTarget, opts: { mode: SyncMode; dryRun?: boolean }): Promise<CtSyncResult> {
-    if (this.cleaned || opts.mode !== 'full' || opts.dryRun) return { changes: 0, script: '', notes: [] };
+  /**
+   * What another configuration left, removed once per process at its first full sync: without a
+   * policy, natgw's timeout objects of every kind; with one, those of the backends not in use (a
+   * backend switch), whose stale selectors would otherwise keep applying. Errors are only logged.
+   */
+  private async leftovers(target: CtTarget, configured: boolean, opts: { mode: SyncMode; dryRun?: boolean }): Promise<CtSyncResult> {
+    const none = { changes: 0, script: '', notes: [] };
+    if (this.cleaned || opts.mode !== 'full' || opts.dryRun) return none;
     this.cleaned = true;
-    try {
-      if (target.kind === 'nftables') {
-        const json = (await this.nft.listJson?.('inet', CT_TABLE)) ?? null;
-        if (json === null) return { changes: 0, script: '', notes: [] };
-        const script = planNftCt(null, parseNftCt(json));
-        await this.nft.run(script);
-        this.log.info('connection timeouts no longer configured: their table removed');
-        return { changes: 1, script, notes: [] };
+    let changes = 0;
+    let script = '';
+    const step = async (what: string, run: () => Promise<{ changes: number; script: string }>): Promise<void> => {
+      try {
+        const r = await run();
+        changes += r.changes;
+        script += r.script;
+      } catch (e) {
+        this.log.warn({ err: e, what }, 'connection timeouts: leftovers of an earlier configuration not removed');
       }
-      let changes = 0;
-      let text = '';
-      for (const f of FAMILIES) {
-        if (!(await this.rawMayHold(target.variant, f))) continue;
-        const r = await this.exec.run({ file: toolsFor(target.variant, f).save, args: ['-t', 'raw'] });
-        if (r.exitCode !== 0) continue;
-        const script = planIptCt(null, { policies: new Set(), ...parseIptCt(r.stdout) });
-        if (script === null) continue;
-        await runChecked(this.exec, { file: toolsFor(target.variant, f).restore, args: ['--noflush'], input: script }, 'connection timeouts');
-        changes += lineCount(script) - 2;
-        text += script;
-      }
-      const list = await this.exec.run({ file: 'nfct', args: ['list', 'timeout'] });
-      if (list.exitCode === 0) {
-        const owned = parseNfctList(list.stdout);
-        for (const name of [...owned[4], ...owned[6]]) {
-          await this.exec.run({ file: 'nfct', args: ['delete', 'timeout', name] });
-          changes++;
-          text += `nfct delete timeout ${name}\n`;
-        }
-      }
-      if (changes > 0) this.log.info('connection timeouts no longer configured: their chains and policies removed');
-      return { changes, script: text, notes: [] };
-    } catch (e) {
-      this.log.warn({ err: e }, 'connection timeouts: leftovers of an earlier configuration not removed');
-      return { changes: 0, script: '', notes: [] };
+    };
+    if (!configured || target.kind !== 'nftables') await step('nftables', () => this.removeNft());
+    for (const variant of ['legacy', 'nft'] as const) {
+      if (configured && target.kind === 'iptables' && target.variant === variant) continue;
+      await step(`iptables-${variant}`, () => this.removeIpt(variant));
     }
+    // The policies only once no rule names them; the backend in use deletes its stale ones itself.
+    if (!configured || target.kind === 'nftables') await step('nfct', () => this.removeNfct());
+    if (changes > 0) this.log.info({ changes }, 'connection timeouts: what an earlier configuration left was removed');
+    return { changes, script, notes: [] };
+  }
+
+  private async removeNft(): Promise<{ changes: number; script: string }> {
+    const json = (await this.nft.listJson?.('inet', CT_TABLE)) ?? null;
+    if (json === null) return { changes: 0, script: '' };
+    const script = planNftCt(null, parseNftCt(json));
+    await this.nft.run(script);
+    return { changes: 1, script };
+  }
+
+  private async removeIpt(variant: IptablesVariant): Promise<{ changes: number; script: string }> {
+    let changes = 0;
+    let text = '';
+    for (const f of FAMILIES) {
+      if (!(await this.rawMayHold(variant, f))) continue;
+      const r = await this.exec.run({ file: toolsFor(variant, f).save, args: ['-t', 'raw'] });
+      if (r.exitCode !== 0) continue;
+      const script = planIptCt(null, { policies: new Set(), ...parseIptCt(r.stdout) });
+      if (script === null) continue;
+      await runChecked(this.exec, { file: toolsFor(variant, f).restore, args: ['--noflush'], input: script }, 'connection timeouts');
+      changes += lineCount(script) - 2;
+      text += script;
+    }
+    return { changes, script: text };
+  }
+
+  private async removeNfct(): Promise<{ changes: number; script: string }> {
+    const list = await this.exec.run({ file: 'nfct', args: ['list', 'timeout'] });
+    if (list.exitCode !== 0) return { changes: 0, script: '' };
+    const owned = parseNfctList(list.stdout);
+    let changes = 0;
+    let text = '';
+    for (const name of [...owned[4], ...owned[6]]) {
+      const r = await this.exec.run({ file: 'nfct', args: ['delete', 'timeout', name] });
+      if (r.exitCode !== 0) continue;
+      changes++;
+      text += `nfct delete timeout ${name}\n`;
+    }
+    return { changes, script: text };
   }
 }
 

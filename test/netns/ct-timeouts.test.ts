@@ -148,4 +148,27 @@ describe.each(BACKENDS)('connection timeouts on $name', (backend: BackendCase) =
     );
     expect(d.last.repaired, JSON.stringify(d.last)).toBe(false);
   });
+
+  it('unsetting the keys removes the policies at the next start; translated flows go back to the kernel timeouts', async () => {
+    if (daemon) await stopDaemon(daemon);
+    daemon = undefined;
+    daemon = await startDaemon(topo, { NATGW_RESYNC_PERIOD: '1s' });
+    const owned = async (): Promise<string> => {
+      if (!backend.iptablesVariant) return (await topo.exec('gw', ['nft', 'list', 'tables'])).stdout.includes('natgw_ct') ? 'natgw_ct' : '';
+      const raw = (await topo.exec('gw', [`iptables-${backend.iptablesVariant}-save`, '-t', 'raw'])).stdout;
+      const nfct = (await topo.exec('gw', ['nfct', 'list', 'timeout'])).stdout;
+      return [...raw.split('\n').filter((l) => l.includes('CT_TIMEOUT')), ...nfct.split('\n').filter((l) => l.startsWith('.natgw_'))].join('\n');
+    };
+    await waitFor(async () => (await owned()) === '', { what: "natgw's timeout objects to go", timeoutMs: 20_000 });
+    // The NAT itself is untouched: the long flows carry on, and the translated one now refreshes
+    // with the kernel's established timeout.
+    for (const f of flows) expect(await f.check()).toBe(true);
+    await waitFor(
+      async () => {
+        const e = (await entries(['-p', 'tcp', '--orig-port-dst', String(TCP_PORT), '--state', 'ESTABLISHED']))[0];
+        return e !== undefined && e.timeout > 400_000;
+      },
+      { what: 'the SNAT connection on the kernel timeout', timeoutMs: 5000, intervalMs: 50 },
+    );
+  }, 60_000);
 });
