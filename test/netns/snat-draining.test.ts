@@ -1,11 +1,14 @@
 /**
- * Draining an EIP out of a SNAT pool on the real kernel, for every backend (issue 31): long-lived
- * flows through the drained EIP keep carrying data, the status counts them, 100 new connections
+ * Draining an EIP out of a SNAT pool on the real kernel, for every backend (issue 31): drained
+ * with `natgw apply -f`, long-lived flows through the drained EIP keep carrying data, the status
+ * (API and `natgw status`) counts them, 100 new connections
  * all leave through the other pool members, and removing the drained EIP from the pool afterwards
  * resets none of the remaining flows.
  */
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
+import { ADDR, REPO_ROOT, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { waitFor } from '../helpers/poll.js';
 import { conntrackCount, startEchoServer, startLongFlow, startServer, type LongFlow, type ServerHandle } from '../helpers/traffic.js';
@@ -49,6 +52,8 @@ const one = () => new Promise((resolve) => {
   process.stdout.write(JSON.stringify({ sources, failures }) + '\\n');
 })();`;
 
+const NATGW_BIN = join(REPO_ROOT, 'bin', 'natgw.js');
+
 const sourceOf = (f: LongFlow): string => /^peer=(\S+):\d+/.exec(f.peer)?.[1] ?? '';
 
 describe.each(BACKENDS)('draining an EIP out of a SNAT pool on $name', (backend: BackendCase) => {
@@ -57,6 +62,8 @@ describe.each(BACKENDS)('draining an EIP out of a SNAT pool on $name', (backend:
   const servers: ServerHandle[] = [];
   const flows: LongFlow[] = [];
   const sock = () => socketOf(topo);
+  /** The natgw CLI in gw, against the daemon's socket. */
+  const cli = (args: readonly string[]) => topo.exec('gw', ['node', NATGW_BIN, ...args], { env: topo.natgwEnv(), reject: false, timeoutMs: 60_000 });
 
   /** Every long flow still echoes a fresh line end to end. */
   const allFlowing = async (): Promise<boolean[]> => Promise.all(flows.map((f) => f.check(5000)));
@@ -88,7 +95,12 @@ describe.each(BACKENDS)('draining an EIP out of a SNAT pool on $name', (backend:
     expect(onDrained.length).toBeGreaterThan(0);
     expect(new Set(flows.map(sourceOf))).toEqual(new Set([EIP, EIP2, EIP3]));
 
-    ok(await api(sock(), 'PUT', `${SNAT_PATH}?replace=true`, { eips: [EIP, EIP2, EIP3], draining: [EIP2] }), 'drain EIP2');
+    // Drained through the CLI: `natgw apply -f` updates the SNAT by its identity.
+    const file = join(topo.stateDir, 'drain.yaml');
+    writeFileSync(file, `snats:\n  - {eip: ${EIP}, cidr: ${ADDR.vpcCidr}, eips: [${EIP}, ${EIP2}, ${EIP3}], draining: [${EIP2}]}\n`);
+    const applied = await cli(['apply', '-f', file]);
+    expect(applied.stderr).toBe('');
+    expect(applied.exitCode, applied.stdout).toBe(0);
     if (backend.iptablesVariant) {
       const nat = await topo.iptablesSave('nat', backend.iptablesVariant);
       expect(nat).toContain(
@@ -98,6 +110,10 @@ describe.each(BACKENDS)('draining an EIP out of a SNAT pool on $name', (backend:
     }
     const status = ok(await api(sock(), 'GET', '/v1/status'), 'GET /v1/status').body;
     expect(status.draining).toEqual([{ snat: { eip: EIP, cidr: ADDR.vpcCidr }, eip: EIP2, connections: onDrained.length }]);
+    const text = await cli(['status']);
+    expect(text.stdout).toContain(
+      `Draining:    ${EIP2} out of snat ${EIP},${ADDR.vpcCidr}: ${onDrained.length} connection${onDrained.length === 1 ? '' : 's'} left\n`,
+    );
 
     // The established flows, the drained EIP's included, keep carrying data.
     expect(await allFlowing()).toEqual(flows.map(() => true));
