@@ -56,6 +56,8 @@ export class CtTimeouts {
   private readonly supported = new Map<string, boolean>();
   /** What an earlier configuration left is removed by the first full sync (leftovers). */
   private cleaned = false;
+  /** The backend the policy was last reported in place for (logged once per backend). */
+  private announced: string | undefined;
   /** Said once, with the sync that found timeouts unsupported. */
   private note: string | undefined;
 
@@ -88,6 +90,10 @@ export class CtTimeouts {
     try {
       const r =
         target.kind === 'nftables' ? await this.syncNft(nftCtTable(want, policy), key, opts) : await this.syncIpt(want, policy, target.variant, key, opts);
+      if (!opts.dryRun && this.announced !== key) {
+        this.announced = key;
+        this.log.info({ backend: key, seconds: policy }, 'connection timeouts in place for the flows natgw translates');
+      }
       return { ...r, changes: r.changes + left.changes, script: left.script + r.script };
     } catch (e) {
       this.view = undefined;
