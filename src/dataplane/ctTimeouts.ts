@@ -308,6 +308,7 @@ function heldNft(want: NftCtTable): NftCtHave {
   };
 }
 
+/** The order of the selector lines may differ from the kernel's after an edit: planIptCt compares them as a multiset. */
 function heldIpt(want: IptCtFamily | null): IptCtHave {
   if (want === null) return { policies: new Set(), lines: [], chains: false };
   return { policies: new Set(want.policies.keys()), lines: want.lines.map(compareLine), chains: true };

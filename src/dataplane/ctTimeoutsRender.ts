@@ -24,9 +24,9 @@
  * old one is deleted once no rule names it (nftables cannot change an object in place).
  */
 import { createHash } from 'node:crypto';
+import ipaddr from 'ipaddr.js';
 import { familyOfValid, parseCidr } from '../model/net.js';
 import type { DesiredState } from '../state/state.js';
-import { inCidr } from './conntrackStale.js';
 
 /** Seconds; an absent value keeps the kernel's own for those states. */
 export interface CtTimeoutPolicy {
@@ -108,21 +108,50 @@ export function selectorsOf(s: DesiredState, family: 4 | 6): Selectors {
   for (const f of s.fips) if (of(f.eip)) add({ addr: f.eip });
   const host = family === 4 ? 32 : 128;
   const cidrs = [...s.snats.map((x) => x.cidr), ...s.fips.map((f) => `${f.internalIp}/${host}`)].filter(of);
-  return { dst: [...dst.values()].sort((a, b) => cmp(dstKey(a), dstKey(b))), src: outermost(cidrs) };
+  const byKey = [...dst.entries()].sort((a, b) => cmp(a[0], b[0]));
+  return { dst: byKey.map(([, d]) => d), src: outermost(cidrs) };
 }
 
 const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
 
-/** The CIDRs not inside another one of the list, sorted. */
+/**
+ * The network of `len` bits of an address, as a key: for IPv4 one number (the kept bits, and the
+ * length), otherwise the kept bytes as text.
+ */
+function networkKey(bytes: readonly number[], len: number): number | string {
+  if (bytes.length === 4) {
+    const n = (((bytes[0] as number) << 24) | ((bytes[1] as number) << 16) | ((bytes[2] as number) << 8) | (bytes[3] as number)) >>> 0;
+    return (len === 0 ? 0 : Math.floor(n / 2 ** (32 - len))) * 64 + len;
+  }
+  const out: number[] = [];
+  for (let i = 0; i < bytes.length; i++) {
+    const keep = Math.max(0, Math.min(8, len - i * 8));
+    out.push((bytes[i] as number) & (0xff << (8 - keep)) & 0xff);
+  }
+  return `${len}/${out.join('.')}`;
+}
+
+/**
+ * The CIDRs not inside another one of the list, sorted. Shortest prefixes first; a CIDR is inside
+ * a kept one when its address masked to that one's length is that one's network: one lookup per
+ * prefix length in use, so a thousand SNAT CIDRs cost thousands of steps, not a million.
+ */
 function outermost(cidrs: readonly string[]): string[] {
   const parsed = [...new Set(cidrs)].flatMap((c) => {
     const p = parseCidr(c, { clearHostBits: true });
-    return p ? [{ text: c, ...p }] : [];
+    return p ? [{ text: c, prefix: p.prefix, bytes: ipaddr.parse(p.address).toByteArray() }] : [];
   });
   parsed.sort((a, b) => a.prefix - b.prefix || cmp(a.text, b.text));
-  const kept: typeof parsed = [];
-  for (const c of parsed) if (!kept.some((k) => inCidr(c.address, k.text))) kept.push(c);
-  return kept.map((k) => k.text).sort(cmp);
+  const kept: string[] = [];
+  const networks = new Set<number | string>();
+  const lengths: number[] = [];
+  for (const c of parsed) {
+    if (lengths.some((len) => len <= c.prefix && networks.has(networkKey(c.bytes, len)))) continue;
+    kept.push(c.text);
+    networks.add(networkKey(c.bytes, c.prefix));
+    if (!lengths.includes(c.prefix)) lengths.push(c.prefix);
+  }
+  return kept.sort(cmp);
 }
 
 // ---------------------------------------------------------------------------------
@@ -396,6 +425,38 @@ export function parseNfctList(text: string): { 4: Set<string>; 6: Set<string> } 
   return out;
 }
 
+const SELECT_PREFIX = `-A ${IPT_CHAIN.select} `;
+
+/**
+ * Only selector lines differ (a rule added or removed): their order does not matter (each goes
+ * to the same chain), so the change is those lines deleted and appended, not the chain rewritten
+ * (a command's cost then does not grow with the number of rules). Null when anything else differs.
+ */
+function selectorEdit(want: IptCtFamily, have: IptCtHave): string[] | null {
+  const others = (lines: readonly string[]) => lines.filter((l) => !l.startsWith(SELECT_PREFIX)).map(compareLine);
+  const a = others(want.lines);
+  const b = others(have.lines);
+  if (a.length !== b.length || a.some((l, i) => l !== b[i])) return null;
+  const count = new Map<string, number>();
+  for (const l of have.lines) if (l.startsWith(SELECT_PREFIX)) count.set(l, (count.get(l) ?? 0) + 1);
+  const add: string[] = [];
+  for (const l of want.lines) {
+    if (!l.startsWith(SELECT_PREFIX)) continue;
+    const n = count.get(l) ?? 0;
+    if (n > 0) count.set(l, n - 1);
+    else add.push(l);
+  }
+  const del: string[] = [];
+  for (const [l, n] of count) for (let i = 0; i < n; i++) del.push(`-D ${l.slice(3)}`);
+  if (del.length + add.length === 0) return [];
+  // The policy chain is written again with the edit: the kernel hands a CT target's policy name
+  // back cut to four bytes (xt_CT reports revision 0's user size for every revision), and
+  // iptables-legacy commits the whole table it read, so an edit that kept those rules as read
+  // would be refused ("No chain/target/match by that name").
+  const set = want.lines.filter((l) => l.startsWith(`-A ${IPT_CHAIN.set} `));
+  return [`:${IPT_CHAIN.set} - [0:0]`, ...del, ...add, ...set];
+}
+
 /** The raw table's restore script (null: nothing to change). */
 export function planIptCt(want: IptCtFamily | null, have: IptCtHave): string | null {
   if (want === null) {
@@ -408,6 +469,8 @@ export function planIptCt(want: IptCtFamily | null, have: IptCtHave): string | n
   }
   const wanted = want.lines.map(compareLine);
   if (have.chains && wanted.length === have.lines.length && wanted.every((l, i) => l === have.lines[i])) return null;
+  const edit = have.chains ? selectorEdit(want, have) : null;
+  if (edit !== null) return edit.length === 0 ? null : ['*raw', ...edit, 'COMMIT', ''].join('\n');
   const out = ['*raw', `:${IPT_CHAIN.select} - [0:0]`, `:${IPT_CHAIN.set} - [0:0]`];
   // Declaring a chain flushes it; the PREROUTING jump is natgw's one line in a built-in chain.
   const jumps = have.lines.filter((l) => l === JUMP).length;

@@ -227,6 +227,35 @@ describe('iptables', () => {
     expect(planIptCt(null, { policies: new Set(), lines: [], chains: false })).toBeNull();
   });
 
+  it('a changed rule edits only its selector lines, whatever order the kernel holds them in', () => {
+    const have = { policies: new Set(v4.policies.keys()), lines: v4.lines.map(compareLine), chains: true };
+    const next = iptCtFamily(
+      { ...state, fips: [], dnats: [...state.dnats, { eip: EIP, port: 53, protocol: 'udp', internalIp: '10.0.1.6', internalPort: 53 }] },
+      policy,
+      4,
+    );
+    expect(planIptCt(next, have)).toBe(
+      [
+        '*raw',
+        ':CT_TIMEOUT_SET - [0:0]',
+        '-D CT_TIMEOUT -d 172.20.0.11/32 -g CT_TIMEOUT_SET',
+        '-D CT_TIMEOUT -s 10.0.2.5/32 -i eth0 -m addrtype ! --dst-type LOCAL -g CT_TIMEOUT_SET',
+        `-A CT_TIMEOUT -d ${EIP}/32 -p udp -m udp --dport 53 -g CT_TIMEOUT_SET`,
+        ...v4.lines.filter((l) => l.startsWith('-A CT_TIMEOUT_SET ')),
+        'COMMIT',
+        '',
+      ].join('\n'),
+    );
+    const [jump, ...rest] = have.lines;
+    const reordered = {
+      ...have,
+      lines: [jump as string, ...rest.filter((l) => l.startsWith('-A CT_TIMEOUT ')).reverse(), ...rest.filter((l) => !l.startsWith('-A CT_TIMEOUT '))],
+    };
+    expect(planIptCt(v4, reordered)).toBeNull();
+    // A changed policy rewrites the chains.
+    expect(planIptCt(iptCtFamily(state, { ...policy, udp: 10 }, 4), have)).toMatch(/^\*raw\n:CT_TIMEOUT - \[0:0\]\n:CT_TIMEOUT_SET - \[0:0\]\n/);
+  });
+
   it("reads natgw's policies of nfct list timeout per family, and no one else's", () => {
     const text = [
       '.pol1 = {\n\t.l3proto = 2,\n\t.l4proto = 17,\n\t.policy = {\n\t\t.UNREPLIED = 5,\n\t},\n};',
