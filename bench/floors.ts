@@ -17,7 +17,7 @@ export interface Floors {
   readonly kernelDelete?: Summary;
   readonly node: Summary;
   readonly bash: Summary;
-  /** `curl --unix-socket … /healthz`: the shim's client alone; undefined where curl is missing. */
+  /** `nc -U … GET /healthz`: the shim's client alone; undefined where nc is missing. */
   readonly client?: Summary;
 }
 
@@ -122,26 +122,29 @@ export function floorSummary(samples: readonly FloorSample[]): { kernel: Summary
   return { kernel: ok(samples.map((s) => s.add)), ...(dels.length ? { kernelDelete: ok(dels) } : {}) };
 }
 
-export async function hasCurl(gw: Gateway): Promise<boolean> {
-  return (await gw.runner.run(['curl', '--version'])).exitCode === 0;
+/** Whether the shim's client (`nc -U`, netcat-openbsd) is installed. */
+export async function hasNc(gw: Gateway): Promise<boolean> {
+  return (await gw.runner.run(['sh', '-c', 'command -v nc'])).exitCode === 0;
 }
 
-/** The process floors: `node -e 0`, `bash -c true`, and the shim's curl client alone. */
-export async function processFloors(gw: Gateway, n: number, curl: boolean): Promise<Pick<Floors, 'node' | 'bash' | 'client'>> {
-  const proc = (argv: string[]) =>
+const HEALTHZ = 'GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n';
+
+/** The process floors: `node -e 0`, `bash -c true`, and the shim's nc client alone (GET /healthz). */
+export async function processFloors(gw: Gateway, n: number, nc: boolean): Promise<Pick<Floors, 'node' | 'bash' | 'client'>> {
+  const proc = (argv: string[], input?: string) =>
     series(n, async () => {
-      const r = await gw.runner.run(argv);
-      return { ms: r.ms, ok: r.exitCode === 0 };
+      const r = await gw.runner.run(argv, input === undefined ? {} : { input });
+      return { ms: r.ms, ok: r.exitCode === 0 && (input === undefined || r.stdout.startsWith('HTTP/1.1 200')) };
     });
   return {
     node: await proc(['node', '-e', '0']),
     bash: await proc(['bash', '-c', 'true']),
-    client: curl ? await proc(['curl', '-sf', '--unix-socket', gw.socket, 'http://x/healthz']) : undefined,
+    client: nc ? await proc(['nc', '-U', gw.socket], HEALTHZ) : undefined,
   };
 }
 
 /** Every floor, each as a series of its own (the kernel floor's n samples first). */
-export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: number, n: number, curl: boolean): Promise<Floors> {
+export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: number, n: number, nc: boolean): Promise<Floors> {
   const floor = await openKernelFloor(gw, backend, mapSize);
   const samples: FloorSample[] = [];
   try {
@@ -149,5 +152,5 @@ export async function measureFloors(gw: Gateway, backend: BackendInfo, mapSize: 
   } finally {
     await floor.close();
   }
-  return { ...floorSummary(samples), kernelWhat: floor.what, ...(await processFloors(gw, n, curl)) };
+  return { ...floorSummary(samples), kernelWhat: floor.what, ...(await processFloors(gw, n, nc)) };
 }

@@ -16,7 +16,7 @@ import { api } from '../test/netns/daemon-util.js';
 import { waitFor } from '../test/helpers/poll.js';
 import { ADDR } from '../test/helpers/netns.js';
 import { Gateway, type BackendName } from './gateway.js';
-import { hasCurl, measureFloors } from './floors.js';
+import { hasNc, measureFloors } from './floors.js';
 
 const EIP = '172.20.0.10';
 const SERIES = 40;
@@ -87,7 +87,7 @@ async function figures(backend: BackendName, seconds: number, following: boolean
         what: 'the conntrack event follower to run',
       });
     }
-    const floors = await measureFloors(gw, await gw.backendInfo(), 10, 15, await hasCurl(gw));
+    const floors = await measureFloors(gw, await gw.backendInfo(), 10, 15, await hasNc(gw));
     const quiet = await series(gw, 20000);
 
     const child = gw.topo.spawn('vpc1', [process.execPath, '-e', BURST, String(seconds)]);

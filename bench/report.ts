@@ -45,8 +45,8 @@ const API_LABEL: Record<Command, string> = {
 
 /**
  * What a shim call cannot go below: a bash, its client and the kernel change. The shim reaches
- * the daemon through curl over the Unix socket (its client floor: a request the daemon answers
- * at once); where curl is missing, through Node.js.
+ * the daemon through `nc -U` over the Unix socket (its client floor: a request the daemon
+ * answers at once); where nc is missing, through Node.js.
  */
 export function idealShim(s: SizeFigures): number {
   const f = s.floors;
@@ -76,8 +76,8 @@ export function backendSection(b: BackendFigures): string {
           : []),
         ['node -e 0', ...sizes.map((s) => cell(s.floors.node))],
         ['bash -c true', ...sizes.map((s) => cell(s.floors.bash))],
-        [fl.client ? "client: curl --unix-socket … /healthz (the shim's fallback)" : 'client: curl not installed', ...sizes.map((s) => cell(s.floors.client))],
-        [fl.client ? 'ideal shim call = bash + curl client + kernel' : 'ideal shim call = bash + node + kernel', ...sizes.map((s) => num(idealShim(s)))],
+        [fl.client ? "client: nc -U … GET /healthz (the shim's client)" : 'client: nc not installed', ...sizes.map((s) => cell(s.floors.client))],
+        [fl.client ? 'ideal shim call = bash + nc client + kernel' : 'ideal shim call = bash + node + kernel', ...sizes.map((s) => num(idealShim(s)))],
       ]),
     );
     const rows = (figs: (s: SizeFigures) => CommandFigures, label: (c: Command) => string): Row[] =>

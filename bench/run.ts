@@ -10,7 +10,7 @@ import { bulkFigures } from './bulk.js';
 import { apiRounds, shimRounds } from './commands.js';
 import { compare } from './compare.js';
 import { connectionRates } from './connrate.js';
-import { floorSummary, hasCurl, openKernelFloor, processFloors } from './floors.js';
+import { floorSummary, hasNc, openKernelFloor, processFloors } from './floors.js';
 import { Gateway, VanishedError, vanishedNote, type BackendName } from './gateway.js';
 import { parseOptions, type Options } from './options.js';
 import { note, progress, runNotes } from './progress.js';
@@ -26,21 +26,13 @@ function version(argv: string[]): string {
   return r.status === 0 ? (r.stdout.trim().split('\n')[0] ?? '') : 'absent';
 }
 
-async function measureSize(
-  gw: Gateway,
-  backend: BackendName,
-  size: number,
-  o: Options,
-  curl: boolean,
-  b: BackendFigures,
-  fresh: boolean,
-): Promise<SizeFigures> {
+async function measureSize(gw: Gateway, backend: BackendName, size: number, o: Options, nc: boolean, b: BackendFigures, fresh: boolean): Promise<SizeFigures> {
   progress(`${backend} size ${size}: fill (PUT /v1/state)`);
   const fill = await gw.putState(stateDoc(size, o.fipEips));
   await gw.settleAnnouncements();
   b.info = await gw.backendInfo();
   progress(`${backend} size ${size}: floors`);
-  const processes = await processFloors(gw, o.samples, curl);
+  const processes = await processFloors(gw, o.samples, nc);
   // A fresh daemon's first commands run its command path for the first time (V8 compiles it,
   // its inline caches settle): once in a daemon's life, long done in one that serves a gateway.
   let warmup: SizeFigures['warmup'];
@@ -67,13 +59,13 @@ async function sizeSeries(b: BackendFigures, backend: BackendName, o: Options): 
   const make = () => Gateway.withDaemon({ backend, resync: o.resync });
   let gw = await make();
   try {
-    const curl = await hasCurl(gw);
-    if (!curl) note('curl is not installed; the client floor is skipped');
+    const nc = await hasNc(gw);
+    if (!nc) note('nc is not installed; the client floor is skipped');
     let fresh = true;
     for (const size of o.sizes) {
       for (let attempt = 1; ; attempt++) {
         try {
-          const figures = await measureSize(gw, backend, size, o, curl, b, fresh);
+          const figures = await measureSize(gw, backend, size, o, nc, b, fresh);
           fresh = false;
           if (gw.vanished()) throw new VanishedError('namespace or state dir gone after the run');
           b.sizes.push(figures);
@@ -143,7 +135,6 @@ async function main(): Promise<void> {
       node: process.version,
       nft: version(['nft', '--version']),
       iptables: version(['iptables', '--version']),
-      curl: version(['curl', '--version']).split(' ').slice(0, 2).join(' '),
       // Other work on the machine shows up in every figure; the load says how much there was.
       'load at start': os
         .loadavg()

@@ -3,9 +3,8 @@
  * per rule). In one run, interleaved so that machine noise hits every variant alike:
  *   nodeStart  `node -e 0`: the floor of any Node.js client
  *   bashStart  `bash -c :`: the floor of the shim itself
- *   curlHealth one `curl --unix-socket` GET /healthz: curl's own floor, the daemon doing nothing
- *   curlPost   one `curl --unix-socket` form POST of the command, without the shim
- *   shimCurl   `bash nat-gateway.sh <command>` as deployed: the daemon reached through curl
+ *   ncHealth   one `nc -U` GET /healthz: the client's own floor, the daemon doing nothing
+ *   shimNc     `bash nat-gateway.sh <command>` as deployed: the daemon reached through nc
  *   shimNode   the same with NATGW_SHIM_CLIENT=node: the Node.js client
  *
  * measureShimClients() is the reusable part; it runs in the caller's network namespace against
@@ -37,7 +36,7 @@ export interface Figure {
   readonly minMs: number;
 }
 
-export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'curlHealth' | 'curlPost' | 'shimCurl' | 'shimNode', Figure> & {
+export type ShimClientFigures = Record<'nodeStart' | 'bashStart' | 'ncHealth' | 'shimNc' | 'shimNode', Figure> & {
   readonly runs: number;
 };
 
@@ -53,13 +52,15 @@ interface Call {
   readonly args: readonly string[];
   readonly env?: NodeJS.ProcessEnv;
   readonly status?: number;
+  readonly input?: string;
 }
 
 /** One run, timed; throws unless it exited as expected with an empty stderr (a failing variant measures nothing). */
 function timed(c: Call): { ms: number; stdout: string } {
   const t0 = performance.now();
   // stdin from /dev/null: on a socket, bash would take itself for rshd's and source ~/.bashrc.
-  const r = spawnSync(c.file, c.args, { env: c.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+  const stdin = c.input === undefined ? 'ignore' : 'pipe';
+  const r = spawnSync(c.file, c.args, { env: c.env ?? process.env, stdio: [stdin, 'pipe', 'pipe'], encoding: 'utf8', input: c.input });
   const ms = performance.now() - t0;
   if (r.error || r.status !== (c.status ?? 0) || r.stderr !== '') {
     throw new Error(`${c.file} ${c.args.join(' ')}: exit ${r.status} ${r.error?.message ?? ''} stderr: ${r.stderr}`);
@@ -69,22 +70,19 @@ function timed(c: Call): { ms: number; stdout: string } {
 
 export function measureShimClients(o: ShimClientOptions): ShimClientFigures {
   const runs = o.runs ?? 30;
-  const [command = '', ...rules] = o.argv;
-  const form = ['--data-urlencode', `command=${command}`, ...rules.flatMap((r) => ['--data-urlencode', `rule=${r}`])];
   const calls = {
     nodeStart: { file: process.execPath, args: ['-e', '0'] },
     bashStart: { file: 'bash', args: ['-c', ':'] },
-    curlHealth: { file: 'curl', args: ['-q', '-sf', '--unix-socket', o.socket, '-o', '/dev/null', 'http://localhost/healthz'] },
-    curlPost: { file: 'curl', args: ['-q', '-sf', '--unix-socket', o.socket, '-H', 'Expect:', ...form, '-o', '/dev/null', 'http://localhost/v1/legacy/raw'] },
-    shimCurl: { file: 'bash', args: [o.shim, ...o.argv], env: o.env, status: o.status },
+    ncHealth: { file: 'nc', args: ['-U', o.socket], input: 'GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' },
+    shimNc: { file: 'bash', args: [o.shim, ...o.argv], env: o.env, status: o.status },
     shimNode: { file: 'bash', args: [o.shim, ...o.argv], env: { ...o.env, NATGW_SHIM_CLIENT: 'node' }, status: o.status },
   } satisfies Record<string, Call>;
   type Key = keyof typeof calls;
   const keys = Object.keys(calls) as Key[];
   // Warm the page cache and the daemon, and check that both shim clients say the same.
-  const viaCurl = timed(calls.shimCurl).stdout;
+  const viaNc = timed(calls.shimNc).stdout;
   const viaNode = timed(calls.shimNode).stdout;
-  if (viaCurl !== viaNode) throw new Error(`the shim's clients disagree:\n${viaCurl}\n---\n${viaNode}`);
+  if (viaNc !== viaNode) throw new Error(`the shim's clients disagree:\n${viaNc}\n---\n${viaNode}`);
   const samples = Object.fromEntries(keys.map((k) => [k, [] as number[]])) as Record<Key, number[]>;
   for (let i = 0; i < runs; i++) for (const k of keys) samples[k].push(timed(calls[k]).ms);
   return { runs, ...(Object.fromEntries(keys.map((k) => [k, figure(samples[k])])) as Record<Key, Figure>) };
@@ -126,7 +124,7 @@ async function main(): Promise<void> {
         const r = await topo.exec('gw', [process.execPath, self, '--measure', JSON.stringify(opts)], { timeoutMs: 10 * 60_000 });
         const figures = JSON.parse(r.stdout.trim().split('\n').at(-1) ?? '{}') as ShimClientFigures;
         const after = legacyRequests(daemon.logs());
-        // Proof of the path taken: curlPost and shimCurl reach /v1/legacy/raw, shimNode /v1/legacy.
+        // Proof of the path taken: shimNc reaches /v1/legacy/raw, shimNode /v1/legacy.
         const daemonRequests = { raw: after.raw - before.raw, json: after.json - before.json };
         console.log(JSON.stringify({ command: argv.join(' '), what, ...figures, daemonRequests }, null, 2));
       }

@@ -2,11 +2,11 @@
 # The controller runs `bash /kube-ovn/nat-gateway.sh <command> [rule ...]`, one exec per rule,
 # so this shim is on its critical path (SPEC §4.1). Node.js start-up alone costs more than the
 # original script's whole call; so where a daemon answers on its Unix socket, the command goes
-# to it through curl and Node is never started. Everything else — curl missing, no socket, no
+# to it through `nc -U` and Node is never started. Everything else — nc missing, no socket, no
 # answer, anything but a command that ran — ends in natgw itself (`exec node`), which forwards,
 # autostarts or runs in-process exactly as before, so the output is the same on every path.
 #
-# NATGW_SHIM_CLIENT=node (environment only): skip curl, straight to Node.js.
+# NATGW_SHIM_CLIENT=node (environment only): skip nc, straight to Node.js.
 
 # NATGW_SOCKET as natgw itself resolves it (src/config/socketPath.ts): the env file's value,
 # then the environment's, then the default. The env file wins (SPEC §4.3: the script sourced it
@@ -56,43 +56,62 @@ natgw_socket() {
   REPLY=${value:-${NATGW_SOCKET:-/run/natgw/natgw.sock}}
 }
 
-# One POST /v1/legacy/raw over the socket. Prints the command's output and exits with its
-# status when the daemon ran it; returns (having printed nothing) otherwise. The whole answer
-# is read before anything is printed, so a daemon dying mid-answer leaves no partial output
-# behind the Node.js retry.
+# A form value: only the four bytes the form syntax gives a meaning (% & + =) are encoded; every
+# other byte, newlines and non-ASCII included, is taken as it is (the body's length says where it
+# ends), so no argument byte is ever shell, HTTP or form syntax.
+natgw_form_value() {
+  local v=$1
+  v=${v//'%'/%25}
+  v=${v//'&'/%26}
+  v=${v//'+'/%2B}
+  REPLY=${v//'='/%3D}
+}
+
+# One POST /v1/legacy/raw over the socket, through `nc -U` (netcat-openbsd: it starts in about a
+# millisecond, curl in about seven). Prints the command's output and exits with its status when
+# the daemon ran it; returns (having printed nothing) otherwise. The whole answer is read, and
+# its length checked, before anything is printed, so a daemon dying mid-answer leaves no partial
+# output behind the Node.js retry.
 natgw_via_daemon() {
   natgw_socket
   local sock=$REPLY
-  command -v curl >/dev/null 2>&1 || return 1
   [ -S "$sock" ] || return 1
-  # --data-urlencode encodes each value whole, so no argument byte is ever shell, JSON or
-  # form syntax; `rule=` keeps empty arguments.
-  local form=(--data-urlencode "command=$1") arg
+  command -v nc >/dev/null 2>&1 || return 1
+  # Bytes, not characters: Content-Length and the answer's length count bytes.
+  local LC_ALL=C body arg
+  natgw_form_value "$1"
+  body="command=$REPLY"
   shift
-  for arg in "$@"; do form+=(--data-urlencode "rule=$arg"); done
+  for arg in "$@"; do
+    natgw_form_value "$arg"
+    body+="&rule=$REPLY"
+  done
+  local crlf=$'\r\n'
+  local request="POST /v1/legacy/raw HTTP/1.1${crlf}Host: localhost${crlf}Connection: close${crlf}"
+  request+="Content-Type: application/x-www-form-urlencoded${crlf}Content-Length: ${#body}${crlf}${crlf}${body}"
+  # The trailing dot keeps the body's own trailing newlines from command substitution. nc's
+  # stderr (a netcat without -U, a refused socket) must never reach the controller. The newline
+  # the here-string adds after the body is ignored by the server (Connection: close).
   local reply
-  # -q: no ~/.curlrc. Expect: off, or a large body would wait for 100-continue. -D -: headers,
-  # then the body, then the HTTP code as a sentinel, so command substitution cannot eat the
-  # body's trailing newlines. curl's own stderr must never reach the controller.
-  reply=$(curl -q -s --noproxy '*' --unix-socket "$sock" --connect-timeout 2 -H 'Expect:' \
-    -D - -w '%{http_code}' "${form[@]}" http://localhost/v1/legacy/raw 2>/dev/null) || return 1
-  # 503 (shutting down), 4xx, no answer (000): the daemon did not run it, Node.js takes over.
-  [[ $reply == *200 ]] || return 1
-  reply=${reply%200}
-  [[ $reply == *$'\r\n\r\n'* ]] || return 1
-  local head=${reply%%$'\r\n\r\n'*}$'\r\n'
-  local body=${reply#*$'\r\n\r\n'}
-  # HTTP header names are case-insensitive.
+  reply=$(nc -U "$sock" 2>/dev/null <<<"$request"; printf .)
+  reply=${reply%.}
+  [[ $reply == *"$crlf$crlf"* ]] || return 1
+  local head=${reply%%"$crlf$crlf"*}$crlf
+  local answer=${reply#*"$crlf$crlf"}
+  # HTTP header names are case-insensitive. 503 (shutting down), 4xx, no answer: the daemon did
+  # not run it, Node.js takes over.
   shopt -s nocasematch
   local re_code=$'^HTTP/[0-9.]+ 200[ \r]'
+  local re_length=$'\r\nContent-Length: *([0-9]+)\r\n'
   local re_status=$'\r\nX-Natgw-Status: *([0-9]+)\r\n'
   local re_stderr=$'\r\nX-Natgw-Stderr: *([^\r]*)\r\n'
   [[ $head =~ $re_code ]] || return 1
+  [[ $head =~ $re_length ]] && [ "${BASH_REMATCH[1]}" -eq "${#answer}" ] || return 1
   [[ $head =~ $re_status ]] || return 1
   local status=${BASH_REMATCH[1]}
   [[ $head =~ $re_stderr ]] || return 1
   local err=${BASH_REMATCH[1]}
-  printf '%s' "$body"
+  printf '%s' "$answer"
   # The daemon wrote every byte but printable ASCII as \xHH: %b restores them exactly.
   [ -z "$err" ] || printf '%b' "$err" >&2
   exit "$status"

@@ -185,7 +185,7 @@ function podEnv(topo: Topology): Record<string, string> {
     NATGW_ENV_FILE: `${stateDir}/nat-gateway.env`,
     NATGW_SOCKET: `${stateDir}/natgw.sock`,
     // The controller's pod runs `sleep infinity`: the first command autostarts the daemon and
-    // every later one reaches it through curl, so both of the shim's paths are exercised.
+    // every later one reaches it through nc -U, so both of the shim's paths are exercised.
     NATGW_AUTOSTART: 'true',
   };
 }
@@ -325,6 +325,13 @@ async function zombieCheck(mode: Mode): Promise<number> {
       timeoutMs: 10_000,
     }).catch(() => 0);
     report(orphan.exitCode === 0 && seen > 0, `control: an orphan left by \`bash -c '(sleep 0 &)'\` is seen as a zombie (${seen})`);
+    // Last, as it starts tools the zombie count above would catch mid-exit. Node.js lives in
+    // /usr/local/bin: without it on PATH only the shim's nc client can answer.
+    const viaNc = await pod.exec(['bash', SHIM, 'eip-add', '172.20.0.99/24'], { ...env, PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
+    report(
+      viaNc.exitCode === 0 && viaNc.stderr === '',
+      `a command reaches the daemon through nc -U, Node.js off PATH (exit ${viaNc.exitCode}${viaNc.stderr ? `, ${viaNc.stderr.trim()}` : ''})`,
+    );
   } catch (err) {
     report(false, `error: ${String(err)}`);
   } finally {

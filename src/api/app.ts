@@ -9,7 +9,7 @@ import { parseStateBody } from './stateDoc.js';
 import { mountStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
 import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../system/timeline.js';
-import type { AgentService, HaService } from './service.js';
+import type { AgentService, HaService, RoutingService } from './service.js';
 import type { DesiredState } from '../state/state.js';
 
 export interface AppDeps {
@@ -23,6 +23,8 @@ export interface AppDeps {
   readonly shuttingDown?: () => boolean;
   /** Replica sync and takeover (src/ha); without it GET /v1/ha says sync is off. */
   readonly ha?: HaService;
+  /** EIPs announced by BGP (src/routing); without it GET /v1/bgp says BGP is off. */
+  readonly routing?: RoutingService;
 }
 
 /** A script command and its rules: the limits of every path into the daemon. */
@@ -273,11 +275,19 @@ export function createApp(deps: AppDeps): Express {
     if (deps.ha) res.json(await deps.ha.status());
     else res.json({ enabled: false, digest: (await agent.stateDocument()).digest });
   });
+  app.get('/v1/bgp', async (_req, res) => {
+    res.json(deps.routing ? await deps.routing.status() : { enabled: false, off: 'not the daemon (natgw serve)' });
+  });
   app.post('/v1/ha/takeover', async (req, res) => {
     if (!deps.ha) throw new HttpError(503, 'unavailable', 'takeover needs the daemon (natgw serve)');
     const reason = typeof req.query.reason === 'string' ? req.query.reason.slice(0, 200) : 'api';
     res.locals.log = { command: 'ha-takeover', outcome: 'ok' };
     res.json(await deps.ha.takeover(reason));
+  });
+  app.post('/v1/ha/resend', async (_req, res) => {
+    if (!deps.ha?.resend) throw new HttpError(503, 'unavailable', 'resend needs the daemon (natgw serve) with replica sync');
+    res.locals.log = { command: 'ha-resend', outcome: 'ok' };
+    res.json(await deps.ha.resend());
   });
 
   // ---- resources ----

@@ -341,6 +341,67 @@ export function buildOpenApi(): Json {
         },
       },
     },
+    '/v1/bgp': {
+      get: {
+        operationId: 'get-bgp',
+        tags: ['Replicas'],
+        summary: "EIPs announced by BGP: BIRD's state, whether the data plane lets this replica announce, each session and each EIP's advertisement",
+        description: 'Read from BIRD at the time of the request. Without NATGW_BGP_PEERS, `enabled` is false and `off` says why.',
+        responses: {
+          '200': json(
+            {
+              type: 'object',
+              required: ['enabled'],
+              properties: {
+                enabled: { type: 'boolean' },
+                off: { type: 'string' },
+                asn: { type: ['integer', 'null'] },
+                peerAsn: { type: ['integer', 'null'] },
+                routerId: { type: ['string', 'null'] },
+                bfd: { type: ['object', 'null'], description: 'intervalMs and multiplier; null: no BFD' },
+                bird: { type: ['object', 'null'], description: 'The supervised process: state, pid, restarts, last exit, config and socket paths' },
+                announcing: { type: 'boolean', description: 'The data plane is ready: the EIPs are offered to the peers' },
+                reasons: { type: 'array', items: { type: 'string' }, description: 'Why not, when announcing is false' },
+                lastChange: { type: ['object', 'null'], description: 'The last reconfiguration of BIRD: when, how many EIPs, why' },
+                health: { type: 'object' },
+                sessions: {
+                  type: 'array',
+                  items: {
+                    type: 'object',
+                    properties: {
+                      name: { type: 'string' },
+                      peer: { type: 'string' },
+                      local: { type: 'string', description: 'This replica’s address on the session: the next hop the peer installs' },
+                      state: { type: 'string' },
+                      established: { type: 'boolean' },
+                      since: { type: ['string', 'null'] },
+                      info: { type: 'string' },
+                      bfd: { type: ['string', 'null'] },
+                      exported: { type: 'integer', description: 'Routes advertised on this session' },
+                    },
+                  },
+                },
+                eips: {
+                  type: 'array',
+                  items: {
+                    type: 'object',
+                    properties: {
+                      address: { type: 'string' },
+                      prefix: { type: 'string' },
+                      offered: { type: 'boolean', description: 'In the routes BIRD offers' },
+                      advertised: { type: 'boolean', description: 'Exported on at least one established session' },
+                      peers: { type: 'array', items: { type: 'string' } },
+                    },
+                  },
+                },
+              },
+            },
+            'BGP status',
+          ),
+          '401': commonErrors['401'],
+        },
+      },
+    },
     '/v1/ha/takeover': {
       post: {
         operationId: 'ha-takeover',
@@ -365,6 +426,22 @@ export function buildOpenApi(): Json {
               },
             },
             'Done',
+          ),
+          '401': commonErrors['401'],
+          '503': errorResponse('Not the daemon (no replica part), or shutting down.'),
+        },
+      },
+    },
+    '/v1/ha/resend': {
+      post: {
+        operationId: 'ha-resend',
+        tags: ['Replicas'],
+        summary: 'Resend the whole kernel table to the peer (conntrackd -R, then -B)',
+        description: 'Called by an active-active peer that (re)joins, over its NATGW_HA_PEER_API: it reports ready only once these flows arrived.',
+        responses: {
+          '200': json(
+            { type: 'object', properties: { resent: { type: 'boolean' }, flows: { type: 'integer' }, reason: { type: 'string' } } },
+            'Done (resent false: conntrackd is not running here)',
           ),
           '401': commonErrors['401'],
           '503': errorResponse('Not the daemon (no replica part), or shutting down.'),

@@ -3,6 +3,7 @@ import type { ApplyReport } from '../engine/engine.js';
 import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /**
  * What the HTTP layer needs from the agent. The daemon's Agent implements it over the engine
@@ -27,6 +28,8 @@ export interface AgentService {
   lastSyncInfo?(): SyncInfo | null;
   /** A full read-back of the kernel that repairs nothing: what a resync would change now (GET /v1/status?check=true). */
   checkDrift?(): Promise<DriftCheck>;
+  /** SNAT source ports in use per EIP, with the busiest destinations (GET /v1/status); undefined while connections are not followed. */
+  portUsage?(): readonly EipPortUsage[] | undefined;
   /** EIPs draining out of SNAT pools in `state`, with the connections still translated to each (GET /v1/status). */
   draining?(state: DesiredState): Promise<readonly DrainingStatus[]>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
@@ -98,5 +101,12 @@ export interface DriftCheck {
 export interface HaService {
   status(): Promise<{ readonly digest: string }>;
   takeover(reason: string): Promise<object>;
+  /** An active-active peer (re)joined: resend the whole kernel table to it (POST /v1/ha/resend). */
+  resend?(): Promise<object>;
   health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
+}
+
+/** EIPs announced by BGP (src/routing), as the API sees it: GET /v1/bgp. */
+export interface RoutingService {
+  status(): Promise<Record<string, unknown>>;
 }

@@ -6,6 +6,7 @@ import { digestOf } from './stateDoc.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DrainingStatus } from '../dataplane/draining.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /**
  * GET /v1/status: one read-only summary for `natgw status` — readiness, backend, desired
@@ -38,6 +39,8 @@ export interface StatusDocument {
   readonly warnings: readonly string[];
   /** EIPs draining out of SNAT pools and the connections still translated to each (only while some drain). */
   readonly draining?: readonly DrainingStatus[];
+  /** Per EIP, SNAT source ports in use toward its busiest destinations; absent while conntrack is not followed. */
+  readonly snatPorts?: readonly EipPortUsage[];
 }
 
 const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
@@ -47,13 +50,7 @@ const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
 };
 
 /** Pure: the status document from what the agent reports. */
-export function buildStatus(
-  doc: StateDocument,
-  readiness: Readiness,
-  sync: SyncInfo | null,
-  check?: DriftCheck,
-  draining?: readonly DrainingStatus[],
-): StatusDocument {
+export function buildStatus(doc: StateDocument, readiness: Readiness, sync: SyncInfo | null, check?: DriftCheck): StatusDocument {
   const applied: DesiredState | null = doc.lastApplied;
   const objects: Record<string, { desired: number; applied: number | null }> = {};
   for (const def of RESOURCES) {
@@ -80,7 +77,6 @@ export function buildStatus(
       ...(check ? { check } : {}),
     },
     warnings: heldDefaultRoutes(doc.desired).map((h) => heldDefaultRouteText(h, doc.desired.interfaces)),
-    ...(draining && draining.length > 0 ? { draining } : {}),
   };
 }
 
@@ -96,8 +92,13 @@ export function mountStatus(app: Express, agent: AgentService): void {
     const check = checkQuery(req);
     const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : undefined;
-    res.json(buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift, draining));
+    const snatPorts = agent.portUsage?.();
+    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : [];
+    res.json({
+      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift),
+      ...(snatPorts ? { snatPorts } : {}),
+      ...(draining.length > 0 ? { draining } : {}),
+    });
   });
 }
 
@@ -169,6 +170,33 @@ export function statusOpenApi(): Record<string, unknown> {
                           connections: {
                             type: ['integer', 'null'],
                             description: 'Connections from the CIDR still translated to the EIP (null: conntrack unreadable)',
+                          },
+                        },
+                      },
+                    },
+                    snatPorts: {
+                      type: 'array',
+                      description:
+                        'Per EIP: destinations (ip, port, protocol) with open SNAT connections, the most source ports any one uses and its share of the port range, and the busiest few; absent while conntrack is not followed',
+                      items: {
+                        type: 'object',
+                        properties: {
+                          eip: { type: 'string' },
+                          destinations: { type: 'integer' },
+                          maxPorts: { type: 'integer' },
+                          maxShare: { type: 'number' },
+                          top: {
+                            type: 'array',
+                            items: {
+                              type: 'object',
+                              properties: {
+                                ip: { type: 'string' },
+                                port: { type: 'integer' },
+                                protocol: { type: 'string' },
+                                ports: { type: 'integer' },
+                                share: { type: 'number' },
+                              },
+                            },
                           },
                         },
                       },

@@ -151,6 +151,12 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
     const left = x.connections === null ? 'connections unknown (conntrack unreadable)' : `${x.connections} connection${x.connections === 1 ? '' : 's'} left`;
     kv(i === 0 ? 'Draining' : '', `${x.eip} out of snat ${x.snat.eip},${x.snat.cidr}: ${left}`);
   }
+  // Per EIP the busiest SNAT destination's share of the port range, then its busiest few.
+  for (const [i, u] of (s.snatPorts ?? []).entries()) {
+    const pct = (x: number) => `${(x * 100).toFixed(x > 0 && x < 0.001 ? 3 : 1)} %`;
+    const top = u.top.map((t) => `${t.ip}:${t.port}/${t.protocol} ${t.ports} (${pct(t.share)})`).join(', ');
+    kv(i === 0 ? 'SNAT ports' : '', `${u.eip}: busiest ${pct(u.maxShare)} of the range, ${u.destinations} destination(s)${top ? `; ${top}` : ''}`);
+  }
   out.push('');
   const rows = Object.entries(s.objects).map(([kind, c]) => [
     kind,

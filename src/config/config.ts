@@ -6,6 +6,7 @@ export { DEFAULT_ENV_FILE };
 import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
+import { parsePortSlice, type PortSlice } from './portSlice.js';
 import type { CtTimeoutPolicy } from '../dataplane/ctTimeoutsRender.js';
 
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
@@ -94,6 +95,8 @@ const count = (key: string, min: number, max: number) =>
       return n;
     })
     .meta({ values: `a whole number, ${min} to ${max}` });
+
+const isAsn = (s: string): boolean => /^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295;
 
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
@@ -207,6 +210,30 @@ export const configSchema = z.object({
   NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000)
     .prefault('2000')
     .describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
+  NATGW_FLOW_LOG_SCHEMA: z
+    .enum(['natgw', 'kube-ovn'])
+    .default('natgw')
+    .describe(
+      "Flow-line fields: natgw's own, or `kube-ovn`, those of Kube-OVN's VPC egress gateway observer (schemaVersion v1; identity from `NATGW_GATEWAY_NAME`, `POD_NAMESPACE`, `POD_NAME`, `NODE_NAME`).",
+    ),
+  NATGW_GATEWAY_NAME: optionalText.meta({ values: 'a name' }).describe("The gateway's name, written as `name` in flow lines of the `kube-ovn` schema."),
+  NATGW_SNAT_PORT_RANGE: z
+    .string()
+    .transform((s, ctx) => {
+      const m = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(s);
+      const min = Number(m?.[1]);
+      const max = Number(m?.[2]);
+      if (!m || min < 1 || max > 65535 || min > max) {
+        ctx.addIssue({ code: 'custom', message: `NATGW_SNAT_PORT_RANGE must be two ports min-max, 1 to 65535, got ${s.trim() || 'nothing'}` });
+        return z.NEVER;
+      }
+      return { min, max };
+    })
+    .prefault('1024-65535')
+    .meta({ values: 'min-max, ports 1 to 65535' })
+    .describe(
+      "The source ports SNAT translates into, the denominator of natgw_snat_port_usage_ratio. natgw's SNAT rules name no range, so the kernel's 1024-65535 applies; set it only where the SNAT is narrowed.",
+    ),
   NATGW_CONNTRACK_METRICS: bool.prefault('true').describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
   NATGW_CONNTRACK_SYSCTLS: bool
     .prefault('false')
@@ -221,6 +248,26 @@ export const configSchema = z.object({
     .default('standby')
     .describe(
       'With NATGW_HA_PEERS set, the role a replica starts in: a standby sends no gratuitous ARP until a takeover (POST /v1/ha/takeover, SIGUSR2), so a restarted replica never pulls the EIPs from the active one.',
+    ),
+  NATGW_HA_MODE: z
+    .enum(['takeover', 'active-active'])
+    .default('takeover')
+    .describe(
+      "With NATGW_HA_PEERS set: `takeover` (one active replica, keepalived calls POST /v1/ha/takeover) or `active-active` (every replica forwards behind ECMP; conntrackd writes the peer's flows straight into the kernel; no gratuitous ARP, the EIPs are routed).",
+    ),
+  NATGW_SNAT_PORT_SLICE: optionalText
+    .transform((s, ctx) => {
+      if (s === undefined) return undefined;
+      const r = parsePortSlice(s);
+      if (typeof r === 'string') {
+        ctx.addIssue({ code: 'custom', message: r });
+        return z.NEVER;
+      }
+      return r;
+    })
+    .meta({ values: '`<index>/<count>` or `<lo>-<hi>`' })
+    .describe(
+      "This replica's SNAT source ports for TCP and UDP, on every EIP: `<index>/<count>` (index from 0; 1024-65535 cut into count slices) or an explicit range. Give each replica its own, so synchronised flows never collide.",
     ),
   NATGW_HA_SYNC_INTERFACE: optionalText
     .refine((s) => s === undefined || isInterfaceName(s), 'must be an interface name')
@@ -270,6 +317,40 @@ export const configSchema = z.object({
   NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000)
     .prefault('2m')
     .describe('How long a TCP client may take to send its whole request (headers and body).'),
+  NATGW_BGP_PEERS: optionalText
+    .refine(
+      (s) => s === undefined || (s.split(',').length <= 8 && s.split(',').every((p) => isIpv4(p.trim()) || isIpv6(p.trim()))),
+      'must be one to eight IP addresses of upstream routers on the external network, separated by commas (e.g. 172.20.0.1,172.20.0.2)',
+    )
+    .meta({ values: 'IP addresses, comma-separated' })
+    .describe(
+      'EIPs announced by BGP: the upstream routers this replica peers with (BIRD, supervised by natgw). Each router carries the EIPs of its family (/32, /128), next hop this replica, while its data plane is ready; the EIPs then get no gratuitous ARP. Unset: off.',
+    ),
+  NATGW_BGP_ASN: optionalText
+    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
+    .meta({ values: 'an AS number' })
+    .describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
+  NATGW_BGP_PEER_ASN: optionalText
+    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
+    .meta({ values: 'an AS number' })
+    .describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
+  NATGW_BGP_ROUTER_ID: optionalText
+    .refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address (BGP router IDs are written as one)')
+    .meta({ values: 'an IPv4 address' })
+    .describe("BGP router ID (default: this replica's own IPv4 address on the external interface, never an EIP, which every replica holds)."),
+  NATGW_BFD: bool.prefault('true').describe('BFD with each BGP peer: a replica whose BFD stops is withdrawn within NATGW_BFD_INTERVAL × NATGW_BFD_MULTIPLIER.'),
+  NATGW_BFD_INTERVAL: duration('NATGW_BFD_INTERVAL', 10, 10_000).prefault('300ms').describe('BFD transmit and receive interval.'),
+  NATGW_BFD_MULTIPLIER: count('NATGW_BFD_MULTIPLIER', 1, 255)
+    .prefault('3')
+    .describe('BFD packets missed before the session (and its routes) is declared down.'),
+  NATGW_BIRD: z.string().trim().min(1).default('bird').meta({ values: 'a command or path' }).describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
+  NATGW_BIRDC: z
+    .string()
+    .trim()
+    .min(1)
+    .default('birdc')
+    .meta({ values: 'a command or path' })
+    .describe("BIRD's control client (reconfiguration, session status)."),
 });
 
 /** Keys read from the environment only, before the env file is found. */
@@ -313,12 +394,20 @@ export interface Config {
   readonly flowLogBurst: number;
   readonly conntrackMetrics: boolean;
   readonly conntrackSysctls: boolean;
+  /** natgw's flow-line fields unless set. */
+  readonly flowLogSchema?: 'natgw' | 'kube-ovn';
+  /** Who writes the flow lines (the `kube-ovn` schema's identity fields); each empty when unknown. */
+  readonly flowLogIdentity?: { readonly namespace: string; readonly name: string; readonly pod: string; readonly node: string };
+  /** The kernel's default range (1024-65535) unless set. */
+  readonly snatPortRange?: { readonly min: number; readonly max: number };
   readonly toolTimeoutMs: number;
   readonly maxConnections: number;
   readonly headersTimeoutMs: number;
   readonly requestTimeoutMs: number;
   /** Absent where a Config is built by hand (tests): HA off. */
   readonly ha?: HaConfig;
+  /** Absent: BGP off. */
+  readonly bgp?: BgpConfig;
   /** Timeouts of the connections natgw translates; absent (or empty) keeps the kernel's. */
   readonly ctTimeouts?: CtTimeoutPolicy;
 }
@@ -335,6 +424,23 @@ export interface HaConfig {
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
   readonly initialRole: 'standby' | 'active';
+  /** How replicas share the traffic (NATGW_HA_MODE; absent: takeover); only with a peer. */
+  readonly mode?: 'takeover' | 'active-active';
+  /** This replica's SNAT source ports (NATGW_SNAT_PORT_SLICE); all ports when absent. */
+  readonly snatPortSlice?: PortSlice;
+}
+
+/** EIPs announced by BGP (src/routing); absent means off. */
+export interface BgpConfig {
+  /** Canonical addresses, in the order given. */
+  readonly peers: readonly string[];
+  readonly asn: number;
+  readonly peerAsn: number;
+  readonly routerId?: string;
+  /** Null: no BFD. */
+  readonly bfd: { readonly intervalMs: number; readonly multiplier: number } | null;
+  readonly bird: string;
+  readonly birdc: string;
 }
 
 export class ConfigError extends Error {
@@ -387,6 +493,10 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     flowLogBurst: c.NATGW_FLOW_LOG_BURST,
     conntrackMetrics: c.NATGW_CONNTRACK_METRICS,
     conntrackSysctls: c.NATGW_CONNTRACK_SYSCTLS,
+    flowLogSchema: c.NATGW_FLOW_LOG_SCHEMA,
+    // The Kubernetes downward API's usual names (Kube-OVN's observer reads POD_NAME and NODE_NAME).
+    flowLogIdentity: { namespace: env.POD_NAMESPACE ?? '', name: c.NATGW_GATEWAY_NAME ?? '', pod: env.POD_NAME ?? '', node: env.NODE_NAME ?? '' },
+    snatPortRange: c.NATGW_SNAT_PORT_RANGE,
     toolTimeoutMs: c.NATGW_TOOL_TIMEOUT,
     maxConnections: c.NATGW_MAX_CONNECTIONS,
     headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,
@@ -407,6 +517,30 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       peerApi: c.NATGW_HA_PEER_API?.replace(/\/$/, ''),
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
       initialRole: c.NATGW_HA_INITIAL_ROLE,
+      mode: c.NATGW_HA_MODE,
+      ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
     },
+    bgp: bgpOf(c, envFile),
+  };
+}
+
+/** The BGP settings, or undefined without peers; the keys BGP cannot run without are named. */
+function bgpOf(c: z.infer<typeof configSchema>, envFile: string): BgpConfig | undefined {
+  if (c.NATGW_BGP_PEERS === undefined) return undefined;
+  const missing = (['NATGW_BGP_ASN', 'NATGW_BGP_PEER_ASN'] as const).filter((k) => c[k] === undefined);
+  if (missing.length > 0) {
+    throw new ConfigError(
+      `invalid configuration (${envFile} or environment): NATGW_BGP_PEERS is set, so ${missing.join(' and ')} must be set too (AS numbers, e.g. NATGW_BGP_ASN=65001 NATGW_BGP_PEER_ASN=65000), or unset NATGW_BGP_PEERS to turn BGP off`,
+    );
+  }
+  const peers = [...new Set(c.NATGW_BGP_PEERS.split(',').map((p) => canonicalIp(p.trim())))];
+  return {
+    peers,
+    asn: Number(c.NATGW_BGP_ASN),
+    peerAsn: Number(c.NATGW_BGP_PEER_ASN),
+    routerId: c.NATGW_BGP_ROUTER_ID,
+    bfd: c.NATGW_BFD ? { intervalMs: c.NATGW_BFD_INTERVAL, multiplier: c.NATGW_BFD_MULTIPLIER } : null,
+    bird: c.NATGW_BIRD,
+    birdc: c.NATGW_BIRDC,
   };
 }

@@ -13,6 +13,7 @@ import { internState } from '../state/intern.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
 export interface EngineLike {
@@ -41,6 +42,8 @@ export interface AgentDeps {
   };
   /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
   readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
+  /** SNAT port usage from the conntrack follower (daemon only). */
+  readonly portUsage?: () => readonly EipPortUsage[] | undefined;
 }
 
 /** Runs a script command on `engine`, its change through `transact` (the engine's, or the batcher's). */
@@ -258,6 +261,10 @@ export class Agent implements AgentService {
     return this.deps.countDraining ? this.deps.countDraining(state) : [];
   }
 
+  portUsage(): readonly EipPortUsage[] | undefined {
+    return this.deps.portUsage?.();
+  }
+
   /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */
   async checkDrift(): Promise<DriftCheck> {
     return this.queue.run(async () => {
@@ -286,6 +293,16 @@ export class Agent implements AgentService {
 
   // ---- readiness ----
 
+  /** Reasons other parts of the daemon hold readiness for (replica sync joining), by part. */
+  private readonly holds = new Map<string, string>();
+
+  /** Hold readiness with a reason, or release it (null). */
+  hold(part: string, reason: string | null): void {
+    if (reason === null) this.holds.delete(part);
+    else this.holds.set(part, reason);
+    this.updateReady();
+  }
+
   setInterfaces(missing: readonly string[]): void {
     this.interfaces = { present: missing.length === 0, missing: [...missing] };
     this.updateReady();
@@ -298,8 +315,11 @@ export class Agent implements AgentService {
     if (!this.lastSync) why.push('no sync yet');
     else if (!this.lastSync.ok) why.push(`last sync failed: ${this.lastSync.error ?? 'unknown error'}`);
     else if (this.hygienePending) why.push('restart hygiene: cleaning up conntrack entries after the first apply');
+    for (const reason of this.holds.values()) why.push(reason);
+    const changed = (why.length === 0) !== (this.notReadyWhy.length === 0);
     this.notReadyWhy = why;
     this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
+    if (changed) for (const l of this.readinessListeners) l(why.length === 0);
     if (why.length === 0) {
       const waiting = this.readyWaiters;
       this.readyWaiters = [];
@@ -312,6 +332,13 @@ export class Agent implements AgentService {
   }
 
   private readyWaiters: (() => void)[] = [];
+  private readonly readinessListeners = new Set<(ready: boolean) => void>();
+
+  /** Called whenever readiness flips (BGP withdraws the EIPs at once); the function returned unsubscribes. */
+  onReadiness(listener: (ready: boolean) => void): () => void {
+    this.readinessListeners.add(listener);
+    return () => this.readinessListeners.delete(listener);
+  }
 
   whenReady(timeoutMs: number): Promise<void> {
     if (this.notReadyWhy.length === 0 || timeoutMs <= 0) return Promise.resolve();

@@ -8,12 +8,14 @@ import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
 import { Observer, daemonMetrics } from '../observe/observer.js';
+import { TOP_DESTINATIONS } from '../observe/portUsage.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
 import { RestartHygiene } from './hygiene.js';
 import { HaManager } from '../ha/manager.js';
 import { HaMetrics } from '../ha/metrics.js';
+import { RoutingManager } from '../routing/manager.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
@@ -54,7 +56,14 @@ export async function serve(config: Config): Promise<number> {
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
-  const agent = new Agent({ engine, log, metrics, hygiene, countDraining: (s) => countDraining(exec, s.snats) });
+  const agent = new Agent({
+    engine,
+    log,
+    metrics,
+    hygiene,
+    portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
+    countDraining: (s) => countDraining(exec, s.snats),
+  });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({
     config,
@@ -63,19 +72,47 @@ export async function serve(config: Config): Promise<number> {
     metrics: new HaMetrics(metrics.registry, digest),
     loadState: () => engine.loadState(),
     digest,
-    announce: (ifname, ip) => engine.link.announce(ifname, ip),
+    // Routed EIPs (BGP) get no gratuitous ARP, a takeover's included.
+    announce: (ifname, ip) => {
+      if (!engine.role.routed) engine.link.announce(ifname, ip);
+    },
     role: engine.role,
+    holdReady: (reason) => agent.hold('ha', reason),
   });
+  // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
+  const routing = new RoutingManager({
+    config,
+    exec,
+    log,
+    registry: metrics.registry,
+    readiness: () => agent.readiness(),
+    applied: () => engine.lastApplied,
+    role: () => engine.role.name,
+    requestSync: (why) => reconciler.request(why),
+  });
+  agent.onReadiness(() => routing.changed('readiness'));
+  // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
+  const haService = {
+    status: () => ha.status(),
+    health: () => ha.health(),
+    takeover: async (reason: string) => {
+      const r = await ha.takeover(reason);
+      routing.changed('takeover');
+      return r;
+    },
+    resend: () => ha.resend(),
+  };
   // Flow classification follows every applied state (after the agent's own listener).
   engine.onSync((e) => {
     if (e.ok) observer.setState(e.state);
+    if (e.ok && e.kind === 'full') routing.synced();
+    if (e.ok) routing.changed('applied');
   });
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha };
+  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: haService, routing };
   const saved = engine.loadState();
   saved.catch(() => undefined);
-  let opened: (ok: boolean) => void = () => undefined;
-  const listening = new Promise<boolean>((resolve) => (opened = resolve));
+  let cannotListen = false;
 
   // The conntrack follower (three processes and their output) starts once the first resync is
   // over, ready or not: before, it would only compete with it. Its first listing counts the
@@ -114,6 +151,7 @@ export async function serve(config: Config): Promise<number> {
     onChange: (why) => {
       engine.distrust();
       reconciler.request(why);
+      routing.changed(why, { link: true });
     },
     ownsNeighbour: (address, dev) => engine.neighbours.holds(address, dev),
     onLinkUp: (ifname) => {
@@ -122,9 +160,8 @@ export async function serve(config: Config): Promise<number> {
     links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
-  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events. The
-  // interfaces are looked up while the API's code (express and the routes) loads and the
-  // sockets open.
+  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events, while
+  // the API's code (express and the routes) loads and the sockets open.
   let present = false;
   const startup = (async () => {
     try {
@@ -144,8 +181,10 @@ export async function serve(config: Config): Promise<number> {
     } catch (e) {
       log.error({ err: e }, 'start-up check failed; the reconciler retries');
     }
-    // Nothing starts syncing before the API serves: a daemon that cannot listen exits.
-    if (!(await listening) || shuttingDown) return;
+    // The first sync runs while the API's code loads and its sockets open: the socket's claim
+    // (above) already makes this daemon the only writer. One that then cannot listen stops
+    // syncing and exits.
+    if (cannotListen || shuttingDown) return;
     monitor.start();
     reconciler.start({ present });
     if (!present) observe();
@@ -165,13 +204,14 @@ export async function serve(config: Config): Promise<number> {
     const msg = e instanceof Error ? e.message : String(e);
     process.stderr.write(`Error: ${msg}\n`);
     log.fatal({ err: e }, 'cannot listen');
+    cannotListen = true;
+    monitor.stop();
+    await reconciler.stop();
     singleton.close();
-    opened(false);
     // The start-up may still be polling for interfaces.
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
-  opened(true);
   timelineMark('serving');
   log.info(
     {
@@ -188,6 +228,7 @@ export async function serve(config: Config): Promise<number> {
 
   // Replica sync runs beside NAT, never in its way: its start-up failures are logged and retried.
   const haStarted = ha.start().catch((e: unknown) => log.error({ err: e }, 'replica sync failed to start; NAT is not affected'));
+  const routingStarted = routing.start().catch((e: unknown) => log.error({ err: e }, 'BGP failed to start; NAT is not affected'));
 
   const code = await new Promise<number>((resolve) => {
     const stop = (signal: string) => {
@@ -204,6 +245,9 @@ export async function serve(config: Config): Promise<number> {
     };
     const shutdown = async () => {
       const closing = [closeServer(unixServer), tcpServer ? closeServer(tcpServer) : Promise.resolve()];
+      // The peers first: BIRD tells them it is going, so no traffic is sent here while the rest stops.
+      await routingStarted;
+      await routing.stop();
       monitor.stop();
       hygiene.stop();
       await haStarted;
@@ -221,7 +265,7 @@ export async function serve(config: Config): Promise<number> {
     process.on('SIGINT', () => stop('SIGINT'));
     // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
     process.on('SIGUSR2', () => {
-      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+      if (!shuttingDown) void haService.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
     });
   });
   void startup;

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import { ExecError, type Executor } from '../system/exec.js';
 import type { BackendRecord } from '../state/store.js';
-import type { NetfilterBackend } from '../dataplane/netfilter/backend.js';
+import type { NetfilterBackend, ReplicaRules } from '../dataplane/netfilter/backend.js';
 import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
 import { probeIptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
@@ -13,8 +13,20 @@ import { CHAINS } from '../model/ruleText.js';
 
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
-export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger, nft?: NftClient): NetfilterBackend {
-  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft) : new IptablesBackend(exec, choice.variant ?? 'nft', log);
+export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger, nft?: NftClient, replica?: ReplicaRules): NetfilterBackend {
+  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', log, replica);
+}
+
+/**
+ * What this replica adds to the rules: its SNAT port slice (wherever configured), and in the
+ * active-active mode the drop of invalid packets (a reply that ECMP sends here before its flow's
+ * state arrived is dropped and retransmitted, never answered with a reset by a local socket).
+ */
+export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undefined {
+  const slice = config.ha?.snatPortSlice;
+  const activeActive = config.ha?.peer !== undefined && config.ha.mode === 'active-active';
+  if (!slice && !activeActive) return undefined;
+  return { ...(slice ? { snatPorts: { lo: slice.lo, hi: slice.hi } } : {}), ...(activeActive ? { dropInvalid: true } : {}) };
 }
 
 export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {

@@ -5,7 +5,7 @@ import type { StateStore } from '../state/store.js';
 import type { DesiredState } from '../state/state.js';
 import { natTablesOf, type NetfilterBackend } from '../dataplane/netfilter/backend.js';
 import type { NftClient } from '../dataplane/netfilter/nft/client.js';
-import { BackendProbe, decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendChoice } from './backendSelect.js';
+import { BackendProbe, decideBackend, instantiate, ownedElsewhere, replicaRulesOf, sameChoice, type BackendChoice } from './backendSelect.js';
 
 export interface BackendSwitchDeps {
   readonly config: Config;
@@ -41,7 +41,7 @@ export class BackendSwitch {
     const key = `${choice.kind}/${choice.variant ?? ''}`;
     let b = this.backends.get(key);
     if (!b) {
-      b = instantiate(choice, this.deps.exec, this.log, this.deps.nft);
+      b = instantiate(choice, this.deps.exec, this.log, this.deps.nft, replicaRulesOf(this.deps.config));
       this.backends.set(key, b);
     }
     return b;

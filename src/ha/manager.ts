@@ -8,7 +8,7 @@ import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
 import { Supervisor } from './supervisor.js';
-import { PeerCompare, type PeerView } from './peer.js';
+import { PeerCompare, requestResend, type PeerView } from './peer.js';
 import type { HaMetrics } from './metrics.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
 
@@ -23,6 +23,20 @@ export interface HaDeps {
   readonly announce: (ifname: string, ip: string) => void;
   /** Whether this replica announces; a takeover makes it active. */
   readonly role: ReplicaRole;
+  /** Holds readiness with a reason, or releases it (null): an active-active replica joining. */
+  readonly holdReady?: (reason: string | null) => void;
+}
+
+/** A (re)joining active-active replica: the peer's flows asked for, and how many arrived. */
+export interface JoinState {
+  readonly state: 'waiting' | 'done' | 'gave-up';
+  readonly since: string;
+  /** Flows the peer said it resent. */
+  readonly expected: number | null;
+  /** Flows written into this kernel since the resend (conntrackd's external inject counters). */
+  readonly received: number;
+  readonly error: string | null;
+  readonly ms: number | null;
 }
 
 export interface TakeoverResult {
@@ -63,6 +77,7 @@ export class HaManager implements HaService {
   private needsResync = false;
   private lastTakeover: TakeoverResult | null = null;
   private stopped = false;
+  private join: JoinState | null = null;
 
   constructor(private readonly d: HaDeps) {
     this.ha = d.config.ha;
@@ -71,6 +86,10 @@ export class HaManager implements HaService {
 
   private get enabled(): boolean {
     return this.supervisor !== undefined;
+  }
+
+  private get activeActive(): boolean {
+    return this.ha?.peer !== undefined && this.ha.mode === 'active-active';
   }
 
   /** Start sync (where configured and installed) and the peer comparison (where configured). */
@@ -102,6 +121,20 @@ export class HaManager implements HaService {
       return;
     }
     if (this.stopped) return;
+    if (this.activeActive) {
+      this.d.holdReady?.("replica sync: waiting for the peer's flows (active-active join)");
+      // Bounded: a conntrackd that never comes up (no sync interface yet) must not keep the
+      // replica out of service for good; its health says why.
+      setTimeout(() => {
+        if (this.join !== null && this.join.state !== 'waiting') return;
+        this.d.log.warn({ join: this.join }, "active-active join did not finish in 3x NATGW_HA_SYNC_TIMEOUT; ready without the peer's flows");
+        this.d.holdReady?.(null);
+      }, 3 * ha.syncTimeoutMs).unref();
+      await this.liberalTcp();
+      if (!ha.snatPortSlice) {
+        this.d.log.warn('active-active without NATGW_SNAT_PORT_SLICE: two replicas may give one EIP port to two flows (give each replica its own slice)');
+      }
+    }
     this.d.metrics.enabled.set(1);
     this.supervisor = new Supervisor({
       file: ha.conntrackd,
@@ -133,13 +166,41 @@ export class HaManager implements HaService {
     this.timer = setTimeout(tick, period).unref();
   }
 
+  /**
+   * Active-active: TCP tracking without window checks in this pod's network namespace
+   * (nf_conntrack_tcp_be_liberal=1). ECMP may send a flow's two directions through two
+   * replicas, and move either at any time: a replica then sees acknowledgements of data that
+   * went through the other, which window tracking marks invalid (and the forward chain drops).
+   * Entries conntrackd writes are liberal already; the replica's own are not.
+   */
+  private async liberalTcp(): Promise<void> {
+    const file = '/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal';
+    try {
+      if ((await fs.readFile(file, 'utf8')).trim() === '1') return;
+      await fs.writeFile(file, '1\n');
+      this.d.log.info('active-active: nf_conntrack_tcp_be_liberal=1 (a flow may take two replicas, one per direction)');
+    } catch (e) {
+      this.d.log.warn(
+        { err: e instanceof Error ? e.message : String(e) },
+        'active-active: cannot set nf_conntrack_tcp_be_liberal=1; a flow whose directions ECMP splits over two replicas may stall',
+      );
+    }
+  }
+
   /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
   private async prepare(): Promise<void> {
     const ha = this.ha as HaConfig & { peer: string };
     const local = ha.syncAddress ?? (await this.addressOf(ha.syncInterface, ha.peer));
     this.localAddress = local;
     await fs.mkdir(this.paths.dir, { recursive: true, mode: 0o700 });
-    const text = renderConntrackdConf({ localAddress: local, peerAddress: ha.peer, syncInterface: ha.syncInterface, port: ha.port, paths: this.paths });
+    const text = renderConntrackdConf({
+      localAddress: local,
+      peerAddress: ha.peer,
+      syncInterface: ha.syncInterface,
+      port: ha.port,
+      paths: this.paths,
+      mode: ha.mode ?? 'takeover',
+    });
     await fs.writeFile(this.paths.config, text, { mode: 0o600 });
     await this.killOrphan();
     // conntrackd refuses to start while its lock file exists; only a dead instance of ours can have left it.
@@ -214,12 +275,102 @@ export class HaManager implements HaService {
       this.statsError = e instanceof Error ? e.message : String(e);
     }
     if (this.needsResync) {
-      // A fresh conntrackd has an empty external cache and the peer does not know it restarted.
       this.needsResync = false;
-      await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
-      await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(() => undefined);
+      if (this.activeActive) await this.joinPeer();
+      else {
+        // A fresh conntrackd has an empty external cache and the peer does not know it restarted.
+        await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
+        await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(() => undefined);
+      }
     }
     this.updateHealth();
+  }
+
+  /** Flows conntrackd wrote into this kernel from the peer so far (active-active). */
+  private injected(): number {
+    const e = this.stats?.external;
+    return e ? e.created + e.updated + e.createFailed + e.updateFailed : 0;
+  }
+
+  /**
+   * Active-active (re)join: send this kernel's flows to the peer, and have the peer resend its
+   * whole kernel table (conntrackd -R then -B, POST /v1/ha/resend): flows it received from
+   * others never enter its internal cache, so its conntrackd alone would not resend them.
+   * Readiness is held until they arrived (or the peer cannot be asked, or the sync timeout
+   * passed): a replica that ECMP sends traffic to before it holds the established flows would
+   * drop them.
+   */
+  private async joinPeer(): Promise<void> {
+    const ha = this.ha as HaConfig & { peer: string };
+    const started = Date.now();
+    const base = this.injected();
+    const set = (state: JoinState['state'], expected: number | null, error: string | null): void => {
+      this.join = {
+        state,
+        since: new Date(started).toISOString(),
+        expected,
+        received: this.injected() - base,
+        error,
+        ms: state === 'waiting' ? null : Date.now() - started,
+      };
+    };
+    set('waiting', null, null);
+    await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(() => undefined);
+    let expected: number;
+    try {
+      if (!ha.peerApi)
+        throw new Error('NATGW_HA_PEER_API is not set: asked conntrackd for a resync instead (flows the peer received from others are not resent)');
+      expected = await requestResend(ha.peerApi, ha.peerTokenFile, ha.syncTimeoutMs);
+    } catch (e) {
+      if (!ha.peerApi) await this.conntrackd(['-n'], STATS_TIMEOUT_MS).catch(() => undefined);
+      const msg = e instanceof Error ? e.message : String(e);
+      set('gave-up', null, msg);
+      this.d.log.warn({ err: msg }, 'active-active join: the peer could not resend its flows; ready without them (a peer that is down has none to give)');
+      this.d.holdReady?.(null);
+      return;
+    }
+    set('waiting', expected, null);
+    const deadline = Date.now() + ha.syncTimeoutMs;
+    while (!this.stopped && Date.now() < deadline && this.injected() - base < expected) {
+      await new Promise((r) => setTimeout(r, 50));
+      const r = await this.conntrackd(['-s'], STATS_TIMEOUT_MS).catch(() => undefined);
+      if (r?.exitCode === 0) {
+        try {
+          this.stats = parseConntrackdStats(r.stdout);
+        } catch {
+          // read again at the next turn
+        }
+      }
+    }
+    const complete = this.injected() - base >= expected;
+    set(complete ? 'done' : 'gave-up', expected, complete ? null : `only ${this.injected() - base} of ${expected} flows arrived in ${ha.syncTimeoutMs} ms`);
+    if (complete) this.d.log.info({ flows: expected, ms: Date.now() - started }, "active-active join: the peer's flows are in the kernel");
+    else this.d.log.warn({ join: this.join }, "active-active join: not all of the peer's flows arrived; ready anyway (NATGW_HA_SYNC_TIMEOUT)");
+    this.d.holdReady?.(null);
+  }
+
+  /**
+   * The peer (re)joined (POST /v1/ha/resend): refill conntrackd's internal cache from the whole
+   * kernel table, the flows received from others included, and send it in bulk.
+   */
+  async resend(): Promise<{ resent: boolean; flows: number; reason?: string }> {
+    if (this.supervisor?.state !== 'running') {
+      return { resent: false, flows: 0, reason: this.enabled ? 'conntrackd is not running' : `replica sync off: ${this.offReason ?? 'not started'}` };
+    }
+    const fail = (e: unknown) => ({ exitCode: -1, stdout: '', stderr: String(e) });
+    const r = await this.conntrackd(['-R'], STATS_TIMEOUT_MS).catch(fail);
+    if (r.exitCode !== 0) return { resent: false, flows: 0, reason: `conntrackd -R: ${(r.stderr || r.stdout).trim()}` };
+    const s = await this.conntrackd(['-s'], STATS_TIMEOUT_MS).catch(fail);
+    let flows = 0;
+    try {
+      flows = parseConntrackdStats(s.stdout).internal.active;
+    } catch {
+      // counted as none: the peer then waits for nothing
+    }
+    const b = await this.conntrackd(['-B'], STATS_TIMEOUT_MS).catch(fail);
+    if (b.exitCode !== 0) return { resent: false, flows: 0, reason: `conntrackd -B: ${(b.stderr || b.stdout).trim()}` };
+    this.d.log.info({ flows }, 'the peer (re)joined: resent the kernel table to it');
+    return { resent: true, flows };
   }
 
   private observePeer(v: PeerView): void {
@@ -268,6 +419,8 @@ export class HaManager implements HaService {
     return {
       enabled: this.enabled,
       ...this.d.role.status(),
+      snatPortSlice: this.ha?.snatPortSlice ?? null,
+      join: this.join,
       digest: await this.d.digest(),
       health: this.updateHealth(),
       conntrackd: sup
@@ -294,6 +447,19 @@ export class HaManager implements HaService {
    */
   async takeover(reason: string): Promise<TakeoverResult> {
     const started = Date.now();
+    if (this.activeActive) {
+      // Every replica forwards already and holds every flow; the EIPs are routed, not ARPed.
+      const state = await this.d.loadState();
+      return {
+        reason,
+        at: new Date(started).toISOString(),
+        committed: false,
+        commitError: 'active-active: nothing to take over',
+        announced: [],
+        interface: state.interfaces.ext,
+        ms: Date.now() - started,
+      };
+    }
     let committed = false;
     let commitError: string | undefined;
     if (this.supervisor?.state === 'running') {

@@ -93,3 +93,22 @@ export class PeerCompare {
     return next;
   }
 }
+
+/**
+ * Ask the peer to resend its whole kernel table (POST /v1/ha/resend): what a (re)joining
+ * active-active replica needs, since flows the peer received from others never enter its
+ * conntrackd's internal cache. Resolves to the number of flows the peer sent; throws when the
+ * peer cannot be asked (the caller then stops waiting for it).
+ */
+export async function requestResend(api: string, tokenFile: string | undefined, timeoutMs: number): Promise<number> {
+  const token = tokenFile ? (await fs.readFile(tokenFile, 'utf8')).trim() : undefined;
+  const res = await fetch(`${api}/v1/ha/resend`, {
+    method: 'POST',
+    headers: token ? { authorization: `Bearer ${token}` } : {},
+    signal: AbortSignal.timeout(timeoutMs),
+  });
+  if (!res.ok) throw new Error(`HTTP ${res.status} from ${api}/v1/ha/resend${res.status === 401 ? ' (check NATGW_HA_PEER_TOKEN_FILE)' : ''}`);
+  const body = (await res.json()) as { resent?: unknown; flows?: unknown };
+  if (body.resent !== true) throw new Error(`${api} did not resend (${JSON.stringify(body).slice(0, 200)})`);
+  return typeof body.flows === 'number' ? body.flows : 0;
+}

@@ -23,6 +23,8 @@ export interface ConntrackdSettings {
   readonly syncInterface?: string;
   readonly port: number;
   readonly paths: ConntrackdPaths;
+  /** Default takeover. */
+  readonly mode?: 'takeover' | 'active-active';
 }
 
 export class HaConfigError extends Error {
@@ -50,6 +52,14 @@ function safe(what: string, v: string): string {
  * - The sync channel's own flows and loopback are ignored, or every exchange would be synced.
  * - No log file, no syslog: conntrackd runs in the foreground under natgw, which reads its
  *   console output.
+ *
+ * Active-active (every replica forwards behind ECMP, a flow may move at any packet) differs:
+ * - The external cache is off: the peer's flows go straight into the kernel as they arrive, so
+ *   a packet that ECMP moves finds its NAT mapping without a takeover.
+ * - The internal cache stays on: without it conntrackd sends only on its timer (about 1 s late,
+ *   against a few ms), and the resend a (re)joining peer needs comes from it.
+ * - No TCP state filter: a flow synced only once established is unknown to the peer during its
+ *   handshake, and a SYN-ACK that ECMP sends to the peer then finds nothing.
  */
 export function renderConntrackdConf(s: ConntrackdSettings): string {
   const v6 = isIpv6(s.peerAddress);
@@ -58,12 +68,14 @@ export function renderConntrackdConf(s: ConntrackdSettings): string {
   }
   if (!Number.isInteger(s.port) || s.port < 1 || s.port > 65535) throw new HaConfigError(`sync port ${s.port} is not a port number`);
   const fam = v6 ? 'IPv6' : 'IPv4';
+  const activeActive = s.mode === 'active-active';
   const lines = [
     '# Written by natgw at every start; edits are lost.',
     'Sync {',
     '\tMode FTFW {',
-    '\t\tDisableExternalCache Off',
-    '\t\tCommitTimeout 1800',
+    `\t\tDisableExternalCache ${activeActive ? 'On' : 'Off'}`,
+    // conntrackd refuses a commit timeout without an external cache (there is nothing to commit).
+    ...(activeActive ? [] : ['\t\tCommitTimeout 1800']),
     '\t\tPurgeTimeout 5',
     '\t\tResendQueueSize 131072',
     '\t\tACKWindowSize 300',
@@ -108,9 +120,7 @@ export function renderConntrackdConf(s: ConntrackdSettings): string {
     `\t\t\t${fam}_address ${s.localAddress}`,
     `\t\t\t${fam}_address ${s.peerAddress}`,
     '\t\t}',
-    '\t\tState Accept {',
-    '\t\t\tESTABLISHED CLOSED TIME_WAIT CLOSE_WAIT for TCP',
-    '\t\t}',
+    ...(activeActive ? [] : ['\t\tState Accept {', '\t\t\tESTABLISHED CLOSED TIME_WAIT CLOSE_WAIT for TCP', '\t\t}']),
     '\t}',
     '}',
   ];

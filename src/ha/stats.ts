@@ -52,7 +52,9 @@ function num(lines: readonly string[], re: RegExp, what: string): number {
 }
 
 function cache(text: string, name: 'internal' | 'external'): CacheStats {
-  const b = block(text, new RegExp(`^cache ${name}:`));
+  // With the external cache disabled (active-active), the peer's flows are counted as they are
+  // written into the kernel: `external inject`, the same counters without an active count.
+  const b = block(text, new RegExp(`^cache ${name}:`)) ?? (name === 'external' ? block(text, /^external inject:/) : undefined);
   if (!b) throw new StatsParseError(`conntrackd -s: no 'cache ${name}' section`);
   const pair = (verb: string): [number, number] => {
     for (const l of b) {
@@ -64,8 +66,9 @@ function cache(text: string, name: 'internal' | 'external'): CacheStats {
   const [created, createFailed] = pair('created');
   const [updated, updateFailed] = pair('updated');
   const [destroyed, destroyFailed] = pair('destroyed');
+  const injected = /^external inject:/.test(b[0] ?? '');
   return {
-    active: num(b, /^current active connections:\s+(\d+)/, `active connections in cache ${name}`),
+    active: injected ? 0 : num(b, /^current active connections:\s+(\d+)/, `active connections in cache ${name}`),
     created,
     createFailed,
     updated,

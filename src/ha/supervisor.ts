@@ -20,6 +20,8 @@ export interface SupervisorOptions {
   readonly maxBackoffMs?: number;
   /** A run at least this long resets the backoff: the next failure is retried quickly again. */
   readonly stableMs?: number;
+  /** Each line the child prints (default: conntrackd's, its errors and warnings at warn level). */
+  readonly onLine?: (line: string) => void;
 }
 
 export interface ExitRecord {
@@ -113,6 +115,7 @@ export class Supervisor {
       lazyReadline()
         .createInterface({ input: stream })
         .on('line', (line) => {
+          if (this.o.onLine) return this.o.onLine(line);
           // conntrackd marks its own severity: keep its errors visible, its chatter at debug.
           if (/\[(ERROR|WARNING)\]/.test(line)) this.o.log.warn({ child: this.o.file, line }, 'conntrackd says');
           else this.o.log.debug({ child: this.o.file, line }, 'conntrackd says');

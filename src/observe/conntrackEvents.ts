@@ -34,6 +34,10 @@ export interface ConntrackEntry {
   readonly time?: number;
   readonly family: 4 | 6;
   readonly protocol: string;
+  /** The layer-4 protocol number conntrack prints after the name (6 for tcp). */
+  readonly protocolNumber?: number;
+  /** The conntrack zone, printed only when not 0. */
+  readonly zone?: number;
   readonly original: Tuple;
   readonly reply: Tuple;
   /** Both present only when conntrack accounting (nf_conntrack_acct) is on. */
@@ -161,13 +165,16 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
     if (!((c >= 97 && c <= 122) || (c >= 48 && c <= 57))) return undefined;
   }
   const protocol = line.slice(ts, te);
-  if (!nextToken() || digitsIn(line, ts, te) === undefined || te >= len) return undefined;
+  if (!nextToken()) return undefined;
+  const protocolNumber = digitsIn(line, ts, te);
+  if (protocolNumber === undefined || te >= len) return undefined;
 
   // [original, reply] × the keys above: the first value of each key per direction.
   const strs: (string | undefined)[] = [undefined, undefined, undefined, undefined];
   const nums: (number | undefined)[] = [undefined, undefined, undefined, undefined, undefined, undefined, undefined, undefined];
   let id: number | undefined;
   let durationS: number | undefined;
+  let zone: number | undefined;
   let dir = 0;
   while (nextToken()) {
     const eq = line.indexOf('=', ts);
@@ -182,6 +189,8 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
       nums[at] ??= digitsIn(line, eq + 1, te);
     } else if (is(line, ts, eq, 'delta-time')) {
       durationS = digitsIn(line, eq + 1, te);
+    } else if (is(line, ts, eq, 'zone')) {
+      zone = digitsIn(line, eq + 1, te);
     } else if (is(line, ts, eq, 'id')) {
       // The entry's id is the last `id=`: an ICMP tuple carries the echo id under the same name.
       id = digitsIn(line, eq + 1, te);
@@ -198,7 +207,14 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
   const reply: { src: string; dst: string; sport?: number; dport?: number } = { src: rs, dst: rd };
   if (nums[4] !== undefined) reply.sport = nums[4];
   if (nums[5] !== undefined) reply.dport = nums[5];
-  const e: { -readonly [K in keyof ConntrackEntry]: ConntrackEntry[K] } = { family: v6 || os.includes(':') ? 6 : 4, protocol, original, reply };
+  const e: { -readonly [K in keyof ConntrackEntry]: ConntrackEntry[K] } = {
+    family: v6 || os.includes(':') ? 6 : 4,
+    protocol,
+    protocolNumber,
+    original,
+    reply,
+  };
+  if (zone !== undefined) e.zone = zone;
   if (event) e.event = event;
   if (time !== undefined) e.time = time;
   const [op, ob, rp, rb] = [nums[2], nums[3], nums[6], nums[7]];

@@ -1,9 +1,10 @@
 import { promises as fs } from 'node:fs';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Executor } from '../system/exec.js';
-import { CONNTRACK_STATS, parseConntrackStats } from './conntrackEvents.js';
+import { CONNTRACK_STATS, parseConntrackStats, type ConntrackStat } from './conntrackEvents.js';
 import type { ConntrackMonitor } from './conntrackMonitor.js';
 import type { FlowClass } from './classify.js';
+import { KERNEL_SNAT_PORTS, rangeSize, type EipPortUsage } from './portUsage.js';
 
 const PROC = '/proc/sys/net/netfilter';
 
@@ -22,6 +23,27 @@ export interface ConntrackMetricsOptions {
   readonly monitor?: () => ConntrackMonitor | undefined;
   /** Where nf_conntrack_count/max are read (tests). */
   readonly procDir?: string;
+  /** The size of the SNAT port range (natgw_snat_port_range_size); the kernel's default range unless set. */
+  readonly snatPortRangeSize?: number;
+}
+
+/** How long one `conntrack -S` reading serves the scrape's collectors (they run at once). */
+const STATS_TTL_MS = 1000;
+
+/**
+ * PURE: connections the kernel refused to translate for lack of a free port, from `conntrack -S`.
+ * Measured on Linux 6.18 with a SNAT narrowed to ten ports (test/netns/snat-ports.test.ts): each
+ * packet that opens a connection when no port is left is dropped at conntrack confirmation and
+ * counted in `insert_failed` and `drop` alike (`clash_resolve`, `early_drop`, `error`, `invalid`
+ * stay still). `drop` also counts entries refused on a full table, so `insert_failed` is the one:
+ * without the refusals that `chaintoolong` counts (a hash chain too long, which counts both).
+ * In the gateway's namespace natgw's rules are the only NAT, and only SNAT allocates ports (DNAT
+ * keeps them), so these are SNAT's. Per packet: a UDP datagram once, a TCP connect once per SYN.
+ */
+export function portAllocationFailures(stats: ReadonlyMap<ConntrackStat, number>): number | undefined {
+  const failed = stats.get('insert_failed');
+  if (failed === undefined) return undefined;
+  return Math.max(0, failed - (stats.get('chaintoolong') ?? 0));
 }
 
 /**
@@ -39,6 +61,18 @@ export class ConntrackMetrics {
   constructor(registry: Registry, opts: ConntrackMetricsOptions) {
     const registers = [registry];
     const proc = opts.procDir ?? PROC;
+    // One `conntrack -S` per scrape, shared by the collectors that read it.
+    let statsAt = Number.NEGATIVE_INFINITY;
+    let statsRead: Promise<Map<ConntrackStat, number> | undefined> | undefined;
+    const kernelStats = (): Promise<Map<ConntrackStat, number> | undefined> => {
+      if (statsRead && performance.now() - statsAt < STATS_TTL_MS) return statsRead;
+      statsAt = performance.now();
+      statsRead = opts.exec
+        .run({ file: 'conntrack', args: ['-S'], timeoutMs: 5000 })
+        .then((r) => (r.exitCode === 0 ? parseConntrackStats(r.stdout) : undefined))
+        .catch(() => undefined);
+      return statsRead;
+    };
     new Gauge({
       name: 'natgw_conntrack_entries',
       help: 'Entries in the conntrack table of the gateway namespace (nf_conntrack_count)',
@@ -63,17 +97,75 @@ export class ConntrackMetrics {
       labelNames: ['stat'],
       registers,
       async collect() {
-        const r = await opts.exec.run({ file: 'conntrack', args: ['-S'], timeoutMs: 5000 }).catch(() => undefined);
-        if (r?.exitCode !== 0) return;
-        const stats = parseConntrackStats(r.stdout);
+        const stats = await kernelStats();
+        if (!stats) return;
         for (const stat of CONNTRACK_STATS) {
           const v = stats.get(stat);
           if (v !== undefined) this.set({ stat }, v);
         }
       },
     });
+    // The kernel's count since the namespace was made, so a restart of natgw does not reset it.
+    let failuresSeen = 0;
+    new Counter({
+      name: 'natgw_snat_port_allocation_failures_total',
+      help: 'Packets opening a connection that SNAT could not translate for lack of a free source port (conntrack insert_failed without chaintoolong, in the gateway namespace): a UDP flow once, a TCP connect once per SYN',
+      registers,
+      async collect() {
+        const stats = await kernelStats();
+        const n = stats && portAllocationFailures(stats);
+        if (n === undefined) return;
+        if (n > failuresSeen) this.inc(n - failuresSeen);
+        failuresSeen = Math.max(failuresSeen, n);
+      },
+    });
+    new Gauge({
+      name: 'natgw_snat_port_range_size',
+      help: 'Source ports SNAT may give connections toward one destination (NATGW_SNAT_PORT_RANGE): the denominator of natgw_snat_port_usage_ratio',
+      registers,
+    }).set(opts.snatPortRangeSize ?? rangeSize(KERNEL_SNAT_PORTS));
     if (opts.monitor) {
       const monitor = opts.monitor;
+      // The port-usage gauges share one pass over the destinations per scrape.
+      let usageAt = Number.NEGATIVE_INFINITY;
+      let usage: EipPortUsage[] = [];
+      const portUsage = (): EipPortUsage[] => {
+        if (performance.now() - usageAt >= STATS_TTL_MS) {
+          usageAt = performance.now();
+          usage = monitor()?.portUsage() ?? [];
+        }
+        return usage;
+      };
+      new Gauge({
+        name: 'natgw_snat_port_usage_ratio',
+        help: 'Per EIP, the highest share of the SNAT port range that connections toward any one destination (ip, port, protocol) use; at 1 new connections to it fail',
+        labelNames: ['eip'],
+        registers,
+        collect() {
+          this.reset();
+          for (const u of portUsage()) this.set({ eip: u.eip }, u.maxShare);
+        },
+      });
+      new Gauge({
+        name: 'natgw_snat_ports_in_use_max',
+        help: 'Per EIP, the most source ports in use toward any one destination (ip, port, protocol)',
+        labelNames: ['eip'],
+        registers,
+        collect() {
+          this.reset();
+          for (const u of portUsage()) this.set({ eip: u.eip }, u.maxPorts);
+        },
+      });
+      new Gauge({
+        name: 'natgw_snat_destinations',
+        help: 'Per EIP, destinations (ip, port, protocol) with at least one open SNAT connection',
+        labelNames: ['eip'],
+        registers,
+        collect() {
+          this.reset();
+          for (const u of portUsage()) this.set({ eip: u.eip }, u.destinations);
+        },
+      });
       new Gauge({
         name: 'natgw_conntrack_connections',
         help: 'Open (tracked) connections translated by natgw, per EIP and kind (snat, dnat, fip, share-dnat)',

@@ -4,9 +4,10 @@ import type { Logger } from 'pino';
 import { diesWithNatgw } from '../system/diesWithNatgw.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { parseConntrackLine } from './conntrackEvents.js';
+import { parseConntrackLine, type ConntrackEntry } from './conntrackEvents.js';
 import { FlowIndex, type FlowClass } from './classify.js';
-import { flowRecord, type FlowLog } from './flowLog.js';
+import type { FlowLog } from './flowLog.js';
+import { PortUsage, type EipPortUsage, type PortRange, type PortRow } from './portUsage.js';
 
 /**
  * The event stream: NEW and DESTROY only, with the event time and the entry id pairing the two,
@@ -61,9 +62,38 @@ export interface ConntrackMonitorOptions {
   readonly tool?: string;
   /** RESEED_MIN_INTERVAL_MS unless set (tests). */
   readonly reseedMinIntervalMs?: number;
+  /** The port range SNAT translates into (the denominator of the port-usage share); the kernel's default unless set. */
+  readonly snatPorts?: PortRange;
 }
 
 const labelKey = (c: FlowClass): string => `${c.eip}|${c.kind}`;
+
+/** Open connections of one EIP and kind. */
+interface LabelRow {
+  readonly c: FlowClass;
+  n: number;
+}
+
+/**
+ * What the monitor remembers of one connection: its label row, or for a SNAT connection with
+ * ports the row of its destination (tagged with the label row), so no object is made per connection.
+ */
+type Tracked = LabelRow | PortRow<LabelRow>;
+
+const labelOf = (t: Tracked): LabelRow => ('tag' in t ? t.tag : t);
+
+/** A SNAT connection's destination: the reply's source, toward which its EIP's source port is unique. */
+interface Destination {
+  readonly ip: string;
+  readonly port: number;
+  readonly protocol: string;
+}
+
+/** The destination of a SNAT connection with ports (TCP, UDP, SCTP…; not ICMP). */
+function destinationOf(e: Pick<ConntrackEntry, 'protocol' | 'reply'>, c: FlowClass): Destination | undefined {
+  if (c.kind !== 'snat' || e.reply.sport === undefined || e.reply.dport === undefined) return undefined;
+  return { ip: e.reply.src, port: e.reply.sport, protocol: e.protocol };
+}
 
 /**
  * Follows the kernel's conntrack events in the daemon's network namespace through a supervised
@@ -76,8 +106,9 @@ export class ConntrackMonitor {
   /** The rules classified against, and their index, built on first use after they change. */
   private rules: Pick<DesiredState, 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats'> | undefined;
   private built: FlowIndex | undefined;
-  private readonly active = new Map<number, FlowClass>();
-  private readonly counts = new Map<string, { c: FlowClass; n: number }>();
+  private readonly active = new Map<number, Tracked>();
+  private readonly counts = new Map<string, LabelRow>();
+  private readonly ports: PortUsage<LabelRow>;
   private child: ChildProcess | undefined;
   private stopped = true;
   private backoff = BACKOFF_MIN_MS;
@@ -94,7 +125,9 @@ export class ConntrackMonitor {
   private lastSeedAt = Number.NEGATIVE_INFINITY;
   private upSince = 0;
 
-  constructor(private readonly opts: ConntrackMonitorOptions) {}
+  constructor(private readonly opts: ConntrackMonitorOptions) {
+    this.ports = new PortUsage(opts.snatPorts);
+  }
 
   /** Whether the event child is running. */
   get up(): boolean {
@@ -121,6 +154,11 @@ export class ConntrackMonitor {
   /** Open connections per EIP and kind (only those with at least one ever seen). */
   connections(): { eip: string; kind: string; n: number }[] {
     return [...this.counts.values()].map(({ c, n }) => ({ eip: c.eip, kind: c.kind, n }));
+  }
+
+  /** SNAT source ports in use per EIP: the busiest destination of each, and with `top` the busiest few. */
+  portUsage(opts: { top?: number } = {}): EipPortUsage[] {
+    return opts.top === undefined ? this.ports.summary() : this.ports.report(opts.top);
   }
 
   start(): void {
@@ -274,7 +312,7 @@ export class ConntrackMonitor {
     try {
       // Ids and classes only: a full table must not be held as parsed entries.
       const listed = new Set<number>();
-      const classified: [number, FlowClass][] = [];
+      const classified: [number, FlowClass, Destination | undefined][] = [];
       for (const family of ['ipv4', 'ipv6'] as const) {
         const r = await this.opts.exec.run({ file: this.opts.tool ?? 'conntrack', args: listArgs(family), timeoutMs: 60_000 });
         if (r.exitCode !== 0 && r.stdout.trim() === '') continue;
@@ -288,7 +326,7 @@ export class ConntrackMonitor {
           if (e?.id !== undefined) {
             listed.add(e.id);
             const c = this.index.classify(e);
-            if (c) classified.push([e.id, c]);
+            if (c) classified.push([e.id, c, destinationOf(e, c)]);
           }
           // A table of a few hundred thousand entries takes a while: commands go in between.
           if (++n % SEED_CHUNK_LINES === 0) await new Promise<void>((resolve) => setImmediate(resolve));
@@ -299,7 +337,7 @@ export class ConntrackMonitor {
       const started = this.startedWhileSeeding!;
       // Events were lost before this listing (a restart): it replaces what was remembered.
       for (const id of [...this.active.keys()]) if (!listed.has(id) && !started.has(id)) this.forget(id);
-      for (const [id, c] of classified) if (!destroyed.has(id)) this.remember(id, c);
+      for (const [id, c, d] of classified) if (!destroyed.has(id)) this.remember(id, c, d);
     } catch (e) {
       this.opts.log.warn({ err: e }, 'conntrack events: listing the table failed; counts start from the events');
     } finally {
@@ -308,22 +346,30 @@ export class ConntrackMonitor {
     }
   }
 
-  private remember(id: number, c: FlowClass): void {
+  private remember(id: number, c: FlowClass, dest?: Destination): void {
     if (this.active.has(id) || this.active.size >= MAX_TRACKED) return;
-    this.active.set(id, c);
     const k = labelKey(c);
-    const row = this.counts.get(k);
-    if (row) row.n++;
-    else this.counts.set(k, { c, n: 1 });
+    let label = this.counts.get(k);
+    if (!label) {
+      label = { c, n: 0 };
+      this.counts.set(k, label);
+    }
+    label.n++;
+    if (!dest) {
+      this.active.set(id, label);
+      return;
+    }
+    this.active.set(id, this.ports.add(c.eip, dest.ip, dest.port, dest.protocol, label));
   }
 
   private forget(id: number): FlowClass | undefined {
-    const c = this.active.get(id);
-    if (!c) return undefined;
+    const t = this.active.get(id);
+    if (!t) return undefined;
     this.active.delete(id);
-    const row = this.counts.get(labelKey(c));
-    if (row) row.n = Math.max(0, row.n - 1);
-    return c;
+    const label = labelOf(t);
+    label.n = Math.max(0, label.n - 1);
+    if ('tag' in t) this.ports.remove(t);
+    return label.c;
   }
 
   /** One line of the event stream. */
@@ -334,17 +380,17 @@ export class ConntrackMonitor {
       const c = this.index.classify(e);
       if (!c) return;
       if (e.id !== undefined) {
-        this.remember(e.id, c);
+        this.remember(e.id, c, destinationOf(e, c));
         this.startedWhileSeeding?.add(e.id);
       }
       this.opts.onStart?.(c);
       // The line is built only with a token in hand: a burst is mostly dropped, and cheaply.
-      if (this.opts.flowLog?.take()) this.opts.flowLog.write(flowRecord(e, c, Date.now() / 1000));
+      if (this.opts.flowLog?.take()) this.opts.flowLog.writeEvent(e, c);
       return;
     }
     if (e.id !== undefined) this.destroyedWhileSeeding?.add(e.id);
     // The class it had at its start: its rule may be gone by now (a flush after a delete).
     const c = (e.id !== undefined ? this.forget(e.id) : undefined) ?? this.index.classify(e);
-    if (c && this.opts.flowLog?.take()) this.opts.flowLog.write(flowRecord(e, c, Date.now() / 1000));
+    if (c && this.opts.flowLog?.take()) this.opts.flowLog.writeEvent(e, c);
   }
 }

@@ -49,6 +49,104 @@ export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number): FlowR
   };
 }
 
+/**
+ * The `kube-ovn` schema: a line as Kube-OVN's VPC egress gateway observer writes it (Kube-OVN
+ * #7116, `pkg/vegobserver/flow.go`, schemaVersion v1), field for field, so a pipeline built for
+ * that observer reads natgw's lines unchanged. Names and types follow its JSON: ports are
+ * omitted when 0 (ICMP), `counters` only when the kernel accounts bytes (an end line with
+ * nf_conntrack_acct=1), `natType` the sorted translations seen in the tuples.
+ */
+export interface KubeOvnFlowTuple {
+  readonly sourceIP: string;
+  readonly sourcePort?: number;
+  readonly destinationIP: string;
+  readonly destinationPort?: number;
+}
+
+export interface KubeOvnFlowRecord {
+  readonly schemaVersion: 'v1';
+  /** RFC 3339, UTC. */
+  readonly timestamp: string;
+  readonly event: 'start' | 'end';
+  readonly conntrackID: number;
+  readonly zone: number;
+  readonly namespace: string;
+  readonly name: string;
+  readonly pod: string;
+  readonly node: string;
+  readonly addressFamily: 'ipv4' | 'ipv6';
+  readonly protocol: 'tcp' | 'udp' | 'sctp' | 'icmp' | 'icmpv6' | 'other';
+  readonly protocolNumber: number;
+  readonly natType: readonly ('dnat' | 'snat')[];
+  readonly original: KubeOvnFlowTuple;
+  readonly translated: KubeOvnFlowTuple;
+  readonly counters?: {
+    readonly originalPackets: number;
+    readonly originalBytes: number;
+    readonly replyPackets: number;
+    readonly replyBytes: number;
+  };
+}
+
+export interface FlowIdentity {
+  readonly namespace: string;
+  readonly name: string;
+  readonly pod: string;
+  readonly node: string;
+}
+
+const KUBE_OVN_PROTOCOLS: Record<string, KubeOvnFlowRecord['protocol']> = { tcp: 'tcp', udp: 'udp', sctp: 'sctp', icmp: 'icmp', icmpv6: 'icmpv6' };
+/** conntrack's names of the protocol numbers, for a line that lacks the number. */
+const PROTOCOL_NUMBERS: Record<string, number> = { icmp: 1, tcp: 6, udp: 17, icmpv6: 58, sctp: 132 };
+
+// A port of 0 is left out, as Go's omitempty does for the observer's uint16.
+const kubeOvnTuple = (t: Tuple): KubeOvnFlowTuple => ({
+  sourceIP: t.src,
+  ...(t.sport ? { sourcePort: t.sport } : {}),
+  destinationIP: t.dst,
+  ...(t.dport ? { destinationPort: t.dport } : {}),
+});
+
+/** PURE: a classified conntrack event → its line in the `kube-ovn` schema. */
+export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: number): KubeOvnFlowRecord {
+  const original = e.original;
+  const translated = translatedOf(e.reply);
+  const natType: ('dnat' | 'snat')[] = [];
+  if (original.dst !== translated.dst || original.dport !== translated.dport) natType.push('dnat');
+  if (original.src !== translated.src || original.sport !== translated.sport) natType.push('snat');
+  const o = e.originalCounters;
+  const r = e.replyCounters;
+  // The observer writes counters when any is non-zero (accounting on), which only an end line carries.
+  const counted = o && r && (o.packets || o.bytes || r.packets || r.bytes);
+  return {
+    schemaVersion: 'v1',
+    timestamp: new Date((e.time ?? nowS) * 1000).toISOString(),
+    event: e.event === 'destroy' ? 'end' : 'start',
+    conntrackID: e.id ?? 0,
+    zone: e.zone ?? 0,
+    namespace: id.namespace,
+    name: id.name,
+    pod: id.pod,
+    node: id.node,
+    addressFamily: e.family === 6 ? 'ipv6' : 'ipv4',
+    protocol: KUBE_OVN_PROTOCOLS[e.protocol] ?? 'other',
+    protocolNumber: e.protocolNumber ?? PROTOCOL_NUMBERS[e.protocol] ?? 0,
+    natType,
+    original: kubeOvnTuple(original),
+    translated: kubeOvnTuple(translated),
+    ...(counted ? { counters: { originalPackets: o.packets, originalBytes: o.bytes, replyPackets: r.packets, replyBytes: r.bytes } } : {}),
+  };
+}
+
+/** The fields of a flow line: natgw's own, or those of Kube-OVN's egress gateway observer. */
+export type FlowLogSchema = 'natgw' | 'kube-ovn';
+
+export type FlowFormat = (e: ConntrackEntry, c: FlowClass, nowS: number) => object;
+
+export function flowFormat(schema: FlowLogSchema, identity: FlowIdentity = { namespace: '', name: '', pod: '', node: '' }): FlowFormat {
+  return schema === 'kube-ovn' ? (e, _c, nowS) => kubeOvnFlowRecord(e, identity, nowS) : flowRecord;
+}
+
 export interface FlowSink {
   /** False when the line was dropped (the output cannot keep up). */
   write(line: string): boolean;
@@ -85,6 +183,8 @@ export interface FlowLogOptions {
   /** Called for every line not written: rate limit or a full output. */
   readonly onDrop?: (reason: 'rate' | 'backlog') => void;
   readonly onWrite?: () => void;
+  /** natgw's own fields unless set. */
+  readonly format?: FlowFormat;
 }
 
 /** Rate-limited flow lines to one sink. */
@@ -99,6 +199,11 @@ export class FlowLog {
     if (this.take()) this.write(r);
   }
 
+  /** Write the line of one classified event a token was taken for, in the configured schema. */
+  writeEvent(e: ConntrackEntry, c: FlowClass): void {
+    this.write((this.opts.format ?? flowRecord)(e, c, Date.now() / 1000));
+  }
+
   /** A token for one line, or false (the line is dropped and counted): ask before building it. */
   take(): boolean {
     if (this.bucket.take()) return true;
@@ -107,7 +212,7 @@ export class FlowLog {
   }
 
   /** Write one line a token was taken for. */
-  write(r: FlowRecord): void {
+  write(r: object): void {
     if (!this.opts.sink.write(JSON.stringify(r))) {
       this.opts.onDrop?.('backlog');
       return;

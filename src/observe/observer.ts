@@ -6,9 +6,22 @@ import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Metrics } from '../engine/metrics.js';
 import { ConntrackMonitor } from './conntrackMonitor.js';
 import { ConntrackMetrics, conntrackAcctOn, enableConntrackSysctls } from './conntrackMetrics.js';
-import { FlowLog, fileSink, stdoutSink } from './flowLog.js';
+import { FlowLog, fileSink, flowFormat, stdoutSink } from './flowLog.js';
+import { KERNEL_SNAT_PORTS, rangeSize } from './portUsage.js';
 
-type ObserveConfig = Pick<Config, 'flowLog' | 'flowLogFile' | 'flowLogMaxSize' | 'flowLogRate' | 'flowLogBurst' | 'conntrackMetrics' | 'conntrackSysctls'>;
+type ObserveConfig = Pick<
+  Config,
+  | 'flowLog'
+  | 'flowLogFile'
+  | 'flowLogMaxSize'
+  | 'flowLogRate'
+  | 'flowLogBurst'
+  | 'conntrackMetrics'
+  | 'conntrackSysctls'
+  | 'flowLogSchema'
+  | 'flowLogIdentity'
+  | 'snatPortRange'
+>;
 
 /**
  * The daemon's metrics registry: the agent's metrics plus the conntrack and flow metrics. The
@@ -22,7 +35,11 @@ export function daemonMetrics(opts: {
 }): { metrics: Metrics; conntrack: ConntrackMetrics } {
   const metrics = new Metrics({ processMetrics: true, eipTraffic: opts.eipTraffic });
   const follow = opts.config.conntrackMetrics || opts.config.flowLog !== 'off';
-  const conntrack = new ConntrackMetrics(metrics.registry, { exec: opts.exec, monitor: follow ? (opts.monitor ?? (() => undefined)) : undefined });
+  const conntrack = new ConntrackMetrics(metrics.registry, {
+    exec: opts.exec,
+    monitor: follow ? (opts.monitor ?? (() => undefined)) : undefined,
+    snatPortRangeSize: rangeSize(opts.config.snatPortRange ?? KERNEL_SNAT_PORTS),
+  });
   return { metrics, conntrack };
 }
 
@@ -59,6 +76,7 @@ export class Observer {
         burst: config.flowLogBurst,
         onDrop: (reason) => (reason === 'rate' ? rateDrops : backlogDrops).inc(),
         onWrite: () => metrics.flowLogLines.inc(),
+        format: flowFormat(config.flowLogSchema ?? 'natgw', config.flowLogIdentity),
       });
       if (!(await conntrackAcctOn())) {
         log.warn('flow log: conntrack accounting is off (nf_conntrack_acct=0): end lines carry no bytes or packets; NATGW_CONNTRACK_SYSCTLS=true turns it on');
@@ -72,6 +90,7 @@ export class Observer {
       onStart: (c) => metrics.flowStarted(c),
       onRestart: () => metrics.monitorRestarts.inc(),
       onOverrun: () => metrics.monitorOverruns.inc(),
+      snatPorts: config.snatPortRange,
     });
     const s = this.latest ?? state;
     if (s) this.monitor.setState(s);

@@ -6,7 +6,9 @@ import { beforeEach, describe, expect, it } from 'vitest';
 import request from 'supertest';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
-import type { Agent } from '../../src/daemon/agent.js';
+import { Agent } from '../../src/daemon/agent.js';
+import { runLegacy } from '../../src/engine/legacy.js';
+import type { Engine } from '../../src/engine/engine.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
 let engine: FakeEngine;
@@ -43,5 +45,23 @@ describe('GET /v1/status', () => {
     expect(engine.state).toEqual(state);
     const bad = await request(app).get('/v1/status?check=maybe').expect(400);
     expect(bad.body).toMatchObject({ error: 'validation', field: 'check' });
+  });
+
+  it('lists SNAT port usage per EIP while connections are followed, and nothing before', async () => {
+    expect((await request(app).get('/v1/status').expect(200)).body).not.toHaveProperty('snatPorts');
+    const usage = [
+      { eip: '172.20.0.10', destinations: 1, maxPorts: 10, maxShare: 1, top: [{ ip: '172.20.0.100', port: 7002, protocol: 'udp', ports: 10, share: 1 }] },
+    ];
+    let following = false;
+    const watching = new Agent({
+      engine,
+      log: engine.log,
+      runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t),
+      portUsage: () => (following ? usage : undefined),
+    });
+    const watched = createApp({ agent: watching, log: engine.log, bodyLimit: '64kb' });
+    expect((await request(watched).get('/v1/status').expect(200)).body).not.toHaveProperty('snatPorts');
+    following = true;
+    expect((await request(watched).get('/v1/status').expect(200)).body.snatPorts).toEqual(usage);
   });
 });

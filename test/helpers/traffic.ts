@@ -403,3 +403,62 @@ export async function bulkTransfer(
   const seconds = Math.max(report.ms, 0.001) / 1000;
   return { bytes: report.bytes, elapsedMs: report.ms, bitsPerSecond: (report.bytes * 8) / seconds };
 }
+
+/**
+ * Opens `count` short TCP connections to host:port, `parallel` at a time, each reading the
+ * server's `peer=<ip>:<port>` line; prints {"sources": {ip: n}, "failures": n, "errors": [...]}.
+ * Parameters come through argv only.
+ */
+const MANY_CLIENT = `
+const net = require('net');
+const [host, port, count, parallel, timeoutMs] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+const sources = {};
+let failures = 0;
+const errors = [];
+let next = 0;
+const one = () => new Promise((resolve) => {
+  let data = '';
+  let done = false;
+  const finish = (err) => {
+    if (done) return;
+    done = true;
+    s.destroy();
+    const m = /^peer=(\\S+):\\d+/.exec(data);
+    if (err || !m) { failures++; if (errors.length < 5) errors.push(String(err || 'no answer: ' + JSON.stringify(data))); }
+    else sources[m[1]] = (sources[m[1]] || 0) + 1;
+    resolve();
+  };
+  const s = net.connect({ host, port });
+  s.setTimeout(timeoutMs, () => finish(new Error('timeout')));
+  s.on('data', (d) => (data += d));
+  s.on('end', () => finish());
+  s.on('error', (e) => finish(e));
+});
+const worker = async () => { while (next < count) { next++; await one(); } };
+Promise.all(Array.from({ length: parallel }, worker)).then(() => {
+  process.stdout.write(JSON.stringify({ sources, failures, errors }) + '\\n');
+});`;
+
+export interface ManyResult {
+  /** Connections per source address the server saw. */
+  readonly sources: Record<string, number>;
+  readonly failures: number;
+  /** The first few failures' reasons. */
+  readonly errors: string[];
+}
+
+/** `count` short TCP connections from `ns` to host:port, `parallel` at a time (each one `request`'s peer line). */
+export async function manyConnections(
+  topo: Topology,
+  ns: NsRef,
+  host: string,
+  port: number,
+  count: number,
+  parallel = 50,
+  timeoutMs = 5000,
+): Promise<ManyResult> {
+  const r = await topo.exec(ns, [process.execPath, '-e', MANY_CLIENT, '--', host, String(port), String(count), String(parallel), String(timeoutMs)], {
+    timeoutMs: 120_000,
+  });
+  return JSON.parse(r.stdout) as ManyResult;
+}

@@ -4,7 +4,9 @@
  * resync period, and a dead link monitor is restarted; SIGTERM finishes the accepted
  * changes, persists every acknowledged one and exits 0.
  */
-import { readFileSync, readdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
@@ -141,5 +143,27 @@ describe('daemon robustness', () => {
       }
     });
     expect(acknowledged).toBeGreaterThanOrEqual(1);
+  });
+
+  it('exits 1 when its TCP port is taken (after starting to sync), and frees the socket for the next daemon', async () => {
+    const port = 20_000 + Math.floor(Math.random() * 20_000);
+    const holder = topo.spawn('gw', ['nc', '-l', '-k', '127.0.0.1', String(port)]);
+    const tokenFile = join(topo.stateDir, 'api-token');
+    writeFileSync(tokenFile, randomBytes(32).toString('hex'), { mode: 0o600 });
+    try {
+      await waitFor(async () => (await topo.exec('gw', ['ss', '-Hltn', `sport = :${port}`])).stdout.includes(`:${port}`), {
+        what: `nc listening on 127.0.0.1:${port}`,
+      });
+      Object.assign(topo.env, { NATGW_LISTEN: `127.0.0.1:${port}`, NATGW_TOKEN_FILE: tokenFile });
+      const r = await topo.natgw('serve');
+      expect(r.exitCode).toBe(1);
+      expect(r.stderr).toMatch(/^Error: .*EADDRINUSE/);
+    } finally {
+      delete topo.env.NATGW_LISTEN;
+      delete topo.env.NATGW_TOKEN_FILE;
+      holder.kill('SIGKILL');
+    }
+    daemon = await startDaemon(topo);
+    expect((await api(sock, 'GET', '/healthz')).body.pid).toBe(daemon.pid);
   });
 });

@@ -1,6 +1,6 @@
 /**
  * The shim's three paths (SPEC §4.1) give byte-identical output and status: forwarded to a
- * running daemon (through curl where it is installed; shim-curl.test.ts compares the two
+ * running daemon (through nc where it is installed; shim-nc.test.ts compares the two
  * clients), forwarded to a daemon it autostarted (NATGW_AUTOSTART=true, none running),
  * and run in-process (no daemon, autostart off). Concurrent autostarts start one daemon.
  */
@@ -106,7 +106,7 @@ describe('the shim on every path', () => {
     daemon = await startDaemon(topo);
     const forwarded = await runSequence(topo);
     await settleLogs(socketOf(topo), daemon);
-    // Through the shim's loopback path (logged as /v1/legacy), curl (/v1/legacy/raw) where it is installed, else through Node.js (/v1/legacy).
+    // Through nc (/v1/legacy/raw) where it is installed, else through Node.js (/v1/legacy).
     const requests = daemon
       .logs()
       .split('\n')

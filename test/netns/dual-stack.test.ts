@@ -1,17 +1,20 @@
 /**
  * SPEC §3.5: through the HTTP API, EIPs, SNAT, DNAT and floating IPs may be IPv6 — for every
- * backend, with real TCP through the gateway (nft family ip6, or ip6tables).
+ * backend, with real TCP through the gateway (nft family ip6, or ip6tables) — and so are
+ * hairpin, port-range DNAT and SNAT pools, as for IPv4.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
-import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
+import { manyConnections, parseLocal, parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const VPC6 = { gw: 'fd00:1::1', vpc1: 'fd00:1::6', vpc2: 'fd00:1::7' };
 const EIP6 = 'fd00:20::10';
 const FIP6 = 'fd00:20::11';
 const EXT_HOST6 = 'fd00:20::100';
+const POOL6 = 'fd00:20::12';
+const RANGE_PORTS = [9100, 9150, 9200] as const;
 
 describe.each(BACKENDS)('IPv6 through the API on $name', (backend: BackendCase) => {
   let topo: Topology;
@@ -31,12 +34,8 @@ describe.each(BACKENDS)('IPv6 through the API on $name', (backend: BackendCase) 
       await topo.exec(h, ['ip', '-6', 'route', 'replace', 'default', 'via', VPC6.gw]);
     }
     await topo.exec('ext', ['ip', '-6', 'addr', 'add', `${EXT_HOST6}/64`, 'dev', 'e0', 'nodad']);
-    for (const [ns, port] of [
-      ['vpc1', 80],
-      ['vpc2', 9000],
-      ['ext', 7001],
-    ] as const) {
-      const s = startServer(topo, ns, 'tcp', port, '::');
+    for (const [ns, port] of [['vpc1', 80], ['vpc2', 9000], ['ext', 7001], ...RANGE_PORTS.map((p) => ['vpc1', p] as const)] as const) {
+      const s = startServer(topo, ns, 'tcp', port, '::', { reportLocal: true });
       servers.push(s);
       await s.ready;
     }
@@ -76,6 +75,38 @@ describe.each(BACKENDS)('IPv6 through the API on $name', (backend: BackendCase) 
     await topo.natgwOk('snat-add', `172.20.0.10,${ADDR.vpcCidr}`);
     expect(parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001)).ip).toBe('172.20.0.10');
   });
+
+  it('hairpin, a port range and a two-EIP SNAT pool work in IPv6 as in IPv4', async () => {
+    // Hairpin: a VPC host reaching another through the EIP is seen as the EIP.
+    ok(await api(sock, 'PUT', `/v1/dnats/${EIP6},8082,tcp`, { internalIp: VPC6.vpc2, internalPort: 9000 }), 'hairpin dnat');
+    expect(parsePeer(await request(topo, 'vpc1', 'tcp', EIP6, 8082)).ip).toBe(EIP6);
+
+    // A port range: each of its ports reaches the same port inside.
+    ok(await api(sock, 'PUT', `/v1/dnats/${EIP6},9100-9200,tcp`, { internalIp: VPC6.vpc1, internalPort: 9100 }), 'range dnat');
+    for (const port of RANGE_PORTS) {
+      const answer = await request(topo, 'ext', 'tcp', EIP6, port, { localAddress: EXT_HOST6 });
+      expect(parsePeer(answer).ip).toBe(EXT_HOST6);
+      expect(parseLocal(answer)).toEqual({ ip: VPC6.vpc1, port });
+    }
+
+    // A pool: many short connections all succeed, and the server sees both EIPs.
+    ok(await api(sock, 'PUT', `/v1/eips/${POOL6}`, { prefixLength: 64 }), 'pool eip');
+    // The SNAT exists (one EIP): another pool for the same identity is a replace, as in IPv4.
+    const pool = ok(
+      await api(sock, 'PUT', `/v1/snats/${EIP6},${encodeURIComponent('fd00:1::/64')}?replace=true`, { eips: [EIP6, POOL6], randomFully: true }),
+      'pool',
+    );
+    expect(pool.body.eips).toEqual([EIP6, POOL6]);
+    const result = await manyConnections(topo, 'vpc1', EXT_HOST6, 7001, 400);
+    expect(result.errors).toEqual([]);
+    expect(result.failures).toBe(0);
+    expect(Object.keys(result.sources).sort()).toEqual([EIP6, POOL6].sort());
+    expect((result.sources[EIP6] ?? 0) + (result.sources[POOL6] ?? 0)).toBe(400);
+
+    for (const path of [`/v1/dnats/${EIP6},8082,tcp`, `/v1/dnats/${EIP6},9100-9200,tcp`]) expect((await api(sock, 'DELETE', path)).status, path).toBe(204);
+    ok(await api(sock, 'PUT', `/v1/snats/${EIP6},${encodeURIComponent('fd00:1::/64')}?replace=true`, {}), 'back to one EIP');
+    expect((await api(sock, 'DELETE', `/v1/eips/${POOL6}`)).status).toBe(204);
+  }, 120_000);
 
   it('removing the last IPv6 object removes the IPv6 skeleton', async () => {
     for (const path of [

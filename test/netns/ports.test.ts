@@ -14,7 +14,7 @@ import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { waitFor } from '../helpers/poll.js';
-import { conntrackCount, parseLocal, parsePeer, request, startServer, tryRequest, type ServerHandle } from '../helpers/traffic.js';
+import { conntrackCount, manyConnections, parseLocal, parsePeer, request, startServer, tryRequest, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, type Daemon } from './daemon-util.js';
 
 const HOOK_TIMEOUT = 60_000;
@@ -25,41 +25,6 @@ const RANGE_PORTS = [8000, 8050, 8100] as const;
 const OUTSIDE_PORT = 8101;
 const SERVER_PORT = 7001;
 const CONNECTIONS = 3000;
-
-/**
- * Opens `count` short TCP connections to host:port, `parallel` at a time, each reading the
- * server's `peer=<ip>:<port>` line; prints {"sources": {ip: n}, "failures": n, "errors": [...]}.
- * Parameters come through argv only.
- */
-const MANY_CLIENT = `
-const net = require('net');
-const [host, port, count, parallel, timeoutMs] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
-const sources = {};
-let failures = 0;
-const errors = [];
-let next = 0;
-const one = () => new Promise((resolve) => {
-  let data = '';
-  let done = false;
-  const finish = (err) => {
-    if (done) return;
-    done = true;
-    s.destroy();
-    const m = /^peer=(\\S+):\\d+/.exec(data);
-    if (err || !m) { failures++; if (errors.length < 5) errors.push(String(err || 'no answer: ' + JSON.stringify(data))); }
-    else sources[m[1]] = (sources[m[1]] || 0) + 1;
-    resolve();
-  };
-  const s = net.connect({ host, port });
-  s.setTimeout(timeoutMs, () => finish(new Error('timeout')));
-  s.on('data', (d) => (data += d));
-  s.on('end', () => finish());
-  s.on('error', (e) => finish(e));
-});
-const worker = async () => { while (next < count) { next++; await one(); } };
-Promise.all(Array.from({ length: parallel }, worker)).then(() => {
-  process.stdout.write(JSON.stringify({ sources, failures, errors }) + '\\n');
-});`;
 
 describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: BackendCase) => {
   let topo: Topology;
@@ -134,10 +99,7 @@ describe.each(BACKENDS)('port-range DNAT and SNAT pools on $name', (backend: Bac
           `-A SHARED_SNAT -s ${ADDR.vpcCidr} -o net1 -j SNAT --to-source ${EIP2} --random-fully`,
       );
     }
-    const r = await topo.exec('vpc1', [process.execPath, '-e', MANY_CLIENT, '--', ADDR.extHost, String(SERVER_PORT), String(CONNECTIONS), '50', '5000'], {
-      timeoutMs: 120_000,
-    });
-    const result = JSON.parse(r.stdout) as { sources: Record<string, number>; failures: number; errors: string[] };
+    const result = await manyConnections(topo, 'vpc1', ADDR.extHost, SERVER_PORT, CONNECTIONS);
     expect(result.errors).toEqual([]);
     expect(result.failures).toBe(0);
     expect(Object.keys(result.sources).sort()).toEqual([EIP, EIP2]);

@@ -35,7 +35,7 @@ export function shim(topo: Topology, argv: readonly (string | Buffer)[], env: Re
   const bash = '/bin/bash';
   const inner = [bash, '-c', WRAPPER, 'wrapper', SHIM, ...argv.map(escapeArg)];
   // 'host': for stand-in daemons the test process serves on its own loopback; such a run must
-  // have neither curl nor node on PATH, so that nothing can reach a real natgw from there.
+  // have neither nc nor node on PATH, so that nothing can reach a real natgw from there.
   const [file, ...args] = where === 'gw' ? ['ip', 'netns', 'exec', topo.ns.gw, ...inner] : inner;
   const child = spawn(file!, args, {
     env: full,
@@ -137,7 +137,7 @@ export async function requestsVia(socketPath: string, d: Daemon, path: string): 
 
 /**
  * A PATH directory holding only `tools` (symlinks to the system's): a shim run that succeeds
- * with it never started what is left out (node, curl). The caller removes it.
+ * with it never started what is left out (node, nc). The caller removes it.
  */
 export function pathWith(tools: readonly string[], needs: string): string {
   const dir = mkdtempSync(join(tmpdir(), `natgw-${tools.join('-')}-`));

@@ -164,6 +164,25 @@ describe('renderStatus', () => {
     expect(s.warnings).toEqual([held]);
     expect(renderStatus(s, new Date('2026-01-01T00:00:10.000Z'))).toContain(`Warnings:    ${held}\n`);
   });
+
+  it('shows per EIP the share of the SNAT port range its busiest destinations use', () => {
+    const snatPorts = [
+      {
+        eip: '172.20.0.10',
+        destinations: 2,
+        maxPorts: 10,
+        maxShare: 1,
+        top: [
+          { ip: '172.20.0.100', port: 7002, protocol: 'udp', ports: 10, share: 1 },
+          { ip: '172.20.0.100', port: 7003, protocol: 'udp', ports: 1, share: 0.1 },
+        ],
+      },
+    ];
+    const s = { ...buildStatus(doc(), readiness, null), snatPorts };
+    expect(renderStatus(s, new Date('2026-01-01T00:00:10.000Z'))).toContain(
+      'SNAT ports:  172.20.0.10: busiest 100.0 % of the range, 2 destination(s); 172.20.0.100:7002/udp 10 (100.0 %), 172.20.0.100:7003/udp 1 (10.0 %)\n',
+    );
+  });
 });
 
 describe('renderItems / kindOf', () => {

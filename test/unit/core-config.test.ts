@@ -341,6 +341,28 @@ describe('loadConfig', () => {
     expect((await loadConfig({ NATGW_ENV_FILE: f })).bodyLimit).toBe(64 * 1024 * 1024);
   });
 
+  it('SNAT port range and flow-log schema: bounded values, the kernel default range, the identity from the downward API', async () => {
+    for (const v of ['20000', '0-10', '10-70000', '200-100', 'a-b', '']) await rejects({ NATGW_SNAT_PORT_RANGE: v }, 'NATGW_SNAT_PORT_RANGE');
+    await rejects({ NATGW_FLOW_LOG_SCHEMA: 'aws' }, 'NATGW_FLOW_LOG_SCHEMA');
+    const f = await envFile();
+    const defaults = await loadConfig({ NATGW_ENV_FILE: f });
+    expect(defaults.snatPortRange).toEqual({ min: 1024, max: 65535 });
+    expect(defaults.flowLogSchema).toBe('natgw');
+    expect(defaults.flowLogIdentity).toEqual({ namespace: '', name: '', pod: '', node: '' });
+    const set = await loadConfig({
+      NATGW_ENV_FILE: f,
+      NATGW_SNAT_PORT_RANGE: ' 20000 - 20009 ',
+      NATGW_FLOW_LOG_SCHEMA: 'kube-ovn',
+      NATGW_GATEWAY_NAME: 'gw1',
+      POD_NAMESPACE: 'kube-system',
+      POD_NAME: 'vpc-nat-gw-gw1-0',
+      NODE_NAME: 'node1',
+    });
+    expect(set.snatPortRange).toEqual({ min: 20000, max: 20009 });
+    expect(set.flowLogSchema).toBe('kube-ovn');
+    expect(set.flowLogIdentity).toEqual({ namespace: 'kube-system', name: 'gw1', pod: 'vpc-nat-gw-gw1-0', node: 'node1' });
+  });
+
   it('gateways are kept as the kernel prints them, so a read-back default route compares equal', async () => {
     const f = await envFile();
     const c = await loadConfig({ NATGW_ENV_FILE: f, GATEWAY_V6: 'FD00:0::1', GATEWAY_V4: ' 172.20.0.1 ' });

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { REPO_ROOT } from '../helpers/netns.js';
 import { daemonMetrics } from '../../src/observe/observer.js';
 import type { Executor } from '../../src/system/exec.js';
+import { parse as parseYaml } from 'yaml';
 
 interface Target {
   expr?: string;
@@ -117,6 +118,28 @@ describe('Grafana dashboard', () => {
     ]) {
       expect(used, n).toContain(n);
     }
+  });
+
+  it("shows SNAT port exhaustion: the busiest destination's share per EIP and the allocation failures", () => {
+    const used = new Set(exprs.flatMap((e) => metricNames(e.expr)));
+    for (const n of ['natgw_snat_port_usage_ratio', 'natgw_snat_port_allocation_failures_total']) expect(used, n).toContain(n);
+  });
+
+  it('the example alert rules next to it name only exported metrics, and alert on SNAT port exhaustion', () => {
+    const file = parseYaml(readFileSync(join(REPO_ROOT, 'dashboards', 'natgw-alerts.yaml'), 'utf8')) as {
+      groups: { name: string; rules: { alert: string; expr: string }[] }[];
+    };
+    const rules = file.groups.flatMap((g) => g.rules);
+    expect(rules.length).toBeGreaterThan(0);
+    const unknown = rules.flatMap((r) =>
+      metricNames(r.expr)
+        .filter((n) => !names.has(n))
+        .map((n) => `${r.alert}: ${n}`),
+    );
+    expect(unknown).toEqual([]);
+    const used = new Set(rules.flatMap((r) => metricNames(r.expr)));
+    expect(used).toContain('natgw_snat_port_usage_ratio');
+    expect(used).toContain('natgw_snat_port_allocation_failures_total');
   });
 
   it('its variables query exported metrics too', () => {

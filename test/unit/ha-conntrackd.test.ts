@@ -99,6 +99,7 @@ describe('HA configuration keys', () => {
       peerApi: undefined,
       peerTokenFile: undefined,
       initialRole: 'standby',
+      mode: 'takeover',
     });
   });
 

@@ -31,6 +31,7 @@ describe('parseConntrackLine', () => {
       time: 1796044351.519127,
       family: 4,
       protocol: 'tcp',
+      protocolNumber: 6,
       original: { src: '10.99.0.1', dst: '10.99.0.2', sport: 41946, dport: 8080 },
       reply: { src: '10.99.0.2', dst: '10.99.0.1', sport: 9000, dport: 41946 },
       id: 4219329350,

@@ -94,9 +94,14 @@ describe('ConntrackMonitor', () => {
     const { m, written } = setup([snatLine(1, 40001), snatLine(2, 40002)]);
     m.start();
     await waitFor(async () => count(m, 'snat') === 2, { what: 'two seeded SNAT connections' });
+    // The listing seeds the SNAT ports in use toward each destination too.
+    expect(m.portUsage({ top: 1 }).map((u) => [u.eip, u.top])).toEqual([
+      [EIP, [{ ip: '172.20.0.100', port: 7001, protocol: 'tcp', ports: 2, share: 2 / 64512 }]],
+    ]);
     m.onLine(dnatLine(3, 'NEW'));
     m.onLine(snatLine(1, 40001, 'DESTROY'));
     expect(count(m, 'snat')).toBe(1);
+    expect(m.portUsage()[0]?.maxPorts).toBe(1);
     expect(count(m, 'dnat')).toBe(1);
     // A duplicate NEW (listed and seen as an event) counts once.
     m.onLine(dnatLine(3, 'NEW'));

@@ -2,7 +2,7 @@
  * The shim's bash reading of NATGW_SOCKET agrees with natgw's own (socketPathFromEnv): env file
  * over environment over default, the env file's quoting, comments and `export`, last
  * assignment winning, and nothing in the file ever executed. A disagreement would send the
- * curl client to another socket than the one Node.js would use.
+ * nc client to another socket than the one Node.js would use.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';

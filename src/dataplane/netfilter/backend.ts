@@ -13,7 +13,22 @@ export interface NatTables {
   readonly snats: readonly Snat[];
   readonly dnats: readonly Dnat[];
   readonly fips: readonly Fip[];
+  /** Shared SNAT of TCP and UDP only into these source ports: this replica's slice (NATGW_SNAT_PORT_SLICE). */
+  readonly snatPorts?: PortRange;
+  /** Drop what conntrack finds invalid in forward and input: an active-active replica never resets a flow it holds no state of yet. */
+  readonly dropInvalid?: boolean;
 }
+
+export interface PortRange {
+  readonly lo: number;
+  readonly hi: number;
+}
+
+/** What a replica adds to the state's rules (from its configuration, the same at every sync). */
+export type ReplicaRules = Pick<NatTables, 'snatPorts' | 'dropInvalid'>;
+
+/** `want` with a replica's rules; `want` itself where there are none. */
+export const withReplicaRules = (want: NatTables, rules: ReplicaRules | undefined): NatTables => (rules ? { ...want, ...rules } : want);
 
 /** The NAT part of the desired state, as it stands (no copy: a partial sync diffs by reference). */
 export function natTablesOf(s: DesiredState): NatTables {

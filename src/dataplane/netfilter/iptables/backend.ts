@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
-import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
+import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
 import { desiredTables, planTable, renderRestore, savedAfter, TABLES, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
@@ -56,6 +56,8 @@ export class IptablesBackend implements NetfilterBackend {
     private readonly exec: Executor,
     readonly variant: IptablesVariant,
     private readonly log?: Logger,
+    /** What this replica adds to every state's rules (a port slice, invalid dropped). */
+    private readonly replica?: ReplicaRules,
   ) {}
 
   /**
@@ -110,7 +112,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
     try {
-      return await this.syncBoth(want, opts);
+      return await this.syncBoth(withReplicaRules(want, this.replica), opts);
     } catch (e) {
       this.view.clear();
       throw e;
@@ -204,7 +206,8 @@ export class IptablesBackend implements NetfilterBackend {
 
   /** Remove natgw's jumps and chains of one family; nothing to do where there are none. */
   private async removeFamily(family: Family, opts: SyncOptions): Promise<SyncReport> {
-    const skeleton = desiredTables(EMPTY);
+    // With every optional chain, so that whatever an earlier configuration added goes too.
+    const skeleton = desiredTables({ ...EMPTY, dropInvalid: true });
     let script = '';
     let changes = 0;
     // nat first: a removal it refuses (another owner jumps into natgw's chains) leaves every

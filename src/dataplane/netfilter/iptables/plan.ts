@@ -1,4 +1,4 @@
-import { canonicalOrder, type NatTables } from '../backend.js';
+import { canonicalOrder, type NatTables, type PortRange } from '../backend.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { refDiff, type RefDiff } from '../../../state/refDiff.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
@@ -95,8 +95,33 @@ function patched<T>(before: readonly string[], d: RefDiff<T>, render: (t: T) => 
 const fipDnatRules = new PerObject<Fip>(fipDnatSpec);
 const fipSnatRules = new PerObject<Fip>(fipSnatSpec);
 const dnatRules = new PerObject<Dnat>(dnatSpec);
-const snatRules = new Derived<Snat>((snats, extIf) => snats.flatMap((s) => snatSpecs(s, extIf)));
-const hairpinRules = new Derived<string>((eips, vpcIf) => eips.map((e) => hairpinSpec(e, vpcIf)));
+const snatRules = new Derived<Snat>((snats, param) => {
+  const [extIf = '', lo, hi] = param.split('|');
+  const ports = lo === undefined ? undefined : { lo: Number(lo), hi: Number(hi) };
+  return snats.flatMap((s) => withPortSlice(snatSpecs(s, extIf), ports));
+});
+
+/** The chain natgw drops invalid packets in (mangle FORWARD and INPUT), only with dropInvalid. */
+export const DROP_INVALID = 'NATGW_DROP_INVALID';
+
+/**
+ * A SNAT's lines under a port slice: TCP, then UDP, into the slice (iptables takes ports only
+ * with -p), then the lines as they are for the other protocols. A pool's lines stay together
+ * per protocol, so each protocol takes the EIPs in turn.
+ */
+function withPortSlice(specs: readonly string[], ports: PortRange | undefined): string[] {
+  if (!ports) return [...specs];
+  const slice = (spec: string, proto: 'tcp' | 'udp'): string =>
+    spec
+      .replace(/(^|\s)-o (\S+)/, `$1-o $2 -p ${proto}`)
+      .replace(/--to-source (\S+)/, (_m, ip: string) => `--to-source ${ip.includes(':') ? `[${ip}]` : ip}:${ports.lo}-${ports.hi}`);
+  return [...specs.map((s) => slice(s, 'tcp')), ...specs.map((s) => slice(s, 'udp')), ...specs];
+}
+const hairpinRules = new Derived<string>((eips, param) => {
+  const [vpcIf = '', lo, hi] = param.split('|');
+  const ports = lo === undefined ? undefined : { lo: Number(lo), hi: Number(hi) };
+  return eips.flatMap((e) => withPortSlice([hairpinSpec(e, vpcIf)], ports));
+});
 
 export function desiredTables(given: NatTables): Record<TableName, TableWant> {
   const want = canonicalOrder(given);
@@ -106,8 +131,8 @@ export function desiredTables(given: NatTables): Record<TableName, TableWant> {
     [CHAINS.exclusiveDnat, fipDnatRules.of(want.fips)],
     [CHAINS.exclusiveSnat, fipSnatRules.of(want.fips)],
     [CHAINS.sharedDnat, dnatRules.of(want.dnats)],
-    [CHAINS.sharedSnat, snatRules.of(want.snats, want.extIf)],
-    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.vpcIf)],
+    [CHAINS.sharedSnat, snatRules.of(want.snats, want.snatPorts ? `${want.extIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.extIf)],
+    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.snatPorts ? `${want.vpcIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.vpcIf)],
   ]);
   return {
     nat: {
@@ -118,8 +143,14 @@ export function desiredTables(given: NatTables): Record<TableName, TableWant> {
       ]),
     },
     mangle: {
-      owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]]]),
-      jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`]]),
+      owned: new Map([
+        [CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]],
+        ...(want.dropInvalid ? [[DROP_INVALID, ['-m conntrack --ctstate INVALID -j DROP']] as const] : []),
+      ]),
+      jumps: new Map([
+        ['PREROUTING', `-j ${CHAINS.vpcMark}`],
+        ...(want.dropInvalid ? (['FORWARD', 'INPUT'] as const).map((c) => [c, `-j ${DROP_INVALID}`] as const) : []),
+      ]),
     },
   };
 }

@@ -6,7 +6,7 @@
 import { availableParallelism } from 'node:os';
 import type { Logger } from 'pino';
 import { ExecError, type Executor } from '../../../system/exec.js';
-import type { NatTables, NetfilterBackend, SyncOptions, SyncReport } from '../backend.js';
+import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel, type NatgwKernel, type NftTableDump } from './readback.js';
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftFamily, type NftTxPlan } from './render.js';
@@ -56,6 +56,8 @@ export class NftBackend implements NetfilterBackend {
     private readonly log?: Logger,
     private readonly nft: NftClient = new SystemNftClient(exec),
     private readonly phasing: PhaseOptions = PHASING,
+    /** What this replica adds to every state's rules (a port slice, invalid dropped). */
+    private readonly replica?: ReplicaRules,
   ) {}
 
   /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
@@ -87,7 +89,8 @@ export class NftBackend implements NetfilterBackend {
     this.view = undefined;
   }
 
-  async sync(want: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+  async sync(given: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
+    const want = withReplicaRules(given, this.replica);
     const view = this.view;
     if (opts.mode === 'partial' && view && view.families.size === 0) return this.syncFromAbsent(want, opts);
     if (opts.mode === 'partial' && view) {

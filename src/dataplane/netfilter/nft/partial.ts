@@ -139,10 +139,16 @@ export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
   return p && textPlan(p);
 }
 
+const samePorts = (a: NatTables['snatPorts'], b: NatTables['snatPorts']): boolean => a?.lo === b?.lo && a?.hi === b?.hi;
+
 /** renderPartial as the transaction a client runs. */
 export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
   const prev = view.tables;
   if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf) return null;
+  // A replica's rules are the same at every sync; a SNAT change under a port slice (every
+  // SNAT statement twice, snatLayout.ts withPortSlice) is planned by the full sync.
+  if (prev.dropInvalid !== next.dropInvalid || !samePorts(prev.snatPorts, next.snatPorts)) return null;
+  if (next.snatPorts && prev.snats !== next.snats) return null;
 
   const out = new Lines();
   const byFam = <T>(items: readonly T[], ip: (t: T) => string, fam: NftFamily): T[] => items.filter((t) => famOf(ip(t)) === fam);

@@ -13,7 +13,7 @@ import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { prefixOf } from '../../../model/rules.js';
 import type { NatTables } from '../backend.js';
 import { CHAIN, SET, ruleJson } from './render.js';
-import { dispatchCandidate, snatRulesOf } from './snatLayout.js';
+import { dispatchCandidate, isSliceable, l4TcpUdpJson, snatRulesOf } from './snatLayout.js';
 import type {
   NatgwKernel,
   NatgwRule,
@@ -285,9 +285,26 @@ function rangeDnatCandidate(expr: readonly unknown[]): NatgwRule | undefined {
   return { kind: 'range-dnat', eip: canonicalIp(eip), protocol, port, portEnd, internalIp: canonicalIp(internalIp) };
 }
 
+/**
+ * A SNAT rule restricted to a port slice (`… meta l4proto { tcp, udp } snat … : lo-hi`): the
+ * rule without the protocol match and the ports, recognised as any other, then checked whole.
+ */
+function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | undefined {
+  const n = expr.length;
+  const range = dig(expr, n - 1, 'snat', 'port', 'range');
+  if (n < 2 || !Array.isArray(range) || !sameExpr(expr[n - 2], l4TcpUdpJson())) return undefined;
+  const [lo, hi] = range;
+  if (typeof lo !== 'number' || typeof hi !== 'number') return undefined;
+  const { port: _port, ...snat } = (expr[n - 1] as { snat: Record<string, unknown> }).snat;
+  const inner = recogniseRule([...expr.slice(0, n - 2), { snat }], fam);
+  return inner && isSliceable(inner) ? { ...inner, ports: { lo, hi } } : undefined;
+}
+
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
-  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }];
+  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'drop-invalid' }];
+  const sliced = slicedCandidate(expr, fam);
+  if (sliced) candidates.push(sliced);
   const ifname = ifnameAt(expr);
   if (ifname !== undefined) {
     candidates.push({ kind: 'vpc-mark', vpcIf: ifname }, { kind: 'snat-jump', extIf: ifname }, { kind: 'hairpin', vpcIf: ifname });

@@ -72,7 +72,7 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, snatLayout } from './snatLayout.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
@@ -87,6 +87,9 @@ export const CHAIN = {
   prerouting: 'prerouting',
   postrouting: 'postrouting',
   sharedSnat: 'shared_snat',
+  /** Only with dropInvalid (an active-active replica). */
+  forward: 'forward',
+  input: 'input',
 } as const;
 
 export const SET = {
@@ -136,12 +139,20 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     case 'hairpin':
       return (
         `oifname "${r.vpcIf}" meta mark & 0x${VPC_MARK.toString(16)} == 0x${VPC_MARK.toString(16)} ct status dnat ` +
-        `ct original ${fam} daddr @${SET.hairpinEips} snat ${fam} to ct original ${fam} daddr fully-random`
+        `ct original ${fam} daddr @${SET.hairpinEips} ${r.ports ? `${L4_TCP_UDP} ` : ''}snat ${fam} to ct original ${fam} daddr` +
+        `${r.ports ? ` :${r.ports.lo}-${r.ports.hi}` : ''} fully-random`
       );
     case 'snat': {
-      const to = r.pool ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }` : r.eip;
-      return `${fam} saddr ${cidrText(r.cidr, fam)} snat ${fam} to ${to}${r.randomFully ? ' fully-random' : ''}`;
+      const to = r.pool
+        ? `numgen inc mod ${r.pool.length} map { ${r.pool.map((e, i) => `${i} : ${e}`).join(', ')} }${r.ports ? ' ' : ''}`
+        : r.ports && fam === 'ip6'
+          ? `[${r.eip}]`
+          : r.eip;
+      const ports = r.ports ? `:${r.ports.lo}-${r.ports.hi}` : '';
+      return `${fam} saddr ${cidrText(r.cidr, fam)} ${r.ports ? `${L4_TCP_UDP} ` : ''}snat ${fam} to ${to}${ports}${r.randomFully ? ' fully-random' : ''}`;
     }
+    case 'drop-invalid':
+      return 'ct state invalid drop';
     case 'snat-dispatch':
       return dispatchText(r, fam);
     case 'range-dnat': {
@@ -201,15 +212,21 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
         match('==', { '&': [meta('mark'), VPC_MARK] }, VPC_MARK),
         match('in', { ct: { key: 'status' } }, 'dnat'),
         match('==', ctOrig(fam), `@${SET.hairpinEips}`),
-        { snat: { addr: ctOrig(fam), flags: 'fully-random' } },
+        ...(r.ports ? [l4TcpUdpJson()] : []),
+        { snat: { addr: ctOrig(fam), ...(r.ports ? { port: { range: [r.ports.lo, r.ports.hi] } } : {}), flags: 'fully-random' } },
       ];
     case 'snat': {
       const c = parseCidr(r.cidr);
       if (!c) throw new NftRenderError(`invalid CIDR ${r.cidr}`);
       const right = c.prefix === hostBits(fam) ? c.address : { prefix: { addr: c.address, len: c.prefix } };
       const addr = r.pool ? { map: { key: { numgen: { mode: 'inc', mod: r.pool.length, offset: 0 } }, data: { set: r.pool.map((e, i) => [i, e]) } } } : r.eip;
-      return [match('==', payload(fam, 'saddr'), right), { snat: { addr, ...(r.randomFully ? { flags: 'fully-random' } : {}) } }];
+      const snat = {
+        snat: { addr, ...(r.ports ? { port: { range: [r.ports.lo, r.ports.hi] } } : {}), ...(r.randomFully ? { flags: 'fully-random' } : {}) },
+      };
+      return r.ports ? [match('==', payload(fam, 'saddr'), right), l4TcpUdpJson(), snat] : [match('==', payload(fam, 'saddr'), right), snat];
     }
+    case 'drop-invalid':
+      return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
     case 'snat-dispatch':
       return dispatchJson(r, fam);
     case 'range-dnat': {
@@ -231,9 +248,9 @@ export function snatRule(given: Snat): NatgwRule {
 
 interface BaseHookSpec {
   readonly type: 'filter' | 'nat';
-  readonly hook: 'prerouting' | 'postrouting';
+  readonly hook: 'prerouting' | 'postrouting' | 'forward' | 'input';
   /** Written by name, listed by number. */
-  readonly prioName: 'mangle' | 'dstnat' | 'srcnat';
+  readonly prioName: 'mangle' | 'dstnat' | 'srcnat' | 'filter';
   readonly prio: number;
 }
 
@@ -428,13 +445,22 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.postrouting,
         base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
-        rules: [{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }],
+        rules: withPortSlice([{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }], want.snatPorts),
       },
       {
         name: CHAIN.sharedSnat,
-        rules: snatObjects.dispatch,
+        rules: withPortSlice(snatObjects.dispatch, want.snatPorts),
       },
-      ...snatObjects.chains,
+      ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
+      ...(want.dropInvalid
+        ? [CHAIN.forward, CHAIN.input].map(
+            (name): ChainSpec => ({
+              name,
+              base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
+              rules: [{ kind: 'drop-invalid' }],
+            }),
+          )
+        : []),
     ],
   };
 }

@@ -46,7 +46,7 @@ import ipaddr from 'ipaddr.js';
 import { NatgwError } from '../../../model/errors.js';
 import { canonicalIp, familyOf, formatCidr, isIp, parseCidr } from '../../../model/net.js';
 import type { NftElement, NftRule, NftTableRef, NftTransaction } from './transaction.js';
-import type { NatgwRule, NftFamily, NftSetDump, OwnedRule } from './types.js';
+import type { NatgwRule, NftFamily, NftSetDump, OwnedRule, SnatPorts } from './types.js';
 
 export const SNAT_CHAIN_PREFIX = 'snat_';
 /** The chain that dispatches (render.ts CHAIN.sharedSnat; repeated here to keep this module a leaf). */
@@ -123,8 +123,13 @@ const keyText = (len: number, fam: NftFamily): string => `${fam} saddr${len === 
 export function dispatchText(r: DispatchRule, fam: NftFamily): string {
   const map = `@${snatMapName(r.len, r.via)}`;
   if (r.via === 'chain') return `${keyText(r.len, fam)} vmap ${map}`;
-  return `snat ${fam} to ${keyText(r.len, fam)} map ${map}${r.via === 'eip-fr' ? ' fully-random' : ''}`;
+  const ports = r.ports ? ` : ${r.ports.lo}-${r.ports.hi}` : '';
+  return `${r.ports ? `${L4_TCP_UDP} ` : ''}snat ${fam} to ${keyText(r.len, fam)} map ${map}${ports}${r.via === 'eip-fr' ? ' fully-random' : ''}`;
 }
+
+/** The match a port range in a nat statement needs (nft refuses one without a transport protocol). */
+export const L4_TCP_UDP = 'meta l4proto { tcp, udp }';
+export const l4TcpUdpJson = (): unknown => ({ match: { op: '==', left: { meta: { key: 'l4proto' } }, right: { set: ['tcp', 'udp'] } } });
 
 /** A dispatch rule as `nft -j` lists it (nft 1.0.6). */
 export function dispatchJson(r: DispatchRule, fam: NftFamily): unknown[] {
@@ -132,7 +137,31 @@ export function dispatchJson(r: DispatchRule, fam: NftFamily): unknown[] {
   const key = r.len === hostBits(fam) ? saddr : { '&': [saddr, maskText(r.len, fam)] };
   const data = `@${snatMapName(r.len, r.via)}`;
   if (r.via === 'chain') return [{ vmap: { key, data } }];
-  return [{ snat: { addr: { map: { key, data } }, ...(r.via === 'eip-fr' ? { flags: 'fully-random' } : {}) } }];
+  const snat = {
+    snat: {
+      addr: { map: { key, data } },
+      ...(r.ports ? { port: { range: [r.ports.lo, r.ports.hi] } } : {}),
+      ...(r.via === 'eip-fr' ? { flags: 'fully-random' } : {}),
+    },
+  };
+  return r.ports ? [l4TcpUdpJson(), snat] : [snat];
+}
+
+/**
+ * With a port slice, every SNAT statement of the layout (and the hairpin's) comes twice: first for TCP and UDP
+ * into the slice, then as it is for the other protocols (nft takes a port range only after a
+ * transport protocol match). A CIDR chain's rules keep their order, each sliced one first.
+ */
+export function withPortSlice(rules: readonly NatgwRule[], ports: SnatPorts | undefined): NatgwRule[] {
+  if (!ports) return [...rules];
+  return rules.flatMap((r): NatgwRule[] => (isSliceable(r) ? [{ ...r, ports }, r] : [r]));
+}
+
+type Sliceable = Extract<NatgwRule, { kind: 'snat' | 'snat-dispatch' | 'hairpin' }>;
+
+/** The rules whose SNAT a port slice restricts: shared SNAT (rules and data-map dispatch) and hairpin SNAT, all to an EIP. */
+export function isSliceable(r: NatgwRule): r is Sliceable {
+  return r.kind === 'snat' || r.kind === 'hairpin' || (r.kind === 'snat-dispatch' && r.via !== 'chain');
 }
 
 /** A dispatch rule's parameters lifted from listed JSON (then compared in full by the caller). */
@@ -234,12 +263,13 @@ export function snatLayout(rules: readonly SnatRule[], fam: NftFamily): SnatLayo
 export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, sets: ReadonlyMap<string, NftSetDump>, fam: NftFamily): SnatRule[] {
   const out: SnatRule[] = [];
   const snatsIn = (chain: string): void => {
-    for (const r of owned.get(chain) ?? []) if (r.rule?.kind === 'snat') out.push(r.rule);
+    // A sliced rule is the TCP/UDP twin of the rule after it (withPortSlice), not a SNAT of its own.
+    for (const r of owned.get(chain) ?? []) if (r.rule?.kind === 'snat' && !r.rule.ports) out.push(r.rule);
   };
   const ipFamily = fam === 'ip' ? 4 : 6;
   snatsIn(SHARED_SNAT);
   for (const r of owned.get(SHARED_SNAT) ?? []) {
-    if (r.rule?.kind !== 'snat-dispatch') continue;
+    if (r.rule?.kind !== 'snat-dispatch' || r.rule.ports) continue;
     const { len, via } = r.rule;
     for (const e of sets.get(snatMapName(len, via))?.elements ?? []) {
       if (via === 'chain') {

@@ -7,13 +7,19 @@
 
 export type NftFamily = 'ip' | 'ip6';
 
+/** A SNAT source-port range (a replica's slice). */
+export interface SnatPorts {
+  readonly lo: number;
+  readonly hi: number;
+}
+
 export type NatgwRule =
   | { readonly kind: 'vpc-mark'; readonly vpcIf: string }
   | { readonly kind: 'fip-dnat' }
   | { readonly kind: 'port-dnat' }
   | { readonly kind: 'fip-snat' }
   | { readonly kind: 'snat-jump'; readonly extIf: string }
-  | { readonly kind: 'hairpin'; readonly vpcIf: string }
+  | { readonly kind: 'hairpin'; readonly vpcIf: string; readonly ports?: SnatPorts }
   | {
       readonly kind: 'snat';
       readonly cidr: string;
@@ -21,13 +27,17 @@ export type NatgwRule =
       readonly randomFully: boolean;
       /** A pool (its first address is eip): new connections take its EIPs in turn. */
       readonly pool?: readonly string[];
+      /** TCP and UDP only, into these source ports (a replica's slice); the rule without them follows for the rest. */
+      readonly ports?: SnatPorts;
     }
   /**
    * One of shared_snat's three dispatch rules for a prefix length (snatLayout.ts): to CIDR chains,
    * `<fam> saddr & <mask> vmap @snat_len_<len>`; or to the EIP a data map holds,
    * `snat <fam> to <fam> saddr & <mask> map @snat_to_len_<len>` (`snat_to_fr_len_<len>`, fully-random).
    */
-  | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr' }
+  | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr'; readonly ports?: SnatPorts }
+  /** `ct state invalid drop` (forward and input of an active-active replica). */
+  | { readonly kind: 'drop-invalid' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
       readonly kind: 'range-dnat';

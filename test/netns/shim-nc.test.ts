@@ -1,10 +1,10 @@
 /**
- * The shim's curl client (SPEC §4.1): with a daemon answering, `bash nat-gateway.sh` reaches it
- * through curl without starting Node.js, and prints byte for byte what the Node.js path prints
+ * The shim's client (SPEC §4.1): with a daemon answering, `bash nat-gateway.sh` reaches it
+ * through `nc -U` without starting Node.js, and prints byte for byte what the Node.js path prints
  * (stdout, stderr, exit status) for successes, conflicts, validation errors, unknown commands
  * and arguments no shell should see. Wherever the daemon does not run the command — no daemon,
  * a socket file left by a killed one, a 4xx, a 503, an answer that is not natgw's — the shim
- * falls back to Node.js with nothing of curl's showing.
+ * falls back to Node.js with nothing of nc's showing.
  */
 import { existsSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -15,23 +15,23 @@ import { startDaemon, stopDaemon, socketOf, type Daemon } from './daemon-util.js
 import { EIP, SEQUENCE, SHORT, requestsVia, pathWith, runSequence, shim, text } from './shim-util.js';
 
 /** The sequence, plus a successful init and a command whose output is large and not ASCII. */
-const CURL_SEQUENCE: readonly (readonly (string | Buffer)[])[] = [
+const NC_SEQUENCE: readonly (readonly (string | Buffer)[])[] = [
   ...SEQUENCE,
   ['init'],
   // Each argument under the kernel's 128 KiB per argument, as the test's wrapper escapes it.
   ['dnat-add', 'é'.repeat(15_000), `${'€'.repeat(10_000)}\n`, 'ü'.repeat(15_000), ''],
 ];
 
-describe("the shim's curl client", () => {
+describe("the shim's nc client", () => {
   let topo: Topology;
   const requestsTo = (d: Daemon, path: string) => requestsVia(socketOf(topo), d, path);
   let daemon: Daemon | undefined;
-  /** A PATH with ip, bash and curl but no node: a run that succeeds there never started Node.js. */
+  /** A PATH with ip, bash and nc but no node: a run that succeeds there never started Node.js. */
   let noNode: string;
   const fakes: http.Server[] = [];
 
   beforeAll(async () => {
-    noNode = pathWith(['ip', 'bash', 'curl'], 'the curl client test');
+    noNode = pathWith(['ip', 'bash', 'nc'], 'the nc client test');
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_V4: ADDR.extGateway });
     await topo.natgwOk('init');
@@ -47,19 +47,19 @@ describe("the shim's curl client", () => {
 
   it('prints byte for byte what the Node.js path prints, without starting Node.js', async () => {
     const d = daemon!;
-    const viaCurl = await runSequence(topo, { PATH: noNode }, CURL_SEQUENCE);
-    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(CURL_SEQUENCE.length);
+    const viaNc = await runSequence(topo, { PATH: noNode }, NC_SEQUENCE);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(NC_SEQUENCE.length);
     expect(await requestsTo(d, '/v1/legacy')).toBe(0);
 
-    const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' }, CURL_SEQUENCE);
-    expect(await requestsTo(d, '/v1/legacy')).toBe(CURL_SEQUENCE.length);
-    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(CURL_SEQUENCE.length);
+    const viaNode = await runSequence(topo, { NATGW_SHIM_CLIENT: 'node' }, NC_SEQUENCE);
+    expect(await requestsTo(d, '/v1/legacy')).toBe(NC_SEQUENCE.length);
+    expect(await requestsTo(d, '/v1/legacy/raw')).toBe(NC_SEQUENCE.length);
 
-    expect(viaCurl).toEqual(viaNode);
+    expect(viaNc).toEqual(viaNode);
     expect(existsSync('/tmp/natgw-pwned')).toBe(false);
 
     // The sequence meant what it says.
-    const at = (i: number) => ({ ...viaCurl[i]!, stdout: text(viaCurl[i]!.stdout), stderr: text(viaCurl[i]!.stderr) });
+    const at = (i: number) => ({ ...viaNc[i]!, stdout: text(viaNc[i]!.stdout), stderr: text(viaNc[i]!.stderr) });
     expect(at(0)).toMatchObject({ status: 0, stdout: `eip-add ${EIP}/24\n`, stderr: '' });
     expect(at(3)).toMatchObject({ status: 1, stderr: '' });
     expect(at(3).stdout).toContain('already exists');
@@ -76,9 +76,9 @@ describe("the shim's curl client", () => {
     expect(large.status).toBe(1);
     expect(Buffer.byteLength(large.stdout)).toBeGreaterThan(90_000);
     expect(large.stdout).toContain('é'.repeat(15_000));
-    expect(viaCurl.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
-    expect(viaCurl.some((r) => r.status === 0)).toBe(true);
-    expect(viaCurl.some((r) => r.status === 1 && r.stderr === '')).toBe(true);
+    expect(viaNc.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
+    expect(viaNc.some((r) => r.status === 0)).toBe(true);
+    expect(viaNc.some((r) => r.status === 1 && r.stderr === '')).toBe(true);
   }, 120_000);
 
   it('takes the socket from the env file before the environment, parsed and never executed', async () => {
@@ -108,14 +108,14 @@ describe("the shim's curl client", () => {
     const jsonBefore = await requestsTo(d, '/v1/legacy');
     // Longer than a rule may be: both endpoints answer 400, and natgw runs the command in-process.
     const huge = `${EIP},${'9'.repeat(70_000)},tcp,${ADDR.vpc1},80`;
-    const viaCurl = await shim(topo, ['dnat-add', huge]);
+    const viaNc = await shim(topo, ['dnat-add', huge]);
     const viaNode = await shim(topo, ['dnat-add', huge], { NATGW_SHIM_CLIENT: 'node' });
     expect(await requestsTo(d, '/v1/legacy/raw')).toBe(rawBefore + 1);
     // Node.js asks twice (once before and once after loading its configuration), then runs it itself.
     expect(await requestsTo(d, '/v1/legacy')).toBe(jsonBefore + 4);
-    expect(viaCurl).toEqual(viaNode);
-    expect(viaCurl.status).toBe(1);
-    expect(text(viaCurl.stderr)).toBe('');
+    expect(viaNc).toEqual(viaNode);
+    expect(viaNc.status).toBe(1);
+    expect(text(viaNc.stderr)).toBe('');
   });
 
   it("falls back to Node.js, silently, on a 503 or an answer that is not natgw's", async () => {
@@ -126,6 +126,11 @@ describe("the shim's curl client", () => {
         res.writeHead(503, { 'content-type': 'application/json', connection: 'close' }).end('{"error":"shutting-down","message":"natgw is shutting down"}'),
       'not-natgw': (res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('hello\n'),
       'bad-status': (res) => res.writeHead(200, { 'X-Natgw-Status': 'zero', 'X-Natgw-Stderr': '' }).end('dnat-add\n'),
+      // A daemon dying mid-answer: fewer bytes than its Content-Length, then the connection gone.
+      'cut-short': (res) => {
+        res.writeHead(200, { 'X-Natgw-Status': '0', 'X-Natgw-Stderr': '', 'Content-Length': '100' });
+        res.write('dnat-add\n', () => res.socket?.destroy());
+      },
     };
     for (const [name, answer] of Object.entries(answers)) {
       const sock = join(topo.stateDir, `fake-${name}.sock`);
@@ -140,7 +145,7 @@ describe("the shim's curl client", () => {
       const env = { NATGW_SOCKET: sock };
       // Deleting what is not there: success, and nothing changes behind the real daemon's back.
       const argv = ['snat-del', `${EIP},10.9.9.0/24`];
-      const viaCurl = await shim(topo, argv, env);
+      const viaNc = await shim(topo, argv, env);
       expect(seen.slice(0, 2), name).toEqual(['/v1/legacy/raw', '/v1/legacy']);
       const viaNode = await shim(topo, argv, { ...env, NATGW_SHIM_CLIENT: 'node' });
       expect(
@@ -148,9 +153,9 @@ describe("the shim's curl client", () => {
         name,
       ).toHaveLength(1);
       expect(seen.filter((u) => u === '/v1/legacy').length, name).toBeGreaterThan(1);
-      expect(viaCurl, name).toEqual(viaNode);
-      expect(text(viaCurl.stderr), name).toBe('');
-      expect(viaCurl.status, name).toBe(0);
+      expect(viaNc, name).toEqual(viaNode);
+      expect(text(viaNc.stderr), name).toBe('');
+      expect(viaNc.status, name).toBe(0);
       await new Promise((r) => fake.close(r));
     }
   });
@@ -168,7 +173,7 @@ describe("the shim's curl client", () => {
     expect(stale).toEqual(staleNode);
     expect(stale.filter((r) => r.status === 0).every((r) => r.stderr === '')).toBe(true);
     expect(stale.some((r) => r.status === 0)).toBe(true);
-    // Without node on PATH nothing answers at all: proof that the curl path was not taken.
+    // Without node on PATH nothing answers at all: proof that the nc path was not taken.
     expect((await shim(topo, ['eip-add', `${EIP}/24`], { PATH: noNode })).status).toBe(127);
 
     rmSync(sock);
