@@ -232,7 +232,7 @@ export const configSchema = z.object({
     .prefault('1024-65535')
     .meta({ values: 'min-max, ports 1 to 65535' })
     .describe(
-      "The source ports SNAT translates into, the denominator of natgw_snat_port_usage_ratio. natgw's SNAT rules name no range, so the kernel's 1024-65535 applies; set it only where the SNAT is narrowed.",
+      "The source ports SNAT translates into, the denominator of natgw_snat_port_usage_ratio. Without NATGW_SNAT_PORT_SLICE natgw's SNAT rules name no range, so the kernel's 1024-65535 applies; set it only where the SNAT is narrowed elsewhere. With a slice, the slice is the range (this key is ignored).",
     ),
   NATGW_CONNTRACK_METRICS: bool.prefault('true').describe('Follow conntrack events for the per-EIP connection metrics, even without flow logs.'),
   NATGW_CONNTRACK_SYSCTLS: bool
@@ -496,7 +496,8 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     flowLogSchema: c.NATGW_FLOW_LOG_SCHEMA,
     // The Kubernetes downward API's usual names (Kube-OVN's observer reads POD_NAME and NODE_NAME).
     flowLogIdentity: { namespace: env.POD_NAMESPACE ?? '', name: c.NATGW_GATEWAY_NAME ?? '', pod: env.POD_NAME ?? '', node: env.NODE_NAME ?? '' },
-    snatPortRange: c.NATGW_SNAT_PORT_RANGE,
+    // natgw's own slice, where it translates into one, is the range its ports come from.
+    snatPortRange: c.NATGW_SNAT_PORT_SLICE ? { min: c.NATGW_SNAT_PORT_SLICE.lo, max: c.NATGW_SNAT_PORT_SLICE.hi } : c.NATGW_SNAT_PORT_RANGE,
     toolTimeoutMs: c.NATGW_TOOL_TIMEOUT,
     maxConnections: c.NATGW_MAX_CONNECTIONS,
     headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,

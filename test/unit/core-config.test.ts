@@ -361,6 +361,9 @@ describe('loadConfig', () => {
     expect(set.snatPortRange).toEqual({ min: 20000, max: 20009 });
     expect(set.flowLogSchema).toBe('kube-ovn');
     expect(set.flowLogIdentity).toEqual({ namespace: 'kube-system', name: 'gw1', pod: 'vpc-nat-gw-gw1-0', node: 'node1' });
+    // A replica's slice is the range natgw's own SNAT translates into: it is the denominator.
+    const sliced = await loadConfig({ NATGW_ENV_FILE: f, NATGW_SNAT_PORT_SLICE: '30000-39999', NATGW_SNAT_PORT_RANGE: '20000-20009' });
+    expect(sliced.snatPortRange).toEqual({ min: 30000, max: 39999 });
   });
 
   it('gateways are kept as the kernel prints them, so a read-back default route compares equal', async () => {
