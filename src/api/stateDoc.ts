@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
-import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, canonicalJson, mostlyWithoutTexts } from '../model/canonical.js';
+import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, mostlyWithoutTexts } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
+import { sameValue, split, touches, type StateChange } from '../state/change.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
 import { dnatKey, prefixOf } from '../model/rules.js';
@@ -147,37 +148,15 @@ export function firstDuplicateDnat(dnats: DesiredState['dnats']): [number, numbe
   return null;
 }
 
-/** Per kind, what `next` adds, removes and changes relative to `prev`. */
-export function planOf(prev: DesiredState, next: DesiredState): Record<string, ObjectDiff> {
+/** Per kind, what a change adds, removes and changes. */
+export function planOf(change: StateChange): Record<string, ObjectDiff> {
   const plan: Record<string, ObjectDiff> = {};
   for (const def of RESOURCES) {
-    if (prev[def.stateKey] === next[def.stateKey]) {
-      plan[def.path] = { added: 0, removed: 0, changed: 0 };
-      continue;
-    }
-    // Identities are unique within a state (normaliseDesired, the operations): against an empty
-    // side the counts need no keys (a bulk PUT into an empty gateway keys 20,000 objects otherwise).
-    if (prev[def.stateKey].length === 0 || next[def.stateKey].length === 0) {
-      plan[def.path] = { added: next[def.stateKey].length, removed: prev[def.stateKey].length, changed: 0 };
-      continue;
-    }
-    const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    let added = 0;
-    let removed = 0;
-    let changed = 0;
-    for (const [k, v] of after) {
-      const b = before.get(k);
-      if (b === undefined) added++;
-      else if (b !== v && canonicalJson(b) !== canonicalJson(v)) changed++;
-    }
-    for (const k of before.keys()) if (!after.has(k)) removed++;
-    plan[def.path] = { added, removed, changed };
+    const { added, removed, updated } = split(change, def.stateKey);
+    // A SNAT only moved (a new order) is not a changed object.
+    plan[def.path] = { added: added.length, removed: removed.length, changed: updated.filter((u) => !sameValue(u.before, u.after)).length };
   }
-  const scalars =
-    canonicalJson({ i: prev.initialized, f: prev.interfaces, d: prev.defaultRoutes }) !==
-    canonicalJson({ i: next.initialized, f: next.interfaces, d: next.defaultRoutes });
-  plan.gateway = { added: 0, removed: 0, changed: scalars ? 1 : 0 };
+  plan.gateway = { added: 0, removed: 0, changed: touches(change, 'initialized', 'interfaces', 'defaultRoutes') ? 1 : 0 };
   return plan;
 }
 
