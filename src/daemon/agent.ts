@@ -8,7 +8,7 @@ import type { Config } from '../config/config.js';
 import type { DesiredState } from '../state/state.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
-import { applyChange, diffStates, type StateChange } from '../state/change.js';
+import { diffStates, type StateChange } from '../state/change.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
@@ -160,13 +160,11 @@ export class Agent implements AgentService {
               in: 'header',
             });
           }
-          // The change by identity key: a document written back unchanged changes nothing. Objects
-          // the state keeps stay where they are; new ones come after them (change.ts).
+          // The change by identity key: a document written back unchanged changes nothing.
           change = diffStates(current, next);
-          const state = applyChange(current, change);
           // The answer's digest needs every new object's text: built and hashed while the kernel applies.
-          if (!opts.dryRun) digestSoon(state);
-          return { state, effects: effectsOf(current, next), change };
+          if (!opts.dryRun) digestSoon(next);
+          return { state: next, effects: effectsOf(current, next), change };
         },
         { dryRun: opts.dryRun, qos: true },
       );

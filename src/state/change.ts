@@ -161,9 +161,10 @@ export function invert(c: StateChange, before: DesiredState): StateChange {
 
 /**
  * The change from `before` to `after` by identity key (a declarative document, PUT /v1/state):
- * one pass with a Map per collection. An object whose text differs is updated; SNATs whose
- * kept rules changed their relative order are moved (order is what decides between rules of
- * one prefix length), so replaying the change gives `after`'s order.
+ * one pass with a Map per collection. An object whose value differs is updated; where the kept
+ * objects of a collection changed their relative order, they are all moved, so that replaying
+ * the change (applyChange) gives exactly `after` (for SNATs, the order decides between rules
+ * of one prefix length).
  */
 export function diffStates(before: DesiredState, after: DesiredState): StateChange {
   const lists: Record<string, Map<string, Touched<unknown>>> = {};
@@ -188,7 +189,7 @@ export function diffStates(before: DesiredState, after: DesiredState): StateChan
       }
     }
     for (const [id, x] of old) m.set(id, { before: x });
-    if (k === 'snats' && !sameOrder(a.map(key), kept)) {
+    if (!sameOrder(a.map(key), kept)) {
       const byKey = new Map(b.map((x) => [key(x), x] as const));
       for (const x of a) {
         const id = key(x);
@@ -198,7 +199,7 @@ export function diffStates(before: DesiredState, after: DesiredState): StateChan
           m.set(id, { before: x, after: now, moved: true });
         }
       }
-      // Re-placed in `after`'s order: each one after the last of its prefix length or longer.
+      // Re-placed in `after`'s order (a SNAT after the last of its prefix length or longer).
       const order = new Map(b.map((x, i) => [key(x), i] as const));
       const sorted = [...m].sort(([x], [y]) => (order.get(x) ?? -1) - (order.get(y) ?? -1));
       m.clear();

@@ -14,7 +14,7 @@
  * null: the caller then runs a full sync, which reads back and repairs.
  */
 import { compareIp, type NatTables } from '../backend.js';
-import { diffStates, split, touches, type StateChange } from '../../../state/change.js';
+import { diffStates, sameValue, split, touches, type StateChange } from '../../../state/change.js';
 import { emptyState } from '../../../state/state.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import {
@@ -44,8 +44,10 @@ export interface NftView {
 const FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
 /** A collection's change as what goes in and what goes out (an update is both: its old element out, its new one in). */
-function changed<K extends 'dnats' | 'fips' | 'snats'>(change: StateChange, k: K): { added: NatTables[K][number][]; removed: NatTables[K][number][] } {
-  const { added, removed, updated } = split(change, k);
+function changed<K extends 'dnats' | 'fips'>(change: StateChange, k: K): { added: NatTables[K][number][]; removed: NatTables[K][number][] } {
+  const { added, removed } = split(change, k);
+  // An object only moved (a document's new order) changes no element.
+  const updated = split(change, k).updated.filter((u) => !sameValue(u.before, u.after));
   return { added: [...added, ...updated.map((u) => u.after)], removed: [...removed, ...updated.map((u) => u.before)] };
 }
 
@@ -107,9 +109,11 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): RenderedSnat[] {
   return out;
 }
 
-/** A command-sized SNAT change; null for anything larger. */
+/** A command-sized SNAT change; null for anything larger. A SNAT moved counts: order decides between rules of one CIDR. */
 function changedSnats(change: StateChange): { added: Snat[]; removed: Snat[] } | null {
-  return (change.lists.snats?.size ?? 0) > SNAT_CHANGE_LIMIT ? null : changed(change, 'snats');
+  if ((change.lists.snats?.size ?? 0) > SNAT_CHANGE_LIMIT) return null;
+  const { added, removed, updated } = split(change, 'snats');
+  return { added: [...added, ...updated.map((u) => u.after)], removed: [...removed, ...updated.map((u) => u.before)] };
 }
 
 /** Past this many SNAT objects added or removed, the change is planned over every SNAT rule. */
