@@ -83,7 +83,8 @@ async function load(dist: string, name: string, backend: string): Promise<Build>
         const done = await engine.transact(
           ({ state: current }: { state: unknown }) => {
             (doc.digestSoon as Fn)(next);
-            return { state: next, effects: (doc.effectsOf as Fn)(current, next), change: (change.diffStates as Fn)(current, next) };
+            const diff = (change.diffStates as Fn)(current, next);
+            return { state: next, effects: (doc.effectsOf as Fn)(diff), change: diff };
           },
           { qos: true },
         );

@@ -38,8 +38,9 @@ async function load(dist: string, name: string): Promise<Build> {
       const next = (doc.parseStateBody as Fn)(parsed);
       const t2 = cpu();
       const state = next;
-      (doc.planOf as Fn)((change.diffStates as Fn)(empty, next));
-      (doc.effectsOf as Fn)(empty, next);
+      const diff = (change.diffStates as Fn)(empty, next);
+      (doc.planOf as Fn)(diff);
+      (doc.effectsOf as Fn)(diff);
       const t3 = cpu();
       const digest = (doc.digestOf as Fn)(state) as string;
       const t4 = cpu();

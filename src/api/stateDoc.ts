@@ -4,7 +4,7 @@ import type { DesiredState } from '../state/state.js';
 import { sameValue, split, touches, type StateChange } from '../state/change.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
-import { dnatKey, prefixOf } from '../model/rules.js';
+import { prefixOf } from '../model/rules.js';
 import { addDnats, type Effect } from '../state/operations.js';
 import { ConflictError } from '../model/errors.js';
 import { HttpError, validationError } from './errors.js';
@@ -164,23 +164,17 @@ export function planOf(change: StateChange): Record<string, ObjectDiff> {
  * The side effects the equivalent commands would have had: gratuitous ARP for new EIPs,
  * conntrack flushes for FIPs, DNATs and share-DNATs that went away or changed target.
  */
-export function effectsOf(prev: DesiredState, next: DesiredState): Effect[] {
-  const effects: Effect[] = [];
-  const oldEips = new Set(prev.eips.map((e) => e.address));
-  for (const e of next.eips) if (!oldEips.has(e.address)) effects.push({ kind: 'garp', ip: e.address });
-  // The lookups of `next` are built only where `prev` has something to look up (not for a bulk PUT into an empty gateway).
-  const nextFips = new Map(prev.fips.length > 0 ? next.fips.map((f) => [f.eip, f.internalIp]) : []);
-  for (const f of prev.fips) if (nextFips.get(f.eip) !== f.internalIp) effects.push({ kind: 'conntrack-flush', dst: f.eip });
-  const dnatTarget = (d: { internalIp: string; internalPort: number }) => `${d.internalIp}:${d.internalPort}`;
-  const nextDnats = new Map(prev.dnats.length > 0 ? next.dnats.map((d) => [dnatKey(d), dnatTarget(d)]) : []);
-  for (const d of prev.dnats) {
-    if (nextDnats.get(dnatKey(d)) !== dnatTarget(d)) {
-      effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
-    }
+export function effectsOf(change: StateChange): Effect[] {
+  const effects: Effect[] = split(change, 'eips').added.map((e) => ({ kind: 'garp' as const, ip: e.address }));
+  // Removed, or (a FIP, a DNAT) given another target.
+  const gone = <K extends 'fips' | 'dnats' | 'shareDnats'>(k: K, retargeted: boolean): DesiredState[K][number][] => {
+    const { removed, updated } = split(change, k);
+    return retargeted ? [...removed, ...updated.filter((u) => !sameValue(u.before, u.after)).map((u) => u.before)] : removed;
+  };
+  for (const f of gone('fips', true)) effects.push({ kind: 'conntrack-flush', dst: f.eip });
+  for (const d of gone('dnats', true)) {
+    effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
   }
-  const nextShare = new Set(next.shareDnats.map((d) => `${d.eip}|${d.port}|${d.protocol}`));
-  for (const d of prev.shareDnats) {
-    if (!nextShare.has(`${d.eip}|${d.port}|${d.protocol}`)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
-  }
+  for (const d of gone('shareDnats', false)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
   return effects;
 }

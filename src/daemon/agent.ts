@@ -164,7 +164,7 @@ export class Agent implements AgentService {
           change = diffStates(current, next);
           // The answer's digest needs every new object's text: built and hashed while the kernel applies.
           if (!opts.dryRun) digestSoon(next);
-          return { state: next, effects: effectsOf(current, next), change };
+          return { state: next, effects: effectsOf(change), change };
         },
         { dryRun: opts.dryRun, qos: true },
       );

@@ -7,7 +7,7 @@ import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult, TxResult } from '../state/operations.js';
-import { diffStates, invert, type StateChange } from '../state/change.js';
+import { diffStates, type StateChange } from '../state/change.js';
 import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
@@ -293,7 +293,7 @@ export class Engine {
         const persisting = this.persistAhead(base.state, next, change.change);
         const { report, kind } = await this.applyRetryingFull(next, change.change, base, persisting, opts, started);
         const flushing = this.flushConntrack(change.effects);
-        await this.persist(next, change.change, base, persisting, opts).catch(async (e: unknown) => {
+        await this.persist(next, base, persisting, opts).catch(async (e: unknown) => {
           // The change failed after its flush began: the flush finishes first.
           await flushing;
           throw this.failed(kind, started, e);
@@ -455,14 +455,14 @@ export class Engine {
   }
 
   /** Acknowledge nothing that is not durable: if the change cannot be persisted, the kernel goes back to the state that is. */
-  private async persist(next: DesiredState, change: StateChange, base: Base, persisting: Persisting, opts: TransactOptions): Promise<void> {
+  private async persist(next: DesiredState, base: Base, persisting: Persisting, opts: TransactOptions): Promise<void> {
     timelineMark('reconciled');
     try {
       await persisting.commit();
     } catch (e) {
       this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
       this.forgetViews();
-      await this.reconcile(base.state, next, base.backend, { qos: opts.qos ?? true, mode: 'full', change: invert(change, base.state) }).catch((undo: unknown) =>
+      await this.reconcile(base.state, next, base.backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
         this.log.error({ err: undo }, 'could not put the kernel back; the next full sync repairs it'),
       );
       throw e;
@@ -552,7 +552,7 @@ export class Engine {
         for (const p of parts) p.abandon?.();
         // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
         // the error applied (an atomic part finds nothing to put back).
-        if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode, change);
+        if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode);
         throw e;
       }
     }
@@ -567,15 +567,10 @@ export class Engine {
     };
   }
 
-  private async rollBack(
-    applied: readonly Part[],
-    previous: DesiredState | undefined,
-    from: DesiredState,
-    mode: SyncMode,
-    change: StateChange | undefined,
-  ): Promise<void> {
+  private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
     if (!previous) return;
-    const undo = change && invert(change, previous);
+    // Rare: the way back is found by identity key.
+    const undo = diffStates(from, previous);
     for (const part of [...applied].reverse()) {
       if (!part.runs(previous, from, mode, undo)) continue;
       try {

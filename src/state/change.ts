@@ -146,24 +146,11 @@ export function compose(a: StateChange, b: StateChange): StateChange {
   return { scalars: { ...a.scalars, ...b.scalars }, lists: lists as Lists };
 }
 
-/** The change undone (a rollback): what was added is removed, and the other way round. */
-export function invert(c: StateChange, before: DesiredState): StateChange {
-  const lists: Record<string, ReadonlyMap<string, Touched<unknown>>> = {};
-  for (const [k, m] of Object.entries(c.lists) as Array<[Collection, ReadonlyMap<string, Touched<unknown>>]>) {
-    lists[k] = new Map(
-      [...m].map(([key, t]) => [key, { ...(t.after !== undefined ? { before: t.after } : {}), ...(t.before !== undefined ? { after: t.before } : {}) }]),
-    );
-  }
-  const scalars: Record<string, unknown> = {};
-  for (const k of Object.keys(c.scalars) as Scalar[]) scalars[k] = before[k];
-  return { scalars, lists: lists as Lists };
-}
-
 /**
  * The change from `before` to `after` by identity key (a declarative document, PUT /v1/state):
  * one pass with a Map per collection. An object whose value differs is updated; where the kept
  * objects of a collection changed their relative order, they are all moved, so that replaying
- * the change (applyChange) gives exactly `after` (for SNATs, the order decides between rules
+ * the change (applyRecords) gives exactly `after` (for SNATs, the order decides between rules
  * of one prefix length).
  */
 export function diffStates(before: DesiredState, after: DesiredState): StateChange {
@@ -296,6 +283,3 @@ export function insertSnat(list: Array<Item<'snats'>>, n: Item<'snats'>): void {
   const at = list.findIndex((x) => prefixOf(x.cidr) < len);
   list.splice(at === -1 ? list.length : at, 0, n);
 }
-
-/** `base` with the change made: the state a change of a declarative document arrives at. */
-export const applyChange = (base: DesiredState, c: StateChange): DesiredState => applyRecords(base, [recordOf(c)]);
