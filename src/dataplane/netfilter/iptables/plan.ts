@@ -85,10 +85,13 @@ function patched<T>(
   return { list: out, rules: outRules };
 }
 
+/** Most DNATs and FIPs in and out that a rendering is patched for. */
+const PATCH_MAX = 64;
+
 /**
  * `last` (one family's rendering) with the change made: the DNATs and FIPs it touched taken out
  * and put in at their places; the few EIPs and SNATs taken from `next` as they are. Undefined
- * when the change does not fit `last`.
+ * when the change does not fit `last` or is larger than PATCH_MAX.
  */
 export function patchFamily(last: Rendered, next: NatTables, change: StateChange, inFamily: (ip: string) => boolean): Rendered | undefined {
   const sides = <K extends 'dnats' | 'fips'>(k: K) => {
@@ -101,6 +104,8 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
   };
   const d = sides('dnats');
   const f = sides('fips');
+  // A bulk change (a document, a redo) sorts and renders anew at less cost than placing each object.
+  if (d.gone.length + d.come.length + f.gone.length + f.come.length > PATCH_MAX) return undefined;
   const dn = patched(last.want.dnats, [last.dnat], d.gone, d.come, byDnat, [dnatSpec]);
   const fp = patched(last.want.fips, [last.fipDnat, last.fipSnat], f.gone, f.come, byFip, [fipDnatSpec, fipSnatSpec]);
   if (!dn || !fp) return undefined;
