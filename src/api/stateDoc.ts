@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, mostlyWithoutTexts } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
-import { sameValue, split, touches, type StateChange } from '../state/change.js';
+import { sameValue, split, touches, type StateChange, type Touched } from '../state/change.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
 import { prefixOf } from '../model/rules.js';
@@ -165,16 +165,19 @@ export function planOf(change: StateChange): Record<string, ObjectDiff> {
  * conntrack flushes for FIPs, DNATs and share-DNATs that went away or changed target.
  */
 export function effectsOf(change: StateChange): Effect[] {
-  const effects: Effect[] = split(change, 'eips').added.map((e) => ({ kind: 'garp' as const, ip: e.address }));
-  // Removed, or (a FIP, a DNAT) given another target.
-  const gone = <K extends 'fips' | 'dnats' | 'shareDnats'>(k: K, retargeted: boolean): DesiredState[K][number][] => {
-    const { removed, updated } = split(change, k);
-    return retargeted ? [...removed, ...updated.filter((u) => !sameValue(u.before, u.after)).map((u) => u.before)] : removed;
+  const effects: Effect[] = [];
+  for (const t of change.lists.eips?.values() ?? []) if (t.before === undefined && t.after) effects.push({ kind: 'garp', ip: t.after.address });
+  // Removed, or given another target (a FIP, a DNAT; a share-DNAT only removed).
+  const gone = <T>(m: ReadonlyMap<string, Touched<T>> | undefined, retargeted: boolean): T[] => {
+    const out: T[] = [];
+    for (const t of m?.values() ?? [])
+      if (t.before !== undefined && (t.after === undefined || (retargeted && !sameValue(t.before, t.after)))) out.push(t.before);
+    return out;
   };
-  for (const f of gone('fips', true)) effects.push({ kind: 'conntrack-flush', dst: f.eip });
-  for (const d of gone('dnats', true)) {
+  for (const f of gone(change.lists.fips, true)) effects.push({ kind: 'conntrack-flush', dst: f.eip });
+  for (const d of gone(change.lists.dnats, true)) {
     effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
   }
-  for (const d of gone('shareDnats', false)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
+  for (const d of gone(change.lists.shareDnats, false)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
   return effects;
 }
