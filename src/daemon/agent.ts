@@ -9,7 +9,7 @@ import type { DesiredState } from '../state/state.js';
 import type { DrainingStatus } from '../dataplane/draining.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
-import { internState } from '../state/intern.js';
+import { diffStates, type StateChange } from '../state/change.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
@@ -155,6 +155,7 @@ export class Agent implements AgentService {
 
   async replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult> {
     return this.queue.run(async () => {
+      let change: StateChange | undefined;
       let prev: DesiredState | undefined;
       const { state, report } = await this.engine.transact(
         ({ state: current }) => {
@@ -165,17 +166,18 @@ export class Agent implements AgentService {
               in: 'header',
             });
           }
-          const state = internState(current, next);
+          // The change by identity key: a document written back unchanged changes nothing.
+          change = diffStates(current, next);
           // The answer's digest needs every new object's text: built and hashed while the kernel applies.
-          if (!opts.dryRun) digestSoon(state);
-          return { state, effects: effectsOf(current, next) };
+          if (!opts.dryRun) digestSoon(next);
+          return { state: next, effects: effectsOf(change), change };
         },
         { dryRun: opts.dryRun, qos: true },
       );
       const { script, ...counts } = report;
       return {
         dryRun: opts.dryRun,
-        plan: planOf(prev ?? state, next),
+        plan: planOf(change ?? diffStates(prev ?? state, next)),
         report: counts,
         // Only a dry run's answer carries the script (SPEC §4.2): a bulk change's is ~1 MiB
         // (nftables) to 2.5 MiB (iptables) that the answer would serialise and the client parse.
