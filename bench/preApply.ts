@@ -42,12 +42,12 @@ const cpu = (): number => {
 
 async function load(dist: string, name: string, backend: string): Promise<Build> {
   const mod = (p: string) => import(pathToFileURL(path.join(dist, 'src', p)).href);
-  const [config, engineMod, exec, doc, intern] = await Promise.all([
+  const [config, engineMod, exec, doc, change] = await Promise.all([
     mod('config/config.js'),
     mod('engine/engine.js'),
     mod('system/exec.js'),
     mod('api/stateDoc.js'),
-    mod('state/intern.js'),
+    mod('state/change.js'),
   ]);
   return {
     name,
@@ -82,9 +82,9 @@ async function load(dist: string, name: string, backend: string): Promise<Build>
         const t2 = cpu();
         const done = await engine.transact(
           ({ state: current }: { state: unknown }) => {
-            const state = (intern.internState as Fn)(current, next);
-            (doc.digestSoon as Fn)(state);
-            return { state, effects: (doc.effectsOf as Fn)(current, next) };
+            (doc.digestSoon as Fn)(next);
+            const diff = (change.diffStates as Fn)(current, next);
+            return { state: next, effects: (doc.effectsOf as Fn)(diff), change: diff };
           },
           { qos: true },
         );

@@ -1,7 +1,7 @@
 /**
  * The JavaScript of a bulk `PUT /v1/state` around the kernel apply, no kernel, no HTTP: the
  * body text parsed (JSON.parse, as express.json does), validated and normalised
- * (parseStateBody), planned against an empty gateway (internState, planOf, effectsOf) and the
+ * (parseStateBody), planned against an empty gateway (diffStates, planOf, effectsOf) and the
  * answer's digest computed from scratch (digestOf; the daemon hashes it while the kernel
  * applies). CPU time per phase, garbage collection included, median of several runs.
  *
@@ -24,7 +24,7 @@ interface Build {
 
 async function load(dist: string, name: string): Promise<Build> {
   const mod = (p: string) => import(pathToFileURL(path.join(dist, 'src', p)).href);
-  const [doc, intern] = await Promise.all([mod('api/stateDoc.js'), mod('state/intern.js')]);
+  const [doc, change] = await Promise.all([mod('api/stateDoc.js'), mod('state/change.js')]);
   return {
     name,
     run: (body, empty) => {
@@ -37,9 +37,10 @@ async function load(dist: string, name: string): Promise<Build> {
       const t1 = cpu();
       const next = (doc.parseStateBody as Fn)(parsed);
       const t2 = cpu();
-      const state = (intern.internState as Fn)(empty, next);
-      (doc.planOf as Fn)(empty, next);
-      (doc.effectsOf as Fn)(empty, next);
+      const state = next;
+      const diff = (change.diffStates as Fn)(empty, next);
+      (doc.planOf as Fn)(diff);
+      (doc.effectsOf as Fn)(diff);
       const t3 = cpu();
       const digest = (doc.digestOf as Fn)(state) as string;
       const t4 = cpu();

@@ -300,9 +300,9 @@ export function createApp(deps: AppDeps): Express {
   return app;
 }
 
-/** The object under identity `key`: by the collection's index where it keeps one, else a scan. */
+/** The object under identity `key`. */
 function findIn(def: ResourceDef, s: DesiredState, key: string): unknown {
-  return def.find ? def.find(s, key) : listOf(def, s).find((x) => def.key(x) === key);
+  return listOf(def, s).find((x) => def.key(x) === key);
 }
 
 function mountResource(app: Express, def: ResourceDef, agent: AgentService): void {
@@ -336,19 +336,12 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
       const field = def.idFields.find((f) => String(o[f]) !== String(idParsed[f])) ?? 'id';
       throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
     }
-    // Whether it existed is asked of the state the operation ran on, before the operation
-    // hands that state's identity index on to the next (a batch may run it more than once).
-    let existed = false;
     timelineMark('validated');
-    const result = await agent.change({
-      guarded: def.guarded,
-      qos: def.qos,
-      op: (s) => {
-        existed = findIn(def, s, key) !== undefined;
-        return def.put(s, obj, { replace, gateways: agent.gateways });
-      },
-    });
-    const stored = findIn(def, result.after, key) ?? obj;
+    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.put(s, obj, { replace, gateways: agent.gateways }) });
+    // What the operation changed under this identity says whether it existed; untouched, it was there as asked.
+    const touched = (result.change?.lists as Record<string, ReadonlyMap<string, { before?: unknown; after?: unknown }>> | undefined)?.[def.stateKey]?.get(key);
+    const existed = touched === undefined || touched.before !== undefined;
+    const stored = touched?.after ?? findIn(def, result.after, key) ?? obj;
     res.locals.log = { command: `put-${def.path}`, id: idOf(def, stored), batch: result.batchSize, outcome: 'ok' };
     res.status(existed ? 200 : 201).json(view(stored));
   });

@@ -82,8 +82,6 @@ export interface ResourceDef<T = unknown, I = unknown> {
   /** ?replace=true changes what a plain PUT refuses or ignores. */
   readonly replaceable: boolean;
   key(x: I | T): string;
-  /** The object under identity `key` in `s`, by the collection's kept index (large collections only; others are scanned). */
-  find?(s: DesiredState, key: string): T | undefined;
   /** Last checks a schema cannot express (e.g. prefix length per family). */
   check?(x: T): void;
   /** The identity segment when it is not the idFields joined by commas (a DNAT's port range). */
@@ -93,11 +91,6 @@ export interface ResourceDef<T = unknown, I = unknown> {
   put(s: DesiredState, x: T, ctx: PutContext): OpResult;
   del(s: DesiredState, id: I): OpResult;
 }
-
-const chain = (a: OpResult, f: (s: DesiredState) => OpResult): OpResult => {
-  const b = f(a.state);
-  return { state: b.state, effects: [...a.effects, ...b.effects] };
-};
 
 function define<T, I>(def: ResourceDef<T, I>): ResourceDef {
   return def as unknown as ResourceDef;
@@ -134,7 +127,7 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   stateKey: 'snats',
   title: 'SNAT',
   description:
-    "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn. The CIDR is canonicalised; rules are kept longest prefix first.",
+    "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn; EIPs listed in `draining` take no new connections while their established ones carry on (PUT with `?replace=true` to change a SNAT). The CIDR is canonicalised; rules are kept longest prefix first.",
   idFields: ['eip', 'cidr'],
   idExample: '172.20.0.10,10.0.1.0%2F24',
   numericIdFields: [],
@@ -146,12 +139,11 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   qos: false,
   replaceable: true,
   key: (x) => snatKey(x),
-  find: (s, key) => Ops.findByKey(s.snats, snatKey, key),
   put: (s, x, ctx) => {
     const existing = ctx.replace ? Ops.findByKey(s.snats, snatKey, snatKey(x)) : undefined;
     const samePool = (a?: readonly string[], b?: readonly string[]) => (a ?? []).join(',') === (b ?? []).join(',');
-    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips))) {
-      return chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
+    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips) || !samePool(existing.draining, x.draining))) {
+      return Ops.chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
     }
     return Ops.addSnat(s, x);
   },
@@ -200,11 +192,10 @@ const dnats = define<Dnat, DnatId>({
   qos: false,
   replaceable: true,
   key: (x) => dnatKey(x),
-  find: (s, key) => Ops.findByKey(s.dnats, dnatKey, key),
   put: (s, x, ctx) => {
     const existing = ctx.replace ? Ops.findByKey(s.dnats, dnatKey, dnatKey(x)) : undefined;
     if (ctx.replace && existing && (existing.internalIp !== x.internalIp || existing.internalPort !== x.internalPort)) {
-      return chain(Ops.delDnat(s, x), (t) => Ops.addDnat(t, x));
+      return Ops.chain(Ops.delDnat(s, x), (t) => Ops.addDnat(t, x));
     }
     return Ops.addDnat(s, x);
   },
@@ -228,10 +219,9 @@ const fips = define<Fip, Pick<Fip, 'eip'>>({
   qos: false,
   replaceable: true,
   key: (x) => fipKey(x),
-  find: (s, key) => Ops.findByKey(s.fips, fipKey, key),
   put: (s, x, ctx) => {
     const existing = ctx.replace ? Ops.findByKey(s.fips, fipKey, fipKey(x)) : undefined;
-    if (ctx.replace && existing && existing.internalIp !== x.internalIp) return chain(Ops.delFip(s, x.eip), (t) => Ops.addFip(t, x));
+    if (ctx.replace && existing && existing.internalIp !== x.internalIp) return Ops.chain(Ops.delFip(s, x.eip), (t) => Ops.addFip(t, x));
     return Ops.addFip(s, x);
   },
   del: (s, id) => Ops.delFip(s, id.eip),

@@ -1,3 +1,4 @@
+import type { DrainingStatus } from '../dataplane/draining.js';
 import type { ApplyReport } from '../engine/engine.js';
 import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
 import type { CommandOutput } from '../engine/output.js';
@@ -29,6 +30,8 @@ export interface AgentService {
   checkDrift?(): Promise<DriftCheck>;
   /** SNAT source ports in use per EIP, with the busiest destinations (GET /v1/status); undefined while connections are not followed. */
   portUsage?(): readonly EipPortUsage[] | undefined;
+  /** EIPs draining out of SNAT pools in `state`, with the connections still translated to each (GET /v1/status). */
+  draining?(state: DesiredState): Promise<readonly DrainingStatus[]>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
 }

@@ -1,9 +1,10 @@
 import { createHash } from 'node:crypto';
-import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, canonicalJson, mostlyWithoutTexts } from '../model/canonical.js';
+import { canonicalDigestBulk, canonicalDigestInto, canonicalDigestSoon, mostlyWithoutTexts } from '../model/canonical.js';
 import type { DesiredState } from '../state/state.js';
+import { sameValue, split, touches, type StateChange, type Touched } from '../state/change.js';
 import { safeParseDesired } from '../state/fastParse.js';
 import { allocateQos } from '../state/qosOperations.js';
-import { dnatKey, prefixOf } from '../model/rules.js';
+import { prefixOf } from '../model/rules.js';
 import { addDnats, type Effect } from '../state/operations.js';
 import { ConflictError } from '../model/errors.js';
 import { HttpError, validationError } from './errors.js';
@@ -147,37 +148,15 @@ export function firstDuplicateDnat(dnats: DesiredState['dnats']): [number, numbe
   return null;
 }
 
-/** Per kind, what `next` adds, removes and changes relative to `prev`. */
-export function planOf(prev: DesiredState, next: DesiredState): Record<string, ObjectDiff> {
+/** Per kind, what a change adds, removes and changes. */
+export function planOf(change: StateChange): Record<string, ObjectDiff> {
   const plan: Record<string, ObjectDiff> = {};
   for (const def of RESOURCES) {
-    if (prev[def.stateKey] === next[def.stateKey]) {
-      plan[def.path] = { added: 0, removed: 0, changed: 0 };
-      continue;
-    }
-    // Identities are unique within a state (normaliseDesired, the operations): against an empty
-    // side the counts need no keys (a bulk PUT into an empty gateway keys 20,000 objects otherwise).
-    if (prev[def.stateKey].length === 0 || next[def.stateKey].length === 0) {
-      plan[def.path] = { added: next[def.stateKey].length, removed: prev[def.stateKey].length, changed: 0 };
-      continue;
-    }
-    const before = new Map(prev[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    let added = 0;
-    let removed = 0;
-    let changed = 0;
-    for (const [k, v] of after) {
-      const b = before.get(k);
-      if (b === undefined) added++;
-      else if (b !== v && canonicalJson(b) !== canonicalJson(v)) changed++;
-    }
-    for (const k of before.keys()) if (!after.has(k)) removed++;
-    plan[def.path] = { added, removed, changed };
+    const { added, removed, updated } = split(change, def.stateKey);
+    // A SNAT only moved (a new order) is not a changed object.
+    plan[def.path] = { added: added.length, removed: removed.length, changed: updated.filter((u) => !sameValue(u.before, u.after)).length };
   }
-  const scalars =
-    canonicalJson({ i: prev.initialized, f: prev.interfaces, d: prev.defaultRoutes }) !==
-    canonicalJson({ i: next.initialized, f: next.interfaces, d: next.defaultRoutes });
-  plan.gateway = { added: 0, removed: 0, changed: scalars ? 1 : 0 };
+  plan.gateway = { added: 0, removed: 0, changed: touches(change, 'initialized', 'interfaces', 'defaultRoutes') ? 1 : 0 };
   return plan;
 }
 
@@ -185,23 +164,20 @@ export function planOf(prev: DesiredState, next: DesiredState): Record<string, O
  * The side effects the equivalent commands would have had: gratuitous ARP for new EIPs,
  * conntrack flushes for FIPs, DNATs and share-DNATs that went away or changed target.
  */
-export function effectsOf(prev: DesiredState, next: DesiredState): Effect[] {
+export function effectsOf(change: StateChange): Effect[] {
   const effects: Effect[] = [];
-  const oldEips = new Set(prev.eips.map((e) => e.address));
-  for (const e of next.eips) if (!oldEips.has(e.address)) effects.push({ kind: 'garp', ip: e.address });
-  // The lookups of `next` are built only where `prev` has something to look up (not for a bulk PUT into an empty gateway).
-  const nextFips = new Map(prev.fips.length > 0 ? next.fips.map((f) => [f.eip, f.internalIp]) : []);
-  for (const f of prev.fips) if (nextFips.get(f.eip) !== f.internalIp) effects.push({ kind: 'conntrack-flush', dst: f.eip });
-  const dnatTarget = (d: { internalIp: string; internalPort: number }) => `${d.internalIp}:${d.internalPort}`;
-  const nextDnats = new Map(prev.dnats.length > 0 ? next.dnats.map((d) => [dnatKey(d), dnatTarget(d)]) : []);
-  for (const d of prev.dnats) {
-    if (nextDnats.get(dnatKey(d)) !== dnatTarget(d)) {
-      effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
-    }
+  for (const t of change.lists.eips?.values() ?? []) if (t.before === undefined && t.after) effects.push({ kind: 'garp', ip: t.after.address });
+  // Removed, or given another target (a FIP, a DNAT; a share-DNAT only removed).
+  const gone = <T>(m: ReadonlyMap<string, Touched<T>> | undefined, retargeted: boolean): T[] => {
+    const out: T[] = [];
+    for (const t of m?.values() ?? [])
+      if (t.before !== undefined && (t.after === undefined || (retargeted && !sameValue(t.before, t.after)))) out.push(t.before);
+    return out;
+  };
+  for (const f of gone(change.lists.fips, true)) effects.push({ kind: 'conntrack-flush', dst: f.eip });
+  for (const d of gone(change.lists.dnats, true)) {
+    effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port, ...(d.portEnd !== undefined ? { portEnd: d.portEnd } : {}) });
   }
-  const nextShare = new Set(next.shareDnats.map((d) => `${d.eip}|${d.port}|${d.protocol}`));
-  for (const d of prev.shareDnats) {
-    if (!nextShare.has(`${d.eip}|${d.port}|${d.protocol}`)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
-  }
+  for (const d of gone(change.lists.shareDnats, false)) effects.push({ kind: 'conntrack-flush', dst: d.eip, protocol: d.protocol, port: d.port });
   return effects;
 }

@@ -4,6 +4,7 @@ import { HttpError } from './errors.js';
 import { RESOURCES } from './resources.js';
 import { digestOf } from './stateDoc.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
+import type { DrainingStatus } from '../dataplane/draining.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
 
@@ -36,6 +37,8 @@ export interface StatusDocument {
   };
   /** What the desired state holds that is not installed, and why (a subnet route to a default the external one owns). */
   readonly warnings: readonly string[];
+  /** EIPs draining out of SNAT pools and the connections still translated to each (only while some drain). */
+  readonly draining?: readonly DrainingStatus[];
   /** Per EIP, SNAT source ports in use toward its busiest destinations; absent while conntrack is not followed. */
   readonly snatPorts?: readonly EipPortUsage[];
 }
@@ -90,7 +93,12 @@ export function mountStatus(app: Express, agent: AgentService): void {
     const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
     const snatPorts = agent.portUsage?.();
-    res.json({ ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift), ...(snatPorts ? { snatPorts } : {}) });
+    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : [];
+    res.json({
+      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift),
+      ...(snatPorts ? { snatPorts } : {}),
+      ...(draining.length > 0 ? { draining } : {}),
+    });
   });
 }
 
@@ -149,6 +157,21 @@ export function statusOpenApi(): Record<string, unknown> {
                         last: { type: ['object', 'null'] },
                         lastRepair: { type: ['object', 'null'] },
                         check: { type: 'object' },
+                      },
+                    },
+                    draining: {
+                      type: 'array',
+                      description: 'EIPs draining out of SNAT pools (present only while some drain)',
+                      items: {
+                        type: 'object',
+                        properties: {
+                          snat: { type: 'object', properties: { eip: { type: 'string' }, cidr: { type: 'string' } } },
+                          eip: { type: 'string' },
+                          connections: {
+                            type: ['integer', 'null'],
+                            description: 'Connections from the CIDR still translated to the EIP (null: conntrack unreadable)',
+                          },
+                        },
                       },
                     },
                     snatPorts: {

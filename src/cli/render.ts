@@ -147,6 +147,10 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
   }
   // An older daemon's document has none.
   for (const [i, w] of (s.warnings ?? []).entries()) kv(i === 0 ? 'Warnings' : '', w);
+  for (const [i, x] of (s.draining ?? []).entries()) {
+    const left = x.connections === null ? 'connections unknown (conntrack unreadable)' : `${x.connections} connection${x.connections === 1 ? '' : 's'} left`;
+    kv(i === 0 ? 'Draining' : '', `${x.eip} out of snat ${x.snat.eip},${x.snat.cidr}: ${left}`);
+  }
   // Per EIP the busiest SNAT destination's share of the port range, then its busiest few.
   for (const [i, u] of (s.snatPorts ?? []).entries()) {
     const pct = (x: number) => `${(x * 100).toFixed(x > 0 && x < 0.001 ? 3 : 1)} %`;

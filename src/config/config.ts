@@ -7,6 +7,7 @@ import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
 import { parsePortSlice, type PortSlice } from './portSlice.js';
+import type { CtTimeoutPolicy } from '../dataplane/ctTimeoutsRender.js';
 
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
 const duration = (key: string, minMs: number, maxMs: number) =>
@@ -58,6 +59,27 @@ const size = (key: string, min: number, max: number) =>
       return bytes;
     })
     .meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
+
+/**
+ * A connection timeout: whole seconds, 1s to 30 days (the kernel keeps seconds); empty or
+ * unset keeps the kernel's own.
+ */
+const ctTimeout = (key: string) =>
+  optionalText
+    .transform((s, ctx): number | undefined => {
+      if (s === undefined) return undefined;
+      const ms = parseDuration(s);
+      if (ms === null || ms % 1000 !== 0) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be whole seconds such as 30s, 20m or 1h, got ${s}` });
+        return z.NEVER;
+      }
+      if (ms < 1000 || ms > 2_592_000_000) {
+        ctx.addIssue({ code: 'custom', message: `${key} must be between 1s and 720h (30 days), got ${s}` });
+        return z.NEVER;
+      }
+      return ms / 1000;
+    })
+    .meta({ values: 'whole seconds, 1s to 720h; unset: the kernel default' });
 
 /** A whole number within bounds, written in decimal. */
 const count = (key: string, min: number, max: number) =>
@@ -290,6 +312,18 @@ export const configSchema = z.object({
   NATGW_HA_PEER_TOKEN_FILE: optionalText
     .meta({ values: 'a path' })
     .describe("Bearer token for the peer's API (default: NATGW_TOKEN_FILE, the same secret on both replicas)."),
+  NATGW_CT_TIMEOUT_TCP_ESTABLISHED: ctTimeout('NATGW_CT_TIMEOUT_TCP_ESTABLISHED').describe(
+    "Idle timeout of an established TCP connection natgw translates (Cloud NAT's default: 1200s); unset keeps the kernel's (5 days). Other flows keep the kernel's.",
+  ),
+  NATGW_CT_TIMEOUT_TCP_TRANSITORY: ctTimeout('NATGW_CT_TIMEOUT_TCP_TRANSITORY').describe(
+    "Timeout of a translated TCP connection opening or closing (SYN_SENT, SYN_RECV, FIN_WAIT, CLOSE_WAIT, LAST_ACK, CLOSE; Cloud NAT's default: 30s); unset keeps the kernel's.",
+  ),
+  NATGW_CT_TIMEOUT_TCP_TIME_WAIT: ctTimeout('NATGW_CT_TIMEOUT_TCP_TIME_WAIT').describe(
+    "TIME_WAIT timeout of a translated TCP connection (Cloud NAT's default: 120s); unset keeps the kernel's.",
+  ),
+  NATGW_CT_TIMEOUT_UDP: ctTimeout('NATGW_CT_TIMEOUT_UDP').describe(
+    "Idle timeout of a translated UDP flow, answered or not (Cloud NAT's default: 30s); unset keeps the kernel's (30s, 120s once a stream).",
+  ),
   NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000)
     .prefault('30s')
     .describe('The deadline of every tool run (nft, iptables-restore, ip, tc, conntrack): a hung tool is killed and the change fails.'),
@@ -391,6 +425,8 @@ export interface Config {
   readonly ha?: HaConfig;
   /** Absent: BGP off. */
   readonly bgp?: BgpConfig;
+  /** Timeouts of the connections natgw translates; absent (or empty) keeps the kernel's. */
+  readonly ctTimeouts?: CtTimeoutPolicy;
 }
 
 /** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
@@ -490,6 +526,12 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     maxConnections: c.NATGW_MAX_CONNECTIONS,
     headersTimeoutMs: c.NATGW_HEADERS_TIMEOUT,
     requestTimeoutMs: c.NATGW_REQUEST_TIMEOUT,
+    ctTimeouts: {
+      ...(c.NATGW_CT_TIMEOUT_TCP_ESTABLISHED !== undefined ? { tcpEstablished: c.NATGW_CT_TIMEOUT_TCP_ESTABLISHED } : {}),
+      ...(c.NATGW_CT_TIMEOUT_TCP_TRANSITORY !== undefined ? { tcpTransitory: c.NATGW_CT_TIMEOUT_TCP_TRANSITORY } : {}),
+      ...(c.NATGW_CT_TIMEOUT_TCP_TIME_WAIT !== undefined ? { tcpTimeWait: c.NATGW_CT_TIMEOUT_TCP_TIME_WAIT } : {}),
+      ...(c.NATGW_CT_TIMEOUT_UDP !== undefined ? { udp: c.NATGW_CT_TIMEOUT_UDP } : {}),
+    },
     ha: {
       ...haPeersOf(c, envFile),
       syncInterface: c.NATGW_HA_SYNC_INTERFACE,

@@ -6,9 +6,10 @@ import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { Config } from '../config/config.js';
 import type { DesiredState } from '../state/state.js';
+import type { DrainingStatus } from '../dataplane/draining.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
-import { internState } from '../state/intern.js';
+import { diffStates, type StateChange } from '../state/change.js';
 import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
@@ -39,6 +40,8 @@ export interface AgentDeps {
     afterFirstSync(state: DesiredState): Promise<void>;
     announce(state: DesiredState, why: string): void;
   };
+  /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
+  readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
   /** SNAT port usage from the conntrack follower (daemon only). */
   readonly portUsage?: () => readonly EipPortUsage[] | undefined;
 }
@@ -152,6 +155,7 @@ export class Agent implements AgentService {
 
   async replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult> {
     return this.queue.run(async () => {
+      let change: StateChange | undefined;
       let prev: DesiredState | undefined;
       const { state, report } = await this.engine.transact(
         ({ state: current }) => {
@@ -162,17 +166,18 @@ export class Agent implements AgentService {
               in: 'header',
             });
           }
-          const state = internState(current, next);
+          // The change by identity key: a document written back unchanged changes nothing.
+          change = diffStates(current, next);
           // The answer's digest needs every new object's text: built and hashed while the kernel applies.
-          if (!opts.dryRun) digestSoon(state);
-          return { state, effects: effectsOf(current, next) };
+          if (!opts.dryRun) digestSoon(next);
+          return { state: next, effects: effectsOf(change), change };
         },
         { dryRun: opts.dryRun, qos: true },
       );
       const { script, ...counts } = report;
       return {
         dryRun: opts.dryRun,
-        plan: planOf(prev ?? state, next),
+        plan: planOf(change ?? diffStates(prev ?? state, next)),
         report: counts,
         // Only a dry run's answer carries the script (SPEC §4.2): a bulk change's is ~1 MiB
         // (nftables) to 2.5 MiB (iptables) that the answer would serialise and the client parse.
@@ -252,6 +257,10 @@ export class Agent implements AgentService {
 
   lastSyncInfo(): SyncInfo | null {
     return this.lastSyncDetail;
+  }
+
+  async draining(state: DesiredState): Promise<readonly DrainingStatus[]> {
+    return this.deps.countDraining ? this.deps.countDraining(state) : [];
   }
 
   portUsage(): readonly EipPortUsage[] | undefined {

@@ -1,3 +1,4 @@
+import { countDraining } from '../dataplane/draining.js';
 import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
@@ -55,7 +56,14 @@ export async function serve(config: Config): Promise<number> {
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
-  const agent = new Agent({ engine, log, metrics, hygiene, portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }) });
+  const agent = new Agent({
+    engine,
+    log,
+    metrics,
+    hygiene,
+    portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
+    countDraining: (s) => countDraining(exec, s.snats),
+  });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({
     config,

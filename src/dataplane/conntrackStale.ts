@@ -89,7 +89,7 @@ export function targetsOf(s: DesiredState): HygieneTargets {
   return { dsts, srcCidrs: s.snats.map((x) => x.cidr), srcs: new Set(s.fips.map((f) => f.internalIp)) };
 }
 
-function inCidr(ip: string, cidr: string): boolean {
+export function inCidr(ip: string, cidr: string): boolean {
   const c = parseCidr(cidr);
   if (!c || familyOf(ip) !== familyOf(c.address)) return false;
   return ipaddr.parse(ip).match(ipaddr.parse(c.address), c.prefix);

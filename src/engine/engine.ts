@@ -6,7 +6,8 @@ import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
 import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
-import type { Effect, OpResult } from '../state/operations.js';
+import type { Effect, OpResult, TxResult } from '../state/operations.js';
+import { diffStates, type StateChange } from '../state/change.js';
 import type { NetfilterBackend, SyncMode } from '../dataplane/netfilter/backend.js';
 import { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
@@ -18,7 +19,8 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { CtTimeouts } from '../dataplane/ctTimeouts.js';
 import { timelineMark } from '../system/timeline.js';
 
 export interface EngineDeps {
@@ -176,6 +178,8 @@ export class Engine {
   readonly qos: QosManager;
   readonly eipCounters: EipCounters;
   readonly neighbours: NeighbourManager;
+  /** Timeouts of the connections natgw translates (NATGW_CT_TIMEOUT_*). */
+  readonly ctTimeouts: CtTimeouts;
   readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
@@ -213,6 +217,7 @@ export class Engine {
     this.qos = new QosManager(deps.exec, deps.log, undefined, path.join(deps.config.stateDir, 'qos-intent.json'));
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
+    this.ctTimeouts = new CtTimeouts(deps.exec, nft, deps.log, deps.config.ctTimeouts);
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
@@ -251,6 +256,7 @@ export class Engine {
     this.shareDnat.forget();
     this.eipCounters.forget();
     this.neighbours.forget();
+    this.ctTimeouts.forget();
   }
 
   /** What natgw owns in the kernel (no state file survived), or an empty state. */
@@ -274,7 +280,7 @@ export class Engine {
    * kernel and durable is acknowledged.
    */
   async transact(
-    fn: (tx: Transaction) => Promise<OpResult> | OpResult,
+    fn: (tx: Transaction) => Promise<TxResult> | TxResult,
     opts: TransactOptions = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // Announcing starts processes: that waits until the lock is free and the answer on its way.
@@ -285,12 +291,12 @@ export class Engine {
         const { base, change, running } = await this.begin(fn, opts);
         const next = change.state;
         if (opts.dryRun) {
-          const report = await this.reconcile(next, base.state, base.backend, { dryRun: true, qos: opts.qos ?? true, mode: base.kind });
+          const report = await this.reconcile(next, base.state, base.backend, { dryRun: true, qos: opts.qos ?? true, mode: base.kind, change: change.change });
           return { state: next, report, effects: change.effects };
         }
         const started = performance.now();
-        const persisting = this.persistAhead(base.state, next);
-        const { report, kind } = await this.applyRetryingFull(next, base, persisting, opts, started);
+        const persisting = this.persistAhead(base.state, next, change.change);
+        const { report, kind } = await this.applyRetryingFull(next, change.change, base, persisting, opts, started);
         const flushing = this.flushConntrack(change.effects);
         await this.persist(next, base, persisting, opts).catch(async (e: unknown) => {
           // The change failed after its flush began: the flush finishes first.
@@ -315,7 +321,7 @@ export class Engine {
    * applied yet. A change marks the trust record as its own while it runs (see Trust); one
    * that stops here (a refused operation) leaves the record as it decided it.
    */
-  private async begin(fn: (tx: Transaction) => Promise<OpResult> | OpResult, opts: TransactOptions): Promise<{ base: Base; change: OpResult; running: Trust }> {
+  private async begin(fn: (tx: Transaction) => Promise<TxResult> | TxResult, opts: TransactOptions): Promise<{ base: Base; change: OpResult; running: Trust }> {
     // The init guard's listing of an earlier transaction is of a kernel that may have changed since.
     this.backends.dropGuardReads();
     const trust = this.trust;
@@ -369,11 +375,15 @@ export class Engine {
     return { state, backend, choice, kind: 'full', why };
   }
 
-  /** The operation: the next state and its effects. Addresses it releases are removed by this transaction's link sync. */
-  private async build(fn: (tx: Transaction) => Promise<OpResult> | OpResult, base: Base): Promise<OpResult> {
+  /**
+   * The operation: the next state, its effects and what it changed (found by identity key for a
+   * state built otherwise). Addresses it releases are removed by this transaction's link sync.
+   */
+  private async build(fn: (tx: Transaction) => Promise<TxResult> | TxResult, base: Base): Promise<OpResult> {
     const { state, backend, choice } = base;
     const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
-    const change = await fn({ state, backend, choice, initialized });
+    const r = await fn({ state, backend, choice, initialized });
+    const change = { ...r, change: r.change ?? diffStates(state, r.state) };
     timelineMark('state built');
     for (const e of change.effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
     return change;
@@ -385,8 +395,8 @@ export class Engine {
    * tool runs (the next turn, not before the render), and put in place only once the kernel
    * took it; a small change's journal line is written and synced now, and revoked if refused.
    */
-  private persistAhead(before: DesiredState, next: DesiredState): Persisting {
-    if (this.store.writesSnapshot(before, next)) {
+  private persistAhead(before: DesiredState, next: DesiredState, change: StateChange): Persisting {
+    if (this.store.writesSnapshot(before, next, change)) {
       const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next));
       prepared.catch(() => undefined);
       return {
@@ -399,8 +409,8 @@ export class Engine {
           ),
       };
     }
-    const ahead = this.store.commitAhead(before, next);
-    if (!ahead) return { bulk: false, commit: () => this.store.commit(before, next), discard: async () => undefined };
+    const ahead = this.store.commitAhead(before, next, change);
+    if (!ahead) return { bulk: false, commit: () => this.store.commit(before, next, change), discard: async () => undefined };
     const revoke = async () => {
       if (!(await ahead.revoke()))
         this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
@@ -423,6 +433,7 @@ export class Engine {
   /** Apply the change; a refused partial sync is retried once as a full one. A refused change is not persisted. */
   private async applyRetryingFull(
     next: DesiredState,
+    change: StateChange,
     base: Base,
     persisting: Persisting,
     opts: TransactOptions,
@@ -430,7 +441,7 @@ export class Engine {
   ): Promise<{ report: ApplyReport; kind: SyncMode }> {
     const qos = opts.qos ?? true;
     try {
-      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: persisting.bulk }) };
+      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: persisting.bulk, change }) };
     } catch (e) {
       if (base.kind === 'full') {
         await persisting.discard();
@@ -441,7 +452,7 @@ export class Engine {
     }
     this.forgetViews();
     try {
-      return { kind: 'full', report: await this.reconcile(next, base.state, base.backend, { qos, mode: 'full' }) };
+      return { kind: 'full', report: await this.reconcile(next, base.state, base.backend, { qos, mode: 'full', change }) };
     } catch (e) {
       await persisting.discard();
       throw this.failed('full', started, e);
@@ -499,6 +510,7 @@ export class Engine {
     return [
       netfilterPart(backend, this.eipCounters, this.log),
       shareDnatPart(this.shareDnat),
+      ctTimeoutsPart(this.ctTimeouts, backend),
       linkPart(this.link),
       qosPart(this.qos),
       neighboursPart(this.neighbours),
@@ -516,22 +528,25 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState | undefined,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean } = {},
+    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; change?: StateChange } = {},
   ): Promise<ApplyReport> {
     const mode = opts.mode ?? 'full';
-    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, link: 0, qos: 0, neighbours: 0 };
+    // What changed, as the operation said; found by identity key where the caller did not say.
+    const change = opts.change ?? (previous ? diffStates(previous, want) : undefined);
+    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
-    const parts = this.parts(backend).filter((part) => !(part.name === 'qos' && !opts.qos) && part.runs(want, previous, mode));
+    const parts = this.parts(backend).filter((part) => !(part.name === 'qos' && !opts.qos) && part.runs(want, previous, mode, change));
     // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
-    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk }, previous);
+    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk, change }, previous);
     for (const part of parts) {
       try {
         const r = await part.sync(want, previous, {
           mode,
           dryRun: opts.dryRun,
           ...(opts.bulk ? { bulk: true } : {}),
+          change,
         });
         applied.push(part);
         timelineMark(`part ${part.name}`);
@@ -548,7 +563,8 @@ export class Engine {
       }
     }
     return {
-      netfilterChanges: changes.netfilter,
+      // The timeout policies are netfilter objects of natgw's too.
+      netfilterChanges: changes.netfilter + changes.ctTimeouts,
       shareDnatChanges: changes.shareDnat,
       linkChanges: changes.link,
       qosChanges: changes.qos,
@@ -560,10 +576,12 @@ export class Engine {
 
   private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
     if (!previous) return;
+    // Rare: the way back is found by identity key.
+    const undo = diffStates(from, previous);
     for (const part of [...applied].reverse()) {
-      if (!part.runs(previous, from, mode)) continue;
+      if (!part.runs(previous, from, mode, undo)) continue;
       try {
-        await part.sync(previous, from, { mode });
+        await part.sync(previous, from, { mode, change: undo });
         this.log.info({ part: part.name }, 'put back as it was before the failed change');
       } catch (e) {
         // The part's view is gone with the failure; the full sync that follows repairs it.

@@ -6,7 +6,7 @@ import * as Ops from '../state/operations.js';
 import * as QOps from '../state/qosOperations.js';
 import type { DesiredState } from '../state/state.js';
 import type { Eip } from '../model/rules.js';
-import type { Effect, OpResult } from '../state/operations.js';
+import { chain, unchanged, type OpResult } from '../state/operations.js';
 import type { Config } from '../config/config.js';
 import { shareDnatChainName } from '../model/shareDnatName.js';
 import { runInit } from './init.js';
@@ -33,14 +33,9 @@ const command = <T>(c: MutatingCommand<T>): MutatingCommand => c as MutatingComm
 const each =
   <T>(op: (s: DesiredState, item: T, out: Output) => OpResult) =>
   (s: DesiredState, items: readonly T[], out: Output): OpResult => {
-    let state = s;
-    const effects: Effect[] = [];
-    for (const item of items) {
-      const r = op(state, item, out);
-      state = r.state;
-      effects.push(...r.effects);
-    }
-    return { state, effects };
+    let r = unchanged(s);
+    for (const item of items) r = chain(r, (state) => op(state, item, out));
+    return r;
   };
 
 const mutating: Record<string, MutatingCommand> = {

@@ -1,11 +1,14 @@
 import type { Logger } from 'pino';
 import type { DesiredState } from '../state/state.js';
+import { touches, type Collection, type Scalar, type StateChange } from '../state/change.js';
 import { natTablesOf, type NetfilterBackend, type SyncMode, type SyncOptions } from '../dataplane/netfilter/backend.js';
 import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import type { LinkManager, LinkView } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
+import type { CtTarget, CtTimeouts } from '../dataplane/ctTimeouts.js';
+import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -13,7 +16,7 @@ import type { NeighbourManager } from '../dataplane/neighbours.js';
  * (reading back only in a full sync) and say what changed. The engine's reconcile is a loop
  * over these, in order; a part knows nothing of the others.
  */
-export type PartName = 'netfilter' | 'shareDnat' | 'link' | 'qos' | 'neighbours';
+export type PartName = 'netfilter' | 'shareDnat' | 'ctTimeouts' | 'link' | 'qos' | 'neighbours';
 
 export interface PartResult {
   readonly changes: number;
@@ -27,6 +30,8 @@ export interface PartSync {
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
   readonly bulk?: boolean;
+  /** What the change did to the desired state (undefined: nothing applied before). */
+  readonly change?: StateChange | undefined;
 }
 
 export interface Part {
@@ -35,9 +40,9 @@ export interface Part {
    * Whether this sync runs the part at all. A full sync runs every part that may own something
    * in the kernel (what a crash left in its objects is found only by reading them back); a
    * partial sync runs a part only where it has something to hold for `want` or to remove given
-   * `from`, and something of its own changed (see `changed`).
+   * `from`, and the change touched something of its own (see `changed`).
    */
-  runs(want: DesiredState, from: DesiredState | undefined, mode: SyncMode): boolean;
+  runs(want: DesiredState, from: DesiredState | undefined, mode: SyncMode, change: StateChange | undefined): boolean;
   /**
    * Optional, for speed only: start this part's kernel read (a full sync) or a durable write of
    * its own (a bulk change) now, while the parts before it apply. What it reads must be
@@ -54,11 +59,11 @@ export interface Part {
   sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
 }
 
-/** Whether any of `fields` differs between the two states (always, with nothing applied before). */
+/** Whether the change touched any of `fields` (always, with nothing applied before). */
 const changed =
-  (...fields: (keyof DesiredState)[]) =>
-  (want: DesiredState, from: DesiredState | undefined): boolean =>
-    !from || fields.some((k) => want[k] !== from[k]);
+  (...fields: (Collection | Scalar)[]) =>
+  (from: DesiredState | undefined, change: StateChange | undefined): boolean =>
+    !from || !change || touches(change, ...fields);
 
 const none: readonly string[] = [];
 
@@ -75,7 +80,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
     name: 'netfilter',
     // A full sync of a gateway not yet initialised only looks (observe), so that the first
     // change after it (a bulk PUT /v1/state into an empty gateway) need not read back.
-    runs: (want, from, mode) => mode === 'full' || (want.initialized && natChanged(want, from)),
+    runs: (want, from, mode, change) => mode === 'full' || (want.initialized && natChanged(from, change)),
     async sync(want, from, opts) {
       if (!want.initialized) {
         if (opts.mode === 'full' && !opts.dryRun) await Promise.all([backend.observe?.(), counters.observe()]);
@@ -83,7 +88,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       }
       const eips = want.eips.map((e) => e.address);
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
-      const counting = !opts.dryRun && (opts.mode === 'full' || !from || from.eips !== want.eips);
+      const counting = !opts.dryRun && (opts.mode === 'full' || changed('eips')(from, opts.change));
       let fold: AccountingFold | undefined;
       let append: SyncOptions['append'];
       if (counting && backend.kind === 'nftables') {
@@ -104,7 +109,9 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       const besideNat = () => counters.sync(eips, { mode: opts.mode });
       const beside =
         counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
-      const r = await backend.sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}) }).finally(() => beside);
+      const r = await backend
+        .sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}), ...(opts.change ? { change: opts.change } : {}) })
+        .finally(() => beside);
       if (fold && r.appended) fold.done();
       else if (counting && !beside) {
         log.debug('per-EIP accounting synced on its own');
@@ -118,7 +125,8 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
 export function shareDnatPart(table: ShareDnatTable): Part {
   return {
     name: 'shareDnat',
-    runs: (want, from, mode) => mode === 'full' || ((want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0) && changed('shareDnats')(want, from)),
+    runs: (want, from, mode, change) =>
+      mode === 'full' || ((want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0) && changed('shareDnats')(from, change)),
     // NAT's parts never touch `ip kube-ovn`: a full sync lists it while they apply.
     prefetch(_want, opts) {
       if (opts.mode === 'full' && !opts.dryRun) table.prefetch();
@@ -126,6 +134,26 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
       return { changes: r.changes, script: r.script, notes: none };
+    },
+  };
+}
+
+const translatedChanged = changed('snats', 'dnats', 'fips', 'shareDnats', 'interfaces', 'initialized');
+
+/**
+ * Timeouts of the connections natgw translates, for the backend in use. Without a policy
+ * configured it runs only in a full sync (once per process: what an earlier configuration left).
+ */
+export function ctTimeoutsPart(ct: CtTimeouts, backend: NetfilterBackend): Part {
+  const target: CtTarget = backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
+  return {
+    name: 'ctTimeouts',
+    runs: (_want, from, mode, change) => mode === 'full' || (ct.configured && translatedChanged(from, change)),
+    async sync(want, _from, opts) {
+      // Nothing is translated before init; leftovers of an earlier configuration go at once.
+      if (!want.initialized && ct.configured) return { changes: 0, script: '', notes: none };
+      const r = await ct.sync(want, target, opts);
+      return { changes: r.changes, script: r.script, notes: r.notes };
     },
   };
 }
@@ -139,7 +167,7 @@ export function linkPart(link: LinkManager): Part {
     name: 'link',
     // An address or route released by the change (a delete of an unlisted object) is work of
     // its own, beyond the state's fields.
-    runs: (want, from, mode) => mode === 'full' || link.hasReleases() || linkChanged(want, from),
+    runs: (_want, from, mode, change) => mode === 'full' || link.hasReleases() || linkChanged(from, change),
     // Addresses and routes are read while NAT applies (no NAT part touches them); only the
     // change waits for NAT, so that no EIP goes up before its translation is in place. A
     // failed early read is made again by the sync itself. Started a turn later: spawning costs
@@ -147,7 +175,7 @@ export function linkPart(link: LinkManager): Part {
     // A change of the EIPs or routes writes its intent record then, durable while NAT applies
     // (two fsyncs, which under load cost more than the `ip -batch` they guard).
     prefetch(want, opts, from) {
-      if (!opts.dryRun && (want.eips !== from?.eips || want.routes !== from?.routes)) {
+      if (!opts.dryRun && changed('eips', 'routes')(from, opts.change)) {
         // Its intent record, durable while NAT applies (one that failed is written by the sync).
         intent = link.intentAhead(want, from);
         intent.written.catch(() => undefined);
@@ -177,7 +205,7 @@ export function qosPart(qos: QosManager): Part {
     name: 'qos',
     // In a full sync too without rules: an interrupted change's shared pieces (its intent
     // record) may be there with no rule listing them.
-    runs: (want, from, mode) => mode === 'full' || ((has(want) || has(from)) && changed('eipQos', 'qos', 'interfaces')(want, from)),
+    runs: (want, from, mode, change) => mode === 'full' || ((has(want) || has(from)) && changed('eipQos', 'qos', 'interfaces')(from, change)),
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
@@ -191,7 +219,8 @@ export function qosPart(qos: QosManager): Part {
 export function neighboursPart(neighbours: NeighbourManager): Part {
   return {
     name: 'neighbours',
-    runs: (want, from, mode) => (want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0) && (mode === 'full' || changed('neighbours')(want, from)),
+    runs: (want, from, mode, change) =>
+      (want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0) && (mode === 'full' || changed('neighbours')(from, change)),
     async sync(want, from, opts) {
       const r = await neighbours.sync(want.neighbours, from?.neighbours ?? [], opts);
       return { changes: r.changes, script: r.script, notes: none };

@@ -1,6 +1,7 @@
 import type { ApplyReport, Engine, Transact, Transaction } from './engine.js';
 import type { DesiredState } from '../state/state.js';
-import type { Effect, OpResult } from '../state/operations.js';
+import type { Effect, TxResult } from '../state/operations.js';
+import { compose, type StateChange } from '../state/change.js';
 import { NotInitializedError } from '../model/errors.js';
 import { timelineMark } from '../system/timeline.js';
 
@@ -67,13 +68,15 @@ export interface ChangeRequest {
   /** The change touches tc (QoS): the apply syncs QoS too. Only requests alike in this share a batch. */
   readonly qos: boolean;
   /** The operation, on the state the requests before it in the batch produced. */
-  readonly op: (s: DesiredState, tx: Transaction) => OpResult | Promise<OpResult>;
+  readonly op: (s: DesiredState, tx: Transaction) => TxResult | Promise<TxResult>;
 }
 
 export interface ChangeResult {
   /** The desired state just before and just after this request's own operation. */
   readonly before: DesiredState;
   readonly after: DesiredState;
+  /** What this request's own operation changed (undefined: a state built by hand). */
+  readonly change: StateChange | undefined;
   readonly report: ApplyReport;
   /** How many requests shared this request's transaction. */
   readonly batchSize: number;
@@ -85,7 +88,7 @@ interface Pending {
   readonly reject: (e: unknown) => void;
 }
 
-type Outcome = { ok: true; before: DesiredState; after: DesiredState } | { ok: false; error: unknown };
+type Outcome = { ok: true; before: DesiredState; after: DesiredState; change: StateChange | undefined } | { ok: false; error: unknown };
 
 /** Thrown inside a transaction whose every operation was refused: abort it, apply nothing. */
 class NothingToApply extends Error {}
@@ -185,6 +188,7 @@ export class ChangeBatcher {
           outcomes = [];
           const initialized = batch.some((p) => p.req.guarded) ? await tx.initialized() : true;
           let acc = state;
+          let change: StateChange | undefined = { scalars: {}, lists: {} };
           const effects: Effect[] = [];
           const seen = new Set<string>();
           for (const { req } of batch) {
@@ -194,8 +198,9 @@ export class ChangeBatcher {
             }
             try {
               const r = await req.op(acc, { ...tx, state: acc });
-              outcomes.push({ ok: true, before: acc, after: r.state });
+              outcomes.push({ ok: true, before: acc, after: r.state, change: r.change });
               acc = r.state;
+              change = change && r.change ? compose(change, r.change) : undefined;
               // The same flush or announcement twice in one batch is done once.
               for (const e of r.effects) {
                 const key = JSON.stringify(e);
@@ -209,13 +214,13 @@ export class ChangeBatcher {
             }
           }
           if (!outcomes.some((o) => o.ok)) throw new NothingToApply();
-          return { state: acc, effects };
+          return { state: acc, effects, change };
         },
         { qos: batch.some((p) => p.req.qos) },
       );
       batch.forEach((p, i) => {
         const o = outcomes[i]!;
-        if (o.ok) p.resolve({ before: o.before, after: o.after, report, batchSize: batch.length });
+        if (o.ok) p.resolve({ before: o.before, after: o.after, change: o.change, report, batchSize: batch.length });
         else p.reject(o.error);
       });
     } catch (e) {

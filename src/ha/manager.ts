@@ -7,7 +7,7 @@ import { isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
-import { Supervisor } from './supervisor.js';
+import { Supervisor, killOrphan } from './supervisor.js';
 import { PeerCompare, requestResend, type PeerView } from './peer.js';
 import type { HaMetrics } from './metrics.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
@@ -204,32 +204,9 @@ export class HaManager implements HaService {
       mode: ha.mode ?? 'takeover',
     });
     await fs.writeFile(this.paths.config, text, { mode: 0o600 });
-    await this.killOrphan();
+    await killOrphan(this.paths.pid, this.paths.config, 'conntrackd', this.d.log);
     // conntrackd refuses to start while its lock file exists; only a dead instance of ours can have left it.
     await fs.unlink(this.paths.lock).catch(() => undefined);
-  }
-
-  /** A conntrackd that a killed natgw left running on our config (recorded pid, our config path in its command line). */
-  private async killOrphan(): Promise<void> {
-    const pid = Number((await fs.readFile(this.paths.pid, 'utf8').catch(() => '')).trim());
-    if (!Number.isInteger(pid) || pid <= 1) return;
-    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-    if (!cmdline.split('\0').includes(this.paths.config)) return;
-    this.d.log.warn({ pid }, 'stopping a conntrackd left running by an earlier natgw');
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      return;
-    }
-    const deadline = Date.now() + 2000;
-    while (
-      Date.now() < deadline &&
-      (await fs.stat(`/proc/${pid}`).then(
-        () => true,
-        () => false,
-      ))
-    )
-      await new Promise((r) => setTimeout(r, 20));
   }
 
   private async addressOf(ifname: string | undefined, peer: string): Promise<string> {

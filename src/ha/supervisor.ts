@@ -1,6 +1,7 @@
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
 import { diesWithNatgw } from '../system/diesWithNatgw.js';
 import { lazyReadline } from '../system/builtin.js';
+import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 
 export type SupervisorState = 'stopped' | 'starting' | 'running' | 'backoff';
@@ -167,4 +168,28 @@ export class Supervisor {
     clearTimeout(t);
     this.set('stopped');
   }
+}
+
+/**
+ * A daemon that a killed natgw left running on our configuration (the pid it recorded, our
+ * config path in its command line): killed, and waited for (at most 2 s), before a new one starts.
+ */
+export async function killOrphan(pidFile: string, configFile: string, what: string, log: Logger): Promise<void> {
+  const pid = Number((await fs.readFile(pidFile, 'utf8').catch(() => '')).trim());
+  if (!Number.isInteger(pid) || pid <= 1) return;
+  const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  if (!cmdline.split('\0').includes(configFile)) return;
+  log.warn({ pid }, `stopping a ${what} left running by an earlier natgw`);
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  const alive = () =>
+    fs.stat(`/proc/${pid}`).then(
+      () => true,
+      () => false,
+    );
+  const deadline = Date.now() + 2000;
+  while (Date.now() < deadline && (await alive())) await new Promise((r) => setTimeout(r, 20));
 }

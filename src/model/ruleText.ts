@@ -1,4 +1,4 @@
-import type { Dnat, Fip, Snat } from './rules.js';
+import { activeSnat, type Dnat, type Fip, type Snat } from './rules.js';
 import { familyOfValid } from './net.js';
 
 /**
@@ -59,7 +59,8 @@ export function snatSpec(s: Snat, extIf: string): string {
  * do: the kernel picks an address of a range by a hash of the source and destination addresses,
  * so one VPC host talking to one server would never leave the first EIP.
  */
-export function snatSpecs(s: Snat, extIf: string): string[] {
+export function snatSpecs(given: Snat, extIf: string): string[] {
+  const s = activeSnat(given);
   const pool = s.eips;
   if (!pool) return [snatSpec(s, extIf)];
   const opt = s.randomFully ? ' --random-fully' : '';

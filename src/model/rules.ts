@@ -54,6 +54,16 @@ export const snatSchema = z
      * not limited to one EIP's source ports. Absent for a single-EIP SNAT.
      */
     eips: z.array(ipSchema).min(2).max(MAX_SNAT_POOL).optional().describe('A pool of EIPs starting with eip: new connections take them in turn'),
+    /**
+     * EIPs of the pool being drained: they take no new connections, while the connections
+     * conntrack already translated to them carry on until they end. Absent when none drains.
+     */
+    draining: z
+      .array(ipSchema)
+      .min(1)
+      .max(MAX_SNAT_POOL - 1)
+      .optional()
+      .describe('EIPs of the pool that take no new connections; their established connections carry on until they end'),
   })
   .superRefine((s, ctx) => {
     sameFamily(ctx, s.eip, s.cidr, 'cidr');
@@ -62,6 +72,20 @@ export const snatSchema = z
     if (new Set(s.eips).size !== s.eips.length) ctx.addIssue({ code: 'custom', path: ['eips'], message: 'must not repeat an address' });
     if (s.eips.some((e) => e.includes(':') !== s.eip.includes(':'))) {
       ctx.addIssue({ code: 'custom', path: ['eips'], message: "must all be of the eip's IP family" });
+    }
+  })
+  .superRefine((s, ctx) => {
+    if (!s.draining) return;
+    const pool = s.eips ?? [s.eip];
+    const stray = s.draining.find((e) => !pool.includes(e));
+    if (stray !== undefined) ctx.addIssue({ code: 'custom', path: ['draining'], message: `${stray} is not an EIP of this SNAT's pool (${pool.join(', ')})` });
+    else if (new Set(s.draining).size !== s.draining.length) ctx.addIssue({ code: 'custom', path: ['draining'], message: 'must not repeat an address' });
+    else if (pool.every((e) => s.draining?.includes(e))) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['draining'],
+        message: 'must leave at least one EIP of the pool taking new connections (delete the SNAT to stop translating)',
+      });
     }
   });
 export type Snat = z.infer<typeof snatSchema>;
@@ -130,6 +154,19 @@ export const portText = (d: { readonly port: number; readonly portEnd?: number |
   d.portEnd === undefined ? String(d.port) : `${d.port}-${d.portEnd}`;
 /** The pool of a SNAT: its EIPs in order (one for a plain SNAT). */
 export const snatEips = (s: Pick<Snat, 'eip' | 'eips'>): readonly string[] => s.eips ?? [s.eip];
+/**
+ * The SNAT as the kernel translates new connections: its draining EIPs left out of the pool (a
+ * pool of one left is a plain SNAT). Established connections keep the address conntrack gave
+ * them whatever the rule says now, so a drained EIP's connections carry on.
+ */
+export function activeSnat(s: Snat): Snat {
+  const draining = s.draining;
+  if (!draining) return s;
+  const active = snatEips(s).filter((e) => !draining.includes(e));
+  const [first] = active;
+  if (first === undefined) return s;
+  return active.length > 1 ? { eip: first, cidr: s.cidr, randomFully: s.randomFully, eips: active } : { eip: first, cidr: s.cidr, randomFully: s.randomFully };
+}
 export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => `${s.eip}|${s.cidr}`;
 export const dnatKey = (d: DnatId): string => `${d.eip}|${portText(d)}|${d.protocol}`;
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;

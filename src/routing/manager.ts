@@ -5,7 +5,7 @@ import type { Registry } from 'prom-client';
 import type { BgpConfig, Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { canonicalIp } from '../model/net.js';
-import { Supervisor, type SupervisorOptions } from '../ha/supervisor.js';
+import { Supervisor, killOrphan, type SupervisorOptions } from '../ha/supervisor.js';
 import { errorOf, parseBfdSessions, parseProtocols, parseReplies, parseRoutePrefixes, type BfdRow, type ProtocolRow } from './birdc.js';
 import { announceOf, gateOf, prefixOf, type Gate } from './plan.js';
 import { renderBirdConf, routerIdOf, sessionsOf, type Session, type Skipped } from './render.js';
@@ -160,7 +160,7 @@ export class RoutingManager {
     this.decide();
     const text = this.render();
     await this.write(text);
-    await this.killOrphan();
+    await killOrphan(this.paths.pid, this.paths.config, 'BIRD', this.d.log);
   }
 
   /**
@@ -424,29 +424,6 @@ export class RoutingManager {
       ],
       eips: this.eipViews(),
     };
-  }
-
-  /** A BIRD that a killed natgw left running on our configuration (recorded pid, our config path in its command line). */
-  private async killOrphan(): Promise<void> {
-    const pid = Number((await fs.readFile(this.paths.pid, 'utf8').catch(() => '')).trim());
-    if (!Number.isInteger(pid) || pid <= 1) return;
-    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-    if (!cmdline.split('\0').includes(this.paths.config)) return;
-    this.d.log.warn({ pid }, 'stopping a BIRD left running by an earlier natgw');
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      return;
-    }
-    const deadline = Date.now() + 2000;
-    while (
-      Date.now() < deadline &&
-      (await fs.stat(`/proc/${pid}`).then(
-        () => true,
-        () => false,
-      ))
-    )
-      await new Promise((r) => setTimeout(r, 20));
   }
 
   /** Stop BIRD (SIGTERM: it tells each peer it is going, and the peers drop its routes at once). */

@@ -11,18 +11,18 @@ import {
   dnatKey,
   fipKey,
   portText,
-  prefixOf,
   sameDnat,
   snatKey,
 } from '../model/rules.js';
 import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
 import type { DesiredState } from './state.js';
-import { recordRefDiff } from './refDiff.js';
+import { compose, diffStates, insertSnat, listChange, NO_CHANGE, scalarChange, type StateChange } from './change.js';
 
 /**
  * Pure operations over the desired state, carrying the script's semantics: strict adds by
  * identity (same target: no change; other target: conflict), lenient deletes (absent is
- * success). Side effects the kernel needs besides state (ARP, conntrack) come back as
+ * success). Each returns the new state and what it changed (change.ts, whose placement rule
+ * they keep). Side effects the kernel needs besides state (ARP, conntrack) come back as
  * effects for the engine to carry out after the apply succeeded.
  */
 
@@ -38,9 +38,25 @@ export type Effect =
 export interface OpResult {
   readonly state: DesiredState;
   readonly effects: readonly Effect[];
+  readonly change: StateChange;
 }
 
-const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
+/**
+ * What a transaction's function returns: an operation's result, or a state built otherwise (a
+ * resync, init), whose change the engine then finds by identity key (change.ts).
+ */
+export type TxResult = Omit<OpResult, 'change'> & { readonly change?: StateChange | undefined };
+
+export const unchanged = (state: DesiredState): OpResult => ({ state, effects: [], change: NO_CHANGE });
+
+/** `next`, made from `s` by an operation on small collections: its change found by identity (change.ts). */
+export const changedTo = (s: DesiredState, next: DesiredState): OpResult => ({ state: next, effects: [], change: diffStates(s, next) });
+
+/** `a`, then `f` on its state: one result, effects and changes in order. */
+export function chain(a: OpResult, f: (s: DesiredState) => OpResult): OpResult {
+  const b = f(a.state);
+  return { state: b.state, effects: [...a.effects, ...b.effects], change: compose(a.change, b.change) };
+}
 
 export function addRoute(s: DesiredState, r: Route): OpResult {
   // One default route per family: while the external one (eip-add, GATEWAY_V4/V6) owns it, a
@@ -52,12 +68,16 @@ export function addRoute(s: DesiredState, r: Route): OpResult {
   const i = s.routes.findIndex((x) => x.cidr === r.cidr);
   if (i !== -1 && s.routes[i]?.nexthop === r.nexthop) return unchanged(s);
   // `ip route replace` semantics: a new nexthop replaces the old one.
-  const routes = i === -1 ? [...s.routes, r] : s.routes.map((x, j) => (j === i ? r : x));
-  return { state: { ...s, routes }, effects: [] };
+  const old = s.routes[i];
+  const routes = old === undefined ? [...s.routes, r] : s.routes.map((x, j) => (j === i ? r : x));
+  return { state: { ...s, routes }, effects: [], change: listChange('routes', old === undefined ? { added: [r] } : { updated: [[old, r]] }) };
 }
 
 export function delRoute(s: DesiredState, cidr: string): OpResult {
-  return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects: [{ kind: 'release', route: cidr }] };
+  const effects: Effect[] = [{ kind: 'release', route: cidr }];
+  const removed = s.routes.filter((x) => x.cidr === cidr);
+  if (removed.length === 0) return { ...unchanged(s), effects };
+  return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects, change: listChange('routes', { removed }) };
 }
 
 /**
@@ -71,107 +91,73 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
 export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: string }): OpResult {
   // `ip addr replace` semantics: a new prefix length replaces the old one, in place.
   const at = s.eips.findIndex((e) => e.address === eip.address);
-  const held = at !== -1 && s.eips[at]?.prefixLength === eip.prefixLength;
-  const eips = held ? s.eips : at === -1 ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
+  const old = s.eips[at];
+  const held = old?.prefixLength === eip.prefixLength;
+  const eips = held ? s.eips : old === undefined ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
   const defaultRoutes = {
     ...s.defaultRoutes,
     ...(gateways.v4 ? { v4: gateways.v4 } : {}),
     ...(gateways.v6 ? { v6: gateways.v6 } : {}),
   };
-  return { state: { ...s, eips, defaultRoutes }, effects: held ? [] : [{ kind: 'garp', ip: eip.address }] };
+  const state = { ...s, eips, defaultRoutes };
+  const listed = held ? NO_CHANGE : listChange('eips', old === undefined ? { added: [eip] } : { updated: [[old, eip]] });
+  return { state, effects: held ? [] : [{ kind: 'garp', ip: eip.address }], change: { ...listed, scalars: scalarChange(s, state) } };
 }
 
 export function delEip(s: DesiredState, address: string): OpResult {
-  return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects: [{ kind: 'release', address }] };
+  const effects: Effect[] = [{ kind: 'release', address }];
+  const removed = s.eips.filter((e) => e.address === address);
+  if (removed.length === 0) return { ...unchanged(s), effects };
+  return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects, change: listChange('eips', { removed }) };
 }
 
-// The three collections that grow to thousands come with batch forms: one index and one copy
+// The three collections that grow to thousands come with batch forms: one pass and one copy
 // per command, however many rules it carries (a redo or a bulk add), instead of one per rule.
-// The index of a collection is kept with the array it indexes and handed on to the array an
-// add makes from it, so a command at ten thousand rules does not rebuild it.
-const indexes = new WeakMap<readonly object[], Map<string, object>>();
 
-function indexOf<T extends object>(list: readonly T[], key: (t: T) => string): Map<string, T> {
-  let idx = indexes.get(list) as Map<string, T> | undefined;
-  if (!idx) {
-    idx = new Map(list.map((x) => [key(x), x]));
-    indexes.set(list, idx);
+/**
+ * The objects of `list` under the identities of `items`, as a lookup by key: a command's few
+ * are found by a scan comparing fields (no key string per object of ten thousand), a batch's
+ * many through one Map.
+ */
+function heldBy<T, I>(list: readonly T[], items: readonly I[], key: (x: T | I) => string, same: (a: T, b: I) => boolean): (k: string) => T | undefined {
+  if (items.length > 8) {
+    const all = new Map(list.map((x) => [key(x), x] as const));
+    return (k) => all.get(k);
   }
-  return idx;
+  const found = new Map<string, T>();
+  for (const x of list) for (const i of items) if (same(x, i)) found.set(key(i), x);
+  return (k) => found.get(k);
 }
 
-/** The object of `list` under `k` (the collection's own identity key), through the kept index. */
+/** `list` without the objects under the identities `ids`, and the change saying so. */
+function without<K extends 'snats' | 'dnats' | 'fips', T extends DesiredState[K][number], I>(
+  k: K,
+  list: readonly T[],
+  ids: readonly I[],
+  key: (x: T | I) => string,
+  same: (a: T, b: I) => boolean,
+): { list: readonly T[]; change: StateChange } {
+  const wanted = ids.length > 8 ? new Set(ids.map(key)) : undefined;
+  const kept: T[] = [];
+  const removed: T[] = [];
+  for (const x of list) ((wanted ? wanted.has(key(x)) : ids.some((i) => same(x, i))) ? removed : kept).push(x);
+  if (removed.length === 0) return { list, change: NO_CHANGE };
+  return { list: kept, change: listChange(k, { removed: removed as DesiredState[K][number][] }) };
+}
+
+const sameFip = (a: Pick<Fip, 'eip'>, b: Pick<Fip, 'eip'>): boolean => a.eip === b.eip;
+const sameSnat = (a: Pick<Snat, 'eip' | 'cidr'>, b: Pick<Snat, 'eip' | 'cidr'>): boolean => a.eip === b.eip && a.cidr === b.cidr;
+
+/** The object of `list` under identity `k` (a scan: the API's look-up of one object). */
 export function findByKey<T extends object>(list: readonly T[], key: (t: T) => string, k: string): T | undefined {
-  return indexOf(list, key).get(k);
-}
-
-/**
- * `list` without the objects under `keys`, or `list` itself when none is there; its index
- * moves to the new array, so a delete does not make the next add rebuild it.
- */
-function without<T extends object>(list: T[], keys: Iterable<string>, key: (t: T) => string): T[] {
-  const idx = indexOf(list, key);
-  const gone = new Set<T>();
-  for (const k of keys) {
-    const x = idx.get(k);
-    if (x) gone.add(x);
-  }
-  if (gone.size === 0) return list;
-  if (idx.size !== list.length) {
-    // Two objects under one key (a state that did not come through these operations): by key, as always.
-    const keys2 = new Set([...gone].map(key));
-    indexes.delete(list);
-    return list.filter((x) => !keys2.has(key(x)));
-  }
-  const out = dropped(list, gone);
-  indexes.delete(list);
-  for (const x of gone) idx.delete(key(x));
-  indexes.set(out, idx);
-  return out;
-}
-
-/**
- * `list` without the objects of `gone` (each in it once), and what was removed recorded for
- * the diffs by reference (refDiff.ts): a command's few objects are found by the native
- * `indexOf` and cut out by slices, not by a filter calling back for each of ten thousand.
- */
-function dropped<T extends object>(list: readonly T[], gone: ReadonlySet<T>): T[] {
-  let removed = gone.size <= 8 ? [...gone].map((x) => list.indexOf(x)).sort((a, b) => a - b) : undefined;
-  let out: T[];
-  if (removed && !removed.includes(-1)) {
-    const pieces: T[][] = [];
-    let from = 0;
-    for (const i of removed) {
-      pieces.push(list.slice(from, i));
-      from = i + 1;
-    }
-    out = ([] as T[]).concat(...pieces, list.slice(from));
-  } else {
-    const kept: T[] = [];
-    const cut: number[] = [];
-    list.forEach((x, i) => (gone.has(x) ? cut.push(i) : kept.push(x)));
-    removed = cut;
-    out = kept;
-  }
-  recordRefDiff(list, out, { removed, added: [] });
-  return out;
-}
-
-/** `list` with `added` appended; its index moves to the new array (the old one rebuilds its own if ever asked). */
-function appended<T extends object>(list: readonly T[], added: readonly T[], idx: Map<string, T>, key: (t: T) => string): T[] {
-  const out = list.concat(added);
-  recordRefDiff(list, out, { removed: [], added: added.map((x, k) => [list.length + k, x] as const) });
-  indexes.delete(list);
-  for (const x of added) idx.set(key(x), x);
-  indexes.set(out, idx);
-  return out;
+  return list.find((x) => key(x) === k);
 }
 
 export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
-  const byEip = indexOf(s.fips, fipKey);
+  const byEip = heldBy(s.fips, fs, fipKey, sameFip);
   const added = new Map<string, Fip>();
   for (const f of fs) {
-    const existing = byEip.get(f.eip) ?? added.get(f.eip);
+    const existing = byEip(f.eip) ?? added.get(f.eip);
     if (existing) {
       if (existing.internalIp === f.internalIp) continue;
       throw new ConflictError(
@@ -180,37 +166,30 @@ export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
     }
     added.set(f.eip, f);
   }
-  return added.size ? { state: { ...s, fips: appended(s.fips, [...added.values()], byEip, fipKey) }, effects: [] } : unchanged(s);
+  if (!added.size) return unchanged(s);
+  const fresh = [...added.values()];
+  return { state: { ...s, fips: s.fips.concat(fresh) }, effects: [], change: listChange('fips', { added: fresh }) };
 }
 
 export const addFip = (s: DesiredState, f: Fip): OpResult => addFips(s, [f]);
 
 export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
+  const { list, change } = without(
+    'fips',
+    s.fips,
+    eips.map((eip) => ({ eip })),
+    fipKey,
+    sameFip,
+  );
   return {
-    state: { ...s, fips: without(s.fips, eips, fipKey) },
+    state: list === s.fips ? s : { ...s, fips: list as Fip[] },
     // Flush even when natgw had no record: a stale entry from before a restart is just as stale.
     effects: eips.map((dst) => ({ kind: 'conntrack-flush', dst })),
+    change,
   };
 }
 
 export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [eip]);
-
-/**
- * The port ranges of a DNAT list by eip and protocol, kept with the list like the identity index:
- * an overlap check walks the ranges of one eip and protocol only, never the whole list.
- */
-const rangeIndexes = new WeakMap<readonly Dnat[], Map<string, Dnat[]>>();
-const eipProto = (d: Pick<Dnat, 'eip' | 'protocol'>): string => `${d.eip}|${d.protocol}`;
-
-function rangesOf(list: readonly Dnat[]): Map<string, Dnat[]> {
-  let idx = rangeIndexes.get(list);
-  if (!idx) {
-    idx = new Map();
-    for (const d of list) if (d.portEnd !== undefined) idx.set(eipProto(d), [...(idx.get(eipProto(d)) ?? []), d]);
-    rangeIndexes.set(list, idx);
-  }
-  return idx;
-}
 
 const lastPort = (d: Pick<Dnat, 'port' | 'portEnd'>): number => d.portEnd ?? d.port;
 const overlaps = (a: Pick<Dnat, 'port' | 'portEnd'>, b: Pick<Dnat, 'port' | 'portEnd'>): boolean => a.port <= lastPort(b) && b.port <= lastPort(a);
@@ -222,69 +201,44 @@ function dnatConflict(d: Dnat, holder: Dnat, what: string): ConflictError {
 }
 
 /**
- * Another DNAT of the same eip and protocol holding a port of `d` under another identity (a
- * range over a single port, or two ranges that overlap); undefined when none does. `lists` are
- * the ranges by eip and protocol (the state's, and the batch's own), `singles` the identity
- * indexes (the state's, and the batch's own): no scan of the whole list.
+ * Another DNAT of `candidates` with the eip and protocol of `d` holding a port of `d` under
+ * another identity (a range over a single port, or two ranges that overlap); undefined when none does.
  */
-function overlapHolder(d: Dnat, lists: ReadonlyArray<ReadonlyMap<string, Dnat[]>>, singles: ReadonlyArray<ReadonlyMap<string, Dnat>>): Dnat | undefined {
-  const key = dnatKey(d);
-  const other = (x: Dnat | undefined): x is Dnat => x !== undefined && dnatKey(x) !== key && overlaps(x, d);
-  for (const ranges of lists) {
-    const hit = ranges.get(eipProto(d))?.find(other);
-    if (hit) return hit;
-  }
-  if (d.portEnd === undefined) return undefined;
-  // A range holds each of its ports: a single-port DNAT on any of them is a conflict.
-  for (let p = d.port; p <= d.portEnd; p++) {
-    for (const byKey of singles) {
-      const single = byKey.get(`${d.eip}|${p}|${d.protocol}`);
-      if (other(single)) return single;
-    }
-  }
+function overlapHolder(d: Dnat, candidates: Iterable<Dnat>): Dnat | undefined {
+  for (const x of candidates) if (x.eip === d.eip && x.protocol === d.protocol && !sameDnat(x, d) && overlaps(x, d)) return x;
   return undefined;
 }
 
 export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
-  const byKey = indexOf(s.dnats, dnatKey);
-  const ranges = rangesOf(s.dnats);
+  const byKey = heldBy(s.dnats, ds, dnatKey, sameDnat);
+  // Only a range can overlap under another identity, or a single port inside a range: the
+  // state's ranges are few, and a range added is checked against every DNAT.
+  const ranges = s.dnats.filter((d) => d.portEnd !== undefined);
   const added = new Map<string, Dnat>();
-  const addedRanges = new Map<string, Dnat[]>();
+  const addedRanges: Dnat[] = [];
   for (const d of ds) {
-    const existing = byKey.get(dnatKey(d)) ?? added.get(dnatKey(d));
+    const existing = byKey(dnatKey(d)) ?? added.get(dnatKey(d));
     if (existing) {
       if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) continue;
       throw dnatConflict(d, existing, 'already exists');
     }
-    // Only a range can overlap under another identity, or a single port inside a range.
-    if (d.portEnd !== undefined || ranges.size > 0 || addedRanges.size > 0) {
-      const holder = overlapHolder(d, [ranges, addedRanges], [byKey, added]);
-      if (holder) throw dnatConflict(d, holder, 'overlaps the existing rule');
-    }
+    const holder =
+      d.portEnd !== undefined ? (overlapHolder(d, s.dnats) ?? overlapHolder(d, added.values())) : (overlapHolder(d, ranges) ?? overlapHolder(d, addedRanges));
+    if (holder) throw dnatConflict(d, holder, 'overlaps the existing rule');
     added.set(dnatKey(d), d);
-    if (d.portEnd !== undefined) addedRanges.set(eipProto(d), [...(addedRanges.get(eipProto(d)) ?? []), d]);
+    if (d.portEnd !== undefined) addedRanges.push(d);
   }
   if (!added.size) return unchanged(s);
-  const dnats = appended(s.dnats, [...added.values()], byKey, dnatKey);
-  rangeIndexes.delete(s.dnats);
-  if (addedRanges.size === 0) rangeIndexes.set(dnats, ranges);
-  else {
-    const idx = new Map(ranges);
-    for (const [k, list] of addedRanges) idx.set(k, [...(idx.get(k) ?? []), ...list]);
-    rangeIndexes.set(dnats, idx);
-  }
-  return { state: { ...s, dnats }, effects: [] };
+  const fresh = [...added.values()];
+  return { state: { ...s, dnats: s.dnats.concat(fresh) }, effects: [], change: listChange('dnats', { added: fresh }) };
 }
 
 export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
 
 export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
-  const dnats = without(s.dnats, ids.map(dnatKey), dnatKey);
-  // The range index follows the list when no range left it (ranges are few; else it is rebuilt when asked).
-  const ranges = rangeIndexes.get(s.dnats);
-  if (dnats !== s.dnats && ranges && !ids.some((id) => id.portEnd !== undefined)) rangeIndexes.set(dnats, ranges);
+  const { list, change } = without('dnats', s.dnats, ids, dnatKey, sameDnat);
   return {
-    state: { ...s, dnats },
+    state: list === s.dnats ? s : { ...s, dnats: list as Dnat[] },
     effects: ids.map((id) => ({
       kind: 'conntrack-flush',
       dst: id.eip,
@@ -292,40 +246,28 @@ export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
       port: id.port,
       ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
     })),
+    change,
   };
 }
 
 export const delDnat = (s: DesiredState, id: DnatId): OpResult => delDnats(s, [id]);
 
 export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
-  const idx = indexOf(s.snats, snatKey);
+  const held = heldBy(s.snats, ns, snatKey, sameSnat);
   const added = new Map<string, Snat>();
-  let snats: Snat[] | undefined;
-  for (const n of ns) {
-    if (idx.has(snatKey(n)) || added.has(snatKey(n))) continue;
-    added.set(snatKey(n), n);
-    snats ??= [...s.snats];
-    // Longest prefix first; a new rule goes after existing rules of equal length.
-    const len = prefixOf(n.cidr);
-    const at = snats.findIndex((x) => prefixOf(x.cidr) < len);
-    snats.splice(at === -1 ? snats.length : at, 0, n);
-  }
-  if (!snats) return unchanged(s);
-  const placed = snats;
-  if (added.size <= 8) {
-    const at = [...added.values()].map((n) => [placed.indexOf(n), n] as const).sort((a, b) => a[0] - b[0]);
-    recordRefDiff(s.snats, placed, { removed: [], added: at });
-  }
-  indexes.delete(s.snats);
-  for (const [k, n] of added) idx.set(k, n);
-  indexes.set(snats, idx);
-  return { state: { ...s, snats }, effects: [] };
+  for (const n of ns) if (held(snatKey(n)) === undefined && !added.has(snatKey(n))) added.set(snatKey(n), n);
+  if (!added.size) return unchanged(s);
+  const snats = [...s.snats];
+  // Longest prefix first; a new rule goes after existing rules of equal length.
+  for (const n of added.values()) insertSnat(snats, n);
+  return { state: { ...s, snats }, effects: [], change: listChange('snats', { added: [...added.values()] }) };
 }
 
 export const addSnat = (s: DesiredState, n: Snat): OpResult => addSnats(s, [n]);
 
 export function delSnats(s: DesiredState, ids: readonly Pick<Snat, 'eip' | 'cidr'>[]): OpResult {
-  return { state: { ...s, snats: without(s.snats, ids.map(snatKey), snatKey) }, effects: [] };
+  const { list, change } = without('snats', s.snats, ids, snatKey, sameSnat);
+  return { state: list === s.snats ? s : { ...s, snats: list as Snat[] }, effects: [], change };
 }
 
 export const delSnat = (s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResult => delSnats(s, [id]);
@@ -333,13 +275,14 @@ export const delSnat = (s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResu
 export function addShareDnat(s: DesiredState, d: ShareDnat): OpResult {
   const at = s.shareDnats.findIndex((x) => sameDnat(x, d));
   // Re-adding replaces the backends (and the received protocol text, which names the chain).
-  const shareDnats = at === -1 ? [...s.shareDnats, d] : s.shareDnats.map((x, j) => (j === at ? d : x));
-  return { state: { ...s, shareDnats }, effects: [] };
+  const old = s.shareDnats[at];
+  const shareDnats = old === undefined ? [...s.shareDnats, d] : s.shareDnats.map((x, j) => (j === at ? d : x));
+  return { state: { ...s, shareDnats }, effects: [], change: listChange('shareDnats', old === undefined ? { added: [d] } : { updated: [[old, d]] }) };
 }
 
 export function delShareDnat(s: DesiredState, id: Pick<ShareDnat, 'eip' | 'port' | 'protocol'>): OpResult {
-  return {
-    state: { ...s, shareDnats: s.shareDnats.filter((x) => !sameDnat(x, id)) },
-    effects: [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }],
-  };
+  const effects: Effect[] = [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }];
+  const removed = s.shareDnats.filter((x) => sameDnat(x, id));
+  if (removed.length === 0) return { ...unchanged(s), effects };
+  return { state: { ...s, shareDnats: s.shareDnats.filter((x) => !sameDnat(x, id)) }, effects, change: listChange('shareDnats', { removed }) };
 }

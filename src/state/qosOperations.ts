@@ -22,7 +22,7 @@ import {
   ifbName,
   tcPrio,
 } from '../model/qos.js';
-import type { OpResult } from './operations.js';
+import { changedTo, unchanged, type OpResult } from './operations.js';
 import type { DesiredState } from './state.js';
 
 /**
@@ -211,8 +211,6 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
 // Operations
 // ---------------------------------------------------------------------------------
 
-const unchanged = (state: DesiredState): OpResult => ({ state, effects: [] });
-
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 
 /** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit. */
@@ -237,13 +235,13 @@ export function addEipQos(s: DesiredState, q: EipQos): OpResult {
     handle: existing ? (samePrio ? existing.handle : undefined) : q.handle,
   };
   const eipQos = at === -1 ? [...s.eipQos, rule] : s.eipQos.map((x, j) => (j === at ? rule : x));
-  return { state: allocateQos({ ...s, eipQos }), effects: [] };
+  return changedTo(s, allocateQos({ ...s, eipQos }));
 }
 
 export function delEipQos(s: DesiredState, direction: Direction, ip: string): OpResult {
   const key = eipQosKey({ direction, ip });
   if (!s.eipQos.some((x) => eipQosKey(x) === key)) return unchanged(s);
-  return { state: { ...s, eipQos: s.eipQos.filter((x) => eipQosKey(x) !== key) }, effects: [] };
+  return changedTo(s, { ...s, eipQos: s.eipQos.filter((x) => eipQosKey(x) !== key) });
 }
 
 export function addGwQos(s: DesiredState, q: GwQos): OpResult {
@@ -254,11 +252,11 @@ export function addGwQos(s: DesiredState, q: GwQos): OpResult {
   // The identity includes the priority, so an existing rule keeps both its class and handle.
   const rule: GwQos = { ...q, classId: existing?.classId ?? q.classId, handle: existing?.handle ?? q.handle };
   const qos = at === -1 ? [...s.qos, rule] : s.qos.map((x, j) => (j === at ? rule : x));
-  return { state: allocateQos({ ...s, qos }), effects: [] };
+  return changedTo(s, allocateQos({ ...s, qos }));
 }
 
 export function delGwQos(s: DesiredState, id: GwQosId): OpResult {
   const key = gwQosKey(id);
   if (!s.qos.some((x) => gwQosKey(x) === key)) return unchanged(s);
-  return { state: { ...s, qos: s.qos.filter((x) => gwQosKey(x) !== key) }, effects: [] };
+  return changedTo(s, { ...s, qos: s.qos.filter((x) => gwQosKey(x) !== key) });
 }

@@ -22,7 +22,8 @@ import { SystemError } from '../model/errors.js';
 import { bootId } from '../system/bootId.js';
 import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
-import { COLLECTIONS, applyDelta, deltaSize, isEmptyDelta, stateDelta, type StateDelta } from './delta.js';
+import { COLLECTIONS, applyRecords, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
+import { applyIndexDelta, isIndexDelta } from './indexDelta.js';
 import { timelineMark } from '../system/timeline.js';
 
 /**
@@ -174,11 +175,8 @@ const COLLECTION_SIZE = (s: DesiredState): number => {
   return n;
 };
 
-const GROWTH = (a: DesiredState, b: DesiredState): number => {
-  let n = 0;
-  for (const k of COLLECTIONS) n += Math.abs(a[k].length - b[k].length);
-  return n;
-};
+/** The largest change a journal line describes; a larger one is a new snapshot. */
+const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4);
 
 /**
  * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
@@ -409,33 +407,25 @@ export class StateStore {
   }
 
   /**
-   * Persist `after`, known to follow `before` (the state this store last loaded or wrote):
-   * one appended, fsynced journal line for a small change, a new snapshot for a large one or
-   * when the journal has grown long. Either way durable before it returns.
+   * Persist `after`, which `change` made from `before` (the state this store last loaded or
+   * wrote): one appended, fsynced journal line for a small change, a new snapshot for a large
+   * one or when the journal has grown long. Either way durable before it returns.
    */
-  async commit(before: DesiredState, after: DesiredState): Promise<void> {
-    if (this.writesSnapshot(before, after)) return this.save(after);
-    if (before === after) return;
-    // The largest change a journal line describes; a larger one is a new snapshot.
-    const budget = Math.max(64, COLLECTION_SIZE(after) / 4);
-    const delta = this.journalEntries < JOURNAL_MAX_ENTRIES ? stateDelta(before, after) : null;
-    if (delta !== null && isEmptyDelta(delta)) return;
-    if (delta === null || deltaSize(delta) > budget) return this.save(after);
-    await this.append(delta);
+  async commit(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): Promise<void> {
+    if (this.writesSnapshot(before, after, change) || this.journalEntries >= JOURNAL_MAX_ENTRIES) return this.save(after);
+    if (isNoChange(change)) return;
+    await this.append(recordOf(change));
   }
 
   /**
-   * Whether commit(before, after) writes a whole snapshot without describing the change first
-   * (the engine then prepares it while the kernel applies, a bulk PUT's largest cost after nft).
+   * Whether commit(before, after, change) writes a whole snapshot (the engine then prepares it
+   * while the kernel applies, a bulk PUT's largest cost after nft).
    */
-  writesSnapshot(before: DesiredState, after: DesiredState): boolean {
+  writesSnapshot(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): boolean {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
-    // set-aside file) the store writes one, even for an unchanged state.
+    // set-aside file, a journal of the older format) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return true;
-    if (before === after) return false;
-    // A delta holds at least the difference in size of each collection: when that alone is too
-    // large (a bulk PUT), the snapshot is written without describing the change first.
-    return GROWTH(before, after) > Math.max(64, COLLECTION_SIZE(after) / 4);
+    return changeSize(change) > BUDGET(after);
   }
 
   /**
@@ -449,15 +439,14 @@ export class StateStore {
    * answered, and the restart's full sync takes it out of the kernel); after a reboot a pending
    * line counts, since its mark may have been lost with the page cache after the answer.
    */
-  commitAhead(before: DesiredState, after: DesiredState): PendingCommit | undefined {
+  commitAhead(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): PendingCommit | undefined {
     const boot = bootId();
     // Without a boot id a pending line could not be told from one of another boot: commit after the kernel, as ever.
-    if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after) || before === after || this.journalEntries >= JOURNAL_MAX_ENTRIES) return undefined;
-    const delta = stateDelta(before, after);
-    if (delta === null || isEmptyDelta(delta) || deltaSize(delta) > Math.max(64, COLLECTION_SIZE(after) / 4)) return undefined;
+    if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after, change) || isNoChange(change) || this.journalEntries >= JOURNAL_MAX_ENTRIES)
+      return undefined;
     let from: number | undefined;
     const durable = (async () => {
-      const payload = JSON.stringify(delta);
+      const payload = JSON.stringify(recordOf(change));
       await this.writeLine(`~${boot} ${sha256(payload)} ${payload}\n`, dataSync, (at) => {
         from = at;
       });
@@ -498,8 +487,8 @@ export class StateStore {
     };
   }
 
-  private async append(delta: StateDelta): Promise<void> {
-    const payload = JSON.stringify(delta);
+  private async append(record: ChangeRecord): Promise<void> {
+    const payload = JSON.stringify(record);
     const line = `${sha256(payload)} ${payload}\n`;
     // A fresh journal names the snapshot it extends, so a journal left over from an older
     // snapshot is never replayed onto a newer one. One short line, written and synced
@@ -571,6 +560,8 @@ export class StateStore {
     const lines = text.split('\n');
     if (lines[0] !== `{"base":"${sha}"}`) return snapshot;
     let state = snapshot;
+    // Records are replayed together (change.ts: one pass over each collection they touch).
+    let records: ChangeRecord[] = [];
     let entries = 0;
     let torn = !text.endsWith('\n');
     let at = Buffer.byteLength(lines[0] ?? '') + 1;
@@ -600,7 +591,14 @@ export class StateStore {
         break;
       }
       try {
-        state = applyDelta(state, JSON.parse(payload) as StateDelta);
+        const record = JSON.parse(payload) as unknown;
+        if (isIndexDelta(record)) {
+          // The journal of an older natgw (indexes, not identities): replayed by index, once;
+          // the next commit folds it into a snapshot (torn, below).
+          state = applyIndexDelta(applyRecords(state, records), record);
+          records = [];
+          torn = true;
+        } else records.push(record as ChangeRecord);
       } catch {
         torn = true;
         break;
@@ -609,7 +607,7 @@ export class StateStore {
     }
     read.journalEntries = entries;
     read.journalTorn = torn;
-    return state;
+    return records.length ? applyRecords(state, records) : state;
   }
 
   async loadBackend(): Promise<BackendRecord | undefined> {

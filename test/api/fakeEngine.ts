@@ -9,7 +9,7 @@ import { loadConfig, type Config } from '../../src/config/config.js';
 import { SyncListeners, type ApplyReport, type Engine, type SyncListener, type Transaction } from '../../src/engine/engine.js';
 import type { NetfilterBackend } from '../../src/dataplane/netfilter/backend.js';
 import { NotInitializedError, SystemError } from '../../src/model/errors.js';
-import type { Effect, OpResult } from '../../src/state/operations.js';
+import type { Effect, TxResult } from '../../src/state/operations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import type { BackendRecord } from '../../src/state/store.js';
 import type { EngineLike } from '../../src/daemon/agent.js';
@@ -59,7 +59,7 @@ export class FakeEngine implements EngineLike {
   }
 
   async transact(
-    fn: (tx: Transaction) => Promise<OpResult> | OpResult,
+    fn: (tx: Transaction) => Promise<TxResult> | TxResult,
     opts: { guarded?: boolean; dryRun?: boolean; qos?: boolean } = {},
   ): Promise<{ state: DesiredState; report: ApplyReport; effects: readonly Effect[] }> {
     // The engine's file lock: one transaction at a time, whoever calls.

@@ -5,8 +5,20 @@ import { isDeepStrictEqual } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { StateStore } from '../../src/state/store.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { applyDelta, stateDelta } from '../../src/state/delta.js';
+import {
+  applyRecords,
+  compose,
+  diffStates,
+  isNoChange,
+  NO_CHANGE,
+  recordOf,
+  sameValue,
+  split,
+  type ChangeRecord,
+  type StateChange,
+} from '../../src/state/change.js';
 import * as Ops from '../../src/state/operations.js';
+import { ConflictError } from '../../src/model/errors.js';
 import { prng } from '../helpers/prng.js';
 import type { Dnat, Fip, Snat } from '../../src/model/rules.js';
 
@@ -25,51 +37,83 @@ const dnat = (i: number, to = 6): Dnat => ({ eip: `172.20.0.${i % 250}`, port: 1
 const fip = (i: number): Fip => ({ eip: `172.21.${i >> 8}.${i & 255}`, internalIp: `10.2.${i >> 8}.${i & 255}` });
 const snat = (i: number, len: number): Snat => ({ eip: '172.20.0.10', cidr: len === 32 ? `10.9.${i}.1/32` : `10.${i}.0.0/${len}`, randomFully: i % 2 === 0 });
 
-/** A random walk of the operations the engine runs, from a seed. */
-function walk(seed: number, steps: number): DesiredState[] {
+/** A random walk of the operations the engine runs, from a seed: each step's result, the change included. */
+function walkResults(seed: number, steps: number): Array<{ state: DesiredState; change: StateChange }> {
   const rnd = prng(seed);
   const pick = (n: number) => Math.floor(rnd() * n);
-  const states = [base()];
-  let s = states[0]!;
+  const out: Array<{ state: DesiredState; change: StateChange }> = [{ state: base(), change: NO_CHANGE }];
+  let s = out[0]!.state;
   for (let k = 0; k < steps; k++) {
     const i = pick(40);
-    switch (pick(7)) {
-      case 0:
-        s = Ops.addDnats(s, [dnat(i)]).state;
-        break;
-      case 1:
-        s = Ops.delDnat(s, dnat(i)).state;
-        break;
-      case 2:
-        s = Ops.addFips(s, [fip(i)]).state;
-        break;
-      case 3:
-        s = Ops.delFip(s, fip(i).eip).state;
-        break;
-      case 4:
-        s = Ops.addSnats(s, [snat(i, [16, 24, 32][pick(3)]!)]).state;
-        break;
-      case 5:
-        s = Ops.delSnat(s, snat(i, 24)).state;
-        break;
-      default:
-        s = Ops.addEip(s, { address: `172.20.0.${i}`, prefixLength: [16, 24][pick(2)]! }, { v4: '172.20.0.1' }).state;
-        break;
+    let r: Ops.OpResult = Ops.unchanged(s);
+    const op = pick(8);
+    // A conflict (an add over a replaced target) changes nothing, as in the engine.
+    try {
+      switch (op) {
+        case 0:
+          r = Ops.addDnats(s, [dnat(i)]);
+          break;
+        case 1:
+          r = Ops.delDnat(s, dnat(i));
+          break;
+        case 2:
+          r = Ops.addFips(s, [fip(i)]);
+          break;
+        case 3:
+          r = Ops.delFip(s, fip(i).eip);
+          break;
+        case 4:
+          r = Ops.addSnats(s, [snat(i, [16, 24, 32][pick(3)]!)]);
+          break;
+        case 5:
+          r = Ops.delSnat(s, snat(i, 24));
+          break;
+        case 6:
+          // A replace: removed and added again in one change (it moves to the end).
+          r = Ops.chain(Ops.delDnat(s, dnat(i)), (t) => Ops.addDnat(t, dnat(i, 7 + pick(3))));
+          break;
+        default:
+          r = Ops.addEip(s, { address: `172.20.0.${i}`, prefixLength: [16, 24][pick(2)]! }, { v4: '172.20.0.1' });
+          break;
+      }
+    } catch (e) {
+      if (!(e instanceof ConflictError)) throw e;
     }
-    states.push(s);
+    s = r.state;
+    out.push({ state: s, change: r.change });
   }
-  return states;
+  return out;
 }
 
-describe('state delta', () => {
-  it('replays every step of random operation sequences exactly', () => {
+function walk(seed: number, steps: number): DesiredState[] {
+  return walkResults(seed, steps).map((r) => r.state);
+}
+
+const replayed = (s: DesiredState, c: StateChange): DesiredState => applyRecords(s, [JSON.parse(JSON.stringify(recordOf(c))) as ChangeRecord]);
+
+describe('state change', () => {
+  it('replays every step of random operation sequences exactly, and their composition in one', () => {
     for (const seed of [1, 2, 3, 4, 5]) {
-      const states = walk(seed, 300);
-      for (let k = 1; k < states.length; k++) {
-        const d = stateDelta(states[k - 1]!, states[k]!);
-        expect(d, `seed ${seed} step ${k}`).not.toBeNull();
-        expect(applyDelta(states[k - 1]!, JSON.parse(JSON.stringify(d)))).toEqual(states[k]);
+      const steps = walkResults(seed, 300);
+      let all = NO_CHANGE;
+      for (let k = 1; k < steps.length; k++) {
+        const { state, change } = steps[k]!;
+        expect(replayed(steps[k - 1]!.state, change), `seed ${seed} step ${k}`).toEqual(state);
+        all = compose(all, change);
       }
+      expect(replayed(steps[0]!.state, all), `seed ${seed}: composed`).toEqual(steps.at(-1)!.state);
+    }
+  });
+
+  it('an operation says the change diffStates finds by identity key', () => {
+    const steps = walkResults(9, 200);
+    for (let k = 1; k < steps.length; k++) {
+      // A replace by the same target moves the object without changing it: compared by value.
+      const changed = (c: StateChange) => {
+        const { added, removed, updated } = split(c, 'dnats');
+        return { added, removed, updated: updated.filter((u) => !sameValue(u.before, u.after)) };
+      };
+      expect(changed(steps[k]!.change), `step ${k}`).toEqual(changed(diffStates(steps[k - 1]!.state, steps[k]!.state)));
     }
   });
 
@@ -77,23 +121,25 @@ describe('state delta', () => {
     let s = base();
     s = Ops.addSnats(s, [snat(1, 24), snat(2, 16)]).state;
     const before = s;
-    s = Ops.addSnats(s, [snat(3, 24), snat(4, 32)]).state;
-    const d = stateDelta(before, s)!;
-    const replayed = applyDelta(before, d);
-    expect(replayed.snats.map((x) => x.cidr)).toEqual(['10.9.4.1/32', '10.1.0.0/24', '10.3.0.0/24', '10.2.0.0/16']);
+    const r = Ops.addSnats(s, [snat(3, 24), snat(4, 32)]);
+    expect(replayed(before, r.change).snats.map((x) => x.cidr)).toEqual(['10.9.4.1/32', '10.1.0.0/24', '10.3.0.0/24', '10.2.0.0/16']);
   });
 
-  it('a small reorder replays exactly; a wholesale reorder answers null (only a snapshot can say it)', () => {
+  it('a document by identity: the same objects in another order are moved, none updated, and replay in that order', () => {
     const s = { ...base(), dnats: Array.from({ length: 40 }, (_, i) => dnat(i)) };
-    expect(stateDelta(s, { ...s, dnats: [...s.dnats].reverse() })).toBeNull();
-    const rotated = { ...s, dnats: [s.dnats[39]!, ...s.dnats.slice(0, 39)] };
-    expect(applyDelta(s, JSON.parse(JSON.stringify(stateDelta(s, rotated))))).toEqual(rotated);
+    const reversed = { ...s, dnats: [...s.dnats].reverse().map((d) => ({ ...d })) };
+    const c = diffStates(s, reversed);
+    expect(split(c, 'dnats').updated.every((u) => sameValue(u.before, u.after))).toBe(true);
+    expect(replayed(s, c)).toEqual(reversed);
+    const t = { ...base(), snats: [snat(1, 24), snat(2, 24), snat(3, 16)] };
+    const swapped = { ...t, snats: [t.snats[1]!, t.snats[0]!, t.snats[2]!] };
+    expect(replayed(t, diffStates(t, swapped))).toEqual(swapped);
   });
 
   it('records scalar changes (init, interfaces, default routes)', () => {
     const s = emptyState('eth0', 'net1');
     const t = { ...s, initialized: true, interfaces: { vpc: 'eth1', ext: 'net2' } };
-    expect(applyDelta(s, stateDelta(s, t)!)).toEqual(t);
+    expect(replayed(s, diffStates(s, t))).toEqual(t);
   });
 });
 
@@ -165,26 +211,45 @@ describe('StateStore journal', () => {
   });
 });
 
-describe('internState', () => {
-  it('a document written back unchanged is the same state, array for array', async () => {
-    const { internState } = await import('../../src/state/intern.js');
+describe('a document by identity (PUT /v1/state)', () => {
+  it('written back unchanged changes nothing', () => {
     const s = walk(11, 200).at(-1)!;
-    const copy = JSON.parse(JSON.stringify(s)) as DesiredState;
-    const interned = internState(s, copy);
-    for (const k of ['eips', 'snats', 'dnats', 'fips', 'interfaces', 'defaultRoutes'] as const) expect(interned[k]).toBe(s[k]);
-    expect(stateDelta(s, interned)).toEqual({});
+    expect(isNoChange(diffStates(s, JSON.parse(JSON.stringify(s)) as DesiredState))).toBe(true);
   });
 
-  it('keeps the objects that did not change and only those', async () => {
-    const { internState } = await import('../../src/state/intern.js');
+  it('an object with its keys in another order is the same; one with a new target is updated in place', () => {
     const s = { ...base(), dnats: [dnat(1), dnat(2), dnat(3)] };
-    // Keys in another order, one target changed.
     const doc = { ...s, dnats: [{ internalPort: 80, internalIp: '10.0.1.6', protocol: 'tcp' as const, port: 1001, eip: '172.20.0.1' }, dnat(2, 9), dnat(3)] };
-    const interned = internState(s, doc);
-    expect(interned.dnats[0]).toBe(s.dnats[0]);
-    expect(interned.dnats[1]).not.toBe(s.dnats[1]);
-    expect(interned.dnats[2]).toBe(s.dnats[2]);
-    expect(stateDelta(s, interned)).toEqual({ lists: { dnats: { del: [1], add: [[1, dnat(2, 9)]] } } });
+    const c = diffStates(s, doc);
+    expect(split(c, 'dnats')).toEqual({ added: [], removed: [], updated: [{ before: dnat(2), after: dnat(2, 9) }] });
+    expect(replayed(s, c).dnats).toEqual([dnat(1), dnat(2, 9), dnat(3)]);
+  });
+});
+
+describe('a journal of the older index format', () => {
+  it('is read once without losing a change, then folded into a snapshot', async () => {
+    const { createHash } = await import('node:crypto');
+    const sha = (t: string) => createHash('sha256').update(t).digest('hex');
+    const d = dir();
+    const store = new StateStore(d);
+    const s0 = { ...base(), dnats: [dnat(1), dnat(2)], snats: [snat(1, 24)] };
+    await store.save(s0);
+    const snapSha = /^\{"sha256":"([0-9a-f]{64})"/.exec(readFileSync(store.stateFile, 'utf8'))![1]!;
+    // As the previous natgw wrote them: indexes removed from the old array, [index, object] inserted.
+    const lines = [
+      { lists: { dnats: { del: [0], add: [[1, dnat(3)]] } } },
+      { set: { defaultRoutes: { v4: '172.20.0.1' } }, lists: { snats: { del: [], add: [[0, snat(2, 32)]] }, dnats: { del: [], add: [[0, dnat(4)]] } } },
+    ].map((x) => JSON.stringify(x));
+    writeFileSync(store.journalFile, `{"base":"${snapSha}"}\n${lines.map((p) => `${sha(p)} ${p}\n`).join('')}`);
+    const want = { ...s0, defaultRoutes: { v4: '172.20.0.1' }, dnats: [dnat(4), dnat(2), dnat(3)], snats: [snat(2, 32), snat(1, 24)] };
+    const next = new StateStore(d);
+    const loaded = await next.withLock(() => next.load());
+    expect(loaded).toEqual(want);
+    // The next commit writes a snapshot: no line of the new format goes after the old ones.
+    const s1 = Ops.addDnat(loaded!, dnat(5));
+    await next.withLock(() => next.commit(loaded!, s1.state, s1.change));
+    expect(existsSync(next.journalFile)).toBe(false);
+    expect(await new StateStore(d).load()).toEqual(s1.state);
   });
 });
 

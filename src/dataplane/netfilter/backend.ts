@@ -1,6 +1,7 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
 import type { DesiredState } from '../../state/state.js';
+import type { StateChange } from '../../state/change.js';
 import type { NftTransaction } from './nft/transaction.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
@@ -30,7 +31,7 @@ export type ReplicaRules = Pick<NatTables, 'snatPorts' | 'dropInvalid'>;
 /** `want` with a replica's rules; `want` itself where there are none. */
 export const withReplicaRules = (want: NatTables, rules: ReplicaRules | undefined): NatTables => (rules ? { ...want, ...rules } : want);
 
-/** The NAT part of the desired state, as it stands (no copy: a partial sync diffs by reference). */
+/** The NAT part of the desired state, as it stands. */
 export function natTablesOf(s: DesiredState): NatTables {
   return {
     vpcIf: s.interfaces.vpc,
@@ -141,6 +142,8 @@ export interface SyncOptions {
    * beside the backend's own read-back (it may list the other table); undefined: nothing to append.
    */
   readonly append?: NftTransaction | PromiseLike<NftTransaction | undefined>;
+  /** What the change did to the desired state since the last sync (change.ts): what a partial sync plans. */
+  readonly change?: StateChange;
 }
 
 /**

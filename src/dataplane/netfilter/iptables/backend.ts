@@ -3,7 +3,7 @@ import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
 import { CHAINS } from '../../../model/ruleText.js';
-import { desiredTables, planTable, renderRestore, savedAfter, TABLES, type TableName } from './plan.js';
+import { desiredTables, patchFamily, planTable, renderFamily, renderRestore, savedAfter, TABLES, type Rendered, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
@@ -13,31 +13,20 @@ export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
 const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
 
-/**
- * The objects of one family, per collection, kept with the collection they were taken from: a
- * command changes one collection, and the others then keep the very arrays (and, down the
- * line, the very rule lists) of the last sync, which the planner passes over by reference.
- */
-const familySplits = new WeakMap<readonly unknown[], { 4?: unknown[]; 6?: unknown[] }>();
-
-function ofOneFamily<T>(list: readonly T[], ip: (t: T) => string, family: Family): T[] {
-  let split = familySplits.get(list);
-  if (!split) {
-    split = {};
-    familySplits.set(list, split);
-  }
-  split[family] ??= list.filter((t) => familyOfValid(ip(t)) === family);
-  return split[family] as T[];
-}
+const inFamily =
+  (family: Family) =>
+  (ip: string): boolean =>
+    familyOfValid(ip) === family;
 
 /** The objects of one address family (an object's family is its EIP's). */
 export function ofFamily(want: NatTables, family: Family): NatTables {
+  const mine = inFamily(family);
   return {
     ...want,
-    eips: ofOneFamily(want.eips, (e) => e, family),
-    snats: ofOneFamily(want.snats, (s) => s.eip, family),
-    dnats: ofOneFamily(want.dnats, (d) => d.eip, family),
-    fips: ofOneFamily(want.fips, (f) => f.eip, family),
+    eips: want.eips.filter(mine),
+    snats: want.snats.filter((s) => mine(s.eip)),
+    dnats: want.dnats.filter((d) => mine(d.eip)),
+    fips: want.fips.filter((f) => mine(f.eip)),
   };
 }
 
@@ -66,8 +55,12 @@ export class IptablesBackend implements NetfilterBackend {
    */
   private view = new Map<string, SavedTable>();
 
+  /** Per family, what the last sync rendered (plan.ts Rendered): a partial sync patches it from the change. */
+  private rendered = new Map<Family, Rendered>();
+
   forget(): void {
     this.view.clear();
+    this.rendered.clear();
   }
 
   /** The IPv4 nat table the init guard read with `reuseForSync`, for the next sync only. */
@@ -114,7 +107,7 @@ export class IptablesBackend implements NetfilterBackend {
     try {
       return await this.syncBoth(withReplicaRules(want, this.replica), opts);
     } catch (e) {
-      this.view.clear();
+      this.forget();
       throw e;
     }
   }
@@ -142,15 +135,26 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   private async syncBoth(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    const v6 = ofFamily(want, 6);
+    const v4 = this.renderedFor(4, want, opts);
+    const v6 = this.renderedFor(6, want, opts);
     const [v4Report, v6Report] = await Promise.all([
-      this.syncFamily(4, ofFamily(want, 4), opts),
-      isEmpty(v6) ? this.removeFamily(6, opts) : this.syncFamily(6, v6, opts),
+      this.syncFamily(4, v4, opts),
+      isEmpty(v6.want) ? this.removeFamily(6, opts) : this.syncFamily(6, v6, opts),
     ]);
+    if (!opts.dryRun) {
+      this.rendered.set(4, v4);
+      this.rendered.set(6, v6);
+    }
     return { changes: v4Report.changes + v6Report.changes, script: v4Report.script + v6Report.script };
   }
 
-  private async syncFamily(family: Family, want: NatTables, opts: SyncOptions): Promise<SyncReport> {
+  /** One family's rendering: the last one patched by a partial sync's change, or rendered anew. */
+  private renderedFor(family: Family, want: NatTables, opts: SyncOptions): Rendered {
+    const last = opts.mode === 'partial' && opts.change ? this.rendered.get(family) : undefined;
+    return (last && opts.change && patchFamily(last, want, opts.change, inFamily(family))) || renderFamily(ofFamily(want, family));
+  }
+
+  private async syncFamily(family: Family, want: Rendered, opts: SyncOptions): Promise<SyncReport> {
     const desired = desiredTables(want);
     timelineMark(`iptables: IPv${family} tables desired`);
     const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
@@ -199,7 +203,7 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   async removeAll(): Promise<void> {
-    this.view.clear();
+    this.forget();
     await this.removeFamily(4, {});
     await this.removeFamily(6, {});
   }

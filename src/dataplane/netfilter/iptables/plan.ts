@@ -1,6 +1,7 @@
-import { canonicalOrder, type NatTables, type PortRange } from '../backend.js';
-import type { Dnat, Fip, Snat } from '../../../model/rules.js';
-import { refDiff, type RefDiff } from '../../../state/refDiff.js';
+import { canonicalOrder, compareIp, type NatTables, type PortRange } from '../backend.js';
+import type { Dnat, Fip } from '../../../model/rules.js';
+import { sameValue, split, type StateChange } from '../../../state/change.js';
+import type { DesiredState } from '../../../state/state.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
 import type { SavedTable } from './save.js';
 
@@ -23,83 +24,105 @@ export interface TableWant {
 }
 
 /**
- * A chain's rules derived from one collection (and an interface name), kept with that
- * collection: an unchanged collection hands the planner the same list as the last sync, which
- * it passes over by reference instead of comparing ten thousand rules.
+ * One family's objects in canonical order (backend.ts) with the rules of the chains that hold
+ * one rule per object, index for index: what a sync rendered, kept by the backend so that the
+ * next partial sync patches it from the change instead of rendering ten thousand rules again.
  */
-class Derived<T> {
-  private readonly cache = new WeakMap<readonly T[], { readonly param: string; readonly rules: string[] }>();
-  constructor(private readonly build: (list: readonly T[], param: string) => string[]) {}
+export interface Rendered {
+  readonly want: NatTables;
+  readonly fipDnat: readonly string[];
+  readonly fipSnat: readonly string[];
+  readonly dnat: readonly string[];
+}
 
-  of(list: readonly T[], param = ''): string[] {
-    const hit = this.cache.get(list);
-    if (hit && hit.param === param) return hit.rules;
-    const rules = this.build(list, param);
-    this.cache.set(list, { param, rules });
-    return rules;
+export function renderFamily(given: NatTables): Rendered {
+  const want = canonicalOrder(given);
+  return { want, fipDnat: want.fips.map(fipDnatSpec), fipSnat: want.fips.map(fipSnatSpec), dnat: want.dnats.map(dnatSpec) };
+}
+
+const byDnat = (a: Dnat, b: Dnat): number => compareIp(a.eip, b.eip) || a.port - b.port || (a.protocol < b.protocol ? -1 : a.protocol > b.protocol ? 1 : 0);
+const byFip = (a: Fip, b: Fip): number => compareIp(a.eip, b.eip);
+
+/** Where `x` goes in `list`, sorted by `order` (identities are distinct: no ties). */
+function sortedIndex<T>(list: readonly T[], x: T, order: (a: T, b: T) => number): number {
+  let lo = 0;
+  let hi = list.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (order(list[mid] as T, x) < 0) lo = mid + 1;
+    else hi = mid;
   }
+  return lo;
 }
 
 /**
- * One rule per object, the rules of a collection that changed a little (a command) taken from
- * the last lists built: the objects it kept keep their texts, found by a walk by reference, and
- * only new objects are rendered. A bulk change (a start, a new document: all objects new)
- * renders every rule once, with no per-object cache to fill.
+ * `list` and its rule lists (one per render) with `gone` taken out and `come` put in at their
+ * sorted places; undefined when an object to take out is not there as it was (the kept
+ * rendering is not of the state the change started from: the caller renders anew).
  */
-class PerObject<T> {
-  /** The last lists built, newest first: the IPv4 and the IPv6 objects of a sync take turns. */
-  private recent: Array<{ readonly list: readonly T[]; readonly rules: string[] }> = [];
-  constructor(private readonly render: (t: T) => string) {}
-
-  of(list: readonly T[]): string[] {
-    let rules: string[] | undefined;
-    for (const [at, e] of this.recent.entries()) {
-      if (e.list === list) return e.rules;
-      const d = refDiff(e.list, list, MAX_REUSE);
-      if (!d) continue;
-      rules = patched(e.rules, d, this.render);
-      this.recent.splice(at, 1);
-      break;
-    }
-    rules ??= list.map(this.render);
-    this.recent = [{ list, rules }, ...this.recent].slice(0, 2);
-    return rules;
+function patched<T>(
+  list: readonly T[],
+  rules: ReadonlyArray<readonly string[]>,
+  gone: readonly T[],
+  come: readonly T[],
+  order: (a: T, b: T) => number,
+  renders: ReadonlyArray<(t: T) => string>,
+): { list: T[]; rules: string[][] } | undefined {
+  const out = [...list];
+  const outRules = rules.map((r) => [...r]);
+  for (const x of gone) {
+    const i = sortedIndex(out, x, order);
+    if (i >= out.length || !sameValue(out[i], x)) return undefined;
+    out.splice(i, 1);
+    for (const r of outRules) r.splice(i, 1);
   }
+  for (const x of come) {
+    const i = sortedIndex(out, x, order);
+    if (i < out.length && order(out[i] as T, x) === 0) return undefined;
+    out.splice(i, 0, x);
+    outRules.forEach((r, k) => r.splice(i, 0, (renders[k] as (t: T) => string)(x)));
+  }
+  return { list: out, rules: outRules };
 }
 
-/** Most objects in and out that a list is patched for; more are rendered anew. */
-const MAX_REUSE = 64;
+/** Most DNATs and FIPs in and out that a rendering is patched for. */
+const PATCH_MAX = 64;
 
-/** `before`'s rules with the removed ones dropped and the added objects' rules placed (refDiff's order). */
-function patched<T>(before: readonly string[], d: RefDiff<T>, render: (t: T) => string): string[] {
-  const out: string[] = [];
-  let i = 0;
-  let r = 0;
-  for (const [j, x] of d.added) {
-    while (out.length < j) {
-      while (d.removed[r] === i) {
-        r++;
-        i++;
-      }
-      out.push(before[i++] as string);
-    }
-    out.push(render(x));
-  }
-  for (; i < before.length; i++) {
-    if (d.removed[r] === i) r++;
-    else out.push(before[i] as string);
-  }
-  return out;
+/**
+ * `last` (one family's rendering) with the change made: the DNATs and FIPs it touched taken out
+ * and put in at their places; the few EIPs and SNATs taken from `next` as they are. Undefined
+ * when the change does not fit `last` or is larger than PATCH_MAX.
+ */
+export function patchFamily(last: Rendered, next: NatTables, change: StateChange, inFamily: (ip: string) => boolean): Rendered | undefined {
+  const sides = <K extends 'dnats' | 'fips'>(k: K) => {
+    const { added, removed, updated } = split(change, k);
+    const mine = (x: { eip: string }) => inFamily(x.eip);
+    return {
+      gone: [...removed, ...updated.map((u) => u.before)].filter(mine) as DesiredState[K][number][],
+      come: [...added, ...updated.map((u) => u.after)].filter(mine) as DesiredState[K][number][],
+    };
+  };
+  const d = sides('dnats');
+  const f = sides('fips');
+  // A bulk change (a document, a redo) sorts and renders anew at less cost than placing each object.
+  if (d.gone.length + d.come.length + f.gone.length + f.come.length > PATCH_MAX) return undefined;
+  const dn = patched(last.want.dnats, [last.dnat], d.gone, d.come, byDnat, [dnatSpec]);
+  const fp = patched(last.want.fips, [last.fipDnat, last.fipSnat], f.gone, f.come, byFip, [fipDnatSpec, fipSnatSpec]);
+  if (!dn || !fp) return undefined;
+  const want = canonicalOrder({
+    ...next,
+    eips: next.eips.filter(inFamily),
+    snats: next.snats.filter((s) => inFamily(s.eip)),
+    dnats: [],
+    fips: [],
+  });
+  return {
+    want: { ...want, dnats: dn.list, fips: fp.list },
+    dnat: dn.rules[0] as string[],
+    fipDnat: fp.rules[0] as string[],
+    fipSnat: fp.rules[1] as string[],
+  };
 }
-
-const fipDnatRules = new PerObject<Fip>(fipDnatSpec);
-const fipSnatRules = new PerObject<Fip>(fipSnatSpec);
-const dnatRules = new PerObject<Dnat>(dnatSpec);
-const snatRules = new Derived<Snat>((snats, param) => {
-  const [extIf = '', lo, hi] = param.split('|');
-  const ports = lo === undefined ? undefined : { lo: Number(lo), hi: Number(hi) };
-  return snats.flatMap((s) => withPortSlice(snatSpecs(s, extIf), ports));
-});
 
 /** The chain natgw drops invalid packets in (mangle FORWARD and INPUT), only with dropInvalid. */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
@@ -117,22 +140,19 @@ function withPortSlice(specs: readonly string[], ports: PortRange | undefined): 
       .replace(/--to-source (\S+)/, (_m, ip: string) => `--to-source ${ip.includes(':') ? `[${ip}]` : ip}:${ports.lo}-${ports.hi}`);
   return [...specs.map((s) => slice(s, 'tcp')), ...specs.map((s) => slice(s, 'udp')), ...specs];
 }
-const hairpinRules = new Derived<string>((eips, param) => {
-  const [vpcIf = '', lo, hi] = param.split('|');
-  const ports = lo === undefined ? undefined : { lo: Number(lo), hi: Number(hi) };
-  return eips.flatMap((e) => withPortSlice([hairpinSpec(e, vpcIf)], ports));
-});
 
-export function desiredTables(given: NatTables): Record<TableName, TableWant> {
-  const want = canonicalOrder(given);
-  const nat = new Map<string, string[]>([
+/** What natgw's chains must hold for `given` (one family's objects). */
+export function desiredTables(given: NatTables | Rendered): Record<TableName, TableWant> {
+  const r = 'dnat' in given ? given : renderFamily(given);
+  const want = r.want;
+  const nat = new Map<string, readonly string[]>([
     [CHAINS.dnatFilter, [`-j ${CHAINS.exclusiveDnat}`, `-j ${CHAINS.sharedDnat}`]],
     [CHAINS.snatFilter, [`-j ${CHAINS.exclusiveSnat}`, `-j ${CHAINS.sharedSnat}`, `-j ${CHAINS.hairpinSnat}`]],
-    [CHAINS.exclusiveDnat, fipDnatRules.of(want.fips)],
-    [CHAINS.exclusiveSnat, fipSnatRules.of(want.fips)],
-    [CHAINS.sharedDnat, dnatRules.of(want.dnats)],
-    [CHAINS.sharedSnat, snatRules.of(want.snats, want.snatPorts ? `${want.extIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.extIf)],
-    [CHAINS.hairpinSnat, hairpinRules.of(want.eips, want.snatPorts ? `${want.vpcIf}|${want.snatPorts.lo}|${want.snatPorts.hi}` : want.vpcIf)],
+    [CHAINS.exclusiveDnat, r.fipDnat],
+    [CHAINS.exclusiveSnat, r.fipSnat],
+    [CHAINS.sharedDnat, r.dnat],
+    [CHAINS.sharedSnat, want.snats.flatMap((s) => withPortSlice(snatSpecs(s, want.extIf), want.snatPorts))],
+    [CHAINS.hairpinSnat, want.eips.flatMap((e) => withPortSlice([hairpinSpec(e, want.vpcIf)], want.snatPorts))],
   ]);
   return {
     nat: {

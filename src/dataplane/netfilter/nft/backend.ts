@@ -94,7 +94,7 @@ export class NftBackend implements NetfilterBackend {
     const view = this.view;
     if (opts.mode === 'partial' && view && view.families.size === 0) return this.syncFromAbsent(want, opts);
     if (opts.mode === 'partial' && view) {
-      const partial = planPartial(view, want);
+      const partial = planPartial(view, want, opts.change);
       if (partial) {
         const plan = textPlan(partial);
         if (opts.dryRun) return plan;

@@ -26,6 +26,12 @@ export interface NftClient {
    */
   run(tx: NftTransaction | string): Promise<void>;
   /**
+   * One table as `nft -j list table` prints it, unparsed, for a user whose objects the dump does
+   * not model (the connection timeouts' `ct timeout` objects and rule comments); null when it
+   * does not exist. Optional: a client without it cannot serve that user.
+   */
+  listJson?(family: NftTableFamily, table: string): Promise<string | null>;
+  /**
    * Run phases (phases.ts) in order, the groups at once; throws PhaseRefused. Optional: without
    * it runPhases() runs them one `run()` at a time.
    */
@@ -87,6 +93,13 @@ export class SystemNftClient implements NftClient {
     if (isMissingTable(r)) return null;
     if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
     return parseTableListing(r.stdout, family, table);
+  }
+
+  async listJson(family: NftTableFamily, table: string): Promise<string | null> {
+    const r = await this.exec.run({ file: 'nft', args: ['-j', 'list', 'table', family, table] });
+    if (isMissingTable(r)) return null;
+    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
+    return r.stdout;
   }
 
   async run(tx: NftTransaction | string): Promise<void> {

@@ -14,7 +14,8 @@
  * null: the caller then runs a full sync, which reads back and repairs.
  */
 import { compareIp, type NatTables } from '../backend.js';
-import { refDiff } from '../../../state/refDiff.js';
+import { diffStates, sameValue, split, touches, type StateChange } from '../../../state/change.js';
+import { emptyState } from '../../../state/state.js';
 import { snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import {
   NftRenderError,
@@ -42,13 +43,12 @@ export interface NftView {
 
 const FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
-/** Objects of `after` not in `before`, and of `before` not in `after` (by reference). */
-function changed<T>(before: readonly T[], after: readonly T[]): { added: T[]; removed: T[] } {
-  const d = refDiff(before, after);
-  if (d) return { added: d.added.map(([, x]) => x), removed: d.removed.map((i) => before[i] as T) };
-  const b = new Set(before);
-  const a = new Set(after);
-  return { added: after.filter((x) => !b.has(x)), removed: before.filter((x) => !a.has(x)) };
+/** A collection's change as what goes in and what goes out (an update is both: its old element out, its new one in). */
+function changed<K extends 'dnats' | 'fips'>(change: StateChange, k: K): { added: NatTables[K][number][]; removed: NatTables[K][number][] } {
+  const { added, removed } = split(change, k);
+  // An object only moved (a document's new order) changes no element.
+  const updated = split(change, k).updated.filter((u) => !sameValue(u.before, u.after));
+  return { added: [...added, ...updated.map((u) => u.after)], removed: [...removed, ...updated.map((u) => u.before)] };
 }
 
 class Lines {
@@ -109,10 +109,11 @@ function snatRules(snats: readonly Snat[], fam: NftFamily): RenderedSnat[] {
   return out;
 }
 
-/** A command-sized SNAT change by reference; null for anything larger, or a reorder. */
-function changedSnats(before: readonly Snat[], after: readonly Snat[]): { added: Snat[]; removed: Snat[] } | null {
-  const d = refDiff(before, after, SNAT_CHANGE_LIMIT);
-  return d && { added: d.added.map(([, x]) => x), removed: d.removed.map((i) => before[i] as Snat) };
+/** A command-sized SNAT change; null for anything larger. A SNAT moved counts: order decides between rules of one CIDR. */
+function changedSnats(change: StateChange): { added: Snat[]; removed: Snat[] } | null {
+  if ((change.lists.snats?.size ?? 0) > SNAT_CHANGE_LIMIT) return null;
+  const { added, removed, updated } = split(change, 'snats');
+  return { added: [...added, ...updated.map((u) => u.after)], removed: [...removed, ...updated.map((u) => u.before)] };
 }
 
 /** Past this many SNAT objects added or removed, the change is planned over every SNAT rule. */
@@ -133,40 +134,57 @@ function lensIn(snats: readonly Snat[], fam: NftFamily): number[] {
   return [...lens].sort((a, b) => b - a);
 }
 
-/** The partial script taking the kernel from `view` to `next`; null when only a full sync can. */
-export function renderPartial(view: NftView, next: NatTables): NftPlan | null {
-  const p = planPartial(view, next);
+/**
+ * The partial script taking the kernel from `view` to `next`, which `change` made from the
+ * state `view` holds; null when only a full sync can (or no change was said).
+ */
+export function renderPartial(view: NftView, next: NatTables, change?: StateChange): NftPlan | null {
+  const p = planPartial(view, next, change);
   return p && textPlan(p);
 }
 
 const samePorts = (a: NatTables['snatPorts'], b: NatTables['snatPorts']): boolean => a?.lo === b?.lo && a?.hi === b?.hi;
 
+/** The change between two NatTables by identity key, for a caller that holds none (a tool, a test). */
+export function tablesChange(prev: NatTables, next: NatTables): StateChange {
+  const state = (t: NatTables) => ({
+    ...emptyState(t.vpcIf, t.extIf),
+    eips: t.eips.map((address) => ({ address, prefixLength: 0 })),
+    snats: [...t.snats],
+    dnats: [...t.dnats],
+    fips: [...t.fips],
+  });
+  return diffStates(state(prev), state(next));
+}
+
 /** renderPartial as the transaction a client runs. */
-export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
+export function planPartial(view: NftView, next: NatTables, change: StateChange = tablesChange(view.tables, next)): NftTxPlan | null {
   const prev = view.tables;
   if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf) return null;
   // A replica's rules are the same at every sync; a SNAT change under a port slice (every
   // SNAT statement twice, snatLayout.ts withPortSlice) is planned by the full sync.
   if (prev.dropInvalid !== next.dropInvalid || !samePorts(prev.snatPorts, next.snatPorts)) return null;
-  if (next.snatPorts && prev.snats !== next.snats) return null;
+  if (next.snatPorts && touches(change, 'snats')) return null;
 
   const out = new Lines();
   const byFam = <T>(items: readonly T[], ip: (t: T) => string, fam: NftFamily): T[] => items.filter((t) => famOf(ip(t)) === fam);
 
-  const dn = changed(prev.dnats, next.dnats);
+  const dn = changed(change, 'dnats');
   // A port range is a rule in prerouting, not a map element: a change of one takes a full sync
   // (ranges are few; the full sync inserts or deletes just that rule by handle).
   if (dn.added.some((d) => d.portEnd !== undefined) || dn.removed.some((d) => d.portEnd !== undefined)) return null;
   dn.added.forEach((d) => checkFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp));
-  const fp = changed(prev.fips, next.fips);
+  const fp = changed(change, 'fips');
   fp.added.forEach((f) => checkFamily(`floating ip ${f.eip}`, f.eip, f.internalIp));
-  const ep = changed(prev.eips, next.eips);
+  // An EIP's element is its address, its identity: a new prefix length changes no element.
+  const eipChange = split(change, 'eips');
+  const ep = { added: eipChange.added.map((e) => e.address), removed: eipChange.removed.map((e) => e.address) };
 
   // Whether the ip6 table is still needed, from the change alone: scanning ten thousand objects
   // for an IPv6 address would cost more than the command's transaction.
-  const snatsChanged = prev.snats !== next.snats;
-  // A command's SNAT change, by reference (null: a bulk change or a reorder, walked in full below).
-  const sn = snatsChanged ? changedSnats(prev.snats, next.snats) : { added: [], removed: [] };
+  const snatsChanged = touches(change, 'snats');
+  // A command's SNAT change (null: a bulk change, walked in full below).
+  const sn = snatsChanged ? changedSnats(change) : { added: [], removed: [] };
   const isV6 = (ip: string) => famOf(ip) === 'ip6';
   const hadV6 = view.families.has('ip6');
   const snatV6 = (change: readonly Snat[] | undefined, all: readonly Snat[]) => (change ?? all).some((x) => isV6(x.eip));
@@ -225,7 +243,7 @@ export function planPartial(view: NftView, next: NatTables): NftTxPlan | null {
       const touched = sn && touchedCidrs(sn, fam);
       if (touched?.size === 0) continue;
       // A command's change renders and compares only the CIDRs it touched: the others hold the
-      // same objects in the same order (by reference), so their chains and elements stay.
+      // same rules in the same order, so their chains and elements stay.
       const subset = (snats: readonly Snat[]) => (touched ? snats.filter((s) => famOf(s.eip) === fam && touched.has(snatCidr(s.cidr).chain)) : snats);
       const before = snatRules(subset(prev.snats), fam).map(item);
       const after = snatRules(subset(next.snats), fam).map(item);

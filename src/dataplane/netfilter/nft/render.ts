@@ -70,7 +70,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr } from '../../../model/net.js';
-import { sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
@@ -237,7 +237,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
 }
 
 /** A SNAT as a rule: what its CIDR's chain holds, or, alone on its CIDR, what becomes a data-map element (snatLayout.ts). */
-export function snatRule(s: Snat): NatgwRule {
+export function snatRule(given: Snat): NatgwRule {
+  const s = activeSnat(given);
   return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }
 
