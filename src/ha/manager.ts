@@ -130,7 +130,7 @@ export class HaManager implements HaService {
         this.d.log.warn({ join: this.join }, "active-active join did not finish in 3x NATGW_HA_SYNC_TIMEOUT; ready without the peer's flows");
         this.d.holdReady?.(null);
       }, 3 * ha.syncTimeoutMs).unref();
-      await this.liberalTcp();
+      await this.tcpTracking();
       if (!ha.snatPortSlice) {
         this.d.log.warn('active-active without NATGW_SNAT_PORT_SLICE: two replicas may give one EIP port to two flows (give each replica its own slice)');
       }
@@ -167,23 +167,30 @@ export class HaManager implements HaService {
   }
 
   /**
-   * Active-active: TCP tracking without window checks in this pod's network namespace
-   * (nf_conntrack_tcp_be_liberal=1). ECMP may send a flow's two directions through two
-   * replicas, and move either at any time: a replica then sees acknowledgements of data that
-   * went through the other, which window tracking marks invalid (and the forward chain drops).
-   * Entries conntrackd writes are liberal already; the replica's own are not.
+   * Active-active TCP tracking in this pod's network namespace:
+   * - nf_conntrack_tcp_be_liberal=1: ECMP may send a flow's two directions through two
+   *   replicas, and move either at any time: a replica then sees acknowledgements of data that
+   *   went through the other, which window tracking marks invalid (and the forward chain drops).
+   *   Entries conntrackd writes are liberal already; the replica's own are not.
+   * - nf_conntrack_tcp_loose=0: a packet of an established flow that reaches a replica before
+   *   the flow's state has must stay invalid (dropped, then retransmitted once the state is
+   *   there). Picked up mid-stream it would become an untranslated entry of its own: the reply
+   *   to an EIP then meets no socket and is answered with a reset, and the synchronised state
+   *   clashes with it.
    */
-  private async liberalTcp(): Promise<void> {
-    const file = '/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal';
-    try {
-      if ((await fs.readFile(file, 'utf8')).trim() === '1') return;
-      await fs.writeFile(file, '1\n');
-      this.d.log.info('active-active: nf_conntrack_tcp_be_liberal=1 (a flow may take two replicas, one per direction)');
-    } catch (e) {
-      this.d.log.warn(
-        { err: e instanceof Error ? e.message : String(e) },
-        'active-active: cannot set nf_conntrack_tcp_be_liberal=1; a flow whose directions ECMP splits over two replicas may stall',
-      );
+  private async tcpTracking(): Promise<void> {
+    for (const [name, value, why] of [
+      ['nf_conntrack_tcp_be_liberal', '1', 'a flow may take two replicas, one per direction'],
+      ['nf_conntrack_tcp_loose', '0', 'a flow is never picked up mid-stream before its state arrives'],
+    ] as const) {
+      const file = `/proc/sys/net/netfilter/${name}`;
+      try {
+        if ((await fs.readFile(file, 'utf8')).trim() === value) continue;
+        await fs.writeFile(file, `${value}\n`);
+        this.d.log.info(`active-active: ${name}=${value} (${why})`);
+      } catch (e) {
+        this.d.log.warn({ err: e instanceof Error ? e.message : String(e) }, `active-active: cannot set ${name}=${value}; without it ${why} is not assured`);
+      }
     }
   }
 
