@@ -132,15 +132,15 @@ export async function startFlows(t: EcmpTopology, logs: () => string): Promise<{
     groups.push(g);
   };
   await start('vpc1', [
-    { name: 'snat', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 60 },
+    { name: 'snat', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 80 },
     { name: 'snat-udp', proto: 'udp', host: ECMP_ADDR.extHost, port: 9001, count: 20 },
   ]);
   await start('vpc2', [{ name: 'fip-out', proto: 'tcp', host: ECMP_ADDR.extHost, port: 9000, count: 20 }]);
   await start(
     'ext',
     [
-      { name: 'dnat', proto: 'tcp', host: EIP_DNAT, port: 8080, count: 40 },
-      { name: 'fip', proto: 'tcp', host: EIP_FIP, port: 7000, count: 40 },
+      { name: 'dnat', proto: 'tcp', host: EIP_DNAT, port: 8080, count: 50 },
+      { name: 'fip', proto: 'tcp', host: EIP_FIP, port: 7000, count: 50 },
     ],
     ECMP_ADDR.extHost,
   );
