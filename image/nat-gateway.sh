@@ -67,8 +67,8 @@ natgw_form_value() {
   REPLY=${v//'='/%3D}
 }
 
-# One POST /v1/legacy/raw over the socket, through `nc -U` (netcat-openbsd: it starts in about a
-# millisecond, curl in about seven). Prints the command's output and exits with its status when
+# One POST /v1/legacy/raw over the socket, through `nc -U` (netcat-openbsd: it starts in about two
+# milliseconds, curl in about seven). Prints the command's output and exits with its status when
 # the daemon ran it; returns (having printed nothing) otherwise. The whole answer is read, and
 # its length checked, before anything is printed, so a daemon dying mid-answer leaves no partial
 # output behind the Node.js retry.
