@@ -8,7 +8,7 @@ import { ECMP_ADDR, EcmpTopology } from './ecmpTopology.js';
 import { percentile, startLongFlows, type FlowRecord, type LongFlows } from './ecmpFlows.js';
 import { waitFor } from './poll.js';
 import { startEchoServer, startServer, type ServerHandle } from './traffic.js';
-import { api, ok } from '../netns/daemon-util.js';
+import { api, ok, waitServing } from '../netns/daemon-util.js';
 
 export const EIP_SNAT = '172.20.0.10';
 export const EIP_DNAT = '172.20.0.11';
@@ -35,19 +35,7 @@ export interface Replica {
 
 export async function startReplica(t: EcmpTopology, i: number, env: Record<string, string>): Promise<Replica> {
   const child = t.spawnNatgw(i, env, 'serve');
-  let out = '';
-  child.stdout?.setEncoding('utf8').on('data', (d: string) => (out += d));
-  child.stderr?.setEncoding('utf8').on('data', (d: string) => (out += d));
-  let gone = false;
-  child.once('exit', () => (gone = true));
-  await waitFor(
-    async () => {
-      if (gone) throw new Error(`natgw serve in g${i} exited: ${out}`);
-      return (await api(t.socket(i), 'GET', '/healthz', undefined, {}, 1000)).status === 200;
-    },
-    { what: `natgw serve in g${i} to answer`, timeoutMs: 20_000, intervalMs: 50 },
-  );
-  return { i, logs: () => out };
+  return { i, logs: await waitServing(child, t.socket(i), `g${i}`) };
 }
 
 export async function legacy(t: EcmpTopology, i: number, command: string, ...rules: string[]): Promise<void> {

@@ -20,7 +20,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { REPO_ROOT, killTree, runProcess, spawnTracked, type ExecOptions, type ExecResult, type Topology } from './netns.js';
+import { REPO_ROOT, killNamespacePids, killTree, runProcess, spawnTracked, type ExecOptions, type ExecResult, type Topology } from './netns.js';
 
 export const ECMP_ADDR = {
   eth0: (i: number) => `10.0.1.${1 + i}`,
@@ -306,16 +306,7 @@ ${sessions.join('\n')}
       for (const ifname of ['net1', 'eth0', 'sync0']) await this.ip(`g${i}`, ['link', 'set', ifname, 'down']);
     };
     if (linksFirst) await down();
-    const ns = this.resolve(`g${i}`);
-    const r = await runProcess(['ip', 'netns', 'pids', ns], process.env, { reject: false }, new Set());
-    for (const p of r.stdout.split('\n').map((l) => Number(l.trim()))) {
-      if (!Number.isInteger(p) || p <= 1 || p === process.pid) continue;
-      try {
-        process.kill(p, 'SIGKILL');
-      } catch {
-        // gone already
-      }
-    }
+    await killNamespacePids(this.resolve(`g${i}`));
     if (!linksFirst) await down();
   }
 
@@ -328,21 +319,7 @@ ${sessions.join('\n')}
     this.cleaning ??= (async () => {
       for (const c of this.children) killTree(c);
       for (const ns of Object.values(this.ns)) {
-        for (let round = 0; round < 5; round++) {
-          const r = await runProcess(['ip', 'netns', 'pids', ns], process.env, { reject: false }, new Set());
-          const pids = r.stdout
-            .split('\n')
-            .map((l) => Number(l.trim()))
-            .filter((n) => Number.isInteger(n) && n > 1 && n !== process.pid);
-          if (pids.length === 0) break;
-          for (const p of pids) {
-            try {
-              process.kill(p, 'SIGKILL');
-            } catch {
-              // gone already
-            }
-          }
-        }
+        await killNamespacePids(ns);
         await runProcess(['ip', 'netns', 'del', ns], process.env, { reject: false }, new Set());
         live.delete(ns);
       }

@@ -20,7 +20,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { REPO_ROOT, killTree, runProcess, spawnTracked, type ExecOptions, type ExecResult, type Topology } from './netns.js';
+import { REPO_ROOT, killNamespacePids, killTree, runProcess, spawnTracked, type ExecOptions, type ExecResult, type Topology } from './netns.js';
 
 export type HaRole = 'ga' | 'gb' | 'vsw' | 'vpc1' | 'vpc2' | 'ext';
 const ROLES: readonly HaRole[] = ['ga', 'gb', 'vsw', 'vpc1', 'vpc2', 'ext'];
@@ -209,21 +209,7 @@ export class HaTopology {
     this.cleaning ??= (async () => {
       for (const c of this.children) killTree(c);
       for (const ns of Object.values(this.ns)) {
-        for (let round = 0; round < 5; round++) {
-          const r = await runProcess(['ip', 'netns', 'pids', ns], process.env, { reject: false }, new Set());
-          const pids = r.stdout
-            .split('\n')
-            .map((l) => Number(l.trim()))
-            .filter((n) => Number.isInteger(n) && n > 1 && n !== process.pid);
-          if (pids.length === 0) break;
-          for (const p of pids) {
-            try {
-              process.kill(p, 'SIGKILL');
-            } catch {
-              // gone already
-            }
-          }
-        }
+        await killNamespacePids(ns);
         await runProcess(['ip', 'netns', 'del', ns], process.env, { reject: false }, new Set());
         live.delete(ns);
       }

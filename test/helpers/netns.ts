@@ -253,6 +253,17 @@ function killPid(pid: number): void {
   }
 }
 
+/** Kill whatever runs in `ns`, including daemons that natgw started on its own. */
+export async function killNamespacePids(ns: string): Promise<void> {
+  // A process may fork while we kill; a few rounds catch the stragglers.
+  for (let round = 0; round < 5; round++) {
+    const r = await ip(['netns', 'pids', ns]).catch(() => null);
+    const pids = parsePids(r?.stdout ?? '');
+    if (pids.length === 0) return;
+    pids.forEach(killPid);
+  }
+}
+
 /** Real names of the namespaces that currently exist and start with `prefix`. */
 export async function listNamespaces(prefix: string): Promise<string[]> {
   const r = await ip(['netns', 'list']);
@@ -515,23 +526,12 @@ class NetnsTopology implements Topology {
   private async teardown(): Promise<void> {
     for (const child of this.children) killTree(child);
     for (const ns of Object.values(this.ns)) {
-      await this.killNamespacePids(ns).catch(() => undefined);
+      await killNamespacePids(ns).catch(() => undefined);
       await ip(['netns', 'del', ns]).catch(() => undefined);
       leftovers.namespaces.delete(ns);
     }
     rmSync(this.stateDir, { recursive: true, force: true });
     leftovers.stateDirs.delete(this.stateDir);
-  }
-
-  /** Kill whatever runs in `ns`, including daemons that natgw started on its own. */
-  private async killNamespacePids(ns: string): Promise<void> {
-    // A process may fork while we kill; a few rounds catch the stragglers.
-    for (let round = 0; round < 5; round++) {
-      const r = await ip(['netns', 'pids', ns]).catch(() => null);
-      const pids = parsePids(r?.stdout ?? '');
-      if (pids.length === 0) return;
-      pids.forEach(killPid);
-    }
   }
 }
 

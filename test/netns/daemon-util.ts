@@ -123,6 +123,28 @@ export async function waitReady(topo: Topology, d?: Daemon, timeoutMs = 20_000):
 }
 
 /**
+ * A `natgw serve` child's output (stdout and stderr), collected from now on, once it answers
+ * /healthz on `socket`; fails with that output if it exits first or never answers.
+ */
+export async function waitServing(child: ChildProcess, socket: string, name: string): Promise<() => string> {
+  let out = '';
+  child.stdout?.setEncoding('utf8').on('data', (d: string) => (out += d));
+  child.stderr?.setEncoding('utf8').on('data', (d: string) => (out += d));
+  let gone = false;
+  child.once('exit', () => (gone = true));
+  await waitFor(
+    async () => {
+      if (gone) throw new Error(`natgw serve in ${name} exited: ${out}`);
+      return (await api(socket, 'GET', '/healthz', undefined, {}, 1000)).status === 200;
+    },
+    { what: `natgw serve in ${name} to answer`, timeoutMs: 20_000, intervalMs: 50 },
+  ).catch((e: unknown) => {
+    throw new Error(`${(e as Error).message}\n${out}`);
+  });
+  return () => out;
+}
+
+/**
  * Wait for a log line: the daemon writes its log through a pipe, so a line logged before an
  * answer may reach this process after it.
  */

@@ -2,8 +2,7 @@
 import type { ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { HA_ADDR, type HaTopology, type Replica } from '../helpers/haTopology.js';
-import { waitFor } from '../helpers/poll.js';
-import { api, ok } from './daemon-util.js';
+import { api, ok, waitServing } from './daemon-util.js';
 
 export interface Replicad {
   readonly r: Replica;
@@ -20,21 +19,7 @@ export function syncEnv(r: Replica): Record<string, string> {
 
 export async function startReplica(topo: HaTopology, r: Replica, env: Record<string, string>): Promise<Replicad> {
   const child = topo.spawnNatgw(r, env, 'serve');
-  let out = '';
-  child.stdout?.setEncoding('utf8').on('data', (d: string) => (out += d));
-  child.stderr?.setEncoding('utf8').on('data', (d: string) => (out += d));
-  let gone = false;
-  child.once('exit', () => (gone = true));
-  await waitFor(
-    async () => {
-      if (gone) throw new Error(`natgw serve in ${r} exited: ${out}`);
-      return (await api(topo.socket(r), 'GET', '/healthz', undefined, {}, 1000)).status === 200;
-    },
-    { what: `natgw serve in ${r} to answer`, timeoutMs: 20_000, intervalMs: 50 },
-  ).catch((e: unknown) => {
-    throw new Error(`${(e as Error).message}\n${out}`);
-  });
-  return { r, child, logs: () => out };
+  return { r, child, logs: await waitServing(child, topo.socket(r), r) };
 }
 
 export async function legacy(topo: HaTopology, r: Replica, command: string, ...rules: string[]): Promise<void> {
