@@ -220,6 +220,7 @@ class ImageRunner implements NatgwRunner {
 
 interface PodProcess {
   readonly pid: number;
+  readonly ppid: number;
   readonly state: string;
   readonly cmdline: string;
 }
@@ -233,9 +234,9 @@ function podProcesses(pid1: number): PodProcess[] {
       if (readlinkSync(`/proc/${entry}/ns/pid`) !== ns) continue;
       // The state follows the parenthesised command name, which may itself hold spaces.
       const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
-      const state = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0] ?? '?';
+      const [state = '?', ppid = '0'] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
       const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0').join(' ').trim();
-      out.push({ pid: Number(entry), state, cmdline });
+      out.push({ pid: Number(entry), ppid: Number(ppid), state, cmdline });
     } catch {
       // Exited while we looked.
     }
@@ -268,6 +269,23 @@ function daemonPids(pid1: number, socket: string, procs: readonly { pid: number 
     })
     .map((p) => p.pid);
 }
+
+/**
+ * The pod's zombies that stay: a child of the daemon that has just exited is a zombie until the
+ * daemon reaps it a moment later, so each zombie seen is given ZOMBIE_GRACE_MS to go. An orphan
+ * under a PID 1 that never reaps stays for good.
+ */
+async function lingeringZombies(pid1: number): Promise<PodProcess[]> {
+  const first = podProcesses(pid1).filter((p) => p.state === 'Z');
+  if (first.length === 0) return [];
+  const still = () => podProcesses(pid1).filter((p) => p.state === 'Z' && first.some((z) => z.pid === p.pid));
+  await waitFor(async () => still().length === 0, { what: 'zombies to be reaped', timeoutMs: ZOMBIE_GRACE_MS }).catch(() => undefined);
+  return still();
+}
+
+const ZOMBIE_GRACE_MS = 3_000;
+
+const zombieText = (z: readonly PodProcess[]): string => z.map((p) => `${p.pid} (parent ${p.ppid})`).join(', ');
 
 function readlinkSafe(path: string): string {
   try {
@@ -313,10 +331,10 @@ async function zombieCheck(mode: Mode): Promise<number> {
     const procs = podProcesses(pod.pid1);
     const daemon = procs.find((p) => daemonPids(pod?.pid1 ?? 0, env.NATGW_SOCKET ?? '', procs).includes(p.pid) && p.state !== 'Z');
     report(daemon !== undefined, `the autostarted daemon runs: ${daemon ? `pid ${daemon.pid}, ${daemon.cmdline}` : 'none'}`);
-    const zombies = procs.filter((p) => p.state === 'Z');
+    const zombies = await lingeringZombies(pod.pid1);
     report(
       zombies.length === 0,
-      `zombie processes: ${zombies.length} (of ${procs.length} in the pod: ${procs.map((p) => `${p.pid} ${p.state} ${p.cmdline.slice(0, 40)}`).join(' | ')})`,
+      `zombie processes that stay: ${zombies.length}${zombies.length ? ` (${zombieText(zombies)}; the pod: ${procs.map((p) => `${p.pid} ${p.state} ${p.cmdline.slice(0, 40)}`).join(' | ')})` : ` (of ${procs.length} in the pod)`}`,
     );
     // Control: the count above can fail. An orphan that exits under this PID 1 stays a zombie.
     const orphan = await pod.exec(['bash', '-c', '(sleep 0 &)'], {});
@@ -324,7 +342,11 @@ async function zombieCheck(mode: Mode): Promise<number> {
       what: 'the control orphan to show up as a zombie',
       timeoutMs: 10_000,
     }).catch(() => 0);
-    report(orphan.exitCode === 0 && seen > 0, `control: an orphan left by \`bash -c '(sleep 0 &)'\` is seen as a zombie (${seen})`);
+    const stays = seen > 0 ? await lingeringZombies(pod.pid1) : [];
+    report(
+      orphan.exitCode === 0 && stays.length > 0,
+      `control: an orphan left by \`bash -c '(sleep 0 &)'\` is seen as a zombie that stays (${zombieText(stays) || 'none'})`,
+    );
     // Last, as it starts tools the zombie count above would catch mid-exit. Node.js lives in
     // /usr/local/bin: without it on PATH only the shim's nc client can answer.
     const viaNc = await pod.exec(['bash', SHIM, 'eip-add', '172.20.0.99/24'], { ...env, PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
@@ -437,8 +459,11 @@ async function mainProcessCheck(mode: Mode): Promise<number> {
       daemons.length === 1 && parent === p.pid1,
       `one daemon, PID 1's child (PID 1: ${pid1?.cmdline}; daemon: ${daemons.map((d) => d.cmdline).join(' | ')})`,
     );
-    const zombies = procs.filter((x) => x.state === 'Z');
-    report(zombies.length === 0, `zombie processes: ${zombies.length} (of ${procs.length} in the pod)`);
+    const zombies = await lingeringZombies(p.pid1);
+    report(
+      zombies.length === 0,
+      `zombie processes that stay: ${zombies.length}${zombies.length ? ` (${zombieText(zombies)})` : ''} (of ${procs.length} in the pod)`,
+    );
   } catch (err) {
     report(false, `error: ${String(err)}`);
   } finally {
