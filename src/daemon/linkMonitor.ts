@@ -1,8 +1,7 @@
-import type { ResultPromise } from 'execa';
 import type { Logger } from 'pino';
 import { deletedNeighbourOf, isNeighbourLine } from '../dataplane/neighboursPlan.js';
 import { PROBE_DEVICE_PREFIX } from '../dataplane/qos/probe.js';
-import { diesWithNatgw } from '../system/diesWithNatgw.js';
+import { Supervised } from '../system/supervised.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
@@ -88,30 +87,42 @@ export function mayLoseState(line: string): boolean {
 /**
  * Watches link and address events in this network namespace (`ip -o monitor link address neigh`)
  * and reports them, debounced: an interface recreated or an address flushed triggers a
- * resync at once instead of at the next period. A monitor that dies is restarted (with a
- * backoff), and a restart reports a change too, since events may have been missed meanwhile.
+ * resync at once instead of at the next period. A monitor that dies is restarted (Supervised,
+ * with a backoff), and a restart reports a change too, since events may have been missed meanwhile.
  */
 export class LinkMonitor {
-  private child: ResultPromise | undefined;
-  private cancel: AbortController | undefined;
+  private monitor: Supervised | undefined;
   private timer: NodeJS.Timeout | undefined;
-  private restartTimer: NodeJS.Timeout | undefined;
-  private stopped = true;
-  private restartDelay: number;
   private lastLine = '';
   private readonly links = new LinkUpTracker();
   /** Lines are not reported as links coming up until the links' state is read (options.links). */
   private seeded = false;
-  restarts = 0;
 
-  constructor(private readonly opts: LinkMonitorOptions) {
-    this.restartDelay = opts.restartMs ?? 500;
-  }
+  constructor(private readonly opts: LinkMonitorOptions) {}
 
   start(): void {
-    if (!this.stopped) return;
-    this.stopped = false;
-    this.spawn();
+    if (this.monitor) return;
+    const [tool = 'ip', ...args] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
+    let spawned = 0;
+    this.monitor = new Supervised({
+      file: tool,
+      args,
+      name: 'link monitor',
+      log: this.opts.log,
+      minBackoffMs: this.opts.restartMs ?? 500,
+      maxBackoffMs: this.opts.maxRestartMs ?? 30_000,
+      stableMs: 10_000,
+      graceMs: 2000,
+      onLine: (line) => {
+        if (line.trim() !== '') this.event(line);
+      },
+      onStderr: () => undefined,
+      // Events may have been missed while no monitor ran.
+      onSpawn: () => {
+        if (spawned++ > 0) this.opts.onChange('link monitor restarted');
+      },
+    });
+    this.monitor.start();
     const read = this.opts.links;
     if (!read) {
       this.seeded = true;
@@ -128,57 +139,6 @@ export class LinkMonitor {
       });
   }
 
-  private spawn(): void {
-    const [tool = 'ip', ...toolArgs] = this.opts.argv ?? ['ip', '-o', 'monitor', 'link', 'address', 'neigh'];
-    const { file, args } = diesWithNatgw(tool, toolArgs);
-    const cancel = new AbortController();
-    this.cancel = cancel;
-    void this.follow(file, args, cancel.signal);
-  }
-
-  /**
-   * One monitor process on execa, read line by line until it ends: execa kills it when natgw
-   * exits (cleanup) and when stop() cancels it (SIGTERM, SIGKILL if it lingers).
-   */
-  private async follow(file: string, args: readonly string[], signal: AbortSignal): Promise<void> {
-    const startedAt = Date.now();
-    // Loaded with the first monitor, not with the daemon: none of the command path needs it.
-    const { execa } = await import('execa');
-    if (signal.aborted) return;
-    const child = execa(file, args, {
-      stdin: 'ignore',
-      stderr: 'ignore',
-      buffer: false,
-      env: { LC_ALL: 'C' },
-      cancelSignal: signal,
-      forceKillAfterDelay: 2000,
-      reject: false,
-    });
-    this.child = child;
-    try {
-      for await (const line of child.iterable()) if (line.trim() !== '') this.event(line);
-    } catch {
-      // The process failed or was cancelled: its result says how.
-    }
-    const r = await child;
-    if (this.child === child) this.child = undefined;
-    if (this.stopped) return;
-    // A monitor that ran for a while earns a fresh backoff.
-    if (Date.now() - startedAt > 10_000) this.restartDelay = this.opts.restartMs ?? 500;
-    this.opts.log.warn(
-      { exitCode: r.exitCode, signal: r.signal, failed: r.failed, err: r.failed ? r.shortMessage : undefined, restartInMs: this.restartDelay },
-      'link monitor exited; restarting',
-    );
-    this.restartTimer = setTimeout(() => {
-      this.restartTimer = undefined;
-      if (this.stopped) return;
-      this.restarts++;
-      this.spawn();
-      this.opts.onChange('link monitor restarted');
-    }, this.restartDelay);
-    this.restartDelay = Math.min(this.restartDelay * 2, this.opts.maxRestartMs ?? 30_000);
-  }
-
   private event(line: string): void {
     const up = this.links.observe(line);
     if (up !== undefined && this.seeded) this.opts.onLinkUp?.(up);
@@ -189,7 +149,7 @@ export class LinkMonitor {
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      if (this.stopped) return;
+      if (!this.monitor) return;
       this.opts.log.debug({ event: this.lastLine }, 'link event');
       this.opts.onChange(`link event: ${this.lastLine.slice(0, 200)}`);
     }, this.opts.debounceMs ?? 200);
@@ -197,16 +157,17 @@ export class LinkMonitor {
 
   /** The running monitor's pid (tests kill it to prove the restart). */
   get pid(): number | undefined {
-    return this.child?.pid;
+    return this.monitor?.pid;
+  }
+
+  get restarts(): number {
+    return this.monitor?.restarts ?? 0;
   }
 
   stop(): void {
-    this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
-    if (this.restartTimer) clearTimeout(this.restartTimer);
     this.timer = undefined;
-    this.restartTimer = undefined;
-    this.cancel?.abort();
-    this.child = undefined;
+    void this.monitor?.stop();
+    this.monitor = undefined;
   }
 }

@@ -7,7 +7,7 @@ import { isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
-import { Supervisor, killOrphan } from './supervisor.js';
+import { killOrphan, Supervised } from '../system/supervised.js';
 import { PeerCompare, requestResend, type PeerView } from './peer.js';
 import type { HaMetrics } from './metrics.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
@@ -64,7 +64,7 @@ const STATS_TIMEOUT_MS = 2000;
 export class HaManager implements HaService {
   private readonly ha: HaConfig | undefined;
   private readonly paths: ConntrackdPaths;
-  private supervisor: Supervisor | undefined;
+  private supervisor: Supervised | undefined;
   private peer: PeerCompare | undefined;
   private offReason: string | null = null;
   private timer: NodeJS.Timeout | undefined;
@@ -136,7 +136,7 @@ export class HaManager implements HaService {
       }
     }
     this.d.metrics.enabled.set(1);
-    this.supervisor = new Supervisor({
+    this.supervisor = new Supervised({
       file: ha.conntrackd,
       args: ['-C', this.paths.config],
       log: this.d.log,
@@ -149,6 +149,11 @@ export class HaManager implements HaService {
         this.d.metrics.conntrackdUp.set(s === 'running' ? 1 : 0);
         if (s === 'backoff') this.d.metrics.restarts.inc();
         this.updateHealth();
+      },
+      // conntrackd marks its own severity: keep its errors visible, its chatter at debug.
+      onLine: (line) => {
+        if (/\[(ERROR|WARNING)\]/.test(line)) this.d.log.warn({ line }, 'conntrackd says');
+        else this.d.log.debug({ line }, 'conntrackd says');
       },
     });
     this.d.log.info(
@@ -372,7 +377,7 @@ export class HaManager implements HaService {
   health(): { enabled: boolean; healthy: boolean; reasons: string[] } {
     if (!this.enabled) return { enabled: false, healthy: false, reasons: [`replica sync off: ${this.offReason ?? 'not started'}`] };
     const reasons: string[] = [];
-    const sup = this.supervisor as Supervisor;
+    const sup = this.supervisor as Supervised;
     const ha = this.ha as HaConfig;
     if (sup.state !== 'running') {
       const last = sup.lastExit;

@@ -1,7 +1,6 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { setPriority } from 'node:os';
 import type { Logger } from 'pino';
-import { diesWithNatgw } from '../system/diesWithNatgw.js';
+import { Supervised } from '../system/supervised.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
 import { parseConntrackLine, type ConntrackEntry } from './conntrackEvents.js';
@@ -22,9 +21,9 @@ export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,
 /** The table of one family, translated entries only (the same filter as the events). */
 export const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', family, '-o', 'extended,id', '--any-nat'];
 /**
- * Event lines handled in one turn of the event loop: the follower then yields (setImmediate) and
- * pauses its pipe until the backlog is handled, so commands interleave with a burst and an
- * overload turns into conntrack's lost events (ENOBUFS), never into a queue in the daemon.
+ * Event lines handled in one turn of the event loop: the follower then yields (setImmediate),
+ * reading no more meanwhile, so commands interleave with a burst and an overload turns into
+ * conntrack's lost events (ENOBUFS), never into a queue in the daemon.
  */
 const CHUNK_LINES = 256;
 /**
@@ -44,8 +43,6 @@ export const RESEED_MIN_INTERVAL_MS = 30_000;
 const MAX_LINE = 4096;
 /** Connections remembered (id → EIP and kind); beyond this, new ones are neither remembered nor counted. */
 export const MAX_TRACKED = 1 << 20;
-const BACKOFF_MIN_MS = 250;
-const BACKOFF_MAX_MS = 30_000;
 /** A child that lived this long is considered healthy again: the backoff restarts from the minimum. */
 const HEALTHY_AFTER_MS = 60_000;
 
@@ -109,10 +106,8 @@ export class ConntrackMonitor {
   private readonly active = new Map<number, Tracked>();
   private readonly counts = new Map<string, LabelRow>();
   private readonly ports: PortUsage<LabelRow>;
-  private child: ChildProcess | undefined;
+  private follower: Supervised | undefined;
   private stopped = true;
-  private backoff = BACKOFF_MIN_MS;
-  private restartTimer: NodeJS.Timeout | undefined;
   /** While a seed listing runs: ids destroyed meanwhile, which the listing may still show. */
   private destroyedWhileSeeding: Set<number> | undefined;
   /** While a seed listing runs: ids that started meanwhile, which the listing may miss. */
@@ -123,7 +118,6 @@ export class ConntrackMonitor {
   private seedTimer: NodeJS.Timeout | undefined;
   /** When the last listing ended (performance.now()). */
   private lastSeedAt = Number.NEGATIVE_INFINITY;
-  private upSince = 0;
 
   constructor(private readonly opts: ConntrackMonitorOptions) {
     this.ports = new PortUsage(opts.snatPorts);
@@ -131,7 +125,7 @@ export class ConntrackMonitor {
 
   /** Whether the event child is running. */
   get up(): boolean {
-    return this.child !== undefined;
+    return this.follower?.state === 'running';
   }
 
   /**
@@ -164,23 +158,49 @@ export class ConntrackMonitor {
   start(): void {
     if (!this.stopped) return;
     this.stopped = false;
-    this.spawnChild();
+    let spawned = 0;
+    let lines = 0;
+    this.follower = new Supervised({
+      file: this.opts.tool ?? 'conntrack',
+      args: EVENT_ARGS,
+      name: 'conntrack events follower',
+      log: this.opts.log,
+      minBackoffMs: 250,
+      maxBackoffMs: 30_000,
+      stableMs: HEALTHY_AFTER_MS,
+      graceMs: 2000,
+      onSpawn: (pid) => {
+        try {
+          setPriority(pid, FOLLOWER_NICE);
+        } catch (e) {
+          this.opts.log.debug({ err: e }, 'conntrack events: cannot lower the priority of conntrack');
+        }
+        // The listing after the subscription: an entry created in between shows up in both, which
+        // the id map absorbs; one destroyed in between is remembered and not counted again.
+        this.requestSeed(spawned++ === 0 ? undefined : 'conntrack restarted');
+      },
+      onLine: (line) => {
+        if (line.length <= MAX_LINE) this.onLine(line);
+        if (++lines % CHUNK_LINES === 0) return new Promise<void>((resolve) => setImmediate(resolve));
+      },
+      // The socket overran and events were lost (conntrack keeps running): counts are re-read.
+      onStderr: (line) => {
+        if (!line.includes('ENOBUFS')) return;
+        this.opts.onOverrun?.();
+        this.requestSeed('events lost (ENOBUFS)');
+      },
+      onExit: () => this.opts.onRestart?.(),
+    });
+    this.follower.start();
   }
 
   /** Kill the child and wait until it is gone. */
   async stop(): Promise<void> {
     this.stopped = true;
-    clearTimeout(this.restartTimer);
     clearTimeout(this.seedTimer);
     this.seedTimer = undefined;
-    const child = this.child;
-    if (child && child.exitCode === null && child.signalCode === null) {
-      const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-      child.kill('SIGTERM');
-      const t = setTimeout(() => child.kill('SIGKILL'), 2000);
-      await gone;
-      clearTimeout(t);
-    }
+    await this.follower?.stop();
+    this.follower = undefined;
     await this.seeding?.catch(() => undefined);
     await this.opts.flowLog?.close();
   }
@@ -188,83 +208,6 @@ export class ConntrackMonitor {
   /** Resolves once the current seed listing (if any) has been applied. */
   async seeded(): Promise<void> {
     await this.seeding;
-  }
-
-  private spawnChild(): void {
-    const tool = this.opts.tool ?? 'conntrack';
-    let child: ChildProcess;
-    try {
-      const { file, args } = diesWithNatgw(tool, EVENT_ARGS);
-      child = spawn(file, [...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C' } });
-    } catch (e) {
-      this.opts.log.warn({ err: e }, 'conntrack events: cannot start conntrack');
-      this.scheduleRestart();
-      return;
-    }
-    this.child = child;
-    this.upSince = Date.now();
-    try {
-      if (child.pid !== undefined) setPriority(child.pid, FOLLOWER_NICE);
-    } catch (e) {
-      this.opts.log.debug({ err: e }, 'conntrack events: cannot lower the priority of conntrack');
-    }
-    const stdout = child.stdout!;
-    let partial = '';
-    let queue: string[] = [];
-    let at = 0;
-    let scheduled = false;
-    const drain = (): void => {
-      scheduled = false;
-      if (this.stopped) return;
-      const end = Math.min(at + CHUNK_LINES, queue.length);
-      for (; at < end; at++) {
-        const line = queue[at]!;
-        if (line.length <= MAX_LINE) this.onLine(line);
-      }
-      if (at < queue.length) {
-        stdout.pause();
-        scheduled = true;
-        setImmediate(drain);
-        return;
-      }
-      queue = [];
-      at = 0;
-      stdout.resume();
-    };
-    stdout.setEncoding('utf8').on('data', (chunk: string) => {
-      const lines = (partial + chunk).split('\n');
-      partial = lines.pop() ?? '';
-      if (partial.length > MAX_LINE) partial = '';
-      if (queue.length === 0) queue = lines;
-      else for (const line of lines) queue.push(line);
-      if (queue.length - at > CHUNK_LINES) stdout.pause();
-      if (!scheduled) {
-        scheduled = true;
-        setImmediate(drain);
-      }
-    });
-    let stderr = '';
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      if (stderr.length < MAX_LINE) stderr += d;
-      // The socket overran and events were lost (conntrack keeps running): counts are re-read.
-      const overruns = d.split('ENOBUFS').length - 1;
-      if (overruns > 0) {
-        for (let i = 0; i < overruns; i++) this.opts.onOverrun?.();
-        this.requestSeed('events lost (ENOBUFS)');
-      }
-    });
-    child.once('error', (e) => this.opts.log.warn({ err: e }, 'conntrack events: conntrack failed'));
-    child.once('close', (code, signal) => {
-      if (this.child === child) this.child = undefined;
-      if (this.stopped) return;
-      this.opts.log.warn({ code, signal, stderr: stderr.trim().slice(0, 500) }, 'conntrack events: conntrack exited; restarting');
-      if (Date.now() - this.upSince > HEALTHY_AFTER_MS) this.backoff = BACKOFF_MIN_MS;
-      this.opts.onRestart?.();
-      this.scheduleRestart();
-    });
-    // The listing after the subscription: an entry created in between shows up in both, which
-    // the id map absorbs; one destroyed in between is remembered and not counted again.
-    this.requestSeed(this.lastSeedAt === Number.NEGATIVE_INFINITY ? undefined : 'conntrack restarted');
   }
 
   /**
@@ -296,14 +239,6 @@ export class ConntrackMonitor {
         this.requestSeed();
       }
     });
-  }
-
-  private scheduleRestart(): void {
-    if (this.stopped) return;
-    const wait = this.backoff;
-    this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
-    this.restartTimer = setTimeout(() => this.spawnChild(), wait);
-    this.restartTimer.unref();
   }
 
   private async seed(): Promise<void> {

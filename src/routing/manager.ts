@@ -5,7 +5,7 @@ import type { Registry } from 'prom-client';
 import type { BgpConfig, Config } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import { canonicalIp } from '../model/net.js';
-import { Supervisor, killOrphan, type SupervisorOptions } from '../ha/supervisor.js';
+import { killOrphan, Supervised } from '../system/supervised.js';
 import { errorOf, parseBfdSessions, parseProtocols, parseReplies, parseRoutePrefixes, type BfdRow, type ProtocolRow } from './birdc.js';
 import { announceOf, gateOf, prefixOf, type Gate } from './plan.js';
 import { renderBirdConf, routerIdOf, sessionsOf, type Session, type Skipped } from './render.js';
@@ -24,8 +24,6 @@ export interface RoutingDeps {
   readonly role: () => 'active' | 'standby';
   /** Ask for a full sync (the reconciler's); the EIPs wait for one after the external interface came back. */
   readonly requestSync?: (why: string) => void;
-  /** How BIRD is started (tests: a fake child). */
-  readonly spawn?: SupervisorOptions['spawn'];
 }
 
 export interface BirdPaths {
@@ -76,7 +74,7 @@ export class RoutingManager {
   private readonly bgp: BgpConfig | undefined;
   readonly paths: BirdPaths;
   private readonly metrics: RoutingMetrics | undefined;
-  private supervisor: Supervisor | undefined;
+  private supervisor: Supervised | undefined;
   private offReason: string | null = null;
   private link: LinkView | undefined;
   private linkError: string | null = null;
@@ -125,11 +123,10 @@ export class RoutingManager {
     }
     if (this.stopped) return;
     this.metrics?.enabled.set(1);
-    this.supervisor = new Supervisor({
+    this.supervisor = new Supervised({
       file: bgp.bird,
       args: ['-f', '-c', this.paths.config, '-s', this.paths.socket],
       log: this.d.log,
-      spawn: this.d.spawn,
       beforeStart: () => this.prepare(),
       onSpawn: (pid) => void fs.writeFile(this.paths.pid, `${pid}\n`).catch(() => undefined),
       onState: (s) => {
@@ -381,7 +378,7 @@ export class RoutingManager {
   health(): { enabled: boolean; healthy: boolean; reasons: string[] } {
     if (!this.enabled) return { enabled: false, healthy: false, reasons: [`BGP off: ${this.offReason ?? 'not started'}`] };
     const reasons: string[] = [];
-    const sup = this.supervisor as Supervisor;
+    const sup = this.supervisor as Supervised;
     if (sup.state !== 'running') {
       const last = sup.lastExit;
       const why = last ? (last.error ?? (last.signal ? `killed by ${last.signal}` : `exit ${last.code}`)) : 'starting';

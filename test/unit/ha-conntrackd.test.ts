@@ -4,17 +4,14 @@
  * from the active to the backup and committed there; one multicast replica), the HA configuration keys, and the
  * supervisor's restart with backoff.
  */
-import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
-import { PassThrough } from 'node:stream';
-import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { loadConfig, ConfigError } from '../../src/config/config.js';
 import { conntrackdPaths, renderConntrackdConf, HaConfigError } from '../../src/ha/render.js';
 import { parseConntrackdStats, StatsParseError } from '../../src/ha/stats.js';
-import { Supervisor, type SupervisorState } from '../../src/ha/supervisor.js';
+import { Supervised, type SupervisedState } from '../../src/system/supervised.js';
 import { waitFor } from '../helpers/poll.js';
 
 const FIXTURES = join(import.meta.dirname, 'fixtures', 'conntrackd');
@@ -200,76 +197,52 @@ describe('HA configuration keys', () => {
   });
 });
 
-/** A child that exits when told to. */
-class FakeChild extends EventEmitter {
-  static next = 1000;
-  readonly pid = FakeChild.next++;
-  readonly stdout = new PassThrough();
-  readonly stderr = new PassThrough();
-  exitCode: number | null = null;
-  signalCode: string | null = null;
-  kill(signal: string): boolean {
-    this.die(null, signal);
-    return true;
-  }
-  die(code: number | null, signal: string | null = null): void {
-    if (this.exitCode !== null || this.signalCode !== null) return;
-    this.exitCode = code;
-    this.signalCode = signal;
-    this.emit('exit', code, signal);
-  }
-}
+describe('Supervised (a real child process)', () => {
+  /** A child that waits until it is killed. */
+  const sleeper = { file: 'sh', args: ['-c', 'exec sleep 600'] };
 
-describe('Supervisor', () => {
   it('restarts a child that dies, with a growing backoff, and stops for good', async () => {
-    const children: FakeChild[] = [];
-    const states: SupervisorState[] = [];
-    const sup = new Supervisor({
-      file: 'conntrackd',
-      args: ['-C', 'x'],
+    const pids: number[] = [];
+    const states: SupervisedState[] = [];
+    const sup = new Supervised({
+      ...sleeper,
       log: silent,
-      spawn: () => {
-        const c = new FakeChild();
-        children.push(c);
-        return c as unknown as ChildProcess;
-      },
+      onSpawn: (pid) => pids.push(pid),
       onState: (s) => states.push(s),
       minBackoffMs: 5,
       maxBackoffMs: 40,
       stableMs: 60_000,
     });
     sup.start();
-    await waitFor(async () => sup.state === 'running', { what: 'first start' });
-    for (let i = 0; i < 4; i++) {
-      const c = children[children.length - 1]!;
-      c.die(null, 'SIGKILL');
-      expect(sup.state).toBe('backoff');
-      await waitFor(async () => sup.state === 'running' && children.length === i + 2, { what: `restart ${i + 1}` });
+    try {
+      await waitFor(async () => sup.state === 'running', { what: 'first start' });
+      for (let i = 0; i < 4; i++) {
+        process.kill(pids[pids.length - 1] as number, 'SIGKILL');
+        await waitFor(async () => sup.state === 'running' && pids.length === i + 2, { what: `restart ${i + 1}` });
+      }
+      expect(sup.restarts).toBe(4);
+      expect(sup.lastExit?.signal).toBe('SIGKILL');
+      expect(new Set(pids).size).toBe(5);
+    } finally {
+      await sup.stop();
     }
-    expect(sup.restarts).toBe(4);
-    expect(sup.lastExit?.signal).toBe('SIGKILL');
-    await sup.stop();
     expect(sup.state).toBe('stopped');
-    expect(children[children.length - 1]!.signalCode).toBe('SIGTERM');
+    expect(sup.lastExit?.signal).toBe('SIGTERM');
+    expect(() => process.kill(pids[pids.length - 1] as number, 0)).toThrow();
     expect(states.filter((s) => s === 'backoff')).toHaveLength(4);
   });
 
-  it("logs the child's lines (node:readline, loaded on first use): its errors as warnings", async () => {
+  it('hands each line to its owner, stdout and stderr apart; by default at debug level', async () => {
     const lines: { level: number; line?: string }[] = [];
     const log = pino({ level: 'debug' }, { write: (s: string) => lines.push(JSON.parse(s)) });
-    const sup = new Supervisor({
-      file: process.execPath,
-      args: ['-e', "console.log('[ERROR] cannot bind'); console.error('[NOTICE] chatter'); setInterval(() => {}, 1000)"],
-      log,
-      stableMs: 60_000,
-    });
+    const err: string[] = [];
+    const script = "console.log('[ERROR] cannot bind'); console.error('[NOTICE] chatter'); setInterval(() => {}, 1000)";
+    const sup = new Supervised({ file: process.execPath, args: ['-e', script], log, onStderr: (l) => err.push(l), stableMs: 60_000 });
     sup.start();
     try {
-      await waitFor(async () => lines.some((l) => l.line === '[NOTICE] chatter') && lines.some((l) => l.line === '[ERROR] cannot bind'), {
-        what: "the child's two lines",
-      });
-      expect(lines.find((l) => l.line === '[ERROR] cannot bind')?.level).toBe(40);
-      expect(lines.find((l) => l.line === '[NOTICE] chatter')?.level).toBe(20);
+      await waitFor(async () => err.includes('[NOTICE] chatter') && lines.some((l) => l.line === '[ERROR] cannot bind'), { what: "the child's two lines" });
+      expect(lines.find((l) => l.line === '[ERROR] cannot bind')?.level).toBe(20);
+      expect(lines.some((l) => l.line === '[NOTICE] chatter')).toBe(false);
     } finally {
       await sup.stop();
     }
@@ -277,23 +250,37 @@ describe('Supervisor', () => {
 
   it('a failed start (binary gone, config refused) is retried too, never thrown', async () => {
     let attempts = 0;
-    const sup = new Supervisor({
-      file: 'conntrackd',
-      args: [],
+    const sup = new Supervised({
+      ...sleeper,
       log: silent,
       beforeStart: async () => {
         attempts++;
         if (attempts < 3) throw new Error('sync interface sync0 not found (yet)');
       },
-      spawn: () => new FakeChild() as unknown as ChildProcess,
       minBackoffMs: 1,
       maxBackoffMs: 2,
     });
     sup.start();
-    await waitFor(async () => sup.state === 'running', { what: 'start after two failures' });
-    expect(attempts).toBe(3);
-    expect(sup.restarts).toBe(2);
-    expect(sup.lastExit?.error).toMatch(/not found/);
-    await sup.stop();
+    try {
+      await waitFor(async () => sup.state === 'running', { what: 'start after two failures' });
+      expect(attempts).toBe(3);
+      expect(sup.restarts).toBe(2);
+      expect(sup.lastExit?.error).toMatch(/not found/);
+    } finally {
+      await sup.stop();
+    }
+  });
+
+  it('a binary that is not there is a failed start, retried with backoff', async () => {
+    const sup = new Supervised({ file: '/nonexistent/conntrackd', args: [], log: silent, minBackoffMs: 1, maxBackoffMs: 2 });
+    sup.start();
+    try {
+      await waitFor(async () => sup.restarts >= 2, { what: 'two failed starts' });
+      // Through setpriv (diesWithNatgw) the exec fails in the child, which says why on stderr.
+      expect(sup.lastExit?.code).not.toBe(0);
+      expect(sup.lastExit?.error).toMatch(/ENOENT|No such file|nonexistent/);
+    } finally {
+      await sup.stop();
+    }
   });
 });

@@ -3,12 +3,9 @@
  * rendered bird.conf, the parsers of BIRD's control replies (fed with replies as BIRD 2
  * prints them with `birdc -v`), and the manager's reloads with BIRD and the kernel faked.
  */
-import type { ChildProcess } from 'node:child_process';
-import { EventEmitter } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { PassThrough } from 'node:stream';
 import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
@@ -244,18 +241,14 @@ describe("BIRD's control replies", () => {
   });
 });
 
-/** A child that exits when told to (BIRD's stand-in). */
-class FakeChild extends EventEmitter {
-  readonly pid = 4242;
-  readonly stdout = new PassThrough();
-  readonly stderr = new PassThrough();
-  exitCode: number | null = null;
-  signalCode: string | null = null;
-  kill(signal: string): boolean {
-    this.signalCode = signal;
-    this.emit('exit', null, signal);
-    return true;
-  }
+/** BIRD's stand-in: a script that records its pid and the signal it ends by, then waits. */
+function fakeBird(stateDir: string): string {
+  const dir = join(stateDir, 'fake');
+  mkdirSync(dir);
+  const p = join(dir, 'bird');
+  writeFileSync(p, `#!/bin/sh\necho $$ > '${dir}/bird.pid'\ntrap "echo TERM > '${dir}/bird.ended'; exit 0" TERM\nwhile :; do sleep 1; done\n`);
+  chmodSync(p, 0o755);
+  return p;
 }
 
 describe('RoutingManager (BIRD and the kernel faked)', () => {
@@ -283,8 +276,7 @@ describe('RoutingManager (BIRD and the kernel faked)', () => {
       };
       const syncs: string[] = [];
       const registry = new Registry();
-      const bgp = { peers: ['172.20.0.1'], asn: 65001, peerAsn: 65000, bfd: { intervalMs: 100, multiplier: 3 }, bird: 'bird', birdc: 'birdc' };
-      const child = new FakeChild();
+      const bgp = { peers: ['172.20.0.1'], asn: 65001, peerAsn: 65000, bfd: { intervalMs: 100, multiplier: 3 }, bird: fakeBird(dir), birdc: 'birdc' };
       const m = new RoutingManager({
         config: { stateDir: dir, extInterface: 'net1', bgp } as unknown as Config,
         exec,
@@ -294,7 +286,6 @@ describe('RoutingManager (BIRD and the kernel faked)', () => {
         applied: () => ({ eips: [{ address: '198.51.100.10' }], interfaces: { ext: 'net1' } }),
         role: () => 'active',
         requestSync: (why) => syncs.push(why),
-        spawn: () => child as unknown as ChildProcess,
       });
       const conf = () => readFileSync(m.paths.config, 'utf8');
       const routed = () => conf().includes('route 198.51.100.10/32 blackhole;');
@@ -328,7 +319,7 @@ describe('RoutingManager (BIRD and the kernel faked)', () => {
       expect(text).toMatch(/natgw_bgp_withdrawals_total\{reason="external-down"\} 1/);
       expect(text).toMatch(/natgw_bgp_announcing 1/);
       await m.stop();
-      expect(child.signalCode).toBe('SIGTERM');
+      expect(readFileSync(join(dir, 'fake', 'bird.ended'), 'utf8').trim()).toBe('TERM');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
