@@ -21,12 +21,6 @@ export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,
 /** The table of one family, translated entries only (the same filter as the events). */
 export const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', family, '-o', 'extended,id', '--any-nat'];
 /**
- * Event lines handled in one turn of the event loop: the follower then yields (setImmediate),
- * reading no more meanwhile, so commands interleave with a burst and an overload turns into
- * conntrack's lost events (ENOBUFS), never into a queue in the daemon.
- */
-const CHUNK_LINES = 256;
-/**
  * The event child's nice value: following is best effort, so in a burst the conntrack process
  * gives the CPU up to the daemon's commands and the datapath, and loses events (ENOBUFS) first.
  */
@@ -159,7 +153,6 @@ export class ConntrackMonitor {
     if (!this.stopped) return;
     this.stopped = false;
     let spawned = 0;
-    let lines = 0;
     this.follower = new Supervised({
       file: this.opts.tool ?? 'conntrack',
       args: EVENT_ARGS,
@@ -181,7 +174,6 @@ export class ConntrackMonitor {
       },
       onLine: (line) => {
         if (line.length <= MAX_LINE) this.onLine(line);
-        if (++lines % CHUNK_LINES === 0) return new Promise<void>((resolve) => setImmediate(resolve));
       },
       // The socket overran and events were lost (conntrack keeps running): counts are re-read.
       onStderr: (line) => {

@@ -1,22 +1,17 @@
 /**
  * Replica sync (src/ha): conntrackd.conf rendering, the `conntrackd -s` parser on output
  * captured from Debian's conntrackd 1.4.7 (two replicas in two namespaces, one TCP flow synced
- * from the active to the backup and committed there; one multicast replica), the HA configuration keys, and the
- * supervisor's restart with backoff.
+ * from the active to the backup and committed there; one multicast replica), and the HA configuration keys.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { loadConfig, ConfigError } from '../../src/config/config.js';
 import { conntrackdPaths, renderConntrackdConf, HaConfigError } from '../../src/ha/render.js';
 import { parseConntrackdStats, StatsParseError } from '../../src/ha/stats.js';
-import { Supervised, type SupervisedState } from '../../src/system/supervised.js';
-import { waitFor } from '../helpers/poll.js';
 
 const FIXTURES = join(import.meta.dirname, 'fixtures', 'conntrackd');
 const fixture = (name: string): string => readFileSync(join(FIXTURES, name), 'utf8');
-const silent = pino({ level: 'silent' });
 
 describe('renderConntrackdConf', () => {
   const paths = conntrackdPaths('/var/lib/natgw/');
@@ -194,93 +189,5 @@ describe('HA configuration keys', () => {
     expect(err).toBeInstanceOf(ConfigError);
     expect(String(err)).toMatch(message);
     expect(String(err)).toContain(key);
-  });
-});
-
-describe('Supervised (a real child process)', () => {
-  /** A child that waits until it is killed. */
-  const sleeper = { file: 'sh', args: ['-c', 'exec sleep 600'] };
-
-  it('restarts a child that dies, with a growing backoff, and stops for good', async () => {
-    const pids: number[] = [];
-    const states: SupervisedState[] = [];
-    const sup = new Supervised({
-      ...sleeper,
-      log: silent,
-      onSpawn: (pid) => pids.push(pid),
-      onState: (s) => states.push(s),
-      minBackoffMs: 5,
-      maxBackoffMs: 40,
-      stableMs: 60_000,
-    });
-    sup.start();
-    try {
-      await waitFor(async () => sup.state === 'running', { what: 'first start' });
-      for (let i = 0; i < 4; i++) {
-        process.kill(pids[pids.length - 1] as number, 'SIGKILL');
-        await waitFor(async () => sup.state === 'running' && pids.length === i + 2, { what: `restart ${i + 1}` });
-      }
-      expect(sup.restarts).toBe(4);
-      expect(sup.lastExit?.signal).toBe('SIGKILL');
-      expect(new Set(pids).size).toBe(5);
-    } finally {
-      await sup.stop();
-    }
-    expect(sup.state).toBe('stopped');
-    expect(sup.lastExit?.signal).toBe('SIGTERM');
-    expect(() => process.kill(pids[pids.length - 1] as number, 0)).toThrow();
-    expect(states.filter((s) => s === 'backoff')).toHaveLength(4);
-  });
-
-  it('hands each line to its owner, stdout and stderr apart; by default at debug level', async () => {
-    const lines: { level: number; line?: string }[] = [];
-    const log = pino({ level: 'debug' }, { write: (s: string) => lines.push(JSON.parse(s)) });
-    const err: string[] = [];
-    const script = "console.log('[ERROR] cannot bind'); console.error('[NOTICE] chatter'); setInterval(() => {}, 1000)";
-    const sup = new Supervised({ file: process.execPath, args: ['-e', script], log, onStderr: (l) => err.push(l), stableMs: 60_000 });
-    sup.start();
-    try {
-      await waitFor(async () => err.includes('[NOTICE] chatter') && lines.some((l) => l.line === '[ERROR] cannot bind'), { what: "the child's two lines" });
-      expect(lines.find((l) => l.line === '[ERROR] cannot bind')?.level).toBe(20);
-      expect(lines.some((l) => l.line === '[NOTICE] chatter')).toBe(false);
-    } finally {
-      await sup.stop();
-    }
-  });
-
-  it('a failed start (binary gone, config refused) is retried too, never thrown', async () => {
-    let attempts = 0;
-    const sup = new Supervised({
-      ...sleeper,
-      log: silent,
-      beforeStart: async () => {
-        attempts++;
-        if (attempts < 3) throw new Error('sync interface sync0 not found (yet)');
-      },
-      minBackoffMs: 1,
-      maxBackoffMs: 2,
-    });
-    sup.start();
-    try {
-      await waitFor(async () => sup.state === 'running', { what: 'start after two failures' });
-      expect(attempts).toBe(3);
-      expect(sup.restarts).toBe(2);
-      expect(sup.lastExit?.error).toMatch(/not found/);
-    } finally {
-      await sup.stop();
-    }
-  });
-
-  it('a binary that is not there is a failed start, retried with backoff', async () => {
-    const sup = new Supervised({ file: '/nonexistent/conntrackd', args: [], log: silent, minBackoffMs: 1, maxBackoffMs: 2 });
-    sup.start();
-    try {
-      await waitFor(async () => sup.restarts >= 2, { what: 'two failed starts' });
-      // Through setpriv (diesWithNatgw) the exec fails in the child, which says why on stderr.
-      expect(sup.lastExit?.code).not.toBe(0);
-      expect(sup.lastExit?.error).toMatch(/ENOENT|No such file|nonexistent/);
-    } finally {
-      await sup.stop();
-    }
   });
 });
