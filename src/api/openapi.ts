@@ -336,6 +336,7 @@ export function buildOpenApi(): Json {
                     'Peers (`peer` the first, `peers` all), multicast `group` (null for a pair), local sync address, last exchange, conntrackd statistics',
                 },
                 peerApi: { type: ['object', 'null'], description: "The peer's digest as last read, whether it differs, the last error" },
+                peerApis: { type: 'array', items: { type: 'object' }, description: 'The same for every peer of NATGW_HA_PEER_API, the first one first' },
                 lastTakeover: { type: ['object', 'null'] },
               },
             },

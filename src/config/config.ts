@@ -307,7 +307,7 @@ export const configSchema = z.object({
     )
     .meta({ values: 'http(s)://host:port, comma-separated' })
     .describe(
-      "The peers' natgw TCP APIs: an active-active replica that (re)joins asks each to resend its flows; the first one's state digest is compared every resync period (a metric and a log line, never a change).",
+      "The peers' natgw TCP APIs: an active-active replica that (re)joins asks each to resend its flows; each one's state digest is compared every resync period (a metric and a log line, never a change).",
     ),
   NATGW_HA_PEER_TOKEN_FILE: optionalText
     .meta({ values: 'a path' })
@@ -441,9 +441,9 @@ export interface HaConfig {
   readonly port: number;
   readonly syncTimeoutMs: number;
   readonly conntrackd: string;
-  /** The first of peerApis: its digest is compared. */
+  /** The first of peerApis. */
   readonly peerApi?: string;
-  /** Every peer's API, `peerApi` first (absent: `peerApi` alone): a joining active-active replica asks each to resend. */
+  /** Every peer's API, `peerApi` first (absent: `peerApi` alone): each one's digest is compared, and a joining active-active replica asks each to resend. */
   readonly peerApis?: readonly string[];
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */

@@ -8,7 +8,7 @@ import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
 import { killOrphan, Supervised } from '../system/supervised.js';
-import { PeerCompare, requestResend, type PeerView } from './peer.js';
+import { PeerCompare, requestResend } from './peer.js';
 import type { HaMetrics } from './metrics.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
 
@@ -65,7 +65,8 @@ export class HaManager implements HaService {
   private readonly ha: HaConfig | undefined;
   private readonly paths: ConntrackdPaths;
   private supervisor: Supervised | undefined;
-  private peer: PeerCompare | undefined;
+  /** One digest comparison per peer API. */
+  private peers: PeerCompare[] = [];
   private offReason: string | null = null;
   private timer: NodeJS.Timeout | undefined;
   private ticking: Promise<void> | undefined;
@@ -95,17 +96,18 @@ export class HaManager implements HaService {
   /** Start sync (where configured and installed) and the peer comparison (where configured). */
   async start(): Promise<void> {
     const ha = this.ha;
-    if (ha?.peerApi) {
-      this.peer = new PeerCompare({
-        api: ha.peerApi,
-        tokenFile: ha.peerTokenFile,
-        periodMs: this.d.config.resyncMs,
-        log: this.d.log,
-        own: this.d.digest,
-        onResult: (v) => this.observePeer(v),
-      });
-      this.peer.start();
-    }
+    this.peers = (ha?.peerApis ?? (ha?.peerApi ? [ha.peerApi] : [])).map(
+      (api) =>
+        new PeerCompare({
+          api,
+          tokenFile: ha?.peerTokenFile,
+          periodMs: this.d.config.resyncMs,
+          log: this.d.log,
+          own: this.d.digest,
+          onResult: () => this.observePeers(),
+        }),
+    );
+    for (const p of this.peers) p.start();
     if (!ha?.peer) {
       this.offReason = 'NATGW_HA_PEERS is not set';
       this.d.log.info('replica sync off: NATGW_HA_PEERS is not set (natgw runs as a single gateway)');
@@ -369,9 +371,12 @@ export class HaManager implements HaService {
     return { resent: true, flows };
   }
 
-  private observePeer(v: PeerView): void {
-    this.d.metrics.peerReachable.set(v.error === null ? 1 : 0);
-    if (v.divergent !== null) this.d.metrics.peerDivergent.set(v.divergent ? 1 : 0);
+  /** The gauges say it of all peers: reachable while every one answers, divergent while any one differs. */
+  private observePeers(): void {
+    const views = this.peers.map((p) => p.last);
+    this.d.metrics.peerReachable.set(views.every((v) => v.error === null) ? 1 : 0);
+    if (views.some((v) => v.divergent === true)) this.d.metrics.peerDivergent.set(1);
+    else if (views.every((v) => v.divergent === false)) this.d.metrics.peerDivergent.set(0);
   }
 
   health(): { enabled: boolean; healthy: boolean; reasons: string[] } {
@@ -433,7 +438,8 @@ export class HaManager implements HaService {
             stats: this.stats,
           }
         : null,
-      peerApi: this.peer?.last ?? null,
+      peerApi: this.peers[0]?.last ?? null,
+      peerApis: this.peers.map((p) => p.last),
       lastTakeover: this.lastTakeover,
     };
   }
@@ -490,7 +496,7 @@ export class HaManager implements HaService {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
     await this.ticking;
-    await this.peer?.stop();
+    await Promise.all(this.peers.map((p) => p.stop()));
     await this.supervisor?.stop();
     await fs.unlink(this.paths.pid).catch(() => undefined);
   }

@@ -173,6 +173,15 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: slices[i] as string }), { n: 3, bgp: true });
     const sync = (await haStatus(t, 1)).sync;
     expect({ peers: sync.peers, group: sync.group }).toEqual({ peers: [ECMP_ADDR.sync(0), ECMP_ADDR.sync(2)], group: '225.0.0.50' });
+    // Every peer's digest is compared, not only the first one's.
+    const compared = await waitFor(
+      async () => {
+        const views: { api: string; divergent: boolean | null; error: string | null }[] = (await haStatus(t, 1)).peerApis ?? [];
+        return views.length === 2 && views.every((v) => v.divergent === false && v.error === null) ? views.map((v) => v.api) : undefined;
+      },
+      { what: "g1 comparing both peers' digests", timeoutMs: 20_000 },
+    );
+    expect(compared.map((a) => new URL(a).hostname)).toEqual([ECMP_ADDR.sync(0), ECMP_ADDR.sync(2)]);
     const { groups, report } = await startFlows(t, logs);
     // 1024-65535 in three slices of 21504 ports.
     const snatPorts = (await report()).filter((f) => f.id.startsWith('snat')).map((f) => Number(f.peers[0]?.split(':')[1]));
