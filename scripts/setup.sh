@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 # netcat-openbsd: the shim's client for a running daemon (image/nat-gateway.sh), as in the image;
 # curl: the image's probes and the tests' HTTP checks. bird2: EIPs announced by BGP (NATGW_BGP_PEERS).
-pkgs=(nftables iptables iproute2 conntrack conntrackd nfct bird2 iputils-arping ipv6toolkit iputils-ping tcpdump procps ca-certificates curl netcat-openbsd)
+# python3-nftables: libnftables for the daemon's nftables changes (NATGW_LIBNFTABLES), as in the image.
+pkgs=(nftables iptables iproute2 conntrack conntrackd nfct bird2 iputils-arping ipv6toolkit iputils-ping tcpdump procps ca-certificates curl netcat-openbsd python3-nftables)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 # NATGW_IMAGE_TOOLS=1: what image/build.sh and image/lab.sh need besides (not part of npm test).
 if [ "${NATGW_IMAGE_TOOLS:-0}" = 1 ]; then pkgs+=(podman debootstrap fuse-overlayfs util-linux binutils); fi

@@ -146,6 +146,12 @@ export const configSchema = z.object({
     .enum(['auto', 'legacy', 'nft'])
     .default('auto')
     .describe("iptables variant; `auto` uses the script's probe (`iptables-legacy -t nat -S INPUT 1` answers: legacy)."),
+  NATGW_LIBNFTABLES: z
+    .enum(['auto', 'off'])
+    .default('auto')
+    .describe(
+      "How the daemon runs nftables changes: `auto` through a long-lived helper on libnftables (nft's own library, through Debian's python3-nftables) where it starts, else the `nft` tool; `off` always the `nft` tool.",
+    ),
   NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000)
     .prefault('30s')
     .describe('How long `init` and the daemon at start wait for both interfaces.'),
@@ -387,6 +393,8 @@ export interface Config {
   readonly qosDebug: boolean;
   readonly mode: 'auto' | 'nftables' | 'iptables';
   readonly iptablesVariant: 'auto' | 'legacy' | 'nft';
+  /** The daemon's nftables client: the libnftables helper where it starts (auto), or always the nft tool. */
+  readonly libnftables: 'auto' | 'off';
   readonly interfaceWaitMs: number;
   readonly stateDir: string;
   readonly socket: string;
@@ -496,6 +504,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     qosDebug: c.QOS_DEBUG === 'true' || c.QOS_DEBUG === '1',
     mode: c.GATEWAY_NETFILTER_MODE,
     iptablesVariant: c.NATGW_IPTABLES_VARIANT,
+    libnftables: c.NATGW_LIBNFTABLES,
     interfaceWaitMs: c.NATGW_INTERFACE_WAIT_TIMEOUT,
     stateDir: c.NATGW_STATE_DIR,
     socket: c.NATGW_SOCKET,

@@ -7,6 +7,7 @@ import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
+import { LibnftClient } from '../dataplane/netfilter/nft/libnft.js';
 import { Observer, daemonMetrics } from '../observe/observer.js';
 import { TOP_DESTINATIONS } from '../observe/portUsage.js';
 import { Agent } from './agent.js';
@@ -52,7 +53,9 @@ export async function serve(config: Config): Promise<number> {
   }
 
   const exec = new SystemExecutor(log, { deadlineMs: config.toolTimeoutMs });
-  const engine = new Engine({ config, exec, log });
+  // Only the daemon: its helper serves every change that follows; a one-shot run would pay its start.
+  const nft = config.libnftables === 'auto' ? new LibnftClient(exec, log, config.toolTimeoutMs) : undefined;
+  const engine = new Engine({ config, exec, log, ...(nft ? { nft } : {}) });
   const observer = new Observer({ config, exec, log });
   const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
@@ -254,6 +257,7 @@ export async function serve(config: Config): Promise<number> {
       await ha.stop();
       await reconciler.stop();
       await agent.close();
+      nft?.close();
       await observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);

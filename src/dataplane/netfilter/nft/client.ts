@@ -39,7 +39,7 @@ export interface NftClient {
 }
 
 /** `nft` answers a listing of an absent table with ENOENT's text. */
-function isMissingTable(r: ExecResult): boolean {
+export function isMissingTable(r: ExecResult): boolean {
   return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
 }
 
