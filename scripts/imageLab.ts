@@ -459,6 +459,12 @@ async function mainProcessCheck(mode: Mode): Promise<number> {
       daemons.length === 1 && parent === p.pid1,
       `one daemon, PID 1's child (PID 1: ${pid1?.cmdline}; daemon: ${daemons.map((d) => d.cmdline).join(' | ')})`,
     );
+    // The daemon's nftables changes go through its libnftables helper (python3-nftables is in the image).
+    const helper = procs.find((x) => x.ppid === daemons[0]?.pid && x.cmdline.includes('from nftables import Nftables'));
+    report(
+      helper !== undefined,
+      `the daemon's libnftables helper runs${helper ? ` (pid ${helper.pid}, ${helper.cmdline.split(' ').slice(0, 3).join(' ')} …)` : ''}`,
+    );
     const zombies = await lingeringZombies(p.pid1);
     report(
       zombies.length === 0,
