@@ -74,6 +74,8 @@ import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '.
 import { canonicalOrder, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
+import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
+import type { TableModel } from '../tables/model.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
@@ -585,17 +587,15 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
 const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
 
 /** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
-function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
-  const t = natgwTable(spec.family);
-  const sets = new Set(spec.sets.map((s) => s.name));
-  const chains = new Set(spec.chains.map((c) => c.name));
-  for (const [name, s] of have.sets) {
-    if (sets.has(name) || !isSnatMap(s, spec.family)) continue;
+function dropStaleSnat(sc: Script, fam: NftFamily, have: OwnedTable, edit: TableEdit): void {
+  const t = natgwTable(fam);
+  for (const name of edit.staleSets) {
+    if (!isSnatMap(have.sets.get(name) as NftSetDump, fam)) continue;
     sc.drop.deleteSet(t, 'map', name);
     sc.changes += 1;
   }
-  for (const [name, c] of have.chains) {
-    if (chains.has(name) || !isStaleSnatChain(name, c)) continue;
+  for (const name of edit.staleChains) {
+    if (!isStaleSnatChain(name, have.chains.get(name) as NftChainDump)) continue;
     sc.drop.flushChain(t, name);
     sc.drop.deleteChain(t, name);
     sc.changes += 1;
@@ -603,111 +603,62 @@ function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
 }
 
 /**
- * Which of the kernel's rules can stay, as pairs [actual index, desired index], both increasing.
- * Unrecognised rules (null) never stay. Common prefix and suffix are matched first, so the usual
- * one-rule change costs O(n).
- *
- * In between, each kernel rule is matched by key to its desired position and the longest
- * increasing run of those positions stays (patience sorting): O(n log n) time, O(n) memory,
- * where a longest common subsequence would cost O(n·m) of both (a 20,000-rule chain rewritten
- * in reverse order would need 400M cells). With keys unique on each side, as natgw renders them,
- * the two coincide. A duplicated key pairs its k-th kernel copy with its k-th desired copy, so
- * the first copy is the one kept and surplus copies are deleted.
+ * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
+ * by their script text, unrecognised kernel rules null. Set elements are indexed only when the
+ * differ asks for them.
  */
-export function keepRules(actual: readonly (string | null)[], desired: readonly string[]): Array<[number, number]> {
-  let lo = 0;
-  while (lo < actual.length && lo < desired.length && actual[lo] !== null && actual[lo] === desired[lo]) lo++;
-  let ha = actual.length;
-  let hd = desired.length;
-  while (ha > lo && hd > lo && actual[ha - 1] !== null && actual[ha - 1] === desired[hd - 1]) {
-    ha--;
-    hd--;
-  }
-  const pairs: Array<[number, number]> = [];
-  for (let i = 0; i < lo; i++) pairs.push([i, i]);
-  for (const p of increasingMatch(actual, desired, lo, ha, hd)) pairs.push(p);
-  for (let k = 0; k < actual.length - ha; k++) pairs.push([ha + k, hd + k]);
-  return pairs;
+function wantedModel(spec: FamilySpec): TableModel {
+  return {
+    chains: new Map(spec.chains.map((c) => [c.name, { rules: c.rules.map((r) => ruleText(r, spec.family)) }])),
+    sets: new Map(spec.sets.map((s) => [s.name, s])),
+  };
 }
 
-/** keepRules between the common prefix and suffix: actual[lo, ha) against desired[lo, hd). */
-function increasingMatch(actual: readonly (string | null)[], desired: readonly string[], lo: number, ha: number, hd: number): Array<[number, number]> {
-  if (ha <= lo || hd <= lo) return [];
-  const slots = new Map<string, number[]>();
-  for (let d = lo; d < hd; d++) {
-    const key = desired[d] as string;
-    const at = slots.get(key);
-    if (at) at.push(d);
-    else slots.set(key, [d]);
-  }
-  // Candidates in kernel order; each desired position is taken at most once, which is what
-  // makes a strictly increasing run of positions a valid matching.
-  const cand: Array<[number, number]> = [];
-  const taken = new Map<string, number>();
-  for (let a = lo; a < ha; a++) {
-    const key = actual[a];
-    if (key === null || key === undefined) continue;
-    const at = slots.get(key);
-    const k = taken.get(key) ?? 0;
-    if (!at || k >= at.length) continue;
-    taken.set(key, k + 1);
-    cand.push([a, at[k] as number]);
-  }
-  // tails[l]: the candidate ending the increasing run of length l+1 with the smallest position.
-  const tails: number[] = [];
-  const prev = new Int32Array(cand.length);
-  cand.forEach(([, d], c) => {
-    let l = 0;
-    let h = tails.length;
-    while (l < h) {
-      const mid = (l + h) >> 1;
-      if ((cand[tails[mid] as number] as [number, number])[1] < d) l = mid + 1;
-      else h = mid;
-    }
-    prev[c] = l > 0 ? (tails[l - 1] as number) : -1;
-    tails[l] = c;
-  });
-  const run: Array<[number, number]> = [];
-  for (let c = tails.length > 0 ? (tails[tails.length - 1] as number) : -1; c >= 0; c = prev[c] as number) {
-    run.push(cand[c] as [number, number]);
-  }
-  return run.reverse();
+function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
+  return {
+    chains: new Map([...have.chains.keys()].map((n) => [n, { rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)) }])),
+    sets: new Map(
+      [...have.sets].map(([n, s]) => {
+        let byKey: Map<string, string | undefined> | undefined;
+        return [
+          n,
+          {
+            get elements() {
+              byKey ??= new Map(s.elements.map((e) => [e.key, e.value] as const));
+              return byKey;
+            },
+          },
+        ];
+      }),
+    ),
+  };
 }
 
-/** Element-level repair of one chain: delete what is wrong by handle, insert what is missing in place. */
-function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly OwnedRule[]): void {
+/** A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle, or append. */
+function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: readonly string[], have: readonly OwnedRule[], edit: ChainEdit): void {
   const t = natgwTable(fam);
-  const desired = chain.rules.map((r) => ruleText(r, fam));
-  const actual = have.map((r) => (r.rule ? ruleText(r.rule, fam) : null));
-  const kept = keepRules(actual, desired);
-  const keptActual = new Set(kept.map(([a]) => a));
-  const anchorOf = new Map(kept.map(([a, d]) => [d, have[a]?.handle] as const));
-
-  have.forEach((r, i) => {
-    if (!keptActual.has(i)) {
-      sc.deleteRules.deleteRule(t, chain.name, r.handle);
-      sc.changes += 1;
-    }
-  });
-  desired.forEach((text, d) => {
-    if (anchorOf.has(d)) return;
-    // Insert before the next rule that stays; with none after it, append.
-    let anchor: number | undefined;
-    for (let k = d + 1; k < desired.length && anchor === undefined; k++) anchor = anchorOf.get(k);
-    const rule = nftRule(chain.rules[d] as NatgwRule, fam, text);
-    if (anchor === undefined) sc.addRules.addRule(t, chain.name, rule);
-    else sc.addRules.insertRule(t, chain.name, rule, anchor);
+  if (edit.kind === 'rewrite') {
+    sc.deleteRules.flushChain(t, chain.name);
+    sc.changes += have.length;
+  }
+  const deletes = edit.kind === 'rewrite' ? [] : edit.deletes;
+  const inserts = edit.kind === 'rewrite' ? desired.map((_r, rule) => ({ rule, before: undefined })) : edit.inserts;
+  for (const a of deletes) {
+    sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
     sc.changes += 1;
-  });
+  }
+  for (const { rule, before } of inserts) {
+    const r = nftRule(chain.rules[rule] as NatgwRule, fam, desired[rule]);
+    if (before === undefined) sc.addRules.addRule(t, chain.name, r);
+    else sc.addRules.insertRule(t, chain.name, r, (have[before] as OwnedRule).handle);
+    sc.changes += 1;
+  }
 }
 
-function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): void {
-  const actual = new Map(have.elements.map((e) => [e.key, e.value] as const));
-  const stale = [...actual.keys()].filter((k) => !spec.elements.has(k) || spec.elements.get(k) !== actual.get(k));
-  const missing = [...spec.elements.keys()].filter((k) => !actual.has(k) || actual.get(k) !== spec.elements.get(k));
-  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, stale);
-  sc.changes += stale.length;
-  addElements(sc, fam, spec, missing);
+function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {
+  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, edit.deletes);
+  sc.changes += edit.deletes.length;
+  addElements(sc, fam, spec, edit.adds);
 }
 
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
@@ -730,24 +681,27 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     return;
   }
   const t = natgwTable(fam);
-  for (const s of spec.sets) {
-    const h = have.sets.get(s.name);
-    if (h) {
-      diffSet(sc, fam, s, h);
+  const want = wantedModel(spec);
+  const edit = diffTable(kernelModel(have, fam), want);
+  for (const [i, { edit: e }] of edit.sets.entries()) {
+    const s = spec.sets[i] as SetSpec;
+    if (e) {
+      renderSetEdit(sc, fam, s, e);
     } else {
       addSet(sc.create, t, s);
       sc.changes += 1;
       addAllElements(sc, fam, s);
     }
   }
-  for (const c of spec.chains) {
-    if (!have.chains.has(c.name)) {
-      sc.create.addChain(t, chainOf(c));
+  for (const [i, c] of edit.chains.entries()) {
+    const chain = spec.chains[i] as ChainSpec;
+    if (c.create) {
+      sc.create.addChain(t, chainOf(chain));
       sc.changes += 1;
     }
-    diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
+    renderChain(sc, fam, chain, want.chains.get(c.name)?.rules as readonly string[], have.owned.get(c.name) ?? [], c.edit);
   }
-  dropStaleSnat(sc, spec, have);
+  dropStaleSnat(sc, fam, have, edit);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
