@@ -1,5 +1,6 @@
 import ipaddr from 'ipaddr.js';
 import type { Dnat, Fip, Snat } from '../../model/rules.js';
+import { familyOfValid, type Family } from '../../model/net.js';
 import type { DesiredState } from '../../state/state.js';
 import type { StateChange } from '../../state/change.js';
 import type { NftTransaction } from './nft/transaction.js';
@@ -41,6 +42,27 @@ export function natTablesOf(s: DesiredState): NatTables {
     dnats: s.dnats,
     fips: s.fips,
   };
+}
+
+/**
+ * The IPv4/IPv6 split of both backends: the objects of one address family (an object's family
+ * is its EIP's), each family's table rendered on its own (`ip`/`ip6` natgw; iptables/ip6tables).
+ */
+export function ofFamily(want: NatTables, family: Family): NatTables {
+  const mine = (ip: string): boolean => familyOfValid(ip) === family;
+  return {
+    ...want,
+    eips: want.eips.filter(mine),
+    snats: want.snats.filter((s) => mine(s.eip)),
+    dnats: want.dnats.filter((d) => mine(d.eip)),
+    fips: want.fips.filter((f) => mine(f.eip)),
+  };
+}
+
+/** Whether `want` holds an object of `family` (ofFamily without building it). */
+export function hasFamily(want: NatTables, family: Family): boolean {
+  const mine = (ip: string): boolean => familyOfValid(ip) === family;
+  return want.eips.some(mine) || want.snats.some((s) => mine(s.eip)) || want.dnats.some((d) => mine(d.eip)) || want.fips.some((f) => mine(f.eip));
 }
 
 /**

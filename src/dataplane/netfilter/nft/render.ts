@@ -69,9 +69,9 @@
  * interface names are quoted. Handles come from nft's own JSON (numbers).
  */
 import { NatgwError } from '../../../model/errors.js';
-import { familyOfValid, parseCidr } from '../../../model/net.js';
+import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
-import { canonicalOrder, type NatTables } from '../backend.js';
+import { canonicalOrder, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
@@ -315,16 +315,15 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
 }
 
 /**
- * One family's DNATs, the first of each identity (firstBy by dnatKey, without a key string per
+ * The DNATs, the first of each identity (firstBy by dnatKey, without a key string per
  * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
  * in one run of neighbours sharing those three, in their given order.
  */
-function firstDnats(sorted: readonly Dnat[], fam: NftFamily): Dnat[] {
+function firstDnats(sorted: readonly Dnat[]): Dnat[] {
   const out: Dnat[] = [];
   let run = 0;
   for (let i = 0; i < sorted.length; i++) {
     const d = sorted[i] as Dnat;
-    if (famOf(d.eip) !== fam) continue;
     const last = out[out.length - 1];
     if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
     else if (inRun(out, run, d)) continue;
@@ -338,14 +337,11 @@ function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
   return false;
 }
 
+const FAMILY: Readonly<Record<NftFamily, Family>> = { ip: 4, ip6: 6 };
+
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
-  if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
-  return (
-    want.eips.some((e) => famOf(e) === fam) ||
-    want.snats.some((s) => famOf(s.eip) === fam) ||
-    want.dnats.some((d) => famOf(d.eip) === fam) ||
-    want.fips.some((f) => famOf(f.eip) === fam)
-  );
+  // The v4 table is the skeleton init creates (the guard's evidence).
+  return fam === 'ip' || hasFamily(want, FAMILY[fam]);
 }
 
 /*
@@ -357,7 +353,7 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
  * over every object at each full sync (ten thousand DNATs and floating IPs at start).
  */
 
-/** The floating IPs' maps: EIP → internal IP, and internal IP → EIP (SNAT: the first EIP in order). */
+/** One family's floating IPs' maps: EIP → internal IP, and internal IP → EIP (SNAT: the first EIP in order). */
 function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElement[]; fipSnat: NftElement[] } {
   const fipDnat: NftElement[] = [];
   const fipSnat: NftElement[] = [];
@@ -367,7 +363,7 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
   const snatted = new Set<string>();
   for (let i = 0; i < fips.length; i++) {
     const f = fips[i] as Fip;
-    if (f.eip === lastEip || famOf(f.eip) !== fam) continue;
+    if (f.eip === lastEip) continue;
     if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
     lastEip = f.eip;
     fipDnat.push({ key: f.eip, value: f.internalIp });
@@ -378,11 +374,11 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
   return { fipDnat, fipSnat };
 }
 
-/** The DNATs: single ports as elements of the port map, ranges as rules of their own. */
+/** One family's DNATs: single ports as elements of the port map, ranges as rules of their own. */
 function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftElement[]; rangeDnats: NatgwRule[] } {
   const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  const dnats = firstDnats(sorted, fam);
+  const dnats = firstDnats(sorted);
   for (let i = 0; i < dnats.length; i++) {
     const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
@@ -396,20 +392,14 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 /** What one family's table must hold for `want`; null when the family needs no table. */
 export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
   if (!needsFamily(given, fam)) return null;
-  const want = canonicalOrder(given);
+  const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
   const { portDnat, rangeDnats } = dnatElements(want.dnats, fam);
-  const snats: Snat[] = firstBy(
-    want.snats.filter((s) => famOf(s.eip) === fam),
-    snatKey,
-  );
+  const snats: Snat[] = firstBy(want.snats, snatKey);
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
-  const eips = firstBy(
-    want.eips.filter((e) => famOf(e) === fam),
-    (e) => e,
-  );
+  const eips = firstBy(want.eips, (e) => e);
 
   const snatObjects = snatLayout(
     snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
