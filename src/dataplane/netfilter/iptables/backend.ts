@@ -11,7 +11,7 @@ import {
   type SyncOptions,
   type SyncReport,
 } from '../backend.js';
-import { CHAINS } from '../../../model/ruleText.js';
+import { CHAINS } from './ruleText.js';
 import { desiredTables, patchFamily, planTable, renderFamily, renderRestore, savedAfter, TABLES, type Rendered, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';

@@ -2,7 +2,7 @@ import { canonicalOrder, compareIp, type NatTables, type PortRange } from '../ba
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
-import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
+import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from './ruleText.js';
 import type { SavedTable } from './save.js';
 import { diffChain, diffTable, type ChainEdit } from '../tables/diff.js';
 import { NO_SETS, type TableModel } from '../tables/model.js';
