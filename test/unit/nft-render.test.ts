@@ -646,3 +646,24 @@ describe('a table of an earlier natgw with objects natgw no longer declares', ()
     }
   });
 });
+
+describe('a chain most of whose many rules go', () => {
+  it('is flushed and written whole in the one transaction, not deleted rule by rule', () => {
+    const k = kernel(REAL_IP);
+    const ip = k.ip!;
+    const stray = Array.from({ length: 70 }, (_, i) => ({ handle: 1000 + i, rule: null }));
+    const owned = new Map(ip.owned);
+    owned.set('prerouting', [...(ip.owned.get('prerouting') ?? []), ...stray]);
+    const script = lines(renderNatgw(WANT, { ...k, ip: { ...ip, owned } }).script);
+    expect(script.filter((l) => l.includes(' prerouting'))).toEqual([
+      'flush chain ip natgw prerouting',
+      'add rule ip natgw prerouting dnat ip to ip daddr map @fip_dnat',
+      'add rule ip natgw prerouting meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
+    ]);
+    // With a few strays, element-level deletes by handle.
+    owned.set('prerouting', [...(ip.owned.get('prerouting') ?? []), ...stray.slice(0, 3)]);
+    expect(lines(renderNatgw(WANT, { ...k, ip: { ...ip, owned } }).script)).toEqual(
+      [1000, 1001, 1002].map((h) => `delete rule ip natgw prerouting handle ${h}`),
+    );
+  });
+});

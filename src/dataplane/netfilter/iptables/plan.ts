@@ -182,11 +182,6 @@ export interface TablePlan {
   readonly changes: number;
 }
 
-/**
- * The edit lines for one table. Per chain: when the rules both sides keep are in the same
- * relative order (always, unless someone reordered them), delete what is extra and insert
- * what is missing at its position — element-level edits; otherwise rewrite that chain.
- */
 export interface PlanOptions {
   /**
    * Delete a rule that occurs once by its spec instead of its position: a partial sync plans
@@ -196,6 +191,13 @@ export interface PlanOptions {
   readonly deleteBySpec?: boolean;
 }
 
+/**
+ * The edit lines for one table, from the differ of both backends (tables/diff.ts). Per chain:
+ * when the rules both sides keep are in the same relative order (always, unless someone
+ * reordered them), delete what is extra and insert what is missing at its position —
+ * element-level edits; otherwise rewrite that chain. Then natgw's jump in each built-in chain,
+ * exactly once, other owners' rules untouched.
+ */
 export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions = {}): TablePlan {
   const lines: string[] = [];
   let changes = 0;

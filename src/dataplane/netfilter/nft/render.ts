@@ -53,9 +53,10 @@
  * from the kernel even while no SNAT exists (adoption).
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
- * rules natgw would render and repaired by deleting by handle and inserting at position (the
- * longest run of rules already in the right order stays, so a renamed interface rewrites only
- * the rules naming it); map and set elements are added and deleted one by one (a changed value is
+ * rules natgw would render (tables/diff.ts, the differ of both backends) and repaired by deleting
+ * by handle and inserting before a kept neighbour's handle (the longest run of rules already in
+ * the right order stays, so a renamed interface rewrites only the rules naming it; a chain most
+ * of whose many rules go is flushed and written whole); map and set elements are added and deleted one by one (a changed value is
  * delete + add in the same transaction). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
  *
