@@ -3,6 +3,7 @@ import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
 import {
   hasFamily,
+  joinFamilies,
   ofFamily,
   withReplicaRules,
   type NatTables,
@@ -184,17 +185,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   async readBack(): Promise<NatTables | null> {
     const [nat, mangle, nat6, mangle6] = await Promise.all([this.read('nat'), this.read('mangle'), this.read('nat', 6), this.read('mangle', 6)]);
-    const v4 = adoptFromSave(nat, mangle);
-    const v6 = adoptFromSave(nat6, mangle6);
-    if (!v4 || !v6) return v4 ?? v6;
-    return {
-      vpcIf: v4.vpcIf || v6.vpcIf,
-      extIf: v4.extIf || v6.extIf,
-      eips: [...v4.eips, ...v6.eips],
-      snats: [...v4.snats, ...v6.snats],
-      dnats: [...v4.dnats, ...v6.dnats],
-      fips: [...v4.fips, ...v6.fips],
-    };
+    return joinFamilies(adoptFromSave(nat, mangle), adoptFromSave(nat6, mangle6));
   }
 
   async removeAll(): Promise<void> {
