@@ -14,37 +14,48 @@ function applied(have: readonly (string | null)[], want: readonly string[], edit
   // Kept rules carry their kernel index, so an insert can find its anchor.
   const chain: Array<{ key: string | null; at?: number }> = have.flatMap((key, at) => (gone.has(at) ? [] : [{ key, at }]));
   for (const { rule, before } of edit.inserts) {
-    const i = before === undefined ? chain.length : chain.findIndex((r) => r.at === before);
+    const i = chain.findIndex((r) => r.at === before);
     expect(i).not.toBe(-1);
     chain.splice(i, 0, { key: want[rule] as string });
   }
+  for (const key of want.slice(edit.appendFrom)) chain.push({ key });
   return chain.map((r) => r.key);
 }
 
 describe('diffChain', () => {
   it('nothing to do when both sides agree, including both empty', () => {
-    expect(diffChain(['a', 'b'], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [], inserts: [] });
-    expect(diffChain([], [])).toEqual({ kind: 'edit', deletes: [], inserts: [] });
+    expect(diffChain(['a', 'b'], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [], inserts: [], appendFrom: 2 });
+    expect(diffChain([], [])).toEqual({ kind: 'edit', deletes: [], inserts: [], appendFrom: 0 });
   });
 
   it('an empty kernel chain: every rule appended; an empty desired chain: every rule deleted', () => {
-    expect(diffChain([], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 0 }, { rule: 1 }] });
-    expect(diffChain(['a', null, 'b'], [])).toEqual({ kind: 'edit', deletes: [0, 1, 2], inserts: [] });
+    expect(diffChain([], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [], inserts: [], appendFrom: 0 });
+    expect(diffChain(['a', null, 'b'], [])).toEqual({ kind: 'edit', deletes: [0, 1, 2], inserts: [], appendFrom: 0 });
   });
 
   it('a missing rule goes in before the kept rule that follows it, or at the end', () => {
-    expect(diffChain(['b', 'c'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 0, before: 0 }] });
-    expect(diffChain(['a', 'c'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 1, before: 1 }] });
-    expect(diffChain(['a', 'b'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 2 }] });
+    expect(diffChain(['b', 'c'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 0, before: 0 }], appendFrom: 3 });
+    expect(diffChain(['a', 'c'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [{ rule: 1, before: 1 }], appendFrom: 3 });
+    expect(diffChain(['a', 'b'], ['a', 'b', 'c'])).toEqual({ kind: 'edit', deletes: [], inserts: [], appendFrom: 2 });
+    // Between kept rules and after the last: one insert, two appends.
+    expect(diffChain(['b', 'd'], ['a', 'b', 'c', 'd', 'e', 'f'])).toEqual({
+      kind: 'edit',
+      deletes: [],
+      inserts: [
+        { rule: 0, before: 0 },
+        { rule: 2, before: 1 },
+      ],
+      appendFrom: 4,
+    });
   });
 
   it('unrecognised kernel rules (null) always go, even where the desired rule sits', () => {
-    expect(diffChain([null, 'a', null], ['a'])).toEqual({ kind: 'edit', deletes: [0, 2], inserts: [] });
+    expect(diffChain([null, 'a', null], ['a'])).toEqual({ kind: 'edit', deletes: [0, 2], inserts: [], appendFrom: 1 });
   });
 
   it('a reordered chain: the longest run in order stays, the rest is deleted and re-inserted', () => {
     const edit = diffChain(['c', 'a', 'b'], ['a', 'b', 'c']);
-    expect(edit).toEqual({ kind: 'edit', deletes: [0], inserts: [{ rule: 2 }] });
+    expect(edit).toEqual({ kind: 'edit', deletes: [0], inserts: [], appendFrom: 2 });
     expect(applied(['c', 'a', 'b'], ['a', 'b', 'c'], edit)).toEqual(['a', 'b', 'c']);
   });
 
@@ -55,8 +66,8 @@ describe('diffChain', () => {
   });
 
   it('a duplicated kernel rule: the first copy stays, surplus copies go', () => {
-    expect(diffChain(['a', 'b', 'a'], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [2], inserts: [] });
-    expect(diffChain(['a', 'a', 'a'], ['a'])).toEqual({ kind: 'edit', deletes: [1, 2], inserts: [] });
+    expect(diffChain(['a', 'b', 'a'], ['a', 'b'])).toEqual({ kind: 'edit', deletes: [2], inserts: [], appendFrom: 2 });
+    expect(diffChain(['a', 'a', 'a'], ['a'])).toEqual({ kind: 'edit', deletes: [1, 2], inserts: [], appendFrom: 1 });
     const edit = diffChain(['b', 'a', 'a'], ['a', 'b']);
     expect(applied(['b', 'a', 'a'], ['a', 'b'], edit)).toEqual(['a', 'b']);
   });
@@ -134,8 +145,8 @@ describe('diffTable', () => {
     };
     expect(diffTable(have, want)).toEqual({
       chains: [
-        { name: 'A', create: true, edit: { kind: 'edit', deletes: [], inserts: [{ rule: 0 }] } },
-        { name: 'B', create: false, edit: { kind: 'edit', deletes: [], inserts: [{ rule: 1 }] } },
+        { name: 'A', create: true, edit: { kind: 'edit', deletes: [], inserts: [], appendFrom: 0 } },
+        { name: 'B', create: false, edit: { kind: 'edit', deletes: [], inserts: [], appendFrom: 1 } },
       ],
       sets: [
         { name: 's', edit: { deletes: ['k'], adds: ['k'] } },

@@ -244,9 +244,8 @@ export function planChain(chain: string, have: readonly string[], want: readonly
  * rule goes in at i+1, or at the end when no kept rule follows it.
  */
 function chainLines(chain: string, have: readonly string[], want: readonly string[], edit: ChainEdit, opts: PlanOptions): TablePlan {
-  if (edit.kind === 'rewrite') {
-    return { lines: [`-F ${chain}`, ...want.map((r) => `-A ${chain} ${r}`)], changes: have.length + want.length };
-  }
+  const append = `-A ${chain} `;
+  if (edit.kind === 'rewrite') return { lines: [`-F ${chain}`, ...want.map((r) => append + r)], changes: have.length + want.length };
   const once = opts.deleteBySpec ? occursOnce(have, edit.deletes.length) : undefined;
   const lines: string[] = [];
   for (let k = edit.deletes.length - 1; k >= 0; k--) {
@@ -254,9 +253,8 @@ function chainLines(chain: string, have: readonly string[], want: readonly strin
     const spec = have[i] as string;
     lines.push(once?.(spec) ? `-D ${chain} ${spec}` : `-D ${chain} ${i + 1}`);
   }
-  for (const { rule, before } of edit.inserts) {
-    lines.push(before === undefined ? `-A ${chain} ${want[rule]}` : `-I ${chain} ${rule + 1} ${want[rule]}`);
-  }
+  for (const { rule } of edit.inserts) lines.push(`-I ${chain} ${rule + 1} ${want[rule]}`);
+  for (let i = edit.appendFrom; i < want.length; i++) lines.push(append + want[i]);
   return { lines, changes: lines.length };
 }
 

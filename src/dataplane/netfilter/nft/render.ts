@@ -633,17 +633,15 @@ function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: read
     sc.changes += have.length;
   }
   const deletes = edit.kind === 'rewrite' ? [] : edit.deletes;
-  const inserts = edit.kind === 'rewrite' ? desired.map((_r, rule) => ({ rule, before: undefined })) : edit.inserts;
+  const inserts = edit.kind === 'rewrite' ? [] : edit.inserts;
   for (const a of deletes) {
     sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
     sc.changes += 1;
   }
-  for (const { rule, before } of inserts) {
-    const r = nftRule(chain.rules[rule] as NatgwRule, fam, desired[rule]);
-    if (before === undefined) sc.addRules.addRule(t, chain.name, r);
-    else sc.addRules.insertRule(t, chain.name, r, (have[before] as OwnedRule).handle);
-    sc.changes += 1;
-  }
+  const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
+  for (const { rule: d, before } of inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
+  for (let d = edit.kind === 'rewrite' ? 0 : edit.appendFrom; d < desired.length; d++) sc.addRules.addRule(t, chain.name, rule(d));
+  sc.changes += inserts.length + desired.length - (edit.kind === 'rewrite' ? 0 : edit.appendFrom);
 }
 
 function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {

@@ -6,19 +6,22 @@ import type { ChainModel, RuleKey, SetModel, TableModel } from './model.js';
  * renders them (nft: handles; iptables: positions and specs).
  */
 
-/** A desired rule (its index in the desired chain) that goes in before a kept kernel rule (its kernel index), or at the end. */
+/** A desired rule (its index in the desired chain) that goes in before a kept kernel rule (its kernel index). */
 export interface Insert {
   readonly rule: number;
-  readonly before?: number;
+  readonly before: number;
 }
 
 /**
  * One chain's operations. `edit`: delete the kernel rules at `deletes` (ascending kernel
- * indices), then insert the desired rules of `inserts` (ascending desired indices), each before
- * a kernel rule that stays; the rules that stay are already in desired order. `rewrite`: empty
- * the chain and write every desired rule, cheaper when most of a long chain goes.
+ * indices); insert the desired rules of `inserts` (ascending desired indices), each before a
+ * kernel rule that stays; then append the desired rules from `appendFrom` on (those after the
+ * last rule that stays). The rules that stay are already in desired order. `rewrite`: empty the
+ * chain and write every desired rule, cheaper when most of a long chain goes.
  */
-export type ChainEdit = { readonly kind: 'rewrite' } | { readonly kind: 'edit'; readonly deletes: readonly number[]; readonly inserts: readonly Insert[] };
+export type ChainEdit =
+  | { readonly kind: 'rewrite' }
+  | { readonly kind: 'edit'; readonly deletes: readonly number[]; readonly inserts: readonly Insert[]; readonly appendFrom: number };
 
 export interface DiffOptions {
   /**
@@ -46,20 +49,19 @@ export function diffChain(have: readonly (RuleKey | null)[], want: readonly Rule
     if (k < run.length && (run[k] as [number, number])[0] === a) k++;
     else deletes.push(a);
   }
-  // Walk the middle's desired rules from its end: the kept rule after each one is its anchor.
+  // The desired rules after the last one that stays go at the end (with a common suffix, none).
+  const last = run[run.length - 1];
+  const appendFrom = ha < have.length ? want.length : last !== undefined ? last[1] + 1 : lo;
+  // Every other missing rule goes in before the kept rule that follows it.
   const inserts: Insert[] = [];
-  let anchor: number | undefined = ha < have.length ? ha : undefined;
-  k = run.length - 1;
-  for (let d = hw - 1; d >= lo; d--) {
+  k = 0;
+  for (let d = lo; d < Math.min(hw, appendFrom); d++) {
+    while (k < run.length && (run[k] as [number, number])[1] < d) k++;
     const p = run[k];
-    if (p !== undefined && p[1] === d) {
-      anchor = p[0];
-      k--;
-    } else {
-      inserts.push(anchor === undefined ? { rule: d } : { rule: d, before: anchor });
-    }
+    if (p !== undefined && p[1] === d) continue;
+    inserts.push({ rule: d, before: p !== undefined ? p[0] : ha });
   }
-  return { kind: 'edit', deletes, inserts: inserts.reverse() };
+  return { kind: 'edit', deletes, inserts, appendFrom };
 }
 
 /**
