@@ -154,7 +154,25 @@ describe('diffTable', () => {
       ],
       staleChains: ['OLD'],
       staleSets: [],
+      rehooked: [],
     });
+  });
+
+  it('names a chain whose base hook differs, or that has one on one side only', () => {
+    const hook = { type: 'nat', hook: 'prerouting', priority: -100, policy: 'accept' };
+    const table = (chains: Array<[string, { base?: typeof hook; rules: string[] }]>) => ({ chains: new Map(chains), sets: new Map() });
+    const want = table([
+      ['pre', { base: hook, rules: [] }],
+      ['same', { base: hook, rules: [] }],
+      ['plain', { rules: [] }],
+      ['new', { base: hook, rules: [] }],
+    ]);
+    const have = table([
+      ['pre', { base: { ...hook, priority: 0 }, rules: [] }],
+      ['same', { base: { ...hook }, rules: [] }],
+      ['plain', { base: hook, rules: [] }],
+    ]);
+    expect(diffTable(have, want).rehooked).toEqual(['pre', 'plain']);
   });
 });
 

@@ -543,24 +543,13 @@ function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
   return have.kind === spec.kind && have.type === spec.type && (have.map ?? '') === (spec.map ?? '') && have.flags.length === 0;
 }
 
-function sameChainDecl(spec: ChainSpec, have: NftChainDump): boolean {
-  const b = have.base;
-  if (spec.base === undefined || b === undefined) return spec.base === undefined && b === undefined;
-  return b.type === spec.base.type && b.hook === spec.base.hook && b.prio === spec.base.prio && b.policy === 'accept';
-}
-
 /** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
 const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
 
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
-function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
-  const chains = new Map(spec.chains.map((c) => [c.name, c]));
+function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): boolean {
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
-  for (const [name, c] of have.chains) {
-    const want = chains.get(name);
-    if (!want && isStaleSnatChain(name, c)) continue;
-    if (!want || !sameChainDecl(want, c)) return true;
-  }
+  if (edit.rehooked.length > 0 || edit.staleChains.some((n) => !isStaleSnatChain(n, have.chains.get(n) as NftChainDump))) return true;
   // SNAT rules directly in shared_snat: the flat layout of older versions (an upgrade in place).
   if ((have.owned.get(CHAIN.sharedSnat) ?? []).some((r) => r.rule?.kind === 'snat')) return true;
   for (const [name, s] of have.sets) {
@@ -600,14 +589,30 @@ function dropStaleSnat(sc: Script, fam: NftFamily, have: OwnedTable, edit: Table
  */
 function wantedModel(spec: FamilySpec): TableModel {
   return {
-    chains: new Map(spec.chains.map((c) => [c.name, { rules: c.rules.map((r) => ruleText(r, spec.family)) }])),
+    chains: new Map(
+      spec.chains.map((c) => [
+        c.name,
+        {
+          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: 'accept' } } : {}),
+          rules: c.rules.map((r) => ruleText(r, spec.family)),
+        },
+      ]),
+    ),
     sets: new Map(spec.sets.map((s) => [s.name, s])),
   };
 }
 
 function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
   return {
-    chains: new Map([...have.chains.keys()].map((n) => [n, { rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)) }])),
+    chains: new Map(
+      [...have.chains].map(([n, c]) => [
+        n,
+        {
+          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: c.base.policy } } : {}),
+          rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)),
+        },
+      ]),
+    ),
     sets: new Map(
       [...have.sets].map(([n, s]) => {
         let byKey: Map<string, string | undefined> | undefined;
@@ -662,7 +667,9 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     renderFresh(sc, spec);
     return;
   }
-  if (needsRebuild(spec, have)) {
+  const want = wantedModel(spec);
+  const edit = diffTable(kernelModel(have, fam), want);
+  if (needsRebuild(spec, have, edit)) {
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
@@ -670,8 +677,6 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     return;
   }
   const t = natgwTable(fam);
-  const want = wantedModel(spec);
-  const edit = diffTable(kernelModel(have, fam), want);
   for (const [i, { edit: e }] of edit.sets.entries()) {
     const s = spec.sets[i] as SetSpec;
     if (e) {

@@ -1,4 +1,4 @@
-import type { ChainModel, RuleKey, SetModel, TableModel } from './model.js';
+import type { BaseHook, ChainModel, RuleKey, SetModel, TableModel } from './model.js';
 
 /**
  * PURE: the one differ of both netfilter backends. It compares what natgw wants with what the
@@ -192,14 +192,21 @@ export interface TableEdit {
   /** What the kernel holds and natgw does not want, in kernel order: the backend decides (other owners' objects stay). */
   readonly staleChains: readonly string[];
   readonly staleSets: readonly string[];
+  /** Chains both sides hold on another base hook (or with and without one): no backend changes a hook in place. */
+  readonly rehooked: readonly string[];
 }
+
+const sameHook = (a: BaseHook | undefined, b: BaseHook | undefined): boolean =>
+  a === b || (a !== undefined && b !== undefined && a.type === b.type && a.hook === b.hook && a.priority === b.priority && a.policy === b.policy);
 
 const NO_RULES: ChainModel = { rules: [] };
 
 export function diffTable(have: TableModel, want: TableModel, opts: DiffOptions = {}): TableEdit {
   const chains: ChainDiff[] = [];
+  const rehooked: string[] = [];
   for (const [name, c] of want.chains) {
     const h = have.chains.get(name);
+    if (h && !sameHook(h.base, c.base)) rehooked.push(name);
     chains.push({ name, create: h === undefined, edit: diffChain((h ?? NO_RULES).rules, c.rules as readonly RuleKey[], opts) });
   }
   const sets: SetDiff[] = [];
@@ -212,5 +219,6 @@ export function diffTable(have: TableModel, want: TableModel, opts: DiffOptions 
     sets,
     staleChains: [...have.chains.keys()].filter((n) => !want.chains.has(n)),
     staleSets: [...have.sets.keys()].filter((n) => !want.sets.has(n)),
+    rehooked,
   };
 }

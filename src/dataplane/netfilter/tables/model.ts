@@ -12,6 +12,7 @@ export interface BaseHook {
   readonly type: string;
   readonly hook: string;
   readonly priority: number;
+  readonly policy: string;
 }
 
 /** A rule's key as its backend renders it; null for a kernel rule not recognised as natgw's. */
