@@ -56,7 +56,7 @@ async function load(dist: string, name: string): Promise<Build> {
     iptables: (doc) => {
       const s = state.desiredStateSchema.parse(doc);
       return () => {
-        const want = plan.desiredTables(ipBackend.ofFamily(backend.natTablesOf(s), 4));
+        const want = plan.desiredTables((backend.ofFamily ?? ipBackend.ofFamily)(backend.natTablesOf(s), 4));
         return ['nat', 'mangle'].map((t) => plan.renderRestore(t, plan.planTable(save.emptyTable, want[t]))).join('');
       };
     },

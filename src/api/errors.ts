@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { NatgwError } from '../model/errors.js';
 import { QueueClosedError } from '../engine/queue.js';
+import { worded } from '../engine/conflicts.js';
 
 /**
  * The API's one error shape and its one error handler. Operational errors (bad input,
@@ -43,7 +44,8 @@ export function fieldName(path: readonly PropertyKey[]): string {
 }
 
 /** Map anything thrown by a route to its status and body. */
-export function toHttp(e: unknown): { status: number; body: ErrorBody } {
+export function toHttp(given: unknown): { status: number; body: ErrorBody } {
+  const e = worded(given);
   if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...e.extra } };
   if (e instanceof z.ZodError) {
     const h = validationError(e, 'body');

@@ -7,6 +7,7 @@ import { allocateQos } from '../state/qosOperations.js';
 import { prefixOf } from '../model/rules.js';
 import { addDnats, type Effect } from '../state/operations.js';
 import { ConflictError } from '../model/errors.js';
+import { worded } from '../engine/conflicts.js';
 import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
 import type { ObjectDiff } from './service.js';
@@ -102,7 +103,8 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
   // (without a range nothing can overlap but a twin identity, refused above).
   try {
     if (s.dnats.some((d) => d.portEnd !== undefined)) addDnats({ ...s, dnats: [] }, s.dnats);
-  } catch (err) {
+  } catch (given) {
+    const err = worded(given);
     if (!(err instanceof ConflictError)) throw err;
     const field = `${fieldPrefix}dnats`;
     throw new HttpError(400, 'validation', `${field}: ${err.message}`, { field, in: 'body' });

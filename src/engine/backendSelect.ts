@@ -9,7 +9,7 @@ import { probeIptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
-import { CHAINS } from '../model/ruleText.js';
+import { CHAINS } from '../dataplane/netfilter/iptables/ruleText.js';
 
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 

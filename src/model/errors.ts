@@ -3,6 +3,8 @@
  * needs, and where the script contract wants it printed (SPEC §1: validation and conflict
  * messages go to stdout, a few documented errors go to stderr).
  */
+import { portText, type Dnat, type Fip } from './rules.js';
+
 export type ErrorKind = 'validation' | 'conflict' | 'not-initialized' | 'interface' | 'system';
 
 export class NatgwError extends Error {
@@ -30,6 +32,42 @@ export class ConflictError extends NatgwError {
   constructor(message: string) {
     super('conflict', message, 'stdout');
   }
+}
+
+/** An identity already held by another rule (SPEC §2 floating-ip-add, dnat-add): what was asked for and the rule holding it. */
+export type RuleConflict =
+  | { readonly kind: 'fip'; readonly wanted: Fip; readonly existing: Fip }
+  | { readonly kind: 'dnat'; readonly wanted: Dnat; readonly existing: Dnat; readonly overlap: boolean };
+
+/** How a conflict's message quotes the existing rule. */
+export type QuoteRule = (c: RuleConflict) => string;
+
+/** The existing rule by its fields, until the layer that reports the error quotes it (`worded`). */
+const byFields: QuoteRule = (c) => JSON.stringify(c.existing);
+
+/**
+ * A conflict carrying both rules, typed. SPEC §2's message quotes the existing rule as the
+ * script's iptables rule, a syntax only the netfilter layer writes: the operations throw this
+ * error, and the layer that reports it to the user words it with that layer's quote
+ * (engine/conflicts.ts), so the text is the same in either backend.
+ */
+export class RuleConflictError extends ConflictError {
+  constructor(
+    readonly conflict: RuleConflict,
+    quote: QuoteRule = byFields,
+  ) {
+    super(ruleConflictText(conflict, quote(conflict)));
+  }
+
+  worded(quote: QuoteRule): RuleConflictError {
+    return new RuleConflictError(this.conflict, quote);
+  }
+}
+
+function ruleConflictText(c: RuleConflict, rule: string): string {
+  if (c.kind === 'fip') return `eip ${c.wanted.eip} already bindTo rule: ${rule}, but expected internalIp ${c.wanted.internalIp}`;
+  const d = c.wanted;
+  return `dnat (${d.eip}, ${portText(d)}, ${d.protocol}) ${c.overlap ? 'overlaps the existing rule' : 'already exists'}: ${rule}, but expected ${d.internalIp}:${d.internalPort}`;
 }
 
 export class NotInitializedError extends NatgwError {

@@ -1,20 +1,6 @@
-import { ConflictError } from '../model/errors.js';
+import { ConflictError, RuleConflictError } from '../model/errors.js';
 import { defaultOwnerOf, defaultRouteConflictText } from '../model/defaultRoute.js';
-import {
-  type Dnat,
-  type DnatId,
-  type Eip,
-  type Fip,
-  type Route,
-  type ShareDnat,
-  type Snat,
-  dnatKey,
-  fipKey,
-  portText,
-  sameDnat,
-  snatKey,
-} from '../model/rules.js';
-import { appendLine, CHAINS, dnatSpec, fipDnatSpec } from '../model/ruleText.js';
+import { type Dnat, type DnatId, type Eip, type Fip, type Route, type ShareDnat, type Snat, dnatKey, fipKey, sameDnat, snatKey } from '../model/rules.js';
 import type { DesiredState } from './state.js';
 import { compose, diffStates, insertSnat, listChange, NO_CHANGE, scalarChange, type StateChange } from './change.js';
 
@@ -160,9 +146,7 @@ export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
     const existing = byEip(f.eip) ?? added.get(f.eip);
     if (existing) {
       if (existing.internalIp === f.internalIp) continue;
-      throw new ConflictError(
-        `eip ${f.eip} already bindTo rule: ${appendLine(CHAINS.exclusiveDnat, fipDnatSpec(existing))}, but expected internalIp ${f.internalIp}`,
-      );
+      throw new RuleConflictError({ kind: 'fip', wanted: f, existing });
     }
     added.set(f.eip, f);
   }
@@ -194,10 +178,8 @@ export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [ei
 const lastPort = (d: Pick<Dnat, 'port' | 'portEnd'>): number => d.portEnd ?? d.port;
 const overlaps = (a: Pick<Dnat, 'port' | 'portEnd'>, b: Pick<Dnat, 'port' | 'portEnd'>): boolean => a.port <= lastPort(b) && b.port <= lastPort(a);
 
-function dnatConflict(d: Dnat, holder: Dnat, what: string): ConflictError {
-  return new ConflictError(
-    `dnat (${d.eip}, ${portText(d)}, ${d.protocol}) ${what}: ${appendLine(CHAINS.sharedDnat, dnatSpec(holder))}, but expected ${d.internalIp}:${d.internalPort}`,
-  );
+function dnatConflict(d: Dnat, holder: Dnat, overlap: boolean): RuleConflictError {
+  return new RuleConflictError({ kind: 'dnat', wanted: d, existing: holder, overlap });
 }
 
 /**
@@ -220,11 +202,11 @@ export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
     const existing = byKey(dnatKey(d)) ?? added.get(dnatKey(d));
     if (existing) {
       if (existing.internalIp === d.internalIp && existing.internalPort === d.internalPort) continue;
-      throw dnatConflict(d, existing, 'already exists');
+      throw dnatConflict(d, existing, false);
     }
     const holder =
       d.portEnd !== undefined ? (overlapHolder(d, s.dnats) ?? overlapHolder(d, added.values())) : (overlapHolder(d, ranges) ?? overlapHolder(d, addedRanges));
-    if (holder) throw dnatConflict(d, holder, 'overlaps the existing rule');
+    if (holder) throw dnatConflict(d, holder, true);
     added.set(dnatKey(d), d);
     if (d.portEnd !== undefined) addedRanges.push(d);
   }

@@ -4,7 +4,8 @@
  * mutation of the input.
  */
 import { describe, expect, it } from 'vitest';
-import { ConflictError } from '../../src/model/errors.js';
+import { ConflictError, RuleConflictError } from '../../src/model/errors.js';
+import { worded } from '../../src/engine/conflicts.js';
 import type { Dnat, Fip, ShareDnat, Snat } from '../../src/model/rules.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import {
@@ -61,7 +62,8 @@ function conflict(fn: () => unknown): ConflictError {
     const err = e as ConflictError;
     expect(err.kind).toBe('conflict');
     expect(err.stream).toBe('stdout');
-    return err;
+    // A rule conflict's message quotes the existing iptables rule as every door words it.
+    return worded(err) as ConflictError;
   }
   throw new Error('expected a ConflictError');
 }
@@ -91,6 +93,18 @@ describe('floating IPs', () => {
       'eip 1.2.3.4 already bindTo rule: -A EXCLUSIVE_DNAT -d 1.2.3.4/32 -j DNAT --to-destination 10.0.1.6, but expected internalIp 10.0.1.7',
     );
     expect(s.fips).toEqual([f]);
+  });
+
+  it('the conflict carries both floating IPs, typed', () => {
+    const wanted = { eip: '1.2.3.4', internalIp: '10.0.1.7' };
+    let err: unknown;
+    try {
+      addFip(frozen({ fips: [f] }), wanted);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(RuleConflictError);
+    expect((err as RuleConflictError).conflict).toEqual({ kind: 'fip', wanted, existing: f });
   });
 
   it('the same internal IP may be bound by several EIPs', () => {

@@ -17,7 +17,7 @@ import { cmd, isApply, isListing } from '../helpers/execCalls.js';
 import type { Dnat } from '../../src/model/rules.js';
 import { LinkManager } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { CHAINS, dnatSpec } from '../../src/model/ruleText.js';
+import { CHAINS, dnatSpec } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import { FakeIptables } from '../helpers/fakeIptables.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 import { waitFor } from '../helpers/poll.js';

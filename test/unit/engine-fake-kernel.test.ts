@@ -14,7 +14,7 @@ import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import { ACCT_TABLE } from '../../src/dataplane/eipCounters.js';
 import { NftTransaction } from '../../src/dataplane/netfilter/nft/transaction.js';
 import { shareChainName } from '../../src/dataplane/netfilter/shareDnatRender.js';
-import { CHAINS } from '../../src/model/ruleText.js';
+import { CHAINS } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import type { Dnat, Fip, ShareDnat, Snat } from '../../src/model/rules.js';
 import * as Ops from '../../src/state/operations.js';
 import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { natTablesOf } from '../../src/dataplane/netfilter/backend.js';
-import { ofFamily } from '../../src/dataplane/netfilter/iptables/backend.js';
+import { ofFamily } from '../../src/dataplane/netfilter/backend.js';
 import { patchFamily, renderFamily } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { familyOfValid } from '../../src/model/net.js';
 import { ConflictError } from '../../src/model/errors.js';

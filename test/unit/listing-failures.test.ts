@@ -73,7 +73,7 @@ describe('conntrack flush failures', () => {
 
 describe('SNAT of every source', () => {
   it('renders as iptables-save prints it (no -s), so a resync finds it equal', async () => {
-    const { snatSpec } = await import('../../src/model/ruleText.js');
+    const { snatSpec } = await import('../../src/dataplane/netfilter/iptables/ruleText.js');
     expect(snatSpec({ eip: '172.20.0.11', cidr: '0.0.0.0/0', randomFully: false }, 'net1')).toBe('-o net1 -j SNAT --to-source 172.20.0.11');
     expect(snatSpec({ eip: 'fd00:20::10', cidr: '::/0', randomFully: true }, 'net1')).toBe('-o net1 -j SNAT --to-source fd00:20::10 --random-fully');
     expect(snatSpec({ eip: '172.20.0.11', cidr: '10.0.0.0/8', randomFully: false }, 'net1')).toBe('-s 10.0.0.0/8 -o net1 -j SNAT --to-source 172.20.0.11');

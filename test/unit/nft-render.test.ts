@@ -15,7 +15,7 @@ import {
   recogniseRule,
   type NatgwKernel,
 } from '../../src/dataplane/netfilter/nft/readback.js';
-import { NftRenderError, desiredFamily, keepRules, renderNatgw, renderRemoveAll, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
+import { NftRenderError, desiredFamily, renderNatgw, renderRemoveAll, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
 
 /**
  * The state the fixtures were captured for (v4 and v6, two EIPs binding one internal IP; SNAT CIDRs
@@ -598,25 +598,6 @@ describe('interface rename', () => {
 });
 
 describe('pieces', () => {
-  it('keepRules keeps the longest common subsequence; unrecognised rules never match', () => {
-    expect(keepRules(['a', 'b', 'c'], ['a', 'b', 'c'])).toEqual([
-      [0, 0],
-      [1, 1],
-      [2, 2],
-    ]);
-    expect(keepRules(['a', 'x', 'c'], ['a', 'b', 'c'])).toEqual([
-      [0, 0],
-      [2, 2],
-    ]);
-    expect(keepRules(['c', 'a', 'b'], ['a', 'b', 'c'])).toEqual([
-      [1, 0],
-      [2, 1],
-    ]);
-    expect(keepRules([null, 'a'], ['a'])).toEqual([[1, 0]]);
-    expect(keepRules(['a', 'a'], ['a'])).toEqual([[0, 0]]);
-    expect(keepRules([], ['a'])).toEqual([]);
-  });
-
   it('refuses a FIP, DNAT or SNAT whose two addresses are of different families', () => {
     expect(() => renderNatgw({ ...WANT, fips: [{ eip: '172.20.0.11', internalIp: 'fd00::7' }] }, kernel(null))).toThrow(NftRenderError);
     expect(() =>
@@ -633,100 +614,6 @@ describe('pieces', () => {
     expect(renderRemoveAll(kernel(REAL_IP))).toBe('delete table ip natgw\ndelete table ip6 natgw\n');
     expect(renderRemoveAll(kernel(REAL_IP, null))).toBe('delete table ip natgw\n');
     expect(renderRemoveAll({ ip: null, ip6: null })).toBe('');
-  });
-});
-
-describe('keepRules', () => {
-  /** Deterministic PRNG (mulberry32): a failing case reproduces from its seed. */
-  const rng = (seed: number) => () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  const shuffle = <T>(xs: T[], r: () => number): T[] => {
-    for (let i = xs.length - 1; i > 0; i--) {
-      const j = Math.floor(r() * (i + 1));
-      [xs[i], xs[j]] = [xs[j] as T, xs[i] as T];
-    }
-    return xs;
-  };
-  /** The reference: LCS length by the textbook table. */
-  const lcsLength = (a: readonly (string | null)[], d: readonly string[]): number => {
-    let prev = new Array<number>(d.length + 1).fill(0);
-    for (const x of a) {
-      const row = [0];
-      d.forEach((y, j) => row.push(x !== null && x === y ? (prev[j] as number) + 1 : Math.max(prev[j + 1] as number, row[j] as number)));
-      prev = row;
-    }
-    return prev[d.length] as number;
-  };
-  /** A matching diffChain can use: strictly increasing on both sides, equal keys, never null. */
-  const expectValid = (pairs: Array<[number, number]>, a: readonly (string | null)[], d: readonly string[]): void => {
-    pairs.forEach(([i, j], k) => {
-      expect(a[i]).not.toBeNull();
-      expect(a[i]).toBe(d[j]);
-      if (k > 0) {
-        const [pi, pj] = pairs[k - 1] as [number, number];
-        expect(i).toBeGreaterThan(pi);
-        expect(j).toBeGreaterThan(pj);
-      }
-    });
-  };
-
-  it('keeps as many rules as a longest common subsequence when keys are unique', () => {
-    const r = rng(20240611);
-    const alphabet = 'abcdefghij'.split('');
-    for (let n = 0; n < 2000; n++) {
-      const desired = shuffle([...alphabet], r).slice(0, Math.floor(r() * 9));
-      const actual: (string | null)[] = shuffle([...alphabet], r).slice(0, Math.floor(r() * 9));
-      // Foreign rules scattered anywhere, including inside the common prefix and suffix.
-      for (let k = Math.floor(r() * 3); k > 0; k--) actual.splice(Math.floor(r() * (actual.length + 1)), 0, null);
-      // Half the cases share a prefix and a suffix, so the fast path is exercised too.
-      if (r() < 0.5) {
-        actual.unshift('p');
-        desired.unshift('p');
-        actual.push('s');
-        desired.push('s');
-      }
-      const kept = keepRules(actual, desired);
-      expectValid(kept, actual, desired);
-      expect(kept.length, JSON.stringify({ actual, desired })).toBe(lcsLength(actual, desired));
-    }
-  });
-
-  it('with duplicated rules keeps the first copy in between, and stays a valid matching', () => {
-    expect(keepRules(['b', 'a', 'a'], ['a', 'c'])).toEqual([[1, 0]]);
-    expect(keepRules(['x', 'a', 'b', 'a'], ['b', 'a', 'a'])).toEqual([
-      [2, 0],
-      [3, 2],
-    ]);
-    const r = rng(7);
-    for (let n = 0; n < 500; n++) {
-      const pick = (): string => 'abc'[Math.floor(r() * 3)] as string;
-      const desired = Array.from({ length: Math.floor(r() * 7) }, pick);
-      const actual = Array.from({ length: Math.floor(r() * 7) }, () => (r() < 0.15 ? null : pick()));
-      expectValid(keepRules(actual, desired), actual, desired);
-    }
-  });
-
-  it('handles 20,000 rules reversed or shuffled without a quadratic table', () => {
-    const desired = Array.from({ length: 20_000 }, (_, i) => `rule ${i}`);
-    const reversed = [...desired].reverse();
-    const kept = keepRules(reversed, desired);
-    expectValid(kept, reversed, desired);
-    // A reversed chain has no two rules in the right order: exactly one can stay.
-    expect(kept).toHaveLength(1);
-
-    const shuffled = shuffle([...desired], rng(1));
-    const keptShuffled = keepRules(shuffled, desired);
-    expectValid(keptShuffled, shuffled, desired);
-    // A random permutation of n has an increasing run near 2√n (≈ 283 here).
-    expect(keptShuffled.length).toBeGreaterThan(100);
-
-    // One rule moved from the end to the front: all the others stay.
-    const moved = [desired[19_999] as string, ...desired.slice(0, 19_999)];
-    expect(keepRules(moved, desired)).toHaveLength(19_999);
   });
 });
 
@@ -757,5 +644,26 @@ describe('a table of an earlier natgw with objects natgw no longer declares', ()
       expect(script).toContain('add table ip natgw');
       expect(script.join('\n')).not.toMatch(/shim_notrack|fip_hit/);
     }
+  });
+});
+
+describe('a chain most of whose many rules go', () => {
+  it('is flushed and written whole in the one transaction, not deleted rule by rule', () => {
+    const k = kernel(REAL_IP);
+    const ip = k.ip!;
+    const stray = Array.from({ length: 70 }, (_, i) => ({ handle: 1000 + i, rule: null }));
+    const owned = new Map(ip.owned);
+    owned.set('prerouting', [...(ip.owned.get('prerouting') ?? []), ...stray]);
+    const script = lines(renderNatgw(WANT, { ...k, ip: { ...ip, owned } }).script);
+    expect(script.filter((l) => l.includes(' prerouting'))).toEqual([
+      'flush chain ip natgw prerouting',
+      'add rule ip natgw prerouting dnat ip to ip daddr map @fip_dnat',
+      'add rule ip natgw prerouting meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
+    ]);
+    // With a few strays, element-level deletes by handle.
+    owned.set('prerouting', [...(ip.owned.get('prerouting') ?? []), ...stray.slice(0, 3)]);
+    expect(lines(renderNatgw(WANT, { ...k, ip: { ...ip, owned } }).script)).toEqual(
+      [1000, 1001, 1002].map((h) => `delete rule ip natgw prerouting handle ${h}`),
+    );
   });
 });

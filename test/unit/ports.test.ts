@@ -7,8 +7,9 @@
 import { describe, expect, it } from 'vitest';
 import { parseDnatAdd, parseDnatDel } from '../../src/model/legacy.js';
 import { dnatKey, dnatSchema, snatSchema, type Dnat, type Snat } from '../../src/model/rules.js';
-import { dnatSpec, snatSpecs } from '../../src/model/ruleText.js';
+import { dnatSpec, snatSpecs } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import { ConflictError, ValidationError } from '../../src/model/errors.js';
+import { worded } from '../../src/engine/conflicts.js';
 import { addDnats, addSnats, delDnats } from '../../src/state/operations.js';
 import { emptyState } from '../../src/state/state.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
@@ -79,7 +80,7 @@ describe('overlap conflicts', () => {
       fn();
     } catch (e) {
       expect(e).toBeInstanceOf(ConflictError);
-      return (e as Error).message;
+      return (worded(e) as Error).message;
     }
     throw new Error('expected a ConflictError');
   };

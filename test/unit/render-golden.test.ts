@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { natTablesOf, type NatTables } from '../../src/dataplane/netfilter/backend.js';
-import { ofFamily } from '../../src/dataplane/netfilter/iptables/backend.js';
+import { ofFamily } from '../../src/dataplane/netfilter/backend.js';
 import { desiredTables, planTable, renderRestore, type TableName } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { emptyTable } from '../../src/dataplane/netfilter/iptables/save.js';
 import { planNatgw } from '../../src/dataplane/netfilter/nft/render.js';

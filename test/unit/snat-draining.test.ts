@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { activeSnat, snatSchema } from '../../src/model/rules.js';
-import { snatSpecs } from '../../src/model/ruleText.js';
+import { snatSpecs } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import { ruleText, snatRule } from '../../src/dataplane/netfilter/nft/render.js';
 import { countSnatTo, drainingPairs, srcNatListArgs } from '../../src/dataplane/draining.js';
 import { parseConntrackExtended } from '../../src/dataplane/conntrackStale.js';

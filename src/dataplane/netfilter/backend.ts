@@ -1,5 +1,6 @@
 import ipaddr from 'ipaddr.js';
-import type { Dnat, Fip, Snat } from '../../model/rules.js';
+import { prefixOf, type Dnat, type Fip, type Snat } from '../../model/rules.js';
+import { familyOfValid, type Family } from '../../model/net.js';
 import type { DesiredState } from '../../state/state.js';
 import type { StateChange } from '../../state/change.js';
 import type { NftTransaction } from './nft/transaction.js';
@@ -40,6 +41,49 @@ export function natTablesOf(s: DesiredState): NatTables {
     snats: s.snats,
     dnats: s.dnats,
     fips: s.fips,
+  };
+}
+
+/**
+ * The IPv4/IPv6 split of both backends: the objects of one address family (an object's family
+ * is its EIP's), each family's table rendered on its own (`ip`/`ip6` natgw; iptables/ip6tables).
+ */
+export function ofFamily(want: NatTables, family: Family): NatTables {
+  const mine = (ip: string): boolean => familyOfValid(ip) === family;
+  return {
+    ...want,
+    eips: want.eips.filter(mine),
+    snats: want.snats.filter((s) => mine(s.eip)),
+    dnats: want.dnats.filter((d) => mine(d.eip)),
+    fips: want.fips.filter((f) => mine(f.eip)),
+  };
+}
+
+/** Whether `want` holds an object of `family` (ofFamily without building it). */
+export function hasFamily(want: NatTables, family: Family): boolean {
+  const mine = (ip: string): boolean => familyOfValid(ip) === family;
+  return want.eips.some(mine) || want.snats.some((s) => mine(s.eip)) || want.dnats.some((d) => mine(d.eip)) || want.fips.some((f) => mine(f.eip));
+}
+
+/**
+ * The inverse, for adoption: each family's objects as read back, as one NatTables; null when no
+ * family holds anything of natgw's. SNATs are merged longest prefix first (the state's order),
+ * a stable sort keeping each family's kernel order among equal lengths. An interface no rule
+ * names is '' (the adopter falls back to its configuration).
+ */
+export function joinFamilies(v4: NatTables | null, v6: NatTables | null): NatTables | null {
+  const parts = [v4, v6].filter((p): p is NatTables => p !== null);
+  if (parts.length === 0) return null;
+  const snats = parts.flatMap((p) => p.snats);
+  const prefixes = snats.map((s) => prefixOf(s.cidr));
+  const order = snats.map((_s, i) => i).sort((a, b) => (prefixes[b] as number) - (prefixes[a] as number) || a - b);
+  return {
+    vpcIf: parts.find((p) => p.vpcIf)?.vpcIf ?? '',
+    extIf: parts.find((p) => p.extIf)?.extIf ?? '',
+    eips: parts.flatMap((p) => p.eips),
+    snats: order.map((i) => snats[i] as Snat),
+    dnats: parts.flatMap((p) => p.dnats),
+    fips: parts.flatMap((p) => p.fips),
   };
 }
 

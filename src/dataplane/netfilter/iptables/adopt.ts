@@ -1,6 +1,6 @@
 import type { NatTables } from '../backend.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
-import { CHAINS } from '../../../model/ruleText.js';
+import { CHAINS } from './ruleText.js';
 import { parseCidr, formatCidr, isIp, familyOf } from '../../../model/net.js';
 import type { SavedTable } from './save.js';
 

@@ -1,8 +1,18 @@
 import type { Logger } from 'pino';
 import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
 import { familyOfValid, type Family } from '../../../model/net.js';
-import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
-import { CHAINS } from '../../../model/ruleText.js';
+import {
+  hasFamily,
+  joinFamilies,
+  ofFamily,
+  withReplicaRules,
+  type NatTables,
+  type NetfilterBackend,
+  type ReplicaRules,
+  type SyncOptions,
+  type SyncReport,
+} from '../backend.js';
+import { CHAINS } from './ruleText.js';
 import { desiredTables, patchFamily, planTable, renderFamily, renderRestore, savedAfter, TABLES, type Rendered, type TableName } from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
@@ -17,20 +27,6 @@ const inFamily =
   (family: Family) =>
   (ip: string): boolean =>
     familyOfValid(ip) === family;
-
-/** The objects of one address family (an object's family is its EIP's). */
-export function ofFamily(want: NatTables, family: Family): NatTables {
-  const mine = inFamily(family);
-  return {
-    ...want,
-    eips: want.eips.filter(mine),
-    snats: want.snats.filter((s) => mine(s.eip)),
-    dnats: want.dnats.filter((d) => mine(d.eip)),
-    fips: want.fips.filter((f) => mine(f.eip)),
-  };
-}
-
-const isEmpty = (t: NatTables) => t.eips.length + t.snats.length + t.dnats.length + t.fips.length === 0;
 
 /**
  * The iptables backend: the script's chains (SPEC §2 layout), edited with one
@@ -139,7 +135,7 @@ export class IptablesBackend implements NetfilterBackend {
     const v6 = this.renderedFor(6, want, opts);
     const [v4Report, v6Report] = await Promise.all([
       this.syncFamily(4, v4, opts),
-      isEmpty(v6.want) ? this.removeFamily(6, opts) : this.syncFamily(6, v6, opts),
+      hasFamily(want, 6) ? this.syncFamily(6, v6, opts) : this.removeFamily(6, opts),
     ]);
     if (!opts.dryRun) {
       this.rendered.set(4, v4);
@@ -189,17 +185,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   async readBack(): Promise<NatTables | null> {
     const [nat, mangle, nat6, mangle6] = await Promise.all([this.read('nat'), this.read('mangle'), this.read('nat', 6), this.read('mangle', 6)]);
-    const v4 = adoptFromSave(nat, mangle);
-    const v6 = adoptFromSave(nat6, mangle6);
-    if (!v4 || !v6) return v4 ?? v6;
-    return {
-      vpcIf: v4.vpcIf || v6.vpcIf,
-      extIf: v4.extIf || v6.extIf,
-      eips: [...v4.eips, ...v6.eips],
-      snats: [...v4.snats, ...v6.snats],
-      dnats: [...v4.dnats, ...v6.dnats],
-      fips: [...v4.fips, ...v6.fips],
-    };
+    return joinFamilies(adoptFromSave(nat, mangle), adoptFromSave(nat6, mangle6));
   }
 
   async removeAll(): Promise<void> {

@@ -2,8 +2,10 @@ import { canonicalOrder, compareIp, type NatTables, type PortRange } from '../ba
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
-import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from '../../../model/ruleText.js';
+import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from './ruleText.js';
 import type { SavedTable } from './save.js';
+import { diffChain, diffTable, type ChainEdit } from '../tables/diff.js';
+import { NO_SETS, type TableModel } from '../tables/model.js';
 
 /**
  * What natgw's iptables chains must hold (SPEC §2 layout), and the iptables-restore script
@@ -180,11 +182,6 @@ export interface TablePlan {
   readonly changes: number;
 }
 
-/**
- * The edit lines for one table. Per chain: when the rules both sides keep are in the same
- * relative order (always, unless someone reordered them), delete what is extra and insert
- * what is missing at its position — element-level edits; otherwise rewrite that chain.
- */
 export interface PlanOptions {
   /**
    * Delete a rule that occurs once by its spec instead of its position: a partial sync plans
@@ -194,17 +191,23 @@ export interface PlanOptions {
   readonly deleteBySpec?: boolean;
 }
 
+/**
+ * The edit lines for one table, from the differ of both backends (tables/diff.ts). Per chain:
+ * when the rules both sides keep are in the same relative order (always, unless someone
+ * reordered them), delete what is extra and insert what is missing at its position —
+ * element-level edits; otherwise rewrite that chain. Then natgw's jump in each built-in chain,
+ * exactly once, other owners' rules untouched.
+ */
 export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions = {}): TablePlan {
   const lines: string[] = [];
   let changes = 0;
+  const edit = diffTable(tableModel(have), { chains: new Map([...want.owned].map(([n, rules]) => [n, { rules }])), sets: NO_SETS }, REWRITE_MOVED);
   // Create missing chains first: in --noflush mode declaring an existing chain would flush it.
-  for (const chain of want.owned.keys()) {
-    if (!have.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
-  }
-  for (const [chain, rules] of want.owned) {
-    const edit = planChain(chain, have.rules.get(chain) ?? [], rules, opts);
-    lines.push(...edit.lines);
-    changes += edit.changes;
+  for (const c of edit.chains) if (c.create) lines.push(`:${c.name} - [0:0]`);
+  for (const c of edit.chains) {
+    const plan = chainLines(c.name, have.rules.get(c.name) ?? [], want.owned.get(c.name) ?? [], c.edit, opts);
+    lines.push(...plan.lines);
+    changes += plan.changes;
   }
   for (const [builtin, jump] of want.jumps) {
     const present = (have.rules.get(builtin) ?? []).filter((r) => r === jump).length;
@@ -221,110 +224,51 @@ export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions =
   return { lines, changes };
 }
 
-/** Element-level edits below this many deletes, whatever their share of the chain. */
-const REWRITE_ABOVE = 64;
+/** iptables rewrites a chain whose kept rules are out of order rather than moving them one by one. */
+const REWRITE_MOVED = { rewriteMoved: true } as const;
+
+/** iptables-save's table in the table model (tables/model.ts): every rule is a key, natgw's or not. */
+function tableModel(t: SavedTable): TableModel {
+  return { chains: new Map([...t.chains].map((n) => [n, { rules: t.rules.get(n) ?? [] }])), sets: NO_SETS };
+}
 
 export function planChain(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions = {}): TablePlan {
-  if (sameList(have, want)) return { lines: [], changes: 0 };
-  // A chain natgw creates (every full sync of a fresh namespace): the general plan below would
-  // write exactly these appends, after counting ten thousand rule texts to learn nothing stays.
-  if (have.length === 0) {
-    const append = `-A ${chain} `;
-    return { lines: want.map((r) => append + r), changes: want.length };
-  }
-  const few = fewEdits(chain, have, want, opts);
-  if (few) return few;
-  const budget = countOf(want);
-  const kept: string[] = [];
-  const deleteAt: number[] = [];
-  have.forEach((r, i) => {
-    const n = budget.get(r) ?? 0;
-    if (n > 0) {
-      budget.set(r, n - 1);
-      kept.push(r);
-    } else {
-      deleteAt.push(i + 1);
-    }
-  });
-  // A rewrite when the kept rules are out of order, and when most of a long chain goes: each
-  // positional delete costs iptables-nft a chain walk (10,000 replaced SNAT rules: 0.9 s of
-  // edits against 0.1 s for a flush and append, in the same atomic restore).
-  if (!isSubsequence(kept, want) || (deleteAt.length > REWRITE_ABOVE && deleteAt.length > kept.length)) {
-    return {
-      lines: [`-F ${chain}`, ...want.map((r) => `-A ${chain} ${r}`)],
-      changes: have.length + want.length,
-    };
-  }
-  // Delete by position, last first: `-D CHAIN <spec>` would remove the FIRST copy of a
-  // duplicated rule, which may be the copy that is meant to stay. A rule that occurs once may
-  // go by its spec (PlanOptions).
-  const once = opts.deleteBySpec ? countOf(have) : undefined;
-  const lines = deleteAt.reverse().map((n) => {
-    const spec = have[n - 1] ?? '';
-    return once?.get(spec) === 1 ? `-D ${chain} ${spec}` : `-D ${chain} ${n}`;
-  });
-  let k = 0;
-  want.forEach((r, i) => {
-    if (k < kept.length && kept[k] === r) {
-      k++;
-    } else {
-      // The chain now holds want[0..i) then the kept rules not yet passed: insert at i+1.
-      lines.push(k === kept.length ? `-A ${chain} ${r}` : `-I ${chain} ${i + 1} ${r}`);
-    }
-  });
-  return { lines, changes: lines.length };
+  return chainLines(chain, have, want, diffChain(have, want, REWRITE_MOVED), opts);
 }
-
-function sameList(a: readonly string[], b: readonly string[]): boolean {
-  return a === b || (a.length === b.length && a.every((x, i) => x === b[i]));
-}
-
-/** At most this many rules between the common ends take the short way (one command's change). */
-const FEW = 8;
 
 /**
- * A change of a few rules amid many that stay (every command), found by trimming the rules
- * both ends share: no map of the whole chain. The lines are the ones the general plan below
- * writes for such a change (deletes last first, then inserts in order). Undefined when the
- * middle is larger, or holds a rule on both sides (a move): the general plan takes those.
+ * The differ's operations as iptables-restore lines. Deletes go by position, last first:
+ * `-D CHAIN <spec>` would remove the FIRST copy of a duplicated rule, which may be the copy
+ * that is meant to stay. A rule that occurs once may go by its spec (PlanOptions). Inserts go
+ * in desired order: the chain then holds want[0..i) and the kept rules not yet passed, so a
+ * rule goes in at i+1, or at the end when no kept rule follows it.
  */
-function fewEdits(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions): TablePlan | undefined {
-  const max = Math.min(have.length, want.length);
-  let p = 0;
-  while (p < max && have[p] === want[p]) p++;
-  let s = 0;
-  while (s < max - p && have[have.length - 1 - s] === want[want.length - 1 - s]) s++;
-  const gone = have.length - s - p;
-  const come = want.length - s - p;
-  if (gone + come > FEW) return undefined;
-  for (let i = p; i < p + gone; i++) {
-    const at = want.indexOf(have[i] as string, p);
-    if (at !== -1 && at < p + come) return undefined;
-  }
+function chainLines(chain: string, have: readonly string[], want: readonly string[], edit: ChainEdit, opts: PlanOptions): TablePlan {
+  const append = `-A ${chain} `;
+  if (edit.kind === 'rewrite') return { lines: [`-F ${chain}`, ...want.map((r) => append + r)], changes: have.length + want.length };
+  const once = opts.deleteBySpec ? occursOnce(have, edit.deletes.length) : undefined;
   const lines: string[] = [];
-  for (let i = p + gone - 1; i >= p; i--) {
+  for (let k = edit.deletes.length - 1; k >= 0; k--) {
+    const i = edit.deletes[k] as number;
     const spec = have[i] as string;
-    lines.push(opts.deleteBySpec && occursOnce(have, spec) ? `-D ${chain} ${spec}` : `-D ${chain} ${i + 1}`);
+    lines.push(once?.(spec) ? `-D ${chain} ${spec}` : `-D ${chain} ${i + 1}`);
   }
-  for (let j = p; j < p + come; j++) lines.push(s === 0 ? `-A ${chain} ${want[j]}` : `-I ${chain} ${j + 1} ${want[j]}`);
+  for (const { rule } of edit.inserts) lines.push(`-I ${chain} ${rule + 1} ${want[rule]}`);
+  for (let i = edit.appendFrom; i < want.length; i++) lines.push(append + want[i]);
   return { lines, changes: lines.length };
 }
 
-function occursOnce(list: readonly string[], x: string): boolean {
-  const first = list.indexOf(x);
-  return first !== -1 && list.indexOf(x, first + 1) === -1;
-}
-
-function countOf(list: readonly string[]): Map<string, number> {
-  const m = new Map<string, number>();
-  for (const r of list) m.set(r, (m.get(r) ?? 0) + 1);
-  return m;
-}
-
-function isSubsequence(sub: readonly string[], of: readonly string[]): boolean {
-  let i = 0;
-  for (const x of of) if (i < sub.length && sub[i] === x) i++;
-  return i === sub.length;
+/** Whether a rule occurs once in `list`: a scan for a few deletes (a command), a count for many. */
+function occursOnce(list: readonly string[], deletes: number): (x: string) => boolean {
+  if (deletes <= 8) {
+    return (x) => {
+      const first = list.indexOf(x);
+      return first !== -1 && list.indexOf(x, first + 1) === -1;
+    };
+  }
+  const count = new Map<string, number>();
+  for (const r of list) count.set(r, (count.get(r) ?? 0) + 1);
+  return (x) => count.get(x) === 1;
 }
 
 /**

@@ -10,8 +10,7 @@
  */
 import { canonicalIp, familyOf, formatCidr, isInterfaceName, isIp, isIpv6, parseCidr } from '../../../model/net.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
-import { prefixOf } from '../../../model/rules.js';
-import type { NatTables } from '../backend.js';
+import { joinFamilies, type NatTables } from '../backend.js';
 import { CHAIN, SET, ruleJson } from './render.js';
 import { dispatchCandidate, isSliceable, l4TcpUdpJson, snatRulesOf } from './snatLayout.js';
 import type {
@@ -341,24 +340,19 @@ export function hasSkeleton(dump: NftTableDump | null): boolean {
 // Adoption: the kernel → NatTables
 // ---------------------------------------------------------------------------------
 
-/**
- * When no rule names an interface any more (a flushed chain), the name is '' rather than a
- * guess: the adopter then falls back to its configuration (it checks isInterfaceName).
- */
-const UNKNOWN_IF = '';
-
 function splitElement(text: string): string[] {
   return text.split(' . ');
 }
 
-function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { vpcIf?: string; extIf?: string } {
+/** One family's table as NatTables; an interface no rule names is '' (joinFamilies). */
+function familyTables(dump: OwnedTable): NatTables {
   const rulesOf = (chain: string): NatgwRule[] => (dump.owned.get(chain) ?? []).flatMap((r) => (r.rule ? [r.rule] : []));
   const mark = rulesOf(CHAIN.vpcMark).find((r) => r.kind === 'vpc-mark');
   const post = rulesOf(CHAIN.postrouting);
   const hairpin = post.find((r) => r.kind === 'hairpin');
   const jump = post.find((r) => r.kind === 'snat-jump');
-  const vpcIf = mark?.kind === 'vpc-mark' ? mark.vpcIf : hairpin?.kind === 'hairpin' ? hairpin.vpcIf : undefined;
-  const extIf = jump?.kind === 'snat-jump' ? jump.extIf : undefined;
+  const vpcIf = mark?.kind === 'vpc-mark' ? mark.vpcIf : hairpin?.kind === 'hairpin' ? hairpin.vpcIf : '';
+  const extIf = jump?.kind === 'snat-jump' ? jump.extIf : '';
 
   const elements = (set: string): readonly NftElementDump[] => dump.sets.get(set)?.elements ?? [];
   const eips = elements(SET.hairpinEips)
@@ -388,29 +382,14 @@ function familyTables(dump: OwnedTable): Omit<NatTables, 'vpcIf' | 'extIf'> & { 
     if (r.kind !== 'range-dnat' || !(r.port >= 1 && r.port < r.portEnd && r.portEnd <= 65535)) continue;
     dnats.push({ eip: r.eip, port: r.port, portEnd: r.portEnd, protocol: r.protocol, internalIp: r.internalIp, internalPort: r.port });
   }
-  return { ...(vpcIf ? { vpcIf } : {}), ...(extIf ? { extIf } : {}), eips, snats, dnats, fips };
+  return { vpcIf, extIf, eips, snats, dnats, fips };
 }
 
 /**
  * What natgw's tables hold, for adoption after a lost state file; null when natgw owns no
  * table. vpcIf comes from the mark rule (else the hairpin rule), extIf from the jump to
- * shared_snat, eips from the hairpin set. SNATs keep kernel order per family and are merged by descending prefix length (the
- * state's invariant); a stable sort keeps equal lengths in kernel order.
+ * shared_snat, eips from the hairpin set; the families joined by joinFamilies (backend.ts).
  */
 export function natTablesFromKernel(k: NatgwKernel): NatTables | null {
-  if (!k.ip && !k.ip6) return null;
-  const parts = [k.ip ? familyTables(k.ip) : undefined, k.ip6 ? familyTables(k.ip6) : undefined].filter((p): p is NonNullable<typeof p> => p !== undefined);
-  const snats = parts.flatMap((p) => p.snats);
-  const sorted = snats
-    .map((s, i) => ({ s, i }))
-    .sort((a, b) => prefixOf(b.s.cidr) - prefixOf(a.s.cidr) || a.i - b.i)
-    .map((x) => x.s);
-  return {
-    vpcIf: parts.find((p) => p.vpcIf)?.vpcIf ?? UNKNOWN_IF,
-    extIf: parts.find((p) => p.extIf)?.extIf ?? UNKNOWN_IF,
-    eips: parts.flatMap((p) => p.eips),
-    snats: sorted,
-    dnats: parts.flatMap((p) => p.dnats),
-    fips: parts.flatMap((p) => p.fips),
-  };
+  return joinFamilies(k.ip && familyTables(k.ip), k.ip6 && familyTables(k.ip6));
 }

@@ -53,9 +53,10 @@
  * from the kernel even while no SNAT exists (adoption).
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
- * rules natgw would render and repaired by deleting by handle and inserting at position (the
- * longest run of rules already in the right order stays, so a renamed interface rewrites only
- * the rules naming it); map and set elements are added and deleted one by one (a changed value is
+ * rules natgw would render (tables/diff.ts, the differ of both backends) and repaired by deleting
+ * by handle and inserting before a kept neighbour's handle (the longest run of rules already in
+ * the right order stays, so a renamed interface rewrites only the rules naming it; a chain most
+ * of whose many rules go is flushed and written whole); map and set elements are added and deleted one by one (a changed value is
  * delete + add in the same transaction). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
  *
@@ -69,11 +70,13 @@
  * interface names are quoted. Handles come from nft's own JSON (numbers).
  */
 import { NatgwError } from '../../../model/errors.js';
-import { familyOfValid, parseCidr } from '../../../model/net.js';
+import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
-import { canonicalOrder, type NatTables } from '../backend.js';
+import { canonicalOrder, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
+import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
+import type { TableModel } from '../tables/model.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
 
 export type { NatgwRule, NftFamily } from './types.js';
@@ -313,16 +316,15 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
 }
 
 /**
- * One family's DNATs, the first of each identity (firstBy by dnatKey, without a key string per
+ * The DNATs, the first of each identity (firstBy by dnatKey, without a key string per
  * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
  * in one run of neighbours sharing those three, in their given order.
  */
-function firstDnats(sorted: readonly Dnat[], fam: NftFamily): Dnat[] {
+function firstDnats(sorted: readonly Dnat[]): Dnat[] {
   const out: Dnat[] = [];
   let run = 0;
   for (let i = 0; i < sorted.length; i++) {
     const d = sorted[i] as Dnat;
-    if (famOf(d.eip) !== fam) continue;
     const last = out[out.length - 1];
     if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
     else if (inRun(out, run, d)) continue;
@@ -336,14 +338,11 @@ function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
   return false;
 }
 
+const FAMILY: Readonly<Record<NftFamily, Family>> = { ip: 4, ip6: 6 };
+
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
-  if (fam === 'ip') return true; // the v4 table is the skeleton init creates (the guard's evidence)
-  return (
-    want.eips.some((e) => famOf(e) === fam) ||
-    want.snats.some((s) => famOf(s.eip) === fam) ||
-    want.dnats.some((d) => famOf(d.eip) === fam) ||
-    want.fips.some((f) => famOf(f.eip) === fam)
-  );
+  // The v4 table is the skeleton init creates (the guard's evidence).
+  return fam === 'ip' || hasFamily(want, FAMILY[fam]);
 }
 
 /*
@@ -355,7 +354,7 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
  * over every object at each full sync (ten thousand DNATs and floating IPs at start).
  */
 
-/** The floating IPs' maps: EIP → internal IP, and internal IP → EIP (SNAT: the first EIP in order). */
+/** One family's floating IPs' maps: EIP → internal IP, and internal IP → EIP (SNAT: the first EIP in order). */
 function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElement[]; fipSnat: NftElement[] } {
   const fipDnat: NftElement[] = [];
   const fipSnat: NftElement[] = [];
@@ -365,7 +364,7 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
   const snatted = new Set<string>();
   for (let i = 0; i < fips.length; i++) {
     const f = fips[i] as Fip;
-    if (f.eip === lastEip || famOf(f.eip) !== fam) continue;
+    if (f.eip === lastEip) continue;
     if (famOf(f.internalIp) !== fam) checkSameFamily(`floating ip ${f.eip}`, f.eip, f.internalIp);
     lastEip = f.eip;
     fipDnat.push({ key: f.eip, value: f.internalIp });
@@ -376,11 +375,11 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
   return { fipDnat, fipSnat };
 }
 
-/** The DNATs: single ports as elements of the port map, ranges as rules of their own. */
+/** One family's DNATs: single ports as elements of the port map, ranges as rules of their own. */
 function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftElement[]; rangeDnats: NatgwRule[] } {
   const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  const dnats = firstDnats(sorted, fam);
+  const dnats = firstDnats(sorted);
   for (let i = 0; i < dnats.length; i++) {
     const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
@@ -394,20 +393,14 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 /** What one family's table must hold for `want`; null when the family needs no table. */
 export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
   if (!needsFamily(given, fam)) return null;
-  const want = canonicalOrder(given);
+  const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
   const { portDnat, rangeDnats } = dnatElements(want.dnats, fam);
-  const snats: Snat[] = firstBy(
-    want.snats.filter((s) => famOf(s.eip) === fam),
-    snatKey,
-  );
+  const snats: Snat[] = firstBy(want.snats, snatKey);
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
-  const eips = firstBy(
-    want.eips.filter((e) => famOf(e) === fam),
-    (e) => e,
-  );
+  const eips = firstBy(want.eips, (e) => e);
 
   const snatObjects = snatLayout(
     snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
@@ -550,24 +543,13 @@ function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
   return have.kind === spec.kind && have.type === spec.type && (have.map ?? '') === (spec.map ?? '') && have.flags.length === 0;
 }
 
-function sameChainDecl(spec: ChainSpec, have: NftChainDump): boolean {
-  const b = have.base;
-  if (spec.base === undefined || b === undefined) return spec.base === undefined && b === undefined;
-  return b.type === spec.base.type && b.hook === spec.base.hook && b.prio === spec.base.prio && b.policy === 'accept';
-}
-
 /** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
 const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
 
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
-function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
-  const chains = new Map(spec.chains.map((c) => [c.name, c]));
+function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): boolean {
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
-  for (const [name, c] of have.chains) {
-    const want = chains.get(name);
-    if (!want && isStaleSnatChain(name, c)) continue;
-    if (!want || !sameChainDecl(want, c)) return true;
-  }
+  if (edit.rehooked.length > 0 || edit.staleChains.some((n) => !isStaleSnatChain(n, have.chains.get(n) as NftChainDump))) return true;
   // SNAT rules directly in shared_snat: the flat layout of older versions (an upgrade in place).
   if ((have.owned.get(CHAIN.sharedSnat) ?? []).some((r) => r.rule?.kind === 'snat')) return true;
   for (const [name, s] of have.sets) {
@@ -585,17 +567,15 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable): boolean {
 const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
 
 /** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
-function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
-  const t = natgwTable(spec.family);
-  const sets = new Set(spec.sets.map((s) => s.name));
-  const chains = new Set(spec.chains.map((c) => c.name));
-  for (const [name, s] of have.sets) {
-    if (sets.has(name) || !isSnatMap(s, spec.family)) continue;
+function dropStaleSnat(sc: Script, fam: NftFamily, have: OwnedTable, edit: TableEdit): void {
+  const t = natgwTable(fam);
+  for (const name of edit.staleSets) {
+    if (!isSnatMap(have.sets.get(name) as NftSetDump, fam)) continue;
     sc.drop.deleteSet(t, 'map', name);
     sc.changes += 1;
   }
-  for (const [name, c] of have.chains) {
-    if (chains.has(name) || !isStaleSnatChain(name, c)) continue;
+  for (const name of edit.staleChains) {
+    if (!isStaleSnatChain(name, have.chains.get(name) as NftChainDump)) continue;
     sc.drop.flushChain(t, name);
     sc.drop.deleteChain(t, name);
     sc.changes += 1;
@@ -603,111 +583,76 @@ function dropStaleSnat(sc: Script, spec: FamilySpec, have: OwnedTable): void {
 }
 
 /**
- * Which of the kernel's rules can stay, as pairs [actual index, desired index], both increasing.
- * Unrecognised rules (null) never stay. Common prefix and suffix are matched first, so the usual
- * one-rule change costs O(n).
- *
- * In between, each kernel rule is matched by key to its desired position and the longest
- * increasing run of those positions stays (patience sorting): O(n log n) time, O(n) memory,
- * where a longest common subsequence would cost O(n·m) of both (a 20,000-rule chain rewritten
- * in reverse order would need 400M cells). With keys unique on each side, as natgw renders them,
- * the two coincide. A duplicated key pairs its k-th kernel copy with its k-th desired copy, so
- * the first copy is the one kept and surplus copies are deleted.
+ * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
+ * by their script text, unrecognised kernel rules null. Set elements are indexed only when the
+ * differ asks for them.
  */
-export function keepRules(actual: readonly (string | null)[], desired: readonly string[]): Array<[number, number]> {
-  let lo = 0;
-  while (lo < actual.length && lo < desired.length && actual[lo] !== null && actual[lo] === desired[lo]) lo++;
-  let ha = actual.length;
-  let hd = desired.length;
-  while (ha > lo && hd > lo && actual[ha - 1] !== null && actual[ha - 1] === desired[hd - 1]) {
-    ha--;
-    hd--;
-  }
-  const pairs: Array<[number, number]> = [];
-  for (let i = 0; i < lo; i++) pairs.push([i, i]);
-  for (const p of increasingMatch(actual, desired, lo, ha, hd)) pairs.push(p);
-  for (let k = 0; k < actual.length - ha; k++) pairs.push([ha + k, hd + k]);
-  return pairs;
+function wantedModel(spec: FamilySpec): TableModel {
+  return {
+    chains: new Map(
+      spec.chains.map((c) => [
+        c.name,
+        {
+          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: 'accept' } } : {}),
+          rules: c.rules.map((r) => ruleText(r, spec.family)),
+        },
+      ]),
+    ),
+    sets: new Map(spec.sets.map((s) => [s.name, s])),
+  };
 }
 
-/** keepRules between the common prefix and suffix: actual[lo, ha) against desired[lo, hd). */
-function increasingMatch(actual: readonly (string | null)[], desired: readonly string[], lo: number, ha: number, hd: number): Array<[number, number]> {
-  if (ha <= lo || hd <= lo) return [];
-  const slots = new Map<string, number[]>();
-  for (let d = lo; d < hd; d++) {
-    const key = desired[d] as string;
-    const at = slots.get(key);
-    if (at) at.push(d);
-    else slots.set(key, [d]);
-  }
-  // Candidates in kernel order; each desired position is taken at most once, which is what
-  // makes a strictly increasing run of positions a valid matching.
-  const cand: Array<[number, number]> = [];
-  const taken = new Map<string, number>();
-  for (let a = lo; a < ha; a++) {
-    const key = actual[a];
-    if (key === null || key === undefined) continue;
-    const at = slots.get(key);
-    const k = taken.get(key) ?? 0;
-    if (!at || k >= at.length) continue;
-    taken.set(key, k + 1);
-    cand.push([a, at[k] as number]);
-  }
-  // tails[l]: the candidate ending the increasing run of length l+1 with the smallest position.
-  const tails: number[] = [];
-  const prev = new Int32Array(cand.length);
-  cand.forEach(([, d], c) => {
-    let l = 0;
-    let h = tails.length;
-    while (l < h) {
-      const mid = (l + h) >> 1;
-      if ((cand[tails[mid] as number] as [number, number])[1] < d) l = mid + 1;
-      else h = mid;
-    }
-    prev[c] = l > 0 ? (tails[l - 1] as number) : -1;
-    tails[l] = c;
-  });
-  const run: Array<[number, number]> = [];
-  for (let c = tails.length > 0 ? (tails[tails.length - 1] as number) : -1; c >= 0; c = prev[c] as number) {
-    run.push(cand[c] as [number, number]);
-  }
-  return run.reverse();
+function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
+  return {
+    chains: new Map(
+      [...have.chains].map(([n, c]) => [
+        n,
+        {
+          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: c.base.policy } } : {}),
+          rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)),
+        },
+      ]),
+    ),
+    sets: new Map(
+      [...have.sets].map(([n, s]) => {
+        let byKey: Map<string, string | undefined> | undefined;
+        return [
+          n,
+          {
+            get elements() {
+              byKey ??= new Map(s.elements.map((e) => [e.key, e.value] as const));
+              return byKey;
+            },
+          },
+        ];
+      }),
+    ),
+  };
 }
 
-/** Element-level repair of one chain: delete what is wrong by handle, insert what is missing in place. */
-function diffChain(sc: Script, fam: NftFamily, chain: ChainSpec, have: readonly OwnedRule[]): void {
+/** A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle, or append. */
+function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: readonly string[], have: readonly OwnedRule[], edit: ChainEdit): void {
   const t = natgwTable(fam);
-  const desired = chain.rules.map((r) => ruleText(r, fam));
-  const actual = have.map((r) => (r.rule ? ruleText(r.rule, fam) : null));
-  const kept = keepRules(actual, desired);
-  const keptActual = new Set(kept.map(([a]) => a));
-  const anchorOf = new Map(kept.map(([a, d]) => [d, have[a]?.handle] as const));
-
-  have.forEach((r, i) => {
-    if (!keptActual.has(i)) {
-      sc.deleteRules.deleteRule(t, chain.name, r.handle);
-      sc.changes += 1;
-    }
-  });
-  desired.forEach((text, d) => {
-    if (anchorOf.has(d)) return;
-    // Insert before the next rule that stays; with none after it, append.
-    let anchor: number | undefined;
-    for (let k = d + 1; k < desired.length && anchor === undefined; k++) anchor = anchorOf.get(k);
-    const rule = nftRule(chain.rules[d] as NatgwRule, fam, text);
-    if (anchor === undefined) sc.addRules.addRule(t, chain.name, rule);
-    else sc.addRules.insertRule(t, chain.name, rule, anchor);
+  if (edit.kind === 'rewrite') {
+    sc.deleteRules.flushChain(t, chain.name);
+    sc.changes += have.length;
+  }
+  const deletes = edit.kind === 'rewrite' ? [] : edit.deletes;
+  const inserts = edit.kind === 'rewrite' ? [] : edit.inserts;
+  for (const a of deletes) {
+    sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
     sc.changes += 1;
-  });
+  }
+  const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
+  for (const { rule: d, before } of inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
+  for (let d = edit.kind === 'rewrite' ? 0 : edit.appendFrom; d < desired.length; d++) sc.addRules.addRule(t, chain.name, rule(d));
+  sc.changes += inserts.length + desired.length - (edit.kind === 'rewrite' ? 0 : edit.appendFrom);
 }
 
-function diffSet(sc: Script, fam: NftFamily, spec: SetSpec, have: NftSetDump): void {
-  const actual = new Map(have.elements.map((e) => [e.key, e.value] as const));
-  const stale = [...actual.keys()].filter((k) => !spec.elements.has(k) || spec.elements.get(k) !== actual.get(k));
-  const missing = [...spec.elements.keys()].filter((k) => !actual.has(k) || actual.get(k) !== spec.elements.get(k));
-  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, stale);
-  sc.changes += stale.length;
-  addElements(sc, fam, spec, missing);
+function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {
+  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, edit.deletes);
+  sc.changes += edit.deletes.length;
+  addElements(sc, fam, spec, edit.adds);
 }
 
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
@@ -722,7 +667,9 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     renderFresh(sc, spec);
     return;
   }
-  if (needsRebuild(spec, have)) {
+  const want = wantedModel(spec);
+  const edit = diffTable(kernelModel(have, fam), want);
+  if (needsRebuild(spec, have, edit)) {
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
@@ -730,24 +677,25 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     return;
   }
   const t = natgwTable(fam);
-  for (const s of spec.sets) {
-    const h = have.sets.get(s.name);
-    if (h) {
-      diffSet(sc, fam, s, h);
+  for (const [i, { edit: e }] of edit.sets.entries()) {
+    const s = spec.sets[i] as SetSpec;
+    if (e) {
+      renderSetEdit(sc, fam, s, e);
     } else {
       addSet(sc.create, t, s);
       sc.changes += 1;
       addAllElements(sc, fam, s);
     }
   }
-  for (const c of spec.chains) {
-    if (!have.chains.has(c.name)) {
-      sc.create.addChain(t, chainOf(c));
+  for (const [i, c] of edit.chains.entries()) {
+    const chain = spec.chains[i] as ChainSpec;
+    if (c.create) {
+      sc.create.addChain(t, chainOf(chain));
       sc.changes += 1;
     }
-    diffChain(sc, fam, c, have.owned.get(c.name) ?? []);
+    renderChain(sc, fam, chain, want.chains.get(c.name)?.rules as readonly string[], have.owned.get(c.name) ?? [], c.edit);
   }
-  dropStaleSnat(sc, spec, have);
+  dropStaleSnat(sc, fam, have, edit);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */

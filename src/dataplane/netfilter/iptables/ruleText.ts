@@ -1,10 +1,11 @@
-import { activeSnat, type Dnat, type Fip, type Snat } from './rules.js';
-import { familyOfValid } from './net.js';
+import { activeSnat, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { familyOfValid } from '../../../model/net.js';
+import type { RuleConflict } from '../../../model/errors.js';
 
 /**
  * The iptables save form of each rule (SPEC §2). The iptables backend renders exactly these
  * lines and reads them back; conflict messages quote them, in either backend, so the
- * controller's log shows the same text whatever backend runs.
+ * controller's log shows the same text whatever backend runs (quoteHeld).
  */
 
 export const CHAINS = {
@@ -79,3 +80,8 @@ export function vpcMarkSpec(vpcIf: string): string {
 }
 
 export const appendLine = (chain: string, spec: string): string => `-A ${chain} ${spec}`;
+
+/** The rule that holds a conflict's identity, as the script's message quotes it (`-A EXCLUSIVE_DNAT …`, `-A SHARED_DNAT …`). */
+export function quoteHeld(c: RuleConflict): string {
+  return c.kind === 'fip' ? appendLine(CHAINS.exclusiveDnat, fipDnatSpec(c.existing)) : appendLine(CHAINS.sharedDnat, dnatSpec(c.existing));
+}
