@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { loadConfig, ConfigError } from '../../src/config/config.js';
 import { parsePortSlice } from '../../src/config/portSlice.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
-import { desiredTables } from '../../src/dataplane/netfilter/iptables/plan.js';
+import { desiredTables, planTable, savedAfter } from '../../src/dataplane/netfilter/iptables/plan.js';
 import { adoptFromSave } from '../../src/dataplane/netfilter/iptables/adopt.js';
 import { parseSave } from '../../src/dataplane/netfilter/iptables/save.js';
 import { recogniseRule } from '../../src/dataplane/netfilter/nft/readback.js';
@@ -153,6 +153,34 @@ describe('iptables under a port slice', () => {
     const adopted = adoptFromSave(save('nat', want.nat.owned), save('mangle', want.mangle.owned));
     expect(adopted?.snats).toEqual(BASE.snats);
     expect(adopted?.eips).toEqual(BASE.eips);
+  });
+});
+
+describe('iptables back from active-active', () => {
+  it('removes the drop-invalid chain and its jumps once the mode no longer wants them, and only those', () => {
+    const before = desiredTables({ ...BASE, dropInvalid: true });
+    const mangle = parseSave(
+      [
+        '*mangle',
+        ':PREROUTING ACCEPT [0:0]',
+        ':INPUT ACCEPT [0:0]',
+        ':FORWARD ACCEPT [0:0]',
+        ...[...before.mangle.owned.keys()].map((c) => `:${c} - [0:0]`),
+        '-A INPUT -j OTHER_OWNER',
+        ...[...before.mangle.jumps].map(([b, j]) => `-A ${b} ${j}`),
+        ...[...before.mangle.owned].flatMap(([c, rs]) => rs.map((r) => `-A ${c} ${r}`)),
+        'COMMIT',
+        '',
+      ].join('\n'),
+    );
+    const after = desiredTables(BASE);
+    const plan = planTable(mangle, after.mangle);
+    expect(plan.lines).toEqual(['-D FORWARD -j NATGW_DROP_INVALID', '-D INPUT -j NATGW_DROP_INVALID', '-F NATGW_DROP_INVALID', '-X NATGW_DROP_INVALID']);
+    const left = savedAfter(mangle, after.mangle);
+    expect(left.chains.has('NATGW_DROP_INVALID')).toBe(false);
+    expect(left.rules.get('INPUT')).toEqual(['-j OTHER_OWNER']);
+    // Nothing more to do once it is gone.
+    expect(planTable(left, after.mangle).lines).toEqual([]);
   });
 });
 

@@ -23,6 +23,11 @@ export interface TableWant {
   readonly owned: ReadonlyMap<string, readonly string[]>;
   /** Built-in chain → the jump natgw needs there (exactly once). */
   readonly jumps: ReadonlyMap<string, string>;
+  /**
+   * natgw's optional chains this configuration does not want (NATGW_DROP_INVALID once the
+   * replica mode goes back to takeover), with their jumps: removed where present.
+   */
+  readonly retired?: { readonly chains: readonly string[]; readonly jumps: ReadonlyMap<string, string> };
 }
 
 /**
@@ -128,6 +133,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
 
 /** The chain natgw drops invalid packets in (mangle FORWARD and INPUT), only with dropInvalid. */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
+const DROP_INVALID_JUMPS = (['FORWARD', 'INPUT'] as const).map((c) => [c, `-j ${DROP_INVALID}`] as const);
 
 /**
  * A SNAT's lines under a port slice: TCP, then UDP, into the slice (iptables takes ports only
@@ -169,10 +175,8 @@ export function desiredTables(given: NatTables | Rendered): Record<TableName, Ta
         [CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]],
         ...(want.dropInvalid ? [[DROP_INVALID, ['-m conntrack --ctstate INVALID -j DROP']] as const] : []),
       ]),
-      jumps: new Map([
-        ['PREROUTING', `-j ${CHAINS.vpcMark}`],
-        ...(want.dropInvalid ? (['FORWARD', 'INPUT'] as const).map((c) => [c, `-j ${DROP_INVALID}`] as const) : []),
-      ]),
+      jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`], ...(want.dropInvalid ? DROP_INVALID_JUMPS : [])]),
+      ...(want.dropInvalid ? {} : { retired: { chains: [DROP_INVALID], jumps: new Map(DROP_INVALID_JUMPS) } }),
     },
   };
 }
@@ -221,7 +225,13 @@ export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions =
       changes++;
     }
   }
-  return { lines, changes };
+  // A retired chain goes after every jump to it.
+  const retire: string[] = [];
+  for (const [builtin, jump] of want.retired?.jumps ?? []) {
+    for (const r of have.rules.get(builtin) ?? []) if (r === jump) retire.push(`-D ${builtin} ${jump}`);
+  }
+  for (const c of want.retired?.chains ?? []) if (have.chains.has(c)) retire.push(`-F ${c}`, `-X ${c}`);
+  return { lines: [...lines, ...retire], changes: changes + retire.length };
 }
 
 /** iptables rewrites a chain whose kept rules are out of order rather than moving them one by one. */
@@ -287,6 +297,15 @@ export function savedAfter(have: SavedTable, want: TableWant): SavedTable {
     const list = rules.get(builtin) ?? [];
     const first = list.indexOf(jump);
     rules.set(builtin, first === -1 ? [...list, jump] : list.filter((r, i) => r !== jump || i === first));
+  }
+  for (const [builtin, jump] of want.retired?.jumps ?? [])
+    rules.set(
+      builtin,
+      (rules.get(builtin) ?? []).filter((r) => r !== jump),
+    );
+  for (const c of want.retired?.chains ?? []) {
+    chains.delete(c);
+    rules.delete(c);
   }
   return { chains, rules };
 }
