@@ -226,7 +226,11 @@ export function qosPart(qos: QosManager): Part {
     name: 'qos',
     // In a full sync too without rules: an interrupted change's shared pieces (its intent
     // record) may be there with no rule listing them.
-    runs: (want, from, mode, change) => mode === 'full' || ((has(want) || has(from)) && changed('eipQos', 'qos', 'interfaces')(from, change)),
+    // With several uplinks an EIP's rules follow the EIP to its interface.
+    runs: (want, from, mode, change) =>
+      mode === 'full' ||
+      ((has(want) || has(from)) &&
+        (changed('eipQos', 'qos', 'interfaces')(from, change) || (hasSecondaryUplinks(want.interfaces) && changed('eips')(from, change)))),
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };

@@ -43,6 +43,20 @@ export function eipInterface(ifs: Interfaces, eip: { readonly interface?: string
   return own !== undefined && (own === ifs.ext || (ifs.secondary ?? []).some((u) => u.name === own)) ? own : ifs.ext;
 }
 
+/**
+ * The uplink of each EIP address of a state, as a lookup (an address that is no EIP: the
+ * primary). With one external interface, always the primary, without building anything.
+ */
+export function eipUplinkOf(s: {
+  readonly interfaces: Interfaces;
+  readonly eips: readonly { readonly address: string; readonly interface?: string | undefined }[];
+}): (ip: string) => string {
+  const ifs = s.interfaces;
+  if (!hasSecondaryUplinks(ifs)) return () => ifs.ext;
+  const on = new Map(s.eips.map((e) => [e.address, eipInterface(ifs, e)]));
+  return (ip) => on.get(ip) ?? ifs.ext;
+}
+
 /** One network an uplink is connected to (its addresses' networks, what `ip route get` consults). */
 export interface UplinkNetwork {
   readonly dev: string;

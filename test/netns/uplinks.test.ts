@@ -107,6 +107,21 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
     expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`]);
   });
 
+  it("shapes each EIP's traffic on its own interface (and its IFB)", async () => {
+    await topo.natgwOk('eip-egress-qos-add', `${EIP_A},1,10,1`);
+    await topo.natgwOk('eip-egress-qos-add', `${EIP_B},1,10,1`);
+    await topo.natgwOk('eip-ingress-qos-add', `${EIP_B},1,10,1`);
+    const filters = async (dev: string) => (await topo.exec('gw', ['tc', 'filter', 'show', 'dev', dev])).stdout;
+    // u32 prints the address in hex: 172.20.0.10 = ac14000a, 172.21.0.10 = ac15000a; offset 12 is the source, 16 the destination.
+    const [net1, net2, ifb2] = [await filters('net1'), await filters('net2'), await filters('ifb-net2')];
+    expect(net1).toContain('match ac14000a/ffffffff at 12');
+    expect(net1).not.toContain('ac15000a');
+    expect(net2).toContain('match ac15000a/ffffffff at 12');
+    expect(net2).not.toContain('ac14000a');
+    expect(ifb2).toContain('match ac15000a/ffffffff at 16');
+    expect(await topo.addresses('gw', 'ifb-net1')).toBeNull();
+  });
+
   it("sends each SNAT flow out by its EIP's interface, and nothing out by the other", async () => {
     const before = { ext1: ext1.seen.length, ext2: ext2.seen.length };
     expect(await request(topo, 'vpc1', 'tcp', REMOTE, PORT)).toBe(`ext1 peer=${EIP_A}`);
@@ -207,6 +222,9 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
   }, 90_000);
 
   it('back to one external interface removes every uplink rule, table and mark natgw held', async () => {
+    await topo.natgwOk('eip-egress-qos-del', EIP_B);
+    await topo.natgwOk('eip-ingress-qos-del', EIP_B);
+    expect(await topo.exec('gw', ['tc', 'filter', 'show', 'dev', 'net2']).then((r) => r.stdout)).not.toContain('ac15000a');
     await topo.natgwOk('eip-del', `${EIP_B}/24`);
     await topo.natgwOk('init', 'eth0,net1');
     const rules = (await topo.exec('gw', ['ip', 'rule', 'show'])).stdout;
