@@ -9,13 +9,15 @@
  * while a long-lived flow through the other keeps flowing, and commands keep working.
  */
 import type { ChildProcess } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type NsRole, type Topology } from '../helpers/netns.js';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { request, startEchoServer, startLongFlow, tryRequest, type LongFlow, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
-import { startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
+import { api, savedState, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP_A = '172.20.0.10';
 const EIP_B = '172.21.0.10';
@@ -162,6 +164,24 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
     // The log is written a moment after the command's answer.
     const after = await waitFor(async () => fullSyncs().length > before && fullSyncs(), { what: "the second init's full sync in the log" });
     expect(after.at(-1)).toBe(0);
+  });
+
+  it('a restart without its state file adopts each EIP on its own uplink and keeps routing it there', async () => {
+    const before = (await savedState(topo)) as { eips: unknown[]; interfaces: unknown };
+    await stopDaemon(daemon!, 'SIGKILL');
+    for (const f of ['state.json', 'state.journal']) rmSync(join(topo.stateDir, f), { force: true });
+    daemon = await startDaemon(topo);
+    await waitReady(topo, daemon);
+    const doc = (await api(socketOf(topo), 'GET', '/v1/state')).body as { desired: { eips: unknown[]; interfaces: unknown } };
+    expect(doc.desired.interfaces).toEqual(before.interfaces);
+    expect(doc.desired.eips).toEqual(
+      expect.arrayContaining([
+        { address: EIP_A, prefixLength: 24, interface: 'net1' },
+        { address: EIP_B, prefixLength: 24, interface: 'net2' },
+      ]),
+    );
+    expect(await request(topo, 'vpc2', 'tcp', REMOTE, PORT)).toBe(`ext2 peer=${EIP_B}`);
+    expect(await request(topo, 'ext2', 'tcp', EIP_B, 8080, { localAddress: REMOTE })).toBe(`vpc1 peer=${REMOTE}`);
   });
 
   it('losing net2 keeps the flows through net1 (and commands) going; back up, net2 carries again', async () => {
