@@ -63,6 +63,7 @@ export async function serve(config: Config): Promise<number> {
     hygiene,
     portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
     countDraining: (s) => countDraining(exec, s.snats),
+    uplinkNetworks: (names) => engine.link.uplinkNetworks(names),
   });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({

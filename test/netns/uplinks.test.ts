@@ -109,6 +109,25 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
     expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`]);
   });
 
+  it('the API finds the interface as eip-add does, takes one named, and refuses an EIP of no uplink', async () => {
+    const sock = socketOf(topo);
+    const found = await api(sock, 'PUT', '/v1/eips/172.21.0.11', { prefixLength: 24 });
+    expect(found.status).toBe(201);
+    expect(found.body).toMatchObject({ address: '172.21.0.11', prefixLength: 24, interface: 'net2' });
+    const named = await api(sock, 'PUT', '/v1/eips/172.21.0.12', { prefixLength: 32, interface: 'net1' });
+    expect(named.status).toBe(201);
+    expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`, '172.21.0.12/32']);
+    expect(await topo.addresses('gw', 'net2', 4)).toContain('172.21.0.11/24');
+    const none = await api(sock, 'PUT', '/v1/eips/10.9.9.9', { prefixLength: 24 });
+    expect(none.status).toBe(400);
+    expect(none.text).toContain('is in no network of the external interfaces (net1, net2)');
+    const legacy = await topo.natgw('eip-add', '10.9.9.9/24');
+    expect({ exit: legacy.exitCode, stderr: legacy.stderr }).toEqual({ exit: 1, stderr: '' });
+    expect(legacy.stdout).toContain('Error: EIP 10.9.9.9/24 is in no network of the external interfaces (net1, net2)');
+    for (const ip of ['172.21.0.11', '172.21.0.12']) expect((await api(sock, 'DELETE', `/v1/eips/${ip}`)).status).toBe(204);
+    expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`]);
+  });
+
   it("shapes each EIP's traffic on its own interface (and its IFB)", async () => {
     await topo.natgwOk('eip-egress-qos-add', `${EIP_A},1,10,1`);
     await topo.natgwOk('eip-egress-qos-add', `${EIP_B},1,10,1`);
@@ -145,7 +164,8 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
   });
 
   it('a full sync puts back a deleted uplink rule, and the next one finds nothing to repair', async () => {
-    const rules = async () => (await topo.exec('gw', ['ip', 'rule', 'show'])).stdout;
+    // Rules of one priority list in the order they were added: compared as a set.
+    const rules = async () => (await topo.exec('gw', ['ip', 'rule', 'show'])).stdout.split('\n').sort().join('\n');
     const held = await rules();
     expect(held).toContain(`from ${EIP_B} lookup 7101`);
     await topo.exec('gw', ['ip', 'rule', 'del', 'pref', '7301', 'from', EIP_B, 'lookup', '7101']);
