@@ -19,7 +19,6 @@ import {
   routeText,
   ruleText,
   UPLINK_TABLES,
-  type UplinkWant,
 } from './linkUplinksPlan.js';
 
 export interface UplinkSyncResult {
@@ -30,7 +29,8 @@ export interface UplinkSyncResult {
 
 interface Have {
   readonly rules: readonly string[];
-  readonly routes: ReturnType<typeof ownedRoutes>;
+  /** As routeText spells them. */
+  readonly routes: readonly string[];
   /** What natgw's connection-mark rules read as (compared with what they read as after natgw wrote them). */
   readonly marks: string;
   readonly iptJump: boolean;
@@ -40,8 +40,9 @@ interface Have {
 /**
  * The thin layer of the secondary uplinks' policy routing (linkUplinksPlan.ts is the pure one):
  * read what natgw holds (its rule priorities, its tables, its connection-mark rules), apply
- * the difference, adding before removing. A gateway with one external interface never runs a
- * tool here: a marker file in the state dir says whether anything may be left to remove.
+ * the difference, adding before removing. A partial sync plans against what the last apply
+ * left; a full one reads back. A gateway with one external interface never runs a tool here: a
+ * marker file in the state dir says whether anything may be left to remove.
  *
  * A route through an uplink that is down or gone cannot be installed: that is a note, not a
  * failure (the table's unreachable default holds its traffic; the link event's resync adds
@@ -49,7 +50,9 @@ interface Have {
  */
 export class UplinkRoutes {
   /** The connection-mark rules as read back right after natgw wrote them, per target. */
-  private written: { readonly key: string; readonly text: string; readonly marks: string } | undefined;
+  private written: { readonly key: string; readonly marks: string } | undefined;
+  /** What the last apply left in place (a partial sync's view). */
+  private trusted: (Have & { readonly key: string }) | undefined;
 
   constructor(
     private readonly exec: Executor,
@@ -62,18 +65,18 @@ export class UplinkRoutes {
   async sync(want: DesiredState, target: CtTarget, opts: { mode: SyncMode; dryRun?: boolean }): Promise<UplinkSyncResult> {
     const plan = planUplinks(want);
     const empty = plan.rules.length === 0 && plan.routes.length === 0 && plan.marks.length === 0;
-    if (empty && !(await this.markerPresent())) return { changes: 0, script: '', notes: [] };
-    const have = await this.read(target);
+    const kept = opts.mode === 'partial' && this.trusted?.key === keyOf(target) ? this.trusted : undefined;
+    if (empty && !kept && !(await this.markerPresent())) return { changes: 0, script: '', notes: [] };
+    const have = kept ?? (await this.read(target));
     const rulesWanted = plan.rules.map(ruleText);
     const routesWanted = plan.routes.map(routeText);
-    const routesHave = have.routes.map(routeText);
     const marksText = target.kind === 'nftables' ? nftMarksScript(plan) : iptMarksScript(plan, have.iptJump, have.iptChain);
     const marksKey = `${keyOf(target)}\n${target.kind === 'nftables' ? marksText : iptMarksLines(plan).join('\n')}`;
-    const marksHeld = this.written?.key === marksKey && this.written.marks === have.marks && (plan.marks.length > 0 || have.marks === '');
+    const marksHeld = this.written?.key === marksKey && (kept !== undefined || this.written.marks === have.marks);
     const ruleAdds = rulesWanted.filter((r) => !have.rules.includes(r));
     const ruleDels = have.rules.filter((r) => !rulesWanted.includes(r));
-    const routeAdds = routesWanted.filter((r) => !routesHave.includes(r));
-    const routeDels = routesHave.filter((r) => !routesWanted.includes(r));
+    const routeAdds = routesWanted.filter((r) => !have.routes.includes(r));
+    const routeDels = have.routes.filter((r) => !routesWanted.includes(r));
     const lines = [
       ...(marksHeld ? [] : [marksText.trimEnd()]),
       ...ruleAdds.map((r) => `rule add ${r}`),
@@ -82,12 +85,16 @@ export class UplinkRoutes {
       ...routeDels.map((r) => `route del ${r}`),
     ];
     const script = lines.length ? `${lines.join('\n')}\n` : '';
-    if (opts.dryRun || lines.length === 0) {
-      if (empty && lines.length === 0 && !opts.dryRun) await this.setMarker(false);
-      return { changes: lines.length, script, notes: [] };
+    if (opts.dryRun) return { changes: lines.length, script, notes: [] };
+    if (lines.length === 0) {
+      if (empty) await this.setMarker(false);
+      this.trusted = { key: keyOf(target), ...have };
+      return { changes: 0, script, notes: [] };
     }
+    this.trusted = undefined;
     await this.setMarker(true);
     const notes: string[] = [];
+    let routesIn = true;
     // Marks first (removed last when none are wanted): a rule never selects on a mark not yet set.
     if (!marksHeld && plan.marks.length > 0) await this.applyMarks(target, marksText);
     if (ruleAdds.length)
@@ -95,6 +102,7 @@ export class UplinkRoutes {
     if (routeAdds.length) {
       const r = await this.exec.run({ file: 'ip', args: ['-force', '-batch', '-'], input: routeAdds.map((x) => `route replace ${x}\n`).join('') });
       if (r.exitCode !== 0) {
+        routesIn = false;
         const why = r.stderr.trim().split('\n')[0] ?? '';
         notes.push(`INFO: an uplink route is not in place yet (${why}); the uplink's resync adds it`);
         this.log.warn({ stderr: r.stderr.trim(), routes: routeAdds }, 'uplink route not installed (uplink down or gone?); retried at the next resync');
@@ -103,7 +111,11 @@ export class UplinkRoutes {
     if (ruleDels.length) await this.exec.run({ file: 'ip', args: ['-force', '-batch', '-'], input: ruleDels.map((r) => `rule del ${r}\n`).join('') });
     if (routeDels.length) await this.exec.run({ file: 'ip', args: ['-force', '-batch', '-'], input: routeDels.map((r) => `route del ${r}\n`).join('') });
     if (!marksHeld && plan.marks.length === 0) await this.applyMarks(target, marksText);
-    this.written = { key: marksKey, text: marksText, marks: (await this.read(target, true)).marks };
+    const marks = marksHeld && this.written ? this.written.marks : (await this.read(target, true)).marks;
+    this.written = { key: marksKey, marks };
+    // What is in place now, unless a route could not go in (the next sync reads it back).
+    const ipt = plan.marks.length > 0;
+    if (routesIn) this.trusted = { key: keyOf(target), rules: rulesWanted, routes: routesWanted, marks, iptJump: ipt, iptChain: ipt };
     if (empty) await this.setMarker(false);
     this.log.info({ added: ruleAdds.length + routeAdds.length, removed: ruleDels.length + routeDels.length, marks: !marksHeld }, 'uplink routing applied');
     return { changes: lines.length, script, notes };
@@ -119,7 +131,7 @@ export class UplinkRoutes {
       marks,
     ]);
     const lines = routes.stdout.split('\n').filter((l) => l.startsWith('['));
-    return { rules: ownedRules(rules.stdout), routes: lines.length === UPLINK_TABLES.length ? ownedRoutes(lines) : [], ...m };
+    return { rules: ownedRules(rules.stdout), routes: lines.length === UPLINK_TABLES.length ? ownedRoutes(lines).map(routeText) : [], ...m };
   }
 
   private async readMarks(target: CtTarget): Promise<Pick<Have, 'marks' | 'iptJump' | 'iptChain'>> {
@@ -161,5 +173,3 @@ export class UplinkRoutes {
 }
 
 const keyOf = (t: CtTarget): string => (t.kind === 'nftables' ? 'nftables' : `iptables-${t.variant}`);
-
-export type { UplinkWant };
