@@ -17,6 +17,7 @@ import { ADDR, createTopology, type NsRole, type Topology } from '../helpers/net
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { request, startEchoServer, startLongFlow, tryRequest, type LongFlow, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
+import { startCapture } from '../helpers/capture.js';
 import { api, savedState, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP_A = '172.20.0.10';
@@ -222,12 +223,22 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
       expect({ exit: r.exitCode, stderr: r.stderr }).toEqual({ exit: 0, stderr: '' });
       expect(await viaA.check(3000)).toBe(true);
 
-      await topo.exec('gw', ['ip', 'link', 'set', 'net2', 'up']);
-      await waitFor(async () => (await tryRequest(topo, 'vpc2', 'tcp', REMOTE, PORT, { timeoutMs: 1000 })) === `ext2 peer=${EIP_B}`, {
-        what: "vpc2's SNAT flow out of net2 again once it is back",
-        timeoutMs: 20_000,
-        intervalMs: 300,
-      });
+      const cap = await startCapture(topo, 'ext2', 'e0', ['arp']);
+      try {
+        await topo.exec('gw', ['ip', 'link', 'set', 'net2', 'up']);
+        await waitFor(async () => (await tryRequest(topo, 'vpc2', 'tcp', REMOTE, PORT, { timeoutMs: 1000 })) === `ext2 peer=${EIP_B}`, {
+          what: "vpc2's SNAT flow out of net2 again once it is back",
+          timeoutMs: 20_000,
+          intervalMs: 300,
+        });
+        // Its EIPs are announced again on it, and only its own.
+        await waitFor(async () => cap.lines().some((l) => l.includes(`Request who-has ${EIP_B} `) && l.includes(`tell ${EIP_B},`)), {
+          what: `gratuitous ARP for ${EIP_B} on net2 once it is back`,
+        });
+        expect(cap.lines().filter((l) => l.includes(`tell ${EIP_A},`))).toEqual([]);
+      } finally {
+        await cap.stop();
+      }
       expect(await viaA.check(3000)).toBe(true);
     } finally {
       for (const f of flows) await f.close();
