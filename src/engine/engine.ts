@@ -571,7 +571,8 @@ export class Engine {
       // The timeout policies are netfilter objects of natgw's too.
       netfilterChanges: changes.netfilter + changes.ctTimeouts,
       shareDnatChanges: changes.shareDnat,
-      linkChanges: changes.link,
+      // Policy routing of secondary uplinks: routes and rules beside the addresses.
+      linkChanges: changes.link + changes.uplinks,
       qosChanges: changes.qos,
       neighbourChanges: changes.neighbours,
       script,
