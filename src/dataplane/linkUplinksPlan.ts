@@ -5,7 +5,7 @@ import { familyOf } from '../model/net.js';
 
 /**
  * PURE: the policy routing that lets each secondary uplink carry its own EIPs' traffic
- * (docs/decisions/0007-several-uplinks.md). Forwarded traffic is routed before SNAT and before
+ * (docs/decisions/0008-several-uplinks.md). Forwarded traffic is routed before SNAT and before
  * a DNAT reply is translated back, so a rule on the EIP alone steers only the gateway's own
  * packets. natgw therefore holds, with secondary uplinks only:
  *
