@@ -164,6 +164,24 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
     expect(await request(topo, 'ext2', 'tcp', EIP_B, 8080, { localAddress: ADDR.ext2Host })).toBe(`vpc1 peer=${ADDR.ext2Host}`);
   });
 
+  it('a floating IP on the secondary uplink carries both directions there; hairpin through its EIP works', async () => {
+    const FIP = '172.21.0.20';
+    await topo.natgwOk('subnet-route-add', `${ADDR.sub2Cidr},${ADDR.rtr}`);
+    await topo.natgwOk('eip-add', `${FIP}/24`);
+    await topo.natgwOk('floating-ip-add', `${FIP},${ADDR.sub2}`);
+    const sub2 = await startTagged(topo, 'sub2', 'sub2', 80);
+    try {
+      expect(await request(topo, 'sub2', 'tcp', REMOTE, PORT)).toBe(`ext2 peer=${FIP}`);
+      expect(await request(topo, 'ext2', 'tcp', FIP, 80, { localAddress: REMOTE })).toBe(`sub2 peer=${REMOTE}`);
+      // A VPC client through an EIP of the secondary uplink to a VPC server (hairpin).
+      expect(await request(topo, 'vpc2', 'tcp', EIP_B, 8080)).toBe(`vpc1 peer=${EIP_B}`);
+    } finally {
+      sub2.child.kill('SIGKILL');
+      await topo.natgwOk('floating-ip-del', FIP);
+      await topo.natgwOk('eip-del', `${FIP}/24`);
+    }
+  });
+
   it('a full sync puts back a deleted uplink rule, and the next one finds nothing to repair', async () => {
     // Rules of one priority list in the order they were added: compared as a set.
     const rules = async () => (await topo.exec('gw', ['ip', 'rule', 'show'])).stdout.split('\n').sort().join('\n');
