@@ -337,7 +337,9 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
       throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
     }
     timelineMark('validated');
-    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.put(s, obj, { replace, gateways: agent.gateways }) });
+    const networks = def.stateKey === 'eips' ? await agent.uplinkNetworks?.() : undefined;
+    const ctx = { replace, gateways: agent.gateways, ...(networks ? { networks } : {}) };
+    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.put(s, obj, ctx) });
     // What the operation changed under this identity says whether it existed; untouched, it was there as asked.
     const touched = (result.change?.lists as Record<string, ReadonlyMap<string, { before?: unknown; after?: unknown }>> | undefined)?.[def.stateKey]?.get(key);
     const existed = touched === undefined || touched.before !== undefined;

@@ -35,6 +35,7 @@ import { familyOf } from '../model/net.js';
 import { type Neighbour, neighbourKey, neighbourSchema } from '../model/neighbour.js';
 import * as NOps from '../state/neighbourOperations.js';
 import { HttpError } from './errors.js';
+import type { UplinkNetwork } from '../model/uplinks.js';
 
 /**
  * The API's resources (SPEC §4.2). Each is a list in the desired state with an identity —
@@ -55,6 +56,8 @@ export type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'rou
 export interface PutContext {
   readonly replace: boolean;
   readonly gateways: { readonly v4?: string; readonly v6?: string };
+  /** Several external interfaces: their networks (where an EIP without `interface` lives). */
+  readonly networks?: readonly UplinkNetwork[];
 }
 
 export interface ResourceDef<T = unknown, I = unknown> {
@@ -118,7 +121,7 @@ const eips = define<Eip, { address: string }>({
       throw new HttpError(400, 'validation', 'prefixLength: must be at most 32 for an IPv4 address', { field: 'prefixLength', in: 'body' });
     }
   },
-  put: (s, x, ctx) => Ops.addEip(s, x, ctx.gateways),
+  put: (s, x, ctx) => Ops.addEip(s, x, ctx.gateways, ctx.networks),
   del: (s, id) => Ops.delEip(s, id.address),
 });
 

@@ -4,6 +4,7 @@ import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
+import type { UplinkNetwork } from '../model/uplinks.js';
 
 /**
  * What the HTTP layer needs from the agent. The daemon's Agent implements it over the engine
@@ -32,6 +33,8 @@ export interface AgentService {
   portUsage?(): readonly EipPortUsage[] | undefined;
   /** EIPs draining out of SNAT pools in `state`, with the connections still translated to each (GET /v1/status). */
   draining?(state: DesiredState): Promise<readonly DrainingStatus[]>;
+  /** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); absent in fakes. */
+  uplinkNetworks?(): Promise<UplinkNetwork[]>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
 }

@@ -132,9 +132,17 @@ export const configSchema = z.object({
   EXTERNAL_INTERFACE: z
     .string()
     .default('net1')
-    .refine(isInterfaceName, 'must be an interface name')
-    .meta({ values: 'an interface name' })
-    .describe('Interface facing the external network, attached late by Multus; natgw waits for it.'),
+    .refine((s) => s.split(',').every((n) => isInterfaceName(n.trim())), 'must be an interface name, or several separated by commas')
+    .meta({ values: 'an interface name, or a comma-separated list' })
+    .describe(
+      'Interface facing the external network, attached late by Multus; natgw waits for it. Several (`net1,net2`): the first is the primary (its default route stays the main one), the others are secondary uplinks whose EIPs leave by their own interface.',
+    ),
+  NATGW_UPLINK_GATEWAYS: optionalText
+    .refine((s) => s === undefined || uplinkGatewayList(s) !== undefined, 'must be a comma-separated list of <interface>=<IPv4 gateway>')
+    .meta({ values: 'a comma-separated list of <interface>=<IPv4 address>' })
+    .describe(
+      "Each secondary uplink's next hop (`net2=10.0.2.1`): its EIPs' traffic leaves by its own route table with this default route. Without one, only destinations on its own network are reached through it.",
+    ),
   GATEWAY_V4: gateway(isIpv4, 'IPv4').describe('Upstream IPv4 gateway: `eip-add` installs `default via <gw> dev <EXT> onlink`.'),
   GATEWAY_V6: gateway(isIpv6, 'IPv6').describe("Upstream IPv6 gateway, as GATEWAY_V4 (any spelling; compared in the kernel's form)."),
   QOS_DEBUG: optionalText.meta({ values: 'true or false' }).describe('Verbose QoS logging, as in the script.'),
@@ -387,7 +395,12 @@ export const CONFIG_KEYS: readonly string[] = Object.keys(configSchema.shape);
 export interface Config {
   readonly envFile: string;
   readonly vpcInterface: string;
+  /** The primary external interface (the first of EXTERNAL_INTERFACE). */
   readonly extInterface: string;
+  /** The further external interfaces of EXTERNAL_INTERFACE (secondary uplinks); absent with one. */
+  readonly secondaryExtInterfaces?: readonly string[];
+  /** NATGW_UPLINK_GATEWAYS: a secondary uplink's IPv4 next hop by interface name. */
+  readonly uplinkGateways?: Readonly<Record<string, string>>;
   readonly gatewayV4?: string;
   readonly gatewayV6?: string;
   readonly qosDebug: boolean;
@@ -498,7 +511,8 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
   return {
     envFile,
     vpcInterface: c.VPC_INTERFACE,
-    extInterface: c.EXTERNAL_INTERFACE,
+    ...externalInterfaces(c.EXTERNAL_INTERFACE),
+    ...(c.NATGW_UPLINK_GATEWAYS ? { uplinkGateways: uplinkGatewayList(c.NATGW_UPLINK_GATEWAYS) } : {}),
     gatewayV4: c.GATEWAY_V4,
     gatewayV6: c.GATEWAY_V6,
     qosDebug: c.QOS_DEBUG === 'true' || c.QOS_DEBUG === '1',
@@ -605,4 +619,21 @@ function bgpOf(c: z.infer<typeof configSchema>, envFile: string): BgpConfig | un
     bird: c.NATGW_BIRD,
     birdc: c.NATGW_BIRDC,
   };
+}
+
+/** EXTERNAL_INTERFACE as the primary and the secondary uplinks (`net1,net2`). */
+function externalInterfaces(v: string): Pick<Config, 'extInterface' | 'secondaryExtInterfaces'> {
+  const [ext = '', ...more] = v.split(',').map((n) => n.trim());
+  return more.length > 0 ? { extInterface: ext, secondaryExtInterfaces: more } : { extInterface: ext };
+}
+
+/** `net2=10.0.2.1,net3=10.0.3.1` as a record; undefined when any entry is malformed. */
+export function uplinkGatewayList(v: string): Record<string, string> | undefined {
+  const out: Record<string, string> = {};
+  for (const entry of v.split(',')) {
+    const [name = '', gw = '', ...rest] = entry.split('=').map((x) => x.trim());
+    if (rest.length > 0 || !isInterfaceName(name) || !isIpv4(gw)) return undefined;
+    out[name] = gw;
+  }
+  return out;
 }

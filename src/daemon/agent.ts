@@ -14,6 +14,7 @@ import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
+import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
 export interface EngineLike {
@@ -44,6 +45,8 @@ export interface AgentDeps {
   readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
   /** SNAT port usage from the conntrack follower (daemon only). */
   readonly portUsage?: () => readonly EipPortUsage[] | undefined;
+  /** The networks of the external interfaces (several uplinks: where a new EIP lives, as eip-add finds it). */
+  readonly uplinkNetworks?: (names: readonly string[]) => Promise<UplinkNetwork[]>;
 }
 
 /** Runs a script command on `engine`, its change through `transact` (the engine's, or the batcher's). */
@@ -265,6 +268,11 @@ export class Agent implements AgentService {
 
   portUsage(): readonly EipPortUsage[] | undefined {
     return this.deps.portUsage?.();
+  }
+
+  async uplinkNetworks(): Promise<UplinkNetwork[]> {
+    const ifs = (this.engine.lastApplied ?? (await this.engine.loadState())).interfaces;
+    return hasSecondaryUplinks(ifs) && this.deps.uplinkNetworks ? this.deps.uplinkNetworks(uplinkNames(ifs)) : [];
   }
 
   /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */

@@ -5,6 +5,7 @@ import { targetsOf } from '../dataplane/conntrackStale.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { DesiredState } from '../state/state.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
+import { eipInterface } from '../model/uplinks.js';
 
 /** Announcements of every EIP are at least this far apart; a burst of link events makes one more at the end. */
 const ANNOUNCE_MIN_GAP_MS = 1000;
@@ -61,7 +62,7 @@ export class RestartHygiene {
       return;
     }
     this.lastAnnounce = Date.now();
-    for (const e of state.eips) this.deps.link.announce(state.interfaces.ext, e.address);
+    for (const e of state.eips) this.deps.link.announce(eipInterface(state.interfaces, e), e.address);
     this.deps.log.info({ why, eips: state.eips.length, ext: state.interfaces.ext }, 'gratuitous ARP / unsolicited NA queued for every EIP');
   }
 

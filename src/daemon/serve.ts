@@ -20,6 +20,7 @@ import { RoutingManager } from '../routing/manager.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
+import { uplinkNames } from '../model/uplinks.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -66,6 +67,7 @@ export async function serve(config: Config): Promise<number> {
     hygiene,
     portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
     countDraining: (s) => countDraining(exec, s.snats),
+    uplinkNetworks: (names) => engine.link.uplinkNetworks(names),
   });
   const digest = async () => digestOf(await engine.loadState());
   const ha = new HaManager({
@@ -158,7 +160,9 @@ export async function serve(config: Config): Promise<number> {
     },
     ownsNeighbour: (address, dev) => engine.neighbours.holds(address, dev),
     onLinkUp: (ifname) => {
-      if (ifname === engine.lastApplied?.interfaces.ext) agent.requestAnnounce();
+      // Any external interface: with several uplinks each EIP is announced on its own.
+      const applied = engine.lastApplied?.interfaces;
+      if (applied && uplinkNames(applied).includes(ifname)) agent.requestAnnounce();
     },
     links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });

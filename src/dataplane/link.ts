@@ -7,6 +7,7 @@ import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.j
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
+import { eipInterface, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
 
 /**
  * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
@@ -18,6 +19,8 @@ export interface LinkAddress {
   readonly prefixLength: number;
   readonly family: 4 | 6;
   readonly scope: string;
+  /** The secondary uplink it is on (model/uplinks.ts); absent: the primary external interface. */
+  readonly dev?: string;
 }
 
 export interface LinkRoute {
@@ -28,15 +31,18 @@ export interface LinkRoute {
 }
 
 export interface LinkView {
+  /** The primary's addresses, then each secondary uplink's (`dev` set). */
   readonly extAddresses: readonly LinkAddress[];
+  /** The secondary uplinks the kernel has (read only with secondary uplinks). */
+  readonly devices?: ReadonlySet<string>;
   readonly vpcRoutes: readonly LinkRoute[];
   readonly extDefaults: readonly LinkRoute[];
 }
 
 /** One change planLink decides on, in the order it runs. */
 export type LinkOp =
-  | { readonly kind: 'addr-replace'; readonly address: string; readonly prefixLength: number }
-  | { readonly kind: 'addr-del'; readonly address: string; readonly prefixLength: number }
+  | { readonly kind: 'addr-replace'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
+  | { readonly kind: 'addr-del'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
   | { readonly kind: 'route-replace'; readonly cidr: string; readonly nexthop: string }
   | { readonly kind: 'route-del'; readonly cidr: string }
   | { readonly kind: 'default'; readonly gateway: string };
@@ -57,36 +63,47 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   const ops: LinkOp[] = [];
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
-  const prefixes = new Map<string, number[]>();
-  for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), a.prefixLength]);
-  const prefixesOf = (address: string): number[] => prefixes.get(address) ?? [];
+  // With several uplinks an address is keyed by its device too (`dev` absent: the primary).
+  const prefixes = new Map<string, { dev: string | undefined; len: number }[]>();
+  for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), { dev: a.dev, len: a.prefixLength }]);
+  const heldAt = (address: string) => prefixes.get(address) ?? [];
+  const keyOf = (dev: string | undefined, address: string, len: number): string => `${dev ?? ''}|${address}/${len}`;
   const deletes = new Set<string>();
   for (const e of want.eips) {
-    const present = prefixesOf(e.address);
+    const on = eipInterface(want.interfaces, e);
+    const dev = on === want.interfaces.ext ? undefined : on;
+    // A secondary uplink that is gone: its EIPs wait for it (the link event's resync adds them).
+    if (dev !== undefined && !have.devices?.has(dev)) continue;
+    for (const x of heldAt(e.address)) if (x.dev !== dev) deletes.add(keyOf(x.dev, e.address, x.len));
+    const present = heldAt(e.address)
+      .filter((x) => x.dev === dev)
+      .map((x) => x.len);
     const stale = present.filter((len) => len !== e.prefixLength);
     if (present.includes(e.prefixLength)) {
-      for (const len of stale) deletes.add(`${e.address}/${len}`);
+      for (const len of stale) deletes.add(keyOf(dev, e.address, len));
       continue;
     }
     // IPv6 keys an address without its prefix: a replace would keep the old prefix and the
     // delete after it would take the address, so the old prefix goes first.
-    if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len });
-    else for (const len of stale) deletes.add(`${e.address}/${len}`);
-    ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength });
+    if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len, ...onDev(dev) });
+    else for (const len of stale) deletes.add(keyOf(dev, e.address, len));
+    ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength, ...onDev(dev) });
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
   const removable = new Set([...(previous?.eips ?? []).map((e) => e.address), ...(owned?.addresses ?? [])]);
   for (const address of removable) {
     if (wantedEips.has(address)) continue;
-    for (const len of prefixesOf(address)) deletes.add(`${address}/${len}`);
+    for (const x of heldAt(address)) deletes.add(keyOf(x.dev, address, x.len));
   }
   // Deleted in the reverse of the kernel's order: secondaries before their primary, so that
   // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
-  const position = new Map(have.extAddresses.map((a, i) => [`${a.address}/${a.prefixLength}`, i]));
+  const position = new Map(have.extAddresses.map((a, i) => [keyOf(a.dev, a.address, a.prefixLength), i]));
   const at = (key: string): number => position.get(key) ?? -1;
   for (const d of [...deletes].sort((a, b) => at(b) - at(a))) {
+    const bar = d.indexOf('|');
     const slash = d.lastIndexOf('/');
-    ops.push({ kind: 'addr-del', address: d.slice(0, slash), prefixLength: Number(d.slice(slash + 1)) });
+    const dev = d.slice(0, bar) || undefined;
+    ops.push({ kind: 'addr-del', address: d.slice(bar + 1, slash), prefixLength: Number(d.slice(slash + 1)), ...onDev(dev) });
   }
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
@@ -110,6 +127,8 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   return ops;
 }
 
+const onDev = (dev: string | undefined): { dev?: string } => (dev === undefined ? {} : { dev });
+
 /** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
 export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
   return linkOps(have, want, previous).map((op) => linkLine(op, want.interfaces));
@@ -119,9 +138,9 @@ function linkLine(op: LinkOp, ifs: DesiredState['interfaces']): string {
   switch (op.kind) {
     case 'addr-replace':
       // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
-      return `addr replace ${op.address}/${op.prefixLength} dev ${ifs.ext}${familyOf(op.address) === 6 ? ' nodad' : ''}`;
+      return `addr replace ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}${familyOf(op.address) === 6 ? ' nodad' : ''}`;
     case 'addr-del':
-      return `addr del ${op.address}/${op.prefixLength} dev ${ifs.ext}`;
+      return `addr del ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}`;
     case 'route-replace':
       return `route replace ${op.cidr} via ${op.nexthop} dev ${ifs.vpc}`;
     case 'route-del':
@@ -160,10 +179,26 @@ export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView 
         break;
     }
   }
-  return { extAddresses: addressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
+  return { ...have, extAddresses: uplinkAddressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
+}
+
+/** addressesAfter per device: each uplink keeps its own kernel order (the primary's first). */
+function uplinkAddressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): LinkAddress[] {
+  const devOf = (x: LinkAddress | LinkOp): string | undefined => ('dev' in x ? x.dev : undefined);
+  const devs = new Set([...have.map(devOf), ...ops.map(devOf)].filter((d) => d !== undefined));
+  if (devs.size === 0) return addressesAfter(have, ops);
+  return [undefined, ...devs].flatMap((dev) =>
+    addressesAfter(
+      have.filter((a) => a.dev === dev),
+      ops.filter((op) => devOf(op) === dev),
+    ).map((a) => (dev === undefined ? a : { ...a, dev })),
+  );
 }
 
 const isV4 = (a: LinkAddress): boolean => a.family === 4;
+
+/** The external interfaces a kept view was read for. */
+const uplinksKey = (s: DesiredState): string => uplinkNames(s.interfaces).join(',');
 
 const subnets = new WeakMap<LinkAddress, string>();
 /** The IPv4 subnet of an address (address and prefix): the kernel's primary/secondary key. */
@@ -247,8 +282,10 @@ function addressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): L
 
 /** Whether an IPv4 address was deleted from a subnet that still holds other addresses. */
 function leftInSubnet(ops: readonly LinkOp[], after: LinkView): boolean {
-  const left = new Set(after.extAddresses.filter(isV4).map(subnetOf));
-  return ops.some((op) => op.kind === 'addr-del' && familyOf(op.address) === 4 && left.has(subnetOf({ ...op, family: 4, scope: 'global' })));
+  const left = new Set(after.extAddresses.filter(isV4).map((a) => `${a.dev ?? ''}|${subnetOf(a)}`));
+  return ops.some(
+    (op) => op.kind === 'addr-del' && familyOf(op.address) === 4 && left.has(`${op.dev ?? ''}|${subnetOf({ ...op, family: 4, scope: 'global' })}`),
+  );
 }
 
 /**
@@ -262,6 +299,7 @@ function normaliseDst(dst: string, gateway?: string): string {
 }
 
 interface IpAddrJson {
+  ifname?: string;
   addr_info?: { family?: string; local?: string; prefixlen?: number; scope?: string }[];
 }
 
@@ -454,9 +492,11 @@ export class LinkManager {
    */
   async view(s: DesiredState): Promise<LinkView> {
     const { vpc, ext } = s.interfaces;
-    const [v4, v6] = await Promise.all([
+    const secondary = (s.interfaces.secondary ?? []).map((u) => u.name);
+    const [v4, v6, uplinks] = await Promise.all([
       this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
+      secondary.length > 0 ? this.allAddresses() : undefined,
     ]);
     const routes = (x: unknown): LinkRoute[] =>
       ((x ?? []) as { dst: string; gateway?: string; protocol?: string }[]).map((r) => ({
@@ -464,11 +504,31 @@ export class LinkManager {
         gateway: r.gateway,
         ...(r.protocol ? { protocol: r.protocol } : {}),
       }));
+    const primary = addressesOf((v4[0] ?? []) as IpAddrJson[]);
+    const base = { vpcRoutes: [...routes(v4[1]), ...routes(v6[0])], extDefaults: [...routes(v4[2]), ...routes(v6[1])] };
+    if (!uplinks) return { extAddresses: primary, ...base };
+    const found = secondary.flatMap((dev) => uplinks.filter((l) => l.ifname === dev));
     return {
-      extAddresses: addressesOf((v4[0] ?? []) as IpAddrJson[]),
-      vpcRoutes: [...routes(v4[1]), ...routes(v6[0])],
-      extDefaults: [...routes(v4[2]), ...routes(v6[1])],
+      extAddresses: [...primary, ...found.flatMap((l) => addressesOf([l]).map((a) => ({ ...a, dev: l.ifname ?? '' })))],
+      devices: new Set(found.map((l) => l.ifname ?? '')),
+      ...base,
     };
+  }
+
+  /** Every interface's addresses (`ip -j addr show`), for the secondary uplinks. */
+  private async allAddresses(): Promise<IpAddrJson[]> {
+    const r = await this.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'] });
+    return r.exitCode === 0 ? (JSON.parse(r.stdout || '[]') as IpAddrJson[]) : [];
+  }
+
+  /** The networks the named uplinks are connected to, from their addresses (what `ip route get` consults). */
+  async uplinkNetworks(names: readonly string[]): Promise<UplinkNetwork[]> {
+    const links = await this.allAddresses();
+    return names.flatMap((dev) =>
+      addressesOf(links.filter((l) => l.ifname === dev))
+        .filter((a) => a.scope === 'global')
+        .map((a) => ({ dev, cidr: `${a.address}/${a.prefixLength}` })),
+    );
   }
 
   /** One JSON document per batch line; a line that failed (missing device) yields nothing. */
@@ -494,6 +554,14 @@ export class LinkManager {
       this.log?.warn({ err: e, ifname }, 'could not enable promote_secondaries');
       return false;
     }
+  }
+
+  /** promote_secondaries on every uplink an address is deleted from; whether each took. */
+  private async promoteWhereDeleting(want: DesiredState, ops: readonly LinkOp[]): Promise<boolean> {
+    const devs = new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])));
+    let all = true;
+    for (const dev of devs) if (!(await this.promoteSecondaries(dev))) all = false;
+    return all;
   }
 
   /**
@@ -583,7 +651,7 @@ export class LinkManager {
     // by recordIntent where the caller started it, then equal and not written again).
     timelineMark('link: planned');
     await this.recordIntent(want, previous);
-    const promoted = ops.some((op) => op.kind === 'addr-del') ? await this.promoteSecondaries(want.interfaces.ext) : true;
+    const promoted = await this.promoteWhereDeleting(want, ops);
     timelineMark('link: intent recorded');
     const running = this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // The view after the change is computed while `ip` applies it (used only if it succeeds).
@@ -631,11 +699,11 @@ export class LinkManager {
 
   private viewFor(want: DesiredState): LinkView | undefined {
     const t = this.trusted;
-    return t && t.ext === want.interfaces.ext && t.vpc === want.interfaces.vpc ? t.view : undefined;
+    return t && t.ext === uplinksKey(want) && t.vpc === want.interfaces.vpc ? t.view : undefined;
   }
 
   private trust(want: DesiredState, view: LinkView): void {
-    this.trusted = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, view };
+    this.trusted = { ext: uplinksKey(want), vpc: want.interfaces.vpc, view };
   }
 
   /**

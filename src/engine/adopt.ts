@@ -12,7 +12,7 @@ import { isInterfaceName } from '../model/net.js';
  * the engine calls adoptState: importing Engine back would close a cycle engine ↔ adopt.
  */
 export interface AdoptSources {
-  readonly config: Pick<Config, 'vpcInterface' | 'extInterface'>;
+  readonly config: Pick<Config, 'vpcInterface' | 'extInterface' | 'secondaryExtInterfaces' | 'uplinkGateways'>;
   readonly shareDnat: Pick<ShareDnatTable, 'readBack'>;
   readonly link: Pick<LinkManager, 'addresses' | 'view' | 'ownedRecord'>;
   readonly qos: Pick<QosManager, 'readBack'>;
@@ -31,7 +31,11 @@ export async function adoptState(engine: AdoptSources, backend: NetfilterBackend
   const cfg = engine.config;
   const vpc = nat?.vpcIf && isInterfaceName(nat.vpcIf) ? nat.vpcIf : cfg.vpcInterface;
   const hairpinEips = new Set(nat?.eips ?? []);
-  const ext = (nat?.extIf && isInterfaceName(nat.extIf) ? nat.extIf : undefined) ?? (await findExtByEips(engine, hairpinEips)) ?? cfg.extInterface;
+  // Several external interfaces (EXTERNAL_INTERFACE=net1,net2): a SNAT rule or an EIP on a
+  // secondary one does not make it the primary.
+  const secondary = cfg.secondaryExtInterfaces ?? [];
+  const primaryOnly = (dev: string | undefined) => (dev !== undefined && isInterfaceName(dev) && !secondary.includes(dev) ? dev : undefined);
+  const ext = primaryOnly(nat?.extIf) ?? primaryOnly(await findExtByEips(engine, hairpinEips)) ?? cfg.extInterface;
 
   const addrs = await engine.link.addresses(ext);
   // Which addresses and routes are natgw's: those its ownership record lists (the state dir
@@ -41,7 +45,20 @@ export async function adoptState(engine: AdoptSources, backend: NetfilterBackend
   const record = await engine.link.ownedRecord();
   const recorded = record && record.ext === ext && record.vpc === vpc ? record : undefined;
   const ownedAddresses = new Set([...hairpinEips, ...(recorded?.addresses ?? [])]);
-  const eips = addrs.filter((a) => a.scope === 'global' && ownedAddresses.has(a.address)).map((a) => ({ address: a.address, prefixLength: a.prefixLength }));
+  const eipsOn = (list: readonly { address: string; prefixLength: number; scope: string }[], dev?: string) =>
+    list
+      .filter((a) => a.scope === 'global' && ownedAddresses.has(a.address))
+      .map((a) => ({ address: a.address, prefixLength: a.prefixLength, ...(dev ? { interface: dev } : {}) }));
+  const eips = [
+    ...eipsOn(addrs, secondary.length > 0 ? ext : undefined),
+    ...(await Promise.all(secondary.map(async (dev) => eipsOn(await engine.link.addresses(dev), dev)))).flat(),
+  ];
+  const gateways = cfg.uplinkGateways ?? {};
+  const interfaces = {
+    vpc,
+    ext,
+    ...(secondary.length > 0 ? { secondary: secondary.map((name) => (gateways[name] ? { name, gateway: gateways[name] } : { name })) } : {}),
+  };
 
   const probe = desiredStateSchema.parse({ interfaces: { vpc, ext } });
   const view = await engine.link.view(probe);
@@ -59,7 +76,7 @@ export async function adoptState(engine: AdoptSources, backend: NetfilterBackend
 
   return desiredStateSchema.parse({
     initialized: nat !== null && (await backend.isInitialized()),
-    interfaces: { vpc, ext },
+    interfaces,
     defaultRoutes: { ...(v4 ? { v4 } : {}), ...(v6 ? { v6 } : {}) },
     eips,
     snats: nat?.snats ?? [],

@@ -19,9 +19,11 @@ import { NeighbourManager } from '../dataplane/neighbours.js';
 import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
-import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, type Part, type PartName } from './parts.js';
+import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, uplinksPart, type Part, type PartName } from './parts.js';
+import { UplinkRoutes } from '../dataplane/linkUplinks.js';
 import { CtTimeouts } from '../dataplane/ctTimeouts.js';
 import { timelineMark } from '../system/timeline.js';
+import { eipInterface, hasSecondaryUplinks } from '../model/uplinks.js';
 
 export interface EngineDeps {
   readonly config: Config;
@@ -180,6 +182,7 @@ export class Engine {
   readonly neighbours: NeighbourManager;
   /** Timeouts of the connections natgw translates (NATGW_CT_TIMEOUT_*). */
   readonly ctTimeouts: CtTimeouts;
+  readonly uplinks: UplinkRoutes;
   readonly backends: BackendSwitch;
   /** The state as last applied by this process (for GET /v1/state and metrics). */
   lastApplied: DesiredState | undefined;
@@ -218,6 +221,7 @@ export class Engine {
     this.eipCounters = new EipCounters(deps.exec, deps.log, nft);
     this.neighbours = new NeighbourManager(deps.exec, deps.log);
     this.ctTimeouts = new CtTimeouts(deps.exec, nft, deps.log, deps.config.ctTimeouts);
+    this.uplinks = new UplinkRoutes(deps.exec, nft, deps.log, path.join(deps.config.stateDir, 'uplinks.marker'));
     this.backends = new BackendSwitch({ ...deps, nft, store: this.store, adopt: (b) => adoptState(this, b) });
   }
 
@@ -512,6 +516,7 @@ export class Engine {
       shareDnatPart(this.shareDnat),
       ctTimeoutsPart(this.ctTimeouts, backend),
       linkPart(this.link),
+      uplinksPart(this.uplinks, backend),
       qosPart(this.qos),
       neighboursPart(this.neighbours),
     ];
@@ -533,7 +538,7 @@ export class Engine {
     const mode = opts.mode ?? 'full';
     // What changed, as the operation said; found by identity key where the caller did not say.
     const change = opts.change ?? (previous ? diffStates(previous, want) : undefined);
-    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, qos: 0, neighbours: 0 };
+    const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, uplinks: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
     const applied: Part[] = [];
@@ -566,7 +571,8 @@ export class Engine {
       // The timeout policies are netfilter objects of natgw's too.
       netfilterChanges: changes.netfilter + changes.ctTimeouts,
       shareDnatChanges: changes.shareDnat,
-      linkChanges: changes.link,
+      // Policy routing of secondary uplinks: routes and rules beside the addresses.
+      linkChanges: changes.link + changes.uplinks,
       qosChanges: changes.qos,
       neighbourChanges: changes.neighbours,
       script,
@@ -594,7 +600,9 @@ export class Engine {
   private announce(state: DesiredState, effects: readonly Effect[]): void {
     const ips = effects.flatMap((e) => (e.kind === 'garp' ? [e.ip] : []));
     if (ips.length === 0 || !this.role.mayAnnounce('new EIPs', ips)) return;
-    for (const ip of ips) this.link.announce(state.interfaces.ext, ip);
+    // Each EIP on its own uplink (several external interfaces); the primary otherwise.
+    const on = hasSecondaryUplinks(state.interfaces) ? new Map(state.eips.map((e) => [e.address, eipInterface(state.interfaces, e)])) : undefined;
+    for (const ip of ips) this.link.announce(on?.get(ip) ?? state.interfaces.ext, ip);
   }
 
   /**

@@ -10,6 +10,7 @@ import { chain, unchanged, type OpResult } from '../state/operations.js';
 import type { Config } from '../config/config.js';
 import { shareDnatChainName } from '../model/shareDnatName.js';
 import { runInit } from './init.js';
+import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
 import { failure } from './failure.js';
 
 /**
@@ -24,6 +25,8 @@ interface MutatingCommand<T = unknown> {
   readonly parse: (rule: string, cfg: Config) => T;
   /** All of the command's rules as one change of the state. */
   readonly apply: (s: DesiredState, items: readonly T[], out: Output) => OpResult;
+  /** What the parsed rules need from the kernel before the change (read outside the transaction). */
+  readonly prepare?: (engine: Engine, items: readonly T[]) => Promise<readonly T[]>;
 }
 
 /** Define a command; the generic ties its parser's output to its apply's input. */
@@ -41,10 +44,17 @@ const each =
 const mutating: Record<string, MutatingCommand> = {
   'subnet-route-add': command({ guarded: true, parse: P.parseRouteAdd, apply: each(Ops.addRoute) }),
   'subnet-route-del': command({ guarded: true, parse: P.parseRouteDel, apply: each(Ops.delRoute) }),
-  'eip-add': command<{ eip: Eip; gateways: { v4?: string; v6?: string } }>({
+  'eip-add': command<{ eip: Eip; gateways: { v4?: string; v6?: string }; networks?: readonly UplinkNetwork[] }>({
     guarded: true,
     parse: (r, cfg) => ({ eip: P.parseEip(r), gateways: { v4: cfg.gatewayV4, v6: cfg.gatewayV6 } }),
-    apply: each((s, v) => Ops.addEip(s, v.eip, v.gateways)),
+    // With several external interfaces, the EIP's is found in the uplinks' networks (model/uplinks.ts).
+    prepare: async (engine, items) => {
+      const ifs = (engine.lastApplied ?? (await engine.loadState())).interfaces;
+      if (!hasSecondaryUplinks(ifs)) return items;
+      const networks = await engine.link.uplinkNetworks(uplinkNames(ifs));
+      return items.map((v) => ({ ...v, networks }));
+    },
+    apply: each((s, v) => Ops.addEip(s, v.eip, v.gateways, v.networks)),
   }),
   'eip-del': command({ guarded: true, parse: (r) => P.parseEip(r).address, apply: each(Ops.delEip) }),
   'floating-ip-add': command({ guarded: true, parse: P.parseFipAdd, apply: Ops.addFips }),
@@ -93,7 +103,7 @@ export const LEGACY_COMMANDS = ['init', 'get-iptables-version', ...Object.keys(m
 export const HELP = `Usage: nat-gateway.sh <command> [rule ...]
 
 Commands:
-  init [vpcIf,extIf]                      prepare the gateway (waits for late interfaces)
+  init [vpcIf,extIf[,extIf...]]           prepare the gateway (waits for late interfaces)
   get-iptables-version                    print the iptables version in use
   subnet-route-add cidr,nexthop ...       route VPC subnets via the VPC interface
   subnet-route-del cidr ...               remove those routes
@@ -153,7 +163,8 @@ export async function runLegacy(
       out.line(await (await engine.peekBackend()).versionLine());
       return out.result(0);
     }
-    const items = rules.map((r) => spec.parse(r, engine.config));
+    const parsed = rules.map((r) => spec.parse(r, engine.config));
+    const items = spec.prepare ? await spec.prepare(engine, parsed) : parsed;
     const { report } = await transact(({ state }) => spec.apply(state, items, out), { guarded: spec.guarded, qos: spec.qos ?? false });
     for (const n of report.notes) out.line(n);
     log.info({ rules, ms: Date.now() - started, changes: changesOf(report) }, 'command done');

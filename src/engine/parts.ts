@@ -9,6 +9,8 @@ import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
 import type { CtTarget, CtTimeouts } from '../dataplane/ctTimeouts.js';
 import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
+import type { UplinkRoutes } from '../dataplane/linkUplinks.js';
+import { hasSecondaryUplinks } from '../model/uplinks.js';
 
 /**
  * The one contract every part of the dataplane answers (DESIGN.md): given the state to reach
@@ -16,7 +18,7 @@ import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
  * (reading back only in a full sync) and say what changed. The engine's reconcile is a loop
  * over these, in order; a part knows nothing of the others.
  */
-export type PartName = 'netfilter' | 'shareDnat' | 'ctTimeouts' | 'link' | 'qos' | 'neighbours';
+export type PartName = 'netfilter' | 'shareDnat' | 'ctTimeouts' | 'link' | 'uplinks' | 'qos' | 'neighbours';
 
 export interface PartResult {
   readonly changes: number;
@@ -199,13 +201,36 @@ export function linkPart(link: LinkManager): Part {
   };
 }
 
+const uplinksChanged = changed('eips', 'snats', 'fips', 'interfaces', 'initialized');
+
+/**
+ * Policy routing of secondary uplinks (linkUplinks.ts). A full sync always runs it: without
+ * secondary uplinks it only looks for its marker file, spawning nothing.
+ */
+export function uplinksPart(uplinks: UplinkRoutes, backend: NetfilterBackend): Part {
+  const target: CtTarget = backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
+  return {
+    name: 'uplinks',
+    runs: (want, from, mode, change) =>
+      mode === 'full' || ((hasSecondaryUplinks(want.interfaces) || hasSecondaryUplinks(from?.interfaces)) && uplinksChanged(from, change)),
+    async sync(want, _from, opts) {
+      const r = await uplinks.sync(want, target, opts);
+      return { changes: r.changes, script: r.script, notes: r.notes };
+    },
+  };
+}
+
 export function qosPart(qos: QosManager): Part {
   const has = (s: DesiredState | undefined) => (s?.eipQos.length ?? 0) > 0 || (s?.qos.length ?? 0) > 0;
   return {
     name: 'qos',
     // In a full sync too without rules: an interrupted change's shared pieces (its intent
     // record) may be there with no rule listing them.
-    runs: (want, from, mode, change) => mode === 'full' || ((has(want) || has(from)) && changed('eipQos', 'qos', 'interfaces')(from, change)),
+    // With several uplinks an EIP's rules follow the EIP to its interface.
+    runs: (want, from, mode, change) =>
+      mode === 'full' ||
+      ((has(want) || has(from)) &&
+        (changed('eipQos', 'qos', 'interfaces')(from, change) || (hasSecondaryUplinks(want.interfaces) && changed('eips')(from, change)))),
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };

@@ -11,6 +11,7 @@ import { killOrphan, Supervised } from '../system/supervised.js';
 import { PeerCompare, requestResend } from './peer.js';
 import type { HaMetrics } from './metrics.js';
 import type { ReplicaRole } from '../engine/replicaRole.js';
+import { eipInterface } from '../model/uplinks.js';
 
 export interface HaDeps {
   readonly config: Config;
@@ -476,7 +477,7 @@ export class HaManager implements HaService {
     this.d.role.activate(reason);
     const state = await this.d.loadState();
     const announced = state.eips.map((e) => e.address);
-    for (const ip of announced) this.d.announce(state.interfaces.ext, ip);
+    for (const e of state.eips) this.d.announce(eipInterface(state.interfaces, e), e.address);
     const result: TakeoverResult = {
       reason,
       at: new Date(started).toISOString(),

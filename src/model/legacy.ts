@@ -1,3 +1,4 @@
+import { MAX_UPLINKS } from './uplinks.js';
 import { ValidationError } from './errors.js';
 import { isIpv4, parseCidr, formatCidr, parsePort } from './net.js';
 import { printable } from './printable.js';
@@ -179,15 +180,21 @@ function shareIdentity(eip: string, p: string, proto: string): Pick<ShareDnat, '
   return { eip, port: n, protocol: proto.toLowerCase() as Protocol, protocolText: proto };
 }
 
-/** `init` takes one optional `vpcIf,extIf` argument; the arguments are joined with spaces first. */
-export function parseInitArgs(args: readonly string[]): { vpc: string; ext: string } | undefined {
+/**
+ * `init` takes one optional `vpcIf,extIf[,extIf2...]` argument; the arguments are joined with
+ * spaces first. Further external interfaces are secondary uplinks (Kube-OVN PR #7238).
+ */
+export function parseInitArgs(args: readonly string[]): { vpc: string; ext: string; secondary?: string[] } | undefined {
   const joined = args.join(' ').trim();
   if (joined === '') return undefined;
   const parts = joined.split(',').map((s) => s.trim());
-  if (parts.length !== 2) {
+  if (parts.length < 2) {
     throw new ValidationError('Error: Expected two interfaces separated by a comma (e.g., net1,net2)', undefined, 'stderr');
   }
-  const [vpc = '', ext = ''] = parts;
-  if (vpc === '' || ext === '') throw new ValidationError('Error: Interface names cannot be empty', undefined, 'stderr');
-  return { vpc, ext };
+  if (parts.some((p) => p === '')) throw new ValidationError('Error: Interface names cannot be empty', undefined, 'stderr');
+  const [vpc = '', ext = '', ...secondary] = parts;
+  if (parts.length - 1 > MAX_UPLINKS) throw new ValidationError(`Error: at most ${MAX_UPLINKS} external interfaces`, undefined, 'stderr');
+  const twice = parts.find((p, i) => parts.indexOf(p) !== i);
+  if (twice !== undefined) throw new ValidationError(`Error: interface '${twice}' is named twice`, undefined, 'stderr');
+  return secondary.length > 0 ? { vpc, ext, secondary } : { vpc, ext };
 }

@@ -29,6 +29,11 @@ export const networkCidrSchema = z.string().transform((s, ctx) => {
 export const eipSchema = z.object({
   address: ipSchema,
   prefixLength: z.number().int().min(0).max(128),
+  /**
+   * The external interface the EIP lives on, with several external interfaces (absent: the
+   * first one). eip-add finds it as `ip route get` would (model/uplinks.ts); the API may name it.
+   */
+  interface: ifnameSchema.optional().describe('The external interface the EIP lives on (several external interfaces; default: the one whose network holds it)'),
 });
 export type Eip = z.infer<typeof eipSchema>;
 

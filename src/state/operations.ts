@@ -1,3 +1,4 @@
+import { resolveEipInterface, uplinkGateways, type UplinkNetwork } from '../model/uplinks.js';
 import { ConflictError, RuleConflictError } from '../model/errors.js';
 import { defaultOwnerOf, defaultRouteConflictText } from '../model/defaultRoute.js';
 import { type Dnat, type DnatId, type Eip, type Fip, type Route, type ShareDnat, type Snat, dnatKey, fipKey, sameDnat, snatKey } from '../model/rules.js';
@@ -74,11 +75,16 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
  * premise, and a kernel that lost the address with its interface (down and up, recreated) is
  * announced again when the interface comes up (RestartHygiene).
  */
-export function addEip(s: DesiredState, eip: Eip, gateways: { v4?: string; v6?: string }): OpResult {
+/**
+ * `networks`: the uplinks' connected networks, for a gateway with several external interfaces
+ * (the EIP's interface is decided here and kept in the state, model/uplinks.ts).
+ */
+export function addEip(s: DesiredState, given: Eip, gateways: { v4?: string; v6?: string }, networks: readonly UplinkNetwork[] = []): OpResult {
   // `ip addr replace` semantics: a new prefix length replaces the old one, in place.
-  const at = s.eips.findIndex((e) => e.address === eip.address);
+  const at = s.eips.findIndex((e) => e.address === given.address);
   const old = s.eips[at];
-  const held = old?.prefixLength === eip.prefixLength;
+  const eip = resolveEipInterface(s.interfaces, given, old, networks, uplinkGateways(s.interfaces, gateways.v4 ?? s.defaultRoutes.v4));
+  const held = old?.prefixLength === eip.prefixLength && old.interface === eip.interface;
   const eips = held ? s.eips : old === undefined ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
   const defaultRoutes = {
     ...s.defaultRoutes,

@@ -24,6 +24,7 @@ import {
 } from '../model/qos.js';
 import { changedTo, unchanged, type OpResult } from './operations.js';
 import type { DesiredState } from './state.js';
+import { eipUplinkOf } from '../model/uplinks.js';
 
 /**
  * Pure QoS operations over the desired state (SPEC §2 QoS, §3.4). An add is an upsert by
@@ -164,14 +165,14 @@ class Ledger {
  * next free id. Duplicate identities keep the last one. Deterministic for a given state.
  */
 export function allocateQos(s: DesiredState, hints: AllocationHints = {}): DesiredState {
-  const ext = s.interfaces.ext;
+  const extOf = eipUplinkOf(s);
   const eipQos = dedupe(s.eipQos, eipQosKey);
   const qos = dedupe(s.qos, gwQosKey);
   const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
   const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
 
   const ledger = new Ledger();
-  const eipSlots = eipQos.map((q) => eipSlot(q, ext));
+  const eipSlots = eipQos.map((q) => eipSlot(q, extOf(q.ip)));
   const gwSlots = qos.map(gwSlot);
   const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
   const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
@@ -223,7 +224,7 @@ function checkIfbName(rule: string, dev: string): void {
 }
 
 export function addEipQos(s: DesiredState, q: EipQos): OpResult {
-  if (q.direction === 'ingress') checkIfbName('eip-ingress-qos', s.interfaces.ext);
+  if (q.direction === 'ingress') checkIfbName('eip-ingress-qos', eipUplinkOf(s)(q.ip));
   const at = s.eipQos.findIndex((x) => eipQosKey(x) === eipQosKey(q));
   const existing = at === -1 ? undefined : s.eipQos[at];
   if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);

@@ -10,7 +10,12 @@ import { neighbourSchema } from '../model/neighbour.js';
 export const desiredStateSchema = z.object({
   schema: z.literal(1).default(1),
   initialized: z.boolean().default(false),
-  interfaces: z.object({ vpc: ifnameSchema, ext: ifnameSchema }),
+  /** `ext` is the primary external interface; `secondary` the further uplinks (model/uplinks.ts), absent with one. */
+  interfaces: z.object({
+    vpc: ifnameSchema,
+    ext: ifnameSchema,
+    secondary: z.array(z.object({ name: ifnameSchema, gateway: ipSchema.optional() })).optional(),
+  }),
   /** Default routes that eip-add installed from GATEWAY_V4 / GATEWAY_V6. */
   defaultRoutes: z.object({ v4: ipSchema.optional(), v6: ipSchema.optional() }).default({}),
   eips: z.array(eipSchema).default([]),

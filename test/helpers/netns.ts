@@ -19,8 +19,10 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { waitFor } from './poll.js';
 
-export type NsRole = 'gw' | 'vsw' | 'vpc1' | 'vpc2' | 'rtr' | 'sub2' | 'ext';
+export type NsRole = 'gw' | 'vsw' | 'vpc1' | 'vpc2' | 'rtr' | 'sub2' | 'ext' | 'ext2';
 const ROLES: readonly NsRole[] = ['gw', 'vsw', 'vpc1', 'vpc2', 'rtr', 'sub2', 'ext'];
+/** With a second uplink (TopologyOptions.secondUplink): gw's net2 ⇄ ext2's e0. */
+const ROLES_TWO_UPLINKS: readonly NsRole[] = [...ROLES, 'ext2'];
 
 /** Fixed addressing of the topology (see the diagram above). */
 export const ADDR = {
@@ -37,6 +39,10 @@ export const ADDR = {
   extHost: '172.20.0.100',
   extGatewayV6: 'fd00:20::1',
   extCidrV6: 'fd00:20::/64',
+  /** The second uplink's network (secondUplink topologies): ext2's e0 holds its gateway and a host. */
+  ext2Cidr: '172.21.0.0/24',
+  ext2Gateway: '172.21.0.1',
+  ext2Host: '172.21.0.100',
 } as const;
 
 /** Repository root, from this file's location (test/helpers → ../..), so a clone anywhere works. */
@@ -126,6 +132,8 @@ interface IpAddrInfo {
 export interface TopologyOptions {
   /** Do not create gw's net1 yet; call attachExternal() later. */
   readonly lateExternal?: boolean;
+  /** A second external network: namespace ext2 behind gw's net2 (see ADDR.ext2*). */
+  readonly secondUplink?: boolean;
 }
 
 // ---------------------------------------------------------------------------------
@@ -293,15 +301,21 @@ class NetnsTopology implements Topology {
   private readonly children = new Set<ChildProcess>();
   private cleaning: Promise<void> | undefined;
 
-  constructor(readonly prefix: string) {
-    this.ns = Object.fromEntries(ROLES.map((r) => [r, `${prefix}${r}`])) as Record<NsRole, string>;
+  private readonly roles: readonly NsRole[];
+
+  constructor(
+    readonly prefix: string,
+    secondUplink = false,
+  ) {
+    this.roles = secondUplink ? ROLES_TWO_UPLINKS : ROLES;
+    this.ns = Object.fromEntries(this.roles.map((r) => [r, `${prefix}${r}`])) as Record<NsRole, string>;
     this.stateDir = mkdtempSync(join(tmpdir(), `natgw-${prefix}`));
     leftovers.stateDirs.add(this.stateDir);
   }
 
   /** Resolve a role or real name to a real name, refusing anything not ours. */
   private resolveNs(ns: NsRef): string {
-    if ((ROLES as readonly string[]).includes(ns)) return this.ns[ns as NsRole];
+    if ((this.roles as readonly string[]).includes(ns)) return this.ns[ns as NsRole];
     if (Object.values(this.ns).includes(ns)) return ns;
     throw new Error(`namespace ${ns} does not belong to topology ${this.prefix}`);
   }
@@ -421,15 +435,16 @@ class NetnsTopology implements Topology {
 
   async build(opts: TopologyOptions): Promise<void> {
     installExitHook();
-    for (const role of ROLES) {
+    for (const role of this.roles) {
       leftovers.namespaces.add(this.ns[role]);
       await ip(['netns', 'add', this.ns[role]]);
     }
     // Sysctls first: links created afterwards inherit the namespace's `default` settings.
-    await Promise.all(ROLES.map((role) => this.prepareNamespace(role)));
+    await Promise.all(this.roles.map((role) => this.prepareNamespace(role)));
     await this.buildVpcSwitch();
     await this.buildSecondSubnet();
     if (!opts.lateExternal) await this.attachExternal();
+    if (opts.secondUplink) await this.attachSecondExternal();
     await this.waitLinkUp('gw', 'eth0');
   }
 
@@ -506,6 +521,16 @@ class NetnsTopology implements Topology {
     await this.waitLinkUp('gw', 'net1');
   }
 
+  /** gw's net2 ⇄ ext2's e0 (its gateway and host addresses), as attachExternal does for net1. */
+  private async attachSecondExternal(): Promise<void> {
+    await this.ipIn('gw', ['link', 'add', 'net2', 'type', 'veth', 'peer', 'name', 'e0', 'netns', this.ns.ext2]);
+    await this.ipIn('gw', ['link', 'set', 'net2', 'up']);
+    await this.ipIn('ext2', ['link', 'set', 'e0', 'up']);
+    await this.addAddress('ext2', 'e0', `${ADDR.ext2Gateway}/24`);
+    await this.addAddress('ext2', 'e0', `${ADDR.ext2Host}/24`);
+    await this.waitLinkUp('gw', 'net2');
+  }
+
   async detachExternal(): Promise<void> {
     // Deleting one end of a veth deletes its peer (ext's e0) in the same operation.
     await this.ipIn('gw', ['link', 'del', 'net1']);
@@ -558,7 +583,7 @@ function randomPrefix(): string {
 
 /** Build a fresh topology; on failure everything already created is removed again. */
 export async function createTopology(opts: TopologyOptions = {}): Promise<Topology> {
-  const topo = new NetnsTopology(randomPrefix());
+  const topo = new NetnsTopology(randomPrefix(), opts.secondUplink);
   try {
     await topo.build(opts);
   } catch (err) {

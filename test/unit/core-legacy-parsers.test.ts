@@ -537,10 +537,18 @@ describe('parseInitArgs', () => {
     expect(parseInitArgs(['net1', ',', 'net2'])).toEqual({ vpc: 'net1', ext: 'net2' });
   });
 
+  it('further names are secondary external interfaces (Kube-OVN PR #7238)', () => {
+    expect(parseInitArgs(['eth0,net1,net2'])).toEqual({ vpc: 'eth0', ext: 'net1', secondary: ['net2'] });
+    expect(parseInitArgs(['eth0, net1,', 'net2 , net3'])).toEqual({ vpc: 'eth0', ext: 'net1', secondary: ['net2', 'net3'] });
+    expect(rejection(() => parseInitArgs(['eth0,net1,net1'])).message).toBe("Error: interface 'net1' is named twice");
+    const many = ['eth0', ...Array.from({ length: 17 }, (_, i) => `net${i}`)].join(',');
+    expect(rejection(() => parseInitArgs([many])).message).toBe('Error: at most 16 external interfaces');
+  });
+
   const TWO = 'Error: Expected two interfaces separated by a comma (e.g., net1,net2)';
 
-  it('not exactly two names → the SPEC message on stderr', () => {
-    for (const args of [['net1'], ['net1,net2,net3'], ['net1', 'net2'], ['net1,net2', ',net3'], ['a,b,']]) {
+  it('fewer than two names → the SPEC message on stderr', () => {
+    for (const args of [['net1'], ['net1', 'net2']]) {
       const err = rejection(() => parseInitArgs(args));
       expect(err.message).toBe(TWO);
       expect(err.stream).toBe('stderr');
@@ -548,7 +556,7 @@ describe('parseInitArgs', () => {
   });
 
   it('an empty name → the SPEC message on stderr', () => {
-    for (const args of [['net1,'], [',net2'], [','], [' , '], ['net1,', ' ']]) {
+    for (const args of [['net1,'], [',net2'], [','], [' , '], ['net1,', ' '], ['a,b,'], ['net1,,net2']]) {
       const err = rejection(() => parseInitArgs(args));
       expect(err.message).toBe('Error: Interface names cannot be empty');
       expect(err.stream).toBe('stderr');

@@ -4,6 +4,7 @@ import { familyOfValid, type Family } from '../../model/net.js';
 import type { DesiredState } from '../../state/state.js';
 import type { StateChange } from '../../state/change.js';
 import type { NftTransaction } from './nft/transaction.js';
+import { eipInterface, hasSecondaryUplinks, uplinkNames } from '../../model/uplinks.js';
 
 /** What netfilter must hold for natgw: the NAT part of the desired state. */
 export interface NatTables {
@@ -19,6 +20,10 @@ export interface NatTables {
   readonly snatPorts?: PortRange;
   /** Drop what conntrack finds invalid in forward and input: an active-active replica never resets a flow it holds no state of yet. */
   readonly dropInvalid?: boolean;
+  /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */
+  readonly uplinks?: readonly string[];
+  /** EIPs on a secondary uplink, by address: their SNAT rules match that interface. */
+  readonly eipIf?: ReadonlyMap<string, string>;
 }
 
 export interface PortRange {
@@ -41,7 +46,16 @@ export function natTablesOf(s: DesiredState): NatTables {
     snats: s.snats,
     dnats: s.dnats,
     fips: s.fips,
+    ...uplinksOf(s),
   };
+}
+
+function uplinksOf(s: DesiredState): Pick<NatTables, 'uplinks' | 'eipIf'> {
+  if (!hasSecondaryUplinks(s.interfaces)) return {};
+  const eipIf = new Map(
+    s.eips.flatMap((e) => (e.interface !== undefined && eipInterface(s.interfaces, e) !== s.interfaces.ext ? [[e.address, e.interface]] : [])),
+  );
+  return { uplinks: uplinkNames(s.interfaces).slice(1), eipIf };
 }
 
 /**

@@ -33,6 +33,7 @@ import {
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 import { RecordFile } from '../../state/recordFile.js';
+import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplinks.js';
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
@@ -158,9 +159,9 @@ export class QosManager {
   private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
     const ext = state.interfaces.ext;
     const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
-    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices) : {};
+    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices, uplinkNames(state.interfaces)) : {};
     const allocated = allocateQos(state, hints);
-    return desiredDevices(ext, allocated.eipQos, allocated.qos);
+    return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
 
   /**
@@ -171,14 +172,14 @@ export class QosManager {
    * lists every qdisc alongside, then reads the devices that shows carrying natgw's layout.
    */
   private async readKernel(state: DesiredState, pending: readonly QosPiece[], scope: ReadonlySet<string> | undefined): Promise<KernelQos> {
-    const ext = state.interfaces.ext;
+    const extOf = eipUplinkOf(state);
     const served = (shaped: readonly string[]) => shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length));
     // An IFB is set up if it is down; only `ip` prints a link's state.
     const links = (shaped: readonly string[]) => pending.length > 0 || shaped.some((d) => d.startsWith(IFB_PREFIX));
     if (scope) return this.readDevices([...scope], served([...scope]), links([...scope]));
     const known = [
       ...new Set([
-        ...state.eipQos.map((q) => eipQosDevice(q, ext)),
+        ...state.eipQos.map((q) => eipQosDevice(q, extOf(q.ip))),
         ...state.qos.map((q) => gwQosDevice(q)),
         ...pending.flatMap((p) => (p.kind === 'root' ? [p.dev] : [])),
       ]),
@@ -360,7 +361,14 @@ interface QosOf {
   readonly qos: DesiredState['qos'];
 }
 
-const qosOf = (s: DesiredState): QosOf => ({ ext: s.interfaces.ext, eipQos: s.eipQos, qos: s.qos });
+const qosOf = (s: DesiredState): QosOf => ({ ext: qosUplinksKey(s), eipQos: s.eipQos, qos: s.qos });
+
+/** What decides the EIP rules' devices: the primary, and with several uplinks each EIP's. */
+function qosUplinksKey(s: DesiredState): string {
+  if (!hasSecondaryUplinks(s.interfaces)) return s.interfaces.ext;
+  const of = eipUplinkOf(s);
+  return JSON.stringify([uplinkNames(s.interfaces), s.eipQos.map((q) => of(q.ip))]);
+}
 
 const sameQos = (a: QosOf, b: QosOf): boolean =>
   a.ext === b.ext &&
@@ -386,13 +394,14 @@ function parseIntent(raw: unknown): QosIntent {
  * where EXT itself changed (every EIP rule moves): a partial sync then reads every device.
  */
 export function changedDevices(from: DesiredState, want: DesiredState): Set<string> | undefined {
-  const ext = want.interfaces.ext;
-  if (from.interfaces.ext !== ext) return undefined;
-  const rules = (s: DesiredState) =>
-    new Map<string, { dev: string; text: string }>([
-      ...s.eipQos.map((q) => [`eip ${eipQosKey(q)}`, { dev: eipQosDevice(q, ext), text: JSON.stringify(q) }] as const),
+  if (qosUplinksKey(from) !== qosUplinksKey(want)) return undefined;
+  const rules = (s: DesiredState) => {
+    const extOf = eipUplinkOf(s);
+    return new Map<string, { dev: string; text: string }>([
+      ...s.eipQos.map((q) => [`eip ${eipQosKey(q)}`, { dev: eipQosDevice(q, extOf(q.ip)), text: JSON.stringify(q) }] as const),
       ...s.qos.map((q) => [`gw ${gwQosKey(q)}`, { dev: gwQosDevice(q), text: JSON.stringify(q) }] as const),
     ]);
+  };
   const [a, b] = [rules(from), rules(want)];
   const devs = new Set<string>();
   for (const [x, y] of [

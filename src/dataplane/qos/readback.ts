@@ -468,24 +468,32 @@ const inRange = (minor: number, r: { min: number; max: number }): boolean => min
  * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
-export function rulesFromKernel(extIf: string, devs: readonly string[], tc: ReadonlyMap<string, DeviceTc>): { eipQos: EipQos[]; qos: GwQos[] } {
+export function rulesFromKernel(
+  extIf: string,
+  devs: readonly string[],
+  tc: ReadonlyMap<string, DeviceTc>,
+  /** Where EIP rules may be (several uplinks: each of them). */
+  uplinks: readonly string[] = [extIf],
+): { eipQos: EipQos[]; qos: GwQos[] } {
   const eipQos: EipQos[] = [];
   const qos: GwQos[] = [];
   const seenEip = new Set<string>();
   const seenGw = new Set<string>();
 
-  for (const f of eachRuleFilter(tc.get(extIf))) {
-    const r = eipFromFilter('egress', f.filter, f.cls);
-    if (r && !seenEip.has(`egress|${r.ip}`)) {
-      seenEip.add(`egress|${r.ip}`);
-      eipQos.push(r);
+  for (const up of uplinks) {
+    for (const f of eachRuleFilter(tc.get(up))) {
+      const r = eipFromFilter('egress', f.filter, f.cls);
+      if (r && !seenEip.has(`egress|${r.ip}`)) {
+        seenEip.add(`egress|${r.ip}`);
+        eipQos.push(r);
+      }
     }
-  }
-  for (const f of eachRuleFilter(tc.get(ifbName(extIf)))) {
-    const r = eipFromFilter('ingress', f.filter, f.cls);
-    if (r && !seenEip.has(`ingress|${r.ip}`)) {
-      seenEip.add(`ingress|${r.ip}`);
-      eipQos.push(r);
+    for (const f of eachRuleFilter(tc.get(ifbName(up)))) {
+      const r = eipFromFilter('ingress', f.filter, f.cls);
+      if (r && !seenEip.has(`ingress|${r.ip}`)) {
+        seenEip.add(`ingress|${r.ip}`);
+        eipQos.push(r);
+      }
     }
   }
   // Gateway rules may shape EXT itself (their class ranges keep them apart from EIP rules).

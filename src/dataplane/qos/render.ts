@@ -130,7 +130,9 @@ interface MutableDevice {
 }
 
 /** Rules (with ids allocated) → the classes and filters each device must hold. */
-export function desiredDevices(extIf: string, eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
+export function desiredDevices(extIf: string | ((ip: string) => string), eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
+  // With several uplinks each EIP's rule shapes its own interface (model/uplinks.ts eipUplinkOf).
+  const extOf = typeof extIf === 'string' ? () => extIf : extIf;
   const out = new Map<string, MutableDevice>();
   const device = (dev: string, ingressOf: string | undefined): MutableDevice => {
     let d = out.get(dev);
@@ -143,7 +145,7 @@ export function desiredDevices(extIf: string, eipQos: readonly EipQos[], qos: re
   };
   for (const q of eipQos) {
     const { classId, handle } = ids(q);
-    const d = device(eipQosDevice(q, extIf), q.direction === 'ingress' ? extIf : undefined);
+    const d = device(eipQosDevice(q, extOf(q.ip)), q.direction === 'ingress' ? extOf(q.ip) : undefined);
     d.classes.push({ minor: classId, rate: q.rate, burst: q.burst });
     d.filters.push({
       prio: tcPrio(q.priority),

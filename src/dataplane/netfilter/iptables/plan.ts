@@ -159,7 +159,7 @@ export function desiredTables(given: NatTables | Rendered): Record<TableName, Ta
     [CHAINS.exclusiveDnat, r.fipDnat],
     [CHAINS.exclusiveSnat, r.fipSnat],
     [CHAINS.sharedDnat, r.dnat],
-    [CHAINS.sharedSnat, want.snats.flatMap((s) => withPortSlice(snatSpecs(s, want.extIf), want.snatPorts))],
+    [CHAINS.sharedSnat, want.snats.flatMap((s) => withPortSlice(snatSpecs(s, want.extIf, want.eipIf), want.snatPorts))],
     [CHAINS.hairpinSnat, want.eips.flatMap((e) => withPortSlice([hairpinSpec(e, want.vpcIf)], want.snatPorts))],
   ]);
   return {

@@ -60,14 +60,16 @@ export function snatSpec(s: Snat, extIf: string): string {
  * do: the kernel picks an address of a range by a hash of the source and destination addresses,
  * so one VPC host talking to one server would never leave the first EIP.
  */
-export function snatSpecs(given: Snat, extIf: string): string[] {
+export function snatSpecs(given: Snat, primary: string, eipIf?: ReadonlyMap<string, string>): string[] {
   const s = activeSnat(given);
   const pool = s.eips;
-  if (!pool) return [snatSpec(s, extIf)];
+  // Each EIP's rule matches the interface it lives on (several external interfaces).
+  const extIf = (eip: string): string => eipIf?.get(eip) ?? primary;
+  if (!pool) return [snatSpec(s, extIf(s.eip))];
   const opt = s.randomFully ? ' --random-fully' : '';
   return pool.map((eip, k) => {
     const nth = k < pool.length - 1 ? ` -m statistic --mode nth --every ${pool.length - k} --packet 0` : '';
-    return `-s ${s.cidr} -o ${extIf}${nth} -j SNAT --to-source ${eip}${opt}`;
+    return `-s ${s.cidr} -o ${extIf(eip)}${nth} -j SNAT --to-source ${eip}${opt}`;
   });
 }
 

@@ -160,7 +160,7 @@ export function tablesChange(prev: NatTables, next: NatTables): StateChange {
 /** renderPartial as the transaction a client runs. */
 export function planPartial(view: NftView, next: NatTables, change: StateChange = tablesChange(view.tables, next)): NftTxPlan | null {
   const prev = view.tables;
-  if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf) return null;
+  if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf || String(prev.uplinks ?? []) !== String(next.uplinks ?? [])) return null;
   // A replica's rules are the same at every sync; a SNAT change under a port slice (every
   // SNAT statement twice, snatLayout.ts withPortSlice) is planned by the full sync.
   if (prev.dropInvalid !== next.dropInvalid || !samePorts(prev.snatPorts, next.snatPorts)) return null;

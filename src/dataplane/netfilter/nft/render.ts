@@ -438,7 +438,14 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       {
         name: CHAIN.postrouting,
         base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
-        rules: withPortSlice([{ kind: 'fip-snat' }, { kind: 'snat-jump', extIf: want.extIf }, { kind: 'hairpin', vpcIf: want.vpcIf }], want.snatPorts),
+        rules: withPortSlice(
+          [
+            { kind: 'fip-snat' },
+            ...[want.extIf, ...(want.uplinks ?? [])].map((extIf): NatgwRule => ({ kind: 'snat-jump', extIf })),
+            { kind: 'hairpin', vpcIf: want.vpcIf },
+          ],
+          want.snatPorts,
+        ),
       },
       {
         name: CHAIN.sharedSnat,
