@@ -640,20 +640,19 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
 /** A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle, or append. */
 function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: readonly string[], have: readonly OwnedRule[], edit: ChainEdit): void {
   const t = natgwTable(fam);
+  const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
+  let appendFrom = 0;
   if (edit.kind === 'rewrite') {
     sc.deleteRules.flushChain(t, chain.name);
     sc.changes += have.length;
+  } else {
+    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
+    for (const { rule: d, before } of edit.inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
+    sc.changes += edit.deletes.length + edit.inserts.length;
+    appendFrom = edit.appendFrom;
   }
-  const deletes = edit.kind === 'rewrite' ? [] : edit.deletes;
-  const inserts = edit.kind === 'rewrite' ? [] : edit.inserts;
-  for (const a of deletes) {
-    sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
-    sc.changes += 1;
-  }
-  const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
-  for (const { rule: d, before } of inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
-  for (let d = edit.kind === 'rewrite' ? 0 : edit.appendFrom; d < desired.length; d++) sc.addRules.addRule(t, chain.name, rule(d));
-  sc.changes += inserts.length + desired.length - (edit.kind === 'rewrite' ? 0 : edit.appendFrom);
+  for (let d = appendFrom; d < desired.length; d++) sc.addRules.addRule(t, chain.name, rule(d));
+  sc.changes += desired.length - appendFrom;
 }
 
 function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {
