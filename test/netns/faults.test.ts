@@ -55,7 +55,11 @@ describe.each(BACKENDS)('faults ($name)', (b) => {
     return r.body;
   };
   const start = async () => {
-    daemon = await startDaemon(topo, { PATH: `${faults.dir}:${process.env.PATH ?? ''}` });
+    daemon = await startDaemon(topo, {
+      PATH: `${faults.dir}:${process.env.PATH ?? ''}`,
+      // The faults are injected into the nft tool: the daemon runs it instead of its libnftables helper.
+      NATGW_LIBNFTABLES: 'off',
+    });
     await waitReady(topo, daemon);
   };
   const stateDigest = async () => (await api(sock, 'GET', '/v1/state')).body.digest as string;

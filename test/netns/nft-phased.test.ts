@@ -146,7 +146,11 @@ describe('a phase the kernel refuses', () => {
     topo = await createTopology();
     Object.assign(topo.env, { GATEWAY_NETFILTER_MODE: 'nftables', NATGW_RESYNC_PERIOD: '1h', NATGW_LOG_LEVEL: 'debug' });
     sock = socketOf(topo);
-    daemon = await startDaemon(topo, { PATH: `${faults.dir}:${process.env.PATH ?? ''}` });
+    daemon = await startDaemon(topo, {
+      PATH: `${faults.dir}:${process.env.PATH ?? ''}`,
+      // The faults are injected into the nft tool: the daemon runs it instead of its libnftables helper.
+      NATGW_LIBNFTABLES: 'off',
+    });
     await waitReady(topo, daemon);
   }, 60_000);
 
