@@ -165,15 +165,9 @@ export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView 
 
 const isV4 = (a: LinkAddress): boolean => a.family === 4;
 
-const subnets = new WeakMap<LinkAddress, string>();
 /** The IPv4 subnet of an address (address and prefix): the kernel's primary/secondary key. */
 function subnetOf(a: LinkAddress): string {
-  let key = subnets.get(a);
-  if (key === undefined) {
-    key = formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
-    subnets.set(a, key);
-  }
-  return key;
+  return formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
 }
 
 /**

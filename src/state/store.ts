@@ -117,13 +117,17 @@ export interface PreparedSnapshot {
   discard(): Promise<void>;
 }
 
-/** The first half of an atomic write: the data durable in a temp file nobody reads. */
-async function writeTemp(tmp: string, data: string): Promise<void> {
+/**
+ * The first half of an atomic write: the data durable in a temp file nobody reads. Written
+ * piece by piece: a snapshot's seal and its state text are never joined into a second copy.
+ */
+async function writeTemp(tmp: string, pieces: readonly string[]): Promise<void> {
   await fs.mkdir(path.dirname(tmp), { recursive: true });
   try {
     const fh = await fs.open(tmp, 'w', 0o600);
     try {
-      await fh.writeFile(data);
+      // FileHandle.writeFile writes from the handle's current position.
+      for (const piece of pieces) await fh.writeFile(piece);
       await fh.sync();
     } finally {
       await fh.close();
@@ -379,10 +383,9 @@ export class StateStore {
   async prepare(state: DesiredState): Promise<PreparedSnapshot> {
     const body = JSON.stringify(state);
     const sha = sha256(body);
-    const text = `{"sha256":"${sha}","state":${body}}\n`;
     const tmp = `${this.stateFile}.tmp-prepared`;
     try {
-      await writeTemp(tmp, text);
+      await writeTemp(tmp, [`{"sha256":"${sha}","state":`, body, '}\n']);
     } catch (e) {
       throw durableError(this.stateFile, e);
     }
