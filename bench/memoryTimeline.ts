@@ -1,9 +1,11 @@
 /**
- * `node dist/bench/memoryTimeline.js [size=10000] [runs=3] [nftables|iptables] [--node-flags '<flags>']`:
+ * `node dist/bench/memoryTimeline.js [size=10000] [runs=3] [nftables|iptables] [--commands 300] [--node-flags '<flags>']`:
  * where the daemon's resident memory peaks, step by step, in fresh namespaces per run: the
  * `npm run bench` sequences that reach the target size (a dry run then a bulk PUT /v1/state
- * into an empty gateway; a fill from 20 objects to `size`, GET /v1/state, 20 DNAT adds and
- * deletes through the API). After each step: VmRSS and VmHWM (the peak so far) of the daemon,
+ * into an empty gateway; a fill from 20 objects to `size`, GET /v1/state, then `--commands`
+ * DNAT adds and deletes through the API, as the bench's per-command series make them: each
+ * command leaves a little garbage in the old generation, so the heap grows until its next
+ * full collection, and the run's peak is often reached there). After each step: VmRSS and VmHWM (the peak so far) of the daemon,
  * in MiB. RSS does not depend on the machine's load, so builds can be compared across runs;
  * `--node-flags` starts the daemon's Node.js with more flags (e.g. --trace-gc), whose output
  * is printed.
@@ -21,6 +23,8 @@ async function main(): Promise<void> {
   const argv = process.argv.slice(2);
   const flagsAt = argv.indexOf('--node-flags');
   const nodeFlags = flagsAt >= 0 ? (argv.splice(flagsAt, 2)[1] ?? '') : '';
+  const commandsAt = argv.indexOf('--commands');
+  const commands = commandsAt >= 0 ? Number(argv.splice(commandsAt, 2)[1]) : 300;
   const wrapper = nodeFlags ? wrappingNode(nodeFlags) : undefined;
   if (wrapper) process.once('exit', () => rmSync(wrapper, { recursive: true, force: true }));
   const size = Number(argv[0] ?? 10000);
@@ -51,12 +55,12 @@ async function main(): Promise<void> {
           mark(`PUT ${size} over 20`);
           must(await api(gw.socket, 'GET', '/v1/state'), 'GET /v1/state');
           mark('GET /v1/state');
-          for (let i = 0; i < 20; i++) {
-            const id = encodeURIComponent(`172.20.250.251,${40000 + i},tcp`);
+          for (let i = 0; i < commands; i++) {
+            const id = encodeURIComponent(`172.20.250.251,${40000 + (i % 100)},tcp`);
             must(await api(gw.socket, 'PUT', `/v1/dnats/${id}`, { internalIp: '10.0.1.6', internalPort: 80 }), 'PUT /v1/dnats');
             must(await api(gw.socket, 'DELETE', `/v1/dnats/${id}`), 'DELETE /v1/dnats');
           }
-          mark('20 DNAT add+delete');
+          mark(`${commands} DNAT add+delete`);
         }
         if (nodeFlags) for (const line of (gw.daemon?.logTail() ?? '').split('\n')) if (!line.startsWith('{')) console.log(`  | ${line}`);
       } finally {

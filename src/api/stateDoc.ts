@@ -97,8 +97,8 @@ function longestPrefixFirst(snats: DesiredState['snats']): DesiredState['snats']
 /**
  * The first DNAT whose identity (dnatKey: eip, port or range, protocol) an earlier one has, as
  * [earlier index, index]; null when all differ. Without a key string per rule: ten thousand of
- * them would be built (and kept, memoised) only to be compared here, while a bulk document has
- * a few hundred EIPs: the lookup is by EIP and protocol, then by the ports as one number.
+ * them would be built only to be compared here, while a bulk document has a few hundred EIPs:
+ * the lookup is by EIP and protocol, then by the ports as one number.
  */
 export function firstDuplicateDnat(dnats: DesiredState['dnats']): [number, number] | null {
   const byEip = new Map<string, Map<string, Map<number, number>>>();
