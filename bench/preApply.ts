@@ -82,7 +82,6 @@ async function load(dist: string, name: string, backend: string): Promise<Build>
         const t2 = cpu();
         const done = await engine.transact(
           ({ state: current }: { state: unknown }) => {
-            (doc.digestSoon as Fn)(next);
             const diff = (change.diffStates as Fn)(current, next);
             return { state: next, effects: (doc.effectsOf as Fn)(diff), change: diff };
           },

@@ -139,6 +139,6 @@ else
 fi
 if [ "${1:-}" = serve ]; then
   # The daemon's heap limits: DAEMON_NODE_FLAGS in src/cli/forward.ts (a test keeps them equal).
-  exec node --max-semi-space-size=4 --max-old-space-size=1024 "$entry" "$@"
+  exec node --max-semi-space-size=2 --max-old-space-size=512 "$entry" "$@"
 fi
 exec node "$entry" "$@"

@@ -27,12 +27,15 @@ const CONNECT_TIMEOUT_MS = 2000;
 /**
  * The daemon's heap limits, two of the V8 options Node.js documents (`node --help`, "Useful V8
  * options" in its CLI docs), given where natgw starts the daemon: here (the autostart) and in the
- * shim's `serve` (image/nat-gateway.sh; a test keeps the two equal). Node's default young
- * generation keeps a bulk change's garbage resident: at 10,000 DNAT + 10,000 FIP + 1,000 SNAT the
- * daemon peaked at 155-157 MiB after a bulk PUT without them, 124-128 MiB with them (same build,
- * `npm run bench`), against a 150 MiB budget.
+ * shim's `serve` (image/nat-gateway.sh; a test keeps the two equal). The young generation's size
+ * is what a bulk change's garbage occupies; the old generation grows between full collections
+ * by a factor V8's heuristics scale with its limit (seen here: ×1.6 of the live heap at 1,024 MiB,
+ * ×1.4-1.5 at 512), and
+ * the garbage every command leaves there lets the heap reach that ceiling. 512 MiB is more than
+ * ten times the live heap at the largest benchmarked size (20,000 DNAT + 20,000 FIP + 2,000
+ * SNAT: 33-41 MiB). Measured in docs/performance.md ("heap limits").
  */
-export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--max-old-space-size=1024'];
+export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=2', '--max-old-space-size=512'];
 
 type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 

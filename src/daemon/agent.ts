@@ -10,7 +10,7 @@ import type { DrainingStatus } from '../dataplane/draining.js';
 import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { diffStates, type StateChange } from '../state/change.js';
-import { digestOf, digestSoon, effectsOf, planOf } from '../api/stateDoc.js';
+import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
 import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
@@ -160,6 +160,7 @@ export class Agent implements AgentService {
     return this.queue.run(async () => {
       let change: StateChange | undefined;
       let prev: DesiredState | undefined;
+      let digest: Promise<string> | undefined;
       const { state, report } = await this.engine.transact(
         ({ state: current }) => {
           prev = current;
@@ -171,8 +172,8 @@ export class Agent implements AgentService {
           }
           // The change by identity key: a document written back unchanged changes nothing.
           change = diffStates(current, next);
-          // The answer's digest needs every new object's text: built and hashed while the kernel applies.
-          if (!opts.dryRun) digestSoon(next);
+          // The answer's digest: hashed at the next turn of the event loop, while the kernel applies.
+          if (!opts.dryRun) digest = new Promise((resolve) => setImmediate(() => resolve(digestOf(next))));
           return { state: next, effects: effectsOf(change), change };
         },
         { dryRun: opts.dryRun, qos: true },
@@ -186,7 +187,7 @@ export class Agent implements AgentService {
         // (nftables) to 2.5 MiB (iptables) that the answer would serialise and the client parse.
         ...(opts.dryRun ? { script } : {}),
         generation: this.engine.generation,
-        digest: digestOf(opts.dryRun ? (prev ?? state) : state),
+        digest: digest !== undefined ? await digest : digestOf(prev ?? state),
       };
     });
   }

@@ -200,15 +200,9 @@ const isV4 = (a: LinkAddress): boolean => a.family === 4;
 /** The external interfaces a kept view was read for. */
 const uplinksKey = (s: DesiredState): string => uplinkNames(s.interfaces).join(',');
 
-const subnets = new WeakMap<LinkAddress, string>();
 /** The IPv4 subnet of an address (address and prefix): the kernel's primary/secondary key. */
 function subnetOf(a: LinkAddress): string {
-  let key = subnets.get(a);
-  if (key === undefined) {
-    key = formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
-    subnets.set(a, key);
-  }
-  return key;
+  return formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
 }
 
 /**

@@ -163,7 +163,11 @@ export function diffStates(before: DesiredState, after: DesiredState): StateChan
     const key = KEYS[k] as (x: object) => string;
     // Into an empty collection (a bulk document into a new gateway): everything is added.
     if (a.length === 0) {
-      if (b.length) lists[k] = new Map(b.map((x) => [key(x), { after: x }] as const));
+      if (b.length) {
+        const m = new Map<string, Touched<unknown>>();
+        for (const x of b) m.set(key(x), { after: x });
+        lists[k] = m;
+      }
       continue;
     }
     const old = new Map<string, object>();

@@ -1,6 +1,5 @@
 import { canonicalIp, familyOfValid, formatCidr, isIpv4, isIpv6, parseCidr } from '../model/net.js';
 import { desiredStateSchema, type DesiredState } from './state.js';
-import { provenFlat } from '../model/canonical.js';
 
 /**
  * `desiredStateSchema.safeParse`, with a shortcut for the four collections a bulk document is
@@ -22,8 +21,6 @@ export function safeParseDesired(input: unknown): ReturnType<typeof desiredState
       const v = input[key];
       if (Array.isArray(v) && every(v, canonical)) {
         fast.push([key, v]);
-        // Flat objects of exactly these keys (checked just now): the digest need not walk them for their keys.
-        provenFlat(v, KEYS[key] as readonly string[]);
       }
     }
     if (fast.length > 0) {
@@ -86,8 +83,6 @@ const EIP_KEYS = ['address', 'prefixLength'] as const;
 const SNAT_KEYS = ['eip', 'cidr', 'randomFully'] as const;
 const DNAT_KEYS = ['eip', 'port', 'protocol', 'internalIp', 'internalPort'] as const;
 const FIP_KEYS = ['eip', 'internalIp'] as const;
-
-const KEYS: Partial<Record<keyof DesiredState, readonly string[]>> = { eips: EIP_KEYS, snats: SNAT_KEYS, dnats: DNAT_KEYS, fips: FIP_KEYS };
 
 const FAST: ReadonlyArray<readonly [keyof DesiredState, (x: unknown) => boolean]> = [
   ['eips', (x) => hasExactly(x, EIP_KEYS) && ip(x.address) && int(x.prefixLength, 0, 128)],

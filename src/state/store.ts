@@ -117,14 +117,39 @@ export interface PreparedSnapshot {
   discard(): Promise<void>;
 }
 
-/** The first half of an atomic write: the data durable in a temp file nobody reads. */
-async function writeTemp(tmp: string, data: string): Promise<void> {
+/**
+ * The first half of a snapshot's atomic write: `{"sha256":"<sha>","state":<text>}` and a newline
+ * durable in a temp file nobody reads, where <text> is JSON.stringify(state) and <sha> its
+ * sha256. The text is written and hashed member by member, so that the largest piece held at
+ * once is one collection's (a whole state's text and its bytes were two 2.5 MiB copies at
+ * 21,000 objects); the seal is written into its place once the hash is known. Returns the sha.
+ */
+async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<string> {
   await fs.mkdir(path.dirname(tmp), { recursive: true });
   try {
     const fh = await fs.open(tmp, 'w', 0o600);
     try {
-      await fh.writeFile(data);
+      const hash = createHash('sha256');
+      // FileHandle.writeFile writes from the handle's current position.
+      const put = async (text: string): Promise<void> => {
+        hash.update(text);
+        await fh.writeFile(text);
+      };
+      await fh.writeFile(`${SEAL_HEAD}${'0'.repeat(64)}${SEAL_TAIL}`);
+      let first = true;
+      for (const [key, value] of Object.entries(state)) {
+        const text = JSON.stringify(value);
+        if (text === undefined) continue;
+        await put(`${first ? '{' : ','}${JSON.stringify(key)}:`);
+        await put(text);
+        first = false;
+      }
+      await put(first ? '{}' : '}');
+      await fh.writeFile('}\n');
+      const sha = hash.digest('hex');
+      await fh.write(sha, SEAL_HEAD.length);
       await fh.sync();
+      return sha;
     } finally {
       await fh.close();
     }
@@ -225,7 +250,9 @@ interface JournalBook {
 /** The line that marks the pending line before it as answered (commitAhead). */
 const PENDING_MARK = '+';
 
-const SEAL_PREFIX_LEN = '{"sha256":"'.length + 64 + '","state":'.length;
+const SEAL_HEAD = '{"sha256":"';
+const SEAL_TAIL = '","state":';
+const SEAL_PREFIX_LEN = SEAL_HEAD.length + 64 + SEAL_TAIL.length;
 const SEALED = /^\{"sha256":"([0-9a-f]{64})","state":$/;
 const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
 
@@ -377,12 +404,10 @@ export class StateStore {
    * Only the lock holder calls it; the temp file's fixed name is replaced by the next one.
    */
   async prepare(state: DesiredState): Promise<PreparedSnapshot> {
-    const body = JSON.stringify(state);
-    const sha = sha256(body);
-    const text = `{"sha256":"${sha}","state":${body}}\n`;
     const tmp = `${this.stateFile}.tmp-prepared`;
+    let sha: string;
     try {
-      await writeTemp(tmp, text);
+      sha = await writeSnapshotTemp(tmp, state);
     } catch (e) {
       throw durableError(this.stateFile, e);
     }
