@@ -296,8 +296,12 @@ describe.each(BACKENDS)('several external interfaces on $name', (backend: Backen
     await topo.natgwOk('eip-egress-qos-del', EIP_B);
     await topo.natgwOk('eip-ingress-qos-del', EIP_B);
     expect(await topo.exec('gw', ['tc', 'filter', 'show', 'dev', 'net2']).then((r) => r.stdout)).not.toContain('ac15000a');
-    await topo.natgwOk('eip-del', `${EIP_B}/24`);
     await topo.natgwOk('init', 'eth0,net1');
+    // An EIP of the dropped uplink falls back to the primary, and leaves the dropped interface.
+    expect(await topo.addresses('gw', 'net2', 4)).toEqual(['172.21.0.2/24']);
+    expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`, `${EIP_B}/24`]);
+    await topo.natgwOk('eip-del', `${EIP_B}/24`);
+    expect(await topo.addresses('gw', 'net1', 4)).toEqual([`${EIP_A}/24`]);
     const rules = (await topo.exec('gw', ['ip', 'rule', 'show'])).stdout;
     expect(rules.split('\n').filter((l) => /^7[2-4]\d\d:/.test(l))).toEqual([]);
     expect((await topo.exec('gw', ['ip', 'route', 'show', 'table', '7101'])).stdout.trim()).toBe('');
