@@ -484,9 +484,12 @@ export class LinkManager {
    * Everything planLink needs, in two `ip -batch` runs (one per family) instead of one process
    * per question: spawning is the dominant cost of a command on a small machine.
    */
-  async view(s: DesiredState): Promise<LinkView> {
+  async view(s: DesiredState, previous?: DesiredState): Promise<LinkView> {
     const { vpc, ext } = s.interfaces;
-    const secondary = (s.interfaces.secondary ?? []).map((u) => u.name);
+    // The uplinks natgw applied before count too: a re-init that drops one takes its EIPs off it.
+    const secondary = [
+      ...new Set([...(s.interfaces.secondary ?? []), ...(previous?.interfaces.secondary ?? [])].map((u) => u.name).filter((n) => n !== ext)),
+    ];
     const [v4, v6, uplinks] = await Promise.all([
       this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
@@ -624,7 +627,7 @@ export class LinkManager {
     await this.recordWrites;
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
-    const have = opts.view ?? kept ?? (await this.view(want));
+    const have = opts.view ?? kept ?? (await this.view(want, previous));
     const owned = await this.removable(want);
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));

@@ -183,7 +183,7 @@ export function linkPart(link: LinkManager): Part {
         intent.written.catch(() => undefined);
       }
       if (opts.mode !== 'full') return;
-      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want)).catch(() => undefined);
+      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want, from)).catch(() => undefined);
     },
     abandon() {
       // The change failed before this part ran: its intent goes again.

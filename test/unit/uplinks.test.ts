@@ -127,6 +127,14 @@ describe('addresses on each uplink (link.ts)', () => {
     expect(linkViewAfter(have, ops).extAddresses).toEqual([{ ...addr('172.21.0.10', 24, 'net2') }]);
   });
 
+  it('back to one interface: an EIP of the dropped uplink goes up on the primary and leaves the dropped one', () => {
+    const one = state({ interfaces: { vpc: 'eth0', ext: 'net1' }, eips: [eipB] });
+    expect(planLink(withNet2([addr('172.21.0.10', 24, 'net2')]), one, state({ eips: [eipB] }))).toEqual([
+      'addr replace 172.21.0.10/24 dev net1',
+      'addr del 172.21.0.10/24 dev net2',
+    ]);
+  });
+
   it('a deleted EIP leaves whichever uplink holds it; a gone uplink holds its EIPs back without failing the rest', () => {
     expect(planLink(withNet2([addr('172.21.0.10', 24, 'net2')]), state(), state({ eips: [eipB] }))).toEqual(['addr del 172.21.0.10/24 dev net2']);
     const gone: LinkView = { extAddresses: [], vpcRoutes: [], extDefaults: [], devices: new Set() };
