@@ -487,9 +487,7 @@ export class LinkManager {
   async view(s: DesiredState, previous?: DesiredState): Promise<LinkView> {
     const { vpc, ext } = s.interfaces;
     // The uplinks natgw applied before count too: a re-init that drops one takes its EIPs off it.
-    const secondary = [
-      ...new Set([...(s.interfaces.secondary ?? []), ...(previous?.interfaces.secondary ?? [])].map((u) => u.name).filter((n) => n !== ext)),
-    ];
+    const secondary = [...new Set([...(s.interfaces.secondary ?? []), ...(previous?.interfaces.secondary ?? [])].map((u) => u.name).filter((n) => n !== ext))];
     const [v4, v6, uplinks] = await Promise.all([
       this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
