@@ -88,7 +88,7 @@ export const SEQUENCE: readonly (readonly (string | Buffer)[])[] = [
   ['dnat-add', Buffer.from([0x31, 0xff, 0xfe, 0x2c, 0xe2, 0x82, 0x0a])],
   ['dnat-add', `${EIP},9090,tcp,${ADDR.vpc2},80,extra`],
   ['subnet-route-add', 'not-a-cidr'],
-  ['init', 'a,b,c'],
+  ['init', 'a'],
   ['init', 'x,', ''],
   ['snat-del', `${EIP},${ADDR.vpcCidr}`],
   ['dnat-del', `${EIP},8080,tcp`],
