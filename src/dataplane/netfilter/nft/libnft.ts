@@ -59,7 +59,8 @@ interface Pending {
 /** One helper process: requests answered in order; any failure ends it for good. */
 class Helper {
   private readonly waiting: Pending[] = [];
-  private buffer = '';
+  /** The pieces of a line not yet ended (a listing of ten thousand rules is megabytes on one line). */
+  private partial: string[] = [];
   dead: string | undefined;
 
   private constructor(private readonly child: ChildProcess) {
@@ -111,23 +112,34 @@ class Helper {
     this.child.kill('SIGKILL');
   }
 
+  /** Each chunk is searched for line ends once: a long answer arrives in many chunks. */
   private read(chunk: string): void {
-    this.buffer += chunk;
-    for (let nl = this.buffer.indexOf('\n'); nl !== -1; nl = this.buffer.indexOf('\n')) {
-      const line = this.buffer.slice(0, nl);
-      this.buffer = this.buffer.slice(nl + 1);
-      const p = this.waiting.shift();
-      if (!p) {
-        this.kill('libnftables helper answered what was not asked');
-        return;
-      }
-      try {
-        const a = JSON.parse(line) as Partial<Answer> & { ready?: boolean };
-        p.resolve({ rc: a.ready ? 0 : Number(a.rc), out: String(a.out ?? ''), err: String(a.err ?? '') });
-      } catch {
-        p.reject(new Error('libnftables helper answered what natgw cannot read'));
-        this.kill('libnftables helper answered what natgw cannot read');
-      }
+    let from = 0;
+    for (let nl = chunk.indexOf('\n'); nl !== -1; nl = chunk.indexOf('\n', from)) {
+      this.partial.push(chunk.slice(from, nl));
+      from = nl + 1;
+      const line = this.partial.join('');
+      this.partial = [];
+      if (!this.answer(line)) return;
+    }
+    if (from < chunk.length) this.partial.push(chunk.slice(from));
+  }
+
+  /** Hand one answer line to the oldest request; false when the helper was killed for it. */
+  private answer(line: string): boolean {
+    const p = this.waiting.shift();
+    if (!p) {
+      this.kill('libnftables helper answered what was not asked');
+      return false;
+    }
+    try {
+      const a = JSON.parse(line) as Partial<Answer> & { ready?: boolean };
+      p.resolve({ rc: a.ready ? 0 : Number(a.rc), out: String(a.out ?? ''), err: String(a.err ?? '') });
+      return true;
+    } catch {
+      p.reject(new Error('libnftables helper answered what natgw cannot read'));
+      this.kill('libnftables helper answered what natgw cannot read');
+      return false;
     }
   }
 
