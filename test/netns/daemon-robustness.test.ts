@@ -5,30 +5,18 @@
  * changes, persists every acknowledged one and exits 0.
  */
 import { randomBytes } from 'node:crypto';
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
+import { childrenOf } from '../helpers/procs.js';
 import { api, ok, savedState, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type ApiResponse, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
 
 /** Children of `pid` whose command line contains `word` (the daemon's `ip monitor`). */
-function childrenOf(pid: number, word: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-      if (ppid === pid && readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').includes(word)) out.push(Number(d));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return out;
-}
+const monitorsOf = (pid: number, word: string): number[] => childrenOf(pid, (argv) => argv.includes(word));
 
 describe('daemon robustness', () => {
   let topo: Topology;
@@ -75,7 +63,7 @@ describe('daemon robustness', () => {
 
     const monitors = await waitFor(
       async () => {
-        const m = childrenOf(daemon!.pid, 'monitor');
+        const m = monitorsOf(daemon!.pid, 'monitor');
         return m.length === 1 ? m : undefined;
       },
       { what: "the daemon's ip monitor" },
@@ -83,7 +71,7 @@ describe('daemon robustness', () => {
     process.kill(monitors[0]!, 'SIGKILL');
     await waitFor(
       async () => {
-        const m = childrenOf(daemon!.pid, 'monitor');
+        const m = monitorsOf(daemon!.pid, 'monitor');
         return m.length === 1 && m[0] !== monitors[0];
       },
       { what: 'a new ip monitor', timeoutMs: 10_000 },

@@ -4,7 +4,6 @@
  * real traffic; a refused change names the error the `nft` tool names; a helper that dies costs no
  * change (the next ones run the tool) and is started again; `off` runs the tool and no helper.
  */
-import { readdirSync, readFileSync } from 'node:fs';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { SystemNftClient } from '../../src/dataplane/netfilter/nft/client.js';
@@ -12,6 +11,7 @@ import { LibnftClient } from '../../src/dataplane/netfilter/nft/libnft.js';
 import { ExecError, SystemExecutor } from '../../src/system/exec.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { waitFor } from '../helpers/poll.js';
+import { childrenOf } from '../helpers/procs.js';
 import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 
@@ -19,21 +19,8 @@ const EIP = '172.20.0.10';
 const FROM_EXT = { localAddress: ADDR.extHost } as const;
 
 /** The daemon's libnftables helpers: its python3 children. */
-function helpersOf(pid: number): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-      const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
-      if (ppid === pid && argv.some((a) => a.endsWith('python3')) && argv.some((a) => a.includes('from nftables import Nftables'))) out.push(Number(d));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return out;
-}
+const helpersOf = (pid: number): number[] =>
+  childrenOf(pid, (argv) => argv.some((a) => a.endsWith('python3')) && argv.some((a) => a.includes('from nftables import Nftables')));
 
 /** The tool runs a stretch of the daemon's log records: [command, via]. */
 function runs(logText: string): [string, string][] {

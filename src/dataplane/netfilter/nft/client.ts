@@ -38,9 +38,14 @@ export interface NftClient {
   runPhases?(p: NftPhases): Promise<PhaseTimings>;
 }
 
-/** `nft` answers a listing of an absent table with ENOENT's text. */
-export function isMissingTable(r: ExecResult): boolean {
-  return r.exitCode !== 0 && /No such file or directory/.test(r.stderr);
+/**
+ * A table listing's JSON from nft's answer (the tool's or libnftables'): null for an absent table,
+ * which nft answers with ENOENT's text; any other failure throws.
+ */
+export function listingText(r: ExecResult): string | null {
+  if (r.exitCode !== 0 && /No such file or directory/.test(r.stderr)) return null;
+  if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
+  return r.stdout;
 }
 
 export class SystemNftClient implements NftClient {
@@ -88,18 +93,12 @@ export class SystemNftClient implements NftClient {
   }
 
   async list(family: NftTableFamily, table: string): Promise<NftTableDump | null> {
-    const args = ['-j', 'list', 'table', family, table];
-    const r = await this.exec.run({ file: 'nft', args });
-    if (isMissingTable(r)) return null;
-    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
-    return parseTableListing(r.stdout, family, table);
+    const text = await this.listJson(family, table);
+    return text === null ? null : parseTableListing(text, family, table);
   }
 
   async listJson(family: NftTableFamily, table: string): Promise<string | null> {
-    const r = await this.exec.run({ file: 'nft', args: ['-j', 'list', 'table', family, table] });
-    if (isMissingTable(r)) return null;
-    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
-    return r.stdout;
+    return listingText(await this.exec.run({ file: 'nft', args: ['-j', 'list', 'table', family, table] }));
   }
 
   async run(tx: NftTransaction | string): Promise<void> {

@@ -16,7 +16,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import type { Logger } from 'pino';
 import { diesWithNatgw } from '../../../system/diesWithNatgw.js';
 import { ExecError, toolEnv, type ExecResult, type Executor } from '../../../system/exec.js';
-import { SystemNftClient, isMissingTable, type NftClient, type PhaseTimings } from './client.js';
+import { SystemNftClient, listingText, type NftClient, type PhaseTimings } from './client.js';
 import type { NftPhases } from './phases.js';
 import { parseTableListing } from './readback.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
@@ -248,10 +248,7 @@ export class LibnftClient implements NftClient {
   async listJson(family: NftTableFamily, table: string): Promise<string | null> {
     if (!TABLE_NAME.test(table)) throw new Error(`not a table name: ${table}`);
     const r = await this.ask(`list table ${family} ${table}`, true, `nft -j list table ${family} ${table}`);
-    if (!r) return this.tool.listJson(family, table);
-    if (isMissingTable(r)) return null;
-    if (r.exitCode !== 0) throw new ExecError(r, 'the listing');
-    return r.stdout;
+    return r ? listingText(r) : this.tool.listJson(family, table);
   }
 
   async run(tx: NftTransaction | string): Promise<void> {
