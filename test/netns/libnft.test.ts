@@ -109,8 +109,10 @@ describe('nftables through libnftables', () => {
     from = daemon.logs().length;
     await dnat(8082);
     expect(await element(8082)).toBe(true);
-    await waitFor(async () => runs(daemon!.logs().slice(from)).length > 0 || undefined, { what: 'the DNAT logged' });
-    expect(ways(daemon.logs().slice(from))).toEqual(['nft -f - via libnftables']);
+    // The stretch may also hold the line of the loop's last change, run by the tool while the helper started.
+    await waitFor(async () => ways(daemon!.logs().slice(from)).includes('nft -f - via libnftables') || undefined, {
+      what: 'the DNAT run through the new helper',
+    });
     expect(parsePeer(await request(topo, 'ext', 'tcp', EIP, 8082, FROM_EXT)).ip).toBe(ADDR.extHost);
   }, 60_000);
 
