@@ -30,6 +30,11 @@ export interface GatewayOptions {
  */
 const FALLBACK_BODY_LIMIT = '512mb';
 let bodyLimitOverride: string | undefined;
+/** The daemons' NATGW_LIBNFTABLES for the whole run (`--libnft`). */
+let libnft: 'auto' | 'off' = 'auto';
+export function setLibnft(v: 'auto' | 'off'): void {
+  libnft = v;
+}
 
 export class Gateway {
   daemon: Daemon | undefined;
@@ -68,6 +73,7 @@ export class Gateway {
       GATEWAY_NETFILTER_MODE: this.opts.backend,
       // A timer resync landing inside a series of samples would be measured as the command's cost.
       NATGW_RESYNC_PERIOD: this.opts.resync,
+      NATGW_LIBNFTABLES: libnft,
       ...(bodyLimitOverride ? { NATGW_BODY_LIMIT: bodyLimitOverride } : {}),
     };
   }

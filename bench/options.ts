@@ -16,6 +16,8 @@ export interface Options {
   readonly connRate: boolean;
   /** Rounds of every command run on a fresh daemon before its first figures (reported apart). */
   readonly warmup: number;
+  /** The daemons' NATGW_LIBNFTABLES: `off` measures nftables with an `nft` process per change. */
+  readonly libnft: 'auto' | 'off';
 }
 
 const HELP = `npm run bench -- [flags]            (root; everything runs in throw-away network namespaces)
@@ -34,7 +36,9 @@ const HELP = `npm run bench -- [flags]            (root; everything runs in thro
   --compare-sizes 100,1000      N of the compared sequence                            [BENCH_COMPARE_SIZES]
   --resync 1h                   the daemon's NATGW_RESYNC_PERIOD during the bench       [BENCH_RESYNC]
   --fip-eips                    put every FIP's EIP on net1 too                       [BENCH_FIP_EIPS=1]
-  --no-connrate                 skip the connections-per-second figure                [BENCH_CONNRATE=0]`;
+  --no-connrate                 skip the connections-per-second figure                [BENCH_CONNRATE=0]
+  --libnft auto|off             the daemons' NATGW_LIBNFTABLES (off: an nft process   [BENCH_LIBNFT]
+                                per change, to measure what the helper gains)`;
 
 const list = (s: string): number[] =>
   s
@@ -60,7 +64,7 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
     else if (a === '--fip-eips' || a === '--no-connrate') flags.set(a.slice(2), '1');
     else flags.set(a.slice(2), argv[++i] ?? '');
   }
-  const known = ['sizes', 'backends', 'samples', 'warmup', 'bulk-size', 'bulk-runs', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate'];
+  const known = ['sizes', 'backends', 'samples', 'warmup', 'bulk-size', 'bulk-runs', 'compare', 'compare-sizes', 'resync', 'fip-eips', 'no-connrate', 'libnft'];
   for (const k of flags.keys()) if (!known.includes(k)) throw new Error(`unknown flag --${k}\n${HELP}`);
   const get = (flag: string, envKey: string): string | undefined => flags.get(flag) ?? env[envKey];
 
@@ -80,6 +84,8 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
   const bulkRuns = Number(bulkRunsRaw);
   if (!Number.isInteger(bulkRuns) || bulkRuns < 1) throw new Error(`--bulk-runs: not a number of runs (1 or more): ${bulkRunsRaw}`);
   const compare = get('compare', 'BENCH_COMPARE')?.trim() || undefined;
+  const libnft = get('libnft', 'BENCH_LIBNFT') ?? 'auto';
+  if (libnft !== 'auto' && libnft !== 'off') throw new Error(`--libnft: auto or off, not ${libnft}`);
   return {
     sizes,
     backends: backends as BackendName[],
@@ -92,5 +98,6 @@ export function parseOptions(argv: readonly string[], env: NodeJS.ProcessEnv): O
     fipEips: flags.has('fip-eips') || env.BENCH_FIP_EIPS === '1',
     connRate: !(flags.has('no-connrate') || env.BENCH_CONNRATE === '0'),
     warmup,
+    libnft,
   };
 }

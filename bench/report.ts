@@ -205,7 +205,7 @@ export function headerSection(r: Results): string {
     `natgw bench — ${Object.entries(r.environment)
       .map(([k, v]) => `${k} ${v}`)
       .join(', ')}`,
-    `samples ${o.samples} per figure, in rounds (one sample of every command per round, the kernel floor's beside it); warm-up ${o.warmup} rounds on a fresh daemon; daemon resync period ${o.resync}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
+    `samples ${o.samples} per figure, in rounds (one sample of every command per round, the kernel floor's beside it); warm-up ${o.warmup} rounds on a fresh daemon; daemon resync period ${o.resync}; libnftables helper ${o.libnft}; sizes ${o.sizes.join(', ')}; mix per size N: N DNAT + N FIP + N/10 SNAT, EIPs N/50${o.fipEips ? ' + one per FIP' : ''} (+1 probe)`,
   ].join('\n');
 }
 

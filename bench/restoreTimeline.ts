@@ -9,14 +9,15 @@
  * a directory first on the daemon's PATH (tool wrappers that log their start and end);
  * `--node-options '<opts>'` is the daemon's NODE_OPTIONS (its non-JSON output is printed too);
  * `--warm` also stops the restored daemon and starts it again on the kernel it left (a container
- * restart in a pod that kept its network namespace), and prints that start the same way.
+ * restart in a pod that kept its network namespace), and prints that start the same way;
+ * `--libnft off` runs the daemons without the libnftables helper.
  */
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { copyStateFiles, rawApply, splitScript } from './bulk.js';
 import { Daemon } from './daemon.js';
-import { type BackendInfo, Gateway } from './gateway.js';
+import { type BackendInfo, Gateway, setLibnft } from './gateway.js';
 import { median } from './stats.js';
 import { stateDoc } from './workload.js';
 
@@ -38,6 +39,9 @@ async function main(): Promise<void> {
   // `--node-options '<opts>'`: NODE_OPTIONS for the daemon (e.g. `--trace-gc`; its lines are printed as they come).
   const optionsAt = argv.indexOf('--node-options');
   const nodeOptions = optionsAt >= 0 ? argv.splice(optionsAt, 2)[1] : undefined;
+  // `--libnft off`: the daemons run every nft change as a tool (NATGW_LIBNFTABLES=off).
+  const libnftAt = argv.indexOf('--libnft');
+  if (libnftAt >= 0) setLibnft(argv.splice(libnftAt, 2)[1] === 'off' ? 'off' : 'auto');
   const warmAt = argv.indexOf('--warm');
   const warm = warmAt >= 0 && argv.splice(warmAt, 1).length > 0;
   if (keep) mkdirSync(keep, { recursive: true });

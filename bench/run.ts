@@ -11,7 +11,7 @@ import { apiRounds, shimRounds } from './commands.js';
 import { compare } from './compare.js';
 import { connectionRates } from './connrate.js';
 import { floorSummary, hasNc, openKernelFloor, processFloors } from './floors.js';
-import { Gateway, VanishedError, vanishedNote, type BackendName } from './gateway.js';
+import { Gateway, VanishedError, setLibnft, vanishedNote, type BackendName } from './gateway.js';
 import { parseOptions, type Options } from './options.js';
 import { note, progress, runNotes } from './progress.js';
 import { backendSection, closingSection, compareSection, headerSection } from './report.js';
@@ -116,6 +116,7 @@ async function benchBackend(backend: BackendName, o: Options): Promise<BackendFi
 async function main(): Promise<void> {
   const o = parseOptions(process.argv.slice(2), process.env);
   if (process.getuid?.() !== 0) throw new Error('the bench needs root (network namespaces)');
+  setLibnft(o.libnft);
   if (process.env.NODE_EXTRA_CA_CERTS) {
     // Node.js reads that bundle at every start, before any code runs (~30 ms on the 2-core
     // machine, more than node -e 0 costs without it). A gateway pod does not set it, so neither

@@ -78,8 +78,8 @@ export async function pair(
   if (router) {
     for (const eip of EIPS) {
       await waitFor(async () => (await t.fibVia(eip)).length === all.length, { what: `${eip} via every replica in rtr's FIB (BGP)`, timeoutMs: 30_000 }).catch(
-        (e: unknown) => {
-          throw new Error(`${(e as Error).message}\n${logs()}`);
+        async (e: unknown) => {
+          throw new Error(`${(e as Error).message}\n${await t.bgpDiagnosis()}\n${logs()}`);
         },
       );
     }

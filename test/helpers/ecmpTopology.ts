@@ -272,6 +272,38 @@ ${sessions.join('\n')}
     return { log: () => log };
   }
 
+  /**
+   * What every BIRD holds (the router's routes, sessions and BFD; each replica's sessions and
+   * what it exports), for the message of a failed wait on rtr's FIB.
+   */
+  async bgpDiagnosis(): Promise<string> {
+    const ask = async (ns: string, sock: string, ...args: string[]) => {
+      const r = await this.exec(ns, ['birdc', '-s', sock, ...args], { reject: false });
+      return `## ${ns}: birdc ${args.join(' ')}\n${r.stdout}${r.stderr}`;
+    };
+    const rtrSock = join(this.stateDir[0] as string, 'rtr-bird.ctl');
+    const parts = [
+      await ask('rtr', rtrSock, 'show', 'route', 'all'),
+      await ask('rtr', rtrSock, 'show', 'protocols', 'all'),
+      await ask('rtr', rtrSock, 'show', 'bfd', 'sessions'),
+      `## rtr: ip route\n${(await this.ip('rtr', ['-4', 'route', 'show'])).stdout}`,
+    ];
+    for (const [i, g] of this.replicas.entries()) {
+      const sock = join(this.stateDir[i] as string, 'bird', 'bird.ctl');
+      parts.push(await ask(g, sock, 'show', 'protocols', 'all'), await ask(g, sock, 'show', 'route', 'all'));
+      for (const cmd of [
+        ['conntrack', '-L', '-p', 'tcp'],
+        ['ss', '-tnio'],
+        ['iptables-legacy-save', '-c'],
+        ['nft', 'list', 'ruleset'],
+      ]) {
+        const r = await this.exec(g, cmd, { reject: false });
+        parts.push(`## ${g}: ${cmd.join(' ')}\n${r.stdout}${r.stderr}`);
+      }
+    }
+    return parts.join('\n');
+  }
+
   /** A replica's BGP settings toward rtr's BIRD (BFD as the router's). */
   static natgwBgpEnv(): Record<string, string> {
     return {

@@ -6,7 +6,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
-import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
+import { parsePeer, request, startEchoServer, startLongFlow, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitReady, type Daemon } from './daemon-util.js';
 
 const EIP = '172.20.0.10';
@@ -20,17 +20,17 @@ describe.each(BACKENDS)('replica mode switch on $name', (b: BackendCase) => {
   const dropInvalid = async (): Promise<string[]> => {
     if (b.iptablesVariant) {
       const save = await topo.iptablesSave('mangle', b.iptablesVariant);
-      return save.split('\n').filter((l) => l.includes('NATGW_DROP_INVALID'));
+      return save.split('\n').filter((l) => /NATGW_(DROP|INPUT)_INVALID/.test(l));
     }
     const r = await topo.exec('gw', ['nft', 'list', 'table', 'ip', 'natgw'], { reject: false });
-    return r.stdout.split('\n').filter((l) => /ct state invalid drop|hook (forward|input)/.test(l));
+    return r.stdout.split('\n').filter((l) => /ct state invalid|hook (forward|input)/.test(l));
   };
   const snatWorks = async () => expect(parsePeer(await request(topo, 'vpc1', 'tcp', ADDR.extHost, 7001)).ip).toBe(EIP);
 
   beforeAll(async () => {
     topo = await createTopology();
     Object.assign(topo.env, b.env, { GATEWAY_V4: ADDR.extGateway, NATGW_RESYNC_PERIOD: '1h' });
-    servers.push(startServer(topo, 'ext', 'tcp', 7001));
+    servers.push(startServer(topo, 'ext', 'tcp', 7001), startEchoServer(topo, 'ext', 7002));
     await Promise.all(servers.map((s) => s.ready));
   });
   afterEach(async () => {
@@ -53,6 +53,21 @@ describe.each(BACKENDS)('replica mode switch on $name', (b: BackendCase) => {
     await legacy('snat-add', `${EIP},${ADDR.vpcCidr}`);
     expect((await dropInvalid()).length, 'the drop of invalid packets while active-active').toBeGreaterThan(0);
     await snatWorks();
+
+    // The replica's own connection (as BGP's, or a peer's API call) outlives the loss of its
+    // conntrack entry (a peer's resend replaces entries): with loose pick-up off, each of its
+    // later packets is invalid, and only those toward the replica's own sockets may pass.
+    const loose = await topo.exec('gw', ['sysctl', '-n', 'net.netfilter.nf_conntrack_tcp_loose']);
+    expect(loose.stdout.trim(), 'loose pick-up off (active-active)').toBe('0');
+    const own = await startLongFlow(topo, 'gw', ADDR.extHost, 7002);
+    try {
+      expect(await own.check()).toBe(true);
+      const del = await topo.exec('gw', ['conntrack', '-D', '-p', 'tcp', '--dport', '7002'], { reject: false });
+      expect(del.stderr, 'the entry deleted').toMatch(/1 flow entries have been deleted/);
+      expect(await own.check(), "the replica's own connection after its entry is gone").toBe(true);
+    } finally {
+      await own.close();
+    }
     await stopDaemon(daemon, 'SIGTERM');
 
     daemon = await startDaemon(topo);

@@ -101,6 +101,7 @@ describe('nftables under a port slice', () => {
         { kind: 'snat-dispatch', len: 24, via: 'eip-fr', ports: PORTS },
         { kind: 'hairpin', vpcIf: 'eth0', ports: PORTS },
         { kind: 'drop-invalid' },
+        { kind: 'invalid-own-socket' },
       ] as const;
       for (const r of rules) expect(recogniseRule(ruleJson(r, fam), fam)).toEqual(r);
     }
@@ -110,7 +111,9 @@ describe('nftables under a port slice', () => {
     const s = desiredFamily({ ...BASE, dropInvalid: true }, 'ip');
     const base = (name: string) => s?.chains.find((c) => c.name === name);
     expect(base('forward')).toMatchObject({ base: { type: 'filter', hook: 'forward', prio: 0 } });
-    expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
+    expect(base('forward')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
+    // The replica's own connections (BGP, the API) pass on input even when their entry is gone.
+    expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid socket wildcard 0 accept', 'ct state invalid drop']);
   });
 
   it('plans a SNAT change under a slice as a full sync, and other changes partially', () => {
@@ -144,6 +147,10 @@ describe('iptables under a port slice', () => {
       '-o eth0 -m mark --mark 0x1/0x1 -m conntrack --ctstate DNAT --ctorigdst 172.20.0.10 -j SNAT --to-source 172.20.0.10 --random-fully',
     ]);
     expect(want.mangle.owned.get('NATGW_DROP_INVALID')).toEqual(['-m conntrack --ctstate INVALID -j DROP']);
+    expect(want.mangle.owned.get('NATGW_INPUT_INVALID')).toEqual([
+      '-m conntrack --ctstate INVALID -m socket -j RETURN',
+      '-m conntrack --ctstate INVALID -j DROP',
+    ]);
     expect([...want.mangle.jumps.keys()]).toEqual(['PREROUTING', 'FORWARD', 'INPUT']);
 
     const save = (table: string, chains: ReadonlyMap<string, readonly string[]>) =>
@@ -175,9 +182,17 @@ describe('iptables back from active-active', () => {
     );
     const after = desiredTables(BASE);
     const plan = planTable(mangle, after.mangle);
-    expect(plan.lines).toEqual(['-D FORWARD -j NATGW_DROP_INVALID', '-D INPUT -j NATGW_DROP_INVALID', '-F NATGW_DROP_INVALID', '-X NATGW_DROP_INVALID']);
+    expect(plan.lines).toEqual([
+      '-D FORWARD -j NATGW_DROP_INVALID',
+      '-D INPUT -j NATGW_INPUT_INVALID',
+      '-F NATGW_DROP_INVALID',
+      '-X NATGW_DROP_INVALID',
+      '-F NATGW_INPUT_INVALID',
+      '-X NATGW_INPUT_INVALID',
+    ]);
     const left = savedAfter(mangle, after.mangle);
     expect(left.chains.has('NATGW_DROP_INVALID')).toBe(false);
+    expect(left.chains.has('NATGW_INPUT_INVALID')).toBe(false);
     expect(left.rules.get('INPUT')).toEqual(['-j OTHER_OWNER']);
     // Nothing more to do once it is gone.
     expect(planTable(left, after.mangle).lines).toEqual([]);

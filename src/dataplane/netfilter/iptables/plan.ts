@@ -131,9 +131,19 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
   };
 }
 
-/** The chain natgw drops invalid packets in (mangle FORWARD and INPUT), only with dropInvalid. */
+/**
+ * The chains natgw drops invalid packets in (mangle FORWARD, and INPUT apart: `-m socket` is
+ * valid only on the way in), only with dropInvalid. On INPUT a packet of the replica's own
+ * sockets passes (nftables render.ts says why).
+ */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
-const DROP_INVALID_JUMPS = (['FORWARD', 'INPUT'] as const).map((c) => [c, `-j ${DROP_INVALID}`] as const);
+export const INPUT_INVALID = 'NATGW_INPUT_INVALID';
+const INVALID = '-m conntrack --ctstate INVALID';
+const DROP_INVALID_CHAINS = new Map<string, readonly string[]>([
+  [DROP_INVALID, [`${INVALID} -j DROP`]],
+  [INPUT_INVALID, [`${INVALID} -m socket -j RETURN`, `${INVALID} -j DROP`]],
+]);
+const DROP_INVALID_JUMPS = [['FORWARD', `-j ${DROP_INVALID}`] as const, ['INPUT', `-j ${INPUT_INVALID}`] as const];
 
 /**
  * A SNAT's lines under a port slice: TCP, then UDP, into the slice (iptables takes ports only
@@ -171,12 +181,9 @@ export function desiredTables(given: NatTables | Rendered): Record<TableName, Ta
       ]),
     },
     mangle: {
-      owned: new Map([
-        [CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]],
-        ...(want.dropInvalid ? [[DROP_INVALID, ['-m conntrack --ctstate INVALID -j DROP']] as const] : []),
-      ]),
+      owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]], ...(want.dropInvalid ? DROP_INVALID_CHAINS : [])]),
       jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`], ...(want.dropInvalid ? DROP_INVALID_JUMPS : [])]),
-      ...(want.dropInvalid ? {} : { retired: { chains: [DROP_INVALID], jumps: new Map(DROP_INVALID_JUMPS) } }),
+      ...(want.dropInvalid ? {} : { retired: { chains: [...DROP_INVALID_CHAINS.keys()], jumps: new Map(DROP_INVALID_JUMPS) } }),
     },
   };
 }

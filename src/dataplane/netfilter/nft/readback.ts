@@ -301,7 +301,7 @@ function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | 
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
-  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'drop-invalid' }];
+  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'drop-invalid' }, { kind: 'invalid-own-socket' }];
   const sliced = slicedCandidate(expr, fam);
   if (sliced) candidates.push(sliced);
   const ifname = ifnameAt(expr);

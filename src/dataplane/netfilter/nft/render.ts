@@ -156,6 +156,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     }
     case 'drop-invalid':
       return 'ct state invalid drop';
+    case 'invalid-own-socket':
+      return 'ct state invalid socket wildcard 0 accept';
     case 'snat-dispatch':
       return dispatchText(r, fam);
     case 'range-dnat': {
@@ -230,6 +232,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     }
     case 'drop-invalid':
       return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
+    case 'invalid-own-socket':
+      return [match('in', { ct: { key: 'state' } }, 'invalid'), match('==', { socket: { key: 'wildcard' } }, 0), { accept: null }];
     case 'snat-dispatch':
       return dispatchJson(r, fam);
     case 'range-dnat': {
@@ -452,12 +456,16 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         rules: withPortSlice(snatObjects.dispatch, want.snatPorts),
       },
       ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
+      // An invalid packet toward the EIPs would draw a reset from this replica's own stack for a
+      // flow whose state has not arrived yet. One that belongs to a socket of the replica's own
+      // (BGP, the API, the peer's calls) passes: its entry may be gone (a peer's resend replaces
+      // entries), and loose pick-up is off, so every later packet of that connection is invalid.
       ...(want.dropInvalid
         ? [CHAIN.forward, CHAIN.input].map(
             (name): ChainSpec => ({
               name,
               base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
-              rules: [{ kind: 'drop-invalid' }],
+              rules: name === CHAIN.input ? [{ kind: 'invalid-own-socket' }, { kind: 'drop-invalid' }] : [{ kind: 'drop-invalid' }],
             }),
           )
         : []),
