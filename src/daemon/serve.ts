@@ -140,6 +140,7 @@ export async function serve(config: Config): Promise<number> {
             const timeline = timelineEnd('first sync over');
             if (timeline) log.debug(timeline, 'start timeline (ms since serve began: wall, CPU)');
           }
+          if (!shuttingDown && !cannotListen) monitor.start();
           observe();
         }),
       setInterfaces: (missing) => agent.setInterfaces(missing),
@@ -192,7 +193,9 @@ export async function serve(config: Config): Promise<number> {
     // (above) already makes this daemon the only writer. One that then cannot listen stops
     // syncing and exits.
     if (cannotListen || shuttingDown) return;
-    monitor.start();
+    // The link monitor (a child, and the module that keeps it) starts with the first sync over,
+    // where it would only compete with it; while interfaces are missing it is what notices them.
+    if (!present) monitor.start();
     reconciler.start({ present });
     if (!present) observe();
   })();
