@@ -137,7 +137,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
  * sockets passes (nftables render.ts says why).
  */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
-export const INPUT_INVALID = 'NATGW_INPUT_INVALID';
+const INPUT_INVALID = 'NATGW_INPUT_INVALID';
 const INVALID = '-m conntrack --ctstate INVALID';
 const DROP_INVALID_CHAINS = new Map<string, readonly string[]>([
   [DROP_INVALID, [`${INVALID} -j DROP`]],
