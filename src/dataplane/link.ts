@@ -317,11 +317,6 @@ export interface LinkSyncResult {
   readonly notes?: readonly string[];
 }
 
-export interface LinkSyncOptions extends SyncOptions {
-  /** A read-back the caller already made (see LinkManager.view). */
-  readonly view?: LinkView;
-}
-
 /** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
 export function netDevNames(text: string): Set<string> {
   const names = new Set<string>();
@@ -574,76 +569,32 @@ export class LinkManager {
     });
   }
 
-  /** Writes of the record started ahead of a sync (intentAhead), in order: a sync begins after them. */
-  private recordWrites: Promise<void> = Promise.resolve();
-
-  /**
-   * recordIntent(want, previous) while NAT applies (a change of the EIPs or routes), not between NAT's end and
-   * the addresses. `undo` puts the record back as it was, for a change that failed before the
-   * link part ran (a refused NAT transaction): its addresses were never added, and a record
-   * naming them would let a later sync remove such an address someone else put there. A crash
-   * in between leaves the intent, as a crash between the intent and `ip -batch` always did.
-   */
-  intentAhead(want: DesiredState, previous: DesiredState | undefined): { readonly written: Promise<void>; undo(): void } {
-    let before: { readonly rec: OwnedRecord | undefined } | undefined;
-    const written = this.queueRecord(async () => {
-      // At the next turn: after NAT's tool started.
-      await new Promise<void>((r) => setImmediate(r));
-      const rec = await this.ownedRecord();
-      before = { rec };
-      await this.recordIntent(want, previous);
-    });
-    return {
-      written,
-      undo: () => {
-        void this.queueRecord(async () => {
-          // Without a record before, the addresses the state held are the ones natgw put there.
-          if (before) await this.writeOwned(before.rec ?? { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(previous) });
-        });
-      },
-    };
-  }
-
-  private queueRecord(fn: () => Promise<void>): Promise<void> {
-    const run = this.recordWrites.then(fn);
-    this.recordWrites = run.catch(() => undefined);
-    return run;
-  }
-
   /**
    * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
    * the caller made itself (in parallel with other work) and counts as a full read.
    */
-  async sync(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions = {}): Promise<LinkSyncResult> {
+  async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
     const r = await this.syncWith(want, previous, opts);
     return notes.length ? { ...r, notes } : r;
   }
 
-  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: LinkSyncOptions): Promise<{ changes: number; script: string }> {
-    // The record is read below only once what was written ahead is in place (or failed: the intent is written again below).
-    await this.recordWrites;
+  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions): Promise<{ changes: number; script: string }> {
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
-    const kept = opts.mode === 'partial' && opts.view === undefined && !this.hasReleases() ? this.viewFor(want) : undefined;
-    const have = opts.view ?? kept ?? (await this.view(want, previous));
+    const kept = opts.mode === 'partial' && !this.hasReleases() ? this.viewFor(want) : undefined;
+    const have = kept ?? (await this.view(want, previous));
     const owned = await this.removable(want);
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? `${lines.join('\n')}\n` : '';
     if (opts.dryRun) return { changes: lines.length, script };
-    const settled: OwnedRecord = {
-      ext: want.interfaces.ext,
-      vpc: want.interfaces.vpc,
-      addresses: [...new Set(want.eips.map((e) => e.address))],
-      routes: [...new Set(want.routes.map((r) => r.cidr))],
-    };
+    const settled: OwnedRecord = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(want) };
     if (lines.length === 0) {
       await this.writeOwned(settled);
       this.trust(want, have);
       return { changes: 0, script };
     }
-    // Intent first: everything this change may add joins what natgw already owns (written ahead
-    // by recordIntent where the caller started it, then equal and not written again).
+    // Intent first: everything this change may add joins what natgw already owns.
     timelineMark('link: planned');
     await this.recordIntent(want, previous);
     const promoted = await this.promoteWhereDeleting(want, ops);

@@ -543,8 +543,6 @@ export class Engine {
     let script = '';
     const applied: Part[] = [];
     const parts = this.parts(backend).filter((part) => !(part.name === 'qos' && !opts.qos) && part.runs(want, previous, mode, change));
-    // Reads that need not wait for the parts before them start at once (a full sync's read-backs).
-    for (const part of parts) part.prefetch?.(want, { mode, dryRun: opts.dryRun, bulk: opts.bulk, change }, previous);
     for (const part of parts) {
       try {
         const r = await part.sync(want, previous, {
@@ -559,8 +557,6 @@ export class Engine {
         script += r.script;
         notes.push(...r.notes);
       } catch (e) {
-        // What a prefetch started for a part the change never reached (a tool waiting for its script) ends.
-        for (const p of parts) p.abandon?.();
         // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
         // the error applied (an atomic part finds nothing to put back).
         if (!opts.dryRun) await this.rollBack([...applied, part], previous, want, mode);

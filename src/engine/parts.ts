@@ -3,7 +3,7 @@ import type { DesiredState } from '../state/state.js';
 import { touches, type Collection, type Scalar, type StateChange } from '../state/change.js';
 import { natTablesOf, type NetfilterBackend, type SyncMode, type SyncOptions } from '../dataplane/netfilter/backend.js';
 import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
-import type { LinkManager, LinkView } from '../dataplane/link.js';
+import type { LinkManager } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
 import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
@@ -45,18 +45,6 @@ export interface Part {
    * `from`, and the change touched something of its own (see `changed`).
    */
   runs(want: DesiredState, from: DesiredState | undefined, mode: SyncMode, change: StateChange | undefined): boolean;
-  /**
-   * Optional, for speed only: start this part's kernel read (a full sync) or a durable write of
-   * its own (a bulk change) now, while the parts before it apply. What it reads must be
-   * something those parts never change; `sync` then uses what it started. Used by the link and
-   * share-DNAT parts, whose listings and ownership record would otherwise wait for nft.
-   */
-  prefetch?(want: DesiredState, opts: PartSync, from?: DesiredState): void;
-  /**
-   * Required with `prefetch`: the change failed before this part's `sync` ran, so what
-   * `prefetch` started is dropped (the link part's ownership record is put back).
-   */
-  abandon?(): void;
   /** Make the kernel hold `want`; `from` is what natgw applied before (what it may remove). */
   sync(want: DesiredState, from: DesiredState | undefined, opts: PartSync): Promise<PartResult>;
 }
@@ -129,10 +117,6 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     name: 'shareDnat',
     runs: (want, from, mode, change) =>
       mode === 'full' || ((want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0) && changed('shareDnats')(from, change)),
-    // NAT's parts never touch `ip kube-ovn`: a full sync lists it while they apply.
-    prefetch(_want, opts) {
-      if (opts.mode === 'full' && !opts.dryRun) table.prefetch();
-    },
     async sync(want, _from, opts) {
       const r = await table.sync(want.shareDnats, opts);
       return { changes: r.changes, script: r.script, notes: none };
@@ -163,39 +147,13 @@ export function ctTimeoutsPart(ct: CtTimeouts, backend: NetfilterBackend): Part 
 const linkChanged = changed('eips', 'routes', 'defaultRoutes', 'interfaces');
 
 export function linkPart(link: LinkManager): Part {
-  let early: Promise<LinkView | undefined> | undefined;
-  let intent: ReturnType<LinkManager['intentAhead']> | undefined;
   return {
     name: 'link',
     // An address or route released by the change (a delete of an unlisted object) is work of
     // its own, beyond the state's fields.
     runs: (_want, from, mode, change) => mode === 'full' || link.hasReleases() || linkChanged(from, change),
-    // Addresses and routes are read while NAT applies (no NAT part touches them); only the
-    // change waits for NAT, so that no EIP goes up before its translation is in place. A
-    // failed early read is made again by the sync itself. Started a turn later: spawning costs
-    // the event loop milliseconds, spent while NAT's own listings (spawned first) are waited for.
-    // A change of the EIPs or routes writes its intent record then, durable while NAT applies
-    // (two fsyncs, which under load cost more than the `ip -batch` they guard).
-    prefetch(want, opts, from) {
-      if (!opts.dryRun && changed('eips', 'routes')(from, opts.change)) {
-        // Its intent record, durable while NAT applies (one that failed is written by the sync).
-        intent = link.intentAhead(want, from);
-        intent.written.catch(() => undefined);
-      }
-      if (opts.mode !== 'full') return;
-      early = new Promise<void>((r) => setImmediate(r)).then(() => link.view(want, from)).catch(() => undefined);
-    },
-    abandon() {
-      // The change failed before this part ran: its intent goes again.
-      intent?.undo();
-      intent = undefined;
-    },
     async sync(want, from, opts) {
-      const view = opts.mode === 'full' ? await early : undefined;
-      early = undefined;
-      // The sync waits for the intent written ahead; from here its own outcome settles the record.
-      intent = undefined;
-      const r = await link.sync(want, from, { ...opts, ...(view ? { view } : {}) });
+      const r = await link.sync(want, from, opts);
       return { changes: r.changes, script: r.script, notes: r.notes ?? none };
     },
   };

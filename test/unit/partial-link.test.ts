@@ -167,18 +167,6 @@ describe('LinkManager: partial sync', () => {
     expect(x.calls.map(cmd).sort()).toEqual([READ4, READ6].sort());
   });
 
-  it('a view the caller read counts as a read, in either mode', async () => {
-    const x = fakeIp(() => AFTER_S1);
-    const m = new PromotingLinks(x);
-    const view = await new LinkManager(fakeIp(() => AFTER_S1)).view(S1);
-    await m.sync(S2, S1, { mode: 'partial', view });
-    expect(x.calls.map(cmd)).toEqual([APPLY]);
-    expect(m.hasTrustedView(S2)).toBe(true);
-    x.calls.length = 0;
-    expect((await m.sync(S3, S2, { mode: 'partial' })).script).toBe(await fullScript(S3, S2, AFTER_S2));
-    expect(x.calls.map(cmd)).toEqual([APPLY]);
-  });
-
   it('a refused batch forgets the view: the next partial sync reads again', async () => {
     let refuse = false;
     const x = fakeIp(

@@ -39,23 +39,10 @@ export class ShareDnatTable {
     return this.nft.list('ip', KUBE_OVN_TABLE);
   }
 
-  /** A full sync's listing started early (Part.prefetch), for the next full sync only. */
-  private early: Promise<NftTableDump | null> | undefined;
-
-  /** List the table now, while the parts before this one apply (they never touch it). */
-  prefetch(): void {
-    const p = this.read();
-    p.catch(() => undefined);
-    this.early = p;
-  }
-
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
   async sync(items: readonly ShareDnat[], opts: SyncOptions = {}): Promise<SyncReport> {
     const kept = opts.mode === 'partial' ? this.trusted : undefined;
-    const early = opts.mode === 'partial' ? undefined : this.early;
-    this.early = undefined;
-    // A failed early listing is made again.
-    let have = kept ? kept.table : await (early ? early.catch(() => this.read()) : this.read());
+    let have = kept ? kept.table : await this.read();
     let { plan, after, tx } = planShareDnat(items, have);
     if (kept && hasUnknownHandle(plan)) ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
     const script = (p: SharePlan): string => p.main + deleteChainsTx(p.staleChains).text();
@@ -89,7 +76,6 @@ export class ShareDnatTable {
   /** Stop trusting the kept view: the next sync reads the table back. */
   forget(): void {
     this.trusted = undefined;
-    this.early = undefined;
   }
 
   /**
