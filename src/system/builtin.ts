@@ -4,4 +4,3 @@ import { createRequire } from 'node:module';
 const load = createRequire(import.meta.url);
 
 export const lazyHttps = (): typeof import('node:https') => load('node:https') as typeof import('node:https');
-export const lazyReadline = (): typeof import('node:readline') => load('node:readline') as typeof import('node:readline');
