@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config, HaConfig } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { isIpv6 } from '../model/net.js';
+import { isIpv4, isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
@@ -217,11 +217,20 @@ export class HaManager implements HaService {
       port: ha.port,
       paths: this.paths,
       mode: ha.mode ?? 'takeover',
+      ownAddresses: await this.ownAddresses(),
     });
     await fs.writeFile(this.paths.config, text, { mode: 0o600 });
     await killOrphan(this.paths.pid, this.paths.config, 'conntrackd', this.d.log);
     // conntrackd refuses to start while its lock file exists; only a dead instance of ours can have left it.
     await fs.unlink(this.paths.lock).catch(() => undefined);
+  }
+
+  /** Every global address this replica holds now (its own connections are not synced); none where unreadable. */
+  private async ownAddresses(): Promise<string[]> {
+    const r = await this.d.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'], timeoutMs: 5000 });
+    if (r.exitCode !== 0) return [];
+    const links = JSON.parse(r.stdout || '[]') as Array<{ addr_info?: Array<{ local?: string; scope?: string }> }>;
+    return links.flatMap((l) => l.addr_info ?? []).flatMap((a) => (a.scope === 'global' && a.local && (isIpv4(a.local) || isIpv6(a.local)) ? [a.local] : []));
   }
 
   private async addressOf(ifname: string | undefined, peer: string): Promise<string> {

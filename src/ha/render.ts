@@ -27,6 +27,12 @@ export interface ConntrackdSettings {
   readonly syncInterface?: string;
   readonly port: number;
   readonly paths: ConntrackdPaths;
+  /**
+   * This replica's own addresses (every interface's, as at conntrackd's start): its own
+   * connections (BGP, the API, a probe) are never synced. A peer's copy of one, sent back in a
+   * resend, would replace the live entry.
+   */
+  readonly ownAddresses?: readonly string[];
   /** Default takeover. */
   readonly mode?: 'takeover' | 'active-active';
 }
@@ -53,7 +59,9 @@ function safe(what: string, v: string): string {
  *   failover are not dropped as out of window (the windows moved on since the last update).
  * - Only TCP, UDP and ICMP flows, TCP only once established: half-open connections are not
  *   worth a failover, and their churn would crowd the channel.
- * - The sync channel's own flows and loopback are ignored, or every exchange would be synced.
+ * - The sync channel's own flows, loopback and the replica's own connections are ignored: the
+ *   exchanges would be synced, and a peer's copy of a connection of this replica's own, sent
+ *   back in a resend, replaced the live entry (seen, with a BGP session that then carried nothing).
  * - No log file, no syslog: conntrackd runs in the foreground under natgw, which reads its
  *   console output.
  *
@@ -147,6 +155,9 @@ export function renderConntrackdConf(s: ConntrackdSettings): string {
     '\t\t\tIPv6_address ::1',
     `\t\t\t${fam}_address ${s.localAddress}`,
     ...peers.map((p) => `\t\t\t${fam}_address ${safe('peer address', p)}`),
+    ...[...new Set(s.ownAddresses ?? [])]
+      .filter((a) => a !== s.localAddress)
+      .map((a) => `\t\t\t${isIpv6(a) ? 'IPv6' : 'IPv4'}_address ${safe('own address', a)}`),
     '\t\t}',
     ...(activeActive ? [] : ['\t\tState Accept {', '\t\t\tESTABLISHED CLOSED TIME_WAIT CLOSE_WAIT for TCP', '\t\t}']),
     '\t}',

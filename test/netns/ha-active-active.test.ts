@@ -81,6 +81,13 @@ function stutterSync(t: EcmpTopology): { stop(): Promise<void> } {
 describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('every flow survives the loss of one replica; the replica that comes back is ready only once it holds the flows', async () => {
     const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: SLICES[i] as string }), { bgp: true });
+    // A replica's own connections (its BGP session) are never synced: the peer holds no copy
+    // that a resend could bring back over the live entry.
+    for (const i of [0, 1]) {
+      const listing = (await t.exec(`g${1 - i}`, ['conntrack', '-L', '-p', 'tcp'], { reject: false })).stdout;
+      const copies = listing.split('\n').filter((l) => l.includes(`=${ECMP_ADDR.net1(i)} `));
+      expect(copies, `g${1 - i} holds no connection of g${i}'s own`).toEqual([]);
+    }
     for (const i of [0, 1]) {
       const st = await haStatus(t, i);
       expect({ mode: st.mode, role: st.role, slice: st.snatPortSlice?.spec }).toEqual({ mode: 'active-active', role: 'active', slice: SLICES[i] });

@@ -38,6 +38,31 @@ describe('renderConntrackdConf', () => {
     expect(text).not.toContain('IPv6_Destination_Address');
   });
 
+  it("ignores the replica's own addresses, both families, each once and the sync address not twice", () => {
+    const text = renderConntrackdConf({
+      localAddress: '10.99.0.1',
+      peerAddress: '10.99.0.2',
+      port: 3780,
+      paths,
+      mode: 'active-active',
+      ownAddresses: ['172.20.0.2', '10.0.1.1', '172.20.0.2', '10.99.0.1', 'fd00:20::2'],
+    });
+    const ignore = text.slice(text.indexOf('Address Ignore {'), text.indexOf('}', text.indexOf('Address Ignore {')));
+    expect(ignore.match(/_address \S+/g)).toEqual([
+      '_address 127.0.0.1',
+      '_address ::1',
+      '_address 10.99.0.1',
+      '_address 10.99.0.2',
+      '_address 172.20.0.2',
+      '_address 10.0.1.1',
+      '_address fd00:20::2',
+    ]);
+    expect(ignore).toContain('IPv6_address fd00:20::2');
+    expect(() => renderConntrackdConf({ localAddress: '10.99.0.1', peerAddress: '10.99.0.2', port: 3780, paths, ownAddresses: ['1.2.3.4; x'] })).toThrow(
+      HaConfigError,
+    );
+  });
+
   it('IPv6 sync addresses, no interface line when none is given', () => {
     const text = renderConntrackdConf({ localAddress: 'fd00:99::1', peerAddress: 'fd00:99::2', port: 4000, paths });
     expect(text).toContain('\t\tIPv6_address fd00:99::1\n\t\tIPv6_Destination_Address fd00:99::2\n\t\tPort 4000\n\t\tSndSocketBuffer');

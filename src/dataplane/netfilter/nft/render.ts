@@ -458,9 +458,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
       // An invalid packet toward the EIPs would draw a reset from this replica's own stack for a
       // flow whose state has not arrived yet. One that belongs to a socket of the replica's own
-      // (BGP, the API, the peer's calls) passes: its entry can go while replicas join and sync
-      // (seen: BGP and API connections whose entries were gone from both kernels), and with loose
-      // pick-up off every later packet of that connection is then invalid.
+      // (BGP, the API, the peer's calls) passes: with loose pick-up off, a connection whose entry
+      // went (seen while replicas joined: a peer's copy, sent back in a resend, replaced it; now
+      // conntrackd ignores the replica's own addresses) would otherwise have every later packet dropped.
       ...(want.dropInvalid
         ? [CHAIN.forward, CHAIN.input].map(
             (name): ChainSpec => ({
