@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config, HaConfig } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { isIpv4, isIpv6 } from '../model/net.js';
+import { isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
@@ -205,7 +205,8 @@ export class HaManager implements HaService {
   /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
   private async prepare(): Promise<void> {
     const ha = this.ha as HaConfig & { peer: string };
-    const local = ha.syncAddress ?? (await this.addressOf(ha.syncInterface, ha.peer));
+    const links = await this.links();
+    const local = ha.syncAddress ?? addressOf(links, ha.syncInterface, ha.peer);
     this.localAddress = local;
     await fs.mkdir(this.paths.dir, { recursive: true, mode: 0o700 });
     const text = renderConntrackdConf({
@@ -217,7 +218,7 @@ export class HaManager implements HaService {
       port: ha.port,
       paths: this.paths,
       mode: ha.mode ?? 'takeover',
-      ownAddresses: await this.ownAddresses(),
+      ownAddresses: (links ?? []).flatMap((l) => l.addr_info ?? []).flatMap((a) => (a.scope === 'global' && a.local ? [a.local] : [])),
     });
     await fs.writeFile(this.paths.config, text, { mode: 0o600 });
     await killOrphan(this.paths.pid, this.paths.config, 'conntrackd', this.d.log);
@@ -225,23 +226,10 @@ export class HaManager implements HaService {
     await fs.unlink(this.paths.lock).catch(() => undefined);
   }
 
-  /** Every global address this replica holds now (its own connections are not synced); none where unreadable. */
-  private async ownAddresses(): Promise<string[]> {
+  /** Every interface with its addresses (`ip -j addr show`); undefined where unreadable. */
+  private async links(): Promise<LinkAddresses[] | undefined> {
     const r = await this.d.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'], timeoutMs: 5000 });
-    if (r.exitCode !== 0) return [];
-    const links = JSON.parse(r.stdout || '[]') as Array<{ addr_info?: Array<{ local?: string; scope?: string }> }>;
-    return links.flatMap((l) => l.addr_info ?? []).flatMap((a) => (a.scope === 'global' && a.local && (isIpv4(a.local) || isIpv6(a.local)) ? [a.local] : []));
-  }
-
-  private async addressOf(ifname: string | undefined, peer: string): Promise<string> {
-    if (!ifname) throw new Error('set NATGW_HA_SYNC_INTERFACE or NATGW_HA_SYNC_ADDRESS: conntrackd needs the local end of the sync channel');
-    const r = await this.d.exec.run({ file: 'ip', args: ['-j', 'addr', 'show', 'dev', ifname], timeoutMs: 5000 });
-    if (r.exitCode !== 0) throw new Error(`sync interface ${ifname} not found (yet)`);
-    const links = JSON.parse(r.stdout || '[]') as Array<{ addr_info?: Array<{ family?: string; local?: string; scope?: string }> }>;
-    const want = isIpv6(peer) ? 'inet6' : 'inet';
-    const a = links.flatMap((l) => l.addr_info ?? []).find((x) => x.family === want && x.local && (want === 'inet' || x.scope === 'global'));
-    if (!a?.local) throw new Error(`sync interface ${ifname} has no ${want === 'inet' ? 'IPv4' : 'IPv6'} address (yet)`);
-    return a.local;
+    return r.exitCode === 0 ? (JSON.parse(r.stdout || '[]') as LinkAddresses[]) : undefined;
   }
 
   private conntrackd(args: readonly string[], timeoutMs: number) {
@@ -510,4 +498,20 @@ export class HaManager implements HaService {
     await this.supervisor?.stop();
     await fs.unlink(this.paths.pid).catch(() => undefined);
   }
+}
+
+interface LinkAddresses {
+  readonly ifname?: string;
+  readonly addr_info?: ReadonlyArray<{ readonly family?: string; readonly local?: string; readonly scope?: string }>;
+}
+
+/** The local end of the sync channel: the sync interface's address of the peer's family. */
+function addressOf(links: readonly LinkAddresses[] | undefined, ifname: string | undefined, peer: string): string {
+  if (!ifname) throw new Error('set NATGW_HA_SYNC_INTERFACE or NATGW_HA_SYNC_ADDRESS: conntrackd needs the local end of the sync channel');
+  const link = links?.find((l) => l.ifname === ifname);
+  if (!link) throw new Error(`sync interface ${ifname} not found (yet)`);
+  const want = isIpv6(peer) ? 'inet6' : 'inet';
+  const a = (link.addr_info ?? []).find((x) => x.family === want && x.local && (want === 'inet' || x.scope === 'global'));
+  if (!a?.local) throw new Error(`sync interface ${ifname} has no ${want === 'inet' ? 'IPv4' : 'IPv6'} address (yet)`);
+  return a.local;
 }
