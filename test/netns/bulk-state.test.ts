@@ -85,6 +85,9 @@ describe.each(BACKENDS)('bulk PUT /v1/state into a fresh gateway ($name)', (back
     await server.ready;
     daemon = await startDaemon(topo);
     await waitReady(topo, daemon);
+    // The start-up's last tool run, after the first sync and readiness: the link monitor's first
+    // listing of the links. The bulk change's window below must not catch it.
+    await waitFor(async () => toolRuns(daemon!.logs()).includes('ip -o link show') || undefined, { what: "the link monitor's first listing" });
   });
   afterAll(async () => {
     if (daemon) await stopDaemon(daemon, 'SIGKILL');
