@@ -274,7 +274,8 @@ ${sessions.join('\n')}
 
   /**
    * What every BIRD holds (the router's routes, sessions and BFD; each replica's sessions and
-   * what it exports), for the message of a failed wait on rtr's FIB.
+   * what it exports), and each replica's conntrack table, TCP sockets and rules: for the message
+   * of a failed wait on rtr's FIB.
    */
   async bgpDiagnosis(): Promise<string> {
     const ask = async (ns: string, sock: string, ...args: string[]) => {
