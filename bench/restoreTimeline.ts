@@ -41,7 +41,11 @@ async function main(): Promise<void> {
   const nodeOptions = optionsAt >= 0 ? argv.splice(optionsAt, 2)[1] : undefined;
   // `--libnft off`: the daemons run every nft change as a tool (NATGW_LIBNFTABLES=off).
   const libnftAt = argv.indexOf('--libnft');
-  if (libnftAt >= 0) setLibnft(argv.splice(libnftAt, 2)[1] === 'off' ? 'off' : 'auto');
+  if (libnftAt >= 0) {
+    const v = argv.splice(libnftAt, 2)[1];
+    if (v !== 'auto' && v !== 'off') throw new Error(`--libnft: auto or off, not ${v}`);
+    setLibnft(v);
+  }
   const warmAt = argv.indexOf('--warm');
   const warm = warmAt >= 0 && argv.splice(warmAt, 1).length > 0;
   if (keep) mkdirSync(keep, { recursive: true });
