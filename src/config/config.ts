@@ -281,6 +281,12 @@ export const configSchema = z.object({
     .describe(
       "With NATGW_HA_PEERS set: `takeover` (one active replica, keepalived calls POST /v1/ha/takeover) or `active-active` (every replica forwards behind ECMP; conntrackd writes the peer's flows straight into the kernel; no gratuitous ARP, the EIPs are routed).",
     ),
+  NATGW_HA_HAND_OFF: z
+    .enum(['on', 'off'])
+    .default('on')
+    .describe(
+      "With NATGW_HA_MODE=active-active: `on` copies a packet this replica finds invalid (a flow whose state it does not hold yet, as when ECMP sends a connection's reply here before conntrackd brought the state) to every peer over the sync network, and the replica that holds the state carries it; `off` only drops it (the sender retransmits, 1-3 s for a new connection whose handshake crosses replicas).",
+    ),
   NATGW_SNAT_PORT_SLICE: optionalText
     .transform((s, ctx) => {
       if (s === undefined) return undefined;
@@ -473,6 +479,8 @@ export interface HaConfig {
   readonly mode?: 'takeover' | 'active-active';
   /** This replica's SNAT source ports (NATGW_SNAT_PORT_SLICE); all ports when absent. */
   readonly snatPortSlice?: PortSlice;
+  /** Active-active: copy invalid packets to the peers (NATGW_HA_HAND_OFF; absent: on). */
+  readonly handOff?: boolean;
 }
 
 /** EIPs announced by BGP (src/routing); absent means off. */
@@ -565,6 +573,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
       initialRole: c.NATGW_HA_INITIAL_ROLE,
       mode: c.NATGW_HA_MODE,
+      handOff: c.NATGW_HA_HAND_OFF === 'on',
       ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
     },
     bgp: bgpOf(c, envFile),

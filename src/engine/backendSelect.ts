@@ -19,14 +19,20 @@ export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger,
 
 /**
  * What this replica adds to the rules: its SNAT port slice (wherever configured), and in the
- * active-active mode the drop of invalid packets (a reply that ECMP sends here before its flow's
- * state arrived is dropped and retransmitted, never answered with a reset by a local socket).
+ * active-active mode the drop of invalid packets (a packet that ECMP sends here before its
+ * flow's state arrived is never answered with a reset by a local socket), after a copy to every
+ * peer (one of them holds the state and carries it) unless NATGW_HA_HAND_OFF=off.
  */
 export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undefined {
-  const slice = config.ha?.snatPortSlice;
-  const activeActive = config.ha?.peer !== undefined && config.ha.mode === 'active-active';
+  const ha = config.ha;
+  const slice = ha?.snatPortSlice;
+  const activeActive = ha?.peer !== undefined && ha.mode === 'active-active';
   if (!slice && !activeActive) return undefined;
-  return { ...(slice ? { snatPorts: { lo: slice.lo, hi: slice.hi } } : {}), ...(activeActive ? { dropInvalid: true } : {}) };
+  return {
+    ...(slice ? { snatPorts: { lo: slice.lo, hi: slice.hi } } : {}),
+    ...(activeActive ? { dropInvalid: true } : {}),
+    ...(activeActive && ha?.handOff !== false ? { handOff: ha?.peers?.length ? ha.peers : [ha?.peer as string] } : {}),
+  };
 }
 
 export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {

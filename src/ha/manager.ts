@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { Config, HaConfig } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { isIpv6 } from '../model/net.js';
+import { isInterfaceName, isIpv6 } from '../model/net.js';
 import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
@@ -202,12 +202,35 @@ export class HaManager implements HaService {
     }
   }
 
+  /**
+   * Packets a peer hands off (NatTables.handOff) arrive on the sync interface from sources
+   * routed elsewhere (the VPC's clients, the servers outside): strict reverse-path filtering
+   * there would drop every one. Loose (2) keeps the check that the source is routable at all.
+   */
+  private async looseReversePath(links: readonly LinkAddresses[] | undefined, local: string): Promise<void> {
+    const ifname = links?.find((l) => (l.addr_info ?? []).some((a) => a.local === local))?.ifname;
+    if (ifname === undefined || !isInterfaceName(ifname) || isIpv6(local)) return;
+    const file = (dev: string) => `/proc/sys/net/ipv4/conf/${dev}/rp_filter`;
+    try {
+      const [all, own] = await Promise.all([fs.readFile(file('all'), 'utf8'), fs.readFile(file(ifname), 'utf8')]);
+      if (Math.max(Number(all), Number(own)) !== 1) return;
+      await fs.writeFile(file(ifname), '2\n');
+      this.d.log.info(`active-active: ${ifname} rp_filter=2 (packets the peers hand off arrive there from sources routed elsewhere)`);
+    } catch (e) {
+      this.d.log.warn(
+        { err: e instanceof Error ? e.message : String(e) },
+        `active-active: cannot loosen rp_filter on ${ifname}; packets the peers hand off may be dropped there`,
+      );
+    }
+  }
+
   /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
   private async prepare(): Promise<void> {
     const ha = this.ha as HaConfig & { peer: string };
     const links = await this.links();
     const local = ha.syncAddress ?? addressOf(links, ha.syncInterface, ha.peer);
     this.localAddress = local;
+    if (this.activeActive && ha.handOff !== false) await this.looseReversePath(links, local);
     await fs.mkdir(this.paths.dir, { recursive: true, mode: 0o700 });
     const text = renderConntrackdConf({
       localAddress: local,

@@ -60,16 +60,18 @@ export const EIPS = [EIP_SNAT, EIP_DNAT, EIP_FIP];
 /**
  * n replicas with the same rules. Routing of the EIPs: a static ECMP route on rtr, or (bgp) the
  * router's BIRD learning them from each replica's BIRD, resolved once rtr's FIB holds every
- * replica as a next hop of every EIP.
+ * replica as a next hop of every EIP. strictSync: strict reverse-path filtering on each sync0
+ * before natgw starts (the topology's default is off everywhere).
  */
 export async function pair(
   b: BackendEnv,
   envOf: (i: number) => Record<string, string>,
-  opts: { n?: number; bgp?: boolean } = {},
+  opts: { n?: number; bgp?: boolean; strictSync?: boolean } = {},
 ): Promise<{ t: EcmpTopology; replicas: Replica[]; logs: () => string }> {
   const t = await EcmpTopology.create(opts.n ?? 2);
   live.topo = t;
   const all = [...t.replicas.keys()];
+  if (opts.strictSync) for (const i of all) await t.exec(`g${i}`, ['sysctl', '-qw', 'net.ipv4.conf.sync0.rp_filter=1']);
   const router = opts.bgp ? await t.startRouterBgp() : undefined;
   const replicas: Replica[] = [];
   for (const i of all) replicas.push(await startReplica(t, i, { ...b.env, ...(opts.bgp ? EcmpTopology.natgwBgpEnv() : {}), ...envOf(i) }));

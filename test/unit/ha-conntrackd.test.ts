@@ -148,6 +148,7 @@ describe('HA configuration keys', () => {
       peerTokenFile: undefined,
       initialRole: 'standby',
       mode: 'takeover',
+      handOff: true,
     });
   });
 

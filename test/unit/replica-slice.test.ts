@@ -54,7 +54,12 @@ describe('NATGW_SNAT_PORT_SLICE', () => {
     const c = await loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '1/2' });
     expect(c.ha?.mode).toBe('active-active');
     expect(c.ha?.snatPortSlice).toEqual({ lo: 33280, hi: 65535, spec: '1/2' });
-    expect(replicaRulesOf(c)).toEqual({ snatPorts: { lo: 33280, hi: 65535 }, dropInvalid: true });
+    expect(replicaRulesOf(c)).toEqual({ snatPorts: { lo: 33280, hi: 65535 }, dropInvalid: true, handOff: ['10.99.0.2'] });
+    const noHandOff = await loadConfig({ ...env, NATGW_HA_HAND_OFF: 'off' });
+    expect(replicaRulesOf(noHandOff)).toEqual({ dropInvalid: true });
+    await expect(loadConfig({ ...env, NATGW_HA_HAND_OFF: 'yes' })).rejects.toThrow(/NATGW_HA_HAND_OFF/);
+    const three = await loadConfig({ ...env, NATGW_HA_PEERS: '10.99.0.2,10.99.0.3', NATGW_HA_SYNC_INTERFACE: 'sync0' });
+    expect(replicaRulesOf(three)?.handOff).toEqual(['10.99.0.2', '10.99.0.3']);
     await expect(loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '2/2' })).rejects.toThrow(ConfigError);
     await expect(loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '2/2' })).rejects.toThrow(/NATGW_SNAT_PORT_SLICE/);
     await expect(loadConfig({ ...env, NATGW_HA_MODE: 'both' })).rejects.toThrow(/NATGW_HA_MODE/);
@@ -102,6 +107,7 @@ describe('nftables under a port slice', () => {
         { kind: 'hairpin', vpcIf: 'eth0', ports: PORTS },
         { kind: 'drop-invalid' },
         { kind: 'invalid-own-socket' },
+        { kind: 'hand-off', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
       ] as const;
       for (const r of rules) expect(recogniseRule(ruleJson(r, fam), fam)).toEqual(r);
     }
@@ -114,6 +120,30 @@ describe('nftables under a port slice', () => {
     expect(base('forward')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
     // The replica's own connections (BGP, the API) pass on input even when their entry is gone.
     expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid socket wildcard 0 accept', 'ct state invalid drop']);
+  });
+
+  it('hands a copy of what arrives on the VPC or an uplink to each peer of the family before the drop', () => {
+    const want = { ...BASE, dropInvalid: true, handOff: ['10.99.0.2', '10.99.0.3', 'fd00:99::2'], uplinks: ['net2'] };
+    const rules = (fam: 'ip' | 'ip6', name: string) =>
+      desiredFamily(fam === 'ip' ? want : { ...want, eips: ['fd00:20::10'] }, fam)
+        ?.chains.find((c) => c.name === name)
+        ?.rules.map((r) => ruleText(r, fam));
+    expect(rules('ip', 'forward')).toEqual([
+      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.3',
+      'ct state invalid drop',
+    ]);
+    expect(rules('ip', 'input')).toEqual([
+      'ct state invalid socket wildcard 0 accept',
+      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.3',
+      'ct state invalid drop',
+    ]);
+    expect(rules('ip6', 'forward')).toEqual(['iifname { "eth0", "net1", "net2" } ct state invalid dup to fd00:99::2', 'ct state invalid drop']);
+    // Other peers are a change of the replica's rules: a full sync plans it.
+    const view = { tables: want, families: new Set(['ip'] as const) };
+    expect(planPartial(view, { ...want, handOff: ['10.99.0.2'] })).toBeNull();
+    expect(planPartial(view, { ...want, eips: [...want.eips, '172.20.0.12'] })).not.toBeNull();
   });
 
   it('plans a SNAT change under a slice as a full sync, and other changes partially', () => {
@@ -149,6 +179,14 @@ describe('iptables under a port slice', () => {
     expect(want.mangle.owned.get('NATGW_DROP_INVALID')).toEqual(['-m conntrack --ctstate INVALID -j DROP']);
     expect(want.mangle.owned.get('NATGW_INPUT_INVALID')).toEqual([
       '-m conntrack --ctstate INVALID -m socket -j RETURN',
+      '-m conntrack --ctstate INVALID -j DROP',
+    ]);
+    const handing = desiredTables({ ...BASE, dropInvalid: true, handOff: ['10.99.0.2'] });
+    const tee = ['-i eth0 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2', '-i net1 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2'];
+    expect(handing.mangle.owned.get('NATGW_DROP_INVALID')).toEqual([...tee, '-m conntrack --ctstate INVALID -j DROP']);
+    expect(handing.mangle.owned.get('NATGW_INPUT_INVALID')).toEqual([
+      '-m conntrack --ctstate INVALID -m socket -j RETURN',
+      ...tee,
       '-m conntrack --ctstate INVALID -j DROP',
     ]);
     expect([...want.mangle.jumps.keys()]).toEqual(['PREROUTING', 'FORWARD', 'INPUT']);

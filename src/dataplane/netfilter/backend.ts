@@ -20,6 +20,14 @@ export interface NatTables {
   readonly snatPorts?: PortRange;
   /** Drop what conntrack finds invalid in forward and input: an active-active replica never resets a flow it holds no state of yet. */
   readonly dropInvalid?: boolean;
+  /**
+   * With dropInvalid: the peers (sync addresses) that get a copy of an invalid packet arriving
+   * on the VPC or an external interface before it is dropped here. ECMP may send a packet of a
+   * flow to this replica before conntrackd brought the flow's state (a SYN-ACK, the client's
+   * first ACK); the replica that holds the state carries it. Never packets from elsewhere (a
+   * copy from a peer is not copied on).
+   */
+  readonly handOff?: readonly string[];
   /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */
   readonly uplinks?: readonly string[];
   /** EIPs on a secondary uplink, by address: their SNAT rules match that interface. */
@@ -32,7 +40,7 @@ export interface PortRange {
 }
 
 /** What a replica adds to the state's rules (from its configuration, the same at every sync). */
-export type ReplicaRules = Pick<NatTables, 'snatPorts' | 'dropInvalid'>;
+export type ReplicaRules = Pick<NatTables, 'snatPorts' | 'dropInvalid' | 'handOff'>;
 
 /** `want` with a replica's rules; `want` itself where there are none. */
 export const withReplicaRules = (want: NatTables, rules: ReplicaRules | undefined): NatTables => (rules ? { ...want, ...rules } : want);
@@ -70,8 +78,12 @@ export function ofFamily(want: NatTables, family: Family): NatTables {
     snats: want.snats.filter((s) => mine(s.eip)),
     dnats: want.dnats.filter((d) => mine(d.eip)),
     fips: want.fips.filter((f) => mine(f.eip)),
+    ...(want.handOff ? { handOff: want.handOff.filter(mine) } : {}),
   };
 }
+
+/** The interfaces packets handed off to the peers may arrive on: the VPC's and every uplink. */
+export const handOffInterfaces = (want: NatTables): string[] => [...new Set([want.vpcIf, want.extIf, ...(want.uplinks ?? [])])].sort();
 
 /** Whether `want` holds an object of `family` (ofFamily without building it). */
 export function hasFamily(want: NatTables, family: Family): boolean {

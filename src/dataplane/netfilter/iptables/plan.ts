@@ -1,4 +1,4 @@
-import { canonicalOrder, compareIp, type NatTables, type PortRange } from '../backend.js';
+import { canonicalOrder, compareIp, handOffInterfaces, type NatTables, type PortRange } from '../backend.js';
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
@@ -120,6 +120,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
     ...next,
     eips: next.eips.filter(inFamily),
     snats: next.snats.filter((s) => inFamily(s.eip)),
+    ...(next.handOff ? { handOff: next.handOff.filter(inFamily) } : {}),
     dnats: [],
     fips: [],
   });
@@ -134,16 +135,23 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
 /**
  * The chains natgw drops invalid packets in (mangle FORWARD, and INPUT apart: `-m socket` is
  * valid only on the way in), only with dropInvalid. On INPUT a packet of the replica's own
- * sockets passes (nftables render.ts says why).
+ * sockets passes (nftables render.ts says why). Before the drop, a copy of what arrived on the
+ * VPC or an uplink goes to each peer (NatTables.handOff).
  */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
 const INPUT_INVALID = 'NATGW_INPUT_INVALID';
 const INVALID = '-m conntrack --ctstate INVALID';
-const DROP_INVALID_CHAINS = new Map<string, readonly string[]>([
-  [DROP_INVALID, [`${INVALID} -j DROP`]],
-  [INPUT_INVALID, [`${INVALID} -m socket -j RETURN`, `${INVALID} -j DROP`]],
-]);
 const DROP_INVALID_JUMPS = [['FORWARD', `-j ${DROP_INVALID}`] as const, ['INPUT', `-j ${INPUT_INVALID}`] as const];
+
+function dropInvalidChains(want: NatTables): Map<string, readonly string[]> {
+  const ifs = handOffInterfaces(want);
+  const handOff = (want.handOff ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${INVALID} -j TEE --gateway ${peer}`));
+  return new Map([
+    [DROP_INVALID, [...handOff, `${INVALID} -j DROP`]],
+    [INPUT_INVALID, [`${INVALID} -m socket -j RETURN`, ...handOff, `${INVALID} -j DROP`]],
+  ]);
+}
+const DROP_INVALID_CHAINS = [DROP_INVALID, INPUT_INVALID];
 
 /**
  * A SNAT's lines under a port slice: TCP, then UDP, into the slice (iptables takes ports only
@@ -181,9 +189,9 @@ export function desiredTables(given: NatTables | Rendered): Record<TableName, Ta
       ]),
     },
     mangle: {
-      owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]], ...(want.dropInvalid ? DROP_INVALID_CHAINS : [])]),
+      owned: new Map([[CHAINS.vpcMark, [vpcMarkSpec(want.vpcIf)]], ...(want.dropInvalid ? dropInvalidChains(want) : [])]),
       jumps: new Map([['PREROUTING', `-j ${CHAINS.vpcMark}`], ...(want.dropInvalid ? DROP_INVALID_JUMPS : [])]),
-      ...(want.dropInvalid ? {} : { retired: { chains: [...DROP_INVALID_CHAINS.keys()], jumps: new Map(DROP_INVALID_JUMPS) } }),
+      ...(want.dropInvalid ? {} : { retired: { chains: DROP_INVALID_CHAINS, jumps: new Map(DROP_INVALID_JUMPS) } }),
     },
   };
 }

@@ -299,6 +299,14 @@ function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | 
   return inner && isSliceable(inner) ? { ...inner, ports: { lo, hi } } : undefined;
 }
 
+/** Lift a hand-off rule's interfaces and peer (`iifname { … } ct state invalid dup to <peer>`). */
+function handOffCandidate(expr: readonly unknown[]): NatgwRule | undefined {
+  const ifs = dig(expr, 0, 'match', 'right', 'set');
+  const peer = dig(expr, expr.length - 1, 'dup', 'addr');
+  if (!Array.isArray(ifs) || !ifs.every((i) => typeof i === 'string' && isInterfaceName(i)) || typeof peer !== 'string' || !isIp(peer)) return undefined;
+  return { kind: 'hand-off', ifs: ifs as string[], peer: canonicalIp(peer) };
+}
+
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
   const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'drop-invalid' }, { kind: 'invalid-own-socket' }];
@@ -314,6 +322,8 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   if (range) candidates.push(range);
   const dispatch = dispatchCandidate(expr, fam);
   if (dispatch) candidates.push(dispatch);
+  const handOff = handOffCandidate(expr);
+  if (handOff) candidates.push(handOff);
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 

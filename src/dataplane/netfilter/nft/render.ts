@@ -72,7 +72,7 @@
 import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
-import { canonicalOrder, hasFamily, ofFamily, type NatTables } from '../backend.js';
+import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
@@ -156,6 +156,8 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     }
     case 'drop-invalid':
       return 'ct state invalid drop';
+    case 'hand-off':
+      return `iifname { ${r.ifs.map((i) => `"${i}"`).join(', ')} } ct state invalid dup to ${r.peer}`;
     case 'invalid-own-socket':
       return 'ct state invalid socket wildcard 0 accept';
     case 'snat-dispatch':
@@ -232,6 +234,8 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     }
     case 'drop-invalid':
       return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
+    case 'hand-off':
+      return [match('==', meta('iifname'), { set: [...r.ifs] }), match('in', { ct: { key: 'state' } }, 'invalid'), { dup: { addr: r.peer } }];
     case 'invalid-own-socket':
       return [match('in', { ct: { key: 'state' } }, 'invalid'), match('==', { socket: { key: 'wildcard' } }, 0), { accept: null }];
     case 'snat-dispatch':
@@ -460,15 +464,18 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       // flow whose state has not arrived yet. One that belongs to a socket of the replica's own
       // (BGP, the API, the peer's calls) passes: with loose pick-up off, a connection whose entry
       // went (seen while replicas joined: a peer's copy, sent back in a resend, replaced it; now
-      // conntrackd ignores the replica's own addresses) would otherwise have every later packet dropped.
+      // conntrackd ignores the replica's own addresses) would otherwise have every later packet
+      // dropped. Before the drop, a copy goes to each peer (NatTables.handOff says why).
       ...(want.dropInvalid
-        ? [CHAIN.forward, CHAIN.input].map(
-            (name): ChainSpec => ({
+        ? [CHAIN.forward, CHAIN.input].map((name): ChainSpec => {
+            const ifs = handOffInterfaces(want);
+            const handOff = (want.handOff ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', ifs, peer }));
+            return {
               name,
               base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
-              rules: name === CHAIN.input ? [{ kind: 'invalid-own-socket' }, { kind: 'drop-invalid' }] : [{ kind: 'drop-invalid' }],
-            }),
-          )
+              rules: [...(name === CHAIN.input ? [{ kind: 'invalid-own-socket' } as const] : []), ...handOff, { kind: 'drop-invalid' }],
+            };
+          })
         : []),
     ],
   };

@@ -38,6 +38,8 @@ export type NatgwRule =
   | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr'; readonly ports?: SnatPorts }
   /** `ct state invalid drop` (forward and input of an active-active replica). */
   | { readonly kind: 'drop-invalid' }
+  /** `iifname { <ifs> } ct state invalid dup to <peer>` (forward and input, before the drop): a copy for a peer that may hold the flow. */
+  | { readonly kind: 'hand-off'; readonly ifs: readonly string[]; readonly peer: string }
   /** `ct state invalid socket wildcard 0 accept` (input, before the drop): the replica's own connections. */
   | { readonly kind: 'invalid-own-socket' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
