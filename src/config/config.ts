@@ -285,7 +285,7 @@ export const configSchema = z.object({
     .enum(['on', 'off'])
     .default('on')
     .describe(
-      "With NATGW_HA_MODE=active-active: `on` copies a packet this replica finds invalid (a flow whose state it does not hold yet, as when ECMP sends a connection's reply here before conntrackd brought the state) to every peer over the sync network, and the replica that holds the state carries it; `off` only drops it (the sender retransmits, 1-3 s for a new connection whose handshake crosses replicas).",
+      "With NATGW_HA_MODE=active-active: `on` copies a packet this replica finds invalid (a flow whose state it does not hold yet, as when ECMP sends a connection's reply here before conntrackd brought the state), or a new UDP packet to it that no local socket takes (an early UDP reply), to every peer over the sync network, and the replica that holds the state carries it; `off` only drops it (the sender retransmits, 1-3 s for a new connection whose handshake crosses replicas).",
     ),
   NATGW_SNAT_PORT_SLICE: optionalText
     .transform((s, ctx) => {

@@ -66,6 +66,46 @@ export async function shortFlows(
   return JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}') as ShortFlows;
 }
 
+/** Sends `count` UDP requests to a startServer('udp') server, each from a new socket, `concurrency` at a time; each waits for one answer. */
+const SHORT_UDP = `
+const [host, port, count, concurrency, timeoutMs] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+const dgram = require('dgram');
+const out = { ok: 0, failed: 0, errors: {}, ports: [], ms: [] };
+let next = 0;
+const one = () => new Promise((resolve) => {
+  const t0 = Date.now();
+  const s = dgram.createSocket('udp4');
+  const done = (err, line) => {
+    clearTimeout(timer);
+    s.close();
+    if (err) { out.failed++; out.errors[err] = (out.errors[err] || 0) + 1; }
+    else { out.ok++; out.ms.push(Date.now() - t0); const m = /:(\\d+)/.exec(line.split('=')[1] || ''); if (m) out.ports.push(Number(m[1])); }
+    resolve();
+  };
+  const timer = setTimeout(() => done('timeout'), timeoutMs);
+  s.on('message', (m) => done(null, String(m)));
+  s.on('error', (e) => done(e.code || 'error'));
+  s.send('x', port, host);
+});
+const worker = async () => { while (next < count) { next++; await one(); } };
+Promise.all(Array.from({ length: concurrency }, worker)).then(() => process.stdout.write(JSON.stringify(out) + '\\n'));`;
+
+/** shortFlows for UDP: one request and its answer per flow, each from a new source port. */
+export async function shortUdpFlows(
+  topo: Runner,
+  ns: string,
+  host: string,
+  port: number,
+  count: number,
+  concurrency: number,
+  timeoutMs: number,
+): Promise<ShortFlows> {
+  const r = await topo.exec(ns, [process.execPath, '-e', SHORT_UDP, '--', host, String(port), String(count), String(concurrency), String(timeoutMs)], {
+    timeoutMs: Math.ceil(count / concurrency) * timeoutMs + 30_000,
+  });
+  return JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}') as ShortFlows;
+}
+
 /**
  * Long-lived flows: TCP to a startEchoServer() server (a line every interval, echoed), UDP to a
  * startServer('udp') server (a datagram every interval, answered with the peer it saw). Commands

@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { BACKENDS } from '../helpers/backends.js';
 import { ECMP_ADDR, EcmpTopology } from '../helpers/ecmpTopology.js';
-import { percentile, shortFlows } from '../helpers/ecmpFlows.js';
+import { percentile, shortFlows, shortUdpFlows } from '../helpers/ecmpFlows.js';
 import {
   cleanupLive,
   EIP_DNAT,
@@ -256,25 +256,30 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('many short flows through both replicas: disjoint port slices never collide, and no handshake waits for the sync; one shared range collides', async () => {
     // TCP segments the client and the server sent again: a handshake whose packet a replica
     // dropped (its flow's state not there yet) is retransmitted 1 s later at the earliest.
-    const retransmitted = async (t: EcmpTopology): Promise<number> => {
-      let n = 0;
-      for (const ns of ['vpc1', 'ext']) {
-        const [names, values] = (await t.exec(ns, ['cat', '/proc/net/snmp'])).stdout.split('\n').filter((l) => l.startsWith('Tcp:'));
-        const k = names?.split(/\s+/).indexOf('RetransSegs') ?? -1;
-        n += Number(values?.split(/\s+/)[k]);
-      }
-      return n;
+    const snmp = async (t: EcmpTopology, ns: string, group: string, key: string): Promise<number> => {
+      const [names, values] = (await t.exec(ns, ['cat', '/proc/net/snmp'])).stdout.split('\n').filter((l) => l.startsWith(`${group}:`));
+      return Number(values?.split(/\s+/)[names?.split(/\s+/).indexOf(key) ?? -1]);
     };
-    const run = async (slices: readonly string[], flows: number, env: Record<string, string> = {}) => {
+    const retransmitted = async (t: EcmpTopology): Promise<number> =>
+      (await snmp(t, 'vpc1', 'Tcp', 'RetransSegs')) + (await snmp(t, 'ext', 'Tcp', 'RetransSegs'));
+    // "Port unreachable" the server got: a replica's own stack answering an early UDP reply.
+    const unreachable = (t: EcmpTopology): Promise<number> => snmp(t, 'ext', 'Icmp', 'InDestUnreachs');
+    const run = async (slices: readonly string[], flows: number, udp: boolean, env: Record<string, string> = {}) => {
       // Strict reverse-path filtering on the sync interface, as a pod may have it: natgw loosens
       // it there (hand-off copies arrive with the clients' and servers' addresses).
       const { t } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: slices[i] as string, ...env }), { strictSync: true });
       const rpFilter = await Promise.all([0, 1].map(async (i) => (await t.exec(`g${i}`, ['sysctl', '-n', 'net.ipv4.conf.sync0.rp_filter'])).stdout.trim()));
       await serve(startServer(t.traffic, 'ext', 'tcp', 9002, ECMP_ADDR.extHost)).ready;
+      await serve(startServer(t.traffic, 'ext', 'udp', 9003, ECMP_ADDR.extHost)).ready;
       const before = await retransmitted(t);
+      const unreachableBefore = await unreachable(t);
       const stutter = stutterSync(t);
-      const r = await shortFlows(t, 'vpc1', ECMP_ADDR.extHost, 9002, flows, 40, 20_000).finally(() => stutter.stop());
+      const r = await shortFlows(t, 'vpc1', ECMP_ADDR.extHost, 9002, flows, 40, 20_000).finally(async () => {
+        if (!udp) await stutter.stop();
+      });
       const retrans = (await retransmitted(t)) - before;
+      const u = udp ? await shortUdpFlows(t, 'vpc1', ECMP_ADDR.extHost, 9003, flows, 20, 3000).finally(() => stutter.stop()) : undefined;
+      const udpResult = u && { ok: u.ok, failed: u.failed, unreachable: (await unreachable(t)) - unreachableBefore };
       const bySlice = (lo: number) => r.ports.filter((p) => p >= lo && p < lo + 512).length;
       for (const s of live.stoppers.splice(0)) await s();
       await t.cleanup();
@@ -285,18 +290,19 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
         errors: r.errors,
         retrans,
         rpFilter,
+        udp: udpResult,
         low: bySlice(20000),
         high: bySlice(20512),
         p50ms: percentile(r.ms, 50),
         p99ms: percentile(r.ms, 99),
       };
     };
-    const disjoint = await run(['20000-20511', '20512-21023'], 400);
-    const shared = await run(['20000-20511', '20000-20511'], 400);
-    const noHandOff = await run(['20000-20511', '20512-21023'], 100, { NATGW_HA_HAND_OFF: 'off' });
-    console.log(`[${b.name}] 400 short flows, disjoint slices: ${JSON.stringify(disjoint)}`);
+    const disjoint = await run(['20000-20511', '20512-21023'], 400, true);
+    const shared = await run(['20000-20511', '20000-20511'], 400, false);
+    const noHandOff = await run(['20000-20511', '20512-21023'], 100, true, { NATGW_HA_HAND_OFF: 'off' });
+    console.log(`[${b.name}] 400 short flows (and 400 UDP requests), disjoint slices: ${JSON.stringify(disjoint)}`);
     console.log(`[${b.name}] 400 short flows, one shared range (control): ${JSON.stringify(shared)}`);
-    console.log(`[${b.name}] 100 short flows, disjoint slices, NATGW_HA_HAND_OFF=off (control): ${JSON.stringify(noHandOff)}`);
+    console.log(`[${b.name}] 100 short flows (and 100 UDP requests), disjoint slices, NATGW_HA_HAND_OFF=off (control): ${JSON.stringify(noHandOff)}`);
     expect(disjoint.low > 0 && disjoint.high > 0, 'flows through both replicas').toBe(true);
     expect({ failed: disjoint.failed, errors: disjoint.errors }).toEqual({ failed: 0, errors: {} });
     // ECMP sends about half the replies to the replica that did not translate the flow, mostly
@@ -305,6 +311,11 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
     expect(disjoint.retrans, 'segments retransmitted with hand-off').toBe(0);
     expect({ handOff: disjoint.rpFilter, off: noHandOff.rpFilter }, 'rp_filter on sync0').toEqual({ handOff: ['2', '2'], off: ['1', '1'] });
     expect(noHandOff.retrans, 'the control: without hand-off, handshakes crossing replicas are retransmitted').toBeGreaterThan(0);
+    // UDP: an answer that reaches the other replica first is a new flow there, never a
+    // "port unreachable" from its stack; handed off, every one arrives.
+    expect(disjoint.udp, 'UDP requests, one answer each').toEqual({ ok: 400, failed: 0, unreachable: 0 });
+    expect(noHandOff.udp?.unreachable, 'no "port unreachable" without hand-off either').toBe(0);
+    expect(noHandOff.udp?.failed, 'the control: without hand-off, answers that reach the other replica first are lost').toBeGreaterThan(0);
     expect(shared.failed, 'the control: two replicas gave one port to two flows').toBeGreaterThan(0);
   }, 240_000);
 });

@@ -107,7 +107,10 @@ describe('nftables under a port slice', () => {
         { kind: 'hairpin', vpcIf: 'eth0', ports: PORTS },
         { kind: 'drop-invalid' },
         { kind: 'invalid-own-socket' },
-        { kind: 'hand-off', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
+        { kind: 'hand-off', packets: 'invalid', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
+        { kind: 'hand-off', packets: 'new-udp', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
+        { kind: 'new-udp-own-socket' },
+        { kind: 'drop-new-udp' },
       ] as const;
       for (const r of rules) expect(recogniseRule(ruleJson(r, fam), fam)).toEqual(r);
     }
@@ -119,7 +122,12 @@ describe('nftables under a port slice', () => {
     expect(base('forward')).toMatchObject({ base: { type: 'filter', hook: 'forward', prio: 0 } });
     expect(base('forward')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
     // The replica's own connections (BGP, the API) pass on input even when their entry is gone.
-    expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid socket wildcard 0 accept', 'ct state invalid drop']);
+    expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual([
+      'ct state invalid socket wildcard 0 accept',
+      'ct state invalid drop',
+      'meta l4proto udp ct state new socket wildcard { 0, 1 } accept',
+      'meta l4proto udp ct state new drop',
+    ]);
   });
 
   it('hands a copy of what arrives on the VPC or an uplink to each peer of the family before the drop', () => {
@@ -138,6 +146,10 @@ describe('nftables under a port slice', () => {
       'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.2',
       'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.3',
       'ct state invalid drop',
+      'meta l4proto udp ct state new socket wildcard { 0, 1 } accept',
+      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new dup to 10.99.0.3',
+      'meta l4proto udp ct state new drop',
     ]);
     expect(rules('ip6', 'forward')).toEqual(['iifname { "eth0", "net1", "net2" } ct state invalid dup to fd00:99::2', 'ct state invalid drop']);
     // Other peers are a change of the replica's rules: a full sync plans it.
@@ -180,6 +192,8 @@ describe('iptables under a port slice', () => {
     expect(want.mangle.owned.get('NATGW_INPUT_INVALID')).toEqual([
       '-m conntrack --ctstate INVALID -m socket -j RETURN',
       '-m conntrack --ctstate INVALID -j DROP',
+      '-p udp -m conntrack --ctstate NEW -m socket --nowildcard -j RETURN',
+      '-p udp -m conntrack --ctstate NEW -j DROP',
     ]);
     const handing = desiredTables({ ...BASE, dropInvalid: true, handOff: ['10.99.0.2'] });
     const tee = ['-i eth0 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2', '-i net1 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2'];
@@ -188,6 +202,10 @@ describe('iptables under a port slice', () => {
       '-m conntrack --ctstate INVALID -m socket -j RETURN',
       ...tee,
       '-m conntrack --ctstate INVALID -j DROP',
+      '-p udp -m conntrack --ctstate NEW -m socket --nowildcard -j RETURN',
+      '-i eth0 -p udp -m conntrack --ctstate NEW -j TEE --gateway 10.99.0.2',
+      '-i net1 -p udp -m conntrack --ctstate NEW -j TEE --gateway 10.99.0.2',
+      '-p udp -m conntrack --ctstate NEW -j DROP',
     ]);
     expect([...want.mangle.jumps.keys()]).toEqual(['PREROUTING', 'FORWARD', 'INPUT']);
 

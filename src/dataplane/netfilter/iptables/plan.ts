@@ -136,19 +136,23 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
  * The chains natgw drops invalid packets in (mangle FORWARD, and INPUT apart: `-m socket` is
  * valid only on the way in), only with dropInvalid. On INPUT a packet of the replica's own
  * sockets passes (nftables render.ts says why). Before the drop, a copy of what arrived on the
- * VPC or an uplink goes to each peer (NatTables.handOff).
+ * VPC or an uplink goes to each peer (NatTables.handOff). A new UDP packet to the replica that
+ * no socket takes (wildcard listeners count here) is handed off and dropped the same way.
  */
 export const DROP_INVALID = 'NATGW_DROP_INVALID';
 const INPUT_INVALID = 'NATGW_INPUT_INVALID';
 const INVALID = '-m conntrack --ctstate INVALID';
 const DROP_INVALID_JUMPS = [['FORWARD', `-j ${DROP_INVALID}`] as const, ['INPUT', `-j ${INPUT_INVALID}`] as const];
 
+const NEW_UDP = '-p udp -m conntrack --ctstate NEW';
+
 function dropInvalidChains(want: NatTables): Map<string, readonly string[]> {
   const ifs = handOffInterfaces(want);
-  const handOff = (want.handOff ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${INVALID} -j TEE --gateway ${peer}`));
+  const handOff = (match: string) => (want.handOff ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${match} -j TEE --gateway ${peer}`));
+  const invalid = [...handOff(INVALID), `${INVALID} -j DROP`];
   return new Map([
-    [DROP_INVALID, [...handOff, `${INVALID} -j DROP`]],
-    [INPUT_INVALID, [`${INVALID} -m socket -j RETURN`, ...handOff, `${INVALID} -j DROP`]],
+    [DROP_INVALID, invalid],
+    [INPUT_INVALID, [`${INVALID} -m socket -j RETURN`, ...invalid, `${NEW_UDP} -m socket --nowildcard -j RETURN`, ...handOff(NEW_UDP), `${NEW_UDP} -j DROP`]],
   ]);
 }
 const DROP_INVALID_CHAINS = [DROP_INVALID, INPUT_INVALID];

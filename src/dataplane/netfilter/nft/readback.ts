@@ -299,8 +299,8 @@ function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | 
   return inner && isSliceable(inner) ? { ...inner, ports: { lo, hi } } : undefined;
 }
 
-/** Lift a hand-off rule's interfaces and peer (`iifname { … } ct state invalid dup to <peer>`). */
-function handOffCandidate(expr: readonly unknown[]): NatgwRule | undefined {
+/** Lift a hand-off rule's interfaces and peer (`iifname { … } <packets> dup to <peer>`). */
+function handOffCandidate(expr: readonly unknown[]): Omit<Extract<NatgwRule, { kind: 'hand-off' }>, 'packets'> | undefined {
   const ifs = dig(expr, 0, 'match', 'right', 'set');
   const peer = dig(expr, expr.length - 1, 'dup', 'addr');
   if (!Array.isArray(ifs) || !ifs.every((i) => typeof i === 'string' && isInterfaceName(i)) || typeof peer !== 'string' || !isIp(peer)) return undefined;
@@ -309,7 +309,15 @@ function handOffCandidate(expr: readonly unknown[]): NatgwRule | undefined {
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */
 export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRule | null {
-  const candidates: NatgwRule[] = [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, { kind: 'fip-snat' }, { kind: 'drop-invalid' }, { kind: 'invalid-own-socket' }];
+  const candidates: NatgwRule[] = [
+    { kind: 'fip-dnat' },
+    { kind: 'port-dnat' },
+    { kind: 'fip-snat' },
+    { kind: 'drop-invalid' },
+    { kind: 'invalid-own-socket' },
+    { kind: 'new-udp-own-socket' },
+    { kind: 'drop-new-udp' },
+  ];
   const sliced = slicedCandidate(expr, fam);
   if (sliced) candidates.push(sliced);
   const ifname = ifnameAt(expr);
@@ -323,7 +331,7 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   const dispatch = dispatchCandidate(expr, fam);
   if (dispatch) candidates.push(dispatch);
   const handOff = handOffCandidate(expr);
-  if (handOff) candidates.push(handOff);
+  if (handOff) candidates.push({ ...handOff, packets: 'invalid' }, { ...handOff, packets: 'new-udp' });
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 

@@ -157,7 +157,11 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     case 'drop-invalid':
       return 'ct state invalid drop';
     case 'hand-off':
-      return `iifname { ${r.ifs.map((i) => `"${i}"`).join(', ')} } ct state invalid dup to ${r.peer}`;
+      return `iifname { ${r.ifs.map((i) => `"${i}"`).join(', ')} } ${r.packets === 'invalid' ? 'ct state invalid' : NEW_UDP} dup to ${r.peer}`;
+    case 'new-udp-own-socket':
+      return `${NEW_UDP} socket wildcard { 0, 1 } accept`;
+    case 'drop-new-udp':
+      return `${NEW_UDP} drop`;
     case 'invalid-own-socket':
       return 'ct state invalid socket wildcard 0 accept';
     case 'snat-dispatch':
@@ -170,6 +174,9 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
 }
 
 const meta = (key: string): unknown => ({ meta: { key } });
+const NEW_UDP = 'meta l4proto udp ct state new';
+const ctState = (state: string): unknown => match('in', { ct: { key: 'state' } }, state);
+const newUdpJson = (): unknown[] => [match('==', meta('l4proto'), 'udp'), ctState('new')];
 const payload = (protocol: string, field: string): unknown => ({ payload: { protocol, field } });
 const match = (op: string, left: unknown, right: unknown): unknown => ({ match: { op, left, right } });
 const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: 'original' } });
@@ -235,7 +242,11 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     case 'drop-invalid':
       return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
     case 'hand-off':
-      return [match('==', meta('iifname'), { set: [...r.ifs] }), match('in', { ct: { key: 'state' } }, 'invalid'), { dup: { addr: r.peer } }];
+      return [match('==', meta('iifname'), { set: [...r.ifs] }), ...(r.packets === 'invalid' ? [ctState('invalid')] : newUdpJson()), { dup: { addr: r.peer } }];
+    case 'new-udp-own-socket':
+      return [...newUdpJson(), match('==', { socket: { key: 'wildcard' } }, { set: [0, 1] }), { accept: null }];
+    case 'drop-new-udp':
+      return [...newUdpJson(), { drop: null }];
     case 'invalid-own-socket':
       return [match('in', { ct: { key: 'state' } }, 'invalid'), match('==', { socket: { key: 'wildcard' } }, 0), { accept: null }];
     case 'snat-dispatch':
@@ -466,14 +477,22 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       // went (seen while replicas joined: a peer's copy, sent back in a resend, replaced it; now
       // conntrackd ignores the replica's own addresses) would otherwise have every later packet
       // dropped. Before the drop, a copy goes to each peer (NatTables.handOff says why).
+      // UDP has no invalid first packet: an early reply to an EIP is a new flow to conntrack,
+      // which the replica's stack would answer with "port unreachable" (and its entry would
+      // block the peer's state). On input, a new UDP packet that no socket of the replica's
+      // own takes is handed off and dropped the same way.
       ...(want.dropInvalid
         ? [CHAIN.forward, CHAIN.input].map((name): ChainSpec => {
             const ifs = handOffInterfaces(want);
-            const handOff = (want.handOff ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', ifs, peer }));
+            const handOff = (packets: 'invalid' | 'new-udp') => (want.handOff ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer }));
+            const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
             return {
               name,
               base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
-              rules: [...(name === CHAIN.input ? [{ kind: 'invalid-own-socket' } as const] : []), ...handOff, { kind: 'drop-invalid' }],
+              rules:
+                name === CHAIN.input
+                  ? [{ kind: 'invalid-own-socket' }, ...invalid, { kind: 'new-udp-own-socket' }, ...handOff('new-udp'), { kind: 'drop-new-udp' }]
+                  : invalid,
             };
           })
         : []),

@@ -38,10 +38,17 @@ export type NatgwRule =
   | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr'; readonly ports?: SnatPorts }
   /** `ct state invalid drop` (forward and input of an active-active replica). */
   | { readonly kind: 'drop-invalid' }
-  /** `iifname { <ifs> } ct state invalid dup to <peer>` (forward and input, before the drop): a copy for a peer that may hold the flow. */
-  | { readonly kind: 'hand-off'; readonly ifs: readonly string[]; readonly peer: string }
+  /**
+   * `iifname { <ifs> } ct state invalid dup to <peer>`, or for a new UDP packet to this replica
+   * `… meta l4proto udp ct state new dup to <peer>` (before the drop): a copy for a peer that may hold the flow.
+   */
+  | { readonly kind: 'hand-off'; readonly packets: 'invalid' | 'new-udp'; readonly ifs: readonly string[]; readonly peer: string }
   /** `ct state invalid socket wildcard 0 accept` (input, before the drop): the replica's own connections. */
   | { readonly kind: 'invalid-own-socket' }
+  /** `meta l4proto udp ct state new socket wildcard { 0, 1 } accept` (input): a UDP socket of the replica's own (BFD, conntrackd). */
+  | { readonly kind: 'new-udp-own-socket' }
+  /** `meta l4proto udp ct state new drop` (input): a UDP packet no socket here takes, an early reply of a peer's flow. */
+  | { readonly kind: 'drop-new-udp' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
       readonly kind: 'range-dnat';
