@@ -51,6 +51,7 @@ export interface ShortFlows {
   readonly ms: number[];
 }
 
+/** TCP: `count` connections (SHORT_FLOWS); UDP: `count` requests, one answer each, each from a new source port (SHORT_UDP). */
 export async function shortFlows(
   topo: Runner,
   ns: string,
@@ -59,10 +60,15 @@ export async function shortFlows(
   count: number,
   concurrency: number,
   timeoutMs: number,
+  proto: 'tcp' | 'udp' = 'tcp',
 ): Promise<ShortFlows> {
-  const r = await topo.exec(ns, [process.execPath, '-e', SHORT_FLOWS, '--', host, String(port), String(count), String(concurrency), String(timeoutMs)], {
-    timeoutMs: Math.ceil(count / concurrency) * timeoutMs + 30_000,
-  });
+  const r = await topo.exec(
+    ns,
+    [process.execPath, '-e', proto === 'tcp' ? SHORT_FLOWS : SHORT_UDP, '--', host, String(port), String(count), String(concurrency), String(timeoutMs)],
+    {
+      timeoutMs: Math.ceil(count / concurrency) * timeoutMs + 30_000,
+    },
+  );
   return JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}') as ShortFlows;
 }
 
@@ -89,22 +95,6 @@ const one = () => new Promise((resolve) => {
 });
 const worker = async () => { while (next < count) { next++; await one(); } };
 Promise.all(Array.from({ length: concurrency }, worker)).then(() => process.stdout.write(JSON.stringify(out) + '\\n'));`;
-
-/** shortFlows for UDP: one request and its answer per flow, each from a new source port. */
-export async function shortUdpFlows(
-  topo: Runner,
-  ns: string,
-  host: string,
-  port: number,
-  count: number,
-  concurrency: number,
-  timeoutMs: number,
-): Promise<ShortFlows> {
-  const r = await topo.exec(ns, [process.execPath, '-e', SHORT_UDP, '--', host, String(port), String(count), String(concurrency), String(timeoutMs)], {
-    timeoutMs: Math.ceil(count / concurrency) * timeoutMs + 30_000,
-  });
-  return JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}') as ShortFlows;
-}
 
 /**
  * Long-lived flows: TCP to a startEchoServer() server (a line every interval, echoed), UDP to a

@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { BACKENDS } from '../helpers/backends.js';
 import { ECMP_ADDR, EcmpTopology } from '../helpers/ecmpTopology.js';
-import { percentile, shortFlows, shortUdpFlows } from '../helpers/ecmpFlows.js';
+import { percentile, shortFlows } from '../helpers/ecmpFlows.js';
 import {
   cleanupLive,
   EIP_DNAT,
@@ -278,7 +278,7 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
         if (!udp) await stutter.stop();
       });
       const retrans = (await retransmitted(t)) - before;
-      const u = udp ? await shortUdpFlows(t, 'vpc1', ECMP_ADDR.extHost, 9003, flows, 20, 3000).finally(() => stutter.stop()) : undefined;
+      const u = udp ? await shortFlows(t, 'vpc1', ECMP_ADDR.extHost, 9003, flows, 20, 3000, 'udp').finally(() => stutter.stop()) : undefined;
       const udpResult = u && { ok: u.ok, failed: u.failed, unreachable: (await unreachable(t)) - unreachableBefore };
       const bySlice = (lo: number) => r.ports.filter((p) => p >= lo && p < lo + 512).length;
       for (const s of live.stoppers.splice(0)) await s();
