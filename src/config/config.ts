@@ -479,7 +479,7 @@ export interface HaConfig {
   readonly mode?: 'takeover' | 'active-active';
   /** This replica's SNAT source ports (NATGW_SNAT_PORT_SLICE); all ports when absent. */
   readonly snatPortSlice?: PortSlice;
-  /** Active-active: copy invalid packets to the peers (NATGW_HA_HAND_OFF; absent: on). */
+  /** Active-active: copy what this replica holds no state of (invalid packets, early UDP replies) to the peers (NATGW_HA_HAND_OFF; absent: on). */
   readonly handOff?: boolean;
 }
 

@@ -18,14 +18,15 @@ export interface NatTables {
   readonly fips: readonly Fip[];
   /** Shared SNAT of TCP and UDP only into these source ports: this replica's slice (NATGW_SNAT_PORT_SLICE). */
   readonly snatPorts?: PortRange;
-  /** Drop what conntrack finds invalid in forward and input: an active-active replica never resets a flow it holds no state of yet. */
+  /** Drop what conntrack finds invalid in forward and input, and on input a new UDP packet no socket takes: an active-active replica never answers a flow it holds no state of yet. */
   readonly dropInvalid?: boolean;
   /**
    * With dropInvalid: the peers (sync addresses) that get a copy of an invalid packet arriving
    * on the VPC or an external interface before it is dropped here. ECMP may send a packet of a
    * flow to this replica before conntrackd brought the flow's state (a SYN-ACK, the client's
-   * first ACK); the replica that holds the state carries it. Never packets from elsewhere (a
-   * copy from a peer is not copied on).
+   * first ACK; for UDP, whose early reply is a new flow, not an invalid one: a new UDP packet to
+   * the replica that no socket takes); the replica that holds the state carries it. Never
+   * packets from elsewhere (a copy from a peer is not copied on).
    */
   readonly handOff?: readonly string[];
   /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */

@@ -240,7 +240,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
       return r.ports ? [match('==', payload(fam, 'saddr'), right), l4TcpUdpJson(), snat] : [match('==', payload(fam, 'saddr'), right), snat];
     }
     case 'drop-invalid':
-      return [match('in', { ct: { key: 'state' } }, 'invalid'), { drop: null }];
+      return [ctState('invalid'), { drop: null }];
     case 'hand-off':
       return [match('==', meta('iifname'), { set: [...r.ifs] }), ...(r.packets === 'invalid' ? [ctState('invalid')] : newUdpJson()), { dup: { addr: r.peer } }];
     case 'new-udp-own-socket':
@@ -248,7 +248,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     case 'drop-new-udp':
       return [...newUdpJson(), { drop: null }];
     case 'invalid-own-socket':
-      return [match('in', { ct: { key: 'state' } }, 'invalid'), match('==', { socket: { key: 'wildcard' } }, 0), { accept: null }];
+      return [ctState('invalid'), match('==', { socket: { key: 'wildcard' } }, 0), { accept: null }];
     case 'snat-dispatch':
       return dispatchJson(r, fam);
     case 'range-dnat': {
