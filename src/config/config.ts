@@ -287,6 +287,11 @@ export const configSchema = z.object({
     .describe(
       "With NATGW_HA_MODE=active-active: `on` copies a packet this replica finds invalid (a flow whose state it does not hold yet, as when ECMP sends a connection's reply here before conntrackd brought the state), or a new UDP packet to it that no local socket takes (an early UDP reply), to every peer over the sync network, and the replica that holds the state carries it; `off` only drops it (the sender retransmits, 1-3 s for a new connection whose handshake crosses replicas).",
     ),
+  NATGW_HA_HAND_OFF_RATE: count('NATGW_HA_HAND_OFF_RATE', 1, 10_000)
+    .prefault('10000')
+    .describe(
+      'With NATGW_HA_HAND_OFF=on: the most packets per second a replica copies to each peer (bursts of as many), so that a flood of stray packets toward the EIPs cannot crowd conntrackd off the sync network; beyond it they are only dropped. On iptables the bound holds per arriving interface.',
+    ),
   NATGW_SNAT_PORT_SLICE: optionalText
     .transform((s, ctx) => {
       if (s === undefined) return undefined;
@@ -481,6 +486,8 @@ export interface HaConfig {
   readonly snatPortSlice?: PortSlice;
   /** Active-active: copy what this replica holds no state of (invalid packets, early UDP replies) to the peers (NATGW_HA_HAND_OFF; absent: on). */
   readonly handOff?: boolean;
+  /** Packets per second copied to each peer at most (NATGW_HA_HAND_OFF_RATE; absent: 10,000). */
+  readonly handOffRate?: number;
 }
 
 /** EIPs announced by BGP (src/routing); absent means off. */
@@ -574,6 +581,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       initialRole: c.NATGW_HA_INITIAL_ROLE,
       mode: c.NATGW_HA_MODE,
       handOff: c.NATGW_HA_HAND_OFF === 'on',
+      handOffRate: c.NATGW_HA_HAND_OFF_RATE,
       ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
     },
     bgp: bgpOf(c, envFile),

@@ -23,6 +23,9 @@ export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger,
  * flow's state arrived is never answered with a reset by a local socket), after a copy to every
  * peer (one of them holds the state and carries it) unless NATGW_HA_HAND_OFF=off.
  */
+/** NATGW_HA_HAND_OFF_RATE's default, and the most iptables' limit match takes. */
+const HAND_OFF_RATE = 10_000;
+
 export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undefined {
   const ha = config.ha;
   const slice = ha?.snatPortSlice;
@@ -31,7 +34,9 @@ export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undef
   return {
     ...(slice ? { snatPorts: { lo: slice.lo, hi: slice.hi } } : {}),
     ...(activeActive ? { dropInvalid: true } : {}),
-    ...(activeActive && ha?.handOff !== false ? { handOff: ha?.peers?.length ? ha.peers : [ha?.peer as string] } : {}),
+    ...(activeActive && ha?.handOff !== false
+      ? { handOff: { peers: ha?.peers?.length ? ha.peers : [ha?.peer as string], rate: ha?.handOffRate ?? HAND_OFF_RATE } }
+      : {}),
   };
 }
 

@@ -80,6 +80,18 @@ function stutterSync(t: EcmpTopology): { stop(): Promise<void> } {
   };
 }
 
+/** Sends `count` datagrams from one socket as fast as each send completes; prints what it sent and how long it took. */
+const FLOOD = `
+const [host, port, count] = process.argv.slice(1);
+const s = require('dgram').createSocket('udp4');
+let sent = 0;
+const t0 = Date.now();
+const next = () => {
+  if (sent >= Number(count)) { process.stdout.write(JSON.stringify({ sent, ms: Date.now() - t0 }) + '\\n'); s.close(); return; }
+  s.send('x', Number(port), host, () => { sent++; next(); });
+};
+next();`;
+
 describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
   it('every flow survives the loss of one replica; the replica that comes back is ready only once it holds the flows', async () => {
     const { t, logs } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: SLICES[i] as string }), { bgp: true });
@@ -252,6 +264,27 @@ describe.each(BACKENDS)('active-active replicas ($name)', (b) => {
       'flows lost as g1 rejoins',
     ).toEqual([]);
   }, 180_000);
+
+  it('hand-off is bounded: of a flood of stray UDP toward an EIP, at most NATGW_HA_HAND_OFF_RATE packets a second reach the peer', async () => {
+    const rate = 200;
+    const { t } = await pair(b, (i) => ({ NATGW_SNAT_PORT_SLICE: SLICES[i] as string, NATGW_HA_HAND_OFF_RATE: String(rate) }));
+    // What arrives over the sync link, counted in a table of the test's own in each replica.
+    for (const i of [0, 1]) {
+      await t.exec(`g${i}`, ['nft', 'add table ip probe']);
+      await t.exec(`g${i}`, ['nft', 'add chain ip probe pre { type filter hook prerouting priority -300; }']);
+      await t.exec(`g${i}`, ['nft', `add rule ip probe pre iifname "sync0" ip daddr ${EIP_SNAT} udp dport 9999 counter`]);
+    }
+    // One socket, so ECMP sends every datagram to one replica: no flow, no socket, each one handed off.
+    const flood = JSON.parse((await t.exec('ext', [process.execPath, '-e', FLOOD, '--', EIP_SNAT, '9999', '20000'])).stdout) as { sent: number; ms: number };
+    const copies = (
+      await Promise.all([0, 1].map(async (i) => Number(/counter packets (\d+)/.exec((await t.exec(`g${i}`, ['nft', 'list chain ip probe pre'])).stdout)?.[1])))
+    ).reduce((a, n) => a + n, 0);
+    const bound = rate * (flood.ms / 1000 + 1) + rate;
+    console.log(`[${b.name}] ${flood.sent} stray datagrams in ${flood.ms} ms; ${copies} copies reached the peer (bound ${bound})`);
+    expect(copies, 'copies within the first burst').toBeGreaterThan(0);
+    expect(copies, `at most ${rate}/s and a burst of ${rate}`).toBeLessThanOrEqual(bound);
+    expect(bound, 'the flood outran the bound').toBeLessThan(flood.sent);
+  }, 120_000);
 
   it('many short flows through both replicas: disjoint port slices never collide, and no handshake waits for the sync; one shared range collides', async () => {
     // TCP segments the client and the server sent again: a handshake whose packet a replica

@@ -149,6 +149,7 @@ describe('HA configuration keys', () => {
       initialRole: 'standby',
       mode: 'takeover',
       handOff: true,
+      handOffRate: 10_000,
     });
   });
 

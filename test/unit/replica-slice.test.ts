@@ -54,12 +54,14 @@ describe('NATGW_SNAT_PORT_SLICE', () => {
     const c = await loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '1/2' });
     expect(c.ha?.mode).toBe('active-active');
     expect(c.ha?.snatPortSlice).toEqual({ lo: 33280, hi: 65535, spec: '1/2' });
-    expect(replicaRulesOf(c)).toEqual({ snatPorts: { lo: 33280, hi: 65535 }, dropInvalid: true, handOff: ['10.99.0.2'] });
+    expect(replicaRulesOf(c)).toEqual({ snatPorts: { lo: 33280, hi: 65535 }, dropInvalid: true, handOff: { peers: ['10.99.0.2'], rate: 10_000 } });
     const noHandOff = await loadConfig({ ...env, NATGW_HA_HAND_OFF: 'off' });
     expect(replicaRulesOf(noHandOff)).toEqual({ dropInvalid: true });
     await expect(loadConfig({ ...env, NATGW_HA_HAND_OFF: 'yes' })).rejects.toThrow(/NATGW_HA_HAND_OFF/);
     const three = await loadConfig({ ...env, NATGW_HA_PEERS: '10.99.0.2,10.99.0.3', NATGW_HA_SYNC_INTERFACE: 'sync0' });
-    expect(replicaRulesOf(three)?.handOff).toEqual(['10.99.0.2', '10.99.0.3']);
+    expect(replicaRulesOf(three)?.handOff).toEqual({ peers: ['10.99.0.2', '10.99.0.3'], rate: 10_000 });
+    expect(replicaRulesOf(await loadConfig({ ...env, NATGW_HA_HAND_OFF_RATE: '200' }))?.handOff?.rate).toBe(200);
+    await expect(loadConfig({ ...env, NATGW_HA_HAND_OFF_RATE: '20000' })).rejects.toThrow(/NATGW_HA_HAND_OFF_RATE/);
     await expect(loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '2/2' })).rejects.toThrow(ConfigError);
     await expect(loadConfig({ ...env, NATGW_SNAT_PORT_SLICE: '2/2' })).rejects.toThrow(/NATGW_SNAT_PORT_SLICE/);
     await expect(loadConfig({ ...env, NATGW_HA_MODE: 'both' })).rejects.toThrow(/NATGW_HA_MODE/);
@@ -107,8 +109,8 @@ describe('nftables under a port slice', () => {
         { kind: 'hairpin', vpcIf: 'eth0', ports: PORTS },
         { kind: 'drop-invalid' },
         { kind: 'invalid-own-socket' },
-        { kind: 'hand-off', packets: 'invalid', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
-        { kind: 'hand-off', packets: 'new-udp', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2' },
+        { kind: 'hand-off', packets: 'invalid', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2', rate: 10_000 },
+        { kind: 'hand-off', packets: 'new-udp', ifs: ['eth0', 'net1'], peer: fam === 'ip' ? '10.99.0.2' : 'fd00:99::2', rate: 200 },
         { kind: 'new-udp-own-socket' },
         { kind: 'drop-new-udp' },
       ] as const;
@@ -131,30 +133,34 @@ describe('nftables under a port slice', () => {
   });
 
   it('hands a copy of what arrives on the VPC or an uplink to each peer of the family before the drop', () => {
-    const want = { ...BASE, dropInvalid: true, handOff: ['10.99.0.2', '10.99.0.3', 'fd00:99::2'], uplinks: ['net2'] };
+    const want = { ...BASE, dropInvalid: true, handOff: { peers: ['10.99.0.2', '10.99.0.3', 'fd00:99::2'], rate: 500 }, uplinks: ['net2'] };
     const rules = (fam: 'ip' | 'ip6', name: string) =>
       desiredFamily(fam === 'ip' ? want : { ...want, eips: ['fd00:20::10'] }, fam)
         ?.chains.find((c) => c.name === name)
         ?.rules.map((r) => ruleText(r, fam));
     expect(rules('ip', 'forward')).toEqual([
-      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.2',
-      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.3',
+      'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.3',
       'ct state invalid drop',
     ]);
     expect(rules('ip', 'input')).toEqual([
       'ct state invalid socket wildcard 0 accept',
-      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.2',
-      'iifname { "eth0", "net1", "net2" } ct state invalid dup to 10.99.0.3',
+      'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.3',
       'ct state invalid drop',
       'meta l4proto udp ct state new socket wildcard { 0, 1 } accept',
-      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new dup to 10.99.0.2',
-      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new dup to 10.99.0.3',
+      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new limit rate 500/second burst 500 packets dup to 10.99.0.2',
+      'iifname { "eth0", "net1", "net2" } meta l4proto udp ct state new limit rate 500/second burst 500 packets dup to 10.99.0.3',
       'meta l4proto udp ct state new drop',
     ]);
-    expect(rules('ip6', 'forward')).toEqual(['iifname { "eth0", "net1", "net2" } ct state invalid dup to fd00:99::2', 'ct state invalid drop']);
+    expect(rules('ip6', 'forward')).toEqual([
+      'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to fd00:99::2',
+      'ct state invalid drop',
+    ]);
     // Other peers are a change of the replica's rules: a full sync plans it.
     const view = { tables: want, families: new Set(['ip'] as const) };
-    expect(planPartial(view, { ...want, handOff: ['10.99.0.2'] })).toBeNull();
+    expect(planPartial(view, { ...want, handOff: { ...want.handOff, peers: ['10.99.0.2'] } })).toBeNull();
+    expect(planPartial(view, { ...want, handOff: { ...want.handOff, rate: 600 } })).toBeNull();
     expect(planPartial(view, { ...want, eips: [...want.eips, '172.20.0.12'] })).not.toBeNull();
   });
 
@@ -195,16 +201,20 @@ describe('iptables under a port slice', () => {
       '-p udp -m conntrack --ctstate NEW -m socket --nowildcard -j RETURN',
       '-p udp -m conntrack --ctstate NEW -j DROP',
     ]);
-    const handing = desiredTables({ ...BASE, dropInvalid: true, handOff: ['10.99.0.2'] });
-    const tee = ['-i eth0 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2', '-i net1 -m conntrack --ctstate INVALID -j TEE --gateway 10.99.0.2'];
+    const handing = desiredTables({ ...BASE, dropInvalid: true, handOff: { peers: ['10.99.0.2'], rate: 300 } });
+    const limit = '-m limit --limit 300/sec --limit-burst 300';
+    const tee = [
+      `-i eth0 -m conntrack --ctstate INVALID ${limit} -j TEE --gateway 10.99.0.2`,
+      `-i net1 -m conntrack --ctstate INVALID ${limit} -j TEE --gateway 10.99.0.2`,
+    ];
     expect(handing.mangle.owned.get('NATGW_DROP_INVALID')).toEqual([...tee, '-m conntrack --ctstate INVALID -j DROP']);
     expect(handing.mangle.owned.get('NATGW_INPUT_INVALID')).toEqual([
       '-m conntrack --ctstate INVALID -m socket -j RETURN',
       ...tee,
       '-m conntrack --ctstate INVALID -j DROP',
       '-p udp -m conntrack --ctstate NEW -m socket --nowildcard -j RETURN',
-      '-i eth0 -p udp -m conntrack --ctstate NEW -j TEE --gateway 10.99.0.2',
-      '-i net1 -p udp -m conntrack --ctstate NEW -j TEE --gateway 10.99.0.2',
+      `-i eth0 -p udp -m conntrack --ctstate NEW ${limit} -j TEE --gateway 10.99.0.2`,
+      `-i net1 -p udp -m conntrack --ctstate NEW ${limit} -j TEE --gateway 10.99.0.2`,
       '-p udp -m conntrack --ctstate NEW -j DROP',
     ]);
     expect([...want.mangle.jumps.keys()]).toEqual(['PREROUTING', 'FORWARD', 'INPUT']);

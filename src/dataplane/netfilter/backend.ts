@@ -26,13 +26,19 @@ export interface NatTables {
    * flow to this replica before conntrackd brought the flow's state (a SYN-ACK, the client's
    * first ACK; for UDP, whose early reply is a new flow, not an invalid one: a new UDP packet to
    * the replica that no socket takes); the replica that holds the state carries it. Never
-   * packets from elsewhere (a copy from a peer is not copied on).
+   * packets from elsewhere (a copy from a peer is not copied on). At most `rate` packets per
+   * second go to each peer.
    */
-  readonly handOff?: readonly string[];
+  readonly handOff?: HandOff;
   /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */
   readonly uplinks?: readonly string[];
   /** EIPs on a secondary uplink, by address: their SNAT rules match that interface. */
   readonly eipIf?: ReadonlyMap<string, string>;
+}
+
+export interface HandOff {
+  readonly peers: readonly string[];
+  readonly rate: number;
 }
 
 export interface PortRange {
@@ -79,7 +85,7 @@ export function ofFamily(want: NatTables, family: Family): NatTables {
     snats: want.snats.filter((s) => mine(s.eip)),
     dnats: want.dnats.filter((d) => mine(d.eip)),
     fips: want.fips.filter((f) => mine(f.eip)),
-    ...(want.handOff ? { handOff: want.handOff.filter(mine) } : {}),
+    ...(want.handOff ? { handOff: { ...want.handOff, peers: want.handOff.peers.filter(mine) } } : {}),
   };
 }
 

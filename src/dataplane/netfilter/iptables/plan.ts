@@ -120,7 +120,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
     ...next,
     eips: next.eips.filter(inFamily),
     snats: next.snats.filter((s) => inFamily(s.eip)),
-    ...(next.handOff ? { handOff: next.handOff.filter(inFamily) } : {}),
+    ...(next.handOff ? { handOff: { ...next.handOff, peers: next.handOff.peers.filter(inFamily) } } : {}),
     dnats: [],
     fips: [],
   });
@@ -148,7 +148,8 @@ const NEW_UDP = '-p udp -m conntrack --ctstate NEW';
 
 function dropInvalidChains(want: NatTables): Map<string, readonly string[]> {
   const ifs = handOffInterfaces(want);
-  const handOff = (match: string) => (want.handOff ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${match} -j TEE --gateway ${peer}`));
+  const limit = `-m limit --limit ${want.handOff?.rate}/sec --limit-burst ${want.handOff?.rate}`;
+  const handOff = (match: string) => (want.handOff?.peers ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${match} ${limit} -j TEE --gateway ${peer}`));
   const invalid = [...handOff(INVALID), `${INVALID} -j DROP`];
   return new Map([
     [DROP_INVALID, invalid],

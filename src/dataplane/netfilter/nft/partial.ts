@@ -163,7 +163,12 @@ export function planPartial(view: NftView, next: NatTables, change: StateChange 
   if (prev.vpcIf !== next.vpcIf || prev.extIf !== next.extIf || String(prev.uplinks ?? []) !== String(next.uplinks ?? [])) return null;
   // A replica's rules are the same at every sync; a SNAT change under a port slice (every
   // SNAT statement twice, snatLayout.ts withPortSlice) is planned by the full sync.
-  if (prev.dropInvalid !== next.dropInvalid || String(prev.handOff ?? []) !== String(next.handOff ?? []) || !samePorts(prev.snatPorts, next.snatPorts))
+  if (
+    prev.dropInvalid !== next.dropInvalid ||
+    String(prev.handOff?.peers ?? []) !== String(next.handOff?.peers ?? []) ||
+    prev.handOff?.rate !== next.handOff?.rate ||
+    !samePorts(prev.snatPorts, next.snatPorts)
+  )
     return null;
   if (next.snatPorts && touches(change, 'snats')) return null;
 

@@ -299,12 +299,14 @@ function slicedCandidate(expr: readonly unknown[], fam: NftFamily): NatgwRule | 
   return inner && isSliceable(inner) ? { ...inner, ports: { lo, hi } } : undefined;
 }
 
-/** Lift a hand-off rule's interfaces and peer (`iifname { … } <packets> dup to <peer>`). */
+/** Lift a hand-off rule's interfaces, rate and peer (`iifname { … } <packets> limit rate … dup to <peer>`). */
 function handOffCandidate(expr: readonly unknown[]): Omit<Extract<NatgwRule, { kind: 'hand-off' }>, 'packets'> | undefined {
   const ifs = dig(expr, 0, 'match', 'right', 'set');
   const peer = dig(expr, expr.length - 1, 'dup', 'addr');
+  const rate = dig(expr, expr.length - 2, 'limit', 'rate');
   if (!Array.isArray(ifs) || !ifs.every((i) => typeof i === 'string' && isInterfaceName(i)) || typeof peer !== 'string' || !isIp(peer)) return undefined;
-  return { kind: 'hand-off', ifs: ifs as string[], peer: canonicalIp(peer) };
+  if (typeof rate !== 'number') return undefined;
+  return { kind: 'hand-off', ifs: ifs as string[], peer: canonicalIp(peer), rate };
 }
 
 /** Which natgw rule this is, or null when it is not exactly one natgw renders. */

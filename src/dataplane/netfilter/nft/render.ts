@@ -157,7 +157,7 @@ export function ruleText(r: NatgwRule, fam: NftFamily): string {
     case 'drop-invalid':
       return 'ct state invalid drop';
     case 'hand-off':
-      return `iifname { ${r.ifs.map((i) => `"${i}"`).join(', ')} } ${r.packets === 'invalid' ? 'ct state invalid' : NEW_UDP} dup to ${r.peer}`;
+      return `iifname { ${r.ifs.map((i) => `"${i}"`).join(', ')} } ${r.packets === 'invalid' ? 'ct state invalid' : NEW_UDP} limit rate ${r.rate}/second burst ${r.rate} packets dup to ${r.peer}`;
     case 'new-udp-own-socket':
       return `${NEW_UDP} socket wildcard { 0, 1 } accept`;
     case 'drop-new-udp':
@@ -242,7 +242,12 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
     case 'drop-invalid':
       return [ctState('invalid'), { drop: null }];
     case 'hand-off':
-      return [match('==', meta('iifname'), { set: [...r.ifs] }), ...(r.packets === 'invalid' ? [ctState('invalid')] : newUdpJson()), { dup: { addr: r.peer } }];
+      return [
+        match('==', meta('iifname'), { set: [...r.ifs] }),
+        ...(r.packets === 'invalid' ? [ctState('invalid')] : newUdpJson()),
+        { limit: { rate: r.rate, burst: r.rate, per: 'second' } },
+        { dup: { addr: r.peer } },
+      ];
     case 'new-udp-own-socket':
       return [...newUdpJson(), match('==', { socket: { key: 'wildcard' } }, { set: [0, 1] }), { accept: null }];
     case 'drop-new-udp':
@@ -484,7 +489,8 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       ...(want.dropInvalid
         ? [CHAIN.forward, CHAIN.input].map((name): ChainSpec => {
             const ifs = handOffInterfaces(want);
-            const handOff = (packets: 'invalid' | 'new-udp') => (want.handOff ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer }));
+            const handOff = (packets: 'invalid' | 'new-udp') =>
+              (want.handOff?.peers ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer, rate: want.handOff?.rate ?? 0 }));
             const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
             return {
               name,

@@ -39,10 +39,11 @@ export type NatgwRule =
   /** `ct state invalid drop` (forward and input of an active-active replica). */
   | { readonly kind: 'drop-invalid' }
   /**
-   * `iifname { <ifs> } ct state invalid dup to <peer>`, or for a new UDP packet to this replica
-   * `… meta l4proto udp ct state new dup to <peer>` (before the drop): a copy for a peer that may hold the flow.
+   * `iifname { <ifs> } ct state invalid limit rate <rate>/second burst <rate> packets dup to <peer>`,
+   * or for a new UDP packet to this replica `… meta l4proto udp ct state new limit … dup to <peer>`
+   * (before the drop): a copy for a peer that may hold the flow.
    */
-  | { readonly kind: 'hand-off'; readonly packets: 'invalid' | 'new-udp'; readonly ifs: readonly string[]; readonly peer: string }
+  | { readonly kind: 'hand-off'; readonly packets: 'invalid' | 'new-udp'; readonly ifs: readonly string[]; readonly peer: string; readonly rate: number }
   /** `ct state invalid socket wildcard 0 accept` (input, before the drop): the replica's own connections. */
   | { readonly kind: 'invalid-own-socket' }
   /** `meta l4proto udp ct state new socket wildcard { 0, 1 } accept` (input): a UDP socket of the replica's own (BFD, conntrackd). */
