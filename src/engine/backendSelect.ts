@@ -17,15 +17,15 @@ export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger,
   return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', log, replica);
 }
 
+/** NATGW_HA_HAND_OFF_RATE's default, and the most iptables' limit match takes. */
+const HAND_OFF_RATE = 10_000;
+
 /**
  * What this replica adds to the rules: its SNAT port slice (wherever configured), and in the
  * active-active mode the drop of invalid packets (a packet that ECMP sends here before its
  * flow's state arrived is never answered with a reset by a local socket), after a copy to every
  * peer (one of them holds the state and carries it) unless NATGW_HA_HAND_OFF=off.
  */
-/** NATGW_HA_HAND_OFF_RATE's default, and the most iptables' limit match takes. */
-const HAND_OFF_RATE = 10_000;
-
 export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undefined {
   const ha = config.ha;
   const slice = ha?.snatPortSlice;

@@ -148,8 +148,9 @@ const NEW_UDP = '-p udp -m conntrack --ctstate NEW';
 
 function dropInvalidChains(want: NatTables): Map<string, readonly string[]> {
   const ifs = handOffInterfaces(want);
-  const limit = `-m limit --limit ${want.handOff?.rate}/sec --limit-burst ${want.handOff?.rate}`;
-  const handOff = (match: string) => (want.handOff?.peers ?? []).flatMap((peer) => ifs.map((i) => `-i ${i} ${match} ${limit} -j TEE --gateway ${peer}`));
+  const h = want.handOff;
+  const limit = h && `-m limit --limit ${h.rate}/sec --limit-burst ${h.rate}`;
+  const handOff = (match: string) => (h ? h.peers.flatMap((peer) => ifs.map((i) => `-i ${i} ${match} ${limit} -j TEE --gateway ${peer}`)) : []);
   const invalid = [...handOff(INVALID), `${INVALID} -j DROP`];
   return new Map([
     [DROP_INVALID, invalid],

@@ -489,8 +489,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
       ...(want.dropInvalid
         ? [CHAIN.forward, CHAIN.input].map((name): ChainSpec => {
             const ifs = handOffInterfaces(want);
+            const h = want.handOff;
             const handOff = (packets: 'invalid' | 'new-udp') =>
-              (want.handOff?.peers ?? []).map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer, rate: want.handOff?.rate ?? 0 }));
+              h ? h.peers.map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer, rate: h.rate })) : [];
             const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
             return {
               name,
