@@ -476,35 +476,37 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
         rules: withPortSlice(snatObjects.dispatch, want.snatPorts),
       },
       ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
-      // An invalid packet toward the EIPs would draw a reset from this replica's own stack for a
-      // flow whose state has not arrived yet. One that belongs to a socket of the replica's own
-      // (BGP, the API, the peer's calls) passes: with loose pick-up off, a connection whose entry
-      // went (seen while replicas joined: a peer's copy, sent back in a resend, replaced it; now
-      // conntrackd ignores the replica's own addresses) would otherwise have every later packet
-      // dropped. Before the drop, a copy goes to each peer (NatTables.handOff says why).
-      // UDP has no invalid first packet: an early reply to an EIP is a new flow to conntrack,
-      // which the replica's stack would answer with "port unreachable" (and its entry would
-      // block the peer's state). On input, a new UDP packet that no socket of the replica's
-      // own takes is handed off and dropped the same way.
-      ...(want.dropInvalid
-        ? [CHAIN.forward, CHAIN.input].map((name): ChainSpec => {
-            const ifs = handOffInterfaces(want);
-            const h = want.handOff;
-            const handOff = (packets: 'invalid' | 'new-udp') =>
-              h ? h.peers.map((peer): NatgwRule => ({ kind: 'hand-off', packets, ifs, peer, rate: h.rate })) : [];
-            const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
-            return {
-              name,
-              base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
-              rules:
-                name === CHAIN.input
-                  ? [{ kind: 'invalid-own-socket' }, ...invalid, { kind: 'new-udp-own-socket' }, ...handOff('new-udp'), { kind: 'drop-new-udp' }]
-                  : invalid,
-            };
-          })
-        : []),
+      ...(want.dropInvalid ? dropInvalidChains(want) : []),
     ],
   };
+}
+
+/**
+ * An active-active replica's base chains `forward` and `input`. An invalid packet toward the
+ * EIPs would draw a reset from this replica's own stack for a flow whose state has not arrived
+ * yet. One that belongs to a socket of the replica's own (BGP, the API, the peer's calls)
+ * passes: with loose pick-up off, a connection whose entry went (seen while replicas joined: a
+ * peer's copy, sent back in a resend, replaced it; now conntrackd ignores the replica's own
+ * addresses) would otherwise have every later packet dropped. Before the drop, a copy goes to
+ * each peer (NatTables.handOff says why). UDP has no invalid first packet: an early reply to
+ * an EIP is a new flow to conntrack, which the replica's stack would answer with "port
+ * unreachable" (and its entry would block the peer's state). On input, a new UDP packet that
+ * no socket of the replica's own takes is handed off and dropped the same way.
+ */
+function dropInvalidChains(want: NatTables): ChainSpec[] {
+  const ifs = handOffInterfaces(want);
+  const h = want.handOff;
+  const handOff = (packets: 'invalid' | 'new-udp'): NatgwRule[] => (h ? h.peers.map((peer) => ({ kind: 'hand-off', packets, ifs, peer, rate: h.rate })) : []);
+  const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
+  const chain = (name: 'forward' | 'input', rules: NatgwRule[]): ChainSpec => ({
+    name,
+    base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
+    rules,
+  });
+  return [
+    chain(CHAIN.forward, invalid),
+    chain(CHAIN.input, [{ kind: 'invalid-own-socket' }, ...invalid, { kind: 'new-udp-own-socket' }, ...handOff('new-udp'), { kind: 'drop-new-udp' }]),
+  ];
 }
 
 // ---------------------------------------------------------------------------------
