@@ -192,7 +192,7 @@ export function qosPart(qos: QosManager): Part {
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
       if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
-      const r = await qos.sync(want, opts, from);
+      const r = await qos.sync(want, opts);
       return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes ?? none };
     },
   };

@@ -109,23 +109,15 @@ class Ledger {
     return s;
   }
 
-  classesOn(device: string): Set<number> {
-    return this.set(this.classes, device);
-  }
-
-  handlesAt(device: string, prio: number): Set<number> {
-    return this.set(this.handles, `${device}|${prio}`);
-  }
-
   /** Keep the ids a rule already has where they are valid and still free; return what was kept. */
   claim(slot: Slot, ids: Ids): Ids {
     const kept: Ids = {};
-    const classes = this.classesOn(slot.device);
+    const classes = this.set(this.classes, slot.device);
     if (ids.classId !== undefined && inRange(ids.classId, slot.range) && !classes.has(ids.classId)) {
       classes.add(ids.classId);
       kept.classId = ids.classId;
     }
-    const handles = this.handlesAt(slot.device, slot.prio);
+    const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
     const wanted = slot.catchAll ? CATCH_ALL_HANDLE : ids.handle;
     if (wanted !== undefined && (slot.catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
       handles.add(wanted);
@@ -136,24 +128,14 @@ class Ledger {
 
   /** Fill in what claim() could not keep: a hint where free, else the first choice or a probe. */
   complete(slot: Slot, kept: Ids, hint: Ids | undefined): Required<Ids> {
-    let classId = kept.classId;
-    if (classId === undefined) {
-      const classes = this.classesOn(slot.device);
-      classId =
-        hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId)
-          ? hint.classId
-          : probeClassId(slot.range, slot.firstClassId, classes, slot.device);
-      classes.add(classId);
-    }
-    let handle = kept.handle;
-    if (handle === undefined) {
-      const handles = this.handlesAt(slot.device, slot.prio);
-      handle =
-        hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle)
-          ? hint.handle
-          : lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
-      handles.add(handle);
-    }
+    const classes = this.set(this.classes, slot.device);
+    const hintedClass = hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId) ? hint.classId : undefined;
+    const classId = kept.classId ?? hintedClass ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
+    classes.add(classId);
+    const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
+    const hintedHandle = hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle) ? hint.handle : undefined;
+    const handle = kept.handle ?? hintedHandle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
+    handles.add(handle);
     return { classId, handle };
   }
 }
@@ -176,18 +158,10 @@ export function allocateQos(s: DesiredState, hints: AllocationHints = {}): Desir
   const gwSlots = qos.map(gwSlot);
   const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
   const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
-
   const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
   const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
-  if (
-    eipOut.every((q, i) => sameIds(q, eipQos[i]!)) &&
-    gwOut.every((q, i) => sameIds(q, qos[i]!)) &&
-    eipQos.length === s.eipQos.length &&
-    qos.length === s.qos.length
-  ) {
-    return s;
-  }
-  return { ...s, eipQos: eipOut, qos: gwOut };
+  const same = <T>(a: readonly T[], b: readonly T[]) => a.length === b.length && a.every((q, i) => q === b[i]);
+  return same(eipOut, s.eipQos) && same(gwOut, s.qos) ? s : { ...s, eipQos: eipOut, qos: gwOut };
 }
 
 /** A hint counts only where it describes the rule at the same priority (a handle is per priority). */
@@ -199,8 +173,6 @@ function hintIds(h: EipQos | GwQos | undefined, q: EipQos | GwQos): Ids | undefi
 function withIds<T extends EipQos | GwQos>(q: T, ids: Required<Ids>): T {
   return q.classId === ids.classId && q.handle === ids.handle ? q : { ...q, classId: ids.classId, handle: ids.handle };
 }
-
-const sameIds = (a: Ids, b: Ids): boolean => a.classId === b.classId && a.handle === b.handle;
 
 function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
   const last = new Map<string, number>();

@@ -126,13 +126,8 @@ describe('natgw reads real fq_codel and matchall output', () => {
 const fixture = (name: string): string => readFileSync(new URL(`../fixtures/tc/${name}`, import.meta.url), 'utf8');
 
 describe("natgw reads this machine's tc batch listings", () => {
-  it("tells a device's qdiscs, classes, root filters and ingress filters apart", () => {
-    const net1 = parseDeviceListing('net1', fixture('listing-net1.txt'));
-    expect(net1.qdiscs).toEqual([
-      { dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 },
-      { dev: 'net1', kind: 'pfifo', handle: '8002:', parent: '1:37fa' },
-      { dev: 'net1', kind: 'ingress', handle: 'ffff:', parent: 'ffff:fff1' },
-    ]);
+  it("tells a device's classes, root filters and ingress filters apart (its qdisc lines ignored)", () => {
+    const net1 = parseDeviceListing(fixture('listing-net1.txt'));
     expect(net1.classes.map((c) => [c.minor.toString(16), c.rateBits, c.bufferTicks])).toEqual([
       ['9999', 1e10, 0xf],
       ['37fa', 1e7, 0xc7fff3],
@@ -145,7 +140,7 @@ describe("natgw reads this machine's tc batch listings", () => {
     expect(net1.filters.every((f) => f.parent === '1:')).toBe(true);
     expect(classifyingFilters(net1.ingress)).toEqual([expect.objectContaining({ pref: 65535, redirectTo: 'ifb-net1' })]);
 
-    const ifb = parseDeviceListing('ifb-net1', fixture('listing-ifb-net1.txt'));
+    const ifb = parseDeviceListing(fixture('listing-ifb-net1.txt'));
     expect(ifb.ingress).toEqual([]);
     const devices = new Map([
       ['net1', { classes: net1.classes, filters: net1.filters }],

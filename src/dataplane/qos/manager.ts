@@ -1,24 +1,12 @@
 import { z } from 'zod';
 import type { Logger } from 'pino';
 import { SystemError } from '../../model/errors.js';
-import { type EipQos, type GwQos, eipQosDevice, eipQosKey, gwQosDevice, gwQosKey, ifbName, IFB_PREFIX } from '../../model/qos.js';
+import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../../model/qos.js';
 import { ExecError, type Executor, type ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
-import {
-  type DeviceListing,
-  type DeviceTc,
-  type TcFilter,
-  type TcLink,
-  type TcQdisc,
-  deviceListingScript,
-  parseDeviceListing,
-  parseLinks,
-  parseQdiscs,
-  rulesFromKernel,
-  shapedDevices,
-} from './readback.js';
+import { type TcQdisc, deviceListingScript, parseDeviceListing, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
 import {
   type DesiredDevice,
   type KernelQos,
@@ -37,13 +25,13 @@ import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplin
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
- * natgw's QoS back from the kernel where the state file is gone (SPEC §3.4). Every sync
- * reads with tc what it plans against — a full sync every device natgw shapes, a partial one
- * the devices whose rules changed — renders a plan (pure, render.ts) and applies it with one
- * `tc -batch -`. Devices that do not exist are skipped while the rest is applied, then reported.
+ * natgw's QoS back from the kernel where the state file is gone (SPEC §3.4). Every sync, full
+ * or partial, reads with tc what it plans against (the devices its rules name and every device
+ * natgw shapes), renders a plan (pure, render.ts) and applies it with one `tc -batch -`. Devices
+ * that do not exist are skipped while the rest is applied, then reported.
  */
 
-/** `dryRun`: render, change nothing. `mode`: a partial sync reads only the devices whose rules changed since `from`. */
+/** `dryRun`: render, change nothing. `mode` is only logged: QoS reads the kernel in either. */
 export type QosSyncOptions = SyncOptions;
 
 export interface QosSyncResult {
@@ -105,18 +93,18 @@ export class QosManager {
     await this.writeIntent({ pieces: [] });
   }
 
-  /** `from`: what natgw applied before; a partial sync plans only the devices whose rules differ from it. */
-  async sync(state: DesiredState, opts: QosSyncOptions = {}, from?: DesiredState): Promise<QosSyncResult> {
+  async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
     const pending = (await this.intentRecord()).pieces;
-    // What an interrupted change left (the record) may sit on any device: only a full sync sees it.
-    const scope = opts.mode === 'partial' && from !== undefined && pending.length === 0 ? changedDevices(from, state) : undefined;
-    if (scope?.size === 0) return { changes: 0, notes: [], commands: [] };
-    const kernel = await this.readKernel(state, pending, scope);
-    const all = this.layout(state, kernel);
-    const desired = scope ? new Map([...all].filter(([dev]) => scope.has(dev))) : all;
+    const extOf = eipUplinkOf(state);
+    // The devices of the rules, those whose ingress they shape, and those an interrupted change left pieces on.
+    const kernel = await this.readKernel([
+      ...state.eipQos.flatMap((q) => [eipQosDevice(q, extOf(q.ip)), extOf(q.ip)]),
+      ...state.qos.flatMap((q) => [gwQosDevice(q), q.dev]),
+      ...pending.map((p) => p.dev),
+    ]);
+    const desired = this.layout(state, kernel);
     const notes: string[] = [];
-    // Any class at all, not only in scope: a command prints the probe's line whichever sync carries it.
-    const needs = [...all.values()].some((d) => d.classes.length > 0);
+    const needs = [...desired.values()].some((d) => d.classes.length > 0);
     const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
     const plan = renderQos(desired, kernel, features, pending);
     notes.push(...plan.notes);
@@ -133,7 +121,7 @@ export class QosManager {
       await this.apply(plan);
       if (plan.missing.length === 0) this.syncedTo = qosOf(state);
     }
-    if (changes > 0) this.log?.info({ changes, dryRun: opts.dryRun === true, partial: scope !== undefined }, 'qos sync');
+    if (changes > 0) this.log?.info({ changes, dryRun: opts.dryRun === true, partial: opts.mode === 'partial' }, 'qos sync');
     if (plan.missing.length > 0) {
       const msg = `Error: QoS device${plan.missing.length > 1 ? 's' : ''} not found: ${plan.missing.join(', ')}`;
       if (!opts.dryRun) throw new SystemError(msg);
@@ -153,8 +141,8 @@ export class QosManager {
   }
 
   /**
-   * The classes and filters each device must hold. Rules without ids (a state written through
-   * the API, or adopted) first take the ids the kernel already uses for them.
+   * The classes and filters each device must hold. Rules without ids (a state written without
+   * them) first take the ids the kernel already uses for them.
    */
   private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
     const ext = state.interfaces.ext;
@@ -165,44 +153,15 @@ export class QosManager {
   }
 
   /**
-   * What a plan for `scope` needs: per device one tc batch (readDevices) of the devices in scope
-   * (without one: those the rules name and those carrying natgw's layout), the ingress filters of
-   * the devices their IFBs serve and of those an interrupted change left pieces on, and the links
-   * where an IFB's state or such pieces matter. A partial sync reads all of it at once; a full one
-   * lists every qdisc alongside, then reads the devices that shows carrying natgw's layout.
-   */
-  private async readKernel(state: DesiredState, pending: readonly QosPiece[], scope: ReadonlySet<string> | undefined): Promise<KernelQos> {
-    const extOf = eipUplinkOf(state);
-    const served = (shaped: readonly string[]) => shaped.filter((d) => d.startsWith(IFB_PREFIX)).map((d) => d.slice(IFB_PREFIX.length));
-    // An IFB is set up if it is down; only `ip` prints a link's state.
-    const links = (shaped: readonly string[]) => pending.length > 0 || shaped.some((d) => d.startsWith(IFB_PREFIX));
-    if (scope) return this.readDevices([...scope], served([...scope]), links([...scope]));
-    const known = [
-      ...new Set([
-        ...state.eipQos.map((q) => eipQosDevice(q, extOf(q.ip))),
-        ...state.qos.map((q) => gwQosDevice(q)),
-        ...pending.flatMap((p) => (p.kind === 'root' ? [p.dev] : [])),
-      ]),
-    ];
-    // The other pieces need only whether their device exists and its qdiscs and ingress filters.
-    const others = pending.flatMap((p) => (p.kind === 'root' ? [] : [p.dev]));
-    const [all, first] = await Promise.all([this.readQdiscs(), this.readDevices(known, [...served(known), ...others], links(known))]);
-    const more = shapedDevices(all).flatMap((s) => (known.includes(s.dev) ? [] : [s.dev]));
-    if (more.length === 0) return withQdiscsOf(first, all);
-    const rest = await this.readDevices(more, served(more), links(more));
-    return withQdiscsOf(mergeReads(first, rest), all);
-  }
-
-  /**
    * natgw's QoS rules as the kernel holds them, with their class ids and handles: EIP
    * rules from EXT and ifb-EXT, gateway rules from `devs`, EXT and every device that
    * carries natgw's layout (root htb 1: with default class 0x9999).
    */
   async readBack(extIf: string, devs: string[]): Promise<{ eipQos: EipQos[]; qos: GwQos[] }> {
-    const discovered = shapedDevices(await this.readQdiscs()).map((s) => s.servesIngressOf ?? s.dev);
-    const gwDevs = [...new Set([extIf, ...devs, ...discovered])];
-    const { devices } = await this.readDevices([...gwDevs, ...gwDevs.map(ifbName)], [], false);
-    return rulesFromKernel(extIf, gwDevs, devices);
+    const named = [extIf, ...devs];
+    const kernel = await this.readKernel([...named, ...named.map(ifbName)]);
+    const discovered = shapedDevices(kernel.qdiscs).map((s) => s.servesIngressOf ?? s.dev);
+    return rulesFromKernel(extIf, [...new Set([...named, ...discovered])], kernel.devices);
   }
 
   /**
@@ -263,7 +222,44 @@ export class QosManager {
     }
   }
 
-  /** Every qdisc of the namespace, each naming its device. Strict: reading "no qdiscs" by mistake would make natgw replace roots it owns. */
+  /**
+   * What a plan needs: every link (which devices exist, an IFB's state), every qdisc, and one
+   * `tc -d -raw -batch -` (deviceListingScript) per existing device among `devices`, those that
+   * carry natgw's layout and those their IFBs serve. Strict: planning from a failed read (say,
+   * "no qdiscs" by mistake) would replace what natgw owns.
+   */
+  private async readKernel(devices: readonly string[]): Promise<KernelQos> {
+    const [links, qdiscs] = await Promise.all([this.readStrict('ip', ['-j', 'link', 'show']).then(parseLinks), this.readQdiscs()]);
+    const exists = new Set(links.map((l) => l.name));
+    const shaped = shapedDevices(qdiscs).flatMap((s) => [s.dev, ...(s.servesIngressOf !== undefined ? [s.servesIngressOf] : [])]);
+    const withIngress = new Set(qdiscs.filter((q) => q.handle === 'ffff:').map((q) => q.dev));
+    const read = [...new Set([...devices, ...shaped])].filter((dev) => exists.has(dev));
+    const listings = await Promise.all(
+      read.map(async (dev) => {
+        const ingress = withIngress.has(dev);
+        const r = await this.exec.run({
+          file: 'tc',
+          args: ['-d', '-raw', '-batch', '-'],
+          input: deviceListingScript(dev, ingress),
+          timeoutMs: READ_TIMEOUT_MS,
+        });
+        if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
+        try {
+          return { dev, listing: parseDeviceListing(r.stdout) };
+        } catch (e) {
+          throw new SystemError(`Error: tc printed a QoS listing of ${dev} that natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
+        }
+      }),
+    );
+    return {
+      links,
+      qdiscs,
+      devices: new Map(listings.map(({ dev, listing }) => [dev, { classes: listing.classes, filters: listing.filters }])),
+      ingress: new Map(listings.map(({ dev, listing }) => [dev, listing.ingress])),
+    };
+  }
+
+  /** Every qdisc of the namespace, each naming its device. */
   private async readQdiscs(): Promise<TcQdisc[]> {
     const text = await this.readStrict('tc', ['qdisc', 'show']);
     try {
@@ -273,76 +269,11 @@ export class QosManager {
     }
   }
 
-  /**
-   * One `tc -d -raw -batch -` per device (deviceListingScript): classes and root filters of
-   * `shaped`, ingress filters of `ingressOf`, the qdiscs of both. A device whose batch succeeds
-   * exists. One that fails is looked up with `ip` (tc's complaint is not read): one that is gone
-   * reads as missing, one that is there is an error (planning from a failed read would replace
-   * what natgw owns). `links`: read the links with `ip` anyway (an IFB's state).
-   */
-  private async readDevices(shaped: readonly string[], ingressOf: readonly string[], links: boolean): Promise<KernelQos> {
-    const want = new Map<string, { classes: boolean; ingress: boolean }>();
-    for (const dev of shaped) want.set(dev, { classes: true, ingress: false });
-    for (const dev of ingressOf) want.set(dev, { classes: want.get(dev)?.classes ?? false, ingress: true });
-    const listLinks = () => this.readStrict('ip', ['-j', 'link', 'show']).then(parseLinks);
-    const [reads, linkList] = await Promise.all([
-      Promise.all(
-        [...want].map(async ([dev, w]) => ({
-          dev,
-          w,
-          r: await this.exec.run({ file: 'tc', args: ['-d', '-raw', '-batch', '-'], input: deviceListingScript(dev, w), timeoutMs: READ_TIMEOUT_MS }),
-        })),
-      ),
-      links ? listLinks() : undefined,
-    ]);
-    const failed = reads.filter((x) => x.r.exitCode !== 0);
-    const known = linkList ?? (failed.length > 0 ? await listLinks() : undefined);
-    const exists = new Set(known?.map((l) => l.name));
-    for (const { dev, r } of failed) {
-      if (exists.has(dev)) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
-    }
-    const devices = new Map<string, DeviceTc>();
-    const ingress = new Map<string, readonly TcFilter[]>();
-    const qdiscs: TcQdisc[] = [];
-    for (const { dev, w, r } of reads) {
-      if (r.exitCode !== 0) continue;
-      let listing: DeviceListing;
-      try {
-        listing = parseDeviceListing(dev, r.stdout);
-      } catch (e) {
-        throw new SystemError(`Error: tc printed a QoS listing of ${dev} that natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
-      }
-      qdiscs.push(...listing.qdiscs);
-      if (w.classes) devices.set(dev, { classes: listing.classes, filters: listing.filters });
-      if (w.ingress) ingress.set(dev, listing.ingress);
-    }
-    const listed = reads.filter((x) => x.r.exitCode === 0).map((x): TcLink => ({ name: x.dev }));
-    return { links: known ?? listed, qdiscs, devices, ingress };
-  }
-
   private async readStrict(file: string, args: string[]): Promise<string> {
     const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
     if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS listing');
     return r.stdout;
   }
-}
-
-/** Two device reads as one (the later one's devices win). */
-function mergeReads(a: KernelQos, b: KernelQos): KernelQos {
-  const byName = new Map([...a.links, ...b.links].map((l) => [l.name, l]));
-  const read = new Set([...b.devices.keys(), ...b.ingress.keys()]);
-  return {
-    links: [...byName.values()],
-    qdiscs: [...a.qdiscs.filter((q) => !read.has(q.dev)), ...b.qdiscs],
-    devices: new Map([...a.devices, ...b.devices]),
-    ingress: new Map([...a.ingress, ...b.ingress]),
-  };
-}
-
-/** A full sync's read: the qdiscs of the devices it did not read come from the listing of every qdisc. */
-function withQdiscsOf(k: KernelQos, all: readonly TcQdisc[]): KernelQos {
-  const read = new Set([...k.devices.keys(), ...k.ingress.keys()]);
-  return { ...k, qdiscs: [...k.qdiscs, ...all.filter((q) => !read.has(q.dev))] };
 }
 
 /** The tool's complaint without the `Warning:` lines tc adds (e.g. htb quantum advice). */
@@ -387,28 +318,4 @@ function parseIntent(raw: unknown): QosIntent {
       return piece.success ? [piece.data] : [];
     }),
   };
-}
-
-/**
- * PURE: the devices whose classes and filters differ between two states' rules. Undefined
- * where EXT itself changed (every EIP rule moves): a partial sync then reads every device.
- */
-export function changedDevices(from: DesiredState, want: DesiredState): Set<string> | undefined {
-  if (qosUplinksKey(from) !== qosUplinksKey(want)) return undefined;
-  const rules = (s: DesiredState) => {
-    const extOf = eipUplinkOf(s);
-    return new Map<string, { dev: string; text: string }>([
-      ...s.eipQos.map((q) => [`eip ${eipQosKey(q)}`, { dev: eipQosDevice(q, extOf(q.ip)), text: JSON.stringify(q) }] as const),
-      ...s.qos.map((q) => [`gw ${gwQosKey(q)}`, { dev: gwQosDevice(q), text: JSON.stringify(q) }] as const),
-    ]);
-  };
-  const [a, b] = [rules(from), rules(want)];
-  const devs = new Set<string>();
-  for (const [x, y] of [
-    [a, b],
-    [b, a],
-  ] as const) {
-    for (const [key, r] of x) if (y.get(key)?.text !== r.text) devs.add(r.dev);
-  }
-  return devs;
 }

@@ -10,6 +10,8 @@ import {
   MAX_RATE_MBIT,
   burstBytes,
   canonicalDecimal,
+  eipQosKey,
+  gwQosKey,
   ifbName,
   rateBytesPerSecond,
 } from '../../model/qos.js';
@@ -285,7 +287,6 @@ export function parseFilters(text: string): TcFilter[] {
 // ---------------------------------------------------------------------------------
 
 export interface DeviceListing {
-  readonly qdiscs: readonly TcQdisc[];
   readonly classes: readonly TcClass[];
   /** Filters under parent `1:`. */
   readonly filters: readonly TcFilter[];
@@ -294,25 +295,21 @@ export interface DeviceListing {
 }
 
 /**
- * The lines of one `tc -d -raw -batch -` that lists a device: its qdiscs, then (`classes`) its
- * classes and root filters, then (`ingress`) its ingress filters. The device comes first, so a
- * device that does not exist fails the first line (tc(8): the first failure ends a batch) and
- * nothing is printed. The listings are told apart by their lines, not by where they stand: each
- * line starts with its kind (`qdisc`, `class`, `filter`); the root filters are listed without a
- * parent, so tc names each one's parent (`filter parent 1: …`), and the ingress listing, given
+ * The lines of one `tc -d -raw -batch -` that lists a device: its classes and root filters, then
+ * (`ingress`) its ingress filters. The listings are told apart by their lines, not by where they
+ * stand: each line starts with its kind (`class`, `filter`); the root filters are listed without
+ * a parent, so tc names each one's parent (`filter parent 1: …`), and the ingress listing, given
  * `parent ffff:`, is the only one whose lines name none (or a clsact hook).
  */
-export function deviceListingScript(dev: string, want: { readonly classes: boolean; readonly ingress: boolean }): string {
-  const lines = [`qdisc show dev ${dev}`];
-  if (want.classes) lines.push(`class show dev ${dev}`, `filter show dev ${dev}`);
-  if (want.ingress) lines.push(`filter show dev ${dev} parent ffff:`);
+export function deviceListingScript(dev: string, ingress: boolean): string {
+  const lines = [`class show dev ${dev}`, `filter show dev ${dev}`];
+  if (ingress) lines.push(`filter show dev ${dev} parent ffff:`);
   return `${lines.join('\n')}\n`;
 }
 
-export function parseDeviceListing(dev: string, text: string): DeviceListing {
+export function parseDeviceListing(text: string): DeviceListing {
   const filters = parseFilters(text);
   return {
-    qdiscs: parseQdiscs(text, dev),
     classes: parseClasses(text),
     filters: filters.filter((f) => f.parent === '1:'),
     ingress: filters.filter((f) => f.parent === undefined || f.parent.startsWith('ffff:')),
@@ -480,18 +477,11 @@ export function rulesFromKernel(
   const seenEip = new Set<string>();
   const seenGw = new Set<string>();
 
-  for (const up of uplinks) {
-    for (const f of eachRuleFilter(tc.get(up))) {
-      const r = eipFromFilter('egress', f.filter, f.cls);
-      if (r && !seenEip.has(`egress|${r.ip}`)) {
-        seenEip.add(`egress|${r.ip}`);
-        eipQos.push(r);
-      }
-    }
-    for (const f of eachRuleFilter(tc.get(ifbName(up)))) {
-      const r = eipFromFilter('ingress', f.filter, f.cls);
-      if (r && !seenEip.has(`ingress|${r.ip}`)) {
-        seenEip.add(`ingress|${r.ip}`);
+  for (const [direction, device] of uplinks.flatMap((up) => [['egress', up] as const, ['ingress', ifbName(up)] as const])) {
+    for (const f of eachRuleFilter(tc.get(device))) {
+      const r = eipFromFilter(direction, f.filter, f.cls);
+      if (r && !seenEip.has(eipQosKey(r))) {
+        seenEip.add(eipQosKey(r));
         eipQos.push(r);
       }
     }
@@ -504,10 +494,8 @@ export function rulesFromKernel(
     ] as const) {
       for (const f of eachRuleFilter(tc.get(device))) {
         const r = gwFromFilter(direction, dev, f.filter, f.cls);
-        if (!r) continue;
-        const key = `${direction}|${dev}|${r.priority}|${r.classifier}|${r.matchDirection}|${r.cidr}`;
-        if (!seenGw.has(key)) {
-          seenGw.add(key);
+        if (r && !seenGw.has(gwQosKey(r))) {
+          seenGw.add(gwQosKey(r));
           qos.push(r);
         }
       }
