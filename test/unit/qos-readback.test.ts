@@ -12,12 +12,11 @@ import {
   parseLinks,
   parseQdiscs,
   parseRate,
-  parseSize,
   programmedBurstBytes,
-  rateBytesOf,
   rulesFromKernel,
   shapedDevices,
 } from '../../src/dataplane/qos/readback.js';
+import { rateBytesPerSecond } from '../../src/model/qos.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
 
 /** `tc qdisc show` as iproute2 6.1 prints it on Linux 6.18 (the layout natgw writes; the fq_codel leaf as q_fq_codel.c prints its options). */
@@ -57,10 +56,10 @@ describe('tc parsers', () => {
     expect(q).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8001:', parent: '1:1d3a' });
     // Reading "no qdiscs" from a qdisc line it cannot read would make natgw replace roots it owns.
     expect(() => parseQdiscs('qdisc htb 1: somewhere refcnt 2')).toThrow();
-    // A device's own listing names no device: the caller names it.
-    expect(parseQdiscs('qdisc htb 1:[00010000] root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 1 ver 3.17 direct_qlen 1000\n', 'net1')).toEqual([
+    expect(parseQdiscs('qdisc htb 1:[00010000] dev net1 root refcnt 3 r2q 10 default 0x9999 direct_packets_stat 1 ver 3.17 direct_qlen 1000\n')).toEqual([
       { dev: 'net1', kind: 'htb', handle: '1:', parent: 'root', defaultMinor: 0x9999 },
     ]);
+    // A line that names no device cannot be placed.
     expect(() => parseQdiscs('qdisc htb 1: root refcnt 3\n')).toThrow();
   });
 
@@ -68,7 +67,7 @@ describe('tc parsers', () => {
     expect(shapedDevices(parseQdiscs(QDISCS))).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
   });
 
-  it('classes: id, leaf, rates, shown and raw bursts', () => {
+  it('classes: id, rates and raw bursts', () => {
     const c = parseClasses(CLASSES);
     expect(c).toHaveLength(4);
     expect(c[3]).toEqual({
@@ -76,15 +75,12 @@ describe('tc parsers', () => {
       major: 1,
       minor: 0x1d3a,
       parent: 'root',
-      leaf: '8001:',
       rateBits: 10e6,
       ceilBits: 10e6,
-      burstBytes: 1048576,
-      cburstBytes: 1048576,
       bufferTicks: 0xc7fff3,
       cbufferTicks: 0xc7fff3,
     });
-    expect(c[1]).toMatchObject({ minor: 0xff03, rateBits: 500e3, burstBytes: 1536 * 1024 });
+    expect(c[1]).toMatchObject({ minor: 0xff03, rateBits: 500e3, bufferTicks: 0x17700000 });
   });
 
   it("u32 filters: priority, handle, class and keys; the redirect's target", () => {
@@ -115,14 +111,11 @@ describe('tc parsers', () => {
     expect(parseLinks('not json')).toEqual([]);
   });
 
-  it('rates and sizes in tc units', () => {
+  it('rates in tc units', () => {
     expect(parseRate('500Kbit')).toBe(500e3);
     expect(parseRate('10Gbit')).toBe(10e9);
     expect(parseRate('12bit')).toBe(12);
-    expect(parseRate('1Mibit')).toBe(1048576);
-    expect(parseSize('1536Kb/1')).toBe(1572864);
-    expect(parseSize('1Mb')).toBe(1048576);
-    expect(parseSize('18085b')).toBe(18085);
+    expect(parseRate('5Mbit')).toBe(5e6);
   });
 });
 
@@ -143,9 +136,9 @@ describe('matches', () => {
 
 describe('burst arithmetic', () => {
   it('predicts the buffer tc programs (tc_calc_xmittime)', () => {
-    expect(expectedTicks(rateBytesOf('10'), 1048576)).toBe(0xc7fff3);
-    expect(expectedTicks(rateBytesOf('1.5'), 524288)).toBe(0x029aaaa0);
-    expect(expectedTicks(rateBytesOf('0.5'), 1572864)).toBe(0x17700000);
+    expect(expectedTicks(rateBytesPerSecond('10'), 1048576)).toBe(0xc7fff3);
+    expect(expectedTicks(rateBytesPerSecond('1.5'), 524288)).toBe(0x029aaaa0);
+    expect(expectedTicks(rateBytesPerSecond('0.5'), 1572864)).toBe(0x17700000);
   });
   it('reads rate and burst back as natgw decimals', () => {
     const c = parseClasses(CLASSES);
@@ -163,7 +156,7 @@ describe('burst arithmetic', () => {
 describe('adoption reads back exactly what would be programmed again', () => {
   /** The class tc makes for rate/burst, as `tc -d -raw class show` prints it (rate as tc's print_rate truncates it). */
   const shown = (printedRate: string, mbit: string, mb: string): string => {
-    const ticks = expectedTicks(rateBytesOf(mbit), programmedBurstBytes(mbit, mb)).toString(16).padStart(8, '0');
+    const ticks = expectedTicks(rateBytesPerSecond(mbit), programmedBurstBytes(mbit, mb)).toString(16).padStart(8, '0');
     return `class htb 1:2a root prio 0 quantum 200000 rate ${printedRate} ceil ${printedRate} linklayer ethernet burst 0b/1 mpu 0b cburst 0b/1 mpu 0b level 0 buffer [${ticks}] cbuffer [${ticks}] \n`;
   };
 
@@ -182,12 +175,12 @@ describe('adoption reads back exactly what would be programmed again', () => {
     const got = classShaping(c);
     expect(got).toEqual(want);
     // Syncing the adopted rule programs the very same buffer: nothing changes.
-    expect(expectedTicks(rateBytesOf(got!.rate), programmedBurstBytes(got!.rate, got!.burst))).toBe(c.bufferTicks);
+    expect(expectedTicks(rateBytesPerSecond(got!.rate), programmedBurstBytes(got!.rate, got!.burst))).toBe(c.bufferTicks);
   });
 
   it('caps a burst whose buffer would overflow the 32-bit ticks tc computes, instead of letting it wrap', () => {
     expect(MAX_BUFFER_USEC).toBe(274877906);
-    const rate = rateBytesOf('0.5');
+    const rate = rateBytesPerSecond('0.5');
     const cap = maxBurstBytes(rate);
     expect(expectedTicks(rate, cap)).toBeLessThanOrEqual(0xffffffff);
     expect(Math.floor((1e6 * (cap + 1)) / rate)).toBeGreaterThan(MAX_BUFFER_USEC);

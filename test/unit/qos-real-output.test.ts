@@ -53,12 +53,12 @@ filter parent 1: protocol ip pref 10 matchall chain 0 handle 0x1 flowid 1:ff0a
   not_in_hw
 `;
 /**
- * natgw's fq_codel leaf under class 1:ff0a in `tc -d -raw qdisc show dev net1`: tc_qdisc.c prints kind,
- * handle (with `-raw` its 32 bits in brackets), root or parent for every qdisc alike (checked on this
- * machine with a pfifo leaf), and q_fq_codel.c its options.
+ * natgw's fq_codel leaf under class 1:ff0a in `tc -d -raw qdisc show`: tc_qdisc.c prints kind,
+ * handle (with `-raw` its 32 bits in brackets), device, root or parent for every qdisc alike (checked
+ * on this machine with a pfifo leaf), and q_fq_codel.c its options.
  */
-const NATGW_QDISCS = `qdisc htb 1:[00010000] root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 ver 3.17 direct_qlen 1000
-qdisc fq_codel 8002:[80020000] parent 1:ff0a limit 10240p flows 1024 quantum 1514 target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64 
+const NATGW_QDISCS = `qdisc htb 1:[00010000] dev net1 root refcnt 2 r2q 10 default 0x9999 direct_packets_stat 0 ver 3.17 direct_qlen 1000
+qdisc fq_codel 8002:[80020000] dev net1 parent 1:ff0a limit 10240p flows 1024 quantum 1514 target 5ms interval 100ms memory_limit 32Mb ecn drop_batch 64 
 `;
 /**
  * The class line captured on this machine (iproute2 6.1: `tc class add … classid 1:0xff0a htb rate 5mbit
@@ -93,7 +93,7 @@ describe('natgw reads real fq_codel and matchall output', () => {
   });
 
   it('fq_codel leaves: kind, handle and the parent class', () => {
-    expect(parseQdiscs(NATGW_QDISCS, 'net1')).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8002:', parent: '1:ff0a' });
+    expect(parseQdiscs(NATGW_QDISCS)).toContainEqual({ dev: 'net1', kind: 'fq_codel', handle: '8002:', parent: '1:ff0a' });
   });
 
   it('rebuilds a gateway matchall rule with an fq_codel leaf from real output', () => {

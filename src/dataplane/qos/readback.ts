@@ -46,13 +46,9 @@ export interface TcClass {
   readonly minor: number;
   /** `root` or the parent class id. */
   readonly parent: string;
-  readonly leaf?: string;
   /** Bits per second, as tc printed them. */
   readonly rateBits?: number;
   readonly ceilBits?: number;
-  /** Bytes, as tc printed them (rounded; see bufferTicks). */
-  readonly burstBytes?: number;
-  readonly cburstBytes?: number;
   /** Raw buffer in psched ticks (`-raw`): the exact burst, given the rate. */
   readonly bufferTicks?: number;
   readonly cbufferTicks?: number;
@@ -107,21 +103,18 @@ export function parseLinks(json: string): TcLink[] {
 }
 
 // ---------------------------------------------------------------------------------
-// Qdiscs (`tc qdisc show`: every device, each line naming its `dev`; `tc qdisc show dev D`: none does)
+// Qdiscs (`tc qdisc show`: every device, each line naming its `dev`)
 // ---------------------------------------------------------------------------------
 
-const QDISC_LINE = /^qdisc (\S+) ([0-9a-fA-F]+:)(?:\[[0-9a-fA-F]+\])? (?:dev (\S+) )?(root|parent (\S+))/;
+const QDISC_LINE = /^qdisc (\S+) ([0-9a-fA-F]+:)(?:\[[0-9a-fA-F]+\])? dev (\S+) (root|parent (\S+))/;
 
-/**
- * Throws on a qdisc line it cannot read: reading "no qdiscs" by mistake would make natgw
- * replace roots it owns. `dev`: the device a `qdisc show dev D` listing is of.
- */
-export function parseQdiscs(text: string, dev?: string): TcQdisc[] {
+/** Throws on a qdisc line it cannot read: reading "no qdiscs" by mistake would make natgw replace roots it owns. */
+export function parseQdiscs(text: string): TcQdisc[] {
   const out: TcQdisc[] = [];
   for (const line of text.split('\n')) {
     if (!line.startsWith('qdisc ')) continue;
     const m = QDISC_LINE.exec(line);
-    const d = m?.[3] ?? dev;
+    const d = m?.[3];
     if (!m || d === undefined) throw new Error(`unreadable qdisc line: ${line.trim()}`);
     const kind = m[1] ?? '';
     const def = kind === 'htb' ? /\sdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line)?.[1] : undefined;
@@ -140,22 +133,8 @@ export function parseQdiscs(text: string, dev?: string): TcQdisc[] {
 // Classes (`tc -d -raw class show dev D`)
 // ---------------------------------------------------------------------------------
 
-const RATE_UNITS: Readonly<Record<string, number>> = {
-  bit: 1,
-  kbit: 1e3,
-  mbit: 1e6,
-  gbit: 1e9,
-  tbit: 1e12,
-  kibit: 1024,
-  mibit: 1024 ** 2,
-  gibit: 1024 ** 3,
-  tibit: 1024 ** 4,
-  bps: 8,
-  kbps: 8e3,
-  mbps: 8e6,
-  gbps: 8e9,
-  tbps: 8e12,
-};
+/** The units tc's sprint_rate prints (without `-iec`). */
+const RATE_UNITS: Readonly<Record<string, number>> = { bit: 1, kbit: 1e3, mbit: 1e6, gbit: 1e9, tbit: 1e12 };
 
 /** `500Kbit` → 500000 (bits per second). */
 export function parseRate(s: string): number | undefined {
@@ -163,14 +142,6 @@ export function parseRate(s: string): number | undefined {
   if (!m) return undefined;
   const unit = RATE_UNITS[(m[2] ?? '').toLowerCase()];
   return unit === undefined ? undefined : Number(m[1]) * unit;
-}
-
-/** `1536Kb`, `1Mb`, `18085b` (tc's sprint_size: binary multiples) → bytes. */
-export function parseSize(s: string): number | undefined {
-  const m = /^(\d+(?:\.\d+)?)(b|Kb|Mb|Gb)?$/.exec(s.split('/')[0] ?? '');
-  if (!m) return undefined;
-  const mult = { b: 1, Kb: 1024, Mb: 1024 ** 2, Gb: 1024 ** 3 }[(m[2] ?? 'b') as 'b' | 'Kb' | 'Mb' | 'Gb'];
-  return Number(m[1]) * mult;
 }
 
 function parseClassId(s: string): { major: number; minor: number } | undefined {
@@ -202,11 +173,8 @@ export function parseClasses(text: string): TcClass[] {
       major: id.major,
       minor: id.minor,
       parent: m[3] === 'root' ? 'root' : (m[4] ?? ''),
-      leaf: word('leaf'),
       rateBits: num(word('rate'), parseRate),
       ceilBits: num(word('ceil'), parseRate),
-      burstBytes: num(word('burst'), parseSize),
-      cburstBytes: num(word('cburst'), parseSize),
       bufferTicks: ticks('buffer'),
       cbufferTicks: ticks('cbuffer'),
     });
@@ -218,19 +186,7 @@ export function parseClasses(text: string): TcClass[] {
 // Filters (`tc filter show dev D parent P`)
 // ---------------------------------------------------------------------------------
 
-interface MutableFilter {
-  parent?: string;
-  protocol: string;
-  pref: number;
-  kind: string;
-  fh?: string;
-  htid?: number;
-  node?: number;
-  isTable?: boolean;
-  flowid?: { major: number; minor: number };
-  keys: U32Key[];
-  redirectTo?: string;
-}
+type MutableFilter = { -readonly [K in keyof TcFilter]: TcFilter[K] } & { keys: U32Key[] };
 
 function parseFilterLine(line: string): MutableFilter | undefined {
   // tc_filter.c print_filter names the parent unless `show` was given that same parent: `parent X`,
@@ -328,7 +284,7 @@ const IP_DST_OFF = 16;
 
 export type FilterMatch = { readonly kind: 'ip'; readonly dir: 'src' | 'dst'; readonly cidr: string } | { readonly kind: 'all' };
 
-export function prefixMask(len: number): number {
+function prefixMask(len: number): number {
   return len === 0 ? 0 : (0xffffffff << (32 - len)) >>> 0;
 }
 
@@ -371,17 +327,11 @@ export const sameKey = (a: U32Key, b: U32Key): boolean => a.value === b.value &&
  */
 export const TICKS_PER_USEC = 1000 / 64;
 
-/** Bytes per second tc programs for `<mbit>mbit` (it truncates bits/8). */
-export const rateBytesOf = rateBytesPerSecond;
-
 /** The buffer tc computes for a burst at a rate (tc_calc_xmittime: µs truncated to u32, then ticks). */
 export function expectedTicks(rateBytes: number, burst: number): number {
   const usec = Math.floor((1e6 * burst) / rateBytes);
   return Math.floor(usec * TICKS_PER_USEC);
 }
-
-/** The burst in bytes a buffer of `ticks` holds at `rateBytes`. */
-export const ticksToBytes = (ticks: number, rateBytes: number): number => ((ticks / TICKS_PER_USEC) * rateBytes) / 1e6;
 
 /**
  * The longest buffer tc can program: it turns µs into ticks in 32 bits (tc_core_time2tick),
@@ -402,7 +352,7 @@ export function maxBurstBytes(rateBytes: number): number {
  * capped at what the kernel can hold at the class's rate (see MAX_BUFFER_USEC).
  */
 export function programmedBurstBytes(mbit: string, mb: string): number {
-  return Math.min(burstBytes(mb), maxBurstBytes(rateBytesOf(mbit)));
+  return Math.min(burstBytes(mb), maxBurstBytes(rateBytesPerSecond(mbit)));
 }
 
 /** A positive decimal with at most `sig` significant digits, never in exponent form. */
@@ -421,12 +371,10 @@ export function formatDecimal(n: number, sig = 6): string {
 export function classShaping(c: TcClass): { rate: string; burst: string } | undefined {
   if (c.rateBits === undefined || c.rateBits <= 0) return undefined;
   const rate = formatDecimal(c.rateBits / 1e6, 9);
-  const rateBytes = rateBytesOf(rate);
+  const rateBytes = rateBytesPerSecond(rate);
   // Only values the rule schema accepts: an adopted state is validated as a whole.
   if (rateBytes < 1 || Number(rate) > MAX_RATE_MBIT) return undefined;
-  let burst: string | undefined;
-  if (c.bufferTicks !== undefined) burst = burstForTicks(c.bufferTicks, rateBytes);
-  else if (c.burstBytes !== undefined && c.burstBytes > 0) burst = formatDecimal(c.burstBytes / 1048576, 5);
+  const burst = c.bufferTicks === undefined ? undefined : burstForTicks(c.bufferTicks, rateBytes);
   if (burst === undefined || !validBurst(burst)) return undefined;
   return { rate, burst };
 }
@@ -443,7 +391,7 @@ function burstForTicks(ticks: number, rateBytes: number): string {
     if (programs(mb)) return mb;
   }
   // Not a buffer natgw would program (another tool's, or one wrapped by an older tc call): its nearest reading.
-  return formatDecimal(Math.max(ticksToBytes(ticks, rateBytes), 1) / 1048576, 5);
+  return formatDecimal(Math.max(((ticks / TICKS_PER_USEC) * rateBytes) / 1e6, 1) / 1048576, 5);
 }
 
 // ---------------------------------------------------------------------------------

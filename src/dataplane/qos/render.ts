@@ -10,6 +10,7 @@ import {
   eipQosDevice,
   gwQosDevice,
   hex,
+  rateBytesPerSecond,
   tcPrio,
 } from '../../model/qos.js';
 import {
@@ -25,7 +26,6 @@ import {
   expectedTicks,
   matchKey,
   programmedBurstBytes,
-  rateBytesOf,
   sameKey,
   shapedDevices,
 } from './readback.js';
@@ -180,32 +180,28 @@ export function desiredDevices(extIf: string | ((ip: string) => string), eipQos:
 /** tc prints rates with at least three significant digits; anything closer is the same rate. */
 function rateMatches(actualBits: number | undefined, mbit: string): boolean {
   if (actualBits === undefined) return false;
-  const want = rateBytesOf(mbit) * 8;
+  const want = rateBytesPerSecond(mbit) * 8;
   return Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
 }
 
 /**
- * Compare the raw buffer in ticks where tc printed it, else the rounded size it printed. tc
- * truncates the buffer to whole µs, so bursts within one µs of each other are one buffer.
+ * Compare the raw buffer in ticks (`-raw`). tc truncates the buffer to whole µs, so bursts
+ * within one µs of each other are one buffer.
  */
-function burstMatches(ticks: number | undefined, shown: number | undefined, mbit: string, mb: string): boolean {
-  const bytes = programmedBurstBytes(mbit, mb);
-  if (ticks !== undefined) {
-    const want = expectedTicks(rateBytesOf(mbit), bytes);
-    return Math.abs(ticks - want) <= Math.max(TICKS_PER_USEC + 1, want * 1e-4);
-  }
-  if (shown !== undefined) return Math.abs(shown - bytes) <= Math.max(1024, bytes * 1e-2);
-  return true;
+function burstMatches(ticks: number | undefined, mbit: string, mb: string): boolean {
+  if (ticks === undefined) return false;
+  const want = expectedTicks(rateBytesPerSecond(mbit), programmedBurstBytes(mbit, mb));
+  return Math.abs(ticks - want) <= Math.max(TICKS_PER_USEC + 1, want * 1e-4);
 }
 
-export function classMatches(c: TcClass, want: DesiredClass): boolean {
+function classMatches(c: TcClass, want: DesiredClass): boolean {
   return (
     c.kind === 'htb' &&
     c.parent === 'root' &&
     rateMatches(c.rateBits, want.rate) &&
     rateMatches(c.ceilBits, want.rate) &&
-    burstMatches(c.bufferTicks, c.burstBytes, want.rate, want.burst) &&
-    burstMatches(c.cbufferTicks, c.cburstBytes, want.rate, want.burst)
+    burstMatches(c.bufferTicks, want.rate, want.burst) &&
+    burstMatches(c.cbufferTicks, want.rate, want.burst)
   );
 }
 
