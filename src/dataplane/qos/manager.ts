@@ -59,11 +59,10 @@ export interface QosIntent {
 
 export class QosManager {
   private probe: Promise<ProbeResult> | undefined;
-  private probed: ProbeResult | undefined;
   /** The durable intent record (see RecordFile for when it is read again). */
   private readonly intent: RecordFile<QosIntent> | undefined;
   /** The QoS the kernel was last synced to by this process (what settle compares with). */
-  private syncedTo: QosOf | undefined;
+  private syncedTo: string | undefined;
 
   constructor(
     private readonly exec: Executor,
@@ -88,9 +87,9 @@ export class QosManager {
    * by that sync, and the record is cleared.
    */
   async settle(state: DesiredState): Promise<void> {
-    if (!this.syncedTo || !sameQos(this.syncedTo, qosOf(state))) return;
-    if ((await this.intentRecord()).pieces.length === 0) return;
-    await this.writeIntent({ pieces: [] });
+    if (this.syncedTo === undefined || (await this.intentRecord()).pieces.length === 0) return;
+    if (this.syncedTo !== qosOf(state)) return;
+    await this.intent?.write({ pieces: [] });
   }
 
   async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
@@ -110,14 +109,12 @@ export class QosManager {
     notes.push(...plan.notes);
     for (const n of plan.notes) this.log?.info({ note: n }, 'qos');
 
-    const ipAfter = plan.ipAfter ?? [];
-    const commands = [...plan.ip.map((a) => `ip ${a.join(' ')}`), ...plan.tc.map((l) => `tc ${l}`), ...ipAfter.map((a) => `ip ${a.join(' ')}`)];
-    const changes = plan.ip.length + plan.tc.length + ipAfter.length;
+    const commands = [...plan.ip.map((a) => `ip ${a.join(' ')}`), ...plan.tc.map((l) => `tc ${l}`), ...plan.ipAfter.map((a) => `ip ${a.join(' ')}`)];
+    const changes = commands.length;
     if (!opts.dryRun) {
       this.syncedTo = undefined;
       // Intent first: what this change creates joins what earlier unsettled changes did.
-      const creates = plan.creates ?? [];
-      if (creates.length > 0) await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, creates) });
+      if (plan.creates.length > 0) await this.intent?.write({ pieces: mergePieces((await this.intentRecord()).pieces, plan.creates) });
       await this.apply(plan);
       if (plan.missing.length === 0) this.syncedTo = qosOf(state);
     }
@@ -133,11 +130,6 @@ export class QosManager {
   /** The intent record; a missing one owes nothing, an unreadable one cannot be acted on (logged, then replaced). */
   private async intentRecord(): Promise<QosIntent> {
     return (await this.intent?.read()) ?? { pieces: [] };
-  }
-
-  /** Durable before the kernel changes, and re-read by the next process after a crash. */
-  private async writeIntent(rec: QosIntent): Promise<void> {
-    await this.intent?.write(rec);
   }
 
   /**
@@ -170,35 +162,33 @@ export class QosManager {
    * once, and never to stderr.
    */
   private async features(notes: string[], dryRun: boolean): Promise<QosFeatures> {
-    if (!this.probed && dryRun && !this.probe) {
+    if (dryRun && !this.probe) {
       // A probe makes a throwaway device; a dry run changes nothing, so it assumes a production kernel.
       const assumed = { fqCodel: true, matchall: true };
       notes.push(`INFO: QoS kernel features not probed in a dry run; assuming ${describe(assumed)}`);
       return assumed;
     }
-    if (!this.probed) {
-      this.probe ??= (async () => {
-        const name = probeDeviceName();
-        // A kill while the throwaway device exists must not leave it behind: it is intent too.
-        await this.writeIntent({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
-        return probeQosFeatures(this.exec, name);
-      })();
-      let r: ProbeResult;
-      try {
-        r = await this.probe;
-      } catch (e) {
-        // The record could not be written (a full state dir): the next sync tries again.
-        this.probe = undefined;
-        throw e;
-      }
-      if (!this.probed) {
-        this.probed = r;
-        this.out?.(r.summary);
-        this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
-      }
+    this.probe ??= this.runProbe();
+    let r: ProbeResult;
+    try {
+      r = await this.probe;
+    } catch (e) {
+      // The record could not be written (a full state dir): the next sync tries again.
+      this.probe = undefined;
+      throw e;
     }
-    notes.push(this.probed.summary);
-    return this.probed.features;
+    notes.push(r.summary);
+    return r.features;
+  }
+
+  private async runProbe(): Promise<ProbeResult> {
+    const name = probeDeviceName();
+    // A kill while the throwaway device exists must not leave it behind: it is intent too.
+    await this.intent?.write({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
+    const r = await probeQosFeatures(this.exec, name);
+    this.out?.(r.summary);
+    this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
+    return r;
   }
 
   private async apply(plan: QosPlan): Promise<void> {
@@ -211,7 +201,7 @@ export class QosManager {
         throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS change', script);
       }
     }
-    await this.runIp(plan.ipAfter ?? []);
+    await this.runIp(plan.ipAfter);
   }
 
   /** Device changes one `ip` run each, in order; the first that fails stops the rest. */
@@ -285,26 +275,11 @@ function errorText(r: ExecResult): string {
   return lines.slice(0, 3).join('; ') || `exit ${r.exitCode}`;
 }
 
-/** What of a state the QoS part renders (settle compares these). */
-interface QosOf {
-  readonly ext: string;
-  readonly eipQos: DesiredState['eipQos'];
-  readonly qos: DesiredState['qos'];
-}
-
-const qosOf = (s: DesiredState): QosOf => ({ ext: qosUplinksKey(s), eipQos: s.eipQos, qos: s.qos });
-
-/** What decides the EIP rules' devices: the primary, and with several uplinks each EIP's. */
-function qosUplinksKey(s: DesiredState): string {
-  if (!hasSecondaryUplinks(s.interfaces)) return s.interfaces.ext;
+/** What of a state the QoS part renders (settle compares these): the rules and each EIP's uplink. */
+function qosOf(s: DesiredState): string {
   const of = eipUplinkOf(s);
-  return JSON.stringify([uplinkNames(s.interfaces), s.eipQos.map((q) => of(q.ip))]);
+  return JSON.stringify([s.interfaces.ext, s.eipQos, s.qos, hasSecondaryUplinks(s.interfaces) ? s.eipQos.map((q) => of(q.ip)) : []]);
 }
-
-const sameQos = (a: QosOf, b: QosOf): boolean =>
-  a.ext === b.ext &&
-  (a.eipQos === b.eipQos || JSON.stringify(a.eipQos) === JSON.stringify(b.eipQos)) &&
-  (a.qos === b.qos || JSON.stringify(a.qos) === JSON.stringify(b.qos));
 
 const mergePieces = (a: readonly QosPiece[], b: readonly QosPiece[]): QosPiece[] => [...new Map([...a, ...b].map((p) => [pieceKey(p), p])).values()];
 

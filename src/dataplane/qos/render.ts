@@ -70,9 +70,9 @@ export interface QosPlan {
   /** Devices rules were given for that do not exist; nothing was rendered for them. */
   readonly missing: readonly string[];
   /** The shared pieces this plan creates (what the intent record lists before it runs). */
-  readonly creates?: readonly QosPiece[];
+  readonly creates: readonly QosPiece[];
   /** `ip` argument arrays run after the tc script: IFB devices natgw created and no rule needs. */
-  readonly ipAfter?: readonly (readonly string[])[];
+  readonly ipAfter: readonly (readonly string[])[];
 }
 
 /**
@@ -267,8 +267,7 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
   const links = new Map(kernel.links.map((l) => [l.name, l]));
   const removal = renderRemovals(desired, kernel, owned);
 
-  // Devices natgw shapes but no longer has rules for still get their stale classes removed
-  // (those that were read: a partial sync reads only the devices whose rules changed).
+  // Devices natgw shapes but no longer has rules for still get their stale classes removed.
   const all = new Map(desired);
   for (const s of shapedDevices(kernel.qdiscs)) {
     if (!all.has(s.dev) && kernel.devices.has(s.dev))
@@ -279,7 +278,7 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
     const hasRules = desired.has(d.dev) && (d.classes.length > 0 || d.filters.length > 0);
     if (!hasRules) {
       // A root (or IFB) that goes takes its classes and filters with it.
-      if (links.has(d.dev) && !removal.gone.has(d.dev)) renderDevice(d, kernel, features, p, notes, false, creates);
+      if (links.has(d.dev) && !removal.gone.has(d.dev)) renderDevice(d, kernel, features, p, notes, creates);
       continue;
     }
     if (d.ingressOf !== undefined) {
@@ -292,7 +291,7 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
       missing.push(d.dev);
       continue;
     }
-    renderDevice(d, kernel, features, p, notes, !links.has(d.dev), creates);
+    renderDevice(d, kernel, features, p, notes, creates);
   }
 
   const tc = [...p.shared, ...p.classes, ...p.filtersFirst, ...p.filters, ...p.redirects, ...p.staleFilters, ...p.staleClasses, ...removal.tc];
@@ -366,7 +365,7 @@ function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: K
   }
 }
 
-function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], fresh: boolean, creates: QosPiece[]): void {
+function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], creates: QosPiece[]): void {
   const dev = d.dev;
   const root = kernel.qdiscs.find((q) => q.dev === dev && q.parent === 'root');
   const ours = root?.kind === 'htb' && root.handle === '1:';
@@ -374,7 +373,7 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
   if (!ours && !wanted) return;
 
   // A root that is not htb 1: takes its classes and filters with it when replaced.
-  const tc = ours && !fresh ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
+  const tc = ours ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
   if (!ours) {
     p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
     creates.push({ kind: 'root', dev });
