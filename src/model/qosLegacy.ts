@@ -69,10 +69,9 @@ export function parseEipQosAdd(rule: string, direction: Direction): EipQos {
 }
 
 /** `ip` for eip-*-qos-del; only the first field counts and a `/len` suffix is tolerated. */
-export function parseEipQosDel(rule: string, direction?: Direction): string {
-  const kind = direction ? kindOf(direction) : 'eip-qos';
+export function parseEipQosDel(rule: string, direction: Direction): string {
   const [ip = ''] = rule.split(',');
-  return eipAddress(kind, rule, ip);
+  return eipAddress(kindOf(direction), rule, ip);
 }
 
 function gwIdentity(rule: string, parts: readonly string[]): GwQosId & Pick<GwQos, 'matchType'> {

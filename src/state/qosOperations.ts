@@ -186,7 +186,7 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
 
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 
-/** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit. */
+/** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit (a gateway rule's device is checked with its fields: gwQosShapeIssues). */
 function checkIfbName(rule: string, dev: string): void {
   if (ifbName(dev).length > IFNAMSIZ_MAX) {
     throw new ValidationError(
@@ -218,7 +218,6 @@ export function delEipQos(s: DesiredState, direction: Direction, ip: string): Op
 }
 
 export function addGwQos(s: DesiredState, q: GwQos): OpResult {
-  if (q.direction === 'ingress') checkIfbName('qos', q.dev);
   const at = s.qos.findIndex((x) => gwQosKey(x) === gwQosKey(q));
   const existing = at === -1 ? undefined : s.qos[at];
   if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);

@@ -69,13 +69,13 @@ describe('parseEipQosAdd', () => {
 
 describe('parseEipQosDel', () => {
   it('takes the first field and tolerates a /len suffix', () => {
-    expect(parseEipQosDel('1.2.3.4')).toBe('1.2.3.4');
-    expect(parseEipQosDel('1.2.3.4/32')).toBe('1.2.3.4');
+    expect(parseEipQosDel('1.2.3.4', 'egress')).toBe('1.2.3.4');
+    expect(parseEipQosDel('1.2.3.4/32', 'ingress')).toBe('1.2.3.4');
     expect(parseEipQosDel('1.2.3.4,1,10,1', 'egress')).toBe('1.2.3.4');
   });
   it('rejects what is not an address', () => {
     expect(rejection(() => parseEipQosDel('x', 'ingress'))).toBe("Error: invalid eip-ingress-qos rule 'x': ip 'x' is not a dotted IPv4 address");
-    expect(rejection(() => parseEipQosDel(''))).toMatch(/^Error: invalid eip-qos rule '': ip ''/);
+    expect(rejection(() => parseEipQosDel('', 'egress'))).toMatch(/^Error: invalid eip-egress-qos rule '': ip ''/);
   });
 });
 

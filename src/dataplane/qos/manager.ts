@@ -234,11 +234,7 @@ export class QosManager {
           timeoutMs: READ_TIMEOUT_MS,
         });
         if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
-        try {
-          return { dev, listing: parseDeviceListing(r.stdout) };
-        } catch (e) {
-          throw new SystemError(`Error: tc printed a QoS listing of ${dev} that natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
-        }
+        return { dev, listing: parseDeviceListing(r.stdout) };
       }),
     );
     return {

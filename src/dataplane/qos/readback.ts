@@ -81,8 +81,7 @@ export interface TcFilter {
 
 export interface TcLink {
   readonly name: string;
-  /** Undefined where only tc's answer showed the device exists (tc does not print link state). */
-  readonly up?: boolean;
+  readonly up: boolean;
 }
 
 // ---------------------------------------------------------------------------------
