@@ -30,7 +30,7 @@ export const MIN_RATE_MBIT = '0.000008';
 /** Bytes per second tc programs for `<mbit>mbit` (the same double arithmetic as tc's get_rate64, truncated). */
 export const rateBytesPerSecond = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
 
-export const decimalSchema = z
+const decimalSchema = z
   .string()
   .regex(DECIMAL, 'must be a positive decimal number')
   .refine((s) => Number(s) > 0, 'must be greater than zero')
@@ -177,7 +177,7 @@ export function gwClassRange(q: Pick<GwQos, 'classifier'>): ClassRange {
 }
 
 /** FNV-1a, 32 bit: a tiny, stable hash, so the same address gets the same first-choice class everywhere. */
-export function fnv1a32(s: string): number {
+function fnv1a32(s: string): number {
   let h = 0x811c9dc5;
   for (let i = 0; i < s.length; i++) {
     h ^= s.charCodeAt(i);

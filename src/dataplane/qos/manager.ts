@@ -53,7 +53,7 @@ const APPLY_TIMEOUT_MS = 30_000;
  * in the record and removes what the persisted state does not need (classes and filters under
  * natgw's root need no record: a sync removes the stale ones on every device natgw shapes).
  */
-export interface QosIntent {
+interface QosIntent {
   readonly pieces: readonly QosPiece[];
 }
 

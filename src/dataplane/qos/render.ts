@@ -93,13 +93,13 @@ export type QosPiece = z.infer<typeof qosPieceSchema>;
 
 export const pieceKey = (p: QosPiece): string => `${p.kind} ${p.dev}${p.kind === 'redirect' ? ` ${p.ifb}` : ''}`;
 
-export interface DesiredClass {
+interface DesiredClass {
   readonly minor: number;
   readonly rate: string;
   readonly burst: string;
 }
 
-export interface DesiredFilter {
+interface DesiredFilter {
   readonly prio: number;
   readonly handle: number;
   readonly minor: number;
