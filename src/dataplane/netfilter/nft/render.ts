@@ -73,13 +73,11 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
-import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
+import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
 import type { TableModel } from '../tables/model.js';
-import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
-
-export type { NatgwRule, NftFamily } from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
 
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
@@ -264,7 +262,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
 }
 
 /** A SNAT as a rule: what its CIDR's chain holds, or, alone on its CIDR, what becomes a data-map element (snatLayout.ts). */
-export function snatRule(given: Snat): NatgwRule {
+export function snatRule(given: Snat): SnatRule {
   const s = activeSnat(given);
   return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }
@@ -416,7 +414,14 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 
 /** What one family's table must hold for `want`; null when the family needs no table. */
 export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
-  if (!needsFamily(given, fam)) return null;
+  return needsFamily(given, fam) ? familySpec(given, fam) : null;
+}
+
+/**
+ * One family's table for `given`. `lensOf`, when given, are the SNAT rules whose prefix lengths
+ * shared_snat dispatches to: every rule of the family, where `given` holds only some (a partial sync).
+ */
+function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]): FamilySpec {
   const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
@@ -425,11 +430,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
   const eips = firstBy(want.eips, (e) => e);
+  const lens = lensOf && snatLens(lensOf.filter((s) => famOf(s.eip) === fam).map((s) => s.cidr));
 
-  const snatObjects = snatLayout(
-    snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
-    fam,
-  );
+  const snatObjects = snatLayout(snats.map(snatRule), fam, lens);
 
   return {
     family: fam,
@@ -617,22 +620,6 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): bool
 /** A SNAT CIDR's chain no longer wanted: deleted in the repair, not a reason to rebuild. */
 const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
 
-/** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
-function dropStaleSnat(sc: Script, fam: NftFamily, have: OwnedTable, edit: TableEdit): void {
-  const t = natgwTable(fam);
-  for (const name of edit.staleSets) {
-    if (!isSnatMap(have.sets.get(name) as NftSetDump, fam)) continue;
-    sc.drop.deleteSet(t, 'map', name);
-    sc.changes += 1;
-  }
-  for (const name of edit.staleChains) {
-    if (!isStaleSnatChain(name, have.chains.get(name) as NftChainDump)) continue;
-    sc.drop.flushChain(t, name);
-    sc.drop.deleteChain(t, name);
-    sc.changes += 1;
-  }
-}
-
 /**
  * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
  * by their script text, unrecognised kernel rules null. Set elements are indexed only when the
@@ -681,17 +668,34 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
   };
 }
 
-/** A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle, or append. */
-function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: readonly string[], have: readonly OwnedRule[], edit: ChainEdit): void {
+/**
+ * A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle,
+ * or append. Without handles (a partial sync reads nothing back) a rule goes in by its index, and
+ * a chain that loses a rule is flushed and written whole.
+ */
+function renderChain(
+  sc: Script,
+  fam: NftFamily,
+  chain: ChainSpec,
+  desired: readonly string[],
+  held: number,
+  handles: readonly OwnedRule[] | undefined,
+  edit: ChainEdit,
+): void {
   const t = natgwTable(fam);
   const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
   let appendFrom = 0;
-  if (edit.kind === 'rewrite') {
+  if (edit.kind === 'rewrite' || (!handles && edit.deletes.length > 0)) {
     sc.deleteRules.flushChain(t, chain.name);
-    sc.changes += have.length;
+    sc.changes += held;
   } else {
-    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
-    for (const { rule: d, before } of edit.inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
+    // Deletes here come with handles.
+    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, ((handles ?? [])[a] as OwnedRule).handle);
+    edit.inserts.forEach(({ rule: d, before }, k) => {
+      if (handles) sc.addRules.insertRule(t, chain.name, rule(d), (handles[before] as OwnedRule).handle);
+      // Nothing deleted: the kept rule has the k rules inserted so far before it.
+      else sc.addRules.insertRuleAt(t, chain.name, rule(d), before + k);
+    });
     sc.changes += edit.deletes.length + edit.inserts.length;
     appendFrom = edit.appendFrom;
   }
@@ -699,10 +703,42 @@ function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: read
   sc.changes += desired.length - appendFrom;
 }
 
-function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {
-  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, edit.deletes);
-  sc.changes += edit.deletes.length;
-  addElements(sc, fam, spec, edit.adds);
+/**
+ * The operations that take a table from `held` to `spec` (`want` its model). What is stale
+ * (needsRebuild lets nothing but SNAT length maps and CIDR chains be) goes last, after the rules
+ * and elements naming it.
+ */
+function renderEdit(sc: Script, spec: FamilySpec, want: TableModel, held: TableModel, handles: OwnedTable['owned'] | undefined): void {
+  const fam = spec.family;
+  const t = natgwTable(fam);
+  const edit = diffTable(held, want);
+  edit.sets.forEach(({ edit: e }, i) => {
+    const s = spec.sets[i] as SetSpec;
+    if (e) {
+      sc.deleteElements.deleteElements(t, s.name, e.deletes);
+      sc.changes += e.deletes.length;
+      addElements(sc, fam, s, e.adds);
+    } else {
+      addSet(sc.create, t, s);
+      sc.changes += 1;
+      addAllElements(sc, fam, s);
+    }
+  });
+  edit.chains.forEach((c, i) => {
+    const chain = spec.chains[i] as ChainSpec;
+    if (c.create) {
+      sc.create.addChain(t, chainOf(chain));
+      sc.changes += 1;
+    }
+    const desired = want.chains.get(c.name)?.rules as readonly string[];
+    renderChain(sc, fam, chain, desired, held.chains.get(c.name)?.rules.length ?? 0, handles?.get(c.name), c.edit);
+  });
+  for (const name of edit.staleSets) sc.drop.deleteSet(t, 'map', name);
+  for (const name of edit.staleChains) {
+    sc.drop.flushChain(t, name);
+    sc.drop.deleteChain(t, name);
+  }
+  sc.changes += edit.staleSets.length + edit.staleChains.length;
 }
 
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
@@ -718,34 +754,15 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     return;
   }
   const want = wantedModel(spec);
-  const edit = diffTable(kernelModel(have, fam), want);
-  if (needsRebuild(spec, have, edit)) {
+  const held = kernelModel(have, fam);
+  if (needsRebuild(spec, have, diffTable(held, want))) {
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
     renderFresh(sc, spec);
     return;
   }
-  const t = natgwTable(fam);
-  for (const [i, { edit: e }] of edit.sets.entries()) {
-    const s = spec.sets[i] as SetSpec;
-    if (e) {
-      renderSetEdit(sc, fam, s, e);
-    } else {
-      addSet(sc.create, t, s);
-      sc.changes += 1;
-      addAllElements(sc, fam, s);
-    }
-  }
-  for (const [i, c] of edit.chains.entries()) {
-    const chain = spec.chains[i] as ChainSpec;
-    if (c.create) {
-      sc.create.addChain(t, chainOf(chain));
-      sc.changes += 1;
-    }
-    renderChain(sc, fam, chain, want.chains.get(c.name)?.rules as readonly string[], have.owned.get(c.name) ?? [], c.edit);
-  }
-  dropStaleSnat(sc, fam, have, edit);
+  renderEdit(sc, spec, want, held, have.owned);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
@@ -755,8 +772,18 @@ export function planNatgw(want: NatTables, have: NatgwKernel): NftTxPlan {
   return { tx: sc.tx(), changes: sc.changes };
 }
 
-export function renderNatgw(want: NatTables, have: NatgwKernel): NftPlan {
-  return textPlan(planNatgw(want, have));
+/**
+ * The transaction that takes the tables of `families` from `before` to `after` without reading
+ * back (a partial sync, partial.ts): both hold only what a change touched, and `snats` are every
+ * SNAT rule before and after, whose prefix lengths shared_snat dispatches to.
+ */
+export function planTrusted(before: NatTables, after: NatTables, families: Iterable<NftFamily>, snats: readonly [readonly Snat[], readonly Snat[]]): NftTxPlan {
+  const sc = new Script();
+  for (const fam of families) {
+    const spec = familySpec(after, fam, snats[1]);
+    renderEdit(sc, spec, wantedModel(spec), wantedModel(familySpec(before, fam, snats[0])), undefined);
+  }
+  return { tx: sc.tx(), changes: sc.changes };
 }
 
 /** Remove natgw's tables, only those (never `flush ruleset`). */
@@ -764,8 +791,4 @@ export function removeAllTx(have: NatgwKernel): NftTransaction {
   const tx = new NftTransaction();
   for (const f of NFT_FAMILIES) if (have[f] !== null) tx.deleteTable(natgwTable(f));
   return tx;
-}
-
-export function renderRemoveAll(have: NatgwKernel): string {
-  return removeAllTx(have).text();
 }
