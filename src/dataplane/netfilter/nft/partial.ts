@@ -19,6 +19,7 @@ import { emptyState } from '../../../state/state.js';
 import { needsFamily, planTrusted, type NftTxPlan } from './render.js';
 import type { NftFamily } from './types.js';
 import { snatCidr } from './snatLayout.js';
+import type { Fip } from '../../../model/rules.js';
 
 /** What a partial sync trusts: the tables natgw applied last, and which families have a table. */
 export interface NftView {
@@ -51,15 +52,16 @@ function sideOf<T>(touched: ReadonlyMap<string, Touched<T>> | undefined, side: '
 function touchedPart(t: NatTables, change: StateChange, side: 'before' | 'after'): NatTables {
   const { lists } = change;
   const both = <T>(touched: ReadonlyMap<string, Touched<T>> | undefined): T[] => [...sideOf(touched, 'before'), ...sideOf(touched, 'after')];
-  const fips = both(lists.fips);
-  const fipEips = new Set(fips.map((f) => f.eip));
-  const internal = new Set(fips.map((f) => f.internalIp));
+  // Every floating IP the change touched shares an internal IP with itself.
+  const internal = new Set(both(lists.fips).map((f) => f.internalIp));
+  const fips: Fip[] = [];
+  if (internal.size > 0) for (const f of t.fips) if (internal.has(f.internalIp)) fips.push(f);
   const cidrs = new Set(both(lists.snats).map((s) => snatCidr(s.cidr).chain));
   return {
     ...t,
     eips: sideOf(lists.eips, side).map((e) => e.address),
     dnats: sideOf(lists.dnats, side),
-    fips: fips.length === 0 ? [] : t.fips.filter((f) => fipEips.has(f.eip) || internal.has(f.internalIp)),
+    fips,
     snats: cidrs.size === 0 ? [] : t.snats.filter((s) => cidrs.has(snatCidr(s.cidr).chain)),
   };
 }

@@ -199,7 +199,11 @@ function snatElementOf(rules: readonly SnatRule[]): { readonly via: SnatVia; rea
 }
 
 /** The prefix lengths of these CIDRs, longest first: the order of shared_snat's dispatch rules. */
-export const snatLens = (cidrs: Iterable<string>): number[] => [...new Set(Array.from(cidrs, (c) => snatCidr(c).len))].sort((a, b) => b - a);
+export function snatLens(cidrs: Iterable<string>): number[] {
+  const lens = new Set<number>();
+  for (const c of cidrs) lens.add(snatCidr(c).len);
+  return [...lens].sort((a, b) => b - a);
+}
 
 /** What the layout holds for one family's SNAT rules: dispatch rules, maps, CIDR chains. */
 export interface SnatLayout {
