@@ -29,40 +29,24 @@
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Shared SNAT's semantics are "first matching rule wins" over overlapping prefixes, longest
- * prefix first, with per-rule options (fully-random, pools) and several EIPs per CIDR where only
- * the first counts. Rules of equal prefix length overlap only when their CIDR is identical, so
- * exact-match maps per length (keyed by the masked source address), tried longest first, find
- * the one CIDR that can match (snatLayout.ts): a CIDR translated by one EIP is an element of a
- * data map whose value is that EIP (a miss breaks the snat rule, and evaluation goes on), any
- * other CIDR an element of a verdict map that goes to its own chain, which keeps its rules in
- * order. This makes every SNAT change element-level without rule handles: a CIDR is an element
- * (or an element and a small chain), a change within it or between the two forms a few elements
- * and at most one chain. Few chains matter: each one makes every transaction into the table
- * dearer. A flat ordered chain needed a handle for a delete, which only a read-back gives (~170 ms
- * at ten thousand objects), so the command path flushed and rewrote every rule. The lookup cost
- * per packet no longer grows with the number of SNAT rules either (NAT chains see only a
- * connection's first packet anyway). The rules inside a CIDR chain keep their `saddr` match: the
- * flat layout's text, recognised as before. A table in the flat layout (SNAT rules directly in
- * shared_snat: a gateway upgraded in place) is a structural surprise the full sync rebuilds in one
- * transaction; one with a chain per CIDR (the layout before data maps) is diffed like any other:
- * its chains and elements no longer wanted are stale, deleted after the element or rule naming
- * them, and the new maps and elements added, in one transaction. The `oifname "<ext>"` match is
- * hoisted into the jump to shared_snat: identical semantics,
- * a rename of the external interface touches one rule, and the external interface stays readable
- * from the kernel even while no SNAT exists (adoption).
+ * Shared SNAT dispatches per prefix length to data-map elements and CIDR chains (snatLayout.ts
+ * says why that keeps the first-match semantics and makes every SNAT change element-level). The
+ * `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
+ * of the external interface touches one rule, and the external interface stays readable from the
+ * kernel even while no SNAT exists (adoption). SNAT rules directly in shared_snat (an older flat
+ * layout) are a structural surprise the full sync rebuilds in one transaction.
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
  * rules natgw would render (tables/diff.ts, the differ of both backends) and repaired by deleting
  * by handle and inserting before a kept neighbour's handle (the longest run of rules already in
  * the right order stays, so a renamed interface rewrites only the rules naming it; a chain most
- * of whose many rules go is flushed and written whole); map and set elements are added and deleted one by one (a changed value is
- * delete + add in the same transaction). Only a structural surprise (an object natgw never
+ * of whose many rules go is flushed and written whole); map and set elements are added and
+ * deleted one by one (a changed value is delete + add in the same transaction). A partial sync
+ * diffs the same way against what natgw applied last, without handles (planTrusted). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
  *
- * Port ranges are rules of their own after the port_dnat map rule, not map elements: the map's
- * partial sync and read-back stay as they are for single ports, and ranges are few (an overlap
- * is refused, so order among them does not matter). A SNAT pool spreads by `numgen inc` rather
+ * Port ranges are rules of their own after the port_dnat map rule, not map elements: ranges are
+ * few (an overlap is refused, so order among them does not matter). A SNAT pool spreads by `numgen inc` rather
  * than `snat to a-b`: the kernel picks an address of a range by a hash of source and destination,
  * so one VPC host talking to one server would only ever get the first EIP of the range.
  *
@@ -368,10 +352,6 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
 }
 
 /*
- * The per-object loops of desiredFamily live in functions of their own, small enough for V8 to
- * optimise in a few milliseconds: inside desiredFamily (its object literals, closures and
- * spreads) TurboFan's escape analysis took 150-190 ms of a background thread at ten thousand
- * objects (--trace-opt), during a bulk change's apply, on the core the `nft` groups needed.
  * One pass per collection, no string per object beyond the element texts themselves: this runs
  * over every object at each full sync (ten thousand DNATs and floating IPs at start).
  */
