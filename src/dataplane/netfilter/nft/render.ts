@@ -553,24 +553,13 @@ function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly st
   sc.changes += keys.length;
 }
 
-/** Everything for one family from scratch (a missing table, or a rebuild). */
-function renderFresh(sc: Script, spec: FamilySpec): void {
-  const t = natgwTable(spec.family);
-  sc.create.addTable(t);
+const EMPTY_TABLE: TableModel = { chains: new Map(), sets: new Map() };
+
+/** Everything for one family from scratch (a missing table, or a rebuild): the edit from an empty table. */
+function renderFresh(sc: Script, spec: FamilySpec, want = wantedModel(spec)): void {
+  sc.create.addTable(natgwTable(spec.family));
   sc.changes += 1;
-  for (const s of spec.sets) {
-    addSet(sc.create, t, s);
-    sc.changes += 1;
-    addAllElements(sc, spec.family, s);
-  }
-  for (const c of spec.chains) {
-    sc.create.addChain(t, chainOf(c));
-    sc.changes += 1;
-    for (const r of c.rules) {
-      sc.addRules.addRule(t, c.name, nftRule(r, spec.family));
-      sc.changes += 1;
-    }
-  }
+  renderEdit(sc, spec, want, EMPTY_TABLE, undefined);
 }
 
 function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
@@ -739,7 +728,7 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
-    renderFresh(sc, spec);
+    renderFresh(sc, spec, want);
     return;
   }
   renderEdit(sc, spec, want, held, have.owned);

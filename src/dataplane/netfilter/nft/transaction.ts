@@ -130,41 +130,6 @@ function elementText(e: NftElement): string {
   return e.value === undefined ? key : `${key} : ${checked(ELEMENT, 'element value', e.value)}`;
 }
 
-/** ELEMENT's characters and the `, ` between elements. */
-const ELEMENT_LIST = /^[0-9A-Za-z.:/ _,-]+$/;
-
-/**
- * The elements as nft reads them, `k : v, k : v`. Checked as a whole (an element list runs to
- * ten thousand keys and values): every character plain data or a separator's comma, and exactly
- * the separators' commas, so no key or value holds one; each one non-empty. Exactly what
- * checking each against ELEMENT admits; anything else is checked one by one, which names the
- * first value that is not plain data.
- */
-function elementsText(elements: readonly NftElement[]): string {
-  // One join over one text per element: a `+=` chain keeps a rope node per piece alive until
-  // the whole text is flattened, and at ten thousand elements the young generation copies them all.
-  const parts: string[] = [];
-  let empty = false;
-  for (let i = 0; i < elements.length; i++) {
-    const e = elements[i] as NftElement;
-    if (e.value === undefined) parts.push(e.key);
-    else {
-      parts.push(`${e.key} : ${e.value}`);
-      empty ||= e.value.length === 0;
-    }
-    empty ||= e.key.length === 0;
-  }
-  const body = parts.join(', ');
-  if (!empty && ELEMENT_LIST.test(body) && commas(body) === elements.length - 1) return body;
-  return elements.map(elementText).join(', ');
-}
-
-function commas(s: string): number {
-  let n = 0;
-  for (let at = s.indexOf(','); at !== -1; at = s.indexOf(',', at + 1)) n++;
-  return n;
-}
-
 /** One operation as the line nft reads. */
 export function opText(op: NftOp): string {
   const t = tableText(op.table);
@@ -180,7 +145,7 @@ export function opText(op: NftOp): string {
         ? `add ${op.set.kind} ${t} ${checked(NAME, op.set.kind, op.set.name)} ${setDecl(op.set)}`
         : `delete ${op.kind} ${t} ${checked(NAME, op.kind, op.name)}`;
     case 'element':
-      return `${op.verb} element ${t} ${checked(NAME, 'set', op.set)} { ${elementsText(op.elements)} }`;
+      return `${op.verb} element ${t} ${checked(NAME, 'set', op.set)} { ${op.elements.map(elementText).join(', ')} }`;
     case 'rule': {
       const c = `${t} ${checked(NAME, 'chain', op.chain)}`;
       if (op.verb === 'delete') return `delete rule ${c} handle ${checkHandle(op.handle)}`;
