@@ -44,10 +44,6 @@ export interface NftSetSpec {
   readonly map?: string;
   /** Per-element counters. */
   readonly counter?: boolean;
-  /** Filled by the packet path (`add @set { … }` in a rule); nft needs the flag for that. */
-  readonly dynamic?: boolean;
-  /** The most elements it holds (nft's default for a dynamic set is 65,535). */
-  readonly size?: number;
 }
 
 /** An element as nft prints it: `1.2.3.4 . tcp . 80`, value `10.0.1.6 . 8080` or `goto dnat-…`. */
@@ -121,8 +117,7 @@ function chainDecl(b: NftBaseChainSpec | undefined): string {
 function setDecl(s: NftSetSpec): string {
   const type = checked(TYPE, 'type', s.type);
   if (s.kind === 'map') return `{ type ${type} : ${checked(TYPE, 'type', s.map ?? '')}; }`;
-  const size = s.size !== undefined ? ` size ${checkHandle(s.size)};` : '';
-  return `{ type ${type};${size}${s.dynamic ? ' flags dynamic;' : ''}${s.counter ? ' counter;' : ''} }`;
+  return `{ type ${type};${s.counter ? ' counter;' : ''} }`;
 }
 
 function elementText(e: NftElement): string {
