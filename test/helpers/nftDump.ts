@@ -5,7 +5,7 @@
  * they count packets, which the fake never sees.
  */
 import { recogniseRule, sameExpr } from '../../src/dataplane/netfilter/nft/readback.js';
-import type { NftFamily } from '../../src/dataplane/netfilter/nft/render.js';
+import type { NftFamily } from '../../src/dataplane/netfilter/nft/types.js';
 import type { NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
 import { recogniseShareRule, vmapRuleJson } from '../../src/dataplane/netfilter/shareDnatRender.js';
 import { ACCT_TABLE } from '../../src/dataplane/eipCounters.js';

@@ -1,7 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
-import { renderPartial, type NftView } from '../../src/dataplane/netfilter/nft/partial.js';
+import { planPartial, type NftView } from '../../src/dataplane/netfilter/nft/partial.js';
+import { textPlan } from '../../src/dataplane/netfilter/nft/render.js';
 import type { Dnat, Snat } from '../../src/model/rules.js';
+
+const renderPartial = (v: NftView, next: NatTables) => {
+  const p = planPartial(v, next);
+  return p && textPlan(p);
+};
 
 const T: NatTables = { vpcIf: 'eth0', extIf: 'net1', eips: ['172.20.0.10'], snats: [], dnats: [], fips: [] };
 const d4: Dnat = { eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: '10.0.1.6', internalPort: 8080 };
@@ -62,10 +68,10 @@ describe('nft partial plan', () => {
     expect(renderPartial(view(one, false), two)?.script).toBe(
       [
         'add chain ip natgw snat_10_0_1_0_24',
-        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.10',
-        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.11',
         'delete element ip natgw snat_to_len_24 { 10.0.1.0 }',
         'add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.10',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to 172.20.0.11',
         '',
       ].join('\n'),
     );
@@ -86,9 +92,9 @@ describe('nft partial plan', () => {
     expect(renderPartial(view(one, false), { ...one, snats: [{ ...a, eips: ['172.20.0.10', '172.20.0.11'] }] })?.script).toBe(
       [
         'add chain ip natgw snat_10_0_1_0_24',
-        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : 172.20.0.10, 1 : 172.20.0.11 }',
         'delete element ip natgw snat_to_len_24 { 10.0.1.0 }',
         'add element ip natgw snat_len_24 { 10.0.1.0 : goto snat_10_0_1_0_24 }',
+        'add rule ip natgw snat_10_0_1_0_24 ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : 172.20.0.10, 1 : 172.20.0.11 }',
         '',
       ].join('\n'),
     );

@@ -7,15 +7,12 @@
 import fs from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
-import {
-  hasSkeleton,
-  natTablesFromKernel,
-  natgwKernel,
-  parseTableListing,
-  recogniseRule,
-  type NatgwKernel,
-} from '../../src/dataplane/netfilter/nft/readback.js';
-import { NftRenderError, desiredFamily, renderNatgw, renderRemoveAll, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
+import { hasSkeleton, natTablesFromKernel, natgwKernel, parseTableListing, recogniseRule } from '../../src/dataplane/netfilter/nft/readback.js';
+import type { NatgwKernel } from '../../src/dataplane/netfilter/nft/types.js';
+import { NftRenderError, desiredFamily, planNatgw, removeAllTx, ruleText, textPlan } from '../../src/dataplane/netfilter/nft/render.js';
+
+const renderNatgw = (want: NatTables, have: NatgwKernel) => textPlan(planNatgw(want, have));
+const renderRemoveAll = (have: NatgwKernel) => removeAllTx(have).text();
 
 /**
  * The state the fixtures were captured for (v4 and v6, two EIPs binding one internal IP; SNAT CIDRs

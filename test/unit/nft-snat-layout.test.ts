@@ -66,10 +66,10 @@ describe('shared SNAT on the nft command path', () => {
     expect(exec.calls.map((c) => c.input)).toEqual([
       [
         'add chain ip natgw snat_10_0_5_0_24',
-        'add rule ip natgw snat_10_0_5_0_24 ip saddr 10.0.5.0/24 snat ip to 172.20.0.10',
-        'add rule ip natgw snat_10_0_5_0_24 ip saddr 10.0.5.0/24 snat ip to 172.20.0.11',
         'delete element ip natgw snat_to_len_24 { 10.0.5.0 }',
         'add element ip natgw snat_len_24 { 10.0.5.0 : goto snat_10_0_5_0_24 }',
+        'add rule ip natgw snat_10_0_5_0_24 ip saddr 10.0.5.0/24 snat ip to 172.20.0.10',
+        'add rule ip natgw snat_10_0_5_0_24 ip saddr 10.0.5.0/24 snat ip to 172.20.0.11',
         '',
       ].join('\n'),
     ]);

@@ -6,7 +6,7 @@
 import { describe, expect, it } from 'vitest';
 import { ExecError } from '../../src/system/exec.js';
 import { natgwKernel, recogniseRule } from '../../src/dataplane/netfilter/nft/readback.js';
-import { planNatgw, renderNatgw } from '../../src/dataplane/netfilter/nft/render.js';
+import { planNatgw, textPlan } from '../../src/dataplane/netfilter/nft/render.js';
 import { NftTransaction, type NftOp } from '../../src/dataplane/netfilter/nft/transaction.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
@@ -114,7 +114,7 @@ describe('FakeNftClient', () => {
       [10, [16, 17, 18]],
       [11, [19, 20, 21]],
     ]);
-    expect(renderNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw'))).script).toBe('');
+    expect(textPlan(planNatgw(WANT, natgwKernel(dump, await nft.list('ip6', 'natgw')))).script).toBe('');
     expect(await nft.list('ip', 'nothing')).toBeNull();
   });
 

@@ -164,9 +164,12 @@ describe('nftables under a port slice', () => {
     expect(planPartial(view, { ...want, eips: [...want.eips, '172.20.0.12'] })).not.toBeNull();
   });
 
-  it('plans a SNAT change under a slice as a full sync, and other changes partially', () => {
+  it('plans SNAT and other changes under a slice partially, and a new slice as a full sync', () => {
     const view = { tables: { ...BASE, snatPorts: PORTS }, families: new Set(['ip'] as const) };
-    expect(planPartial(view, { ...BASE, snatPorts: PORTS, snats: BASE.snats.slice(1) })).toBeNull();
+    // The element the sliced and the plain dispatch rule both look up.
+    expect(planPartial(view, { ...BASE, snatPorts: PORTS, snats: BASE.snats.slice(1) })?.tx.text()).toBe(
+      'delete element ip natgw snat_to_fr_len_24 { 10.0.1.0 }\n',
+    );
     expect(planPartial(view, { ...BASE, snatPorts: PORTS, eips: [...BASE.eips, '172.20.0.12'] })).not.toBeNull();
     expect(planPartial(view, { ...BASE, snatPorts: { lo: 2000, hi: 3000 } })).toBeNull();
   });

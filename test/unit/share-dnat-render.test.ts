@@ -6,7 +6,8 @@
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
-import { parseTableListing, type NftTableDump } from '../../src/dataplane/netfilter/nft/readback.js';
+import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
+import type { NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
 import {
   recogniseShareRule,
   renderShareDnat,

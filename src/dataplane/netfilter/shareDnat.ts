@@ -9,7 +9,7 @@ import type { ShareDnat } from '../../model/rules.js';
 import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
-import type { NftTableDump } from './nft/readback.js';
+import type { NftTableDump } from './nft/types.js';
 import {
   KUBE_OVN_TABLE,
   type SharePlan,

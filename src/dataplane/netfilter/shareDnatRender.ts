@@ -24,7 +24,8 @@ import type { Protocol, ShareDnat } from '../../model/rules.js';
 import { shareDnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
-import { dig, sameExpr, type NftChainDump, type NftElementDump, type NftSetDump, type NftTableDump } from './nft/readback.js';
+import { dig, sameExpr } from './nft/readback.js';
+import type { NftChainDump, NftElementDump, NftSetDump, NftTableDump } from './nft/types.js';
 import { NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */

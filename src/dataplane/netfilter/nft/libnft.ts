@@ -13,6 +13,7 @@
  * closes. Its script is constant; the nft scripts reach it as JSON strings on stdin.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
 import type { Logger } from 'pino';
 import { diesWithNatgw } from '../../../system/diesWithNatgw.js';
 import { ExecError, toolEnv, type ExecResult, type Executor } from '../../../system/exec.js';
@@ -59,12 +60,11 @@ interface Pending {
 /** One helper process: requests answered in order; any failure ends it for good. */
 class Helper {
   private readonly waiting: Pending[] = [];
-  /** The pieces of a line not yet ended (a listing of ten thousand rules is megabytes on one line). */
-  private partial: string[] = [];
   dead: string | undefined;
 
   private constructor(private readonly child: ChildProcess) {
-    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => this.read(chunk));
+    // readline searches each chunk once for a line end: a listing of ten thousand rules is megabytes on one line.
+    if (child.stdout) createInterface({ input: child.stdout, crlfDelay: Infinity }).on('line', (line) => this.answer(line));
     let stderr = '';
     child.stderr?.setEncoding('utf8').on('data', (d: string) => {
       stderr = (stderr + d).slice(-2000);
@@ -112,34 +112,20 @@ class Helper {
     this.child.kill('SIGKILL');
   }
 
-  /** Each chunk is searched for line ends once: a long answer arrives in many chunks. */
-  private read(chunk: string): void {
-    let from = 0;
-    for (let nl = chunk.indexOf('\n'); nl !== -1; nl = chunk.indexOf('\n', from)) {
-      this.partial.push(chunk.slice(from, nl));
-      from = nl + 1;
-      const line = this.partial.join('');
-      this.partial = [];
-      if (!this.answer(line)) return;
-    }
-    if (from < chunk.length) this.partial.push(chunk.slice(from));
-  }
-
-  /** Hand one answer line to the oldest request; false when the helper was killed for it. */
-  private answer(line: string): boolean {
+  /** Hand one answer line to the oldest request; anything unexpected ends the helper. */
+  private answer(line: string): void {
+    if (this.dead) return;
     const p = this.waiting.shift();
     if (!p) {
       this.kill('libnftables helper answered what was not asked');
-      return false;
+      return;
     }
     try {
       const a = JSON.parse(line) as Partial<Answer> & { ready?: boolean };
       p.resolve({ rc: a.ready ? 0 : Number(a.rc), out: String(a.out ?? ''), err: String(a.err ?? '') });
-      return true;
     } catch {
       p.reject(new Error('libnftables helper answered what natgw cannot read'));
       this.kill('libnftables helper answered what natgw cannot read');
-      return false;
     }
   }
 

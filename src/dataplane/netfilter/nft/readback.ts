@@ -26,19 +26,6 @@ import type {
   OwnedTable,
 } from './types.js';
 
-// The dump types are named here too: callers (the backend, share DNAT) know them as the read-back's.
-export type {
-  NatgwKernel,
-  NftBaseHook,
-  NftChainDump,
-  NftElementDump,
-  NftRuleDump,
-  NftSetDump,
-  NftTableDump,
-  OwnedRule,
-  OwnedTable,
-} from './types.js';
-
 // ---------------------------------------------------------------------------------
 // Generic dump of one table
 // ---------------------------------------------------------------------------------

@@ -29,40 +29,24 @@
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Shared SNAT's semantics are "first matching rule wins" over overlapping prefixes, longest
- * prefix first, with per-rule options (fully-random, pools) and several EIPs per CIDR where only
- * the first counts. Rules of equal prefix length overlap only when their CIDR is identical, so
- * exact-match maps per length (keyed by the masked source address), tried longest first, find
- * the one CIDR that can match (snatLayout.ts): a CIDR translated by one EIP is an element of a
- * data map whose value is that EIP (a miss breaks the snat rule, and evaluation goes on), any
- * other CIDR an element of a verdict map that goes to its own chain, which keeps its rules in
- * order. This makes every SNAT change element-level without rule handles: a CIDR is an element
- * (or an element and a small chain), a change within it or between the two forms a few elements
- * and at most one chain. Few chains matter: each one makes every transaction into the table
- * dearer. A flat ordered chain needed a handle for a delete, which only a read-back gives (~170 ms
- * at ten thousand objects), so the command path flushed and rewrote every rule. The lookup cost
- * per packet no longer grows with the number of SNAT rules either (NAT chains see only a
- * connection's first packet anyway). The rules inside a CIDR chain keep their `saddr` match: the
- * flat layout's text, recognised as before. A table in the flat layout (SNAT rules directly in
- * shared_snat: a gateway upgraded in place) is a structural surprise the full sync rebuilds in one
- * transaction; one with a chain per CIDR (the layout before data maps) is diffed like any other:
- * its chains and elements no longer wanted are stale, deleted after the element or rule naming
- * them, and the new maps and elements added, in one transaction. The `oifname "<ext>"` match is
- * hoisted into the jump to shared_snat: identical semantics,
- * a rename of the external interface touches one rule, and the external interface stays readable
- * from the kernel even while no SNAT exists (adoption).
+ * Shared SNAT dispatches per prefix length to data-map elements and CIDR chains (snatLayout.ts
+ * says why that keeps the first-match semantics and makes every SNAT change element-level). The
+ * `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
+ * of the external interface touches one rule, and the external interface stays readable from the
+ * kernel even while no SNAT exists (adoption). SNAT rules directly in shared_snat (an older flat
+ * layout) are a structural surprise the full sync rebuilds in one transaction.
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
  * rules natgw would render (tables/diff.ts, the differ of both backends) and repaired by deleting
  * by handle and inserting before a kept neighbour's handle (the longest run of rules already in
  * the right order stays, so a renamed interface rewrites only the rules naming it; a chain most
- * of whose many rules go is flushed and written whole); map and set elements are added and deleted one by one (a changed value is
- * delete + add in the same transaction). Only a structural surprise (an object natgw never
+ * of whose many rules go is flushed and written whole); map and set elements are added and
+ * deleted one by one (a changed value is delete + add in the same transaction). A partial sync
+ * diffs the same way against what natgw applied last, without handles (planTrusted). Only a structural surprise (an object natgw never
  * creates, or one declared differently) rebuilds the whole table, still in the one transaction.
  *
- * Port ranges are rules of their own after the port_dnat map rule, not map elements: the map's
- * partial sync and read-back stay as they are for single ports, and ranges are few (an overlap
- * is refused, so order among them does not matter). A SNAT pool spreads by `numgen inc` rather
+ * Port ranges are rules of their own after the port_dnat map rule, not map elements: ranges are
+ * few (an overlap is refused, so order among them does not matter). A SNAT pool spreads by `numgen inc` rather
  * than `snat to a-b`: the kernel picks an address of a range by a hash of source and destination,
  * so one VPC host talking to one server would only ever get the first EIP of the range.
  *
@@ -73,13 +57,11 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, withPortSlice } from './snatLayout.js';
+import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
-import { diffTable, type ChainEdit, type SetEdit, type TableEdit } from '../tables/diff.js';
+import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
 import type { TableModel } from '../tables/model.js';
-import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable } from './types.js';
-
-export type { NatgwRule, NftFamily } from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
 
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
@@ -264,7 +246,7 @@ export function ruleJson(r: NatgwRule, fam: NftFamily): unknown[] {
 }
 
 /** A SNAT as a rule: what its CIDR's chain holds, or, alone on its CIDR, what becomes a data-map element (snatLayout.ts). */
-export function snatRule(given: Snat): NatgwRule {
+export function snatRule(given: Snat): SnatRule {
   const s = activeSnat(given);
   return { kind: 'snat', cidr: s.cidr, eip: s.eip, randomFully: s.randomFully, ...(s.eips ? { pool: s.eips } : {}) };
 }
@@ -370,10 +352,6 @@ export function needsFamily(want: NatTables, fam: NftFamily): boolean {
 }
 
 /*
- * The per-object loops of desiredFamily live in functions of their own, small enough for V8 to
- * optimise in a few milliseconds: inside desiredFamily (its object literals, closures and
- * spreads) TurboFan's escape analysis took 150-190 ms of a background thread at ten thousand
- * objects (--trace-opt), during a bulk change's apply, on the core the `nft` groups needed.
  * One pass per collection, no string per object beyond the element texts themselves: this runs
  * over every object at each full sync (ten thousand DNATs and floating IPs at start).
  */
@@ -416,7 +394,14 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 
 /** What one family's table must hold for `want`; null when the family needs no table. */
 export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
-  if (!needsFamily(given, fam)) return null;
+  return needsFamily(given, fam) ? familySpec(given, fam) : null;
+}
+
+/**
+ * One family's table for `given`. `lensOf`, when given, are the SNAT rules whose prefix lengths
+ * shared_snat dispatches to: every rule of the family, where `given` holds only some (a partial sync).
+ */
+function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]): FamilySpec {
   const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
   const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
@@ -425,11 +410,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
   snats.forEach((s) => checkSameFamily(`snat ${s.eip}`, s.eip, s.cidr.split('/')[0] ?? ''));
   snats.forEach((s) => s.eips?.forEach((e) => checkSameFamily(`snat pool ${s.eip}`, s.eip, e)));
   const eips = firstBy(want.eips, (e) => e);
+  const lens = lensOf && snatLens(lensOf.filter((s) => famOf(s.eip) === fam).map((s) => s.cidr));
 
-  const snatObjects = snatLayout(
-    snats.map((s) => snatRule(s) as Extract<NatgwRule, { kind: 'snat' }>),
-    fam,
-  );
+  const snatObjects = snatLayout(snats.map(snatRule), fam, lens);
 
   return {
     family: fam,
@@ -570,24 +553,13 @@ function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly st
   sc.changes += keys.length;
 }
 
-/** Everything for one family from scratch (a missing table, or a rebuild). */
-function renderFresh(sc: Script, spec: FamilySpec): void {
-  const t = natgwTable(spec.family);
-  sc.create.addTable(t);
+const EMPTY_TABLE: TableModel = { chains: new Map(), sets: new Map() };
+
+/** Everything for one family from scratch (a missing table, or a rebuild): the edit from an empty table. */
+function renderFresh(sc: Script, spec: FamilySpec, want = wantedModel(spec)): void {
+  sc.create.addTable(natgwTable(spec.family));
   sc.changes += 1;
-  for (const s of spec.sets) {
-    addSet(sc.create, t, s);
-    sc.changes += 1;
-    addAllElements(sc, spec.family, s);
-  }
-  for (const c of spec.chains) {
-    sc.create.addChain(t, chainOf(c));
-    sc.changes += 1;
-    for (const r of c.rules) {
-      sc.addRules.addRule(t, c.name, nftRule(r, spec.family));
-      sc.changes += 1;
-    }
-  }
+  renderEdit(sc, spec, want, EMPTY_TABLE, undefined);
 }
 
 function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
@@ -616,22 +588,6 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): bool
 
 /** A SNAT CIDR's chain no longer wanted: deleted in the repair, not a reason to rebuild. */
 const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === undefined && isSnatChainName(name);
-
-/** Delete what the SNAT layout no longer needs (after the rules and elements naming it went). */
-function dropStaleSnat(sc: Script, fam: NftFamily, have: OwnedTable, edit: TableEdit): void {
-  const t = natgwTable(fam);
-  for (const name of edit.staleSets) {
-    if (!isSnatMap(have.sets.get(name) as NftSetDump, fam)) continue;
-    sc.drop.deleteSet(t, 'map', name);
-    sc.changes += 1;
-  }
-  for (const name of edit.staleChains) {
-    if (!isStaleSnatChain(name, have.chains.get(name) as NftChainDump)) continue;
-    sc.drop.flushChain(t, name);
-    sc.drop.deleteChain(t, name);
-    sc.changes += 1;
-  }
-}
 
 /**
  * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
@@ -681,17 +637,34 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
   };
 }
 
-/** A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle, or append. */
-function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: readonly string[], have: readonly OwnedRule[], edit: ChainEdit): void {
+/**
+ * A chain's operations in nft terms: delete by handle, insert before the kept neighbour's handle,
+ * or append. Without handles (a partial sync reads nothing back) a rule goes in by its index, and
+ * a chain that loses a rule is flushed and written whole.
+ */
+function renderChain(
+  sc: Script,
+  fam: NftFamily,
+  chain: ChainSpec,
+  desired: readonly string[],
+  held: number,
+  handles: readonly OwnedRule[] | undefined,
+  edit: ChainEdit,
+): void {
   const t = natgwTable(fam);
   const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
   let appendFrom = 0;
-  if (edit.kind === 'rewrite') {
+  if (edit.kind === 'rewrite' || (!handles && edit.deletes.length > 0)) {
     sc.deleteRules.flushChain(t, chain.name);
-    sc.changes += have.length;
+    sc.changes += held;
   } else {
-    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, (have[a] as OwnedRule).handle);
-    for (const { rule: d, before } of edit.inserts) sc.addRules.insertRule(t, chain.name, rule(d), (have[before] as OwnedRule).handle);
+    // Deletes here come with handles.
+    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, ((handles ?? [])[a] as OwnedRule).handle);
+    edit.inserts.forEach(({ rule: d, before }, k) => {
+      if (handles) sc.addRules.insertRule(t, chain.name, rule(d), (handles[before] as OwnedRule).handle);
+      // Nothing deleted: the kept rule has the k rules inserted so far before it.
+      else sc.addRules.insertRuleAt(t, chain.name, rule(d), before + k);
+    });
     sc.changes += edit.deletes.length + edit.inserts.length;
     appendFrom = edit.appendFrom;
   }
@@ -699,10 +672,42 @@ function renderChain(sc: Script, fam: NftFamily, chain: ChainSpec, desired: read
   sc.changes += desired.length - appendFrom;
 }
 
-function renderSetEdit(sc: Script, fam: NftFamily, spec: SetSpec, edit: SetEdit): void {
-  sc.deleteElements.deleteElements(natgwTable(fam), spec.name, edit.deletes);
-  sc.changes += edit.deletes.length;
-  addElements(sc, fam, spec, edit.adds);
+/**
+ * The operations that take a table from `held` to `spec` (`want` its model). What is stale
+ * (needsRebuild lets nothing but SNAT length maps and CIDR chains be) goes last, after the rules
+ * and elements naming it.
+ */
+function renderEdit(sc: Script, spec: FamilySpec, want: TableModel, held: TableModel, handles: OwnedTable['owned'] | undefined): void {
+  const fam = spec.family;
+  const t = natgwTable(fam);
+  const edit = diffTable(held, want);
+  edit.sets.forEach(({ edit: e }, i) => {
+    const s = spec.sets[i] as SetSpec;
+    if (e) {
+      sc.deleteElements.deleteElements(t, s.name, e.deletes);
+      sc.changes += e.deletes.length;
+      addElements(sc, fam, s, e.adds);
+    } else {
+      addSet(sc.create, t, s);
+      sc.changes += 1;
+      addAllElements(sc, fam, s);
+    }
+  });
+  edit.chains.forEach((c, i) => {
+    const chain = spec.chains[i] as ChainSpec;
+    if (c.create) {
+      sc.create.addChain(t, chainOf(chain));
+      sc.changes += 1;
+    }
+    const desired = want.chains.get(c.name)?.rules as readonly string[];
+    renderChain(sc, fam, chain, desired, held.chains.get(c.name)?.rules.length ?? 0, handles?.get(c.name), c.edit);
+  });
+  for (const name of edit.staleSets) sc.drop.deleteSet(t, 'map', name);
+  for (const name of edit.staleChains) {
+    sc.drop.flushChain(t, name);
+    sc.drop.deleteChain(t, name);
+  }
+  sc.changes += edit.staleSets.length + edit.staleChains.length;
 }
 
 function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
@@ -718,34 +723,15 @@ function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | nu
     return;
   }
   const want = wantedModel(spec);
-  const edit = diffTable(kernelModel(have, fam), want);
-  if (needsRebuild(spec, have, edit)) {
+  const held = kernelModel(have, fam);
+  if (needsRebuild(spec, have, diffTable(held, want))) {
     // Atomic in the same transaction: the table is never seen half-built.
     sc.create.deleteTable(natgwTable(fam));
     sc.changes += 1;
-    renderFresh(sc, spec);
+    renderFresh(sc, spec, want);
     return;
   }
-  const t = natgwTable(fam);
-  for (const [i, { edit: e }] of edit.sets.entries()) {
-    const s = spec.sets[i] as SetSpec;
-    if (e) {
-      renderSetEdit(sc, fam, s, e);
-    } else {
-      addSet(sc.create, t, s);
-      sc.changes += 1;
-      addAllElements(sc, fam, s);
-    }
-  }
-  for (const [i, c] of edit.chains.entries()) {
-    const chain = spec.chains[i] as ChainSpec;
-    if (c.create) {
-      sc.create.addChain(t, chainOf(chain));
-      sc.changes += 1;
-    }
-    renderChain(sc, fam, chain, want.chains.get(c.name)?.rules as readonly string[], have.owned.get(c.name) ?? [], c.edit);
-  }
-  dropStaleSnat(sc, fam, have, edit);
+  renderEdit(sc, spec, want, held, have.owned);
 }
 
 /** The one transaction that makes natgw's tables hold `want`; empty when they already do. */
@@ -755,8 +741,18 @@ export function planNatgw(want: NatTables, have: NatgwKernel): NftTxPlan {
   return { tx: sc.tx(), changes: sc.changes };
 }
 
-export function renderNatgw(want: NatTables, have: NatgwKernel): NftPlan {
-  return textPlan(planNatgw(want, have));
+/**
+ * The transaction that takes the tables of `families` from `before` to `after` without reading
+ * back (a partial sync, partial.ts): both hold only what a change touched, and `snats` are every
+ * SNAT rule before and after, whose prefix lengths shared_snat dispatches to.
+ */
+export function planTrusted(before: NatTables, after: NatTables, families: Iterable<NftFamily>, snats: readonly [readonly Snat[], readonly Snat[]]): NftTxPlan {
+  const sc = new Script();
+  for (const fam of families) {
+    const spec = familySpec(after, fam, snats[1]);
+    renderEdit(sc, spec, wantedModel(spec), wantedModel(familySpec(before, fam, snats[0])), undefined);
+  }
+  return { tx: sc.tx(), changes: sc.changes };
 }
 
 /** Remove natgw's tables, only those (never `flush ruleset`). */
@@ -764,8 +760,4 @@ export function removeAllTx(have: NatgwKernel): NftTransaction {
   const tx = new NftTransaction();
   for (const f of NFT_FAMILIES) if (have[f] !== null) tx.deleteTable(natgwTable(f));
   return tx;
-}
-
-export function renderRemoveAll(have: NatgwKernel): string {
-  return removeAllTx(have).text();
 }

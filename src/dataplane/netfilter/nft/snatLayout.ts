@@ -45,14 +45,12 @@
 import ipaddr from 'ipaddr.js';
 import { NatgwError } from '../../../model/errors.js';
 import { canonicalIp, familyOf, formatCidr, isIp, parseCidr } from '../../../model/net.js';
-import type { NftElement, NftRule, NftTableRef, NftTransaction } from './transaction.js';
-import type { NatgwRule, NftFamily, NftSetDump, OwnedRule, SnatPorts } from './types.js';
+import type { NatgwRule, NftFamily, NftSetDump, OwnedRule, SnatPorts, SnatRule } from './types.js';
 
 export const SNAT_CHAIN_PREFIX = 'snat_';
 /** The chain that dispatches (render.ts CHAIN.sharedSnat; repeated here to keep this module a leaf). */
 const SHARED_SNAT = 'shared_snat';
 
-type SnatRule = Extract<NatgwRule, { kind: 'snat' }>;
 type DispatchRule = Extract<NatgwRule, { kind: 'snat-dispatch' }>;
 
 /** How one of a length's maps translates: to a CIDR's chain, or to the EIP it holds (plain or fully-random). */
@@ -174,9 +172,7 @@ export function dispatchCandidate(expr: readonly unknown[], fam: NftFamily): Dis
 }
 
 /** A length's dispatch rules, in shared_snat's order. */
-export const dispatchOf = (len: number): DispatchRule[] => SNAT_VIAS.map((via) => ({ kind: 'snat-dispatch', len, via }));
-
-export const dispatchNft = (r: DispatchRule, fam: NftFamily): NftRule => ({ text: dispatchText(r, fam), expr: dispatchJson(r, fam) });
+const dispatchOf = (len: number): DispatchRule[] => SNAT_VIAS.map((via) => ({ kind: 'snat-dispatch', len, via }));
 
 /** The declaration of one of a length's maps (render.ts SetSpec's fields). */
 export const snatMapDecl = (len: number, via: SnatVia, fam: NftFamily) => ({
@@ -192,36 +188,22 @@ export function isSnatMap(s: NftSetDump, fam: NftFamily): boolean {
   return m !== undefined && s.kind === 'map' && s.type === addrType(fam) && s.map === snatMapDecl(m.len, m.via, fam).map && s.flags.length === 0;
 }
 
-export const gotoText = (chain: string): string => `goto ${chain}`;
-
 /**
  * The element a CIDR is when its rules are exactly one single-EIP rule: which map, which EIP.
  * Undefined when it needs its own chain (several rules, where the first counts, or a pool).
  */
-export function snatElementOf(rules: readonly SnatRule[]): { readonly via: SnatVia; readonly eip: string } | undefined {
+function snatElementOf(rules: readonly SnatRule[]): { readonly via: SnatVia; readonly eip: string } | undefined {
   const r = rules[0];
   if (rules.length !== 1 || r === undefined || r.pool) return undefined;
   return { via: r.randomFully ? 'eip-fr' : 'eip', eip: r.eip };
 }
 
-/** One family's SNAT rules (deduplicated, in canonical order) grouped by CIDR, in first-seen order. */
-export interface SnatGroup<T> extends SnatCidr {
-  readonly items: T[];
+/** The prefix lengths of these CIDRs, longest first: the order of shared_snat's dispatch rules. */
+export function snatLens(cidrs: Iterable<string>): number[] {
+  const lens = new Set<number>();
+  for (const c of cidrs) lens.add(snatCidr(c).len);
+  return [...lens].sort((a, b) => b - a);
 }
-
-export function groupSnats<T>(items: readonly T[], cidrOf: (t: T) => string): Map<string, SnatGroup<T>> {
-  const groups = new Map<string, SnatGroup<T>>();
-  for (const it of items) {
-    const c = snatCidr(cidrOf(it));
-    const g = groups.get(c.chain);
-    if (g) g.items.push(it);
-    else groups.set(c.chain, { ...c, items: [it] });
-  }
-  return groups;
-}
-
-/** The prefix lengths in use, longest first: the order of shared_snat's dispatch rules. */
-export const lensOf = (groups: Iterable<SnatCidr>): number[] => [...new Set([...groups].map((g) => g.len))].sort((a, b) => b - a);
 
 /** What the layout holds for one family's SNAT rules: dispatch rules, maps, CIDR chains. */
 export interface SnatLayout {
@@ -230,9 +212,18 @@ export interface SnatLayout {
   readonly chains: ReadonlyArray<{ readonly name: string; readonly rules: readonly NatgwRule[] }>;
 }
 
-export function snatLayout(rules: readonly SnatRule[], fam: NftFamily): SnatLayout {
-  const groups = groupSnats(rules, (r) => r.cidr);
-  const lens = lensOf(groups.values());
+/**
+ * One family's SNAT rules (deduplicated, in canonical order) laid out, each CIDR's rules in their
+ * order. `lens` are the prefix lengths in use: those of `rules` unless more rules than these hold them.
+ */
+export function snatLayout(rules: readonly SnatRule[], fam: NftFamily, lens = snatLens(rules.map((r) => r.cidr))): SnatLayout {
+  const groups = new Map<string, SnatCidr & { readonly items: SnatRule[] }>();
+  for (const r of rules) {
+    const c = snatCidr(r.cidr);
+    const g = groups.get(c.chain);
+    if (g) g.items.push(r);
+    else groups.set(c.chain, { ...c, items: [r] });
+  }
   const elements = new Map<string, Map<string, string>>();
   for (const len of lens) for (const via of SNAT_VIAS) elements.set(snatMapName(len, via), new Map());
   const chains: Array<{ name: string; rules: readonly NatgwRule[] }> = [];
@@ -240,7 +231,7 @@ export function snatLayout(rules: readonly SnatRule[], fam: NftFamily): SnatLayo
     const el = snatElementOf(g.items);
     if (el) elements.get(snatMapName(g.len, el.via))?.set(g.key, el.eip);
     else {
-      elements.get(snatMapName(g.len))?.set(g.key, gotoText(g.chain));
+      elements.get(snatMapName(g.len))?.set(g.key, `goto ${g.chain}`);
       chains.push({ name: g.chain, rules: g.items });
     }
   }
@@ -286,164 +277,4 @@ export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, se
     }
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------------
-// Partial (command path): the change between two SNAT lists without reading back
-// ---------------------------------------------------------------------------------
-
-/** A SNAT rule as the partial path renders it: the rule, its text, its transaction form. */
-export interface SnatItem {
-  readonly rule: SnatRule;
-  readonly text: string;
-  nft(): NftRule;
-}
-
-const sameTexts = (a: readonly SnatItem[], b: readonly SnatItem[]): boolean => a.length === b.length && a.every((x, i) => x.text === b[i]?.text);
-const rulesOf = (g: SnatGroup<SnatItem>): SnatRule[] => g.items.map((x) => x.rule);
-
-/** Elements to delete and add, per map, written deletes first (a changed value is delete + add). */
-class ElementChanges {
-  readonly dels = new Map<string, string[]>();
-  readonly adds = new Map<string, NftElement[]>();
-
-  del(map: string, key: string): void {
-    const l = this.dels.get(map);
-    if (l) l.push(key);
-    else this.dels.set(map, [key]);
-  }
-
-  add(map: string, e: NftElement): void {
-    const l = this.adds.get(map);
-    if (l) l.push(e);
-    else this.adds.set(map, [e]);
-  }
-
-  write(tx: NftTransaction, t: NftTableRef): number {
-    let n = 0;
-    for (const [map, keys] of this.dels) {
-      tx.deleteElements(t, map, keys);
-      n += keys.length;
-    }
-    for (const [map, list] of this.adds) {
-      tx.addElements(t, map, list);
-      n += list.length;
-    }
-    return n;
-  }
-}
-
-/**
- * Append to `tx` the operations that take one family's SNAT objects from `before` to `after`
- * (both deduplicated, in canonical order); returns the number of objects changed. `before` and
- * `after` may hold only the rules of the CIDRs a change touched (every CIDR left out holding the
- * same rules in both): `lensOfAll` then gives the prefix lengths in use before and after over
- * all of the family's rules, which a CIDR appearing or going needs (asked only then).
- *
- * Order in the transaction: new maps, then chains and their rules, then elements (deletes before
- * adds), then shared_snat, then what nothing names any more (a length's maps, a CIDR's chain).
- */
-export function planSnatChange(
-  tx: NftTransaction,
-  t: NftTableRef,
-  fam: NftFamily,
-  before: readonly SnatItem[],
-  after: readonly SnatItem[],
-  lensOfAll?: () => readonly [readonly number[], readonly number[]],
-): number {
-  // Only the CIDRs a rule was added to or removed from are grouped: a command at a thousand SNAT
-  // rules must not regroup them all (the walk below compares texts, nothing more).
-  const textsBefore = new Set(before.map((x) => x.text));
-  const textsAfter = new Set(after.map((x) => x.text));
-  const touched = new Set<string>();
-  for (const x of before) if (!textsAfter.has(x.text)) touched.add(snatCidr(x.rule.cidr).chain);
-  for (const x of after) if (!textsBefore.has(x.text)) touched.add(snatCidr(x.rule.cidr).chain);
-  if (touched.size === 0) {
-    if (before.length === after.length && before.every((x, i) => x.text === after[i]?.text)) return 0;
-    // The same rules in another order: every CIDR is compared.
-    for (const x of after) touched.add(snatCidr(x.rule.cidr).chain);
-  }
-  const inTouched = (x: SnatItem): boolean => touched.has(snatCidr(x.rule.cidr).chain);
-  const g0 = groupSnats(before.filter(inTouched), (i) => i.rule.cidr);
-  const g1 = groupSnats(after.filter(inTouched), (i) => i.rule.cidr);
-  // A prefix length appears or goes only with a CIDR: the full walk for lengths is needed then only.
-  const cidrsChange = [...touched].some((c) => g0.has(c) !== g1.has(c));
-  const [lens0, lens1] = !cidrsChange
-    ? [[], []]
-    : (lensOfAll?.() ?? [lensOf(before.map((x) => snatCidr(x.rule.cidr))), lensOf(after.map((x) => snatCidr(x.rule.cidr)))]);
-  const newLens = lens1.filter((l) => !lens0.includes(l));
-  const goneLens = new Set(lens0.filter((l) => !lens1.includes(l)));
-  let changes = 0;
-
-  for (const len of newLens) for (const via of SNAT_VIAS) tx.addMap(t, snatMapDecl(len, via, fam));
-  const elements = new ElementChanges();
-  const goneChains: Array<SnatGroup<SnatItem>> = [];
-  for (const name of touched) {
-    const was = g0.get(name);
-    const now = g1.get(name);
-    const e0 = was && snatElementOf(rulesOf(was));
-    const e1 = now && snatElementOf(rulesOf(now));
-    if (was && now && !e0 && !e1) {
-      // A chain before and after: only its rules change.
-      if (sameTexts(was.items, now.items)) continue;
-      if (was.items.length < now.items.length && sameTexts(was.items, now.items.slice(0, was.items.length))) {
-        // Rules that only gained rules at the end (a third EIP): appended, nothing rewritten.
-        for (const it of now.items.slice(was.items.length)) tx.addRule(t, name, it.nft());
-        changes += now.items.length - was.items.length;
-        continue;
-      }
-      tx.flushChain(t, name);
-      for (const it of now.items) tx.addRule(t, name, it.nft());
-      changes += was.items.length + now.items.length;
-      continue;
-    }
-    if (e0 && e1 && e0.via === e1.via && e0.eip === e1.eip) continue;
-    // Otherwise the CIDR's old form goes and its new form comes: an element of one map for
-    // another, a chain for an element, or the reverse.
-    if (was) {
-      if (!e0) goneChains.push(was);
-      // A length that goes takes its maps whole, elements and all.
-      if (!goneLens.has(was.len)) elements.del(snatMapName(was.len, e0 ? e0.via : 'chain'), was.key);
-    }
-    if (now) {
-      if (e1) elements.add(snatMapName(now.len, e1.via), { key: now.key, value: e1.eip });
-      else {
-        tx.addChain(t, { name });
-        for (const it of now.items) tx.addRule(t, name, it.nft());
-        elements.add(snatMapName(now.len), { key: now.key, value: gotoText(name) });
-        changes += 1 + now.items.length;
-      }
-    }
-  }
-  changes += elements.write(tx, t);
-
-  if (goneLens.size > 0) {
-    // A rule goes only by handle, which the command path does not know: shared_snat holds three
-    // rules per prefix length, so it is rewritten (atomically, in this transaction).
-    tx.flushChain(t, SHARED_SNAT);
-    for (const len of lens1) for (const r of dispatchOf(len)) tx.addRule(t, SHARED_SNAT, dispatchNft(r, fam));
-    changes += SNAT_VIAS.length * (lens0.length + lens1.length);
-  } else {
-    let placed = 0;
-    lens1.forEach((len, i) => {
-      if (!newLens.includes(len)) return;
-      // The chain holds lens0 plus the new lengths placed so far, in their final order.
-      const at = SNAT_VIAS.length * i;
-      const inChain = at < SNAT_VIAS.length * (lens0.length + placed);
-      dispatchOf(len).forEach((r, k) => {
-        if (inChain) tx.insertRuleAt(t, SHARED_SNAT, dispatchNft(r, fam), at + k);
-        else tx.addRule(t, SHARED_SNAT, dispatchNft(r, fam));
-      });
-      placed += 1;
-    });
-  }
-
-  for (const len of goneLens) for (const via of SNAT_VIAS) tx.deleteSet(t, 'map', snatMapName(len, via));
-  for (const g of goneChains) {
-    tx.flushChain(t, g.chain);
-    tx.deleteChain(t, g.chain);
-    changes += 2 + g.items.length;
-  }
-  changes += SNAT_VIAS.length * (newLens.length + goneLens.size);
-  return changes;
 }

@@ -44,10 +44,6 @@ export interface NftSetSpec {
   readonly map?: string;
   /** Per-element counters. */
   readonly counter?: boolean;
-  /** Filled by the packet path (`add @set { … }` in a rule); nft needs the flag for that. */
-  readonly dynamic?: boolean;
-  /** The most elements it holds (nft's default for a dynamic set is 65,535). */
-  readonly size?: number;
 }
 
 /** An element as nft prints it: `1.2.3.4 . tcp . 80`, value `10.0.1.6 . 8080` or `goto dnat-…`. */
@@ -121,48 +117,12 @@ function chainDecl(b: NftBaseChainSpec | undefined): string {
 function setDecl(s: NftSetSpec): string {
   const type = checked(TYPE, 'type', s.type);
   if (s.kind === 'map') return `{ type ${type} : ${checked(TYPE, 'type', s.map ?? '')}; }`;
-  const size = s.size !== undefined ? ` size ${checkHandle(s.size)};` : '';
-  return `{ type ${type};${size}${s.dynamic ? ' flags dynamic;' : ''}${s.counter ? ' counter;' : ''} }`;
+  return `{ type ${type};${s.counter ? ' counter;' : ''} }`;
 }
 
 function elementText(e: NftElement): string {
   const key = checked(ELEMENT, 'element', e.key);
   return e.value === undefined ? key : `${key} : ${checked(ELEMENT, 'element value', e.value)}`;
-}
-
-/** ELEMENT's characters and the `, ` between elements. */
-const ELEMENT_LIST = /^[0-9A-Za-z.:/ _,-]+$/;
-
-/**
- * The elements as nft reads them, `k : v, k : v`. Checked as a whole (an element list runs to
- * ten thousand keys and values): every character plain data or a separator's comma, and exactly
- * the separators' commas, so no key or value holds one; each one non-empty. Exactly what
- * checking each against ELEMENT admits; anything else is checked one by one, which names the
- * first value that is not plain data.
- */
-function elementsText(elements: readonly NftElement[]): string {
-  // One join over one text per element: a `+=` chain keeps a rope node per piece alive until
-  // the whole text is flattened, and at ten thousand elements the young generation copies them all.
-  const parts: string[] = [];
-  let empty = false;
-  for (let i = 0; i < elements.length; i++) {
-    const e = elements[i] as NftElement;
-    if (e.value === undefined) parts.push(e.key);
-    else {
-      parts.push(`${e.key} : ${e.value}`);
-      empty ||= e.value.length === 0;
-    }
-    empty ||= e.key.length === 0;
-  }
-  const body = parts.join(', ');
-  if (!empty && ELEMENT_LIST.test(body) && commas(body) === elements.length - 1) return body;
-  return elements.map(elementText).join(', ');
-}
-
-function commas(s: string): number {
-  let n = 0;
-  for (let at = s.indexOf(','); at !== -1; at = s.indexOf(',', at + 1)) n++;
-  return n;
 }
 
 /** One operation as the line nft reads. */
@@ -180,7 +140,7 @@ export function opText(op: NftOp): string {
         ? `add ${op.set.kind} ${t} ${checked(NAME, op.set.kind, op.set.name)} ${setDecl(op.set)}`
         : `delete ${op.kind} ${t} ${checked(NAME, op.kind, op.name)}`;
     case 'element':
-      return `${op.verb} element ${t} ${checked(NAME, 'set', op.set)} { ${elementsText(op.elements)} }`;
+      return `${op.verb} element ${t} ${checked(NAME, 'set', op.set)} { ${op.elements.map(elementText).join(', ')} }`;
     case 'rule': {
       const c = `${t} ${checked(NAME, 'chain', op.chain)}`;
       if (op.verb === 'delete') return `delete rule ${c} handle ${checkHandle(op.handle)}`;

@@ -60,6 +60,8 @@ export type NatgwRule =
       readonly internalIp: string;
     };
 
+export type SnatRule = Extract<NatgwRule, { kind: 'snat' }>;
+
 export interface NftBaseHook {
   readonly type: string;
   readonly hook: string;
