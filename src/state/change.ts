@@ -1,3 +1,4 @@
+import { z } from 'zod';
 import type { DesiredState } from './state.js';
 import { dnatKey, eipKey, fipKey, prefixOf, routeKey, shareDnatKey, snatKey } from '../model/rules.js';
 import { eipQosKey, gwQosKey } from '../model/qos.js';
@@ -222,6 +223,21 @@ function sameOrder(all: readonly string[], kept: readonly string[]): boolean {
 export interface ChangeRecord {
   readonly set?: Partial<Pick<DesiredState, Scalar>>;
   readonly lists?: { readonly [K in Collection]?: { readonly del?: readonly string[]; readonly put?: readonly Item<K>[] } };
+}
+
+/**
+ * The shape a journal line must have to be replayed. A line of any other shape (one of an
+ * earlier, unreleased build, which described changes by index) is not read: the journal is then
+ * not trusted from that line on, as for a line that does not verify.
+ */
+const changeRecordSchema = z.strictObject({
+  set: z.partialRecord(z.enum(SCALARS), z.unknown()).optional(),
+  lists: z.partialRecord(z.enum(COLLECTIONS), z.strictObject({ del: z.array(z.string()).optional(), put: z.array(z.looseObject({})).optional() })).optional(),
+});
+
+/** `value` as a ChangeRecord, or undefined where it is not one. The objects are kept as read. */
+export function asChangeRecord(value: unknown): ChangeRecord | undefined {
+  return changeRecordSchema.safeParse(value).success ? (value as ChangeRecord) : undefined;
 }
 
 export function recordOf(c: StateChange): ChangeRecord {

@@ -22,8 +22,7 @@ import { SystemError } from '../model/errors.js';
 import { bootId } from '../system/bootId.js';
 import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
-import { COLLECTIONS, applyRecords, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
-import { applyIndexDelta, isIndexDelta } from './indexDelta.js';
+import { COLLECTIONS, applyRecords, asChangeRecord, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
 import { timelineMark } from '../system/timeline.js';
 
 /**
@@ -161,6 +160,15 @@ async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<stri
 }
 
 /** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
+/** A journal line's record; undefined for a line that is not JSON or not a record this natgw writes. */
+function readRecord(payload: string): ChangeRecord | undefined {
+  try {
+    return asChangeRecord(JSON.parse(payload));
+  } catch {
+    return undefined;
+  }
+}
+
 async function publishTemp(tmp: string, file: string): Promise<void> {
   try {
     await fs.rename(tmp, file);
@@ -448,7 +456,7 @@ export class StateStore {
    */
   writesSnapshot(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): boolean {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
-    // set-aside file, a journal of the older format) the store writes one, even for an unchanged state.
+    // set-aside file, a journal line it could not read) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return true;
     return changeSize(change) > BUDGET(after);
   }
@@ -584,9 +592,8 @@ export class StateStore {
     }
     const lines = text.split('\n');
     if (lines[0] !== `{"base":"${sha}"}`) return snapshot;
-    let state = snapshot;
     // Records are replayed together (change.ts: one pass over each collection they touch).
-    let records: ChangeRecord[] = [];
+    const records: ChangeRecord[] = [];
     let entries = 0;
     let torn = !text.endsWith('\n');
     let at = Buffer.byteLength(lines[0] ?? '') + 1;
@@ -615,24 +622,17 @@ export class StateStore {
         torn = true;
         break;
       }
-      try {
-        const record = JSON.parse(payload) as unknown;
-        if (isIndexDelta(record)) {
-          // The journal of an older natgw (indexes, not identities): replayed by index, once;
-          // the next commit folds it into a snapshot (torn, below).
-          state = applyIndexDelta(applyRecords(state, records), record);
-          records = [];
-          torn = true;
-        } else records.push(record as ChangeRecord);
-      } catch {
+      const record = readRecord(payload);
+      if (record === undefined) {
         torn = true;
         break;
       }
+      records.push(record);
       entries++;
     }
     read.journalEntries = entries;
     read.journalTorn = torn;
-    return records.length ? applyRecords(state, records) : state;
+    return records.length ? applyRecords(snapshot, records) : snapshot;
   }
 
   async loadBackend(): Promise<BackendRecord | undefined> {
