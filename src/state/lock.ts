@@ -3,7 +3,7 @@
  * in-process shim runs. The lock is a symbolic link whose target names
  * its holder — `natgw:<pid>:<start>:<boot>:<pidns>` — as Emacs and Mercurial lock files do:
  * `symlink()` takes it and records who in one call, and fails when it is taken; `unlink()` lets
- * it go. A directory with an owner file inside (what natgw used before) costs four metadata
+ * it go. A directory with an owner file inside would cost four metadata
  * writes, two of them block allocations on ext4 (~0.2 ms a command, measured); a symlink this
  * short lives in its inode (~0.05 ms).
  *
