@@ -162,15 +162,6 @@ export function diffStates(before: DesiredState, after: DesiredState): StateChan
     // An array of a state is a value, never changed once made: the same array holds the same objects.
     if (a === b) continue;
     const key = KEYS[k] as (x: object) => string;
-    // Into an empty collection (a bulk document into a new gateway): everything is added.
-    if (a.length === 0) {
-      if (b.length) {
-        const m = new Map<string, Touched<unknown>>();
-        for (const x of b) m.set(key(x), { after: x });
-        lists[k] = m;
-      }
-      continue;
-    }
     const old = new Map<string, object>();
     for (const x of a) old.set(key(x), x);
     const m = new Map<string, Touched<unknown>>();

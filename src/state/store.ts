@@ -16,6 +16,7 @@ import {
 } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
+import { promisify } from 'node:util';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
@@ -38,7 +39,8 @@ import { timelineMark } from '../system/timeline.js';
 export async function writeFileAtomic(file: string, data: string): Promise<void> {
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
   try {
-    const fd = openTemp(tmp);
+    mkdirSync(path.dirname(tmp), { recursive: true });
+    const fd = openSync(tmp, 'w', 0o600);
     try {
       const bytes = Buffer.from(data, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
@@ -63,21 +65,8 @@ export async function writeFileAtomic(file: string, data: string): Promise<void>
   }
 }
 
-/** A new temp file; the directory is made only when it is missing (it is there but once). */
-function openTemp(tmp: string): number {
-  try {
-    return openSync(tmp, 'w', 0o600);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-    mkdirSync(path.dirname(tmp), { recursive: true });
-    return openSync(tmp, 'w', 0o600);
-  }
-}
-
 /** fsync on the thread pool. */
-function fileSync(fd: number): Promise<void> {
-  return new Promise((resolve, reject) => fsync(fd, (e) => (e ? reject(e) : resolve())));
-}
+const fileSync = promisify(fsync);
 
 /**
  * A write to the state dir failed (a full or read-only disk): nothing was acknowledged. The
@@ -188,9 +177,7 @@ function closeQuietly(fd: number): void {
 }
 
 /** fdatasync on the thread pool: the event loop goes on (a tool's output, a process start) meanwhile. */
-function dataSync(fd: number): Promise<void> {
-  return new Promise((resolve, reject) => fdatasync(fd, (e) => (e ? reject(e) : resolve())));
-}
+const dataSync = promisify(fdatasync);
 
 /** A directory's entries made durable: the open and close made synchronously, only the fsync on the thread pool. */
 async function syncDir(dir: string): Promise<void> {
