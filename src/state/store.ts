@@ -200,8 +200,7 @@ const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4)
 
 /**
  * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
- * each wait for a turn of the event loop, ~20 ms in all on the first sync of a restore, while
- * the loop handled the read-ahead tools' output and spawned `ip`.
+ * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
  */
 function readJson(file: string): unknown | undefined {
   try {
