@@ -12,7 +12,7 @@
  * pid namespace, a target it cannot read) keeps the lock until it goes stale: `STALE_MS` without
  * the refresh (`lutimes`) that every holder makes while it holds the lock.
  */
-import { lstatSync, lutimesSync, promises, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
+import { lstatSync, lutimesSync, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import { bootId } from '../system/bootId.js';
 
 export const LOCK_NAME = 'natgw.lock';
@@ -116,9 +116,11 @@ export function refreshLock(lock: string): boolean {
 }
 
 /** Let the lock go: false (and nothing removed) when it was not this process's any more. */
-export async function unlock(lock: string): Promise<boolean> {
+export function unlock(lock: string): boolean {
   if (!holdsLock(lock)) return false;
-  await promises.unlink(lock).catch(() => undefined);
+  try {
+    unlinkSync(lock);
+  } catch {}
   return true;
 }
 
