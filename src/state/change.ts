@@ -31,7 +31,7 @@ export interface Touched<T> {
   readonly moved?: boolean;
 }
 
-export type Lists = { readonly [K in Collection]?: ReadonlyMap<string, Touched<Item<K>>> };
+type Lists = { readonly [K in Collection]?: ReadonlyMap<string, Touched<Item<K>>> };
 
 export interface StateChange {
   readonly scalars: Partial<Pick<DesiredState, Scalar>>;

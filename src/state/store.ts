@@ -212,7 +212,7 @@ function readJson(file: string): unknown | undefined {
 }
 
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
-export const backendRecordSchema = z.object({
+const backendRecordSchema = z.object({
   kind: z.enum(['iptables', 'nftables']),
   variant: z.enum(['legacy', 'nft']).optional(),
   /** The previous backend whose objects still wait to be removed (SPEC §4.3 switching). */
