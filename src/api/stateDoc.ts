@@ -55,11 +55,6 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
         in: 'body',
       });
     };
-    if (def.stateKey === 'dnats') {
-      const first = firstDuplicateDnat(s.dnats);
-      if (first !== null) throw duplicate(first[1], first[0]);
-      continue;
-    }
     const seen = new Map<string, number>();
     s[def.stateKey].forEach((x: unknown, i: number) => {
       const k = def.key(x);
@@ -94,29 +89,6 @@ function longestPrefixFirst(snats: DesiredState['snats']): DesiredState['snats']
     .map((_p, i) => i)
     .sort((a, b) => (prefixes[b] as number) - (prefixes[a] as number) || a - b)
     .map((i) => snats[i] as DesiredState['snats'][number]);
-}
-
-/**
- * The first DNAT whose identity (dnatKey: eip, port or range, protocol) an earlier one has, as
- * [earlier index, index]; null when all differ. Without a key string per rule: ten thousand of
- * them would be built only to be compared here, while a bulk document has a few hundred EIPs:
- * the lookup is by EIP and protocol, then by the ports as one number.
- */
-export function firstDuplicateDnat(dnats: DesiredState['dnats']): [number, number] | null {
-  const byEip = new Map<string, Map<string, Map<number, number>>>();
-  for (let i = 0; i < dnats.length; i++) {
-    const d = dnats[i] as DesiredState['dnats'][number];
-    let byProtocol = byEip.get(d.eip);
-    if (byProtocol === undefined) byEip.set(d.eip, (byProtocol = new Map()));
-    let byPorts = byProtocol.get(d.protocol);
-    if (byPorts === undefined) byProtocol.set(d.protocol, (byPorts = new Map()));
-    // Ports are 1-65535, so a missing end (0) differs from every range's end: exact below 2^53.
-    const ports = d.port * 65536 + (d.portEnd ?? 0);
-    const first = byPorts.get(ports);
-    if (first !== undefined) return [first, i];
-    byPorts.set(ports, i);
-  }
-  return null;
 }
 
 /** Per kind, what a change adds, removes and changes. */

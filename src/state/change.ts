@@ -1,3 +1,4 @@
+import { z } from 'zod';
 import type { DesiredState } from './state.js';
 import { dnatKey, eipKey, fipKey, prefixOf, routeKey, shareDnatKey, snatKey } from '../model/rules.js';
 import { eipQosKey, gwQosKey } from '../model/qos.js';
@@ -30,7 +31,7 @@ export interface Touched<T> {
   readonly moved?: boolean;
 }
 
-export type Lists = { readonly [K in Collection]?: ReadonlyMap<string, Touched<Item<K>>> };
+type Lists = { readonly [K in Collection]?: ReadonlyMap<string, Touched<Item<K>>> };
 
 export interface StateChange {
   readonly scalars: Partial<Pick<DesiredState, Scalar>>;
@@ -161,15 +162,6 @@ export function diffStates(before: DesiredState, after: DesiredState): StateChan
     // An array of a state is a value, never changed once made: the same array holds the same objects.
     if (a === b) continue;
     const key = KEYS[k] as (x: object) => string;
-    // Into an empty collection (a bulk document into a new gateway): everything is added.
-    if (a.length === 0) {
-      if (b.length) {
-        const m = new Map<string, Touched<unknown>>();
-        for (const x of b) m.set(key(x), { after: x });
-        lists[k] = m;
-      }
-      continue;
-    }
     const old = new Map<string, object>();
     for (const x of a) old.set(key(x), x);
     const m = new Map<string, Touched<unknown>>();
@@ -222,6 +214,21 @@ function sameOrder(all: readonly string[], kept: readonly string[]): boolean {
 export interface ChangeRecord {
   readonly set?: Partial<Pick<DesiredState, Scalar>>;
   readonly lists?: { readonly [K in Collection]?: { readonly del?: readonly string[]; readonly put?: readonly Item<K>[] } };
+}
+
+/**
+ * The shape a journal line must have to be replayed. A line of any other shape (one of an
+ * earlier, unreleased build, which described changes by index) is not read: the journal is then
+ * not trusted from that line on, as for a line that does not verify.
+ */
+const changeRecordSchema = z.strictObject({
+  set: z.partialRecord(z.enum(SCALARS), z.unknown()).optional(),
+  lists: z.partialRecord(z.enum(COLLECTIONS), z.strictObject({ del: z.array(z.string()).optional(), put: z.array(z.looseObject({})).optional() })).optional(),
+});
+
+/** `value` as a ChangeRecord, or undefined where it is not one. The objects are kept as read. */
+export function asChangeRecord(value: unknown): ChangeRecord | undefined {
+  return changeRecordSchema.safeParse(value).success ? (value as ChangeRecord) : undefined;
 }
 
 export function recordOf(c: StateChange): ChangeRecord {

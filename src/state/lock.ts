@@ -3,7 +3,7 @@
  * in-process shim runs. The lock is a symbolic link whose target names
  * its holder — `natgw:<pid>:<start>:<boot>:<pidns>` — as Emacs and Mercurial lock files do:
  * `symlink()` takes it and records who in one call, and fails when it is taken; `unlink()` lets
- * it go. A directory with an owner file inside (what natgw used before) costs four metadata
+ * it go. A directory with an owner file inside would cost four metadata
  * writes, two of them block allocations on ext4 (~0.2 ms a command, measured); a symlink this
  * short lives in its inode (~0.05 ms).
  *
@@ -12,8 +12,7 @@
  * pid namespace, a target it cannot read) keeps the lock until it goes stale: `STALE_MS` without
  * the refresh (`lutimes`) that every holder makes while it holds the lock.
  */
-import { lstatSync, lutimesSync, promises, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync } from 'node:fs';
-import path from 'node:path';
+import { lstatSync, lutimesSync, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import { bootId } from '../system/bootId.js';
 
 export const LOCK_NAME = 'natgw.lock';
@@ -62,32 +61,18 @@ function selfOwner(): { readonly owner: Owner; readonly text: string } {
 }
 
 const OWNER_TEXT = /^natgw:(\d+):(\d+):([0-9a-f]{8}):(\d+)$/;
-/** The natgw before this one: a directory `natgw.lock` with a JSON owner file in it. */
-const LEGACY_OWNER = 'owner';
 
-/** Who holds the lock, as its target (or a directory's owner file) says; undefined when unreadable. */
+/** Who holds the lock, as its target says; undefined when unreadable (it is then judged only by its age). */
 function ownerOf(lock: string): Owner | undefined {
-  let text: string | undefined;
+  let text: string;
   try {
     text = readlinkSync(lock);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return undefined;
-    return legacyOwner(read(path.join(lock, LEGACY_OWNER)));
+  } catch {
+    return undefined;
   }
   const m = OWNER_TEXT.exec(text);
   if (!m) return undefined;
   return { pid: Number(m[1]), start: m[2] as string, boot: m[3] as string, pidns: m[4] as string };
-}
-
-function legacyOwner(text: string | undefined): Owner | undefined {
-  if (text === undefined) return undefined;
-  try {
-    const o = JSON.parse(text) as Partial<Record<keyof Owner, unknown>>;
-    if (typeof o.pid !== 'number' || typeof o.start !== 'string' || typeof o.boot !== 'string' || typeof o.pidns !== 'string') return undefined;
-    return { pid: o.pid, start: o.start, boot: o.boot.replace(/-/g, '').slice(0, 8), pidns: /\d+/.exec(o.pidns)?.[0] ?? '' };
-  } catch {
-    return undefined;
-  }
 }
 
 /** The owner is a process of this boot and pid namespace that no longer runs. */
@@ -131,9 +116,11 @@ export function refreshLock(lock: string): boolean {
 }
 
 /** Let the lock go: false (and nothing removed) when it was not this process's any more. */
-export async function unlock(lock: string): Promise<boolean> {
+export function unlock(lock: string): boolean {
   if (!holdsLock(lock)) return false;
-  await promises.unlink(lock).catch(() => undefined);
+  try {
+    unlinkSync(lock);
+  } catch {}
   return true;
 }
 
@@ -172,21 +159,13 @@ export function clearDeadLock(lock: string, opts: { readonly staleMs?: number } 
 }
 
 /**
- * A live holder's lock, renamed aside by mistake, goes back, unless the lock was taken since:
- * a symlink is re-created (rename would replace the new taker's), a directory renamed (which
- * fails onto anything there). Either way the aside copy goes; a holder whose lock was lost this
- * way finds it not its own at release (holdsLock).
+ * A live holder's lock, renamed aside by mistake, goes back, unless the lock was taken since
+ * (a symlink is re-created: a rename would replace the new taker's). Either way the aside copy
+ * goes; a holder whose lock was lost this way finds it not its own at release (holdsLock).
  */
 function putBack(aside: string, lock: string): void {
   try {
     symlinkSync(readlinkSync(aside), lock);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'EINVAL') {
-      try {
-        renameSync(aside, lock);
-        return;
-      } catch {}
-    }
-  }
+  } catch {}
   rmSync(aside, { recursive: true, force: true });
 }

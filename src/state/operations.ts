@@ -74,8 +74,7 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
  * The state holding it stands for the kernel holding it: the engine plans every change on that
  * premise, and a kernel that lost the address with its interface (down and up, recreated) is
  * announced again when the interface comes up (RestartHygiene).
- */
-/**
+ *
  * `networks`: the uplinks' connected networks, for a gateway with several external interfaces
  * (the EIP's interface is decided here and kept in the state, model/uplinks.ts).
  */

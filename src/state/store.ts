@@ -16,14 +16,14 @@ import {
 } from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
+import { promisify } from 'node:util';
 import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
 import { bootId } from '../system/bootId.js';
 import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
-import { COLLECTIONS, applyRecords, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
-import { applyIndexDelta, isIndexDelta } from './indexDelta.js';
+import { COLLECTIONS, applyRecords, asChangeRecord, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
 import { timelineMark } from '../system/timeline.js';
 
 /**
@@ -39,7 +39,8 @@ import { timelineMark } from '../system/timeline.js';
 export async function writeFileAtomic(file: string, data: string): Promise<void> {
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
   try {
-    const fd = openTemp(tmp);
+    mkdirSync(path.dirname(tmp), { recursive: true });
+    const fd = openSync(tmp, 'w', 0o600);
     try {
       const bytes = Buffer.from(data, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
@@ -64,21 +65,8 @@ export async function writeFileAtomic(file: string, data: string): Promise<void>
   }
 }
 
-/** A new temp file; the directory is made only when it is missing (it is there but once). */
-function openTemp(tmp: string): number {
-  try {
-    return openSync(tmp, 'w', 0o600);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-    mkdirSync(path.dirname(tmp), { recursive: true });
-    return openSync(tmp, 'w', 0o600);
-  }
-}
-
 /** fsync on the thread pool. */
-function fileSync(fd: number): Promise<void> {
-  return new Promise((resolve, reject) => fsync(fd, (e) => (e ? reject(e) : resolve())));
-}
+const fileSync = promisify(fsync);
 
 /**
  * A write to the state dir failed (a full or read-only disk): nothing was acknowledged. The
@@ -161,6 +149,15 @@ async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<stri
 }
 
 /** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
+/** A journal line's record; undefined for a line that is not JSON or not a record this natgw writes. */
+function readRecord(payload: string): ChangeRecord | undefined {
+  try {
+    return asChangeRecord(JSON.parse(payload));
+  } catch {
+    return undefined;
+  }
+}
+
 async function publishTemp(tmp: string, file: string): Promise<void> {
   try {
     await fs.rename(tmp, file);
@@ -180,9 +177,7 @@ function closeQuietly(fd: number): void {
 }
 
 /** fdatasync on the thread pool: the event loop goes on (a tool's output, a process start) meanwhile. */
-function dataSync(fd: number): Promise<void> {
-  return new Promise((resolve, reject) => fdatasync(fd, (e) => (e ? reject(e) : resolve())));
-}
+const dataSync = promisify(fdatasync);
 
 /** A directory's entries made durable: the open and close made synchronously, only the fsync on the thread pool. */
 async function syncDir(dir: string): Promise<void> {
@@ -205,8 +200,7 @@ const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4)
 
 /**
  * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
- * each wait for a turn of the event loop, ~20 ms in all on the first sync of a restore, while
- * the loop handled the read-ahead tools' output and spawned `ip`.
+ * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
  */
 function readJson(file: string): unknown | undefined {
   try {
@@ -218,7 +212,7 @@ function readJson(file: string): unknown | undefined {
 }
 
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
-export const backendRecordSchema = z.object({
+const backendRecordSchema = z.object({
   kind: z.enum(['iptables', 'nftables']),
   variant: z.enum(['legacy', 'nft']).optional(),
   /** The previous backend whose objects still wait to be removed (SPEC §4.3 switching). */
@@ -292,8 +286,6 @@ export class StateStore {
    * write; kernels since 6.13 stamp a change that follows a stat finely.)
    */
   private lastSnapshot: { readonly identity: string; readonly sha: string; readonly state: DesiredState } | undefined;
-  /** The release of this process's last hold of the lock, still under way (withLock). */
-  private releasing: Promise<void> | undefined;
 
   constructor(
     readonly dir: string,
@@ -448,7 +440,7 @@ export class StateStore {
    */
   writesSnapshot(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): boolean {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
-    // set-aside file, a journal of the older format) the store writes one, even for an unchanged state.
+    // set-aside file, a journal line it could not read) the store writes one, even for an unchanged state.
     if (this.snapshotSha === undefined || this.journalTorn) return true;
     return changeSize(change) > BUDGET(after);
   }
@@ -584,9 +576,8 @@ export class StateStore {
     }
     const lines = text.split('\n');
     if (lines[0] !== `{"base":"${sha}"}`) return snapshot;
-    let state = snapshot;
     // Records are replayed together (change.ts: one pass over each collection they touch).
-    let records: ChangeRecord[] = [];
+    const records: ChangeRecord[] = [];
     let entries = 0;
     let torn = !text.endsWith('\n');
     let at = Buffer.byteLength(lines[0] ?? '') + 1;
@@ -615,24 +606,17 @@ export class StateStore {
         torn = true;
         break;
       }
-      try {
-        const record = JSON.parse(payload) as unknown;
-        if (isIndexDelta(record)) {
-          // The journal of an older natgw (indexes, not identities): replayed by index, once;
-          // the next commit folds it into a snapshot (torn, below).
-          state = applyIndexDelta(applyRecords(state, records), record);
-          records = [];
-          torn = true;
-        } else records.push(record as ChangeRecord);
-      } catch {
+      const record = readRecord(payload);
+      if (record === undefined) {
         torn = true;
         break;
       }
+      records.push(record);
       entries++;
     }
     read.journalEntries = entries;
     read.journalTorn = torn;
-    return records.length ? applyRecords(state, records) : state;
+    return records.length ? applyRecords(snapshot, records) : snapshot;
   }
 
   async loadBackend(): Promise<BackendRecord | undefined> {
@@ -673,8 +657,6 @@ export class StateStore {
    * (lock.ts), else once it goes stale after STALE_MS without the holder's refresh.
    */
   async withLock<T>(fn: () => Promise<T>): Promise<T> {
-    // This process's previous hold is released before it asks again (see the release below).
-    await this.releasing;
     // Synchronous, as the lock's own calls: microseconds on a local directory.
     mkdirSync(this.dir, { recursive: true });
     await this.acquire();
@@ -695,15 +677,8 @@ export class StateStore {
       return await this.holder.run(true, fn);
     } finally {
       clearInterval(refresh);
-      // Released on the check phase after the holder's result has gone on (a command's answer
-      // is microtasks away), not before: the unlink is off the answer's path. What the holder
-      // did is durable already; only the next holder waits.
-      this.releasing = new Promise<void>((r) => setImmediate(r))
-        .then(() => unlock(this.lockFile))
-        .then((ours) => {
-          if (!ours) taken();
-        })
-        .catch(() => undefined);
+      // Synchronous, as the lock's other calls: a readlink and an unlink, ~10 µs.
+      if (!unlock(this.lockFile)) taken();
     }
   }
 }

@@ -4,7 +4,7 @@
  * at once instead of waiting ~10 s for it to go stale (a daemon restarted after a crash
  * mid-command was not ready for that long, and skipped its replay). A live holder, and an owner
  * this process cannot judge (another pid namespace or boot, an unreadable one), keep the lock
- * until it goes stale; the directory lock of the natgw before is judged the same way.
+ * until it goes stale, as does anything else found at the lock's path.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { lstatSync, lutimesSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -126,18 +126,16 @@ describe("natgw's lock and its owner", () => {
     expect(taken).toEqual([[NO_PID, 'stale']]);
   });
 
-  it('judges the directory lock of the natgw before (an upgrade after a crash) by its owner file', () => {
+  it('takes over anything else at its path (an earlier build left a directory) only once it goes stale', () => {
     const dir = stateDir();
     const lock = path.join(dir, LOCK_NAME);
     mkdirSync(lock);
-    // No owner file: alive until stale.
+    writeFileSync(path.join(lock, 'owner'), '{}');
     expect(clearDeadLock(lock)).toEqual({ cleared: false });
-    const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
-    const pidnsLink = readlinkSync('/proc/self/ns/pid');
-    writeFileSync(path.join(lock, 'owner'), JSON.stringify({ pid: NO_PID, start: '1', boot, pidns: 'pid:[1]' }));
-    expect(clearDeadLock(lock)).toEqual({ cleared: false });
-    writeFileSync(path.join(lock, 'owner'), JSON.stringify({ pid: NO_PID, start: '1', boot, pidns: pidnsLink }));
-    expect(clearDeadLock(lock)).toEqual({ cleared: true, why: 'dead', pid: NO_PID });
+    expect(clearDeadLock(lock, { staleMs: 10_000 })).toEqual({ cleared: false });
+    const old = new Date(Date.now() - 20_000);
+    lutimesSync(lock, old, old);
+    expect(clearDeadLock(lock, { staleMs: 10_000 })).toEqual({ cleared: true, why: 'stale' });
     expect(present(lock)).toBe(false);
     expect(readdirSync(dir)).toEqual([]);
   });
@@ -151,7 +149,7 @@ describe("natgw's lock and its owner", () => {
     lutimesSync(lock, old, old);
     expect(refreshLock(lock)).toBe(true);
     expect(Date.now() - lstatSync(lock).mtimeMs).toBeLessThan(5_000);
-    expect(await unlock(lock)).toBe(true);
+    expect(unlock(lock)).toBe(true);
     expect(present(lock)).toBe(false);
 
     const compromised: string[] = [];
