@@ -47,11 +47,6 @@ export class BackendSwitch {
     return b;
   }
 
-  /** The backend without taking the lock or recording anything (get-iptables-version). */
-  async peek(): Promise<NetfilterBackend> {
-    return (await this.choose()).backend;
-  }
-
   /** The choice as it stands, with no switch carried out and nothing recorded (a dry run). */
   async choose(): Promise<{ backend: NetfilterBackend; choice: BackendChoice }> {
     const choice = await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe);

@@ -39,8 +39,8 @@ export interface ApplyReport {
   readonly shareDnatChanges: number;
   readonly linkChanges: number;
   readonly qosChanges: number;
-  /** Static neighbour entries added, replaced or removed (absent where the engine has no such part). */
-  readonly neighbourChanges?: number;
+  /** Static neighbour entries added, replaced or removed. */
+  readonly neighbourChanges: number;
   readonly script: string;
   readonly notes: readonly string[];
 }
@@ -52,7 +52,7 @@ export interface FlushCount {
 }
 
 /** How many objects an apply added, replaced or removed, all parts together. */
-export const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
+export const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + r.neighbourChanges;
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
 export type SyncEvent =
@@ -139,8 +139,6 @@ export type Transact = Engine['transact'];
 
 export interface Transaction {
   readonly state: DesiredState;
-  readonly backend: NetfilterBackend;
-  readonly choice: BackendChoice;
   /** The init guard's answer for this transaction (SPEC §2), read from the kernel only in a full sync. */
   readonly initialized: () => Promise<boolean>;
 }
@@ -239,8 +237,8 @@ export class Engine {
   }
 
   /** The backend without taking the lock or recording anything (get-iptables-version). */
-  peekBackend(): Promise<NetfilterBackend> {
-    return this.backends.peek();
+  async peekBackend(): Promise<NetfilterBackend> {
+    return (await this.backends.choose()).backend;
   }
 
   /**
@@ -307,7 +305,8 @@ export class Engine {
           await flushing;
           throw this.failed(kind, started, e);
         });
-        await this.settleQos(next);
+        // Acknowledged: what the QoS part created for the change is now the state's.
+        await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         await this.trustApplied(next, base, running);
         this.notify(kind === base.kind ? base : { ...base, kind, why: 'the partial sync was refused' }, started, report, next, await flushing);
         announce = () => this.announce(next, change.effects);
@@ -384,9 +383,9 @@ export class Engine {
    * state built otherwise). Addresses it releases are removed by this transaction's link sync.
    */
   private async build(fn: (tx: Transaction) => Promise<TxResult> | TxResult, base: Base): Promise<OpResult> {
-    const { state, backend, choice } = base;
+    const { state, backend } = base;
     const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
-    const r = await fn({ state, backend, choice, initialized });
+    const r = await fn({ state, initialized });
     const change = { ...r, change: r.change ?? diffStates(state, r.state) };
     timelineMark('state built');
     for (const e of change.effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
@@ -477,11 +476,6 @@ export class Engine {
       throw e;
     }
     timelineMark('durable');
-  }
-
-  /** Acknowledged: what the QoS part created for the change is now the state's (its intent settles). */
-  private async settleQos(next: DesiredState): Promise<void> {
-    await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
   }
 
   /** Trust what was applied, unless a distrust from outside replaced this change's mark while it ran. */
@@ -628,10 +622,6 @@ export class Engine {
     else if (drift > 0) this.log.warn({ reason, ...report, script: undefined }, 'resync repaired drift');
     await this.conntrack.retryFailed();
     return report;
-  }
-
-  async isInitialized(): Promise<boolean> {
-    return (await this.peekBackend()).isInitialized();
   }
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */

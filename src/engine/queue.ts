@@ -22,10 +22,6 @@ export class SerialQueue {
     return this.waiting + (this.running ? 1 : 0);
   }
 
-  get busy(): boolean {
-    return this.running;
-  }
-
   /** Run `job` after every job queued before it. Its result (or error) is the job's own. */
   run<T>(job: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
@@ -47,10 +43,6 @@ export class SerialQueue {
   async close(): Promise<void> {
     this.closed = true;
     await this.tail;
-  }
-
-  get isClosed(): boolean {
-    return this.closed;
   }
 }
 
@@ -103,7 +95,7 @@ class NothingToApply extends Error {}
 export class ChangeBatcher {
   private pending: Pending[] = [];
   private scheduled = false;
-  batches = 0;
+  /** Requests that shared a transaction with another. */
   merged = 0;
 
   constructor(
@@ -161,7 +153,6 @@ export class ChangeBatcher {
 
   private async drain(batch: Pending[]): Promise<void> {
     if (batch.length === 0) return;
-    this.batches++;
     if (batch.length > 1) this.merged += batch.length;
     try {
       await this.apply(batch);
