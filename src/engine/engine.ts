@@ -16,7 +16,6 @@ import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
 import { EipCounters } from '../dataplane/eipCounters.js';
 import { NeighbourManager } from '../dataplane/neighbours.js';
-import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
 import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, uplinksPart, type Part, type PartName } from './parts.js';
@@ -107,7 +106,6 @@ export class SyncListeners {
  */
 interface Applied {
   readonly state: DesiredState;
-  readonly choice: BackendChoice;
   readonly backend: NetfilterBackend;
   readonly stamp: FilesStamp;
 }
@@ -147,7 +145,6 @@ export interface Transaction {
 interface Base {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
-  readonly choice: BackendChoice;
   readonly kind: SyncMode;
   /** Why a full sync reads the kernel back (the log says so). */
   readonly why?: string;
@@ -234,11 +231,6 @@ export class Engine {
 
   get log(): Logger {
     return this.deps.log;
-  }
-
-  /** The backend without taking the lock or recording anything (get-iptables-version). */
-  async peekBackend(): Promise<NetfilterBackend> {
-    return (await this.backends.choose()).backend;
   }
 
   /**
@@ -361,21 +353,18 @@ export class Engine {
     // The skeleton was in the kernel at the last full sync and every change since went
     // through this process: the state's own flag is the guard's evidence.
     if (opts.guarded && !applied.state.initialized) throw new NotInitializedError();
-    return { state: applied.state, backend: applied.backend, choice: applied.choice, kind: 'partial' };
+    return { state: applied.state, backend: applied.backend, kind: 'partial' };
   }
 
   /** A full sync loads the durable state (or adopts natgw's objects from the kernel) and resolves the backend. */
   private async load(opts: TransactOptions, why: string): Promise<Base> {
     const saved = await this.store.load();
     // A dry run changes nothing: no switch of backends, no record written.
-    const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
-      ? await this.backends.choose()
-      : await this.backends.resolve(saved);
-    const { backend, choice } = resolved;
+    const { backend, adopted } = opts.dryRun ? { backend: await this.backends.choose(), adopted: undefined } : await this.backends.resolve(saved);
     if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
-    const state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+    const state = saved ?? adopted ?? (await this.adoptOrEmpty(backend));
     timelineMark('loaded');
-    return { state, backend, choice, kind: 'full', why };
+    return { state, backend, kind: 'full', why };
   }
 
   /**
@@ -481,7 +470,7 @@ export class Engine {
   /** Trust what was applied, unless a distrust from outside replaced this change's mark while it ran. */
   private async trustApplied(next: DesiredState, base: Base, running: Trust): Promise<void> {
     const stamp = await this.store.stamp();
-    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, choice: base.choice, stamp } };
+    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, stamp } };
     this.lastApplied = next;
     this.generation++;
   }
@@ -634,7 +623,7 @@ export class Engine {
     // a newer one): what was read may lack changes acknowledged before this call. Read again
     // under the lock, where no commit runs.
     if ((await this.store.stamp()).key !== before) saved = await this.store.withLock(() => this.store.load());
-    return saved ?? this.adoptOrEmpty(await this.peekBackend());
+    return saved ?? this.adoptOrEmpty(await this.backends.choose());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {
