@@ -538,7 +538,7 @@ export class Engine {
         timelineMark(`part ${part.name}`);
         changes[part.name] = r.changes;
         script += r.script;
-        notes.push(...r.notes);
+        notes.push(...(r.notes ?? []));
       } catch (e) {
         // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
         // the error applied (an atomic part finds nothing to put back).
