@@ -5,12 +5,8 @@ import { Supervised } from '../system/supervised.js';
 
 export interface LinkMonitorOptions {
   readonly log: Logger;
-  /** Called once per burst of events, `debounceMs` after the last one. */
+  /** Called once per burst of events, DEBOUNCE_MS after the last one. */
   readonly onChange: (why: string) => void;
-  readonly debounceMs?: number;
-  /** First restart delay after the monitor died; doubles up to maxRestartMs. */
-  readonly restartMs?: number;
-  readonly maxRestartMs?: number;
   /** The monitor command (default `ip -o monitor link address neigh`). */
   readonly argv?: readonly string[];
   /**
@@ -30,6 +26,9 @@ export interface LinkMonitorOptions {
    */
   readonly links?: () => Promise<string>;
 }
+
+/** A burst of events (an interface recreated with its addresses) is reported once, this long after its last line. */
+const DEBOUNCE_MS = 200;
 
 /** A line about the QoS probe's throwaway device (probe.ts names it). */
 const PROBE_LINE = new RegExp(`^(?:Deleted )?\\d+: ${PROBE_DEVICE_PREFIX}[0-9a-f]+[:@\\s]`);
@@ -109,8 +108,8 @@ export class LinkMonitor {
       args,
       name: 'link monitor',
       log: this.opts.log,
-      minBackoffMs: this.opts.restartMs ?? 500,
-      maxBackoffMs: this.opts.maxRestartMs ?? 30_000,
+      minBackoffMs: 500,
+      maxBackoffMs: 30_000,
       stableMs: 10_000,
       graceMs: 2000,
       onLine: (line) => {
@@ -152,16 +151,7 @@ export class LinkMonitor {
       if (!this.monitor) return;
       this.opts.log.debug({ event: this.lastLine }, 'link event');
       this.opts.onChange(`link event: ${this.lastLine.slice(0, 200)}`);
-    }, this.opts.debounceMs ?? 200);
-  }
-
-  /** The running monitor's pid (tests kill it to prove the restart). */
-  get pid(): number | undefined {
-    return this.monitor?.pid;
-  }
-
-  get restarts(): number {
-    return this.monitor?.restarts ?? 0;
+    }, DEBOUNCE_MS);
   }
 
   stop(): void {

@@ -39,19 +39,19 @@ export function parseListen(s: string): { host: string | undefined; port: number
  * operators reach the gateway; net1 faces the external network and carries the EIPs, and an
  * API bound to every address would face it too.
  */
-export function vpcAddress(ifname: string, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]>): string | undefined {
+function vpcAddress(ifname: string, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]>): string | undefined {
   const addrs = interfaces[ifname] ?? [];
   return (addrs.find((a) => a.family === 'IPv4') ?? addrs.find((a) => a.family === 'IPv6' && !a.address.toLowerCase().startsWith('fe80')))?.address;
 }
 
 /** A token this short is guessable by a tenant on the VPC side (32 bytes: `openssl rand -hex 16` and up). */
-export const MIN_TOKEN_BYTES = 32;
+const MIN_TOKEN_BYTES = 32;
 
 /** What the shipped examples put where a token goes (image/deploy): never a real secret. */
 const PLACEHOLDER = /change[-_ ]?me|replace[-_ ]?me|placeholder|your[-_ ]?token/i;
 
 /** Why this token must not guard the API, or undefined. */
-export function tokenProblem(token: string, file: string): string | undefined {
+function tokenProblem(token: string, file: string): string | undefined {
   if (PLACEHOLDER.test(token)) {
     return `NATGW_TOKEN_FILE: ${file} holds the example's placeholder token: put a random one there (e.g. openssl rand -hex 32)`;
   }

@@ -23,7 +23,6 @@ export class Reconciler {
   private stopped = false;
   private lastMissing = '';
   private presentNow = false;
-  runs = 0;
 
   constructor(private readonly deps: ReconcilerDeps) {}
 
@@ -75,7 +74,6 @@ export class Reconciler {
         }
         if (missing.length > 0) return;
       }
-      this.runs++;
       await agent.resync(reason);
     } catch (e) {
       if (!this.stopped) log.error({ err: e, reason }, 'resync failed');

@@ -47,15 +47,9 @@ export class BackendSwitch {
     return b;
   }
 
-  /** The backend without taking the lock or recording anything (get-iptables-version). */
-  async peek(): Promise<NetfilterBackend> {
-    return (await this.choose()).backend;
-  }
-
-  /** The choice as it stands, with no switch carried out and nothing recorded (a dry run). */
-  async choose(): Promise<{ backend: NetfilterBackend; choice: BackendChoice }> {
-    const choice = await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe);
-    return { backend: this.backendFor(choice), choice };
+  /** The backend as it stands, without the lock, a switch or a record (a dry run, get-iptables-version). */
+  async choose(): Promise<NetfilterBackend> {
+    return this.backendFor(await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe));
   }
 
   /** A transaction starts: no backend may hand it a listing an earlier transaction's guard read. */
@@ -78,7 +72,7 @@ export class BackendSwitch {
    * objects. Without a state file the new backend is filled with what the old one holds, and
    * that adopted state is returned for the transaction to build on.
    */
-  async resolve(state: DesiredState | undefined): Promise<{ backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState }> {
+  async resolve(state: DesiredState | undefined): Promise<{ backend: NetfilterBackend; adopted?: DesiredState }> {
     const { store } = this.deps;
     const record = await store.loadBackend();
     const choice = await decideBackend(this.deps.config, record, this.probe);
@@ -114,7 +108,7 @@ export class BackendSwitch {
     } else if (pending) {
       await store.saveBackend(choice);
     }
-    return { backend, choice, ...(adopted ? { adopted } : {}) };
+    return { backend, ...(adopted ? { adopted } : {}) };
   }
 
   /** Remove an old backend's objects; false (logged, retried later) when that fails. */

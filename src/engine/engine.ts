@@ -16,7 +16,6 @@ import { Conntrack, type ConntrackFilter } from '../dataplane/conntrack.js';
 import { QosManager } from '../dataplane/qos/manager.js';
 import { EipCounters } from '../dataplane/eipCounters.js';
 import { NeighbourManager } from '../dataplane/neighbours.js';
-import type { BackendChoice } from './backendSelect.js';
 import { BackendSwitch } from './backendSwitch.js';
 import { adoptState } from './adopt.js';
 import { ctTimeoutsPart, linkPart, neighboursPart, netfilterPart, qosPart, shareDnatPart, uplinksPart, type Part, type PartName } from './parts.js';
@@ -39,8 +38,8 @@ export interface ApplyReport {
   readonly shareDnatChanges: number;
   readonly linkChanges: number;
   readonly qosChanges: number;
-  /** Static neighbour entries added, replaced or removed (absent where the engine has no such part). */
-  readonly neighbourChanges?: number;
+  /** Static neighbour entries added, replaced or removed. */
+  readonly neighbourChanges: number;
   readonly script: string;
   readonly notes: readonly string[];
 }
@@ -52,7 +51,7 @@ export interface FlushCount {
 }
 
 /** How many objects an apply added, replaced or removed, all parts together. */
-export const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + (r.neighbourChanges ?? 0);
+export const changesOf = (r: ApplyReport): number => r.netfilterChanges + r.shareDnatChanges + r.linkChanges + r.qosChanges + r.neighbourChanges;
 
 /** What the engine tells an observer after each (non-dry-run) apply: metrics, readiness. */
 export type SyncEvent =
@@ -107,7 +106,6 @@ export class SyncListeners {
  */
 interface Applied {
   readonly state: DesiredState;
-  readonly choice: BackendChoice;
   readonly backend: NetfilterBackend;
   readonly stamp: FilesStamp;
 }
@@ -139,8 +137,6 @@ export type Transact = Engine['transact'];
 
 export interface Transaction {
   readonly state: DesiredState;
-  readonly backend: NetfilterBackend;
-  readonly choice: BackendChoice;
   /** The init guard's answer for this transaction (SPEC §2), read from the kernel only in a full sync. */
   readonly initialized: () => Promise<boolean>;
 }
@@ -149,7 +145,6 @@ export interface Transaction {
 interface Base {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
-  readonly choice: BackendChoice;
   readonly kind: SyncMode;
   /** Why a full sync reads the kernel back (the log says so). */
   readonly why?: string;
@@ -238,11 +233,6 @@ export class Engine {
     return this.deps.log;
   }
 
-  /** The backend without taking the lock or recording anything (get-iptables-version). */
-  peekBackend(): Promise<NetfilterBackend> {
-    return this.backends.peek();
-  }
-
   /**
    * Stop trusting what this process applied: the next transaction is a full sync, and one
    * running now does not trust what it applies. Called when the kernel may have changed behind
@@ -307,7 +297,8 @@ export class Engine {
           await flushing;
           throw this.failed(kind, started, e);
         });
-        await this.settleQos(next);
+        // Acknowledged: what the QoS part created for the change is now the state's.
+        await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
         await this.trustApplied(next, base, running);
         this.notify(kind === base.kind ? base : { ...base, kind, why: 'the partial sync was refused' }, started, report, next, await flushing);
         announce = () => this.announce(next, change.effects);
@@ -362,21 +353,18 @@ export class Engine {
     // The skeleton was in the kernel at the last full sync and every change since went
     // through this process: the state's own flag is the guard's evidence.
     if (opts.guarded && !applied.state.initialized) throw new NotInitializedError();
-    return { state: applied.state, backend: applied.backend, choice: applied.choice, kind: 'partial' };
+    return { state: applied.state, backend: applied.backend, kind: 'partial' };
   }
 
   /** A full sync loads the durable state (or adopts natgw's objects from the kernel) and resolves the backend. */
   private async load(opts: TransactOptions, why: string): Promise<Base> {
     const saved = await this.store.load();
     // A dry run changes nothing: no switch of backends, no record written.
-    const resolved: { backend: NetfilterBackend; choice: BackendChoice; adopted?: DesiredState } = opts.dryRun
-      ? await this.backends.choose()
-      : await this.backends.resolve(saved);
-    const { backend, choice } = resolved;
+    const { backend, adopted } = opts.dryRun ? { backend: await this.backends.choose(), adopted: undefined } : await this.backends.resolve(saved);
     if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
-    const state = saved ?? resolved.adopted ?? (await this.adoptOrEmpty(backend));
+    const state = saved ?? adopted ?? (await this.adoptOrEmpty(backend));
     timelineMark('loaded');
-    return { state, backend, choice, kind: 'full', why };
+    return { state, backend, kind: 'full', why };
   }
 
   /**
@@ -384,9 +372,9 @@ export class Engine {
    * state built otherwise). Addresses it releases are removed by this transaction's link sync.
    */
   private async build(fn: (tx: Transaction) => Promise<TxResult> | TxResult, base: Base): Promise<OpResult> {
-    const { state, backend, choice } = base;
+    const { state, backend } = base;
     const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
-    const r = await fn({ state, backend, choice, initialized });
+    const r = await fn({ state, initialized });
     const change = { ...r, change: r.change ?? diffStates(state, r.state) };
     timelineMark('state built');
     for (const e of change.effects) if (e.kind === 'release') this.link.release({ addresses: e.address ? [e.address] : [], routes: e.route ? [e.route] : [] });
@@ -479,15 +467,10 @@ export class Engine {
     timelineMark('durable');
   }
 
-  /** Acknowledged: what the QoS part created for the change is now the state's (its intent settles). */
-  private async settleQos(next: DesiredState): Promise<void> {
-    await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
-  }
-
   /** Trust what was applied, unless a distrust from outside replaced this change's mark while it ran. */
   private async trustApplied(next: DesiredState, base: Base, running: Trust): Promise<void> {
     const stamp = await this.store.stamp();
-    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, choice: base.choice, stamp } };
+    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, stamp } };
     this.lastApplied = next;
     this.generation++;
   }
@@ -555,7 +538,7 @@ export class Engine {
         timelineMark(`part ${part.name}`);
         changes[part.name] = r.changes;
         script += r.script;
-        notes.push(...r.notes);
+        notes.push(...(r.notes ?? []));
       } catch (e) {
         // The failed part too: `ip -batch` and `tc -batch` stop half-way with the lines before
         // the error applied (an atomic part finds nothing to put back).
@@ -630,10 +613,6 @@ export class Engine {
     return report;
   }
 
-  async isInitialized(): Promise<boolean> {
-    return (await this.peekBackend()).isInitialized();
-  }
-
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
     const before = (await this.store.stamp()).key;
@@ -644,7 +623,7 @@ export class Engine {
     // a newer one): what was read may lack changes acknowledged before this call. Read again
     // under the lock, where no commit runs.
     if ((await this.store.stamp()).key !== before) saved = await this.store.withLock(() => this.store.load());
-    return saved ?? this.adoptOrEmpty(await this.peekBackend());
+    return saved ?? this.adoptOrEmpty(await this.backends.choose());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {

@@ -160,7 +160,7 @@ export async function runLegacy(
   const started = Date.now();
   try {
     if (!spec) {
-      out.line(await (await engine.peekBackend()).versionLine());
+      out.line(await (await engine.backends.choose()).versionLine());
       return out.result(0);
     }
     const parsed = rules.map((r) => spec.parse(r, engine.config));

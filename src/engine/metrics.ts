@@ -4,7 +4,7 @@ import type { SyncEvent } from './engine.js';
 import type { DesiredState } from '../state/state.js';
 
 /** The object kinds natgw keeps, as the `kind` label of natgw_objects. */
-export const OBJECT_KINDS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos', 'neighbours'] as const;
+const OBJECT_KINDS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos', 'neighbours'] as const;
 
 /**
  * Prometheus metrics of one agent, in a registry of its own (so several agents, e.g. in

@@ -20,14 +20,15 @@ import { hasSecondaryUplinks } from '../model/uplinks.js';
  */
 export type PartName = 'netfilter' | 'shareDnat' | 'ctTimeouts' | 'link' | 'uplinks' | 'qos' | 'neighbours';
 
-export interface PartResult {
+interface PartResult {
   readonly changes: number;
   /** What was (or, in a dry run, would be) applied, as the tool's own script text. */
   readonly script: string;
-  readonly notes: readonly string[];
+  /** Warnings for the change's output; absent when there are none. */
+  readonly notes?: readonly string[];
 }
 
-export interface PartSync {
+interface PartSync {
   readonly mode: SyncMode;
   readonly dryRun?: boolean;
   /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
@@ -55,7 +56,11 @@ const changed =
   (from: DesiredState | undefined, change: StateChange | undefined): boolean =>
     !from || !change || touches(change, ...fields);
 
-const none: readonly string[] = [];
+const nothing: PartResult = { changes: 0, script: '' };
+
+/** What the connection-timeout and uplink parts write into: the netfilter backend in use. */
+const ctTargetOf = (backend: NetfilterBackend): CtTarget =>
+  backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
 
 /**
  * NAT rules, with the per-EIP accounting folded into the same nft transaction where the
@@ -74,7 +79,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
     async sync(want, from, opts) {
       if (!want.initialized) {
         if (opts.mode === 'full' && !opts.dryRun) await Promise.all([backend.observe?.(), counters.observe()]);
-        return { changes: 0, script: '', notes: none };
+        return nothing;
       }
       const eips = want.eips.map((e) => e.address);
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
@@ -107,7 +112,7 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
         log.debug('per-EIP accounting synced on its own');
         await counters.sync(eips, { mode: opts.mode });
       }
-      return { changes: r.changes, script: r.script, notes: none };
+      return { changes: r.changes, script: r.script };
     },
   };
 }
@@ -117,10 +122,7 @@ export function shareDnatPart(table: ShareDnatTable): Part {
     name: 'shareDnat',
     runs: (want, from, mode, change) =>
       mode === 'full' || ((want.shareDnats.length > 0 || (from?.shareDnats.length ?? 0) > 0) && changed('shareDnats')(from, change)),
-    async sync(want, _from, opts) {
-      const r = await table.sync(want.shareDnats, opts);
-      return { changes: r.changes, script: r.script, notes: none };
-    },
+    sync: (want, _from, opts) => table.sync(want.shareDnats, opts),
   };
 }
 
@@ -131,15 +133,13 @@ const translatedChanged = changed('snats', 'dnats', 'fips', 'shareDnats', 'inter
  * configured it runs only in a full sync (once per process: what an earlier configuration left).
  */
 export function ctTimeoutsPart(ct: CtTimeouts, backend: NetfilterBackend): Part {
-  const target: CtTarget = backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
   return {
     name: 'ctTimeouts',
     runs: (_want, from, mode, change) => mode === 'full' || (ct.configured && translatedChanged(from, change)),
     async sync(want, _from, opts) {
       // Nothing is translated before init; leftovers of an earlier configuration go at once.
-      if (!want.initialized && ct.configured) return { changes: 0, script: '', notes: none };
-      const r = await ct.sync(want, target, opts);
-      return { changes: r.changes, script: r.script, notes: r.notes };
+      if (!want.initialized && ct.configured) return nothing;
+      return ct.sync(want, ctTargetOf(backend), opts);
     },
   };
 }
@@ -152,10 +152,7 @@ export function linkPart(link: LinkManager): Part {
     // An address or route released by the change (a delete of an unlisted object) is work of
     // its own, beyond the state's fields.
     runs: (_want, from, mode, change) => mode === 'full' || link.hasReleases() || linkChanged(from, change),
-    async sync(want, from, opts) {
-      const r = await link.sync(want, from, opts);
-      return { changes: r.changes, script: r.script, notes: r.notes ?? none };
-    },
+    sync: (want, from, opts) => link.sync(want, from, opts),
   };
 }
 
@@ -166,15 +163,11 @@ const uplinksChanged = changed('eips', 'snats', 'fips', 'interfaces', 'initializ
  * secondary uplinks it only looks for its marker file, spawning nothing.
  */
 export function uplinksPart(uplinks: UplinkRoutes, backend: NetfilterBackend): Part {
-  const target: CtTarget = backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
   return {
     name: 'uplinks',
     runs: (want, from, mode, change) =>
       mode === 'full' || ((hasSecondaryUplinks(want.interfaces) || hasSecondaryUplinks(from?.interfaces)) && uplinksChanged(from, change)),
-    async sync(want, _from, opts) {
-      const r = await uplinks.sync(want, target, opts);
-      return { changes: r.changes, script: r.script, notes: r.notes };
-    },
+    sync: (want, _from, opts) => uplinks.sync(want, ctTargetOf(backend), opts),
   };
 }
 
@@ -191,9 +184,9 @@ export function qosPart(qos: QosManager): Part {
         (changed('eipQos', 'qos', 'interfaces')(from, change) || (hasSecondaryUplinks(want.interfaces) && changed('eips')(from, change)))),
     async sync(want, from, opts) {
       // Without rules either side the kernel is read only when an unsettled change may have left something.
-      if (!has(want) && !has(from) && !(await qos.hasPending())) return { changes: 0, script: '', notes: none };
+      if (!has(want) && !has(from) && !(await qos.hasPending())) return nothing;
       const r = await qos.sync(want, opts);
-      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), notes: r.notes ?? none };
+      return { changes: r.changes, script: r.commands.map((c) => `${c}\n`).join(''), ...(r.notes ? { notes: r.notes } : {}) };
     },
   };
 }
@@ -204,9 +197,6 @@ export function neighboursPart(neighbours: NeighbourManager): Part {
     name: 'neighbours',
     runs: (want, from, mode, change) =>
       (want.neighbours.length > 0 || (from?.neighbours.length ?? 0) > 0) && (mode === 'full' || changed('neighbours')(from, change)),
-    async sync(want, from, opts) {
-      const r = await neighbours.sync(want.neighbours, from?.neighbours ?? [], opts);
-      return { changes: r.changes, script: r.script, notes: none };
-    },
+    sync: (want, from, opts) => neighbours.sync(want.neighbours, from?.neighbours ?? [], opts),
   };
 }

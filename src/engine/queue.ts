@@ -22,10 +22,6 @@ export class SerialQueue {
     return this.waiting + (this.running ? 1 : 0);
   }
 
-  get busy(): boolean {
-    return this.running;
-  }
-
   /** Run `job` after every job queued before it. Its result (or error) is the job's own. */
   run<T>(job: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new QueueClosedError());
@@ -48,10 +44,6 @@ export class SerialQueue {
     this.closed = true;
     await this.tail;
   }
-
-  get isClosed(): boolean {
-    return this.closed;
-  }
 }
 
 export class QueueClosedError extends Error {
@@ -72,8 +64,7 @@ export interface ChangeRequest {
 }
 
 export interface ChangeResult {
-  /** The desired state just before and just after this request's own operation. */
-  readonly before: DesiredState;
+  /** The desired state just after this request's own operation. */
   readonly after: DesiredState;
   /** What this request's own operation changed (undefined: a state built by hand). */
   readonly change: StateChange | undefined;
@@ -88,7 +79,7 @@ interface Pending {
   readonly reject: (e: unknown) => void;
 }
 
-type Outcome = { ok: true; before: DesiredState; after: DesiredState; change: StateChange | undefined } | { ok: false; error: unknown };
+type Outcome = { ok: true; after: DesiredState; change: StateChange | undefined } | { ok: false; error: unknown };
 
 /** Thrown inside a transaction whose every operation was refused: abort it, apply nothing. */
 class NothingToApply extends Error {}
@@ -103,7 +94,7 @@ class NothingToApply extends Error {}
 export class ChangeBatcher {
   private pending: Pending[] = [];
   private scheduled = false;
-  batches = 0;
+  /** Requests that shared a transaction with another. */
   merged = 0;
 
   constructor(
@@ -161,7 +152,6 @@ export class ChangeBatcher {
 
   private async drain(batch: Pending[]): Promise<void> {
     if (batch.length === 0) return;
-    this.batches++;
     if (batch.length > 1) this.merged += batch.length;
     try {
       await this.apply(batch);
@@ -198,7 +188,7 @@ export class ChangeBatcher {
             }
             try {
               const r = await req.op(acc, { ...tx, state: acc });
-              outcomes.push({ ok: true, before: acc, after: r.state, change: r.change });
+              outcomes.push({ ok: true, after: r.state, change: r.change });
               acc = r.state;
               change = change && r.change ? compose(change, r.change) : undefined;
               // The same flush or announcement twice in one batch is done once.
@@ -220,7 +210,7 @@ export class ChangeBatcher {
       );
       batch.forEach((p, i) => {
         const o = outcomes[i]!;
-        if (o.ok) p.resolve({ before: o.before, after: o.after, change: o.change, report, batchSize: batch.length });
+        if (o.ok) p.resolve({ after: o.after, change: o.change, report, batchSize: batch.length });
         else p.reject(o.error);
       });
     } catch (e) {

@@ -6,15 +6,13 @@
  */
 import pino from 'pino';
 import { loadConfig, type Config } from '../../src/config/config.js';
-import { SyncListeners, type ApplyReport, type Engine, type SyncListener, type Transaction } from '../../src/engine/engine.js';
-import type { NetfilterBackend } from '../../src/dataplane/netfilter/backend.js';
+import { SyncListeners, type ApplyReport, type SyncListener, type Transaction } from '../../src/engine/engine.js';
 import { NotInitializedError, SystemError } from '../../src/model/errors.js';
 import type { Effect, TxResult } from '../../src/state/operations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import type { BackendRecord } from '../../src/state/store.js';
 import type { EngineLike } from '../../src/daemon/agent.js';
 import { Agent } from '../../src/daemon/agent.js';
-import { runLegacy } from '../../src/engine/legacy.js';
 
 export class FakeEngine implements EngineLike {
   readonly log = pino({ level: 'silent' });
@@ -46,18 +44,6 @@ export class FakeEngine implements EngineLike {
     return new FakeEngine(await loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw-test.env', ...env }));
   }
 
-  private backend(): NetfilterBackend {
-    return {
-      kind: 'iptables',
-      isInitialized: async () => this.initialized,
-      sync: async () => ({ changes: 0, script: '' }),
-      readBack: async () => null,
-      removeAll: async () => undefined,
-      versionLine: async () => 'iptables v1.8.9 (legacy)',
-      forget: () => undefined,
-    };
-  }
-
   async transact(
     fn: (tx: Transaction) => Promise<TxResult> | TxResult,
     opts: { guarded?: boolean; dryRun?: boolean; qos?: boolean } = {},
@@ -67,11 +53,8 @@ export class FakeEngine implements EngineLike {
     this.busy = true;
     try {
       if (opts.guarded && !this.initialized) throw new NotInitializedError();
-      const backend = this.backend();
       const { state: next, effects } = await fn({
         state: this.state,
-        backend,
-        choice: { kind: 'iptables', variant: 'legacy' },
         initialized: async () => this.initialized,
       });
       this.transactions++;
@@ -84,6 +67,7 @@ export class FakeEngine implements EngineLike {
         shareDnatChanges: 0,
         linkChanges: 0,
         qosChanges: 0,
+        neighbourChanges: 0,
         script: changed ? `# would apply\n${JSON.stringify(next.dnats)}\n` : '',
         notes: [],
       };
@@ -120,5 +104,5 @@ export class FakeEngine implements EngineLike {
 
 /** An Agent over a FakeEngine, running script commands with the real runLegacy. */
 export function fakeAgent(engine: FakeEngine): Agent {
-  return new Agent({ engine, log: engine.log, runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t) });
+  return new Agent({ engine, log: engine.log });
 }

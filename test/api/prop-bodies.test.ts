@@ -13,8 +13,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApp } from '../../src/api/app.js';
 import { RESOURCES, splitId, type ResourceDef } from '../../src/api/resources.js';
 import { Agent } from '../../src/daemon/agent.js';
-import { runLegacy } from '../../src/engine/legacy.js';
-import type { Engine } from '../../src/engine/engine.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
 
 const RUNS = Number(process.env.NATGW_PROP_RUNS ?? 150);
@@ -24,7 +22,7 @@ let app: Express;
 beforeAll(async () => {
   kernel = new RecordingKernel();
   const engine = await kernel.initialised();
-  const agent = new Agent({ engine, log: pino({ level: 'silent' }), runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t) });
+  const agent = new Agent({ engine, log: pino({ level: 'silent' }) });
   app = createApp({ agent, log: pino({ level: 'silent' }), bodyLimit: '1mb' });
 });
 afterAll(() => kernel?.cleanup());

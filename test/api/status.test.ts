@@ -7,8 +7,6 @@ import request from 'supertest';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
 import { Agent } from '../../src/daemon/agent.js';
-import { runLegacy } from '../../src/engine/legacy.js';
-import type { Engine } from '../../src/engine/engine.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
 let engine: FakeEngine;
@@ -56,7 +54,6 @@ describe('GET /v1/status', () => {
     const watching = new Agent({
       engine,
       log: engine.log,
-      runLegacy: (e, c, a, t) => runLegacy(e as unknown as Engine, c, a, t),
       portUsage: () => (following ? usage : undefined),
     });
     const watched = createApp({ agent: watching, log: engine.log, bodyLimit: '64kb' });
