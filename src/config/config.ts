@@ -95,8 +95,6 @@ const count = (key: string, min: number, max: number) =>
     })
     .meta({ values: `a whole number, ${min} to ${max}` });
 
-const isAsn = (s: string): boolean => /^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295;
-
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
   optionalText
@@ -111,10 +109,18 @@ const bool = z
   .transform((s) => ['true', '1', 'yes', 'on'].includes(s))
   .meta({ values: 'true or false (also 1/0, yes/no, on/off)' });
 
+/** A program natgw runs: a name looked up in PATH, or a path. */
+const program = (name: string) => z.string().trim().min(1).default(name).meta({ values: 'a command or path' });
+
 const optionalText = z
   .string()
   .optional()
   .transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
+
+/** An AS number (BGP), 1 to 4294967295. */
+const asn = optionalText
+  .refine((s) => s === undefined || (/^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295), 'must be an AS number from 1 to 4294967295')
+  .meta({ values: 'an AS number' });
 
 /**
  * Every key natgw reads, with its default (SPEC §4.3). Each key's `describe()` text and its
@@ -317,13 +323,7 @@ export const configSchema = z.object({
   NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000)
     .prefault('10s')
     .describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
-  NATGW_CONNTRACKD: z
-    .string()
-    .trim()
-    .min(1)
-    .default('conntrackd')
-    .meta({ values: 'a command or path' })
-    .describe('The conntrackd binary natgw runs and supervises.'),
+  NATGW_CONNTRACKD: program('conntrackd').describe('The conntrackd binary natgw runs and supervises.'),
   NATGW_HA_PEER_API: optionalText
     .refine(
       (s) => s === undefined || s.split(',').every((a) => /^https?:\/\/[^\s/]+\/?$/.test(a.trim())),
@@ -367,14 +367,8 @@ export const configSchema = z.object({
     .describe(
       'EIPs announced by BGP: the upstream routers this replica peers with (BIRD, supervised by natgw). Each router carries the EIPs of its family (/32, /128), next hop this replica, while its data plane is ready; the EIPs then get no gratuitous ARP. Unset: off.',
     ),
-  NATGW_BGP_ASN: optionalText
-    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
-    .meta({ values: 'an AS number' })
-    .describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
-  NATGW_BGP_PEER_ASN: optionalText
-    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
-    .meta({ values: 'an AS number' })
-    .describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
+  NATGW_BGP_ASN: asn.describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
+  NATGW_BGP_PEER_ASN: asn.describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
   NATGW_BGP_ROUTER_ID: optionalText
     .refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address (BGP router IDs are written as one)')
     .meta({ values: 'an IPv4 address' })
@@ -384,20 +378,9 @@ export const configSchema = z.object({
   NATGW_BFD_MULTIPLIER: count('NATGW_BFD_MULTIPLIER', 1, 255)
     .prefault('3')
     .describe('BFD packets missed before the session (and its routes) is declared down.'),
-  NATGW_BIRD: z.string().trim().min(1).default('bird').meta({ values: 'a command or path' }).describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
-  NATGW_BIRDC: z
-    .string()
-    .trim()
-    .min(1)
-    .default('birdc')
-    .meta({ values: 'a command or path' })
-    .describe("BIRD's control client (reconfiguration, session status)."),
+  NATGW_BIRD: program('bird').describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
+  NATGW_BIRDC: program('birdc').describe("BIRD's control client (reconfiguration, session status)."),
 });
-
-/** Keys read from the environment only, before the env file is found. */
-export const ENV_ONLY_KEYS = {
-  NATGW_ENV_FILE: { default: DEFAULT_ENV_FILE, values: 'a path', description: 'Where the env file is.' },
-} as const;
 
 /** The keys above: what an env file or the environment may set (NATGW_ENV_FILE, read from the environment only, is not one). */
 export const CONFIG_KEYS: readonly string[] = Object.keys(configSchema.shape);
