@@ -6,11 +6,12 @@ import { errorHandler, HttpError, validationError } from './errors.js';
 import { requestLog } from './requestLog.js';
 import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.js';
 import { parseStateBody } from './stateDoc.js';
-import { mountStatus } from './status.js';
+import { buildStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
 import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../system/timeline.js';
 import type { AgentService, HaService, RoutingService } from './service.js';
 import type { DesiredState } from '../state/state.js';
+import type { CommandOutput } from '../engine/output.js';
 
 export interface AppDeps {
   readonly agent: AgentService;
@@ -164,25 +165,19 @@ export function createApp(deps: AppDeps): Express {
     next();
   });
   if (deps.auth) app.use(authenticate(deps.auth));
-  // Debug level: a bulk PUT's critical path, step by step (system/timeline.ts).
+  // Debug level: a request's critical path, step by step (system/timeline.ts). A single
+  // command's few milliseconds are spread over the request, the lock, the tool and the journal:
+  // its timeline says which (bench/commandTimeline.ts reads these lines).
   enableTimeline(log.isLevelEnabled('debug'));
   if (timelineEnabled()) {
-    app.put('/v1/state', (_req, res, next) => {
-      timelineStart();
-      res.on('finish', () => {
-        const timeline = timelineEnd();
-        if (timeline) log.debug(timeline, 'bulk PUT timeline (ms since the request: wall, CPU)');
-      });
-      next();
-    });
-    // A single command's few milliseconds are spread over the request, the lock, the tool and
-    // the journal: its timeline says which (bench/commandTimeline.ts reads these lines).
     app.use((req, res, next) => {
-      if (req.method === 'GET' || req.path === '/v1/state' || !req.path.startsWith('/v1/')) return next();
+      if (req.method === 'GET' || !req.path.startsWith('/v1/')) return next();
+      const bulk = req.path === '/v1/state';
       timelineStart();
       res.on('finish', () => {
         const timeline = timelineEnd();
-        if (timeline) log.debug({ ...timeline, method: req.method, path: req.path }, 'command timeline (ms since the request: wall, CPU)');
+        if (timeline && bulk) log.debug(timeline, 'bulk PUT timeline (ms since the request: wall, CPU)');
+        else if (timeline) log.debug({ ...timeline, method: req.method, path: req.path }, 'command timeline (ms since the request: wall, CPU)');
       });
       next();
     });
@@ -222,23 +217,22 @@ export function createApp(deps: AppDeps): Express {
   });
 
   // ---- the script's commands ----
-  app.post('/v1/legacy', async (req, res) => {
-    const parsed = legacyBody.safeParse(objectBody(req));
+  const runLegacy = async (body: unknown, res: Response): Promise<CommandOutput> => {
+    const parsed = legacyBody.safeParse(body);
     if (!parsed.success) throw validationError(parsed.error, 'body');
     const { command, rules } = parsed.data;
     const out = await agent.legacy(command, rules);
     res.locals.log = { command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' };
-    res.status(200).json(out);
+    return out;
+  };
+  app.post('/v1/legacy', async (req, res) => {
+    res.status(200).json(await runLegacy(objectBody(req), res));
   });
   // The shim's curl client (image/nat-gateway.sh): a form body curl can build from argv
   // without any quoting, and an answer bash reads without a JSON parser: stdout is the body,
   // byte for byte; the command's status and stderr travel in headers.
   app.post('/v1/legacy/raw', express.raw({ type: FORM, limit: deps.bodyLimit }), async (req, res) => {
-    const parsed = legacyBody.safeParse(legacyForm(req.body));
-    if (!parsed.success) throw validationError(parsed.error, 'body');
-    const { command, rules } = parsed.data;
-    const out = await agent.legacy(command, rules);
-    res.locals.log = { command, rules: rules.length, exitStatus: out.status, outcome: out.status === 0 ? 'ok' : 'failed' };
+    const out = await runLegacy(legacyForm(req.body), res);
     res.status(200);
     res.set('X-Natgw-Status', String(out.status));
     res.set('X-Natgw-Stderr', escapeStderr(out.stderr));
@@ -268,7 +262,18 @@ export function createApp(deps: AppDeps): Express {
     res.json(result);
   });
 
-  mountStatus(app, agent);
+  app.get('/v1/status', async (req, res) => {
+    const check = boolQuery(req, 'check');
+    const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
+    const doc = await agent.stateDocument();
+    const snatPorts = agent.portUsage?.();
+    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : [];
+    res.json({
+      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift),
+      ...(snatPorts ? { snatPorts } : {}),
+      ...(draining.length > 0 ? { draining } : {}),
+    });
+  });
 
   // ---- replicas ----
   app.get('/v1/ha', async (_req, res) => {

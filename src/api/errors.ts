@@ -43,6 +43,15 @@ export function fieldName(path: readonly PropertyKey[]): string {
   return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
 }
 
+/** The status and error code of each kind of operational error. */
+const BY_KIND: Record<NatgwError['kind'], readonly [number, string]> = {
+  validation: [400, 'validation'],
+  conflict: [409, 'conflict'],
+  'not-initialized': [409, 'not-initialized'],
+  interface: [503, 'interface-missing'],
+  system: [500, 'apply-failed'],
+};
+
 /** Map anything thrown by a route to its status and body. */
 export function toHttp(given: unknown): { status: number; body: ErrorBody } {
   const e = worded(given);
@@ -53,18 +62,8 @@ export function toHttp(given: unknown): { status: number; body: ErrorBody } {
   }
   if (e instanceof QueueClosedError) return { status: 503, body: { error: 'shutting-down', message: e.message } };
   if (e instanceof NatgwError) {
-    switch (e.kind) {
-      case 'validation':
-        return { status: 400, body: { error: 'validation', message: e.message, ...(e.field ? { field: e.field, in: 'body' as const } : {}) } };
-      case 'conflict':
-        return { status: 409, body: { error: 'conflict', message: e.message } };
-      case 'not-initialized':
-        return { status: 409, body: { error: 'not-initialized', message: e.message } };
-      case 'interface':
-        return { status: 503, body: { error: 'interface-missing', message: e.message } };
-      case 'system':
-        return { status: 500, body: { error: 'apply-failed', message: e.message } };
-    }
+    const [status, error] = BY_KIND[e.kind];
+    return { status, body: { error, message: e.message, ...(e.kind === 'validation' && e.field ? { field: e.field, in: 'body' as const } : {}) } };
   }
   // body-parser's errors carry status and type.
   const bp = e as { status?: number; statusCode?: number; type?: string; message?: string; expose?: boolean };
@@ -92,22 +91,19 @@ export function errorHandler(log: Logger, opts: { readonly redact?: boolean } = 
     }
     const { status, body: full } = toHttp(err);
     const errorId = String(res.locals.reqId ?? randomUUID());
-    const body: ErrorBody & { errorId?: string } = opts.redact && status >= 500 ? { error: full.error, message: redactedMessage(full.error), errorId } : full;
+    const body: ErrorBody & { errorId?: string } =
+      opts.redact && status >= 500
+        ? { error: full.error, message: REDACTED[full.error] ?? 'internal error (details in the natgw log under errorId)', errorId }
+        : full;
     res.locals.error = full;
     if (status >= 500) log.error({ err, reqId: res.locals.reqId, errorId, path: req.path }, 'request failed');
     res.status(status).json(body);
   };
 }
 
-function redactedMessage(code: string): string {
-  switch (code) {
-    case 'apply-failed':
-      return 'the kernel refused the change; nothing was applied (details in the natgw log under errorId)';
-    case 'interface-missing':
-      return 'an interface natgw needs is missing (details in the natgw log under errorId)';
-    case 'shutting-down':
-      return 'natgw is shutting down';
-    default:
-      return 'internal error (details in the natgw log under errorId)';
-  }
-}
+/** What a redacted 5xx says, by error code. */
+const REDACTED: Record<string, string> = {
+  'apply-failed': 'the kernel refused the change; nothing was applied (details in the natgw log under errorId)',
+  'interface-missing': 'an interface natgw needs is missing (details in the natgw log under errorId)',
+  'shutting-down': 'natgw is shutting down',
+};

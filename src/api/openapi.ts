@@ -1,7 +1,6 @@
 import { z } from 'zod';
 import { desiredStateSchema } from '../state/state.js';
 import { RESOURCES, type ResourceDef } from './resources.js';
-import { statusOpenApi } from './status.js';
 
 /**
  * The OpenAPI 3 description of the v1 API, served at /v1/openapi.json. Object schemas come
@@ -39,6 +38,11 @@ const commonErrors = {
   '503': errorResponse('Shutting down, or an interface is missing.'),
 };
 
+/** The common error responses with these codes. */
+const errors = (...codes: (keyof typeof commonErrors)[]): Json => Object.fromEntries(codes.map((c) => [c, commonErrors[c]]));
+const query = (name: string, schema: Json, description: string): Json => ({ name, in: 'query', required: false, schema, description });
+const notDaemon = errorResponse('Not the daemon (no replica part), or shutting down.');
+
 function resourcePaths(def: ResourceDef): Record<string, Json> {
   const name = schemaName(def);
   const item = { allOf: [{ type: 'object', properties: { id: { type: 'string', description: 'The identity, as in URLs (unencoded)' } } }, ref(name)] };
@@ -59,7 +63,7 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
         operationId: `get-${def.path}`,
         tags: [def.title],
         summary: `Get one ${def.title}`,
-        responses: { '200': json(item, 'The object'), '400': commonErrors['400'], '404': errorResponse('No such object') },
+        responses: { '200': json(item, 'The object'), ...errors('400'), '404': errorResponse('No such object') },
       },
       put: {
         operationId: `put-${def.path}`,
@@ -67,15 +71,7 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
         summary: `Create or update a ${def.title} (idempotent)`,
         description: `${def.description}${guard} Identity fields may be repeated in the body but must match the path.${def.readOnly.length ? ` Read-only fields ignored: ${def.readOnly.join(', ')}.` : ''}`,
         parameters: def.replaceable
-          ? [
-              {
-                name: 'replace',
-                in: 'query',
-                required: false,
-                schema: { type: 'boolean', default: false },
-                description: 'Replace an existing object with another target instead of answering 409',
-              },
-            ]
+          ? [query('replace', { type: 'boolean', default: false }, 'Replace an existing object with another target instead of answering 409')]
           : [],
         requestBody: { required: true, content: { 'application/json': { schema: ref(name), example: def.bodyExample } } },
         responses: {
@@ -91,11 +87,7 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
         description: guard.trim() || undefined,
         responses: {
           '204': { description: 'Deleted, or was not there' },
-          '400': commonErrors['400'],
-          '401': commonErrors['401'],
-          '409': commonErrors['409'],
-          '500': commonErrors['500'],
-          '503': commonErrors['503'],
+          ...errors('400', '401', '409', '500', '503'),
         },
       },
     },
@@ -103,6 +95,7 @@ function resourcePaths(def: ResourceDef): Record<string, Json> {
 }
 
 export function buildOpenApi(): Json {
+  const counts = { type: 'object', properties: { desired: { type: 'integer' }, applied: { type: ['integer', 'null'] } } };
   const schemas: Json = {
     Error: {
       type: 'object',
@@ -137,13 +130,11 @@ export function buildOpenApi(): Json {
         tags: ['Probes'],
         summary: 'Interfaces present and last sync succeeded (open over TCP)',
         parameters: [
-          {
-            name: 'waitMs',
-            in: 'query',
-            required: false,
-            description: 'Hold the answer until ready or this many milliseconds passed (at most 30000), then answer as without it',
-            schema: { type: 'integer', minimum: 0, maximum: 30000 },
-          },
+          query(
+            'waitMs',
+            { type: 'integer', minimum: 0, maximum: 30000 },
+            'Hold the answer until ready or this many milliseconds passed (at most 30000), then answer as without it',
+          ),
         ],
         responses: { '200': json({ type: 'object' }, 'Ready'), '503': json({ type: 'object' }, 'Not ready; `reasons` says why') },
       },
@@ -181,10 +172,7 @@ export function buildOpenApi(): Json {
         },
         responses: {
           '200': json(ref('CommandOutput'), 'The command ran'),
-          '400': commonErrors['400'],
-          '401': commonErrors['401'],
-          '413': commonErrors['413'],
-          '503': commonErrors['503'],
+          ...errors('400', '401', '413', '503'),
         },
       },
     },
@@ -228,10 +216,7 @@ export function buildOpenApi(): Json {
             },
             content: { 'text/plain': { schema: { type: 'string' } } },
           },
-          '400': commonErrors['400'],
-          '401': commonErrors['401'],
-          '413': commonErrors['413'],
-          '503': commonErrors['503'],
+          ...errors('400', '401', '413', '503'),
         },
       },
     },
@@ -270,13 +255,7 @@ export function buildOpenApi(): Json {
         summary: 'Replace the whole desired state in one transaction',
         description: 'Accepts the document GET /v1/state returns (read-only fields ignored) or a bare desired state. Duplicate identities are a 400.',
         parameters: [
-          {
-            name: 'dryRun',
-            in: 'query',
-            required: false,
-            schema: { type: 'boolean', default: false },
-            description: 'Return the plan and the rendered backend script; change nothing',
-          },
+          query('dryRun', { type: 'boolean', default: false }, 'Return the plan and the rendered backend script; change nothing'),
           { name: 'If-Match', in: 'header', required: false, schema: { type: 'string' }, description: 'Digest the current desired state must have (else 412)' },
         ],
         requestBody: {
@@ -304,6 +283,109 @@ export function buildOpenApi(): Json {
           ),
           '412': errorResponse('If-Match did not match the current digest'),
           ...commonErrors,
+        },
+      },
+    },
+    '/v1/status': {
+      get: {
+        operationId: 'status',
+        tags: ['State'],
+        summary: 'Readiness, backend, desired against applied per kind, last apply, drift (natgw status)',
+        parameters: [
+          query(
+            'check',
+            { type: 'boolean', default: false },
+            'Also read the kernel back now and report what a resync would repair (drift.check); nothing is applied',
+          ),
+        ],
+        responses: {
+          '200': json(
+            {
+              type: 'object',
+              properties: {
+                ready: { type: 'boolean' },
+                reasons: { type: 'array', items: { type: 'string' } },
+                interfaces: { type: 'object' },
+                backend: { type: ['object', 'null'] },
+                mode: { type: 'string' },
+                generation: { type: 'integer' },
+                digest: { type: 'string', description: 'Digest of the desired state' },
+                appliedDigest: { type: ['string', 'null'], description: 'Digest of what this process applied last' },
+                inSync: { type: 'boolean', description: 'digest equals appliedDigest' },
+                objects: { type: 'object', description: 'Per kind (resource path): desired and applied counts', additionalProperties: counts },
+                lastSync: {
+                  type: ['object', 'null'],
+                  properties: {
+                    ok: { type: 'boolean' },
+                    at: { type: 'string' },
+                    kind: { type: 'string', enum: ['full', 'partial'] },
+                    ms: { type: 'integer' },
+                    error: { type: 'string' },
+                  },
+                },
+                drift: {
+                  type: 'object',
+                  description:
+                    '`repairs`: resyncs that found and repaired drift; `last`/`lastRepair`: their read-backs; `check`: the read-back asked for with ?check=true',
+                  properties: {
+                    repairs: { type: 'integer' },
+                    last: { type: ['object', 'null'] },
+                    lastRepair: { type: ['object', 'null'] },
+                    check: { type: 'object' },
+                  },
+                },
+                draining: {
+                  type: 'array',
+                  description: 'EIPs draining out of SNAT pools (present only while some drain)',
+                  items: {
+                    type: 'object',
+                    properties: {
+                      snat: { type: 'object', properties: { eip: { type: 'string' }, cidr: { type: 'string' } } },
+                      eip: { type: 'string' },
+                      connections: {
+                        type: ['integer', 'null'],
+                        description: 'Connections from the CIDR still translated to the EIP (null: conntrack unreadable)',
+                      },
+                    },
+                  },
+                },
+                snatPorts: {
+                  type: 'array',
+                  description:
+                    'Per EIP: destinations (ip, port, protocol) with open SNAT connections, the most source ports any one uses and its share of the port range, and the busiest few; absent while conntrack is not followed',
+                  items: {
+                    type: 'object',
+                    properties: {
+                      eip: { type: 'string' },
+                      destinations: { type: 'integer' },
+                      maxPorts: { type: 'integer' },
+                      maxShare: { type: 'number' },
+                      top: {
+                        type: 'array',
+                        items: {
+                          type: 'object',
+                          properties: {
+                            ip: { type: 'string' },
+                            port: { type: 'integer' },
+                            protocol: { type: 'string' },
+                            ports: { type: 'integer' },
+                            share: { type: 'number' },
+                          },
+                        },
+                      },
+                    },
+                  },
+                },
+                warnings: {
+                  type: 'array',
+                  items: { type: 'string' },
+                  description: 'What the desired state holds but the kernel does not, and why (a subnet route to a default route the external gateway owns)',
+                },
+              },
+            },
+            'The status',
+          ),
+          '400': errorResponse('check is not a boolean'),
         },
       },
     },
@@ -342,7 +424,7 @@ export function buildOpenApi(): Json {
             },
             'Replica status',
           ),
-          '401': commonErrors['401'],
+          ...errors('401'),
         },
       },
     },
@@ -403,7 +485,7 @@ export function buildOpenApi(): Json {
             },
             'BGP status',
           ),
-          '401': commonErrors['401'],
+          ...errors('401'),
         },
       },
     },
@@ -413,9 +495,7 @@ export function buildOpenApi(): Json {
         tags: ['Replicas'],
         summary: "This replica becomes the active path: commit the peer's flows (conntrackd -c), then gratuitous ARP for every EIP",
         description: 'For a BFD or keepalived hook (SIGUSR2 does the same). Without replica sync it only announces the EIPs.',
-        parameters: [
-          { name: 'reason', in: 'query', required: false, schema: { type: 'string', maxLength: 200 }, description: 'Recorded in the log and in lastTakeover' },
-        ],
+        parameters: [query('reason', { type: 'string', maxLength: 200 }, 'Recorded in the log and in lastTakeover')],
         responses: {
           '200': json(
             {
@@ -432,8 +512,8 @@ export function buildOpenApi(): Json {
             },
             'Done',
           ),
-          '401': commonErrors['401'],
-          '503': errorResponse('Not the daemon (no replica part), or shutting down.'),
+          ...errors('401'),
+          '503': notDaemon,
         },
       },
     },
@@ -448,14 +528,13 @@ export function buildOpenApi(): Json {
             { type: 'object', properties: { resent: { type: 'boolean' }, flows: { type: 'integer' }, reason: { type: 'string' } } },
             'Done (resent false: conntrackd is not running here)',
           ),
-          '401': commonErrors['401'],
-          '503': errorResponse('Not the daemon (no replica part), or shutting down.'),
+          ...errors('401'),
+          '503': notDaemon,
         },
       },
     },
   };
   for (const def of RESOURCES) Object.assign(paths, resourcePaths(def));
-  Object.assign(paths, statusOpenApi());
 
   return {
     openapi: '3.1.0',

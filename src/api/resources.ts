@@ -95,8 +95,11 @@ export interface ResourceDef<T = unknown, I = unknown> {
   del(s: DesiredState, id: I): OpResult;
 }
 
-function define<T, I>(def: ResourceDef<T, I>): ResourceDef {
-  return def as unknown as ResourceDef;
+/** The flags most resources share, left out of their definitions: no numeric or read-only fields, guarded, not QoS, no ?replace. */
+const DEFAULTS = { numericIdFields: [], readOnly: [], guarded: true, qos: false, replaceable: false } as const;
+
+function define<T, I>(def: Omit<ResourceDef<T, I>, keyof typeof DEFAULTS> & Partial<Pick<ResourceDef<T, I>, keyof typeof DEFAULTS>>): ResourceDef {
+  return { ...DEFAULTS, ...def } as unknown as ResourceDef;
 }
 
 const eips = define<Eip, { address: string }>({
@@ -107,14 +110,9 @@ const eips = define<Eip, { address: string }>({
     'An external address on EXT (eip-add / eip-del), with its hairpin SNAT; creating one installs the default routes from GATEWAY_V4/GATEWAY_V6 as eip-add does.',
   idFields: ['address'],
   idExample: '172.20.0.10',
-  numericIdFields: [],
   idSchema: z.object({ address: ipSchema }),
   schema: eipSchema,
-  readOnly: [],
   bodyExample: { prefixLength: 24 },
-  guarded: true,
-  qos: false,
-  replaceable: false,
   key: (x) => eipKey(x),
   check: (x) => {
     if (familyOf(x.address) === 4 && x.prefixLength > 32) {
@@ -133,13 +131,9 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
     "Source NAT of a VPC CIDR behind an EIP (snat-add / snat-del), or behind a pool of EIPs (`eips`, starting with the identity's eip): new connections take the pool's EIPs in turn; EIPs listed in `draining` take no new connections while their established ones carry on (PUT with `?replace=true` to change a SNAT). The CIDR is canonicalised; rules are kept longest prefix first.",
   idFields: ['eip', 'cidr'],
   idExample: '172.20.0.10,10.0.1.0%2F24',
-  numericIdFields: [],
   idSchema: z.object({ eip: ipSchema, cidr: networkCidrSchema }),
   schema: snatSchema,
-  readOnly: [],
   bodyExample: { randomFully: true },
-  guarded: true,
-  qos: false,
   replaceable: true,
   key: (x) => snatKey(x),
   put: (s, x, ctx) => {
@@ -189,10 +183,7 @@ const dnats = define<Dnat, DnatId>({
     return { ...body, port, portEnd: body.portEnd ?? Number(m[2]), internalPort: body.internalPort ?? port };
   },
   schema: dnatSchema,
-  readOnly: [],
   bodyExample: { internalIp: '10.0.1.6', internalPort: 80 },
-  guarded: true,
-  qos: false,
   replaceable: true,
   key: (x) => dnatKey(x),
   put: (s, x, ctx) => {
@@ -213,13 +204,9 @@ const fips = define<Fip, Pick<Fip, 'eip'>>({
     'A floating IP: 1:1 NAT between an EIP and a VPC address (floating-ip-add / floating-ip-del). Another internal address is a conflict (409) unless ?replace=true.',
   idFields: ['eip'],
   idExample: '172.20.0.11',
-  numericIdFields: [],
   idSchema: z.object({ eip: ipSchema }),
   schema: fipSchema,
-  readOnly: [],
   bodyExample: { internalIp: '10.0.1.7' },
-  guarded: true,
-  qos: false,
   replaceable: true,
   key: (x) => fipKey(x),
   put: (s, x, ctx) => {
@@ -241,16 +228,12 @@ const shareDnats = define<ShareDnat, Pick<ShareDnat, 'eip' | 'port' | 'protocol'
   numericIdFields: ['port'],
   idSchema: z.object({ eip: ipv4Schema, port: portSchema, protocol: protocolSchema }),
   schema: shareDnatSchema,
-  readOnly: [],
   bodyExample: {
     backends: [
       { ip: '10.0.1.6', port: 80 },
       { ip: '10.0.1.7', port: 80 },
     ],
   },
-  guarded: true,
-  qos: false,
-  replaceable: false,
   key: (x) => dnatKey(x),
   prepare: (idRaw, body) => ({
     ...body,
@@ -268,14 +251,9 @@ const routes = define<Route, Pick<Route, 'cidr'>>({
     'A route for a VPC subnet via a nexthop on the VPC interface (subnet-route-add / -del). PUT replaces the nexthop. A route to 0.0.0.0/0 or ::/0 while the external default route (eip-add with GATEWAY_V4 / GATEWAY_V6) owns that family is a conflict (409): the gateway has one default route per family.',
   idFields: ['cidr'],
   idExample: '10.0.2.0%2F24',
-  numericIdFields: [],
   idSchema: z.object({ cidr: networkCidrSchema }),
   schema: routeSchema,
-  readOnly: [],
   bodyExample: { nexthop: '10.0.1.254' },
-  guarded: true,
-  qos: false,
-  replaceable: false,
   key: (x) => routeKey(x),
   put: (s, x) => Ops.addRoute(s, x),
   del: (s, id) => Ops.delRoute(s, id.cidr),
@@ -289,14 +267,12 @@ const eipQos = define<EipQos, Pick<EipQos, 'direction' | 'ip'>>({
     'Shaping of the traffic from (egress) or to (ingress) one EIP (eip-*-qos-add / -del). PUT updates the rate in place. classId and handle are allocated by natgw.',
   idFields: ['direction', 'ip'],
   idExample: 'egress,172.20.0.10',
-  numericIdFields: [],
   idSchema: z.object({ direction: directionSchema, ip: ipv4Schema }),
   schema: eipQosSchema,
   readOnly: ['classId', 'handle'],
   bodyExample: { priority: 1, rate: '10', burst: '1' },
   guarded: false,
   qos: true,
-  replaceable: false,
   key: (x) => eipQosKey(x),
   put: (s, x) => QOps.addEipQos(s, x),
   del: (s, id) => QOps.delEipQos(s, id.direction, id.ip),
@@ -324,7 +300,6 @@ const qos = define<GwQos, GwQosId>({
   bodyExample: { rate: '100', burst: '2' },
   guarded: false,
   qos: true,
-  replaceable: false,
   key: (x) => gwQosKey(x),
   prepare: (idRaw, body) => ({
     ...body,
@@ -342,14 +317,10 @@ const neighbours = define<Neighbour, Pick<Neighbour, 'address' | 'dev'>>({
     'A PERMANENT neighbour entry natgw owns: address on dev with mac, or without mac the synthetic 0a:58 followed by the IPv4 address (IPv6: its last four bytes), so the kernel never sends ARP or neighbour solicitations for it. Re-applied when the device is recreated or its entries are flushed. PUT updates the MAC in place.',
   idFields: ['dev', 'address'],
   idExample: 'eth0,10.0.1.50',
-  numericIdFields: [],
   idSchema: z.object({ dev: ifnameSchema, address: ipSchema }),
   schema: neighbourSchema,
-  readOnly: [],
   bodyExample: { mac: '0a:58:0a:00:01:32' },
   guarded: false,
-  qos: false,
-  replaceable: false,
   key: (x) => neighbourKey(x),
   put: (s, x) => NOps.addNeighbour(s, x),
   del: (s, id) => NOps.delNeighbour(s, id),

@@ -7,7 +7,6 @@ import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
 import { parsePortSlice, type PortSlice } from './portSlice.js';
-import type { CtTimeoutPolicy } from '../dataplane/ctTimeoutsRender.js';
 
 /** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
 const duration = (key: string, minMs: number, maxMs: number) =>
@@ -96,8 +95,6 @@ const count = (key: string, min: number, max: number) =>
     })
     .meta({ values: `a whole number, ${min} to ${max}` });
 
-const isAsn = (s: string): boolean => /^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295;
-
 /** The address as the kernel prints it, so a configured gateway compares equal to a read-back route. */
 const gateway = (check: (s: string) => boolean, what: string) =>
   optionalText
@@ -112,10 +109,18 @@ const bool = z
   .transform((s) => ['true', '1', 'yes', 'on'].includes(s))
   .meta({ values: 'true or false (also 1/0, yes/no, on/off)' });
 
+/** A program natgw runs: a name looked up in PATH, or a path. */
+const program = (name: string) => z.string().trim().min(1).default(name).meta({ values: 'a command or path' });
+
 const optionalText = z
   .string()
   .optional()
   .transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
+
+/** An AS number (BGP), 1 to 4294967295. */
+const asn = optionalText
+  .refine((s) => s === undefined || (/^\d{1,10}$/.test(s) && Number(s) >= 1 && Number(s) <= 4_294_967_295), 'must be an AS number from 1 to 4294967295')
+  .meta({ values: 'an AS number' });
 
 /**
  * Every key natgw reads, with its default (SPEC §4.3). Each key's `describe()` text and its
@@ -318,13 +323,7 @@ export const configSchema = z.object({
   NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000)
     .prefault('10s')
     .describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
-  NATGW_CONNTRACKD: z
-    .string()
-    .trim()
-    .min(1)
-    .default('conntrackd')
-    .meta({ values: 'a command or path' })
-    .describe('The conntrackd binary natgw runs and supervises.'),
+  NATGW_CONNTRACKD: program('conntrackd').describe('The conntrackd binary natgw runs and supervises.'),
   NATGW_HA_PEER_API: optionalText
     .refine(
       (s) => s === undefined || s.split(',').every((a) => /^https?:\/\/[^\s/]+\/?$/.test(a.trim())),
@@ -368,14 +367,8 @@ export const configSchema = z.object({
     .describe(
       'EIPs announced by BGP: the upstream routers this replica peers with (BIRD, supervised by natgw). Each router carries the EIPs of its family (/32, /128), next hop this replica, while its data plane is ready; the EIPs then get no gratuitous ARP. Unset: off.',
     ),
-  NATGW_BGP_ASN: optionalText
-    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
-    .meta({ values: 'an AS number' })
-    .describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
-  NATGW_BGP_PEER_ASN: optionalText
-    .refine((s) => s === undefined || isAsn(s), 'must be an AS number from 1 to 4294967295')
-    .meta({ values: 'an AS number' })
-    .describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
+  NATGW_BGP_ASN: asn.describe("This replica's AS number (needed with NATGW_BGP_PEERS; the same on every replica)."),
+  NATGW_BGP_PEER_ASN: asn.describe("The upstream routers' AS number (needed with NATGW_BGP_PEERS)."),
   NATGW_BGP_ROUTER_ID: optionalText
     .refine((s) => s === undefined || isIpv4(s), 'must be an IPv4 address (BGP router IDs are written as one)')
     .meta({ values: 'an IPv4 address' })
@@ -385,81 +378,18 @@ export const configSchema = z.object({
   NATGW_BFD_MULTIPLIER: count('NATGW_BFD_MULTIPLIER', 1, 255)
     .prefault('3')
     .describe('BFD packets missed before the session (and its routes) is declared down.'),
-  NATGW_BIRD: z.string().trim().min(1).default('bird').meta({ values: 'a command or path' }).describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
-  NATGW_BIRDC: z
-    .string()
-    .trim()
-    .min(1)
-    .default('birdc')
-    .meta({ values: 'a command or path' })
-    .describe("BIRD's control client (reconfiguration, session status)."),
+  NATGW_BIRD: program('bird').describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
+  NATGW_BIRDC: program('birdc').describe("BIRD's control client (reconfiguration, session status)."),
 });
-
-/** Keys read from the environment only, before the env file is found. */
-export const ENV_ONLY_KEYS = {
-  NATGW_ENV_FILE: { default: DEFAULT_ENV_FILE, values: 'a path', description: 'Where the env file is.' },
-} as const;
 
 /** The keys above: what an env file or the environment may set (NATGW_ENV_FILE, read from the environment only, is not one). */
 export const CONFIG_KEYS: readonly string[] = Object.keys(configSchema.shape);
 
-export interface Config {
-  readonly envFile: string;
-  readonly vpcInterface: string;
-  /** The primary external interface (the first of EXTERNAL_INTERFACE). */
-  readonly extInterface: string;
-  /** The further external interfaces of EXTERNAL_INTERFACE (secondary uplinks); absent with one. */
-  readonly secondaryExtInterfaces?: readonly string[];
-  /** NATGW_UPLINK_GATEWAYS: a secondary uplink's IPv4 next hop by interface name. */
-  readonly uplinkGateways?: Readonly<Record<string, string>>;
-  readonly gatewayV4?: string;
-  readonly gatewayV6?: string;
-  readonly qosDebug: boolean;
-  readonly mode: 'auto' | 'nftables' | 'iptables';
-  readonly iptablesVariant: 'auto' | 'legacy' | 'nft';
-  /** The daemon's nftables client: the libnftables helper where it starts (auto), or always the nft tool. */
-  readonly libnftables: 'auto' | 'off';
-  readonly interfaceWaitMs: number;
-  readonly stateDir: string;
-  readonly socket: string;
-  readonly listen?: string;
-  readonly tokenFile?: string;
-  readonly tlsCert?: string;
-  readonly tlsKey?: string;
-  readonly tlsClientCa?: string;
-  readonly resyncMs: number;
-  readonly logLevel: string;
-  readonly autostart: boolean;
-  readonly networkStatusFile: string;
-  /** Bytes. */
-  readonly bodyLimit: number;
-  /** Restart hygiene: delete untranslated conntrack entries after the first apply. */
-  readonly conntrackCleanup: boolean;
-  readonly flowLog: 'off' | 'file' | 'stdout';
-  readonly flowLogFile: string;
-  /** Bytes. */
-  readonly flowLogMaxSize: number;
-  readonly flowLogRate: number;
-  readonly flowLogBurst: number;
-  readonly conntrackMetrics: boolean;
-  readonly conntrackSysctls: boolean;
-  /** natgw's flow-line fields unless set. */
-  readonly flowLogSchema?: 'natgw' | 'kube-ovn';
-  /** Who writes the flow lines (the `kube-ovn` schema's identity fields); each empty when unknown. */
-  readonly flowLogIdentity?: { readonly namespace: string; readonly name: string; readonly pod: string; readonly node: string };
-  /** The kernel's default range (1024-65535) unless set. */
-  readonly snatPortRange?: { readonly min: number; readonly max: number };
-  readonly toolTimeoutMs: number;
-  readonly maxConnections: number;
-  readonly headersTimeoutMs: number;
-  readonly requestTimeoutMs: number;
-  /** Absent where a Config is built by hand (tests): HA off. */
-  readonly ha?: HaConfig;
-  /** Absent: BGP off. */
-  readonly bgp?: BgpConfig;
-  /** Timeouts of the connections natgw translates; absent (or empty) keeps the kernel's. */
-  readonly ctTimeouts?: CtTimeoutPolicy;
-}
+/**
+ * The validated configuration. Each key is declared once, in configSchema; loadConfig names
+ * its field, and this type is what loadConfig builds.
+ */
+export type Config = Awaited<ReturnType<typeof loadConfig>>;
 
 /** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
 export interface HaConfig {
@@ -508,7 +438,7 @@ export class ConfigError extends Error {
 }
 
 /** Defaults, then the environment, then the env file (its values win, as when the script sourced it). */
-export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<Config> {
+export async function loadConfig(env: NodeJS.ProcessEnv = process.env) {
   const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
   const fromFile = await readEnvFile(envFile);
   const merged: Record<string, string> = {};
@@ -523,6 +453,20 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
     throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
   }
   const c = parsed.data;
+  const ha: HaConfig = {
+    ...haPeersOf(c, envFile),
+    syncInterface: c.NATGW_HA_SYNC_INTERFACE,
+    syncAddress: c.NATGW_HA_SYNC_ADDRESS === undefined ? undefined : canonicalIp(c.NATGW_HA_SYNC_ADDRESS),
+    port: c.NATGW_HA_SYNC_PORT,
+    syncTimeoutMs: c.NATGW_HA_SYNC_TIMEOUT,
+    conntrackd: c.NATGW_CONNTRACKD,
+    peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
+    initialRole: c.NATGW_HA_INITIAL_ROLE,
+    mode: c.NATGW_HA_MODE,
+    handOff: c.NATGW_HA_HAND_OFF === 'on',
+    handOffRate: c.NATGW_HA_HAND_OFF_RATE,
+    ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
+  };
   return {
     envFile,
     vpcInterface: c.VPC_INTERFACE,
@@ -570,20 +514,7 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env): Promise<
       ...(c.NATGW_CT_TIMEOUT_TCP_TIME_WAIT !== undefined ? { tcpTimeWait: c.NATGW_CT_TIMEOUT_TCP_TIME_WAIT } : {}),
       ...(c.NATGW_CT_TIMEOUT_UDP !== undefined ? { udp: c.NATGW_CT_TIMEOUT_UDP } : {}),
     },
-    ha: {
-      ...haPeersOf(c, envFile),
-      syncInterface: c.NATGW_HA_SYNC_INTERFACE,
-      syncAddress: c.NATGW_HA_SYNC_ADDRESS === undefined ? undefined : canonicalIp(c.NATGW_HA_SYNC_ADDRESS),
-      port: c.NATGW_HA_SYNC_PORT,
-      syncTimeoutMs: c.NATGW_HA_SYNC_TIMEOUT,
-      conntrackd: c.NATGW_CONNTRACKD,
-      peerTokenFile: c.NATGW_HA_PEER_TOKEN_FILE ?? c.NATGW_TOKEN_FILE,
-      initialRole: c.NATGW_HA_INITIAL_ROLE,
-      mode: c.NATGW_HA_MODE,
-      handOff: c.NATGW_HA_HAND_OFF === 'on',
-      handOffRate: c.NATGW_HA_HAND_OFF_RATE,
-      ...(c.NATGW_SNAT_PORT_SLICE ? { snatPortSlice: c.NATGW_SNAT_PORT_SLICE } : {}),
-    },
+    ha,
     bgp: bgpOf(c, envFile),
   };
 }
@@ -639,7 +570,7 @@ function bgpOf(c: z.infer<typeof configSchema>, envFile: string): BgpConfig | un
 }
 
 /** EXTERNAL_INTERFACE as the primary and the secondary uplinks (`net1,net2`). */
-function externalInterfaces(v: string): Pick<Config, 'extInterface' | 'secondaryExtInterfaces'> {
+function externalInterfaces(v: string): { extInterface: string; secondaryExtInterfaces?: readonly string[] } {
   const [ext = '', ...more] = v.split(',').map((n) => n.trim());
   return more.length > 0 ? { extInterface: ext, secondaryExtInterfaces: more } : { extInterface: ext };
 }

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { configSchema, ENV_ONLY_KEYS } from './config.js';
+import { configSchema, DEFAULT_ENV_FILE } from './config.js';
 
 /** One documented configuration key, as the README's table shows it. */
 export interface KeyDoc {
@@ -9,51 +9,19 @@ export interface KeyDoc {
   readonly description: string;
 }
 
-interface Layer {
-  readonly _zod: { readonly def: Record<string, unknown> };
-}
-
-/** The schema and what it wraps (default, prefault, optional, pipe ends), outermost first. */
-function layers(schema: Layer): Layer[] {
-  const out: Layer[] = [];
-  const queue: Layer[] = [schema];
-  for (let s = queue.shift(); s; s = queue.shift()) {
-    out.push(s);
-    const def = s._zod.def;
-    for (const k of ['innerType', 'in', 'out']) if (def[k] && typeof def[k] === 'object') queue.push(def[k] as Layer);
-  }
-  return out;
-}
-
-function describeValues(all: Layer[]): string {
-  for (const l of all) {
-    const values = z.globalRegistry.get(l as unknown as z.ZodType)?.values;
-    if (typeof values === 'string') return values;
-  }
-  for (const l of all)
-    if (l._zod.def.type === 'enum')
-      return Object.values(l._zod.def.entries as Record<string, string>)
-        .map((v) => `\`${v}\``)
-        .join(' \\| ');
-  return 'text';
-}
-
-function describeDefault(all: Layer[]): string {
-  for (const l of all) {
-    const def = l._zod.def;
-    if (def.type === 'default' || def.type === 'prefault') return `\`${String(def.defaultValue)}\``;
-  }
-  return 'unset';
-}
-
-/** Every key natgw reads, documented from the schema itself (scripts/config-table.ts renders it). */
+/**
+ * Every key natgw reads, documented from the schema itself (scripts/config-table.ts renders it):
+ * the JSON Schema of what a key accepts carries its default, its `meta({ values })` (else its
+ * enum) and its `describe()` text.
+ */
 export function configKeyDocs(): KeyDoc[] {
   const docs = Object.entries(configSchema.shape).map(([key, schema]): KeyDoc => {
-    const all = layers(schema as unknown as Layer);
-    return { key, default: describeDefault(all), values: describeValues(all), description: (schema as unknown as z.ZodType).description ?? '' };
+    const j = z.toJSONSchema(schema, { io: 'input', unrepresentable: 'any' });
+    const values = typeof j.values === 'string' ? j.values : j.enum ? j.enum.map((v) => `\`${String(v)}\``).join(' \\| ') : 'text';
+    return { key, default: j.default === undefined ? 'unset' : `\`${String(j.default)}\``, values, description: j.description ?? '' };
   });
-  for (const [key, d] of Object.entries(ENV_ONLY_KEYS))
-    docs.push({ key, default: `\`${d.default}\``, values: d.values, description: `${d.description} Environment only.` });
+  // Read from the environment only, before the env file is found: not a key of the schema.
+  docs.push({ key: 'NATGW_ENV_FILE', default: `\`${DEFAULT_ENV_FILE}\``, values: 'a path', description: 'Where the env file is. Environment only.' });
   return docs;
 }
 

@@ -21,7 +21,7 @@ export class ReplicaRole {
   private since: string;
 
   constructor(
-    config: Pick<Config, 'ha' | 'bgp'>,
+    config: Partial<Pick<Config, 'ha' | 'bgp'>>,
     private readonly log?: Logger,
   ) {
     this.mode = config.ha?.peer === undefined ? 'single' : (config.ha.mode ?? 'takeover');
