@@ -510,11 +510,7 @@ export class LinkManager {
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
-    const r = await this.syncWith(want, previous, opts);
-    return notes.length ? { ...r, notes } : r;
-  }
-
-  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions): Promise<{ changes: number; script: string }> {
+    const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = kept ?? (await this.view(want, previous));
@@ -522,12 +518,12 @@ export class LinkManager {
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? `${lines.join('\n')}\n` : '';
-    if (opts.dryRun) return { changes: lines.length, script };
+    if (opts.dryRun) return done(lines.length, script);
     const settled: OwnedRecord = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(want) };
     if (lines.length === 0) {
       await this.writeOwned(settled);
       this.trust(want, have);
-      return { changes: 0, script };
+      return done(0, script);
     }
     // Intent first: everything this change may add joins what natgw already owns.
     timelineMark('link: planned');
@@ -549,7 +545,7 @@ export class LinkManager {
     if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);
     else this.forget();
     this.log?.debug({ changes: lines.length, partial: kept !== undefined }, 'addresses and routes applied');
-    return { changes: lines.length, script };
+    return done(lines.length, script);
   }
 
   /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
@@ -571,11 +567,6 @@ export class LinkManager {
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
-  }
-
-  /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */
-  hasTrustedView(want: DesiredState): boolean {
-    return this.viewFor(want) !== undefined;
   }
 
   private viewFor(want: DesiredState): LinkView | undefined {
