@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { ExecResult, Executor } from '../system/exec.js';
+import type { Executor } from '../system/exec.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
 import { timelineMark } from '../system/timeline.js';
@@ -21,6 +21,7 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
 }
 
 const HYGIENE_FAMILIES = ['ipv4', 'ipv6'] as const;
+const HYGIENE_TIMEOUT_MS = 5000;
 
 const isRange = (f: ConntrackFilter): boolean => f.portEnd !== undefined && f.protocol !== undefined && f.port !== undefined;
 
@@ -142,11 +143,6 @@ export class Conntrack {
     private readonly log?: Logger,
   ) {}
 
-  /** Flush for every filter (flushOwed); the number of entries deleted. */
-  async flushAll(given: readonly ConntrackFilter[]): Promise<number> {
-    return (await this.flushOwed(given)).deleted;
-  }
-
   /**
    * Flush for every filter. First the kernel's own table (PROC_CONNTRACK, when small enough to
    * be read in one walk): a filter that matches no entry there owes nothing and is skipped, and
@@ -249,7 +245,7 @@ export class Conntrack {
 
   /** Retry the flushes that failed before (the resync calls this). */
   async retryFailed(): Promise<number> {
-    return this.failed.size > 0 ? this.flushAll([]) : 0;
+    return this.failed.size > 0 ? (await this.flushOwed([])).deleted : 0;
   }
 
   async flush(f: ConntrackFilter): Promise<number> {
@@ -283,41 +279,22 @@ export class Conntrack {
   }
 
   /**
-   * Both families' whole tables, as restart hygiene reads them (deleteUntranslated): both at
-   * once, since the listing holds the daemon's readiness after a start.
+   * Restart hygiene: list both families at once (the listing holds the daemon's readiness after
+   * a start), then delete, entry by exact tuple, every untranslated entry that touches the
+   * targets (conntrackStale.ts), computed while the listings run. Each tool run is bounded by
+   * HYGIENE_TIMEOUT_MS; a missing tool or a failed listing is logged and skips that family.
    */
-  async listAll(timeoutMs = 5000): Promise<readonly ExecResult[]> {
-    const args = (fam: string) => ['-L', '-f', fam, '-o', 'extended'];
+  async deleteUntranslated(targetsLater: () => HygieneTargets): Promise<TrackedEntry[]> {
     // A pod just (re)started holds no entry at all: the count says so without two processes
     // (~10 ms beside the start's address batch, on the restore's path to readiness).
-    if (await this.tracksNothing())
-      return HYGIENE_FAMILIES.map((fam) => ({
-        command: ['conntrack', ...args(fam)].join(' '),
-        exitCode: 0,
-        stdout: '',
-        stderr: '',
-        timedOut: false,
-        failedToStart: false,
-      }));
-    return Promise.all(HYGIENE_FAMILIES.map((fam) => this.exec.run({ file: 'conntrack', args: args(fam), timeoutMs })));
-  }
-
-  /**
-   * Restart hygiene: list both families (or take `listing`, listAll's, started earlier), then
-   * delete, entry by exact tuple, every untranslated entry that touches `targets` (conntrackStale.ts). Each call is bounded by `timeoutMs`; a
-   * missing tool or a failed listing is logged and skips that family.
-   */
-  async deleteUntranslated(
-    targetsOrLater: HygieneTargets | (() => HygieneTargets),
-    timeoutMs = 5000,
-    listing: Promise<readonly ExecResult[]> = this.listAll(timeoutMs),
-  ): Promise<TrackedEntry[]> {
-    const stale: TrackedEntry[] = [];
-    const families = HYGIENE_FAMILIES;
-    // Targets given as a function are computed while the listings run (milliseconds at 10,000 objects).
-    const targets = typeof targetsOrLater === 'function' ? targetsOrLater() : targetsOrLater;
+    if (await this.tracksNothing()) return [];
+    const listing = Promise.all(
+      HYGIENE_FAMILIES.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs: HYGIENE_TIMEOUT_MS })),
+    );
+    const targets = targetsLater();
     const listings = await listing;
-    for (const [i, fam] of families.entries()) {
+    const stale: TrackedEntry[] = [];
+    for (const [i, fam] of HYGIENE_FAMILIES.entries()) {
       const r = listings[i]!;
       if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
         if (r.failedToStart || !/0 flow entries/.test(r.stderr))
@@ -333,7 +310,7 @@ export class Conntrack {
         const e = stale[next++];
         if (!e) continue;
         // Exit 1 means the entry went away meanwhile (timed out, or a packet replaced it): nothing to do.
-        const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs });
+        const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs: HYGIENE_TIMEOUT_MS });
         if (r.exitCode === 0) deleted.push(e);
       }
     };

@@ -50,8 +50,6 @@ export function skeletonTx(): NftTransaction {
     .addRule(T, 'tx', lookup('ip6', 'saddr', SETS.tx6));
 }
 
-export const renderSkeleton = (): string => skeletonTx().text();
-
 /** PURE: element changes taking `have` to `want` (addresses are validated EIPs). */
 export function elementsTx(have: ReadonlySet<string>, want: readonly string[]): NftTransaction {
   const tx = new NftTransaction();
@@ -67,8 +65,6 @@ export function elementsTx(have: ReadonlySet<string>, want: readonly string[]): 
   }
   return tx;
 }
-
-export const renderElements = (have: ReadonlySet<string>, want: readonly string[]): string => elementsTx(have, want).text();
 
 /**
  * PURE: the accounting change taking what the sets hold to `want`, for one nft transaction of
@@ -88,58 +84,22 @@ export function accountingTx(have: ReadonlySet<string> | undefined, want: readon
   return NftTransaction.concat(fresh, skeletonTx(), elementsTx(new Set(), want));
 }
 
-export const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[], opts: { readonly absent?: boolean } = {}): string =>
-  accountingTx(have, want, opts).text();
-
-interface ElemJson {
-  elem?: { val?: unknown; counter?: { packets?: number; bytes?: number } };
-}
-
 export interface Accounting {
   /** The skeleton is whole: four sets, two chains, four rules. */
   readonly complete: boolean;
   readonly traffic: Map<string, EipTraffic>;
 }
 
-function accounting(sets: ReadonlyMap<string, readonly { val: string; packets: number; bytes: number }[]>, chains: number, rules: number): Accounting {
-  const traffic = new Map<string, EipTraffic>();
-  const row = (eip: string) => traffic.get(eip) ?? { eip, rxPackets: 0, rxBytes: 0, txPackets: 0, txBytes: 0 };
-  for (const name of [SETS.rx4, SETS.rx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), rxPackets: e.packets, rxBytes: e.bytes });
-  for (const name of [SETS.tx4, SETS.tx6]) for (const e of sets.get(name) ?? []) traffic.set(e.val, { ...row(e.val), txPackets: e.packets, txBytes: e.bytes });
-  const complete = Object.values(SETS).every((n) => sets.has(n)) && chains === 2 && rules === 4;
-  return { complete, traffic };
-}
-
 /** PURE: the accounting table as the NftClient lists it → counters per EIP, and whether the skeleton is whole. */
 export function accountingOf(dump: NftTableDump): Accounting {
-  const sets = new Map(
-    [...dump.sets.values()].map(
-      (s) => [s.name, s.elements.map((e) => ({ val: e.key, packets: e.counter?.packets ?? 0, bytes: e.counter?.bytes ?? 0 }))] as const,
-    ),
-  );
+  const traffic = new Map<string, EipTraffic>();
+  const row = (eip: string) => traffic.get(eip) ?? { eip, rxPackets: 0, rxBytes: 0, txPackets: 0, txBytes: 0 };
+  const elements = (names: readonly string[]) => names.flatMap((n) => dump.sets.get(n)?.elements ?? []);
+  for (const e of elements([SETS.rx4, SETS.rx6])) traffic.set(e.key, { ...row(e.key), rxPackets: e.counter?.packets ?? 0, rxBytes: e.counter?.bytes ?? 0 });
+  for (const e of elements([SETS.tx4, SETS.tx6])) traffic.set(e.key, { ...row(e.key), txPackets: e.counter?.packets ?? 0, txBytes: e.counter?.bytes ?? 0 });
   const rules = [...dump.chains.values()].reduce((n, c) => n + c.rules.length, 0);
-  return accounting(sets, dump.chains.size, rules);
-}
-
-/** PURE: `nft -j list table inet natgw_acct` text → accountingOf, counting every chain and rule listed. */
-export function parseAccounting(json: string): Accounting {
-  const items = ((JSON.parse(json) as { nftables?: unknown[] }).nftables ?? []) as Record<string, Record<string, unknown>>[];
-  const sets = new Map<string, { val: string; packets: number; bytes: number }[]>();
-  let chains = 0;
-  let rules = 0;
-  for (const item of items) {
-    if (item.chain) chains++;
-    if (item.rule) rules++;
-    const set = item.set;
-    if (!set || typeof set.name !== 'string') continue;
-    const elems = ((set.elem ?? []) as (ElemJson | string)[]).flatMap((e) => {
-      if (typeof e === 'string') return [{ val: e, packets: 0, bytes: 0 }];
-      const val = e.elem?.val;
-      return typeof val === 'string' ? [{ val, packets: e.elem?.counter?.packets ?? 0, bytes: e.elem?.counter?.bytes ?? 0 }] : [];
-    });
-    sets.set(set.name, elems);
-  }
-  return accounting(sets, chains, rules);
+  const complete = Object.values(SETS).every((n) => dump.sets.has(n)) && dump.chains.size === 2 && rules === 4;
+  return { complete, traffic };
 }
 
 export interface EipCountersSyncOptions {

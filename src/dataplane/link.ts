@@ -63,48 +63,46 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   const ops: LinkOp[] = [];
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
-  // With several uplinks an address is keyed by its device too (`dev` absent: the primary).
+  // With several uplinks an address is keyed by its device too (addressKey).
   const prefixes = new Map<string, { dev: string | undefined; len: number }[]>();
   for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), { dev: a.dev, len: a.prefixLength }]);
   const heldAt = (address: string) => prefixes.get(address) ?? [];
-  const keyOf = (dev: string | undefined, address: string, len: number): string => `${dev ?? ''}|${address}/${len}`;
-  const deletes = new Set<string>();
+  const deletes = new Map<string, LinkOp & { kind: 'addr-del' }>();
+  const del = (dev: string | undefined, address: string, prefixLength: number): void => {
+    const op = { kind: 'addr-del', address, prefixLength, ...onDev(dev) } as const;
+    deletes.set(addressKey(op), op);
+  };
   for (const e of want.eips) {
     const on = eipInterface(want.interfaces, e);
     const dev = on === want.interfaces.ext ? undefined : on;
     // A secondary uplink that is gone: its EIPs wait for it (the link event's resync adds them).
     if (dev !== undefined && !have.devices?.has(dev)) continue;
-    for (const x of heldAt(e.address)) if (x.dev !== dev) deletes.add(keyOf(x.dev, e.address, x.len));
+    for (const x of heldAt(e.address)) if (x.dev !== dev) del(x.dev, e.address, x.len);
     const present = heldAt(e.address)
       .filter((x) => x.dev === dev)
       .map((x) => x.len);
     const stale = present.filter((len) => len !== e.prefixLength);
     if (present.includes(e.prefixLength)) {
-      for (const len of stale) deletes.add(keyOf(dev, e.address, len));
+      for (const len of stale) del(dev, e.address, len);
       continue;
     }
     // IPv6 keys an address without its prefix: a replace would keep the old prefix and the
     // delete after it would take the address, so the old prefix goes first.
     if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len, ...onDev(dev) });
-    else for (const len of stale) deletes.add(keyOf(dev, e.address, len));
+    else for (const len of stale) del(dev, e.address, len);
     ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength, ...onDev(dev) });
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
   const removable = new Set([...(previous?.eips ?? []).map((e) => e.address), ...(owned?.addresses ?? [])]);
   for (const address of removable) {
     if (wantedEips.has(address)) continue;
-    for (const x of heldAt(address)) deletes.add(keyOf(x.dev, address, x.len));
+    for (const x of heldAt(address)) del(x.dev, address, x.len);
   }
-  // Deleted in the reverse of the kernel's order: secondaries before their primary, so that
+  // Deleted in the reverse of the listed order: secondaries before their primary, so that
   // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
-  const position = new Map(have.extAddresses.map((a, i) => [keyOf(a.dev, a.address, a.prefixLength), i]));
+  const position = new Map(have.extAddresses.map((a, i) => [addressKey(a), i]));
   const at = (key: string): number => position.get(key) ?? -1;
-  for (const d of [...deletes].sort((a, b) => at(b) - at(a))) {
-    const bar = d.indexOf('|');
-    const slash = d.lastIndexOf('/');
-    const dev = d.slice(0, bar) || undefined;
-    ops.push({ kind: 'addr-del', address: d.slice(bar + 1, slash), prefixLength: Number(d.slice(slash + 1)), ...onDev(dev) });
-  }
+  ops.push(...[...deletes].sort(([a], [b]) => at(b) - at(a)).map(([, op]) => op));
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
   // A subnet route to a default the external default owns is held, not installed: installing
@@ -150,10 +148,7 @@ function linkLine(op: LinkOp, ifs: DesiredState['interfaces']): string {
   }
 }
 
-/**
- * PURE: what the kernel holds once `ops` ran on `have`, in the order `ip` would list it, so that
- * a later plan against this view deletes in the same order as one against a fresh read-back.
- */
+/** PURE: what the kernel holds once `ops` ran on `have` (addresses: see addressesAfter). */
 export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView {
   let routes = [...have.vpcRoutes];
   let defaults = [...have.extDefaults];
@@ -179,20 +174,7 @@ export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView 
         break;
     }
   }
-  return { ...have, extAddresses: uplinkAddressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
-}
-
-/** addressesAfter per device: each uplink keeps its own kernel order (the primary's first). */
-function uplinkAddressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): LinkAddress[] {
-  const devOf = (x: LinkAddress | LinkOp): string | undefined => ('dev' in x ? x.dev : undefined);
-  const devs = new Set([...have.map(devOf), ...ops.map(devOf)].filter((d) => d !== undefined));
-  if (devs.size === 0) return addressesAfter(have, ops);
-  return [undefined, ...devs].flatMap((dev) =>
-    addressesAfter(
-      have.filter((a) => a.dev === dev),
-      ops.filter((op) => devOf(op) === dev),
-    ).map((a) => (dev === undefined ? a : { ...a, dev })),
-  );
+  return { ...have, extAddresses: addressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
 }
 
 const isV4 = (a: LinkAddress): boolean => a.family === 4;
@@ -205,73 +187,26 @@ function subnetOf(a: LinkAddress): string {
   return formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
 }
 
+/** An address's identity on natgw's uplinks: device (absent: the primary), address and prefix. */
+const addressKey = (a: { readonly dev?: string; readonly address: string; readonly prefixLength: number }): string =>
+  `${a.dev ?? ''}|${a.address}/${a.prefixLength}`;
+
 /**
- * The kernel's address order (`ip` lists IPv4 first): IPv4 primaries (the first address of
- * each subnet), then secondaries in the order they came; a new primary goes after the last
- * primary, a new secondary last; deleting a primary promotes the first secondary of its subnet
- * (promote_secondaries is on before natgw deletes) to the end of the primaries. IPv6
- * addresses come newest first.
+ * The addresses once `ops` ran: those kept in their order, new ones after them. The kernel lists
+ * them otherwise (IPv4 primaries first, a promoted secondary behind the last primary, IPv6 newest
+ * first), but keeps each IPv4 subnet's own order, the first address its primary; that order is
+ * all linkOps relies on (a subnet's secondaries are deleted before its primary).
  */
 function addressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): LinkAddress[] {
-  // Append-only lists with tombstones keep a batch of thousands linear.
-  const primaries: LinkAddress[] = [];
-  const secondaries: LinkAddress[] = [];
-  const oldV6: LinkAddress[] = [];
-  const newV6: LinkAddress[] = [];
-  const live = new Map<string, LinkAddress>();
-  const isPrimary = new Set<LinkAddress>();
-  const waiting = new Map<string, LinkAddress[]>();
-  const head = new Map<string, number>();
-  const count = new Map<string, number>();
-  const keyOf = (address: string, prefixLength: number): string => `${address}/${prefixLength}`;
-  const place = (a: LinkAddress, v6: LinkAddress[]): void => {
-    live.set(keyOf(a.address, a.prefixLength), a);
-    if (!isV4(a)) return void v6.push(a);
-    const subnet = subnetOf(a);
-    const n = count.get(subnet) ?? 0;
-    count.set(subnet, n + 1);
-    if (n === 0) {
-      primaries.push(a);
-      isPrimary.add(a);
-    } else {
-      secondaries.push(a);
-      const queue = waiting.get(subnet);
-      if (queue) queue.push(a);
-      else waiting.set(subnet, [a]);
-    }
-  };
-  const alive = (a: LinkAddress): boolean => live.get(keyOf(a.address, a.prefixLength)) === a;
-  for (const a of have) place(a, oldV6);
+  const live = new Map(have.map((a) => [addressKey(a), a]));
   for (const op of ops) {
-    if (op.kind === 'addr-replace') {
-      place({ address: op.address, prefixLength: op.prefixLength, family: familyOf(op.address), scope: 'global' }, newV6);
-    } else if (op.kind === 'addr-del') {
-      const key = keyOf(op.address, op.prefixLength);
-      const gone = live.get(key);
-      live.delete(key);
-      if (!gone || !isV4(gone)) continue;
-      const subnet = subnetOf(gone);
-      count.set(subnet, (count.get(subnet) ?? 1) - 1);
-      if (!isPrimary.has(gone)) continue;
-      const queue = waiting.get(subnet) ?? [];
-      let next = head.get(subnet) ?? 0;
-      while (next < queue.length && !alive(queue[next]!)) next++;
-      const promoted = queue[next];
-      head.set(subnet, next + 1);
-      if (promoted) {
-        isPrimary.add(promoted);
-        primaries.push(promoted);
-      }
+    if (op.kind === 'addr-del') live.delete(addressKey(op));
+    else if (op.kind === 'addr-replace') {
+      const a = { address: op.address, prefixLength: op.prefixLength, family: familyOf(op.address), scope: 'global', ...onDev(op.dev) };
+      live.set(addressKey(a), a);
     }
   }
-  // A promoted secondary sits in both lists: it counts among the primaries.
-  const seen = new Set<LinkAddress>();
-  const once = (a: LinkAddress): boolean => {
-    if (!alive(a) || seen.has(a)) return false;
-    seen.add(a);
-    return true;
-  };
-  return [...primaries.filter(once), ...secondaries.filter(once), ...newV6.reverse().filter(once), ...oldV6.filter(once)];
+  return [...live.values()];
 }
 
 /** Whether an IPv4 address was deleted from a subnet that still holds other addresses. */
@@ -575,11 +510,7 @@ export class LinkManager {
    */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
-    const r = await this.syncWith(want, previous, opts);
-    return notes.length ? { ...r, notes } : r;
-  }
-
-  private async syncWith(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions): Promise<{ changes: number; script: string }> {
+    const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
     // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
     const kept = opts.mode === 'partial' && !this.hasReleases() ? this.viewFor(want) : undefined;
     const have = kept ?? (await this.view(want, previous));
@@ -587,12 +518,12 @@ export class LinkManager {
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? `${lines.join('\n')}\n` : '';
-    if (opts.dryRun) return { changes: lines.length, script };
+    if (opts.dryRun) return done(lines.length, script);
     const settled: OwnedRecord = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(want) };
     if (lines.length === 0) {
       await this.writeOwned(settled);
       this.trust(want, have);
-      return { changes: 0, script };
+      return done(0, script);
     }
     // Intent first: everything this change may add joins what natgw already owns.
     timelineMark('link: planned');
@@ -614,7 +545,7 @@ export class LinkManager {
     if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);
     else this.forget();
     this.log?.debug({ changes: lines.length, partial: kept !== undefined }, 'addresses and routes applied');
-    return { changes: lines.length, script };
+    return done(lines.length, script);
   }
 
   /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
@@ -636,11 +567,6 @@ export class LinkManager {
   /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
   forget(): void {
     this.trusted = undefined;
-  }
-
-  /** Whether a partial sync of `want` would plan without reading (so a caller need not read for it). */
-  hasTrustedView(want: DesiredState): boolean {
-    return this.viewFor(want) !== undefined;
   }
 
   private viewFor(want: DesiredState): LinkView | undefined {
@@ -711,11 +637,6 @@ export class LinkManager {
         });
       if (this.arpQueue.length > 0) this.schedulePump();
     }
-  }
-
-  async hasTool(file: string, args: string[] = ['-V']): Promise<boolean> {
-    const r = await this.exec.run({ file, args });
-    return !r.failedToStart;
   }
 
   async ensureUp(ifname: string): Promise<void> {

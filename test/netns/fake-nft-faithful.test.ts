@@ -202,7 +202,7 @@ describe('the fake nft against the kernel', () => {
         const real = planShareDnat(shares, r);
         const fake = planShareDnat(shares, f);
         expect(sorted(fake.tx.text()), `${what}: share DNAT plan from the fake's read-back`).toBe(sorted(real.tx.text()));
-        if (await k.run(real.tx, fake.tx, what)) await k.run(deleteChainsTx(real.plan.staleChains), deleteChainsTx(fake.plan.staleChains), what);
+        if (await k.run(real.tx, fake.tx, what)) await k.run(deleteChainsTx(real.staleChains), deleteChainsTx(fake.staleChains), what);
       } else if (move === 9) {
         const [r, f] = await k.lists('inet', ACCT_TABLE);
         const have = (d: NftTableDump | null) => {

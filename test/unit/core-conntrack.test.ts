@@ -89,7 +89,7 @@ describe('Conntrack.flush', () => {
   });
 });
 
-describe('Conntrack.flushAll', () => {
+describe('Conntrack.flushOwed', () => {
   // Two tracked flows as conntrack -L (1.4.7) prints them: one to a DNAT that goes, one elsewhere.
   const LISTING = [
     'tcp      6 431999 ESTABLISHED src=172.20.0.100 dst=172.18.0.10 sport=40000 dport=8081 src=10.0.1.6 dst=172.20.0.100 sport=80 dport=40000 [ASSURED] mark=0 use=1',
@@ -104,16 +104,16 @@ describe('Conntrack.flushAll', () => {
         : { exitCode: 1, stderr: '0 flow entries have been deleted.\n' },
     );
     const filters = Array.from({ length: 500 }, (_, i) => ({ dst: '172.18.0.10', protocol: 'tcp' as const, port: 8000 + i }));
-    await new Conntrack(exec).flushAll(filters);
+    await new Conntrack(exec).flushOwed(filters);
     expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 8081']);
   });
 
   it('a few filters are flushed one by one without a listing; a failed listing falls back to that', async () => {
     const few = new RecordingExecutor(() => ({ exitCode: 1, stderr: '0 flow entries have been deleted.\n' }));
-    await new Conntrack(few).flushAll([{ dst: '172.18.0.10' }, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
+    await new Conntrack(few).flushOwed([{ dst: '172.18.0.10' }, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
     expect(few.calls.map((c) => c.args[0])).toEqual(['-D', '-D']);
     const broken = new RecordingExecutor((r) => (r.args[0] === '-L' ? { exitCode: 1, stderr: 'conntrack: Operation not permitted\n' } : undefined));
-    await new Conntrack(broken).flushAll(Array.from({ length: 20 }, (_, i) => ({ dst: `172.18.0.${i}` })));
+    await new Conntrack(broken).flushOwed(Array.from({ length: 20 }, (_, i) => ({ dst: `172.18.0.${i}` })));
     expect(broken.calls.filter((c) => c.args[0] === '-D')).toHaveLength(20);
   });
 });
@@ -135,7 +135,7 @@ describe('Conntrack: flushes owed after a failure', () => {
       return { stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
     });
     const ct = new Conntrack(exec);
-    expect(await ct.flushAll([range])).toBe(0);
+    expect((await ct.flushOwed([range])).deleted).toBe(0);
     expect(ct.pendingFlushes).toBe(1);
     expect(exec.calls.map((c) => c.args[0])).toEqual(['-L']);
     // Still failing: still owed.
@@ -156,14 +156,14 @@ describe('Conntrack: flushes owed after a failure', () => {
       r.args[0] === '-L' ? { exitCode: 1, timedOut: true } : { exitCode: 1, stderr: 'failed: Device or resource busy\n' },
     );
     const ct = new Conntrack(exec);
-    await ct.flushAll([range, { dst: '172.18.0.10', protocol: 'tcp', port: 9000 }]);
+    await ct.flushOwed([range, { dst: '172.18.0.10', protocol: 'tcp', port: 9000 }]);
     expect(ct.pendingFlushes).toBe(2);
   });
 
   it('a range is given up after as many attempts as a single port', async () => {
     const exec = new RecordingExecutor(() => ({ exitCode: 1, stderr: 'conntrack: Operation not permitted\n' }));
     const ct = new Conntrack(exec);
-    await ct.flushAll([range, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
+    await ct.flushOwed([range, { dst: '172.18.0.11', protocol: 'udp', port: 53 }]);
     let rounds = 1;
     while (ct.pendingFlushes > 0 && rounds < 20) {
       await ct.retryFailed();

@@ -61,10 +61,10 @@ describe('conntrack flush failures', () => {
         : { exitCode: 1, stderr: 'conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n' },
     );
     const ct = new Conntrack(exec);
-    await ct.flushAll([{ dst: '172.20.0.10', protocol: 'tcp', port: 8090 }]);
+    await ct.flushOwed([{ dst: '172.20.0.10', protocol: 'tcp', port: 8090 }]);
     expect(ct.pendingFlushes).toBe(1);
     fail = false;
-    await ct.flushAll([{ dst: '172.20.0.10', protocol: 'tcp', port: 8091 }]);
+    await ct.flushOwed([{ dst: '172.20.0.10', protocol: 'tcp', port: 8091 }]);
     expect(ct.pendingFlushes).toBe(0);
     const ports = exec.calls.map((c) => c.args[c.args.length - 1]);
     expect(ports).toEqual(['8090', '8091', '8090']);

@@ -1,11 +1,14 @@
 /**
  * EipCounters, full and partial (SyncOptions): a partial sync trusts the EIPs it last put in
  * the accounting sets and runs only the element change, the same one a full sync renders
- * against the listing after that apply. renderAccountingChange is the piece an nft backend
+ * against the listing after that apply. accountingTx is the piece an nft backend
  * can fold into its own transaction.
  */
 import { describe, expect, it } from 'vitest';
-import { ACCT_TABLE, EipCounters, renderAccountingChange, renderElements, renderSkeleton } from '../../src/dataplane/eipCounters.js';
+import { ACCT_TABLE, EipCounters, accountingTx, elementsTx, skeletonTx } from '../../src/dataplane/eipCounters.js';
+
+const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[], opts: { absent?: boolean } = {}): string =>
+  accountingTx(have, want, opts).text();
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
 
 const LIST = `nft -j list table inet ${ACCT_TABLE}`;
@@ -137,13 +140,13 @@ describe('EipCounters: partial sync', () => {
 
 describe('renderAccountingChange (pure)', () => {
   it('with the sets known: only the element changes', () => {
-    expect(renderAccountingChange(new Set(['1.2.3.4']), ['5.6.7.8'])).toBe(renderElements(new Set(['1.2.3.4']), ['5.6.7.8']));
+    expect(renderAccountingChange(new Set(['1.2.3.4']), ['5.6.7.8'])).toBe(elementsTx(new Set(['1.2.3.4']), ['5.6.7.8']).text());
     expect(renderAccountingChange(new Set(['1.2.3.4']), ['1.2.3.4'])).toBe('');
   });
 
   it('unknown: the whole table from scratch, valid whether or not it exists', () => {
     expect(renderAccountingChange(undefined, ['1.2.3.4'])).toBe(
-      `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n${renderSkeleton()}${renderElements(new Set(), ['1.2.3.4'])}`,
+      `add table inet ${ACCT_TABLE}\ndelete table inet ${ACCT_TABLE}\n${skeletonTx().text()}${elementsTx(new Set(), ['1.2.3.4']).text()}`,
     );
   });
 });

@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { ShareDnatTable } from '../../src/dataplane/netfilter/shareDnat.js';
 import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
-import { planShareDnat, renderShareDnat, withoutChains } from '../../src/dataplane/netfilter/shareDnatRender.js';
+import { planShareDnat, withoutChains } from '../../src/dataplane/netfilter/shareDnatRender.js';
 import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
 
 const A: ShareDnat = {
@@ -240,8 +240,12 @@ describe('ShareDnatTable: partial sync', () => {
 
   it('the view after T1 is what the kernel lists (read-back form)', () => {
     const { after } = planShareDnat(T1, null);
-    expect(renderShareDnat(T2, after)).toEqual(renderShareDnat(T2, parseTableListing(AFTER_T1, 'ip', 'kube-ovn')));
-    expect(renderShareDnat(T1, after).changes).toBe(0);
+    const plan = (have: typeof after) => {
+      const p = planShareDnat(T2, have);
+      return { main: p.tx.text(), staleChains: p.staleChains, changes: p.changes };
+    };
+    expect(plan(after)).toEqual(plan(parseTableListing(AFTER_T1, 'ip', 'kube-ovn')));
+    expect(planShareDnat(T1, after).changes).toBe(0);
   });
 
   it('full mode (the default) always reads', async () => {

@@ -9,13 +9,24 @@ import type { ShareDnat } from '../../src/model/rules.js';
 import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
 import type { NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
 import {
+  planShareDnat,
+  planShareRemoveAll,
   recogniseShareRule,
-  renderShareDnat,
-  renderShareRemoveAll,
   shareChainName,
   shareDnatsFromKernel,
   shareRuleText,
 } from '../../src/dataplane/netfilter/shareDnatRender.js';
+
+/** The plan's first transaction as text, its stale chains and its count. */
+function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump | null) {
+  const p = planShareDnat(items, have);
+  return { main: p.tx.text(), staleChains: p.staleChains, changes: p.changes };
+}
+
+function renderShareRemoveAll(have: NftTableDump | null) {
+  const r = planShareRemoveAll(have);
+  return { main: r.tx.text(), staleChains: r.staleChains };
+}
 
 const ITEMS: ShareDnat[] = [
   {
@@ -257,8 +268,8 @@ describe('share DNAT against a real read-back', () => {
 
 describe('share DNAT removal', () => {
   it('deletes the whole table when it holds only natgw objects', () => {
-    expect(renderShareRemoveAll(real())).toEqual({ main: 'delete table ip kube-ovn\n', staleChains: [], wholeTable: true });
-    expect(renderShareRemoveAll(null)).toEqual({ main: '', staleChains: [], wholeTable: false });
+    expect(renderShareRemoveAll(real())).toEqual({ main: 'delete table ip kube-ovn\n', staleChains: [] });
+    expect(renderShareRemoveAll(null)).toEqual({ main: '', staleChains: [] });
   });
 
   it('removes piece by piece around foreign objects', () => {
@@ -272,6 +283,5 @@ describe('share DNAT removal', () => {
       `flush chain ip kube-ovn ${UDP_CHAIN}`,
     ]);
     expect(r.staleChains).toEqual([TCP_CHAIN, UDP_CHAIN]);
-    expect(r.wholeTable).toBe(false);
   });
 });

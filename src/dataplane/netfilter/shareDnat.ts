@@ -43,9 +43,9 @@ export class ShareDnatTable {
   async sync(items: readonly ShareDnat[], opts: SyncOptions = {}): Promise<SyncReport> {
     const kept = opts.mode === 'partial' ? this.trusted : undefined;
     let have = kept ? kept.table : await this.read();
-    let { plan, after, tx } = planShareDnat(items, have);
-    if (kept && hasUnknownHandle(plan)) ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
-    const script = (p: SharePlan): string => p.main + deleteChainsTx(p.staleChains).text();
+    let plan = planShareDnat(items, have);
+    if (kept && hasUnknownHandle(plan)) plan = planShareDnat(items, (have = await this.read()));
+    const script = (p: SharePlan): string => p.tx.text() + deleteChainsTx(p.staleChains).text();
     if (opts.dryRun) return { changes: plan.changes, script: script(plan) };
     if (plan.changes === 0) {
       this.trusted = { table: have };
@@ -54,17 +54,17 @@ export class ShareDnatTable {
 
     try {
       try {
-        await this.nft.run(tx);
+        await this.nft.run(plan.tx);
       } catch (err) {
         // Another writer may have changed the table since the read-back (handles, elements):
         // render once more against a fresh one before giving up.
         if (!(err instanceof ExecError)) throw err;
         this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
-        ({ plan, after, tx } = planShareDnat(items, (have = await this.read())));
-        await this.nft.run(tx);
+        plan = planShareDnat(items, (have = await this.read()));
+        await this.nft.run(plan.tx);
       }
       const deleted = await this.deleteChains(plan.staleChains);
-      this.trusted = { table: after && withoutChains(after, deleted) };
+      this.trusted = { table: plan.after && withoutChains(plan.after, deleted) };
     } catch (err) {
       this.forget();
       throw err;
@@ -112,9 +112,9 @@ export class ShareDnatTable {
   /** Remove natgw's share-DNAT objects; the table goes too when nothing else lives in it. */
   async removeAll(): Promise<void> {
     this.forget();
-    const { removal, tx } = planShareRemoveAll(await this.read());
+    const { tx, staleChains } = planShareRemoveAll(await this.read());
     await this.nft.run(tx);
     // With foreign objects in the table, the table itself stays (it is theirs too).
-    await this.deleteChains(removal.staleChains);
+    await this.deleteChains(staleChains);
   }
 }

@@ -130,10 +130,12 @@ const SAFE_ELEMENT = /^[0-9A-Za-z.:/ -]+$/;
 
 export interface SharePlan {
   /** Adds, replacements, element removals and flushes of stale chains: one transaction. */
-  readonly main: string;
-  /** `delete chain` of each stale chain, tried after `main` (may be refused before kernel 6.2). */
+  readonly tx: NftTransaction;
+  /** `delete chain` of each stale chain, tried after `tx` (may be refused before kernel 6.2). */
   readonly staleChains: readonly string[];
   readonly changes: number;
+  /** The table as `nft -j list` would show it once `tx` is applied (null: no table, and none made). */
+  readonly after: NftTableDump | null;
 }
 
 /** The second transaction: delete chains that the first one flushed and unreferenced. */
@@ -150,10 +152,6 @@ function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
   return [...byKey.values()];
 }
 
-export function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
-  return planShareDnat(items, have).plan;
-}
-
 /**
  * Handle of an object the view added: the kernel numbers it, the view cannot know it. No
  * plan against a view natgw computed names such a handle (only foreign duplicates are deleted
@@ -162,14 +160,10 @@ export function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump 
 export const UNKNOWN_HANDLE = 0;
 
 /** Whether a plan names an object by a handle the view did not know. */
-export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handle ${UNKNOWN_HANDLE}$`, 'm').test(plan.main);
+export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handle ${UNKNOWN_HANDLE}$`, 'm').test(plan.tx.text());
 
-/**
- * PURE: the plan, and the table as `nft -j list` would show it once `plan.main` is applied:
- * stale chains flushed but still there (null: no table, and none made). Handles of new
- * objects are UNKNOWN_HANDLE.
- */
-export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): { plan: SharePlan; after: NftTableDump | null; tx: NftTransaction } {
+/** PURE: the plan; in its view after, stale chains are flushed but still there and new objects' handles are UNKNOWN_HANDLE. */
+export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
   const items = dedupe(itemsIn);
   const create = new NftTransaction();
   const chainOps = new NftTransaction();
@@ -178,7 +172,7 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   const flushStale = new NftTransaction();
   let changes = 0;
 
-  if (have === null && items.length === 0) return { plan: { main: '', staleChains: [], changes: 0 }, after: null, tx: create };
+  if (have === null && items.length === 0) return { tx: create, staleChains: [], changes: 0, after: null };
 
   const chains = have?.chains ?? new Map<string, NftChainDump>();
   const afterChains = new Map(chains);
@@ -282,11 +276,11 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
 
   const sets = new Map(have?.sets ?? []);
   sets.set(SERVICE_MAP, { name: SERVICE_MAP, handle: map?.handle ?? UNKNOWN_HANDLE, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements });
-  const tx = NftTransaction.concat(create, chainOps, delElems, addElems, flushStale);
   return {
-    plan: { main: tx.text(), staleChains: staleChains.map((c) => c.name), changes },
+    tx: NftTransaction.concat(create, chainOps, delElems, addElems, flushStale),
+    staleChains: staleChains.map((c) => c.name),
+    changes,
     after: { family: 'ip', name: KUBE_OVN_TABLE, chains: afterChains, sets },
-    tx,
   };
 }
 
@@ -325,31 +319,19 @@ export function shareDnatsFromKernel(have: NftTableDump | null): ShareDnat[] {
   return out;
 }
 
-export interface ShareRemoval {
-  /** First transaction; '' when natgw owns nothing there. */
-  readonly main: string;
-  /** Chains to delete afterwards, as in a sync. */
-  readonly staleChains: readonly string[];
-  /** Whether the table held only natgw's objects (then `main` deletes the whole table). */
-  readonly wholeTable: boolean;
-}
-
-/** Remove natgw's share DNAT objects, and the table itself when nothing else lives in it. */
-export function renderShareRemoveAll(have: NftTableDump | null): ShareRemoval {
-  return planShareRemoveAll(have).removal;
-}
-
-/** renderShareRemoveAll with its first transaction. */
-export function planShareRemoveAll(have: NftTableDump | null): { removal: ShareRemoval; tx: NftTransaction } {
+/**
+ * PURE: the removal of natgw's share DNAT objects (the whole table when nothing else lives in
+ * it), and the chains to delete afterwards, as in a sync.
+ */
+export function planShareRemoveAll(have: NftTableDump | null): { tx: NftTransaction; staleChains: readonly string[] } {
   const tx = new NftTransaction();
-  if (!have) return { removal: { main: '', staleChains: [], wholeTable: false }, tx };
+  if (!have) return { tx, staleChains: [] };
   const pre = have.chains.get(SHARE_PREROUTING);
   const ourChain = (c: NftChainDump): boolean =>
     (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) || (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
   const foreign = [...have.chains.values()].some((c) => !ourChain(c)) || [...have.sets.keys()].some((s) => s !== SERVICE_MAP);
   if (!foreign) {
-    tx.deleteTable(T);
-    return { removal: { main: tx.text(), staleChains: [], wholeTable: true }, tx };
+    return { tx: tx.deleteTable(T), staleChains: [] };
   }
 
   const map = have.sets.get(SERVICE_MAP);
@@ -359,5 +341,5 @@ export function planShareRemoveAll(have: NftTableDump | null): { removal: ShareR
   if (map) tx.deleteSet(T, map.kind, SERVICE_MAP);
   const chains = [...have.chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined);
   for (const c of chains) if (c.rules.length > 0) tx.flushChain(T, c.name);
-  return { removal: { main: tx.text(), staleChains: chains.map((c) => c.name), wholeTable: false }, tx };
+  return { tx, staleChains: chains.map((c) => c.name) };
 }

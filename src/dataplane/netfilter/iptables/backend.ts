@@ -13,7 +13,18 @@ import {
   type SyncReport,
 } from '../backend.js';
 import { CHAINS } from './ruleText.js';
-import { desiredTables, patchFamily, planTable, renderFamily, renderRestore, savedAfter, TABLES, type Rendered, type TableName } from './plan.js';
+import {
+  desiredTables,
+  patchFamily,
+  planTable,
+  renderFamily,
+  renderRestore,
+  savedAfter,
+  TABLES,
+  type Rendered,
+  type TableName,
+  type TableWant,
+} from './plan.js';
 import { emptyTable, parseSave, type SavedTable } from './save.js';
 import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
@@ -21,7 +32,11 @@ import { timelineMark } from '../../../system/timeline.js';
 
 export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
 
-const EMPTY: NatTables = { vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [] };
+/** Every chain and jump natgw may have made (every optional chain too, whatever an earlier configuration added), retired. */
+const REMOVAL = ((skeleton: Record<TableName, TableWant>) => {
+  const retire = (t: TableWant): TableWant => ({ owned: new Map(), jumps: new Map(), retired: { chains: [...t.owned.keys()], jumps: t.jumps } });
+  return { nat: retire(skeleton.nat), mangle: retire(skeleton.mangle) };
+})(desiredTables({ vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [], dropInvalid: true }));
 
 const inFamily =
   (family: Family) =>
@@ -175,9 +190,8 @@ export class IptablesBackend implements NetfilterBackend {
   }
 
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
-  private async restore(family: Family, tables: TableName | readonly TableName[], text: string): Promise<void> {
+  private async restore(family: Family, names: readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
-    const names = typeof tables === 'string' ? [tables] : tables;
     const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
     if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
     this.log?.debug({ family, tables: names }, 'iptables transaction applied');
@@ -196,27 +210,17 @@ export class IptablesBackend implements NetfilterBackend {
 
   /** Remove natgw's jumps and chains of one family; nothing to do where there are none. */
   private async removeFamily(family: Family, opts: SyncOptions): Promise<SyncReport> {
-    // With every optional chain, so that whatever an earlier configuration added goes too.
-    const skeleton = desiredTables({ ...EMPTY, dropInvalid: true });
     let script = '';
     let changes = 0;
     // nat first: a removal it refuses (another owner jumps into natgw's chains) leaves every
     // table as it was, still pending.
     for (const table of TABLES) {
-      const have = await this.have(table, family, opts);
-      const lines: string[] = [];
-      for (const [builtin, jump] of skeleton[table].jumps) {
-        for (const r of have.rules.get(builtin) ?? []) if (r === jump) lines.push(`-D ${builtin} ${jump}`);
-      }
-      const present = [...skeleton[table].owned.keys()].filter((c) => have.chains.has(c));
-      // Flush all first: a chain can only be deleted once nothing jumps to it.
-      for (const c of present) lines.push(`-F ${c}`);
-      for (const c of present) lines.push(`-X ${c}`);
-      if (lines.length === 0) continue;
-      const text = `*${table}\n${lines.join('\n')}\nCOMMIT\n`;
-      changes += lines.length;
+      const plan = planTable(await this.have(table, family, opts), REMOVAL[table]);
+      const text = renderRestore(table, plan);
+      if (text === '') continue;
+      changes += plan.changes;
       script += text;
-      if (!opts.dryRun) await this.restore(family, table, text);
+      if (!opts.dryRun) await this.restore(family, [table], text);
     }
     if (!opts.dryRun) for (const table of TABLES) this.view.set(`${family}/${table}`, emptyTable);
     return { changes, script };
