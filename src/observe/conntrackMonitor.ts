@@ -197,11 +197,6 @@ export class ConntrackMonitor {
     await this.opts.flowLog?.close();
   }
 
-  /** Resolves once the current seed listing (if any) has been applied. */
-  async seeded(): Promise<void> {
-    await this.seeding;
-  }
-
   /**
    * Re-read the table now, or when RESEED_MIN_INTERVAL_MS has passed since the last listing;
    * requests meanwhile fold into that one. `why` is logged once per listing it leads to.

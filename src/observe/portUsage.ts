@@ -105,17 +105,10 @@ export class PortUsage<T = unknown> {
     });
   }
 
-  /** Per EIP, with its `top` busiest destinations (a bounded selection, not a sort of all of them). */
+  /** Per EIP, with its `top` busiest destinations (ties in the order they first appeared). */
   report(top = TOP_DESTINATIONS): EipPortUsage[] {
     return [...this.byEip].map(([eip, rows]) => {
-      const best: PortRow<T>[] = [];
-      for (const r of rows.values()) {
-        if (best.length === top && r.n <= best[top - 1]!.n) continue;
-        let i = Math.min(best.length, top - 1);
-        while (i > 0 && best[i - 1]!.n < r.n) i--;
-        best.splice(i, 0, r);
-        if (best.length > top) best.pop();
-      }
+      const best = [...rows.values()].sort((a, b) => b.n - a.n).slice(0, top);
       const max = best[0]?.n ?? 0;
       return {
         eip,
