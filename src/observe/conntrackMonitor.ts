@@ -146,7 +146,7 @@ export class ConntrackMonitor {
 
   /** SNAT source ports in use per EIP: the busiest destination of each, and with `top` the busiest few. */
   portUsage(opts: { top?: number } = {}): EipPortUsage[] {
-    return opts.top === undefined ? this.ports.summary() : this.ports.report(opts.top);
+    return this.ports.report(opts.top ?? 0);
   }
 
   start(): void {
