@@ -1,70 +1,16 @@
 /**
- * JSON with object keys sorted at every level: one text per value, whatever the key order
- * (equal states on two replicas give equal digests; a document written back equals the state
- * it came from). Pure: nothing is kept between calls.
+ * JSON with object keys sorted at every level (by UTF-16 code units, as Array#sort orders them):
+ * one text per value, whatever the key order (equal states on two replicas give equal digests; a
+ * document written back equals the state it came from). Pure: nothing is kept between calls.
  */
 export function canonicalJson(v: unknown): string {
-  if (v === null || typeof v !== 'object') return scalarText(v);
-  if (Array.isArray(v)) {
-    let text = '[';
-    for (let i = 0; i < v.length; i++) {
-      const x: unknown = v[i];
-      if (i > 0) text += ',';
-      text += x === undefined ? 'null' : canonicalJson(x);
-    }
-    return `${text}]`;
-  }
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null';
+  if (Array.isArray(v)) return `[${v.map((x: unknown) => (x === undefined ? 'null' : canonicalJson(x))).join(',')}]`;
   const o = v as Record<string, unknown>;
-  const flat = flatText(o);
-  if (flat !== undefined) return flat;
-  let text = '{';
-  let first = true;
-  for (const k of sortedKeys(o)) {
-    const x = o[k];
-    if (x === undefined) continue;
-    if (!first) text += ',';
-    first = false;
-    text += `${JSON.stringify(k)}:${canonicalJson(x)}`;
-  }
-  return `${text}}`;
-}
-
-/**
- * The text of a plain object whose values are all strings, finite numbers, booleans, null or
- * undefined (a rule): JSON.stringify with the sorted keys as its property list writes exactly
- * the canonical text, natively. Undefined for any other object.
- */
-function flatText(o: Record<string, unknown>): string | undefined {
-  if (Object.getPrototypeOf(o) !== Object.prototype) return undefined;
-  for (const k in o) {
-    const v = o[k];
-    if (v !== null && v !== undefined && typeof v !== 'string' && typeof v !== 'boolean' && !(typeof v === 'number' && Number.isFinite(v))) return undefined;
-  }
-  return JSON.stringify(o, sortedKeys(o));
-}
-
-/**
- * Object.keys sorted as Array.prototype.sort sorts them (by UTF-16 code units): an insertion
- * sort in place, since a rule has two to seven keys and the default sort is built for many.
- */
-function sortedKeys(o: object): string[] {
-  const keys = Object.keys(o);
-  for (let i = 1; i < keys.length; i++) {
-    const k = keys[i] as string;
-    let j = i - 1;
-    while (j >= 0 && (keys[j] as string) > k) {
-      keys[j + 1] = keys[j] as string;
-      j--;
-    }
-    keys[j + 1] = k;
-  }
-  return keys;
-}
-
-/** What JSON.stringify writes for a value that is not an object (`null` where it writes nothing). */
-function scalarText(v: unknown): string {
-  if (typeof v === 'number') return Number.isFinite(v) ? String(v) : 'null';
-  return JSON.stringify(v) ?? 'null';
+  const keys = Object.keys(o)
+    .filter((k) => o[k] !== undefined)
+    .sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
 }
 
 /** What a digest needs of a hash (node:crypto's Hash). */
@@ -86,7 +32,7 @@ export function canonicalDigestInto(hash: HashSink, v: unknown): void {
   const o = v as Record<string, unknown>;
   let first = true;
   hash.update('{');
-  for (const k of sortedKeys(o)) {
+  for (const k of Object.keys(o).sort()) {
     const x = o[k];
     if (x === undefined) continue;
     hash.update(`${first ? '' : ','}${JSON.stringify(k)}:`);

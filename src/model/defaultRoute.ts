@@ -1,4 +1,5 @@
 import type { Route } from './rules.js';
+import type { Interfaces } from './uplinks.js';
 
 /**
  * Who owns a family's default route. The kernel holds one per family in the main table: the
@@ -50,11 +51,6 @@ export function heldDefaultRoutes(s: RoutesOfState): HeldDefaultRoute[] {
     if (owner) held.push({ route, ...owner });
   }
   return held;
-}
-
-interface Interfaces {
-  readonly vpc: string;
-  readonly ext: string;
 }
 
 /** The refusal of a subnet route to the default while the external default owns it (stdout, 409). */

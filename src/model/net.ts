@@ -4,32 +4,11 @@ import ipaddr from 'ipaddr.js';
 
 export type Family = 4 | 6;
 
-/**
- * Strict dotted IPv4 (no octal, hex or short forms that ipaddr.js would also accept): four
- * decimal octets 0-255, no leading zero. A character scan, not a regular expression: this runs
- * on every address of a bulk document (40,000 at 10,000 DNAT + 10,000 FIP).
- */
+const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/;
+
+/** Strict dotted IPv4: four decimal octets 0-255 without leading zeros (no octal, hex or short forms that ipaddr.js would also accept). */
 export function isIpv4(s: string): boolean {
-  const n = s.length;
-  if (n < 7 || n > 15) return false;
-  let octets = 0;
-  let i = 0;
-  for (;;) {
-    const start = i;
-    let v = 0;
-    while (i < n) {
-      const c = s.charCodeAt(i);
-      if (c < 48 || c > 57) break;
-      v = v * 10 + (c - 48);
-      i++;
-    }
-    const len = i - start;
-    if (len === 0 || len > 3 || v > 255 || (len > 1 && s.charCodeAt(start) === 48)) return false;
-    octets++;
-    if (i === n) return octets === 4;
-    if (octets === 4 || s.charCodeAt(i) !== 46) return false;
-    i++;
-  }
+  return IPV4.test(s);
 }
 
 export function isIpv6(s: string): boolean {
@@ -78,31 +57,8 @@ export function parseCidr(s: string, opts: { clearHostBits?: boolean; family?: F
     if (prefix > max) return null;
   }
   let address = fam === 4 ? addr : canonicalIp(addr);
-  if (opts.clearHostBits) {
-    // IPv4 by arithmetic (every SNAT CIDR of a bulk document passes here), IPv6 by ipaddr.js.
-    address = fam === 4 ? v4Network(address, prefix) : ipaddr.IPv6.networkAddressFromCIDR(`${address}/${prefix}`).toString();
-  }
+  if (opts.clearHostBits) address = (fam === 4 ? ipaddr.IPv4 : ipaddr.IPv6).networkAddressFromCIDR(`${address}/${prefix}`).toString();
   return { address, prefix };
-}
-
-/** The network address of a valid dotted IPv4 address under a prefix of 0-32; the address itself when no bit is cleared. */
-function v4Network(address: string, prefix: number): string {
-  if (prefix === 32) return address;
-  const o = [0, 0, 0, 0];
-  let k = 0;
-  for (let i = 0; i < address.length; i++) {
-    const c = address.charCodeAt(i);
-    if (c === 46) k++;
-    else o[k] = (o[k] as number) * 10 + c - 48;
-  }
-  let same = true;
-  for (let i = 0; i < 4; i++) {
-    const keep = Math.max(0, Math.min(8, prefix - i * 8));
-    const v = (o[i] as number) & ((0xff << (8 - keep)) & 0xff);
-    same &&= v === o[i];
-    o[i] = v;
-  }
-  return same ? address : `${o[0]}.${o[1]}.${o[2]}.${o[3]}`;
 }
 
 export function formatCidr(c: Cidr): string {

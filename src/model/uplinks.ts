@@ -22,12 +22,12 @@ export interface Interfaces {
 /** The most external interfaces a gateway takes (the connection mark keeps one byte per uplink). */
 export const MAX_UPLINKS = 16;
 
-/** Every external interface, the primary first. */
 /** Each uplink's IPv4 next hop where known: the primary's is GATEWAY_V4. */
 export function uplinkGateways(ifs: Interfaces, primaryGateway: string | undefined): { dev: string; gateway?: string | undefined }[] {
   return [{ dev: ifs.ext, gateway: primaryGateway }, ...(ifs.secondary ?? []).map((u) => ({ dev: u.name, gateway: u.gateway }))];
 }
 
+/** Every external interface, the primary first. */
 export function uplinkNames(ifs: Interfaces): string[] {
   return [ifs.ext, ...(ifs.secondary ?? []).map((u) => u.name)];
 }

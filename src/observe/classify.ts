@@ -2,8 +2,7 @@ import type { DesiredState } from '../state/state.js';
 import type { ConntrackEntry, Tuple } from './conntrackEvents.js';
 
 /** What translated a connection, as the `kind` of a flow line and label of the flow metrics. */
-export const FLOW_KINDS = ['snat', 'dnat', 'fip', 'share-dnat'] as const;
-export type FlowKind = (typeof FLOW_KINDS)[number];
+export type FlowKind = 'snat' | 'dnat' | 'fip' | 'share-dnat';
 
 export interface FlowClass {
   readonly kind: FlowKind;
@@ -37,10 +36,6 @@ export class FlowIndex {
       this.eips.add(d.eip);
       this.ports.set(`${d.eip}|${d.port}|${d.protocol}`, 'share-dnat');
     }
-  }
-
-  get size(): number {
-    return this.eips.size;
   }
 
   /**

@@ -3,7 +3,6 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Executor } from '../system/exec.js';
 import { CONNTRACK_STATS, parseConntrackStats, type ConntrackStat } from './conntrackEvents.js';
 import type { ConntrackMonitor } from './conntrackMonitor.js';
-import type { FlowClass } from './classify.js';
 import { KERNEL_SNAT_PORTS, rangeSize, type EipPortUsage } from './portUsage.js';
 
 const PROC = '/proc/sys/net/netfilter';
@@ -209,24 +208,6 @@ export class ConntrackMetrics {
       registers,
     });
     for (const reason of ['rate', 'backlog']) this.flowLogDropped.inc({ reason }, 0);
-  }
-
-  /** The counter of each EIP and kind: a burst increments it per event, without hashing labels each time. */
-  private readonly starts = new Map<string, { inc(): void }>();
-
-  flowStarted(c: FlowClass): void {
-    const k = `${c.eip}|${c.kind}`;
-    let child = this.starts.get(k);
-    if (!child) {
-      child = this.flowStarts.labels({ eip: c.eip, kind: c.kind });
-      this.starts.set(k, child);
-    }
-    child.inc();
-  }
-
-  /** The drop counter of one reason, for a caller that counts per line. */
-  dropped(reason: 'rate' | 'backlog'): { inc(): void } {
-    return this.flowLogDropped.labels({ reason });
   }
 }
 

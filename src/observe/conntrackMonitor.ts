@@ -146,7 +146,7 @@ export class ConntrackMonitor {
 
   /** SNAT source ports in use per EIP: the busiest destination of each, and with `top` the busiest few. */
   portUsage(opts: { top?: number } = {}): EipPortUsage[] {
-    return opts.top === undefined ? this.ports.summary() : this.ports.report(opts.top);
+    return this.ports.report(opts.top ?? 0);
   }
 
   start(): void {
@@ -195,11 +195,6 @@ export class ConntrackMonitor {
     this.follower = undefined;
     await this.seeding?.catch(() => undefined);
     await this.opts.flowLog?.close();
-  }
-
-  /** Resolves once the current seed listing (if any) has been applied. */
-  async seeded(): Promise<void> {
-    await this.seeding;
   }
 
   /**

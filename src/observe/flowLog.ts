@@ -2,7 +2,6 @@ import { createWriteStream } from 'node:fs';
 import type { ConntrackEntry, Counters, Tuple } from './conntrackEvents.js';
 import { translatedOf, type FlowClass, type FlowKind } from './classify.js';
 import { TokenBucket } from './rateLimit.js';
-import { RotatingFile } from './rotate.js';
 
 /** One flow-log line (JSON). `type: "flow"` tells it apart from the daemon's own log on stdout. */
 export interface FlowRecord {
@@ -96,8 +95,6 @@ export interface FlowIdentity {
 }
 
 const KUBE_OVN_PROTOCOLS: Record<string, KubeOvnFlowRecord['protocol']> = { tcp: 'tcp', udp: 'udp', sctp: 'sctp', icmp: 'icmp', icmpv6: 'icmpv6' };
-/** conntrack's names of the protocol numbers, for a line that lacks the number. */
-const PROTOCOL_NUMBERS: Record<string, number> = { icmp: 1, tcp: 6, udp: 17, icmpv6: 58, sctp: 132 };
 
 // A port of 0 is left out, as Go's omitempty does for the observer's uint16.
 const kubeOvnTuple = (t: Tuple): KubeOvnFlowTuple => ({
@@ -130,7 +127,7 @@ export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: num
     node: id.node,
     addressFamily: e.family === 6 ? 'ipv6' : 'ipv4',
     protocol: KUBE_OVN_PROTOCOLS[e.protocol] ?? 'other',
-    protocolNumber: e.protocolNumber ?? PROTOCOL_NUMBERS[e.protocol] ?? 0,
+    protocolNumber: e.protocolNumber,
     natType,
     original: kubeOvnTuple(original),
     translated: kubeOvnTuple(translated),
@@ -171,11 +168,6 @@ export function stdoutSink(maxPendingBytes = 4 * 1024 * 1024): FlowSink {
   };
 }
 
-export function fileSink(path: string, maxBytes: number, onError?: (e: unknown) => void): FlowSink & { drained(): Promise<void> } {
-  const f = new RotatingFile({ path, maxBytes, onError });
-  return { write: (l) => f.write(l), close: () => f.close(), drained: () => f.drained() };
-}
-
 export interface FlowLogOptions {
   readonly sink: FlowSink;
   readonly ratePerS: number;
@@ -193,10 +185,6 @@ export class FlowLog {
 
   constructor(private readonly opts: FlowLogOptions) {
     this.bucket = new TokenBucket(opts.ratePerS, opts.burst);
-  }
-
-  log(r: FlowRecord): void {
-    if (this.take()) this.write(r);
   }
 
   /** Write the line of one classified event a token was taken for, in the configured schema. */

@@ -6,7 +6,8 @@ import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Metrics } from '../engine/metrics.js';
 import { ConntrackMonitor } from './conntrackMonitor.js';
 import { ConntrackMetrics, conntrackAcctOn, enableConntrackSysctls } from './conntrackMetrics.js';
-import { FlowLog, fileSink, flowFormat, stdoutSink } from './flowLog.js';
+import { FlowLog, flowFormat, stdoutSink } from './flowLog.js';
+import { RotatingFile } from './rotate.js';
 import { KERNEL_SNAT_PORTS, rangeSize } from './portUsage.js';
 
 type ObserveConfig = Pick<
@@ -67,14 +68,16 @@ export class Observer {
       const sink =
         config.flowLog === 'stdout'
           ? stdoutSink()
-          : fileSink(config.flowLogFile, config.flowLogMaxSize, (e) => log.warn({ err: e, file: config.flowLogFile }, 'flow log: write failed'));
-      const rateDrops = metrics.dropped('rate');
-      const backlogDrops = metrics.dropped('backlog');
+          : new RotatingFile({
+              path: config.flowLogFile,
+              maxBytes: config.flowLogMaxSize,
+              onError: (e) => log.warn({ err: e, file: config.flowLogFile }, 'flow log: write failed'),
+            });
       flowLog = new FlowLog({
         sink,
         ratePerS: config.flowLogRate,
         burst: config.flowLogBurst,
-        onDrop: (reason) => (reason === 'rate' ? rateDrops : backlogDrops).inc(),
+        onDrop: (reason) => metrics.flowLogDropped.inc({ reason }),
         onWrite: () => metrics.flowLogLines.inc(),
         format: flowFormat(config.flowLogSchema ?? 'natgw', config.flowLogIdentity),
       });
@@ -87,7 +90,7 @@ export class Observer {
       exec,
       log,
       flowLog,
-      onStart: (c) => metrics.flowStarted(c),
+      onStart: (c) => metrics.flowStarts.inc({ eip: c.eip, kind: c.kind }),
       onRestart: () => metrics.monitorRestarts.inc(),
       onOverrun: () => metrics.monitorOverruns.inc(),
       snatPorts: config.snatPortRange,

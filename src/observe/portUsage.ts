@@ -53,7 +53,7 @@ export interface EipPortUsage {
   /** The most ports any one destination uses, and its share of the range. */
   readonly maxPorts: number;
   readonly maxShare: number;
-  /** The busiest destinations, most ports first (only in report(), not in summary()). */
+  /** The busiest destinations, most ports first (none when report() was asked for none). */
   readonly top: readonly DestinationUsage[];
 }
 
@@ -62,9 +62,9 @@ export const TOP_DESTINATIONS = 5;
 
 export class PortUsage<T = unknown> {
   private readonly byEip = new Map<string, Map<string, PortRow<T>>>();
-  readonly size: number;
+  private readonly size: number;
 
-  constructor(readonly range: PortRange = KERNEL_SNAT_PORTS) {
+  constructor(range: PortRange = KERNEL_SNAT_PORTS) {
     this.size = rangeSize(range);
   }
 
@@ -90,33 +90,21 @@ export class PortUsage<T = unknown> {
   remove(row: PortRow<T>): void {
     if (--row.n > 0) return;
     const rows = this.byEip.get(row.eip);
-    // A row replaced meanwhile (clear()) is not the one in the map: leave that one alone.
+    // A row no longer in the map (dropped at its last connection) leaves the map's own alone.
     if (rows?.get(row.key) !== row) return;
     rows.delete(row.key);
     if (rows.size === 0) this.byEip.delete(row.eip);
   }
 
-  /** Per EIP: destinations and the busiest one, without the list (one pass, no sorting: scrapes). */
-  summary(): EipPortUsage[] {
+  /**
+   * Per EIP: destinations, the busiest one, and its `top` busiest destinations (ties in the order
+   * they first appeared); with `top` 0 nothing is sorted (scrapes).
+   */
+  report(top = TOP_DESTINATIONS): EipPortUsage[] {
     return [...this.byEip].map(([eip, rows]) => {
       let max = 0;
       for (const r of rows.values()) if (r.n > max) max = r.n;
-      return { eip, destinations: rows.size, maxPorts: max, maxShare: this.share(max), top: [] };
-    });
-  }
-
-  /** Per EIP, with its `top` busiest destinations (a bounded selection, not a sort of all of them). */
-  report(top = TOP_DESTINATIONS): EipPortUsage[] {
-    return [...this.byEip].map(([eip, rows]) => {
-      const best: PortRow<T>[] = [];
-      for (const r of rows.values()) {
-        if (best.length === top && r.n <= best[top - 1]!.n) continue;
-        let i = Math.min(best.length, top - 1);
-        while (i > 0 && best[i - 1]!.n < r.n) i--;
-        best.splice(i, 0, r);
-        if (best.length > top) best.pop();
-      }
-      const max = best[0]?.n ?? 0;
+      const best = top > 0 ? [...rows.values()].sort((a, b) => b.n - a.n).slice(0, top) : [];
       return {
         eip,
         destinations: rows.size,

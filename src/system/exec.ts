@@ -16,8 +16,6 @@ export interface ExecRequest {
   readonly input?: string;
   /** Capped by the executor's deadline (NATGW_TOOL_TIMEOUT). */
   readonly timeoutMs?: number;
-  /** Added to the tool's environment. */
-  readonly env?: Readonly<Record<string, string>>;
 }
 
 /** What a run gave back, whatever its exit status (execa's result with `reject: false`). */
@@ -99,8 +97,8 @@ const DEFAULT_TIMEOUT_MS = 30_000;
 const MAX_OUTPUT_BYTES = 100 * 1024 * 1024;
 
 /** The tools' environment: natgw's own, with messages in the C locale (parsers read them). */
-export function toolEnv(extra?: Readonly<Record<string, string>>): NodeJS.ProcessEnv {
-  return { ...process.env, ...extra, LC_ALL: 'C' };
+export function toolEnv(): NodeJS.ProcessEnv {
+  return { ...process.env, LC_ALL: 'C' };
 }
 
 /**
@@ -162,7 +160,7 @@ export class SystemExecutor implements Executor {
       try {
         child = spawn(req.file, [...req.args], {
           detached: true,
-          env: toolEnv(req.env),
+          env: toolEnv(),
           stdio: [req.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
         });
       } catch (e) {

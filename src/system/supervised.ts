@@ -125,8 +125,6 @@ export class Supervised {
   private current: SupervisedState = 'stopped';
   restarts = 0;
   lastExit: ExitRecord | null = null;
-  /** When the pending restart runs (state 'backoff'). */
-  nextStartAt: number | null = null;
 
   constructor(private readonly o: SupervisedOptions) {}
 
@@ -151,7 +149,6 @@ export class Supervised {
 
   private launch(): void {
     this.timer = undefined;
-    this.nextStartAt = null;
     if (this.stopping) return;
     this.set('starting');
     const cancel = new AbortController();
@@ -233,7 +230,6 @@ export class Supervised {
       `${this.o.name ?? this.o.file} ${what}; restarting it after a backoff (NAT is not affected)`,
     );
     this.o.onExit?.(this.lastExit);
-    this.nextStartAt = Date.now() + delay;
     this.set('backoff');
     this.timer = setTimeout(() => this.launch(), delay);
     this.timer.unref();

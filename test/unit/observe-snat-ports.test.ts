@@ -57,11 +57,11 @@ describe('PortUsage', () => {
     const a = u.add(EIP, '1.1.1.1', 443, 'tcp', undefined);
     u.add(EIP, '1.1.1.1', 443, 'tcp', undefined);
     const b = u.add(EIP, '1.1.1.1', 443, 'udp', undefined);
-    expect(u.summary()).toEqual([{ eip: EIP, destinations: 2, maxPorts: 2, maxShare: 0.5, top: [] }]);
+    expect(u.report(0)).toEqual([{ eip: EIP, destinations: 2, maxPorts: 2, maxShare: 0.5, top: [] }]);
     u.remove(b);
     u.remove(a);
     u.remove(a);
-    expect(u.summary()).toEqual([]);
+    expect(u.report(0)).toEqual([]);
   });
 
   it('keeps an IPv6 destination whole', () => {
