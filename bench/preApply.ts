@@ -17,6 +17,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import pino from 'pino';
+import { RecordingExecutor } from '../test/helpers/execCalls.js';
 import { median, microArgs } from './stats.js';
 import { stateDoc } from './workload.js';
 
@@ -42,10 +43,9 @@ const cpu = (): number => {
 
 async function load(dist: string, name: string, backend: string): Promise<Build> {
   const mod = (p: string) => import(pathToFileURL(path.join(dist, 'src', p)).href);
-  const [config, engineMod, exec, doc, change] = await Promise.all([
+  const [config, engineMod, doc, change] = await Promise.all([
     mod('config/config.js'),
     mod('engine/engine.js'),
-    mod('system/exec.js'),
     mod('api/stateDoc.js'),
     mod('state/change.js'),
   ]);
@@ -62,7 +62,7 @@ async function load(dist: string, name: string, backend: string): Promise<Build>
         });
         let atTool: number | undefined;
         let script = '';
-        const recorder = new exec.RecordingExecutor((r: Req) => {
+        const recorder = new RecordingExecutor((r: Req) => {
           const apply = (r.file === 'nft' && r.args.includes('-f')) || r.file.endsWith('-restore');
           // The NAT transaction: the one large script (the accounting's is a few KiB).
           if (apply && atTool === undefined && (r.input?.length ?? 0) > 100_000) {

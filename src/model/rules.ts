@@ -133,7 +133,6 @@ export const fipSchema = z
 export type Fip = z.infer<typeof fipSchema>;
 
 export const backendSchema = z.object({ ip: ipv4Schema, port: portSchema });
-export type ShareBackend = z.infer<typeof backendSchema>;
 
 export const shareDnatSchema = z.object({
   eip: ipv4Schema,
@@ -175,7 +174,6 @@ export function activeSnat(s: Snat): Snat {
 export const snatKey = (s: Pick<Snat, 'eip' | 'cidr'>): string => `${s.eip}|${s.cidr}`;
 export const dnatKey = (d: DnatId): string => `${d.eip}|${portText(d)}|${d.protocol}`;
 export const fipKey = (f: Pick<Fip, 'eip'>): string => f.eip;
-export const shareDnatKey = dnatKey;
 export const routeKey = (r: Pick<Route, 'cidr'>): string => r.cidr;
 export const eipKey = (e: Pick<Eip, 'address'>): string => e.address;
 

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { DesiredState } from './state.js';
-import { dnatKey, eipKey, fipKey, prefixOf, routeKey, shareDnatKey, snatKey } from '../model/rules.js';
+import { dnatKey, eipKey, fipKey, prefixOf, routeKey, snatKey } from '../model/rules.js';
 import { eipQosKey, gwQosKey } from '../model/qos.js';
 import { neighbourKey } from '../model/neighbour.js';
 
@@ -44,7 +44,7 @@ export const KEYS: { readonly [K in Collection]: (x: Item<K>) => string } = {
   snats: snatKey,
   dnats: dnatKey,
   fips: fipKey,
-  shareDnats: shareDnatKey,
+  shareDnats: dnatKey,
   routes: routeKey,
   eipQos: eipQosKey,
   qos: gwQosKey,

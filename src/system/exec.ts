@@ -236,23 +236,3 @@ function readCapped(path: string, maxBytes: number): string | undefined {
     closeSync(fd);
   }
 }
-
-/** A recorder for unit tests of planners: answers from a table and remembers what ran. */
-export class RecordingExecutor implements Executor {
-  readonly calls: ExecRequest[] = [];
-  constructor(private readonly answer: (req: ExecRequest) => Partial<ExecResult> | undefined = () => undefined) {}
-
-  async run(req: ExecRequest): Promise<ExecResult> {
-    this.calls.push(req);
-    const a = this.answer(req) ?? {};
-    return {
-      command: [req.file, ...req.args].join(' '),
-      exitCode: 0,
-      stdout: '',
-      stderr: '',
-      timedOut: false,
-      failedToStart: false,
-      ...a,
-    };
-  }
-}

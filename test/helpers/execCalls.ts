@@ -19,3 +19,23 @@ export class RecordedExecutor<E extends Executor = Executor> implements Executor
     return this.inner.run(req);
   }
 }
+
+/** A fake executor for unit tests of planners: answers from a table and remembers what ran. */
+export class RecordingExecutor implements Executor {
+  readonly calls: ExecRequest[] = [];
+  constructor(private readonly answer: (req: ExecRequest) => Partial<ExecResult> | undefined = () => undefined) {}
+
+  async run(req: ExecRequest): Promise<ExecResult> {
+    this.calls.push(req);
+    const a = this.answer(req) ?? {};
+    return {
+      command: [req.file, ...req.args].join(' '),
+      exitCode: 0,
+      stdout: '',
+      stderr: '',
+      timedOut: false,
+      failedToStart: false,
+      ...a,
+    };
+  }
+}

@@ -9,7 +9,8 @@ import path from 'node:path';
 import pino from 'pino';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
-import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import type { ExecRequest } from '../../src/system/exec.js';
+import { RecordingExecutor } from './execCalls.js';
 import { FakeIptables } from './fakeIptables.js';
 import { FakeNftClient } from './fakeNft.js';
 

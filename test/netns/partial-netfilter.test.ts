@@ -10,8 +10,8 @@ import type { NatTables, NetfilterBackend } from '../../src/dataplane/netfilter/
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { IptablesBackend } from '../../src/dataplane/netfilter/iptables/backend.js';
 import type { Dnat, Fip, Snat } from '../../src/model/rules.js';
-import { RecordingExecutor, type ExecRequest, type Executor } from '../../src/system/exec.js';
-import { RecordedExecutor } from '../helpers/execCalls.js';
+import type { ExecRequest, Executor } from '../../src/system/exec.js';
+import { RecordedExecutor, RecordingExecutor } from '../helpers/execCalls.js';
 import { createTopology, type Topology } from '../helpers/netns.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
 import { prng } from '../helpers/prng.js';

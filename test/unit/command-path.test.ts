@@ -9,7 +9,7 @@ import { emptyState } from '../../src/state/state.js';
 import { addDnat, addFip, addSnat, delDnat, delFip, delSnat, findByKey } from '../../src/state/operations.js';
 import { dnatKey, fipKey, snatKey } from '../../src/model/rules.js';
 import { SystemExecutor } from '../../src/system/exec.js';
-import { planChain } from '../../src/dataplane/netfilter/iptables/plan.js';
+import { planChain } from '../helpers/iptablesChain.js';
 import { prng } from '../helpers/prng.js';
 
 const base = () => ({ ...emptyState('eth0', 'net1'), initialized: true });

@@ -14,8 +14,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor } from '../../src/system/exec.js';
-import { cmd } from '../helpers/execCalls.js';
+import { cmd, RecordingExecutor } from '../helpers/execCalls.js';
 import type { Dnat } from '../../src/model/rules.js';
 
 const dirs: string[] = [];

@@ -25,7 +25,8 @@ import { Metrics } from '../../src/engine/metrics.js';
 import type { Dnat } from '../../src/model/rules.js';
 import * as Ops from '../../src/state/operations.js';
 import { emptyState } from '../../src/state/state.js';
-import { RecordingExecutor, SystemExecutor } from '../../src/system/exec.js';
+import { SystemExecutor } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { FakeIptables } from '../helpers/fakeIptables.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 

@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { Conntrack, conntrackDeleteArgs } from '../../src/dataplane/conntrack.js';
-import { RecordingExecutor } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 
 describe('conntrackDeleteArgs', () => {
   it('destination only (floating-ip-del)', () => {

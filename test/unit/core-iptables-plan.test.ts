@@ -6,7 +6,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
-import { desiredTables, planChain, planTable, renderRestore, type TableWant } from '../../src/dataplane/netfilter/iptables/plan.js';
+import { desiredTables, planTable, renderRestore, type TableWant } from '../../src/dataplane/netfilter/iptables/plan.js';
+import { planChain } from '../helpers/iptablesChain.js';
 import { emptyTable, parseSave, type SavedTable } from '../../src/dataplane/netfilter/iptables/save.js';
 import { prng } from '../helpers/prng.js';
 

@@ -14,8 +14,8 @@ import { loadConfig } from '../../src/config/config.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import type { DesiredState } from '../../src/state/state.js';
 import { StateStore } from '../../src/state/store.js';
-import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
-import { cmd, isApply, isListing } from '../helpers/execCalls.js';
+import type { ExecRequest } from '../../src/system/exec.js';
+import { cmd, isApply, isListing, RecordingExecutor } from '../helpers/execCalls.js';
 
 const dirs: string[] = [];
 afterEach(() => {

@@ -11,7 +11,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import type { ExecRequest } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import type { Dnat } from '../../src/model/rules.js';
 
 const dirs: string[] = [];

@@ -17,7 +17,8 @@ import { shareChainName } from '../../src/dataplane/netfilter/shareDnatRender.js
 import { CHAINS } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import type { Dnat, Fip, ShareDnat, Snat } from '../../src/model/rules.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest } from '../../src/system/exec.js';
+import type { ExecRequest } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { FakeIptables } from '../helpers/fakeIptables.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 import { tableView } from '../helpers/nftDump.js';

@@ -11,8 +11,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine } from '../../src/engine/engine.js';
 import * as Ops from '../../src/state/operations.js';
-import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
-import { cmd } from '../helpers/execCalls.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { cmd, RecordingExecutor } from '../helpers/execCalls.js';
 
 const dirs: string[] = [];
 afterEach(() => {

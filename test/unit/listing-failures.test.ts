@@ -5,7 +5,8 @@
  * A conntrack flush that fails is retried with the next one; one that matched nothing is fine.
  */
 import { describe, expect, it } from 'vitest';
-import { RecordingExecutor, type ExecRequest, type ExecResult } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { IptablesBackend } from '../../src/dataplane/netfilter/iptables/backend.js';
 import { Conntrack } from '../../src/dataplane/conntrack.js';
 import { ExecError } from '../../src/system/exec.js';

@@ -19,7 +19,7 @@ import { planNatgw } from '../../src/dataplane/netfilter/nft/render.js';
 import { NftTransaction, opText, type NftOp } from '../../src/dataplane/netfilter/nft/transaction.js';
 import { accountingTx } from '../../src/dataplane/eipCounters.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
-import { RecordingExecutor } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { waitFor } from '../helpers/poll.js';
 
 /** `n` port DNATs, `n` FIPs, `n / 10` SNATs over n / 50 EIPs: the bulk bench's mix. */

@@ -10,7 +10,7 @@ import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
 import { snatCidr } from '../../src/dataplane/netfilter/nft/snatLayout.js';
 import type { Snat } from '../../src/model/rules.js';
-import { RecordingExecutor } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 
 const EIP = '172.20.0.10';
 const EIP2 = '172.20.0.11';

@@ -9,7 +9,8 @@ import { ACCT_TABLE, EipCounters, accountingTx, elementsTx, skeletonTx } from '.
 
 const renderAccountingChange = (have: ReadonlySet<string> | undefined, want: readonly string[], opts: { absent?: boolean } = {}): string =>
   accountingTx(have, want, opts).text();
-import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 
 const LIST = `nft -j list table inet ${ACCT_TABLE}`;
 const cmd = (c: ExecRequest): string => [c.file, ...c.args].join(' ');

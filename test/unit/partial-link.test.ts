@@ -9,7 +9,8 @@
 import { describe, expect, it } from 'vitest';
 import { LinkManager, linkOps, linkViewAfter, planLink, type LinkAddress, type LinkOp, type LinkView } from '../../src/dataplane/link.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 
 interface Listing {
   readonly v4: string;

@@ -8,7 +8,8 @@ import { QosManager } from '../../src/dataplane/qos/manager.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos, delEipQos, delGwQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { answerQosRead } from '../helpers/tcFixtures.js';
 
 type Listing = Readonly<Record<string, string>>;

@@ -9,7 +9,8 @@ import type { ShareDnat } from '../../src/model/rules.js';
 import { ShareDnatTable } from '../../src/dataplane/netfilter/shareDnat.js';
 import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
 import { planShareDnat, withoutChains } from '../../src/dataplane/netfilter/shareDnatRender.js';
-import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 
 const A: ShareDnat = {
   eip: '172.20.0.10',

@@ -7,7 +7,8 @@ import { SystemError } from '../../src/model/errors.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { addEipQos, addGwQos } from '../../src/state/qosOperations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
-import { type ExecRequest, type ExecResult, RecordingExecutor } from '../../src/system/exec.js';
+import type { ExecRequest, ExecResult } from '../../src/system/exec.js';
+import { RecordingExecutor } from '../helpers/execCalls.js';
 import { answerQosRead } from '../helpers/tcFixtures.js';
 
 /** A fake kernel: answers natgw's reads, refuses fq_codel and matchall like the dev machines. */

@@ -21,7 +21,7 @@
  */
 import { NatgwError } from '../../model/errors.js';
 import type { Protocol, ShareDnat } from '../../model/rules.js';
-import { shareDnatKey } from '../../model/rules.js';
+import { dnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
 import { dig, sameExpr } from './nft/readback.js';
@@ -148,7 +148,7 @@ export function deleteChainsTx(chains: readonly string[]): NftTransaction {
 /** The last identity given wins (re-adding replaces), in first-seen order. */
 function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
   const byKey = new Map<string, ShareDnat>();
-  for (const d of items) byKey.set(shareDnatKey(d), d);
+  for (const d of items) byKey.set(dnatKey(d), d);
   return [...byKey.values()];
 }
 

@@ -30,7 +30,7 @@ import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
 import { timelineMark } from '../../../system/timeline.js';
 
-export { type IptablesTools, type IptablesVariant, toolsFor } from './tools.js';
+export { type IptablesVariant, toolsFor } from './tools.js';
 
 /** Every chain and jump natgw may have made (every optional chain too, whatever an earlier configuration added), retired. */
 const REMOVAL = ((skeleton: Record<TableName, TableWant>) => {

@@ -4,7 +4,7 @@ import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from './ruleText.js';
 import type { SavedTable } from './save.js';
-import { diffChain, diffTable, type ChainEdit } from '../tables/diff.js';
+import { diffTable, type ChainEdit } from '../tables/diff.js';
 import { NO_SETS, type TableModel } from '../tables/model.js';
 
 /**
@@ -261,10 +261,6 @@ const REWRITE_MOVED = { rewriteMoved: true } as const;
 /** iptables-save's table in the table model (tables/model.ts): every rule is a key, natgw's or not. */
 function tableModel(t: SavedTable): TableModel {
   return { chains: new Map([...t.chains].map((n) => [n, { rules: t.rules.get(n) ?? [] }])), sets: NO_SETS };
-}
-
-export function planChain(chain: string, have: readonly string[], want: readonly string[], opts: PlanOptions = {}): TablePlan {
-  return chainLines(chain, have, want, diffChain(have, want, REWRITE_MOVED), opts);
 }
 
 /**
