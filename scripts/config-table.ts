@@ -1,7 +1,7 @@
 /** Rewrites the README's configuration table from the config schema (`npm run docs:config`). */
 import { readFile, writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
-import { withConfigTable } from '../src/config/configDoc.js';
+import { withConfigTable } from './configDoc.js';
 
 const readme = fileURLToPath(new URL('../../README.md', import.meta.url));
 const before = await readFile(readme, 'utf8');

@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { CONFIG_TABLE_BEGIN, CONFIG_TABLE_END, configKeyDocs, renderConfigTable, withConfigTable } from '../../src/config/configDoc.js';
+import { CONFIG_TABLE_BEGIN, CONFIG_TABLE_END, configKeyDocs, renderConfigTable, withConfigTable } from '../../scripts/configDoc.js';
 import { configSchema } from '../../src/config/config.js';
 
 const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');

@@ -8,24 +8,12 @@ import { describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
 import type { NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
-import {
-  planShareDnat,
-  planShareRemoveAll,
-  recogniseShareRule,
-  shareChainName,
-  shareDnatsFromKernel,
-  shareRuleText,
-} from '../../src/dataplane/netfilter/shareDnatRender.js';
+import { planShareDnat, recogniseShareRule, shareChainName, shareDnatsFromKernel, shareRuleText } from '../../src/dataplane/netfilter/shareDnatRender.js';
 
 /** The plan's first transaction as text, its stale chains and its count. */
 function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump | null) {
   const p = planShareDnat(items, have);
   return { main: p.tx.text(), staleChains: p.staleChains, changes: p.changes };
-}
-
-function renderShareRemoveAll(have: NftTableDump | null) {
-  const r = planShareRemoveAll(have);
-  return { main: r.tx.text(), staleChains: r.staleChains };
 }
 
 const ITEMS: ShareDnat[] = [
@@ -263,25 +251,5 @@ describe('share DNAT against a real read-back', () => {
     const removal = renderShareDnat([], foreign);
     expect(removal.main).not.toMatch(/other|notours|theirs|handle 63/);
     expect(removal.staleChains).toEqual([TCP_CHAIN, UDP_CHAIN]);
-  });
-});
-
-describe('share DNAT removal', () => {
-  it('deletes the whole table when it holds only natgw objects', () => {
-    expect(renderShareRemoveAll(real())).toEqual({ main: 'delete table ip kube-ovn\n', staleChains: [] });
-    expect(renderShareRemoveAll(null)).toEqual({ main: '', staleChains: [] });
-  });
-
-  it('removes piece by piece around foreign objects', () => {
-    const foreign = edit((items) => [...items, { chain: { family: 'ip', table: 'kube-ovn', name: 'other', handle: 60 } }]);
-    const r = renderShareRemoveAll(foreign);
-    expect(lines(r.main)).toEqual([
-      'delete rule ip kube-ovn prerouting handle 3',
-      'delete chain ip kube-ovn prerouting',
-      'delete map ip kube-ovn service-ips',
-      `flush chain ip kube-ovn ${TCP_CHAIN}`,
-      `flush chain ip kube-ovn ${UDP_CHAIN}`,
-    ]);
-    expect(r.staleChains).toEqual([TCP_CHAIN, UDP_CHAIN]);
   });
 });

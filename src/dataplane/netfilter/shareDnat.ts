@@ -10,16 +10,7 @@ import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/types.js';
-import {
-  KUBE_OVN_TABLE,
-  type SharePlan,
-  deleteChainsTx,
-  hasUnknownHandle,
-  planShareDnat,
-  planShareRemoveAll,
-  shareDnatsFromKernel,
-  withoutChains,
-} from './shareDnatRender.js';
+import { KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, hasUnknownHandle, planShareDnat, shareDnatsFromKernel, withoutChains } from './shareDnatRender.js';
 
 export class ShareDnatTable {
   /** `table ip kube-ovn` as of the last read or successful apply (table: null when absent). */
@@ -107,14 +98,5 @@ export class ShareDnatTable {
   /** The share DNATs the kernel holds (adoption); protocolText is the spelling that names the chain. */
   async readBack(): Promise<ShareDnat[]> {
     return shareDnatsFromKernel(await this.read());
-  }
-
-  /** Remove natgw's share-DNAT objects; the table goes too when nothing else lives in it. */
-  async removeAll(): Promise<void> {
-    this.forget();
-    const { tx, staleChains } = planShareRemoveAll(await this.read());
-    await this.nft.run(tx);
-    // With foreign objects in the table, the table itself stays (it is theirs too).
-    await this.deleteChains(staleChains);
   }
 }

@@ -318,28 +318,3 @@ export function shareDnatsFromKernel(have: NftTableDump | null): ShareDnat[] {
   }
   return out;
 }
-
-/**
- * PURE: the removal of natgw's share DNAT objects (the whole table when nothing else lives in
- * it), and the chains to delete afterwards, as in a sync.
- */
-export function planShareRemoveAll(have: NftTableDump | null): { tx: NftTransaction; staleChains: readonly string[] } {
-  const tx = new NftTransaction();
-  if (!have) return { tx, staleChains: [] };
-  const pre = have.chains.get(SHARE_PREROUTING);
-  const ourChain = (c: NftChainDump): boolean =>
-    (SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined) || (c.name === SHARE_PREROUTING && c.rules.every((r) => isVmapRule(r.expr)));
-  const foreign = [...have.chains.values()].some((c) => !ourChain(c)) || [...have.sets.keys()].some((s) => s !== SERVICE_MAP);
-  if (!foreign) {
-    return { tx: tx.deleteTable(T), staleChains: [] };
-  }
-
-  const map = have.sets.get(SERVICE_MAP);
-  const vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
-  for (const r of vmapRules) tx.deleteRule(T, SHARE_PREROUTING, r.handle);
-  if (pre && pre.rules.length === vmapRules.length) tx.deleteChain(T, SHARE_PREROUTING);
-  if (map) tx.deleteSet(T, map.kind, SERVICE_MAP);
-  const chains = [...have.chains.values()].filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && c.base === undefined);
-  for (const c of chains) if (c.rules.length > 0) tx.flushChain(T, c.name);
-  return { tx, staleChains: chains.map((c) => c.name) };
-}

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { configSchema, DEFAULT_ENV_FILE } from './config.js';
+import { configSchema, DEFAULT_ENV_FILE } from '../src/config/config.js';
 
 /** One documented configuration key, as the README's table shows it. */
 export interface KeyDoc {
