@@ -25,12 +25,12 @@ export const OPEN_PATHS: ReadonlySet<string> = new Set(['/healthz', '/readyz']);
 const digest = (s: string): Buffer => createHash('sha256').update(s, 'utf8').digest();
 
 /** Constant-time comparison: both sides are hashed to equal length first. */
-export function tokenMatches(given: string, expected: string): boolean {
+function tokenMatches(given: string, expected: string): boolean {
   return timingSafeEqual(digest(given), digest(expected));
 }
 
 /** The token now in `file` (a stat per request; read again only when the file changed). */
-export function tokenReader(file: string, initial?: string): () => string | undefined {
+function tokenReader(file: string, initial?: string): () => string | undefined {
   let key = '';
   let token = initial;
   return () => {

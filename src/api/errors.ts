@@ -39,7 +39,7 @@ export function validationError(error: z.ZodError, where: NonNullable<ErrorBody[
   return new HttpError(400, 'validation', `${first.field}: ${first.message}`, { field: first.field, in: where, issues });
 }
 
-export function fieldName(path: readonly PropertyKey[]): string {
+function fieldName(path: readonly PropertyKey[]): string {
   return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
 }
 
@@ -53,7 +53,7 @@ const BY_KIND: Record<NatgwError['kind'], readonly [number, string]> = {
 };
 
 /** Map anything thrown by a route to its status and body. */
-export function toHttp(given: unknown): { status: number; body: ErrorBody } {
+function toHttp(given: unknown): { status: number; body: ErrorBody } {
   const e = worded(given);
   if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...e.extra } };
   if (e instanceof z.ZodError) {

@@ -51,9 +51,9 @@ import type { UplinkNetwork } from '../model/uplinks.js';
  * (eip, cidr): re-adding it with another `randomFully` changes nothing, as in the script,
  * unless `?replace=true`. DELETE of an absent identity succeeds.
  */
-export type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos' | 'neighbours';
+type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos' | 'neighbours';
 
-export interface PutContext {
+interface PutContext {
   readonly replace: boolean;
   readonly gateways: { readonly v4?: string; readonly v6?: string };
   /** Several external interfaces: their networks (where an EIP without `interface` lives). */

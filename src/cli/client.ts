@@ -54,7 +54,7 @@ export async function resolveTarget(opts: TargetOptions, env: NodeJS.ProcessEnv 
   return { kind: 'tcp', url, token };
 }
 
-export const describeTarget = (t: Target): string => (t.kind === 'socket' ? t.socket : t.url.origin);
+const describeTarget = (t: Target): string => (t.kind === 'socket' ? t.socket : t.url.origin);
 
 export interface Answer {
   readonly status: number;

@@ -9,7 +9,7 @@ import path from 'node:path';
  * never a terminal or /dev/null (a machine's init). Otherwise, or when it cannot be opened (a
  * socket cannot be, nor another user's process), natgw-daemon.log in the state dir.
  */
-export const CONTAINER_STDOUT = '/proc/1/fd/1';
+const CONTAINER_STDOUT = '/proc/1/fd/1';
 export const DAEMON_LOG_FILE = 'natgw-daemon.log';
 
 export interface DaemonLog {

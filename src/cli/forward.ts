@@ -129,7 +129,7 @@ function post(socketPath: string, command: string, args: readonly string[]): Pro
 }
 
 /** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */
-export function natgwBin(): string | undefined {
+function natgwBin(): string | undefined {
   const fromHere = fileURLToPath(new URL('../../../bin/natgw.js', import.meta.url));
   if (existsSync(fromHere)) return fromHere;
   const argv1 = process.argv[1];

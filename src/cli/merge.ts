@@ -14,7 +14,7 @@ import type { ParsedStateFile } from './stateFile.js';
  * kind the file leaves out is untouched (with --prune: emptied); the gateway's fields
  * (initialized, interfaces, defaultRoutes) change only where the file sets them.
  */
-export type Action = 'created' | 'configured' | 'unchanged' | 'pruned';
+type Action = 'created' | 'configured' | 'unchanged' | 'pruned';
 
 export interface ObjectResult {
   /** The kind in the singular (dnat, share-dnat), or `gateway` for its own fields. */

@@ -20,7 +20,7 @@ export function renderTable(headers: readonly string[], rows: readonly (readonly
 }
 
 /** A field's value as one cell: share-DNAT backends as ip:port, ip:port. */
-export function cellOf(v: unknown): string {
+function cellOf(v: unknown): string {
   if (v === undefined || v === null) return '';
   if (Array.isArray(v))
     return v.map((x) => (x && typeof x === 'object' && 'ip' in x && 'port' in x ? `${String(x.ip)}:${String(x.port)}` : cellOf(x))).join(', ');
@@ -170,7 +170,7 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
 
 // ---- the plan as a diff ----
 
-export interface KindDiff {
+interface KindDiff {
   readonly kind: string;
   readonly added: readonly string[];
   readonly removed: readonly string[];
@@ -185,7 +185,7 @@ export interface StateDiff {
 }
 
 /** Fields natgw allocates (QoS class ids) are not a change when the new object leaves them out. */
-export function comparable(def: ResourceDef, x: unknown): Record<string, unknown> {
+function comparable(def: ResourceDef, x: unknown): Record<string, unknown> {
   const o = { ...(x as Record<string, unknown>) };
   for (const f of def.readOnly) delete o[f];
   return o;
@@ -200,7 +200,7 @@ function describeObject(def: ResourceDef, x: unknown): string {
 }
 
 /** Structural equality, key order ignored (cheaper than canonical text for plain values). */
-export function sameValue(a: unknown, b: unknown): boolean {
+function sameValue(a: unknown, b: unknown): boolean {
   if (a === b) return true;
   if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return (a ?? null) === (b ?? null);
   if (Array.isArray(a) !== Array.isArray(b)) return false;

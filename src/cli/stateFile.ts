@@ -24,7 +24,7 @@ export interface ParsedStateFile {
 
 /** A file may leave the interfaces out: apply keeps the daemon's. */
 const fileStateSchema = desiredStateSchema.extend({ interfaces: desiredStateSchema.shape.interfaces.optional() });
-export type FileState = z.infer<typeof fileStateSchema>;
+type FileState = z.infer<typeof fileStateSchema>;
 
 /** The read-only fields of GET /v1/state's document, which apply ignores beside `desired`. */
 const DOCUMENT_KEYS = new Set(['desired', 'lastApplied', 'drift', 'backend', 'mode', 'generation', 'digest']);
@@ -71,7 +71,7 @@ export function pathOfField(field: string): Path {
   return out;
 }
 
-export function fieldOfPath(path: Path): string {
+function fieldOfPath(path: Path): string {
   return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
 }
 
@@ -79,7 +79,7 @@ export function fieldOfPath(path: Path): string {
  * The line of the deepest node on `path` that the file has: a missing field is reported at
  * the object that lacks it.
  */
-export function lineOf(doc: Document, lc: LineCounter, path: Path): number | undefined {
+function lineOf(doc: Document, lc: LineCounter, path: Path): number | undefined {
   let node: unknown = doc.contents;
   let line: number | undefined;
   const lineOfNode = (n: unknown) => {

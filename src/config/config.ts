@@ -576,7 +576,7 @@ function externalInterfaces(v: string): { extInterface: string; secondaryExtInte
 }
 
 /** `net2=10.0.2.1,net3=10.0.3.1` as a record; undefined when any entry is malformed. */
-export function uplinkGatewayList(v: string): Record<string, string> | undefined {
+function uplinkGatewayList(v: string): Record<string, string> | undefined {
   const out: Record<string, string> = {};
   for (const entry of v.split(',')) {
     const [name = '', gw = '', ...rest] = entry.split('=').map((x) => x.trim());

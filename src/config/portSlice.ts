@@ -15,9 +15,9 @@ export interface PortSlice {
 }
 
 /** The range `index/count` slices. */
-export const SLICED_RANGE = { lo: 1024, hi: 65535 } as const;
+const SLICED_RANGE = { lo: 1024, hi: 65535 } as const;
 /** Fewer ports than this per slice would leave a replica a few hundred flows per server. */
-export const MIN_SLICE_PORTS = 256;
+const MIN_SLICE_PORTS = 256;
 
 /** The slice, or an error message that names the key and says how to fix it. */
 export function parsePortSlice(text: string): PortSlice | string {

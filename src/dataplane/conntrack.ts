@@ -46,7 +46,7 @@ export interface TrackedFlow {
 }
 
 /** PURE: `conntrack -L` lines → the original direction of each entry (the first dst= and dport=). */
-export function parseConntrackList(text: string): TrackedFlow[] {
+function parseConntrackList(text: string): TrackedFlow[] {
   const flows: TrackedFlow[] = [];
   for (const line of text.split('\n')) {
     const protocol = /^(\w+)\s/.exec(line)?.[1];

@@ -8,7 +8,7 @@ import type { DesiredState } from '../state/state.js';
  * so such an entry keeps its packets untranslated until it times out, however long natgw has
  * been back. Untranslated means the reply tuple is the original one reversed.
  */
-export interface Tuple {
+interface Tuple {
   readonly src: string;
   readonly dst: string;
   readonly sport?: number;

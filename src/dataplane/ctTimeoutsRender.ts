@@ -37,7 +37,7 @@ export interface CtTimeoutPolicy {
 }
 
 /** TCP states other than established and TIME_WAIT: opening and closing (Cloud NAT's "transitory"). */
-export const TRANSITORY_STATES = ['syn_sent', 'syn_recv', 'fin_wait', 'close_wait', 'last_ack', 'close'] as const;
+const TRANSITORY_STATES = ['syn_sent', 'syn_recv', 'fin_wait', 'close_wait', 'last_ack', 'close'] as const;
 
 export const isConfigured = (p: CtTimeoutPolicy | undefined): p is CtTimeoutPolicy =>
   p !== undefined && (p.tcpEstablished !== undefined || p.tcpTransitory !== undefined || p.tcpTimeWait !== undefined || p.udp !== undefined);
@@ -82,7 +82,7 @@ export function objectName(o: TimeoutObject, prefix: string): string {
 // What natgw translates
 // ---------------------------------------------------------------------------------
 
-export interface DstSelector {
+interface DstSelector {
   readonly addr: string;
   /** Absent: every protocol (a floating IP). */
   readonly protocol?: 'tcp' | 'udp';
@@ -160,13 +160,13 @@ function outermost(cidrs: readonly string[]): string[] {
 
 export const CT_TABLE = 'natgw_ct';
 const T = `inet ${CT_TABLE}`;
-export const CT_CHAIN = { prerouting: 'prerouting', set: 'set_timeout' } as const;
+const CT_CHAIN = { prerouting: 'prerouting', set: 'set_timeout' } as const;
 /** After conntrack (-200), before the NAT chains (-100) and the accounting (-160). */
-export const CT_PRIORITY = -190;
+const CT_PRIORITY = -190;
 export const CT_SETS = ['dst4', 'src4', 'dst6', 'src6'] as const;
-export type CtSetName = (typeof CT_SETS)[number];
+type CtSetName = (typeof CT_SETS)[number];
 
-export interface CtRule {
+interface CtRule {
   /** Its comment: how a read-back recognises it. */
   readonly id: string;
   readonly text: string;
@@ -357,7 +357,7 @@ export function parseNftCt(json: string): NftCtHave {
 // iptables
 // ---------------------------------------------------------------------------------
 
-export const IPT_CHAIN = { select: 'CT_TIMEOUT', set: 'CT_TIMEOUT_SET' } as const;
+const IPT_CHAIN = { select: 'CT_TIMEOUT', set: 'CT_TIMEOUT_SET' } as const;
 const JUMP = `-A PREROUTING -j ${IPT_CHAIN.select}`;
 
 /** What one family's raw table and the nfct policies must hold. */

@@ -268,7 +268,7 @@ export function netDevNames(text: string): Set<string> {
  * interface's link-layer address (`na6`, from ipv6toolkit: arping speaks only IPv4, ndisc6 only
  * solicits, and the kernel announces only after DAD, which natgw skips for EIPs).
  */
-export function announcement(ifname: string, ip: string): { file: string; args: string[] } {
+function announcement(ifname: string, ip: string): { file: string; args: string[] } {
   return familyOf(ip) === 4
     ? { file: 'arping', args: ['-U', '-c', '3', '-I', ifname, ip] }
     : { file: 'na6', args: ['-i', ifname, '-s', ip, '-d', 'ff02::1', '-t', ip, '-o', '-e'] };

@@ -25,19 +25,19 @@ import { familyOf } from '../model/net.js';
  * their routes. IPv4 only (IPv6 EIPs on a secondary uplink get their address but no routing).
  * natgw owns the rule priorities 7200–7499 and the tables 7101–7116, nothing else.
  */
-export const UPLINK_TABLE_BASE = 7100;
-export const UPLINK_PREF_MIN = 7200;
-export const UPLINK_PREF_MAX = 7499;
+const UPLINK_TABLE_BASE = 7100;
+const UPLINK_PREF_MIN = 7200;
+const UPLINK_PREF_MAX = 7499;
 const PREF_MARK = 7200;
 const PREF_EIP = 7300;
 const PREF_SOURCE = 7400;
 /** The connection mark bits natgw uses for uplinks: one byte, the uplink's index + 1. */
-export const UPLINK_MARK_MASK = 0xff0000;
+const UPLINK_MARK_MASK = 0xff0000;
 /** An unreachable default below every real one: a down uplink's traffic is dropped, not leaked. */
-export const UNREACHABLE_METRIC = 4278198272;
+const UNREACHABLE_METRIC = 4278198272;
 
-export const uplinkMark = (index: number): number => (index + 1) << 16;
-export const uplinkTable = (secondaryIndex: number): number => UPLINK_TABLE_BASE + secondaryIndex;
+const uplinkMark = (index: number): number => (index + 1) << 16;
+const uplinkTable = (secondaryIndex: number): number => UPLINK_TABLE_BASE + secondaryIndex;
 /** Every table natgw may hold (what a full sync reads back). */
 export const UPLINK_TABLES: readonly number[] = Array.from({ length: MAX_UPLINKS }, (_, i) => uplinkTable(i + 1));
 
@@ -64,7 +64,7 @@ export interface UplinkRoute {
   readonly dev?: string;
 }
 
-export interface UplinkMark {
+interface UplinkMark {
   readonly dev: string;
   readonly mark: number;
 }
@@ -77,7 +77,7 @@ export interface UplinkWant {
   readonly marks: readonly UplinkMark[];
 }
 
-export const NO_UPLINKS: UplinkWant = { vpc: '', rules: [], routes: [], marks: [] };
+const NO_UPLINKS: UplinkWant = { vpc: '', rules: [], routes: [], marks: [] };
 
 /** The rule as `ip rule add|del` takes it (also its identity). */
 export function ruleText(r: UplinkRule): string {

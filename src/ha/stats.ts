@@ -1,5 +1,5 @@
 /** One cache of `conntrackd -s` (internal: this replica's flows; external: the peer's). */
-export interface CacheStats {
+interface CacheStats {
   readonly active: number;
   readonly created: number;
   readonly createFailed: number;

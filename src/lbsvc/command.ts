@@ -20,7 +20,7 @@ export interface LbSvcEnv {
   readonly iptablesVariant: 'auto' | 'legacy' | 'nft';
 }
 
-export const USAGE = `Usage: lb-svc.sh [${COMMANDS.join('|')}] ...`;
+const USAGE = `Usage: lb-svc.sh [${COMMANDS.join('|')}] ...`;
 
 export async function runLbSvc(argv: readonly string[], env: () => Promise<LbSvcEnv>): Promise<CommandOutput> {
   const [name, ...args] = argv;

@@ -41,16 +41,14 @@ const eipCidr = z.string().transform((s, ctx) => {
   return { address: c.address, prefix: c.prefix, network: parseCidr(s, { family: 4, clearHostBits: true })?.address ?? c.address };
 });
 
-export const eipAddSchema = z
-  .object({ eip: eipCidr, gateway: ipv4 })
-  .refine((r) => r.gateway !== r.eip.address && inNetwork(r.gateway, r.eip.network, r.eip.prefix), {
-    message: 'must be another address inside the EIP network',
-    path: ['gateway'],
-  });
+const eipAddSchema = z.object({ eip: eipCidr, gateway: ipv4 }).refine((r) => r.gateway !== r.eip.address && inNetwork(r.gateway, r.eip.network, r.eip.prefix), {
+  message: 'must be another address inside the EIP network',
+  path: ['gateway'],
+});
 
-export const dnatAddSchema = z.object({ eip: dnatEip, port, protocol, internalIp: ipv4, internalPort: port, defaultGateway: ipv4 });
+const dnatAddSchema = z.object({ eip: dnatEip, port, protocol, internalIp: ipv4, internalPort: port, defaultGateway: ipv4 });
 
-export const dnatDelSchema = z.object({ eip: dnatEip, port, protocol, internalIp: ipv4, internalPort: port });
+const dnatDelSchema = z.object({ eip: dnatEip, port, protocol, internalIp: ipv4, internalPort: port });
 
 export type EipAdd = z.infer<typeof eipAddSchema>;
 export type DnatAdd = z.infer<typeof dnatAddSchema>;

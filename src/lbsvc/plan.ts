@@ -52,7 +52,7 @@ export interface DnatPlan {
   readonly delRoutes: readonly string[];
 }
 
-export const dnatKey = (d: Pick<Dnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} ${d.protocol} ${d.port}`;
+const dnatKey = (d: Pick<Dnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} ${d.protocol} ${d.port}`;
 const sameTarget = (a: Dnat, b: Dnat): boolean => a.internalIp === b.internalIp && a.internalPort === b.internalPort;
 const sameDnat = (a: Dnat, b: Dnat): boolean => dnatKey(a) === dnatKey(b) && sameTarget(a, b);
 

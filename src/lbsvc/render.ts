@@ -18,10 +18,10 @@ export const NFT_DNAT_MAP = 'lb_dnat';
 export const NFT_MASQ_SET = 'lb_masq';
 
 /** A DNAT rule exactly as `iptables-save` prints the script's `iptables -t nat -A PREROUTING -p P -d EIP --dport N -j DNAT --to-destination IP:PORT`. */
-export const iptablesDnatSpec = (d: Dnat): string =>
+const iptablesDnatSpec = (d: Dnat): string =>
   `PREROUTING -d ${d.eip}/32 -p ${d.protocol} -m ${d.protocol} --dport ${d.port} -j DNAT --to-destination ${d.internalIp}:${d.internalPort}`;
 
-export const iptablesMasqSpec = (ip: string): string => `POSTROUTING -d ${ip}/32 -j MASQUERADE`;
+const iptablesMasqSpec = (ip: string): string => `POSTROUTING -d ${ip}/32 -j MASQUERADE`;
 
 /** Adds after removals, so a replaced DNAT's identity never holds two rules; MASQUERADE first in POSTROUTING, as the script's `-I`. */
 export function renderIptables(c: NatChange): string {
@@ -38,7 +38,7 @@ export function renderIptables(c: NatChange): string {
 
 const T = `ip ${NFT_TABLE}`;
 
-export function renderNftSkeleton(): string[] {
+function renderNftSkeleton(): string[] {
   return [
     `add table ${T}`,
     `add map ${T} ${NFT_DNAT_MAP} { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service ; }`,

@@ -19,7 +19,7 @@ const HALVES: Record<DefaultFamily, string> = { v4: '0.0.0.0/1 and 128.0.0.0/1',
 const ENV: Record<DefaultFamily, string> = { v4: 'GATEWAY_V4', v6: 'GATEWAY_V6' };
 
 /** The family whose default route a canonical CIDR is, or undefined for any other destination. */
-export function defaultFamilyOf(cidr: string): DefaultFamily | undefined {
+function defaultFamilyOf(cidr: string): DefaultFamily | undefined {
   return cidr === DEFAULT_CIDR.v4 ? 'v4' : cidr === DEFAULT_CIDR.v6 ? 'v6' : undefined;
 }
 

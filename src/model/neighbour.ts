@@ -8,7 +8,7 @@ import { familyOf } from './net.js';
  * with a fixed link-layer address, held PERMANENT so the kernel never sends ARP requests or
  * neighbour solicitations for it.
  */
-export const macSchema = z
+const macSchema = z
   .string()
   .regex(/^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$/, 'must be a MAC address such as 0a:58:0a:00:01:32')
   .transform((s) => s.toLowerCase());

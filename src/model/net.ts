@@ -65,7 +65,7 @@ export function formatCidr(c: Cidr): string {
   return `${c.address}/${c.prefix}`;
 }
 
-export function isPort(n: number): boolean {
+function isPort(n: number): boolean {
   return Number.isInteger(n) && n >= 1 && n <= 65535;
 }
 

@@ -38,7 +38,7 @@ export const eipSchema = z.object({
 export type Eip = z.infer<typeof eipSchema>;
 
 /** The most EIPs one SNAT pool spreads over (each is one element of the rule's own map). */
-export const MAX_SNAT_POOL = 16;
+const MAX_SNAT_POOL = 16;
 
 /**
  * A rule translating between families cannot be rendered (NAT stays within one family): refused
@@ -132,7 +132,7 @@ export const fipSchema = z
   .superRefine((f, ctx) => sameFamily(ctx, f.eip, f.internalIp, 'internalIp'));
 export type Fip = z.infer<typeof fipSchema>;
 
-export const backendSchema = z.object({ ip: ipv4Schema, port: portSchema });
+const backendSchema = z.object({ ip: ipv4Schema, port: portSchema });
 
 export const shareDnatSchema = z.object({
   eip: ipv4Schema,

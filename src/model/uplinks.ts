@@ -8,7 +8,7 @@ import { familyOf, parseCidr } from './net.js';
  * interface of its own lives there, exactly as with a single external interface. The others
  * are secondary uplinks, each with an optional gateway of its own for policy routing.
  */
-export interface SecondaryUplink {
+interface SecondaryUplink {
   readonly name: string;
   readonly gateway?: string | undefined;
 }

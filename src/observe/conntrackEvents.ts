@@ -12,7 +12,7 @@ import { canonicalIp, isIp } from '../model/net.js';
  * belong to the original direction, the second to the reply direction.
  */
 
-export type FlowEventType = 'new' | 'destroy';
+type FlowEventType = 'new' | 'destroy';
 
 export interface Tuple {
   readonly src: string;

@@ -19,7 +19,7 @@ import { PortUsage, type EipPortUsage, type PortRange, type PortRow } from './po
  */
 export const EVENT_ARGS = ['-E', '-e', 'NEW,DESTROY', '-o', 'timestamp,extended,id', '-b', String(8 << 20), '--any-nat'] as const;
 /** The table of one family, translated entries only (the same filter as the events). */
-export const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', family, '-o', 'extended,id', '--any-nat'];
+const listArgs = (family: 'ipv4' | 'ipv6'): string[] => ['-L', '-f', family, '-o', 'extended,id', '--any-nat'];
 /**
  * The event child's nice value: following is best effort, so in a burst the conntrack process
  * gives the CPU up to the daemon's commands and the datapath, and loses events (ENOBUFS) first.
@@ -32,11 +32,11 @@ const SEED_CHUNK_LINES = 2048;
  * the event socket again and again must not cause listing after listing. Connections that ended
  * unseen stay counted until the next re-read, at most this long.
  */
-export const RESEED_MIN_INTERVAL_MS = 30_000;
+const RESEED_MIN_INTERVAL_MS = 30_000;
 /** Longest line kept; conntrack's lines are a few hundred bytes, anything longer is garbage. */
 const MAX_LINE = 4096;
 /** Connections remembered (id → EIP and kind); beyond this, new ones are neither remembered nor counted. */
-export const MAX_TRACKED = 1 << 20;
+const MAX_TRACKED = 1 << 20;
 /** A child that lived this long is considered healthy again: the backoff restarts from the minimum. */
 const HEALTHY_AFTER_MS = 60_000;
 

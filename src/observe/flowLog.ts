@@ -55,7 +55,7 @@ export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number): FlowR
  * omitted when 0 (ICMP), `counters` only when the kernel accounts bytes (an end line with
  * nf_conntrack_acct=1), `natType` the sorted translations seen in the tuples.
  */
-export interface KubeOvnFlowTuple {
+interface KubeOvnFlowTuple {
   readonly sourceIP: string;
   readonly sourcePort?: number;
   readonly destinationIP: string;

@@ -36,7 +36,7 @@ export interface PortRow<T = unknown> {
   n: number;
 }
 
-export interface DestinationUsage {
+interface DestinationUsage {
   readonly ip: string;
   readonly port: number;
   readonly protocol: string;

@@ -33,7 +33,7 @@ export interface BirdPaths {
   readonly pid: string;
 }
 
-export const birdPaths = (stateDir: string): BirdPaths => {
+const birdPaths = (stateDir: string): BirdPaths => {
   const dir = join(stateDir, 'bird');
   return { dir, config: join(dir, 'bird.conf'), socket: join(dir, 'bird.ctl'), pid: join(dir, 'bird.pid') };
 };

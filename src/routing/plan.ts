@@ -13,7 +13,7 @@ export interface GateInput {
   readonly role: 'active' | 'standby';
 }
 
-export type GateReason = 'not-ready' | 'external-down' | 'standby';
+type GateReason = 'not-ready' | 'external-down' | 'standby';
 
 export interface Gate {
   readonly open: boolean;

@@ -26,11 +26,11 @@ export interface BirdInput {
   readonly announce: readonly string[];
 }
 
-export const STATIC_V4 = 'natgw_eips4';
-export const STATIC_V6 = 'natgw_eips6';
+const STATIC_V4 = 'natgw_eips4';
+const STATIC_V6 = 'natgw_eips6';
 
 /** PURE: BIRD's protocol name for the peer at `index` in NATGW_BGP_PEERS. */
-export const sessionName = (index: number): string => `natgw_peer${index + 1}`;
+const sessionName = (index: number): string => `natgw_peer${index + 1}`;
 
 /**
  * PURE: the sessions to run. A session's source address is also the next hop the peer

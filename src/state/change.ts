@@ -39,7 +39,7 @@ export interface StateChange {
 }
 
 /** Each collection's identity key (SPEC.md). */
-export const KEYS: { readonly [K in Collection]: (x: Item<K>) => string } = {
+const KEYS: { readonly [K in Collection]: (x: Item<K>) => string } = {
   eips: eipKey,
   snats: snatKey,
   dnats: dnatKey,

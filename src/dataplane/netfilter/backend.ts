@@ -36,7 +36,7 @@ export interface NatTables {
   readonly eipIf?: ReadonlyMap<string, string>;
 }
 
-export interface HandOff {
+interface HandOff {
   readonly peers: readonly string[];
   readonly rate: number;
 }

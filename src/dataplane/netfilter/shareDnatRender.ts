@@ -29,7 +29,7 @@ import type { NftChainDump, NftElementDump, NftSetDump, NftTableDump } from './n
 import { NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */
-export class ShareDnatError extends NatgwError {
+class ShareDnatError extends NatgwError {
   override readonly name = 'ShareDnatError';
   constructor(message: string) {
     super('system', message, 'stderr');
@@ -37,9 +37,9 @@ export class ShareDnatError extends NatgwError {
 }
 
 export const KUBE_OVN_TABLE = 'kube-ovn';
-export const SERVICE_MAP = 'service-ips';
-export const SHARE_PREROUTING = 'prerouting';
-export const SHARE_CHAIN_PATTERN = /^dnat-[0-9a-f]{12}$/;
+const SERVICE_MAP = 'service-ips';
+const SHARE_PREROUTING = 'prerouting';
+const SHARE_CHAIN_PATTERN = /^dnat-[0-9a-f]{12}$/;
 
 const T: NftTableRef = { family: 'ip', name: KUBE_OVN_TABLE };
 const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
@@ -47,7 +47,7 @@ const PRIO = -150;
 const PREROUTING: NftChainSpec = { name: SHARE_PREROUTING, base: { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } };
 const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prio: PRIO, policy: 'accept' } as const;
 
-export const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
+const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
 
 const vmapRule = (): NftRule => ({ text: VMAP_RULE, expr: vmapRuleJson() });
 
@@ -66,7 +66,7 @@ export function vmapRuleJson(): unknown[] {
 
 export const shareChainName = shareDnatChainName;
 
-export const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
+const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
 
 /** The one rule of an identity's chain, backends in the given order. */
 export function shareRuleText(d: ShareDnat): string {
@@ -74,7 +74,7 @@ export function shareRuleText(d: ShareDnat): string {
   return `meta l4proto ${d.protocol} dnat ip addr . port to numgen random mod ${d.backends.length} map { ${map} }`;
 }
 
-export function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unknown[] {
+function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unknown[] {
   return [
     { match: { op: '==', left: { meta: { key: 'l4proto' } }, right: d.protocol } },
     {
@@ -157,7 +157,7 @@ function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
  * plan against a view natgw computed names such a handle (only foreign duplicates are deleted
  * by handle); a plan that would is rendered again from a read-back (see hasUnknownHandle).
  */
-export const UNKNOWN_HANDLE = 0;
+const UNKNOWN_HANDLE = 0;
 
 /** Whether a plan names an object by a handle the view did not know. */
 export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handle ${UNKNOWN_HANDLE}$`, 'm').test(plan.tx.text());

@@ -139,7 +139,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
  * VPC or an uplink goes to each peer (NatTables.handOff). A new UDP packet to the replica that
  * no socket takes (wildcard listeners count here) is handed off and dropped the same way.
  */
-export const DROP_INVALID = 'NATGW_DROP_INVALID';
+const DROP_INVALID = 'NATGW_DROP_INVALID';
 const INPUT_INVALID = 'NATGW_INPUT_INVALID';
 const INVALID = '-m conntrack --ctstate INVALID';
 const DROP_INVALID_JUMPS = [['FORWARD', `-j ${DROP_INVALID}`] as const, ['INPUT', `-j ${INPUT_INVALID}`] as const];

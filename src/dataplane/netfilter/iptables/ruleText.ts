@@ -81,7 +81,7 @@ export function vpcMarkSpec(vpcIf: string): string {
   return `-i ${vpcIf} -j MARK --set-xmark 0x1/0x1`;
 }
 
-export const appendLine = (chain: string, spec: string): string => `-A ${chain} ${spec}`;
+const appendLine = (chain: string, spec: string): string => `-A ${chain} ${spec}`;
 
 /** The rule that holds a conflict's identity, as the script's message quotes it (`-A EXCLUSIVE_DNAT …`, `-A SHARED_DNAT …`). */
 export function quoteHeld(c: RuleConflict): string {

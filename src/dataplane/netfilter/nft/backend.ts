@@ -22,7 +22,7 @@ import { timelineMark } from '../../../system/timeline.js';
  * the iptables release whose semantics natgw reproduces — never nft's own version (1.0.x would
  * read as "older than 1.6.2" and switch --random-fully off).
  */
-export const FALLBACK_VERSION_LINE = 'iptables v1.8.9 (natgw-nftables)';
+const FALLBACK_VERSION_LINE = 'iptables v1.8.9 (natgw-nftables)';
 const VERSION_LINE = /^iptables v\d+(\.\d+)+/;
 const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
 
@@ -35,7 +35,7 @@ const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
  * nft accepting elements into an unhooked table from several processes at once and on
  * `create table` refusing an existing table; an nft that serialised those would void the gain.
  */
-export const PHASING: PhaseOptions = { minElements: 10_000, groups: Math.min(availableParallelism(), 4) };
+const PHASING: PhaseOptions = { minElements: 10_000, groups: Math.min(availableParallelism(), 4) };
 
 /** natgw owns no table (as last read): the next change creates them without reading back. */
 const ABSENT: NftView = {

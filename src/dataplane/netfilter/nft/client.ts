@@ -117,7 +117,7 @@ export interface PhaseTimings {
 }
 
 /** A phase refused: `cause` is the tool's error; `undo` when the first phase had committed (its tables stay until deleted). */
-export class PhaseRefused extends Error {
+class PhaseRefused extends Error {
   constructor(
     override readonly cause: unknown,
     readonly undo: boolean,

@@ -24,7 +24,7 @@ import type { NftTableFamily, NftTransaction } from './transaction.js';
 import type { NftTableDump } from './types.js';
 
 /** Debian's interpreter, the one python3-nftables is installed for. */
-export const LIBNFT_PYTHON = '/usr/bin/python3';
+const LIBNFT_PYTHON = '/usr/bin/python3';
 
 /** One request per line, one answer per line, in order. */
 const HELPER = `

@@ -28,7 +28,7 @@ export interface NftView {
 }
 
 /** The change between two NatTables by identity key, for a caller that holds none (a tool, a test). */
-export function tablesChange(prev: NatTables, next: NatTables): StateChange {
+function tablesChange(prev: NatTables, next: NatTables): StateChange {
   const state = (t: NatTables) => ({
     ...emptyState(t.vpcIf, t.extIf),
     eips: t.eips.map((address) => ({ address, prefixLength: 0 })),

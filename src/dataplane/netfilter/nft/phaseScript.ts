@@ -12,7 +12,7 @@
 import { mkdtempSync, readdir, rm, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-export const PHASES_SH = `set -u
+const PHASES_SH = `set -u
 d=$1; n=$2
 echo "t $EPOCHREALTIME"
 nft -f - < "$d/first" || { echo "natgw-phase-refused: first" >&2; exit 1; }
@@ -64,7 +64,7 @@ export function phaseRun(files: PhaseFiles, parent: string, name: string): { rea
  * (the daemon beside a shim's in-process run) may be applying in phases right now, and a reused
  * pid only keeps an orphan until the next sweep.
  */
-export function sweepOrphans(parent: string, name: string): void {
+function sweepOrphans(parent: string, name: string): void {
   // Listed and removed on the thread pool: a temp dir of thousands of entries took 3-19 ms to
   // list on the event loop, beside a bulk apply whose phases' and tools' ends it then noticed late.
   readdir(parent, (err, entries) => {

@@ -31,7 +31,7 @@ import type {
 // ---------------------------------------------------------------------------------
 
 /** The JSON did not have the shape `nft -j` produces: a tool change, never user input. */
-export class NftParseError extends Error {
+class NftParseError extends Error {
   override readonly name = 'NftParseError';
 }
 
@@ -56,7 +56,7 @@ export function dig(v: Json, ...path: ReadonlyArray<string | number>): Json {
 }
 
 /** The text natgw would write for an element key or value (IPv6 in canonical form). */
-export function elementText(v: Json): string {
+function elementText(v: Json): string {
   if (typeof v === 'number') return String(v);
   if (typeof v === 'string') return isIpv6(v) ? canonicalIp(v) : v;
   if (Array.isArray(v)) return JSON.stringify(v);
@@ -324,7 +324,7 @@ export function recogniseRule(expr: readonly unknown[], fam: NftFamily): NatgwRu
   return candidates.find((c) => sameExpr(ruleJson(c, fam), expr)) ?? null;
 }
 
-export function ownTable(dump: NftTableDump, fam: NftFamily): OwnedTable {
+function ownTable(dump: NftTableDump, fam: NftFamily): OwnedTable {
   const owned = new Map([...dump.chains.values()].map((c) => [c.name, c.rules.map((r) => ({ handle: r.handle, rule: recogniseRule(r.expr, fam) }))] as const));
   return { ...dump, owned };
 }

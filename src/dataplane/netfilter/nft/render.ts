@@ -85,7 +85,7 @@ export const SET = {
 } as const;
 
 /** The mark VPC_MARK sets on packets from the VPC side (the script's 0x1/0x1). */
-export const VPC_MARK = 1;
+const VPC_MARK = 1;
 
 /** A state natgw cannot express in nftables (e.g. a v4 EIP bound to a v6 address). */
 export class NftRenderError extends NatgwError {
@@ -168,7 +168,7 @@ const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: '
  * read (read-back comparison and the fakes read it; the script does not: a bulk render of 1,000
  * SNAT rules built their JSON trees before the tool started, for nothing).
  */
-export function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): NftRule {
+function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): NftRule {
   let expr: unknown[] | undefined;
   return {
     text,
@@ -263,13 +263,13 @@ interface BaseHookSpec {
   readonly prio: number;
 }
 
-export interface ChainSpec {
+interface ChainSpec {
   readonly name: string;
   readonly base?: BaseHookSpec;
   readonly rules: readonly NatgwRule[];
 }
 
-export interface SetSpec {
+interface SetSpec {
   readonly name: string;
   readonly kind: 'set' | 'map';
   readonly type: string;
@@ -304,7 +304,7 @@ export interface FamilySpec {
 }
 
 // Addresses here are validated, and this runs per object.
-export const famOf = (ip: string): NftFamily => (familyOfValid(ip) === 6 ? 'ip6' : 'ip');
+const famOf = (ip: string): NftFamily => (familyOfValid(ip) === 6 ? 'ip6' : 'ip');
 
 function checkSameFamily(what: string, a: string, b: string): void {
   if (famOf(a) !== famOf(b)) throw new NftRenderError(`${what}: ${a} and ${b} are not of the same IP family`);
@@ -527,7 +527,7 @@ class Script {
   }
 }
 
-export const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
+const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
 
 function chainOf(c: ChainSpec): NftChainSpec {
   return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } } : { name: c.name };

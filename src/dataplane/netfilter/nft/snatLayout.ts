@@ -47,7 +47,7 @@ import { NatgwError } from '../../../model/errors.js';
 import { canonicalIp, familyOf, formatCidr, isIp, parseCidr } from '../../../model/net.js';
 import type { NatgwRule, NftFamily, NftSetDump, OwnedRule, SnatPorts, SnatRule } from './types.js';
 
-export const SNAT_CHAIN_PREFIX = 'snat_';
+const SNAT_CHAIN_PREFIX = 'snat_';
 /** The chain that dispatches (render.ts CHAIN.sharedSnat; repeated here to keep this module a leaf). */
 const SHARED_SNAT = 'shared_snat';
 
@@ -56,7 +56,7 @@ type DispatchRule = Extract<NatgwRule, { kind: 'snat-dispatch' }>;
 /** How one of a length's maps translates: to a CIDR's chain, or to the EIP it holds (plain or fully-random). */
 export type SnatVia = DispatchRule['via'];
 /** A length's maps and dispatch rules, in shared_snat's order. */
-export const SNAT_VIAS: readonly SnatVia[] = ['chain', 'eip', 'eip-fr'];
+const SNAT_VIAS: readonly SnatVia[] = ['chain', 'eip', 'eip-fr'];
 
 const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
 const addrType = (fam: NftFamily): string => (fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr');
@@ -66,7 +66,7 @@ const MAP_PREFIX: Readonly<Record<SnatVia, string>> = { chain: 'snat_len_', eip:
 export const snatMapName = (len: number, via: SnatVia = 'chain'): string => `${MAP_PREFIX[via]}${len}`;
 
 /** The length and role of a map a dispatch rule names, or undefined. */
-export function snatMapOf(name: string): { readonly len: number; readonly via: SnatVia } | undefined {
+function snatMapOf(name: string): { readonly len: number; readonly via: SnatVia } | undefined {
   const m = /^snat_(to_(fr_)?)?len_(\d{1,3})$/.exec(name);
   if (!m) return undefined;
   return { len: Number(m[3]), via: m[2] ? 'eip-fr' : m[1] ? 'eip' : 'chain' };
@@ -84,7 +84,7 @@ export interface SnatCidr {
 }
 
 /** A SNAT CIDR natgw cannot lay out (validated input never is one). */
-export class SnatLayoutError extends NatgwError {
+class SnatLayoutError extends NatgwError {
   override readonly name = 'SnatLayoutError';
   constructor(message: string) {
     super('validation', message, 'stdout');
@@ -175,7 +175,7 @@ export function dispatchCandidate(expr: readonly unknown[], fam: NftFamily): Dis
 const dispatchOf = (len: number): DispatchRule[] => SNAT_VIAS.map((via) => ({ kind: 'snat-dispatch', len, via }));
 
 /** The declaration of one of a length's maps (render.ts SetSpec's fields). */
-export const snatMapDecl = (len: number, via: SnatVia, fam: NftFamily) => ({
+const snatMapDecl = (len: number, via: SnatVia, fam: NftFamily) => ({
   name: snatMapName(len, via),
   kind: 'map' as const,
   type: addrType(fam),

@@ -7,7 +7,7 @@ import type { BaseHook, ChainModel, RuleKey, SetModel, TableModel } from './mode
  */
 
 /** A desired rule (its index in the desired chain) that goes in before a kept kernel rule (its kernel index). */
-export interface Insert {
+interface Insert {
   readonly rule: number;
   readonly before: number;
 }
@@ -173,14 +173,14 @@ export function diffSet(have: SetModel, want: SetModel): SetEdit {
 }
 
 /** A desired chain: created first where the kernel lacks it (then its edit appends every rule). */
-export interface ChainDiff {
+interface ChainDiff {
   readonly name: string;
   readonly create: boolean;
   readonly edit: ChainEdit;
 }
 
 /** A desired set: `edit` null where the kernel lacks it (created and written whole). */
-export interface SetDiff {
+interface SetDiff {
   readonly name: string;
   readonly edit: SetEdit | null;
 }
