@@ -21,8 +21,8 @@ export interface NftClient {
   list(family: NftTableFamily, table: string): Promise<NftTableDump | null>;
   /**
    * Apply one transaction atomically: all of it or, on a refusal (ExecError), none of it.
-   * An empty transaction runs nothing. Text is accepted for scripts natgw did not build with
-   * NftTransaction (tests, tools); natgw's own users hand transactions.
+   * An empty transaction runs nothing. Text is accepted for scripts of objects NftTransaction
+   * does not model (the connection timeouts' ct timeout objects, the uplinks' marks).
    */
   run(tx: NftTransaction | string): Promise<void>;
   /**
