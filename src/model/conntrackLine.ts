@@ -13,7 +13,7 @@ import { canonicalIp, isIp } from './net.js';
  * belong to the original direction, the second to the reply direction.
  */
 
-export type FlowEventType = 'new' | 'destroy';
+type FlowEventType = 'new' | 'destroy';
 
 export interface Tuple {
   readonly src: string;
