@@ -40,7 +40,7 @@ export class RestartHygiene {
       const none = state.eips.length + state.snats.length + state.dnats.length + state.fips.length + state.shareDnats.length === 0;
       // The targets are computed while the listings run.
       const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(() => targetsOf(state));
-      const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.orig.src}:${e.orig.sport ?? ''} -> ${e.orig.dst}:${e.orig.dport ?? ''}`);
+      const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.original.src}:${e.original.sport ?? ''} -> ${e.original.dst}:${e.original.dport ?? ''}`);
       log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
     } else {
       log.info('restart hygiene: NATGW_CONNTRACK_CLEANUP=false, untranslated conntrack entries kept');

@@ -1,7 +1,8 @@
 import type { Logger } from 'pino';
 import type { Executor } from '../system/exec.js';
+import { type ConntrackEntry, parseConntrackLine, parseConntrackLines } from '../model/conntrackLine.js';
 import { canonicalIp, familyOf } from '../model/net.js';
-import { type HygieneTargets, type TrackedEntry, deleteEntryArgs, parseConntrackExtended, staleEntries } from './conntrackStale.js';
+import { type HygieneTargets, deleteEntryArgs, staleEntries } from './conntrackStale.js';
 import { timelineMark } from '../system/timeline.js';
 
 export interface ConntrackFilter {
@@ -37,26 +38,6 @@ const MAX_FLUSH_ATTEMPTS = 5;
 const FLUSH_PARALLELISM = 8;
 /** Above this many filters, one listing picks the filters that match anything before any delete runs. */
 const LIST_FIRST_ABOVE = 16;
-
-/** One tracked connection's original direction, as `conntrack -L` prints it. */
-export interface TrackedFlow {
-  readonly protocol: string;
-  readonly dst: string;
-  readonly dport?: number;
-}
-
-/** PURE: `conntrack -L` lines → the original direction of each entry (the first dst= and dport=). */
-function parseConntrackList(text: string): TrackedFlow[] {
-  const flows: TrackedFlow[] = [];
-  for (const line of text.split('\n')) {
-    const protocol = /^(\w+)\s/.exec(line)?.[1];
-    const dst = /\bdst=(\S+)/.exec(line)?.[1];
-    if (!protocol || !dst) continue;
-    const dport = /\bdport=(\d+)/.exec(line)?.[1];
-    flows.push({ protocol, dst: canonicalIp(dst), ...(dport ? { dport: Number(dport) } : {}) });
-  }
-  return flows;
-}
 
 /**
  * The kernel's own table of this network namespace (CONFIG_NF_CONNTRACK_PROCFS): one read of a
@@ -100,36 +81,31 @@ export function parseConntrackEntries(text: string): number | undefined {
 }
 
 /**
- * PURE: /proc/net/nf_conntrack text → the original direction of each entry; undefined when any
- * line is not understood or the text does not end a line (then nothing is proved).
- * Its lines are conntrack -L's behind a family prefix (`ipv4     2 tcp      6 …`), with IPv6
- * addresses in full 8-group form, canonicalised here.
+ * PURE: /proc/net/nf_conntrack text → its entries; undefined when any line is not understood
+ * (a TCP or UDP entry without ports too) or the text does not end a line (then nothing is
+ * proved). Its lines are conntrack -L's behind a family prefix (`ipv4     2 tcp      6 …`),
+ * with IPv6 addresses in full 8-group form.
  */
-export function parseProcConntrack(text: string): TrackedFlow[] | undefined {
+export function parseProcConntrack(text: string): ConntrackEntry[] | undefined {
   if (text !== '' && !text.endsWith('\n')) return undefined;
-  const flows: TrackedFlow[] = [];
-  try {
-    for (const line of text.split('\n')) {
-      if (line === '') continue;
-      const rest = /^ipv[46]\s+\d+\s+(\S.*)$/.exec(line)?.[1];
-      const flow = rest === undefined ? undefined : parseConntrackList(rest)[0];
-      if (!flow || ((flow.protocol === 'tcp' || flow.protocol === 'udp') && flow.dport === undefined)) return undefined;
-      flows.push(flow);
-    }
-  } catch {
-    // An address canonicalIp refuses.
-    return undefined;
+  const entries: ConntrackEntry[] = [];
+  for (const line of text.split('\n')) {
+    if (line === '') continue;
+    const e = parseConntrackLine(line);
+    if (!e || ((e.protocol === 'tcp' || e.protocol === 'udp') && e.original.dport === undefined)) return undefined;
+    entries.push(e);
   }
-  return flows;
+  return entries;
 }
 
 /** PURE: whether a flush with this filter would delete the flow. */
-export function matches(f: ConntrackFilter, flow: TrackedFlow): boolean {
-  if (canonicalIp(f.dst) !== flow.dst) return false;
-  if (f.protocol && f.protocol !== flow.protocol) return false;
+export function matches(f: ConntrackFilter, e: Pick<ConntrackEntry, 'protocol' | 'original'>): boolean {
+  const { dst, dport } = e.original;
+  if (canonicalIp(f.dst) !== dst) return false;
+  if (f.protocol && f.protocol !== e.protocol) return false;
   if (!f.protocol || f.port === undefined) return true;
-  if (f.portEnd === undefined) return f.port === flow.dport;
-  return flow.dport !== undefined && flow.dport >= f.port && flow.dport <= f.portEnd;
+  if (f.portEnd === undefined) return f.port === dport;
+  return dport !== undefined && dport >= f.port && dport <= f.portEnd;
 }
 
 /**
@@ -203,7 +179,7 @@ export class Conntrack {
   }
 
   /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
-  private async kernelTable(): Promise<TrackedFlow[] | undefined> {
+  private async kernelTable(): Promise<ConntrackEntry[] | undefined> {
     // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
     // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
     if (await this.tracksNothing()) return [];
@@ -217,16 +193,16 @@ export class Conntrack {
     return flows;
   }
 
-  private async list(filters: readonly ConntrackFilter[]): Promise<TrackedFlow[] | undefined> {
+  private async list(filters: readonly ConntrackFilter[]): Promise<ConntrackEntry[] | undefined> {
     const families = [...new Set(filters.map((f) => familyOf(f.dst)))];
-    const flows: TrackedFlow[] = [];
+    const flows: ConntrackEntry[] = [];
     for (const fam of families) {
       const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam === 4 ? 'ipv4' : 'ipv6'] });
       if (r.exitCode !== 0) {
         this.log?.warn({ exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: flushing filter by filter');
         return undefined;
       }
-      flows.push(...parseConntrackList(r.stdout));
+      flows.push(...parseConntrackLines(r.stdout));
     }
     return flows;
   }
@@ -272,7 +248,7 @@ export class Conntrack {
       return 0;
     }
     this.failed.delete(key);
-    if (isRange(f)) return this.flushRange(f, parseConntrackList(r.stdout));
+    if (isRange(f)) return this.flushRange(f, parseConntrackLines(r.stdout));
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;
@@ -284,7 +260,7 @@ export class Conntrack {
    * targets (conntrackStale.ts), computed while the listings run. Each tool run is bounded by
    * HYGIENE_TIMEOUT_MS; a missing tool or a failed listing is logged and skips that family.
    */
-  async deleteUntranslated(targetsLater: () => HygieneTargets): Promise<TrackedEntry[]> {
+  async deleteUntranslated(targetsLater: () => HygieneTargets): Promise<ConntrackEntry[]> {
     // A pod just (re)started holds no entry at all: the count says so without two processes
     // (~10 ms beside the start's address batch, on the restore's path to readiness).
     if (await this.tracksNothing()) return [];
@@ -293,7 +269,7 @@ export class Conntrack {
     );
     const targets = targetsLater();
     const listings = await listing;
-    const stale: TrackedEntry[] = [];
+    const stale: ConntrackEntry[] = [];
     for (const [i, fam] of HYGIENE_FAMILIES.entries()) {
       const r = listings[i]!;
       if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
@@ -301,9 +277,9 @@ export class Conntrack {
           this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
         continue;
       }
-      stale.push(...staleEntries(parseConntrackExtended(r.stdout), targets));
+      stale.push(...staleEntries(parseConntrackLines(r.stdout), targets));
     }
-    const deleted: TrackedEntry[] = [];
+    const deleted: ConntrackEntry[] = [];
     let next = 0;
     const worker = async () => {
       while (next < stale.length) {
@@ -324,8 +300,8 @@ export class Conntrack {
    * read from the kernel's table by flushOwed) and a delete runs for each port of the range that
    * has any (not for each of up to 65,535 ports); each of those owes its own retry.
    */
-  private async flushRange(f: ConntrackFilter, flows: readonly TrackedFlow[]): Promise<number> {
-    const ports = [...new Set(flows.filter((flow) => matches(f, flow)).map((flow) => flow.dport as number))];
+  private async flushRange(f: ConntrackFilter, flows: readonly ConntrackEntry[]): Promise<number> {
+    const ports = [...new Set(flows.filter((flow) => matches(f, flow)).map((flow) => flow.original.dport as number))];
     let deleted = 0;
     for (const port of ports) deleted += await this.flush({ dst: f.dst, protocol: f.protocol as 'tcp' | 'udp', port });
     return deleted;

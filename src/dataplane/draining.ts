@@ -1,7 +1,8 @@
 import type { Executor } from '../system/exec.js';
 import { familyOf } from '../model/net.js';
 import { snatEips, type Snat } from '../model/rules.js';
-import { inCidr, parseConntrackExtended, type TrackedEntry } from './conntrackStale.js';
+import { parseConntrackLines, type ConntrackEntry } from '../model/conntrackLine.js';
+import { inCidr } from './conntrackStale.js';
 
 /**
  * Draining an EIP out of a SNAT pool: the rule leaves it out of the pool (activeSnat), and
@@ -27,9 +28,9 @@ export function drainingPairs(snats: readonly Snat[]): Array<{ snat: Snat; eip: 
  * original source is in the CIDR, and the destination was not rewritten (a hairpin's DNAT
  * connection also replies to an EIP, but belongs to the DNAT, not to the pool).
  */
-export function countSnatTo(entries: readonly TrackedEntry[], eip: string, cidr: string): number {
+export function countSnatTo(entries: readonly ConntrackEntry[], eip: string, cidr: string): number {
   let n = 0;
-  for (const e of entries) if (e.reply.dst === eip && e.reply.src === e.orig.dst && e.orig.src !== eip && inCidr(e.orig.src, cidr)) n++;
+  for (const e of entries) if (e.reply.dst === eip && e.reply.src === e.original.dst && e.original.src !== eip && inCidr(e.original.src, cidr)) n++;
   return n;
 }
 
@@ -39,12 +40,12 @@ export const srcNatListArgs = (eip: string): string[] => ['-L', '-f', familyOf(e
 /** One listing per draining EIP (conntrack filters in the kernel), counted per SNAT. */
 export async function countDraining(exec: Executor, snats: readonly Snat[]): Promise<DrainingStatus[]> {
   const pairs = drainingPairs(snats);
-  const listings = new Map<string, Promise<TrackedEntry[] | null>>();
+  const listings = new Map<string, Promise<ConntrackEntry[] | null>>();
   for (const { eip } of pairs) {
     if (listings.has(eip)) continue;
     listings.set(
       eip,
-      exec.run({ file: 'conntrack', args: srcNatListArgs(eip) }).then((r) => (r.exitCode === 0 ? parseConntrackExtended(r.stdout) : null)),
+      exec.run({ file: 'conntrack', args: srcNatListArgs(eip) }).then((r) => (r.exitCode === 0 ? parseConntrackLines(r.stdout) : null)),
     );
   }
   return Promise.all(

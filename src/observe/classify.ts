@@ -1,5 +1,5 @@
 import type { DesiredState } from '../state/state.js';
-import type { ConntrackEntry, Tuple } from './conntrackEvents.js';
+import type { ConntrackEntry, Tuple } from '../model/conntrackLine.js';
 
 /** What translated a connection, as the `kind` of a flow line and label of the flow metrics. */
 export type FlowKind = 'snat' | 'dnat' | 'fip' | 'share-dnat';

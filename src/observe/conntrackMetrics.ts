@@ -1,11 +1,38 @@
 import { promises as fs } from 'node:fs';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Executor } from '../system/exec.js';
-import { CONNTRACK_STATS, parseConntrackStats, type ConntrackStat } from './conntrackEvents.js';
 import type { ConntrackMonitor } from './conntrackMonitor.js';
 import { KERNEL_SNAT_PORTS, rangeSize, type EipPortUsage } from './portUsage.js';
 
 const PROC = '/proc/sys/net/netfilter';
+
+/** Kernel conntrack statistics natgw exports (`conntrack -S`, summed over CPUs). */
+const CONNTRACK_STATS = [
+  'found',
+  'invalid',
+  'insert',
+  'insert_failed',
+  'drop',
+  'early_drop',
+  'error',
+  'search_restart',
+  'clash_resolve',
+  'chaintoolong',
+] as const;
+type ConntrackStat = (typeof CONNTRACK_STATS)[number];
+
+/** PURE: `conntrack -S` output (one `cpu=N key=value …` line per CPU) → each statistic summed over CPUs. */
+export function parseConntrackStats(text: string): Map<ConntrackStat, number> {
+  const sums = new Map<ConntrackStat, number>();
+  for (const line of text.split('\n')) {
+    if (!/^\s*cpu=\d+/.test(line)) continue;
+    for (const m of line.matchAll(/\b([a-z_]+)=(\d+)\b/g)) {
+      const k = m[1] as ConntrackStat;
+      if ((CONNTRACK_STATS as readonly string[]).includes(k)) sums.set(k, (sums.get(k) ?? 0) + Number(m[2]));
+    }
+  }
+  return sums;
+}
 
 async function readNumber(path: string): Promise<number | undefined> {
   try {

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import { Supervised } from '../system/supervised.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
-import { parseConntrackLine, type ConntrackEntry } from './conntrackEvents.js';
+import { parseConntrackLine, type ConntrackEntry } from '../model/conntrackLine.js';
 import { FlowIndex, type FlowClass } from './classify.js';
 import type { FlowLog } from './flowLog.js';
 import { PortUsage, type EipPortUsage, type PortRange, type PortRow } from './portUsage.js';

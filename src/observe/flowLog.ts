@@ -1,5 +1,5 @@
 import { createWriteStream } from 'node:fs';
-import type { ConntrackEntry, Counters, Tuple } from './conntrackEvents.js';
+import type { ConntrackEntry, Counters, Tuple } from '../model/conntrackLine.js';
 import { translatedOf, type FlowClass, type FlowKind } from './classify.js';
 import { TokenBucket } from './rateLimit.js';
 

@@ -13,7 +13,8 @@ import { BACKENDS, type BackendCase } from '../helpers/backends.js';
 import { parsePeer, request, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { waitFor } from '../helpers/poll.js';
 import { startCapture } from '../helpers/capture.js';
-import { isTranslated, parseConntrackExtended } from '../../src/dataplane/conntrackStale.js';
+import { isTranslated } from '../../src/dataplane/conntrackStale.js';
+import { parseConntrackLines } from '../../src/model/conntrackLine.js';
 import { api, ok, socketOf, startDaemon, stopDaemon, waitForLog, waitReady, type Daemon } from './daemon-util.js';
 
 const EIPS = ['172.20.0.10', '172.20.0.11'];
@@ -61,7 +62,7 @@ function startFlow(topo: Topology): Flow {
 /** The flow's conntrack entries in gw (both families are not needed: the flow is IPv4). */
 async function flowEntries(topo: Topology) {
   const r = await topo.exec('gw', ['conntrack', '-L', '-p', 'udp', '--orig-port-src', String(CLIENT_PORT), '-o', 'extended'], { reject: false });
-  return parseConntrackExtended(r.stdout);
+  return parseConntrackLines(r.stdout);
 }
 
 async function flushRules(topo: Topology, b: BackendCase): Promise<void> {

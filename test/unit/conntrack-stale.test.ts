@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { deleteEntryArgs, isTranslated, parseConntrackExtended, staleEntries, targetsOf } from '../../src/dataplane/conntrackStale.js';
+import { deleteEntryArgs, isTranslated, staleEntries, targetsOf } from '../../src/dataplane/conntrackStale.js';
+import { parseConntrackLines } from '../../src/model/conntrackLine.js';
 import { emptyState } from '../../src/state/state.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 
@@ -26,19 +27,22 @@ const state = desiredStateSchema.parse({
 });
 
 describe('restart hygiene: untranslated conntrack entries', () => {
-  const entries = parseConntrackExtended(CAPTURED);
+  const entries = parseConntrackLines(CAPTURED);
 
   it('parses both tuples of every entry', () => {
     expect(entries).toHaveLength(7);
     expect(entries[0]).toEqual({
       family: 4,
       protocol: 'udp',
-      orig: { src: '172.20.0.100', dst: '172.20.0.10', sport: 40001, dport: 9000 },
+      protocolNumber: 17,
+      original: { src: '172.20.0.100', dst: '172.20.0.10', sport: 40001, dport: 9000 },
       reply: { src: '10.0.1.1', dst: '172.20.0.100', sport: 9001, dport: 40001 },
     });
-    expect(entries[2]?.orig).toEqual({ src: '172.20.0.100', dst: '172.20.0.10', type: 8, code: 0, id: 11980 });
+    expect(entries[2]?.original).toEqual({ src: '172.20.0.100', dst: '172.20.0.10' });
+    expect(entries[2]?.icmp).toEqual({ type: 8, code: 0, id: 11980 });
+    expect(entries[2]?.id).toBeUndefined();
     expect(entries[6]?.family).toBe(6);
-    expect(parseConntrackExtended(CAPTURED.replace(/^ipv[46]\s+\d+\s+/gm, ''))).toEqual(entries);
+    expect(parseConntrackLines(CAPTURED.replace(/^ipv[46]\s+\d+\s+/gm, ''))).toEqual(entries);
   });
 
   it('tells a translated entry by its reply tuple', () => {
@@ -47,7 +51,7 @@ describe('restart hygiene: untranslated conntrack entries', () => {
 
   it('picks untranslated entries to an EIP or from a SNAT CIDR to outside it, and nothing else', () => {
     const stale = staleEntries(entries, targetsOf(state));
-    expect(stale.map((e) => `${e.protocol} ${e.orig.src} ${e.orig.dst}`)).toEqual([
+    expect(stale.map((e) => `${e.protocol} ${e.original.src} ${e.original.dst}`)).toEqual([
       'udp 172.20.0.100 172.20.0.10',
       'icmp 172.20.0.100 172.20.0.10',
       'tcp 10.0.1.6 8.8.8.8',

@@ -4,7 +4,8 @@
  * state, the token bucket and the flow-line shape.
  */
 import { describe, expect, it } from 'vitest';
-import { parseConntrackLine, parseConntrackStats } from '../../src/observe/conntrackEvents.js';
+import { parseConntrackLine } from '../../src/model/conntrackLine.js';
+import { parseConntrackStats } from '../../src/observe/conntrackMetrics.js';
 import { FlowIndex } from '../../src/observe/classify.js';
 import { TokenBucket } from '../../src/observe/rateLimit.js';
 import { FlowLog, flowRecord, type FlowSink } from '../../src/observe/flowLog.js';

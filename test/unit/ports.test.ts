@@ -264,9 +264,9 @@ describe('iptables', () => {
 describe('conntrack filter of a range', () => {
   it('matches every port of the range and no other', () => {
     const f = { dst: EIP, protocol: 'tcp' as const, port: 8000, portEnd: 8100 };
-    expect(matches(f, { protocol: 'tcp', dst: EIP, dport: 8000 })).toBe(true);
-    expect(matches(f, { protocol: 'tcp', dst: EIP, dport: 8100 })).toBe(true);
-    expect(matches(f, { protocol: 'tcp', dst: EIP, dport: 8101 })).toBe(false);
-    expect(matches(f, { protocol: 'udp', dst: EIP, dport: 8050 })).toBe(false);
+    expect(matches(f, { protocol: 'tcp', original: { src: '10.0.1.6', dst: EIP, dport: 8000 } })).toBe(true);
+    expect(matches(f, { protocol: 'tcp', original: { src: '10.0.1.6', dst: EIP, dport: 8100 } })).toBe(true);
+    expect(matches(f, { protocol: 'tcp', original: { src: '10.0.1.6', dst: EIP, dport: 8101 } })).toBe(false);
+    expect(matches(f, { protocol: 'udp', original: { src: '10.0.1.6', dst: EIP, dport: 8050 } })).toBe(false);
   });
 });

@@ -6,7 +6,7 @@
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
-import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
+import type { ConntrackEntry } from '../../src/model/conntrackLine.js';
 import { ReplicaRole } from '../../src/engine/replicaRole.js';
 import * as Ops from '../../src/state/operations.js';
 import { desiredStateSchema } from '../../src/state/state.js';
@@ -63,7 +63,7 @@ describe('the gate on every announcement', () => {
       const announced: string[] = [];
       const h = new RestartHygiene({
         config: { conntrackCleanup: false },
-        conntrack: { deleteUntranslated: async () => [] as TrackedEntry[] },
+        conntrack: { deleteUntranslated: async () => [] as ConntrackEntry[] },
         link: { announce: (ifname: string, ip: string) => void announced.push(`${ifname} ${ip}`) },
         role,
         log: pino({ level: 'silent' }),

@@ -2,7 +2,7 @@ import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Agent } from '../../src/daemon/agent.js';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
-import type { TrackedEntry } from '../../src/dataplane/conntrackStale.js';
+import type { ConntrackEntry } from '../../src/model/conntrackLine.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';
 import { FakeEngine } from '../api/fakeEngine.js';
 import { waitFor } from '../helpers/poll.js';
@@ -62,7 +62,7 @@ describe('restart hygiene', () => {
     const mk = (conntrackCleanup: boolean) =>
       new RestartHygiene({
         config: { conntrackCleanup },
-        conntrack: { deleteUntranslated: async () => (cleaned++, [] as TrackedEntry[]) },
+        conntrack: { deleteUntranslated: async () => (cleaned++, [] as ConntrackEntry[]) },
         link: { announce: (ifname: string, ip: string) => void announced.push(`${ifname} ${ip}`) },
         log,
       });
@@ -86,7 +86,7 @@ describe('restart hygiene', () => {
     let listed = 0;
     const h = new RestartHygiene({
       config: { conntrackCleanup: true },
-      conntrack: { deleteUntranslated: async () => (listed++, [] as TrackedEntry[]) },
+      conntrack: { deleteUntranslated: async () => (listed++, [] as ConntrackEntry[]) },
       link: { announce: () => undefined },
       log,
     });

@@ -8,7 +8,7 @@ import { activeSnat, snatSchema } from '../../src/model/rules.js';
 import { snatSpecs } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import { ruleText, snatRule } from '../../src/dataplane/netfilter/nft/render.js';
 import { countSnatTo, drainingPairs, srcNatListArgs } from '../../src/dataplane/draining.js';
-import { parseConntrackExtended } from '../../src/dataplane/conntrackStale.js';
+import { parseConntrackLines } from '../../src/model/conntrackLine.js';
 import { buildStatus } from '../../src/api/status.js';
 import type { Readiness, StateDocument } from '../../src/api/service.js';
 import { desiredStateSchema } from '../../src/state/state.js';
@@ -76,7 +76,7 @@ describe('connections left on a draining EIP', () => {
   ].join('\n');
 
   it('counts the entries source-NATed to the EIP from the CIDR, and only those', () => {
-    const entries = parseConntrackExtended(listing);
+    const entries = parseConntrackLines(listing);
     expect(countSnatTo(entries, B, CIDR)).toBe(2);
     expect(countSnatTo(entries, B, '10.0.2.0/24')).toBe(1);
     expect(countSnatTo(entries, C, CIDR)).toBe(0);

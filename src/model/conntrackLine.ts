@@ -1,12 +1,13 @@
-import { canonicalIp, isIp } from '../model/net.js';
+import { canonicalIp, isIp } from './net.js';
 
 /**
- * PURE: `conntrack` text output → typed records. The daemon reads
- * `conntrack -E -e NEW,DESTROY -o timestamp,extended,id` (events) and
- * `conntrack -L -o extended,id` (the table at start); both print one entry per line:
+ * PURE: one entry line of `conntrack` text output → a typed record. The same line shape comes
+ * from the event follower (`conntrack -E -o timestamp,extended,id`), listings (`conntrack -L`,
+ * with or without `-o extended,id`) and the kernel's /proc/net/nf_conntrack:
  *
  *   [1796044351.519127]	    [NEW] ipv4     2 tcp      6 120 SYN_SENT src=… dst=… sport=… dport=… [UNREPLIED] src=… … id=4219329350
  *   [1796044351.681118]	[DESTROY] ipv4     2 udp      17 29 src=… dst=… sport=… dport=… packets=1 bytes=29 [UNREPLIED] src=… packets=0 bytes=0 delta-time=0 id=…
+ *   tcp      6 431999 ESTABLISHED src=… dst=… sport=… dport=… src=… dst=… sport=… dport=… [ASSURED] mark=0 use=1
  *
  * The first src/dst/sport/dport (and packets/bytes, present only with nf_conntrack_acct=1)
  * belong to the original direction, the second to the reply direction.
@@ -28,7 +29,7 @@ export interface Counters {
 }
 
 export interface ConntrackEntry {
-  /** Undefined for a `conntrack -L` line. */
+  /** Undefined for a listing's line. */
   readonly event?: FlowEventType;
   /** Seconds since the epoch, from `-o timestamp`; undefined without it. */
   readonly time?: number;
@@ -40,6 +41,8 @@ export interface ConntrackEntry {
   readonly zone?: number;
   readonly original: Tuple;
   readonly reply: Tuple;
+  /** ICMP and ICMPv6: the original direction's type, code and echo id (what `conntrack -D` needs to name it). */
+  readonly icmp?: { readonly type: number; readonly code: number; readonly id: number };
   /** Both present only when conntrack accounting (nf_conntrack_acct) is on. */
   readonly originalCounters?: Counters;
   readonly replyCounters?: Counters;
@@ -50,13 +53,22 @@ export interface ConntrackEntry {
 }
 
 const EVENTS: Record<string, 'new' | 'destroy' | 'skip'> = { '[NEW]': 'new', '[DESTROY]': 'destroy', '[UPDATE]': 'skip' };
-const TUPLE_KEYS = new Set(['src', 'dst', 'sport', 'dport', 'packets', 'bytes']);
+const TUPLE_KEYS = new Set(['src', 'dst', 'sport', 'dport', 'packets', 'bytes', 'type', 'code']);
 const num = (s: string | undefined): number | undefined => (s !== undefined && /^\d+$/.test(s) ? Number(s) : undefined);
 const address = (s: string | undefined): string | undefined => (s !== undefined && isIp(s) ? canonicalIp(s) : undefined);
 
+function tupleOf(t: Record<string, string>): Tuple | undefined {
+  const src = address(t.src);
+  const dst = address(t.dst);
+  if (src === undefined || dst === undefined) return undefined;
+  const sport = num(t.sport);
+  const dport = num(t.dport);
+  return { src, dst, ...(sport !== undefined ? { sport } : {}), ...(dport !== undefined ? { dport } : {}) };
+}
+
 /**
  * PURE: one line → an entry, or undefined for anything else (summary lines, UPDATE events,
- * garbage). Numbers are decimal digits only; addresses are canonicalised.
+ * garbage, a line without both tuples). Numbers are decimal digits only; addresses are canonicalised.
  */
 export function parseConntrackLine(line: string): ConntrackEntry | undefined {
   const words = line.trim().split(/\s+/);
@@ -86,27 +98,23 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
     if (eq <= 0) continue;
     const k = w.slice(0, eq);
     const v = w.slice(eq + 1);
+    // Each tuple starts with src=; a third one (a helper's master tuple) is not read.
     if (k === 'src' && dirs[0]!.src !== undefined) dir = 1;
-    if (TUPLE_KEYS.has(k)) dirs[dir]![k] ??= v;
+    const t = dirs[dir]!;
+    if (TUPLE_KEYS.has(k)) t[k] ??= v;
     else if (k === 'delta-time') durationS = num(v);
     else if (k === 'zone') zone = num(v);
-    // The entry's id is the last `id=`: an ICMP tuple carries the echo id under the same name.
+    // An ICMP tuple's echo id follows its type under the same name as the entry's id, printed last.
+    else if (k === 'id' && t.type !== undefined && t.id === undefined) t.id = v;
     else if (k === 'id') id = num(v);
   }
   const [o, r] = dirs as [Record<string, string>, Record<string, string>];
-  const tuple = (t: Record<string, string>): Tuple | undefined => {
-    const src = address(t.src);
-    const dst = address(t.dst);
-    if (src === undefined || dst === undefined) return undefined;
-    const sport = num(t.sport);
-    const dport = num(t.dport);
-    return { src, dst, ...(sport !== undefined ? { sport } : {}), ...(dport !== undefined ? { dport } : {}) };
-  };
-  const original = tuple(o);
-  const reply = tuple(r);
+  const original = tupleOf(o);
+  const reply = tupleOf(r);
   if (!original || !reply) return undefined;
   const [op, ob, rp, rb] = [num(o.packets), num(o.bytes), num(r.packets), num(r.bytes)];
   const counted = op !== undefined && ob !== undefined && rp !== undefined && rb !== undefined;
+  const [type, code, echo] = [num(o.type), num(o.code), num(o.id)];
   return {
     ...(event ? { event } : {}),
     ...(time !== undefined ? { time } : {}),
@@ -116,36 +124,19 @@ export function parseConntrackLine(line: string): ConntrackEntry | undefined {
     ...(zone !== undefined ? { zone } : {}),
     original,
     reply,
+    ...(type !== undefined && code !== undefined && echo !== undefined ? { icmp: { type, code, id: echo } } : {}),
     ...(counted ? { originalCounters: { packets: op, bytes: ob }, replyCounters: { packets: rp, bytes: rb } } : {}),
     ...(durationS !== undefined ? { durationS } : {}),
     ...(id !== undefined ? { id } : {}),
   };
 }
 
-/** Kernel conntrack statistics natgw exports (`conntrack -S`, summed over CPUs). */
-export const CONNTRACK_STATS = [
-  'found',
-  'invalid',
-  'insert',
-  'insert_failed',
-  'drop',
-  'early_drop',
-  'error',
-  'search_restart',
-  'clash_resolve',
-  'chaintoolong',
-] as const;
-export type ConntrackStat = (typeof CONNTRACK_STATS)[number];
-
-/** PURE: `conntrack -S` output (one `cpu=N key=value …` line per CPU) → each statistic summed over CPUs. */
-export function parseConntrackStats(text: string): Map<ConntrackStat, number> {
-  const sums = new Map<ConntrackStat, number>();
+/** PURE: conntrack's output → the entry of each line that is one (summary lines and the like are skipped). */
+export function parseConntrackLines(text: string): ConntrackEntry[] {
+  const entries: ConntrackEntry[] = [];
   for (const line of text.split('\n')) {
-    if (!/^\s*cpu=\d+/.test(line)) continue;
-    for (const m of line.matchAll(/\b([a-z_]+)=(\d+)\b/g)) {
-      const k = m[1] as ConntrackStat;
-      if ((CONNTRACK_STATS as readonly string[]).includes(k)) sums.set(k, (sums.get(k) ?? 0) + Number(m[2]));
-    }
+    const e = parseConntrackLine(line);
+    if (e) entries.push(e);
   }
-  return sums;
+  return entries;
 }
