@@ -52,7 +52,7 @@ function sideOf<T>(touched: ReadonlyMap<string, Touched<T>> | undefined, side: '
 function touchedPart(t: NatTables, change: StateChange, side: 'before' | 'after'): NatTables {
   const { lists } = change;
   const both = <T>(touched: ReadonlyMap<string, Touched<T>> | undefined): T[] => [...sideOf(touched, 'before'), ...sideOf(touched, 'after')];
-  // Every floating IP the change touched shares an internal IP with itself.
+  // A floating IP's SNAT element depends on every floating IP of its internal IP: all of them come along.
   const internal = new Set(both(lists.fips).map((f) => f.internalIp));
   const fips: Fip[] = [];
   if (internal.size > 0) for (const f of t.fips) if (internal.has(f.internalIp)) fips.push(f);
