@@ -11,6 +11,10 @@ import { NsRunner } from './runner.js';
 import { note, progress } from './progress.js';
 import { timed } from './stats.js';
 
+// Namespaces and daemons outlive a killed process; the topology helper sweeps them in its exit
+// hook, which a signal's default action would skip. Every bench tool that builds gateways imports this module.
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.once(sig, () => process.exit(130));
+
 export type BackendName = 'iptables' | 'nftables';
 export const SHIM = join(REPO_ROOT, 'image', 'nat-gateway.sh');
 

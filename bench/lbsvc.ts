@@ -23,6 +23,9 @@ import { ADDR, createTopology, REPO_ROOT, type Topology } from '../test/helpers/
 import { legacyError } from './commands.js';
 import { progress } from './progress.js';
 import { NsRunner } from './runner.js';
+
+// The topology helper sweeps namespaces in its exit hook, which a signal's default action would skip.
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.once(sig, () => process.exit(130));
 import { ratio, round, type Summary, summarize } from './stats.js';
 
 const COMMANDS = ['init', 'eip-add', 'dnat-add', 'dnat-del'] as const;

@@ -124,9 +124,6 @@ async function main(): Promise<void> {
     note(`NODE_EXTRA_CA_CERTS (${process.env.NODE_EXTRA_CA_CERTS}) is unset for everything the bench starts, as in a gateway pod`);
     delete process.env.NODE_EXTRA_CA_CERTS;
   }
-  // Namespaces outlive a killed process; the topology helper sweeps them in its exit hook,
-  // which a signal's default action would skip.
-  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.once(sig, () => process.exit(130));
 
   const results: Results = {
     options: o,
