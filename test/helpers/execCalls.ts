@@ -27,15 +27,11 @@ export class RecordingExecutor implements Executor {
 
   async run(req: ExecRequest): Promise<ExecResult> {
     this.calls.push(req);
-    const a = this.answer(req) ?? {};
-    return {
-      command: [req.file, ...req.args].join(' '),
-      exitCode: 0,
-      stdout: '',
-      stderr: '',
-      timedOut: false,
-      failedToStart: false,
-      ...a,
-    };
+    return resultOf(req, this.answer(req) ?? {});
   }
+}
+
+/** A tool run's result for `req`: a clean exit with no output, unless `over` says otherwise. */
+export function resultOf(req: ExecRequest, over: Partial<ExecResult> = {}): ExecResult {
+  return { command: cmd(req), exitCode: 0, stdout: '', stderr: '', timedOut: false, failedToStart: false, ...over };
 }

@@ -23,8 +23,9 @@ import {
 } from '../../src/dataplane/ctTimeoutsRender.js';
 import { CtTimeouts } from '../../src/dataplane/ctTimeouts.js';
 import type { NftClient } from '../../src/dataplane/netfilter/nft/client.js';
-import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
+import type { Executor } from '../../src/system/exec.js';
 import { desiredStateSchema } from '../../src/state/state.js';
+import { resultOf } from '../helpers/execCalls.js';
 
 const EIP = '172.20.0.10';
 const state = desiredStateSchema.parse({
@@ -269,22 +270,12 @@ describe('iptables', () => {
 });
 
 describe('where the kernel or the tools cannot hold policies', () => {
-  const result = (req: ExecRequest, over: Partial<ExecResult>): ExecResult => ({
-    command: [req.file, ...req.args].join(' '),
-    exitCode: 0,
-    stdout: '',
-    stderr: '',
-    timedOut: false,
-    failedToStart: false,
-    ...over,
-  });
-
   it('without nfct: one warning, a note once, no change refused and nothing run after the probe', async () => {
     const calls: string[] = [];
     const exec: Executor = {
       run: async (req) => {
         calls.push(req.file);
-        return result(req, req.file === 'nfct' ? { exitCode: 127, failedToStart: true } : {});
+        return resultOf(req, req.file === 'nfct' ? { exitCode: 127, failedToStart: true } : {});
       },
     };
     const warnings: unknown[] = [];
@@ -308,7 +299,7 @@ describe('where the kernel or the tools cannot hold policies', () => {
   });
 
   it('nftables refusing a ct timeout object: the same', async () => {
-    const exec: Executor = { run: async (req) => result(req, {}) };
+    const exec: Executor = { run: async (req) => resultOf(req, {}) };
     const nft = {
       run: async () => {
         throw new Error('Error: Could not process rule: Operation not supported');
