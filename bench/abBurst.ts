@@ -7,11 +7,11 @@
  * the kernel floor beside it (one bare `nft add element`; one `iptables-restore --noflush`), so
  * that each burst's wall time reads as a ratio against a floor of the same run.
  */
-import { Gateway } from './gateway.js';
+import { abPair } from './abPair.js';
+import type { Gateway } from './gateway.js';
 import { api, type ApiResponse } from './daemon.js';
 import { openKernelFloor } from './floors.js';
 import { median } from './stats.js';
-import { stateDoc } from './workload.js';
 
 type Which = 'other' | 'this';
 
@@ -46,15 +46,8 @@ async function main(): Promise<void> {
   const n = Number(process.argv[5] ?? 1000);
   const other = process.argv[6];
   if (!other) throw new Error('usage: abBurst.js [size] [backend] [rounds] [burst] <other build>/dist/bench/gateway.js');
-  const Other = ((await import(other)) as { Gateway: typeof Gateway }).Gateway;
-  const gws: Record<Which, Gateway> = { other: await Other.bare({ backend, resync: '1h' }), this: await Gateway.bare({ backend, resync: '1h' }) };
+  const gws = await abPair(other, backend, size);
   try {
-    for (const gw of Object.values(gws)) {
-      Object.assign(gw.topo.env, { NATGW_BODY_LIMIT: '512mb' });
-      await gw.startDaemon();
-      await gw.putState(stateDoc(size, false));
-      await gw.settleAnnouncements();
-    }
     const floor = await openKernelFloor(gws.this, await gws.this.backendInfo(), size);
     const eip = '172.20.0.10';
     const ms: Record<Which, { add: number[]; del: number[] }> = { other: { add: [], del: [] }, this: { add: [], del: [] } };

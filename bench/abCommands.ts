@@ -5,10 +5,9 @@
  * one by one, in alternating order: both see the same load on the machine, so the ratio of their
  * medians holds where a figure from a busy machine does not.
  */
-import { Gateway } from './gateway.js';
+import { abPair } from './abPair.js';
 import { api } from './daemon.js';
 import { median } from './stats.js';
-import { stateDoc } from './workload.js';
 
 async function main(): Promise<void> {
   const size = Number(process.argv[2] ?? 20);
@@ -16,15 +15,8 @@ async function main(): Promise<void> {
   const rounds = Number(process.argv[4] ?? 40);
   const other = process.argv[5];
   if (!other) throw new Error('usage: abCommands.js [size] [backend] [rounds] <other build>/dist/bench/gateway.js');
-  const Other = ((await import(other)) as { Gateway: typeof Gateway }).Gateway;
-  const gws = { other: await Other.bare({ backend, resync: '1h' }), this: await Gateway.bare({ backend, resync: '1h' }) };
+  const gws = await abPair(other, backend, size);
   try {
-    for (const gw of Object.values(gws)) {
-      Object.assign(gw.topo.env, { NATGW_BODY_LIMIT: '512mb' });
-      await gw.startDaemon();
-      await gw.putState(stateDoc(size, false));
-      await gw.settleAnnouncements();
-    }
     const eip = '172.20.0.10';
     const steps: Array<[string, string, string, unknown?]> = [
       ['PUT dnat', 'PUT', `/v1/dnats/${eip},40001,tcp`, { internalIp: '10.0.1.6', internalPort: 80 }],
