@@ -1,6 +1,5 @@
 import http from 'node:http';
 import type https from 'node:https';
-import { lazyHttps } from '../system/builtin.js';
 import { readFile } from 'node:fs/promises';
 import { readEnvFile } from '../config/envFile.js';
 import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../config/socketPath.js';
@@ -81,7 +80,7 @@ const CONNECT_TIMEOUT_MS = 3000;
  * One request. Only the connection is bounded: an apply of thousands of objects may take a
  * while, and the daemon bounds its own work.
  */
-export function request(target: Target, method: string, path: string, body?: string, headers: Record<string, string> = {}): Promise<Answer> {
+export async function request(target: Target, method: string, path: string, body?: string, headers: Record<string, string> = {}): Promise<Answer> {
   const hdrs: Record<string, string> = { ...headers };
   if (body !== undefined) {
     hdrs['content-type'] = 'application/json';
@@ -94,7 +93,7 @@ export function request(target: Target, method: string, path: string, body?: str
   } else {
     if (target.token) hdrs.authorization = `Bearer ${target.token}`;
     // node:https (and node:tls) only for an https: server.
-    mod = target.url.protocol === 'https:' ? lazyHttps() : http;
+    mod = target.url.protocol === 'https:' ? await import('node:https') : http;
     options = { host: target.url.hostname, port: target.url.port || undefined, path, method, headers: hdrs, agent: false };
   }
   return new Promise((resolve, reject) => {

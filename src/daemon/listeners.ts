@@ -2,7 +2,6 @@ import { createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import http from 'node:http';
 import type https from 'node:https';
-import { lazyHttps } from '../system/builtin.js';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -198,7 +197,7 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
   const checking = { connectionsCheckingInterval: 1000 };
   // node:https (and node:tls with it) loaded only for TLS.
   const server = s.tls
-    ? lazyHttps().createServer(
+    ? (await import('node:https')).createServer(
         {
           ...checking,
           cert: s.tls.cert,

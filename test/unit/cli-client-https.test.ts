@@ -1,5 +1,5 @@
 /**
- * The CLI client loads node:https only for an https: --server (src/system/builtin.ts): such a
+ * The CLI client loads node:https only for an https: --server (a dynamic import in src/cli/client.ts): such a
  * request still speaks TLS. The server's certificate is self-signed, so the client's refusal
  * names it: a TLS handshake happened (plain HTTP to this server would fail otherwise).
  */
