@@ -1,94 +1,92 @@
 import { z } from 'zod';
 import { readEnvFile } from './envFile.js';
 import { DEFAULT_ENV_FILE, DEFAULT_SOCKET, DEFAULT_STATE_DIR } from './socketPath.js';
-
-export { DEFAULT_ENV_FILE };
-import { parseDuration } from './duration.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
 import { parsePortSlice, type PortSlice } from './portSlice.js';
 
-/** A duration within bounds: 0 would spin a timer, and Node clamps anything above 2^31 ms to 1 ms. */
-const duration = (key: string, minMs: number, maxMs: number) =>
-  z
+export { DEFAULT_ENV_FILE };
+
+/** Units of a measure and their factors, largest first; the first that divides a bound names it in messages. */
+type Units = Readonly<Record<string, number>>;
+/** Durations, in milliseconds. `m` is read but never shown: bounds read as `600s`, not `10m`. */
+const TIME: Units = { h: 3_600_000, m: 60_000, s: 1000, ms: 1 };
+/** Sizes, in bytes; their units are read in any case. */
+const BYTES: Units = { gb: 1024 ** 3, mb: 1024 ** 2, kb: 1024, b: 1 };
+
+/** `<number>[unit]` → the number in the smallest unit (a bare number is in `bare`); null if malformed. */
+function parseMeasure(s: string, units: Units, bare: string): number | null {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/.exec(s);
+  const unit = m?.[2] || bare;
+  return m && Object.hasOwn(units, unit) ? Math.round(Number(m[1]) * (units[unit] as number)) : null;
+}
+
+/** `500ms`, `30s`, `2m`, `1h`, or a bare number of seconds → milliseconds; null if malformed. */
+export const parseDuration = (s: string): number | null => parseMeasure(s, TIME, 's');
+
+function formatMeasure(n: number, units: Units): string {
+  const shown = Object.entries(units).filter(([unit]) => unit !== 'm');
+  const [unit, f] = shown.find(([, f]) => n > 0 && n % f === 0) ?? (shown.at(-1) as [string, number]);
+  return `${n / f}${unit}`;
+}
+
+/**
+ * A duration or a size within bounds, in milliseconds or bytes. Durations are bounded because 0
+ * would spin a timer and Node clamps anything above 2^31 ms to 1 ms; sizes because a limit of a
+ * byte, or none, is no limit anyone means.
+ */
+const measure = (what: 'duration' | 'size', min: number, max: number) => {
+  const units = what === 'duration' ? TIME : BYTES;
+  const [lo, hi] = [formatMeasure(min, units), formatMeasure(max, units)];
+  return z
     .string()
     .transform((s, ctx) => {
-      const ms = parseDuration(s);
-      if (ms === null) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be a duration such as 500ms, 30s or 2m` });
-        return z.NEVER;
-      }
-      if (ms < minMs || ms > maxMs) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatMs(minMs)} and ${formatMs(maxMs)}, got ${s.trim()}` });
-        return z.NEVER;
-      }
-      return ms;
+      const n = what === 'duration' ? parseDuration(s) : parseMeasure(s.toLowerCase(), BYTES, 'b');
+      const example = what === 'duration' ? 'a duration such as 500ms, 30s or 2m' : 'a size such as 512kb or 64mb';
+      if (n === null) ctx.addIssue({ code: 'custom', message: `must be ${example}, got ${s.trim() || 'nothing'}` });
+      else if (n < min || n > max) ctx.addIssue({ code: 'custom', message: `must be between ${lo} and ${hi}, got ${s.trim()}` });
+      else return n;
+      return z.NEVER;
     })
-    .meta({ values: `a duration, ${formatMs(minMs)} to ${formatMs(maxMs)}` });
-
-const formatMs = (ms: number): string => (ms % 3_600_000 === 0 && ms > 0 ? `${ms / 3_600_000}h` : ms % 1000 === 0 && ms > 0 ? `${ms / 1000}s` : `${ms}ms`);
-
-const SIZE_UNITS: Record<string, number> = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 };
-
-const formatSize = (bytes: number): string => {
-  for (const [unit, n] of [
-    ['gb', 1024 ** 3],
-    ['mb', 1024 ** 2],
-    ['kb', 1024],
-  ] as const)
-    if (bytes % n === 0 && bytes >= n) return `${bytes / n}${unit}`;
-  return `${bytes}b`;
+    .meta({ values: `a ${what}, ${lo} to ${hi}` });
 };
+const duration = (minMs: number, maxMs: number) => measure('duration', minMs, maxMs);
+const size = (min: number, max: number) => measure('size', min, max);
 
-/** A size such as `512kb` or `64mb` (bare numbers are bytes) within bounds, in bytes. */
-const size = (key: string, min: number, max: number) =>
-  z
-    .string()
-    .transform((s, ctx) => {
-      const m = /^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$/i.exec(s);
-      const bytes = m ? Math.round(Number(m[1]) * (SIZE_UNITS[(m[2] ?? 'b').toLowerCase()] ?? 1)) : Number.NaN;
-      if (!Number.isFinite(bytes)) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be a size such as 512kb or 64mb, got ${s.trim() || 'nothing'}` });
-        return z.NEVER;
-      }
-      if (bytes < min || bytes > max) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be between ${formatSize(min)} and ${formatSize(max)}, got ${s.trim()}` });
-        return z.NEVER;
-      }
-      return bytes;
-    })
-    .meta({ values: `a size, ${formatSize(min)} to ${formatSize(max)}` });
+const optionalText = z
+  .string()
+  .optional()
+  .transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
 
 /**
  * A connection timeout: whole seconds, 1s to 30 days (the kernel keeps seconds); empty or
  * unset keeps the kernel's own.
  */
-const ctTimeout = (key: string) =>
-  optionalText
-    .transform((s, ctx): number | undefined => {
-      if (s === undefined) return undefined;
-      const ms = parseDuration(s);
-      if (ms === null || ms % 1000 !== 0) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be whole seconds such as 30s, 20m or 1h, got ${s}` });
-        return z.NEVER;
-      }
-      if (ms < 1000 || ms > 2_592_000_000) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be between 1s and 720h (30 days), got ${s}` });
-        return z.NEVER;
-      }
-      return ms / 1000;
-    })
-    .meta({ values: 'whole seconds, 1s to 720h; unset: the kernel default' });
+const ctTimeout = optionalText
+  .transform((s, ctx): number | undefined => {
+    if (s === undefined) return undefined;
+    const ms = parseDuration(s);
+    if (ms === null || ms % 1000 !== 0) {
+      ctx.addIssue({ code: 'custom', message: `must be whole seconds such as 30s, 20m or 1h, got ${s}` });
+      return z.NEVER;
+    }
+    if (ms < 1000 || ms > 2_592_000_000) {
+      ctx.addIssue({ code: 'custom', message: `must be between 1s and 720h (30 days), got ${s}` });
+      return z.NEVER;
+    }
+    return ms / 1000;
+  })
+  .meta({ values: 'whole seconds, 1s to 720h; unset: the kernel default' });
 
 /** A whole number within bounds, written in decimal. */
-const count = (key: string, min: number, max: number) =>
+const count = (min: number, max: number) =>
   z
     .string()
     .transform((s, ctx) => {
       const t = s.trim();
       const n = /^\d{1,10}$/.test(t) ? Number(t) : Number.NaN;
       if (!(n >= min && n <= max)) {
-        ctx.addIssue({ code: 'custom', message: `${key} must be a whole number from ${min} to ${max}, got ${t || 'nothing'}` });
+        ctx.addIssue({ code: 'custom', message: `must be a whole number from ${min} to ${max}, got ${t || 'nothing'}` });
         return z.NEVER;
       }
       return n;
@@ -111,11 +109,6 @@ const bool = z
 
 /** A program natgw runs: a name looked up in PATH, or a path. */
 const program = (name: string) => z.string().trim().min(1).default(name).meta({ values: 'a command or path' });
-
-const optionalText = z
-  .string()
-  .optional()
-  .transform((s) => (s === undefined || s.trim() === '' ? undefined : s.trim()));
 
 /** An AS number (BGP), 1 to 4294967295. */
 const asn = optionalText
@@ -165,9 +158,7 @@ export const configSchema = z.object({
     .describe(
       "How the daemon runs nftables changes: `auto` through a long-lived helper on libnftables (nft's own library, through Debian's python3-nftables) where it starts, else the `nft` tool; `off` always the `nft` tool.",
     ),
-  NATGW_INTERFACE_WAIT_TIMEOUT: duration('NATGW_INTERFACE_WAIT_TIMEOUT', 0, 3_600_000)
-    .prefault('30s')
-    .describe('How long `init` and the daemon at start wait for both interfaces.'),
+  NATGW_INTERFACE_WAIT_TIMEOUT: duration(0, 3_600_000).prefault('30s').describe('How long `init` and the daemon at start wait for both interfaces.'),
   NATGW_STATE_DIR: z
     .string()
     .min(1)
@@ -192,9 +183,7 @@ export const configSchema = z.object({
   NATGW_TLS_CERT: optionalText.meta({ values: 'a path' }).describe('Server certificate (PEM) for the TCP API.'),
   NATGW_TLS_KEY: optionalText.meta({ values: 'a path' }).describe('Server key (PEM) for the TCP API.'),
   NATGW_TLS_CLIENT_CA: optionalText.meta({ values: 'a path' }).describe('CA (PEM) that client certificates must chain to.'),
-  NATGW_RESYNC_PERIOD: duration('NATGW_RESYNC_PERIOD', 100, 86_400_000)
-    .prefault('30s')
-    .describe('Period of the full sync: read back everything natgw owns and repair drift.'),
+  NATGW_RESYNC_PERIOD: duration(100, 86_400_000).prefault('30s').describe('Period of the full sync: read back everything natgw owns and repair drift.'),
   NATGW_LOG_LEVEL: z
     .enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
     .default('info')
@@ -207,7 +196,7 @@ export const configSchema = z.object({
     .describe("Downward-API file with the pod's Multus network-status annotation (optional)."),
   // The default admits the GET /v1/state document of the largest benchmarked gateway (20,000
   // objects of each kind: about 6 MiB with its last-applied copy) with room to spare.
-  NATGW_BODY_LIMIT: size('NATGW_BODY_LIMIT', 16 * 1024, 1024 ** 3)
+  NATGW_BODY_LIMIT: size(16 * 1024, 1024 ** 3)
     .prefault('64mb')
     .describe('Largest HTTP request body; the default admits the state document of a 20,000-object gateway.'),
   NATGW_CONNTRACK_CLEANUP: bool
@@ -220,15 +209,13 @@ export const configSchema = z.object({
     .default('off')
     .describe('Flow logs: one JSON line (`"type":"flow"`) per translated connection at its start and end, from conntrack events.'),
   NATGW_FLOW_LOG_FILE: z.string().min(1).default('/var/log/natgw/flows.log').meta({ values: 'a path' }).describe('The flow-log file (`NATGW_FLOW_LOG=file`).'),
-  NATGW_FLOW_LOG_MAX_SIZE: size('NATGW_FLOW_LOG_MAX_SIZE', 64 * 1024, 1024 ** 3)
+  NATGW_FLOW_LOG_MAX_SIZE: size(64 * 1024, 1024 ** 3)
     .prefault('64mb')
     .describe('Size at which the flow-log file is rotated to `<file>.1`.'),
-  NATGW_FLOW_LOG_RATE: count('NATGW_FLOW_LOG_RATE', 1, 1_000_000)
+  NATGW_FLOW_LOG_RATE: count(1, 1_000_000)
     .prefault('1000')
     .describe('Flow-log lines per second (token-bucket refill); lines above it are dropped and counted.'),
-  NATGW_FLOW_LOG_BURST: count('NATGW_FLOW_LOG_BURST', 1, 1_000_000)
-    .prefault('2000')
-    .describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
+  NATGW_FLOW_LOG_BURST: count(1, 1_000_000).prefault('2000').describe('Flow-log lines allowed at once before the rate applies (token-bucket size).'),
   NATGW_FLOW_LOG_SCHEMA: z
     .enum(['natgw', 'kube-ovn'])
     .default('natgw')
@@ -243,7 +230,7 @@ export const configSchema = z.object({
       const min = Number(m?.[1]);
       const max = Number(m?.[2]);
       if (!m || min < 1 || max > 65535 || min > max) {
-        ctx.addIssue({ code: 'custom', message: `NATGW_SNAT_PORT_RANGE must be two ports min-max, 1 to 65535, got ${s.trim() || 'nothing'}` });
+        ctx.addIssue({ code: 'custom', message: `must be two ports min-max, 1 to 65535, got ${s.trim() || 'nothing'}` });
         return z.NEVER;
       }
       return { min, max };
@@ -292,7 +279,7 @@ export const configSchema = z.object({
     .describe(
       "With NATGW_HA_MODE=active-active: `on` copies a packet this replica finds invalid (a flow whose state it does not hold yet, as when ECMP sends a connection's reply here before conntrackd brought the state), or a new UDP packet to it that no local socket takes (an early UDP reply), to every peer over the sync network, and the replica that holds the state carries it; `off` only drops it (the sender retransmits, 1-3 s for a new connection whose handshake crosses replicas).",
     ),
-  NATGW_HA_HAND_OFF_RATE: count('NATGW_HA_HAND_OFF_RATE', 1, 10_000)
+  NATGW_HA_HAND_OFF_RATE: count(1, 10_000)
     .prefault('10000')
     .describe(
       'With NATGW_HA_HAND_OFF=on: the most packets per second a replica copies to each peer (bursts of as many), so that a flood of stray packets toward the EIPs cannot crowd conntrackd off the sync network; beyond it they are only dropped. On iptables the bound holds per arriving interface.',
@@ -319,10 +306,8 @@ export const configSchema = z.object({
     .refine((s) => s === undefined || isIpv4(s) || isIpv6(s), 'must be an IP address')
     .meta({ values: 'an IP address' })
     .describe("This replica's address on the sync network (default: the sync interface's first address of the peer's family)."),
-  NATGW_HA_SYNC_PORT: count('NATGW_HA_SYNC_PORT', 1, 65535).prefault('3780').describe("UDP port of conntrackd's sync channel, the same on both replicas."),
-  NATGW_HA_SYNC_TIMEOUT: duration('NATGW_HA_SYNC_TIMEOUT', 1000, 600_000)
-    .prefault('10s')
-    .describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
+  NATGW_HA_SYNC_PORT: count(1, 65535).prefault('3780').describe("UDP port of conntrackd's sync channel, the same on both replicas."),
+  NATGW_HA_SYNC_TIMEOUT: duration(1000, 600_000).prefault('10s').describe('Sync is reported unhealthy when nothing arrived from the peer for this long.'),
   NATGW_CONNTRACKD: program('conntrackd').describe('The conntrackd binary natgw runs and supervises.'),
   NATGW_HA_PEER_API: optionalText
     .refine(
@@ -336,28 +321,22 @@ export const configSchema = z.object({
   NATGW_HA_PEER_TOKEN_FILE: optionalText
     .meta({ values: 'a path' })
     .describe("Bearer token for the peer's API (default: NATGW_TOKEN_FILE, the same secret on both replicas)."),
-  NATGW_CT_TIMEOUT_TCP_ESTABLISHED: ctTimeout('NATGW_CT_TIMEOUT_TCP_ESTABLISHED').describe(
+  NATGW_CT_TIMEOUT_TCP_ESTABLISHED: ctTimeout.describe(
     "Idle timeout of an established TCP connection natgw translates (Cloud NAT's default: 1200s); unset keeps the kernel's (5 days). Other flows keep the kernel's.",
   ),
-  NATGW_CT_TIMEOUT_TCP_TRANSITORY: ctTimeout('NATGW_CT_TIMEOUT_TCP_TRANSITORY').describe(
+  NATGW_CT_TIMEOUT_TCP_TRANSITORY: ctTimeout.describe(
     "Timeout of a translated TCP connection opening or closing (SYN_SENT, SYN_RECV, FIN_WAIT, CLOSE_WAIT, LAST_ACK, CLOSE; Cloud NAT's default: 30s); unset keeps the kernel's.",
   ),
-  NATGW_CT_TIMEOUT_TCP_TIME_WAIT: ctTimeout('NATGW_CT_TIMEOUT_TCP_TIME_WAIT').describe(
-    "TIME_WAIT timeout of a translated TCP connection (Cloud NAT's default: 120s); unset keeps the kernel's.",
-  ),
-  NATGW_CT_TIMEOUT_UDP: ctTimeout('NATGW_CT_TIMEOUT_UDP').describe(
+  NATGW_CT_TIMEOUT_TCP_TIME_WAIT: ctTimeout.describe("TIME_WAIT timeout of a translated TCP connection (Cloud NAT's default: 120s); unset keeps the kernel's."),
+  NATGW_CT_TIMEOUT_UDP: ctTimeout.describe(
     "Idle timeout of a translated UDP flow, answered or not (Cloud NAT's default: 30s); unset keeps the kernel's (30s, 120s once a stream).",
   ),
-  NATGW_TOOL_TIMEOUT: duration('NATGW_TOOL_TIMEOUT', 1000, 600_000)
+  NATGW_TOOL_TIMEOUT: duration(1000, 600_000)
     .prefault('30s')
     .describe('The deadline of every tool run (nft, iptables-restore, ip, tc, conntrack): a hung tool is killed and the change fails.'),
-  NATGW_MAX_CONNECTIONS: count('NATGW_MAX_CONNECTIONS', 1, 10_000).prefault('64').describe('Connections the TCP listener holds at once; more are refused.'),
-  NATGW_HEADERS_TIMEOUT: duration('NATGW_HEADERS_TIMEOUT', 1000, 600_000)
-    .prefault('10s')
-    .describe('How long a TCP client may take to send its request headers.'),
-  NATGW_REQUEST_TIMEOUT: duration('NATGW_REQUEST_TIMEOUT', 1000, 3_600_000)
-    .prefault('2m')
-    .describe('How long a TCP client may take to send its whole request (headers and body).'),
+  NATGW_MAX_CONNECTIONS: count(1, 10_000).prefault('64').describe('Connections the TCP listener holds at once; more are refused.'),
+  NATGW_HEADERS_TIMEOUT: duration(1000, 600_000).prefault('10s').describe('How long a TCP client may take to send its request headers.'),
+  NATGW_REQUEST_TIMEOUT: duration(1000, 3_600_000).prefault('2m').describe('How long a TCP client may take to send its whole request (headers and body).'),
   NATGW_BGP_PEERS: optionalText
     .refine(
       (s) => s === undefined || (s.split(',').length <= 8 && s.split(',').every((p) => isIpv4(p.trim()) || isIpv6(p.trim()))),
@@ -374,10 +353,8 @@ export const configSchema = z.object({
     .meta({ values: 'an IPv4 address' })
     .describe("BGP router ID (default: this replica's own IPv4 address on the external interface, never an EIP, which every replica holds)."),
   NATGW_BFD: bool.prefault('true').describe('BFD with each BGP peer: a replica whose BFD stops is withdrawn within NATGW_BFD_INTERVAL × NATGW_BFD_MULTIPLIER.'),
-  NATGW_BFD_INTERVAL: duration('NATGW_BFD_INTERVAL', 10, 10_000).prefault('300ms').describe('BFD transmit and receive interval.'),
-  NATGW_BFD_MULTIPLIER: count('NATGW_BFD_MULTIPLIER', 1, 255)
-    .prefault('3')
-    .describe('BFD packets missed before the session (and its routes) is declared down.'),
+  NATGW_BFD_INTERVAL: duration(10, 10_000).prefault('300ms').describe('BFD transmit and receive interval.'),
+  NATGW_BFD_MULTIPLIER: count(1, 255).prefault('3').describe('BFD packets missed before the session (and its routes) is declared down.'),
   NATGW_BIRD: program('bird').describe('The BIRD 2 daemon natgw runs and supervises for BGP.'),
   NATGW_BIRDC: program('birdc').describe("BIRD's control client (reconfiguration, session status)."),
 });

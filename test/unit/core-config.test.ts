@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, DEFAULT_ENV_FILE, loadConfig } from '../../src/config/config.js';
-import { parseDuration } from '../../src/config/duration.js';
+import { parseDuration } from '../../src/config/config.js';
 import { parseEnvFile, readEnvFile, updateEnvFile } from '../../src/config/envFile.js';
 
 let dir = '';
@@ -394,7 +394,7 @@ describe('hardening keys (issue 12)', () => {
     expect(c.headersTimeoutMs).toBe(10_000);
     expect(c.requestTimeoutMs).toBe(120_000);
     const bad = (env: Record<string, string>) => loadConfig({ NATGW_ENV_FILE: '/nonexistent/natgw.env', ...env });
-    await expect(bad({ NATGW_TOOL_TIMEOUT: '0s' })).rejects.toThrow(/NATGW_TOOL_TIMEOUT must be between 1s and 600s/);
+    await expect(bad({ NATGW_TOOL_TIMEOUT: '0s' })).rejects.toThrow(/NATGW_TOOL_TIMEOUT: must be between 1s and 600s/);
     await expect(bad({ NATGW_MAX_CONNECTIONS: '0' })).rejects.toThrow(/NATGW_MAX_CONNECTIONS/);
     await expect(bad({ NATGW_MAX_CONNECTIONS: 'many' })).rejects.toThrow(/NATGW_MAX_CONNECTIONS/);
     await expect(bad({ NATGW_HEADERS_TIMEOUT: '2h' })).rejects.toThrow(/NATGW_HEADERS_TIMEOUT/);

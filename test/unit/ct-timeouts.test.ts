@@ -55,10 +55,10 @@ describe('the configuration', () => {
   });
 
   it('refuses fractions of a second, zero, too long and garbage, naming the key', async () => {
-    await expect(load({ NATGW_CT_TIMEOUT_UDP: '500ms' })).rejects.toThrow(/NATGW_CT_TIMEOUT_UDP must be whole seconds such as 30s, 20m or 1h, got 500ms/);
-    await expect(load({ NATGW_CT_TIMEOUT_UDP: '0s' })).rejects.toThrow(/NATGW_CT_TIMEOUT_UDP must be between 1s and 720h \(30 days\), got 0s/);
-    await expect(load({ NATGW_CT_TIMEOUT_TCP_ESTABLISHED: '721h' })).rejects.toThrow(/NATGW_CT_TIMEOUT_TCP_ESTABLISHED must be between 1s and 720h/);
-    await expect(load({ NATGW_CT_TIMEOUT_TCP_TRANSITORY: 'soon' })).rejects.toThrow(/NATGW_CT_TIMEOUT_TCP_TRANSITORY must be whole seconds/);
+    await expect(load({ NATGW_CT_TIMEOUT_UDP: '500ms' })).rejects.toThrow(/NATGW_CT_TIMEOUT_UDP: must be whole seconds such as 30s, 20m or 1h, got 500ms/);
+    await expect(load({ NATGW_CT_TIMEOUT_UDP: '0s' })).rejects.toThrow(/NATGW_CT_TIMEOUT_UDP: must be between 1s and 720h \(30 days\), got 0s/);
+    await expect(load({ NATGW_CT_TIMEOUT_TCP_ESTABLISHED: '721h' })).rejects.toThrow(/NATGW_CT_TIMEOUT_TCP_ESTABLISHED: must be between 1s and 720h/);
+    await expect(load({ NATGW_CT_TIMEOUT_TCP_TRANSITORY: 'soon' })).rejects.toThrow(/NATGW_CT_TIMEOUT_TCP_TRANSITORY: must be whole seconds/);
   });
 });
 

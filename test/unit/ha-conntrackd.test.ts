@@ -208,7 +208,7 @@ describe('HA configuration keys', () => {
     ['NATGW_HA_SYNC_GROUP', '10.0.0.1', /multicast address/],
     ['NATGW_HA_PEER_API', 'http://a:1,ftp://b', /http:\/\/host:port/],
     ['NATGW_HA_SYNC_PORT', '70000', /NATGW_HA_SYNC_PORT/],
-    ['NATGW_HA_SYNC_TIMEOUT', '0s', /NATGW_HA_SYNC_TIMEOUT must be between/],
+    ['NATGW_HA_SYNC_TIMEOUT', '0s', /NATGW_HA_SYNC_TIMEOUT: must be between/],
     ['NATGW_HA_PEER_API', 'ftp://x', /http:\/\/host:port/],
     ['NATGW_HA_SYNC_INTERFACE', 'a b', /interface name/],
   ])('%s=%s is refused', async (key, value, message) => {

@@ -59,8 +59,8 @@ describe('BGP configuration', () => {
     [{ NATGW_BGP_PEERS: '172.20.0.1', NATGW_BGP_ASN: '0', NATGW_BGP_PEER_ASN: '65000' }, /NATGW_BGP_ASN: must be an AS number from 1 to 4294967295/],
     [{ NATGW_BGP_PEERS: '172.20.0.1', NATGW_BGP_ASN: '1', NATGW_BGP_PEER_ASN: '4294967296' }, /NATGW_BGP_PEER_ASN: must be an AS number/],
     [{ NATGW_BGP_ROUTER_ID: 'fd00::1' }, /NATGW_BGP_ROUTER_ID: must be an IPv4 address/],
-    [{ NATGW_BFD_INTERVAL: '5ms' }, /NATGW_BFD_INTERVAL must be between 10ms and 10s/],
-    [{ NATGW_BFD_MULTIPLIER: '0' }, /NATGW_BFD_MULTIPLIER must be a whole number from 1 to 255/],
+    [{ NATGW_BFD_INTERVAL: '5ms' }, /NATGW_BFD_INTERVAL: must be between 10ms and 10s/],
+    [{ NATGW_BFD_MULTIPLIER: '0' }, /NATGW_BFD_MULTIPLIER: must be a whole number from 1 to 255/],
   ])('refuses %o', async (env, msg) => {
     await expect(load(env)).rejects.toThrow(msg);
   });
