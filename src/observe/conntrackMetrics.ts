@@ -2,7 +2,7 @@ import { promises as fs } from 'node:fs';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Executor } from '../system/exec.js';
 import type { ConntrackMonitor } from './conntrackMonitor.js';
-import { KERNEL_SNAT_PORTS, rangeSize, type EipPortUsage } from './portUsage.js';
+import { KERNEL_SNAT_PORTS, rangeSize } from './portUsage.js';
 
 const PROC = '/proc/sys/net/netfilter';
 
@@ -53,8 +53,21 @@ export interface ConntrackMetricsOptions {
   readonly snatPortRangeSize?: number;
 }
 
-/** How long one `conntrack -S` reading serves the scrape's collectors (they run at once). */
-const STATS_TTL_MS = 1000;
+/** How long one reading serves the scrape's collectors (they run at once). */
+const SCRAPE_MS = 1000;
+
+/** `read`, called at most once per SCRAPE_MS: its last answer serves the collectors in between. */
+function forOneScrape<T>(read: () => T): () => T {
+  let at = Number.NEGATIVE_INFINITY;
+  let last: T | undefined;
+  return () => {
+    if (performance.now() - at >= SCRAPE_MS) {
+      at = performance.now();
+      last = read();
+    }
+    return last as T;
+  };
+}
 
 /**
  * PURE: connections the kernel refused to translate for lack of a free port, from `conntrack -S`.
@@ -88,35 +101,26 @@ export class ConntrackMetrics {
     const registers = [registry];
     const proc = opts.procDir ?? PROC;
     // One `conntrack -S` per scrape, shared by the collectors that read it.
-    let statsAt = Number.NEGATIVE_INFINITY;
-    let statsRead: Promise<Map<ConntrackStat, number> | undefined> | undefined;
-    const kernelStats = (): Promise<Map<ConntrackStat, number> | undefined> => {
-      if (statsRead && performance.now() - statsAt < STATS_TTL_MS) return statsRead;
-      statsAt = performance.now();
-      statsRead = opts.exec
+    const kernelStats = forOneScrape(() =>
+      opts.exec
         .run({ file: 'conntrack', args: ['-S'], timeoutMs: 5000 })
         .then((r) => (r.exitCode === 0 ? parseConntrackStats(r.stdout) : undefined))
-        .catch(() => undefined);
-      return statsRead;
-    };
-    new Gauge({
-      name: 'natgw_conntrack_entries',
-      help: 'Entries in the conntrack table of the gateway namespace (nf_conntrack_count)',
-      registers,
-      async collect() {
-        const n = await readNumber(`${proc}/nf_conntrack_count`);
-        if (n !== undefined) this.set(n);
-      },
-    });
-    new Gauge({
-      name: 'natgw_conntrack_max',
-      help: 'Size limit of the conntrack table (nf_conntrack_max); new connections are dropped at the limit',
-      registers,
-      async collect() {
-        const n = await readNumber(`${proc}/nf_conntrack_max`);
-        if (n !== undefined) this.set(n);
-      },
-    });
+        .catch(() => undefined),
+    );
+    for (const [name, file, help] of [
+      ['natgw_conntrack_entries', 'nf_conntrack_count', 'Entries in the conntrack table of the gateway namespace (nf_conntrack_count)'],
+      ['natgw_conntrack_max', 'nf_conntrack_max', 'Size limit of the conntrack table (nf_conntrack_max); new connections are dropped at the limit'],
+    ] as const) {
+      new Gauge({
+        name,
+        help,
+        registers,
+        async collect() {
+          const n = await readNumber(`${proc}/${file}`);
+          if (n !== undefined) this.set(n);
+        },
+      });
+    }
     new Gauge({
       name: 'natgw_conntrack_stat',
       help: 'Kernel conntrack statistics summed over CPUs (conntrack -S), e.g. insert_failed, drop, early_drop; kernel counters since boot of the namespace',
@@ -153,45 +157,27 @@ export class ConntrackMetrics {
     if (opts.monitor) {
       const monitor = opts.monitor;
       // The port-usage gauges share one pass over the destinations per scrape.
-      let usageAt = Number.NEGATIVE_INFINITY;
-      let usage: EipPortUsage[] = [];
-      const portUsage = (): EipPortUsage[] => {
-        if (performance.now() - usageAt >= STATS_TTL_MS) {
-          usageAt = performance.now();
-          usage = monitor()?.portUsage() ?? [];
-        }
-        return usage;
-      };
-      new Gauge({
-        name: 'natgw_snat_port_usage_ratio',
-        help: 'Per EIP, the highest share of the SNAT port range that connections toward any one destination (ip, port, protocol) use; at 1 new connections to it fail',
-        labelNames: ['eip'],
-        registers,
-        collect() {
-          this.reset();
-          for (const u of portUsage()) this.set({ eip: u.eip }, u.maxShare);
-        },
-      });
-      new Gauge({
-        name: 'natgw_snat_ports_in_use_max',
-        help: 'Per EIP, the most source ports in use toward any one destination (ip, port, protocol)',
-        labelNames: ['eip'],
-        registers,
-        collect() {
-          this.reset();
-          for (const u of portUsage()) this.set({ eip: u.eip }, u.maxPorts);
-        },
-      });
-      new Gauge({
-        name: 'natgw_snat_destinations',
-        help: 'Per EIP, destinations (ip, port, protocol) with at least one open SNAT connection',
-        labelNames: ['eip'],
-        registers,
-        collect() {
-          this.reset();
-          for (const u of portUsage()) this.set({ eip: u.eip }, u.destinations);
-        },
-      });
+      const portUsage = forOneScrape(() => monitor()?.portUsage() ?? []);
+      for (const [name, field, help] of [
+        [
+          'natgw_snat_port_usage_ratio',
+          'maxShare',
+          'Per EIP, the highest share of the SNAT port range that connections toward any one destination (ip, port, protocol) use; at 1 new connections to it fail',
+        ],
+        ['natgw_snat_ports_in_use_max', 'maxPorts', 'Per EIP, the most source ports in use toward any one destination (ip, port, protocol)'],
+        ['natgw_snat_destinations', 'destinations', 'Per EIP, destinations (ip, port, protocol) with at least one open SNAT connection'],
+      ] as const) {
+        new Gauge({
+          name,
+          help,
+          labelNames: ['eip'],
+          registers,
+          collect() {
+            this.reset();
+            for (const u of portUsage()) this.set({ eip: u.eip }, u[field]);
+          },
+        });
+      }
       new Gauge({
         name: 'natgw_conntrack_connections',
         help: 'Open (tracked) connections translated by natgw, per EIP and kind (snat, dnat, fip, share-dnat)',
