@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { readEnvFile } from './envFile.js';
-import { DEFAULT_ENV_FILE, DEFAULT_SOCKET, DEFAULT_STATE_DIR } from './socketPath.js';
+import { DEFAULT_ENV_FILE, DEFAULT_SOCKET } from './socketPath.js';
 import { canonicalIp, isInterfaceName, isIpv4, isIpv6 } from '../model/net.js';
 import { printable } from '../model/printable.js';
 import { parsePortSlice, type PortSlice } from './portSlice.js';
@@ -162,7 +162,7 @@ export const configSchema = z.object({
   NATGW_STATE_DIR: z
     .string()
     .min(1)
-    .default(DEFAULT_STATE_DIR)
+    .default('/var/lib/natgw')
     .meta({ values: 'a directory' })
     .describe('Desired state (snapshot and journal), backend record, lock and command log.'),
   NATGW_SOCKET: z
