@@ -10,7 +10,7 @@ import { ConflictError } from '../model/errors.js';
 import { worded } from '../engine/conflicts.js';
 import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
-import type { ObjectDiff } from './service.js';
+import type { ObjectDiff } from './bodies.js';
 
 /**
  * sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. Computed
