@@ -22,19 +22,19 @@ export interface AgentService {
   /** PUT /v1/state: replace the desired state in one transaction, or plan it (dryRun). */
   replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult>;
   readiness(): Readiness;
-  /** Resolved once ready, or after `timeoutMs` (GET /readyz?waitMs=); absent in fakes (answered at once). */
-  whenReady?(timeoutMs: number): Promise<void>;
+  /** Resolved once ready, or after `timeoutMs` (GET /readyz?waitMs=). */
+  whenReady(timeoutMs: number): Promise<void>;
   metrics(): Promise<{ contentType: string; body: string }>;
-  /** The last apply's kind and duration (GET /v1/status); absent in fakes. */
-  lastSyncInfo?(): SyncInfo | null;
+  /** The last apply's kind and duration (GET /v1/status). */
+  lastSyncInfo(): SyncInfo | null;
   /** A full read-back of the kernel that repairs nothing: what a resync would change now (GET /v1/status?check=true). */
-  checkDrift?(): Promise<DriftCheck>;
+  checkDrift(): Promise<DriftCheck>;
   /** SNAT source ports in use per EIP, with the busiest destinations (GET /v1/status); undefined while connections are not followed. */
-  portUsage?(): readonly EipPortUsage[] | undefined;
+  portUsage(): readonly EipPortUsage[] | undefined;
   /** EIPs draining out of SNAT pools in `state`, with the connections still translated to each (GET /v1/status). */
-  draining?(state: DesiredState): Promise<readonly DrainingStatus[]>;
-  /** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); absent in fakes. */
-  uplinkNetworks?(): Promise<UplinkNetwork[]>;
+  draining(state: DesiredState): Promise<readonly DrainingStatus[]>;
+  /** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); none with one. */
+  uplinkNetworks(): Promise<UplinkNetwork[]>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
 }
