@@ -31,7 +31,7 @@ export interface AppDeps {
 }
 
 /** A script command and its rules: the limits of every path into the daemon. */
-export const legacyBody = z
+const legacyBody = z
   .object({
     command: z.string().max(256),
     rules: z.array(z.string().max(65536)).max(100_000).default([]),
@@ -130,7 +130,7 @@ function boolQuery(req: Request, name: string): boolean {
 }
 
 /** The longest /readyz?waitMs= holds a request: below any client's or proxy's idle timeout. */
-export const READYZ_MAX_WAIT_MS = 30_000;
+const READYZ_MAX_WAIT_MS = 30_000;
 
 function waitQuery(req: Request): number {
   const v = req.query.waitMs;

@@ -66,8 +66,8 @@ const notDaemon = errorResponse('Not the daemon (no replica part), or shutting d
 
 /** One operation of the document: a path, a method and what the OpenAPI operation object holds. */
 interface Operation {
-  readonly path: string;
-  readonly method: 'get' | 'put' | 'post' | 'delete';
+  /** `<method> <path>`, the path in OpenAPI's form (`/v1/dnats/{id}`). */
+  readonly route: `${'get' | 'put' | 'post' | 'delete'} ${string}`;
   readonly operationId: string;
   readonly tag: string;
   readonly summary: string;
@@ -93,8 +93,7 @@ function resourceOperations(def: ResourceDef): Operation[] {
   };
   return [
     {
-      path: `/v1/${def.path}`,
-      method: 'get',
+      route: `get /v1/${def.path}`,
       operationId: `list-${def.path}`,
       tag,
       summary: `List ${def.title} objects`,
@@ -102,8 +101,7 @@ function resourceOperations(def: ResourceDef): Operation[] {
       responses: { '200': json({ type: 'object', required: ['items'], properties: { items: { type: 'array', items: item } } }, 'The desired objects') },
     },
     {
-      path: one,
-      method: 'get',
+      route: `get ${one}`,
       operationId: `get-${def.path}`,
       tag,
       summary: `Get one ${def.title}`,
@@ -111,8 +109,7 @@ function resourceOperations(def: ResourceDef): Operation[] {
       responses: { '200': json(item, 'The object'), ...errors('400'), '404': errorResponse('No such object') },
     },
     {
-      path: one,
-      method: 'put',
+      route: `put ${one}`,
       operationId: `put-${def.path}`,
       tag,
       summary: `Create or update a ${def.title} (idempotent)`,
@@ -124,8 +121,7 @@ function resourceOperations(def: ResourceDef): Operation[] {
       responses: { '200': json(item, 'Already present (unchanged or updated)'), '201': json(item, 'Created'), ...commonErrors },
     },
     {
-      path: one,
-      method: 'delete',
+      route: `delete ${one}`,
       operationId: `delete-${def.path}`,
       tag,
       summary: `Delete a ${def.title} (absent is success)`,
@@ -146,16 +142,14 @@ const legacyFields = (rules: string, rulesSchema: Json): Json => ({
 
 const OPERATIONS: readonly Operation[] = [
   {
-    path: '/healthz',
-    method: 'get',
+    route: 'get /healthz',
     operationId: 'healthz',
     tag: 'Probes',
     summary: 'Process alive (open over TCP)',
     responses: { '200': json(ref('Health'), 'Alive') },
   },
   {
-    path: '/readyz',
-    method: 'get',
+    route: 'get /readyz',
     operationId: 'readyz',
     tag: 'Probes',
     summary: 'Interfaces present and last sync succeeded (open over TCP)',
@@ -169,24 +163,21 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('Readiness'), 'Ready'), '503': json(ref('Readiness'), 'Not ready; `reasons` says why') },
   },
   {
-    path: '/metrics',
-    method: 'get',
+    route: 'get /metrics',
     operationId: 'metrics',
     tag: 'Probes',
     summary: 'Prometheus metrics',
     responses: { '200': { description: 'Prometheus text format', content: { 'text/plain': { schema: { type: 'string' } } } } },
   },
   {
-    path: '/v1/openapi.json',
-    method: 'get',
+    route: 'get /v1/openapi.json',
     operationId: 'openapi',
     tag: 'Meta',
     summary: 'This document',
     responses: { '200': json({ type: 'object' }, 'OpenAPI 3 document') },
   },
   {
-    path: '/v1/legacy',
-    method: 'post',
+    route: 'post /v1/legacy',
     operationId: 'legacy',
     tag: 'Legacy',
     summary: 'Run a nat-gateway.sh command exactly as the shim would',
@@ -203,8 +194,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('CommandOutput'), 'The command ran'), ...errors('400', '401', '413', '503') },
   },
   {
-    path: '/v1/legacy/raw',
-    method: 'post',
+    route: 'post /v1/legacy/raw',
     operationId: 'legacy-raw',
     tag: 'Legacy',
     summary: "Run a nat-gateway.sh command; form-encoded request, raw output (the shim's curl client)",
@@ -239,8 +229,7 @@ const OPERATIONS: readonly Operation[] = [
     },
   },
   {
-    path: '/v1/state',
-    method: 'get',
+    route: 'get /v1/state',
     operationId: 'get-state',
     tag: 'State',
     summary: 'Desired state, last applied, drift, backend, generation and digest',
@@ -248,8 +237,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('StateDocument'), 'The state document') },
   },
   {
-    path: '/v1/state',
-    method: 'put',
+    route: 'put /v1/state',
     operationId: 'put-state',
     tag: 'State',
     summary: 'Replace the whole desired state in one transaction',
@@ -273,8 +261,7 @@ const OPERATIONS: readonly Operation[] = [
     },
   },
   {
-    path: '/v1/status',
-    method: 'get',
+    route: 'get /v1/status',
     operationId: 'status',
     tag: 'State',
     summary: 'Readiness, backend, desired against applied per kind, last apply, drift (natgw status)',
@@ -288,8 +275,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('Status'), 'The status'), '400': errorResponse('check is not a boolean') },
   },
   {
-    path: '/v1/ha',
-    method: 'get',
+    route: 'get /v1/ha',
     operationId: 'get-ha',
     tag: 'Replicas',
     summary: 'Replica sync (conntrackd), the desired-state digest, the peer comparison and the last takeover',
@@ -298,8 +284,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('HaStatus'), 'Replica status'), ...errors('401') },
   },
   {
-    path: '/v1/bgp',
-    method: 'get',
+    route: 'get /v1/bgp',
     operationId: 'get-bgp',
     tag: 'Replicas',
     summary: "EIPs announced by BGP: BIRD's state, whether the data plane lets this replica announce, each session and each EIP's advertisement",
@@ -307,8 +292,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('BgpStatus'), 'BGP status'), ...errors('401') },
   },
   {
-    path: '/v1/ha/takeover',
-    method: 'post',
+    route: 'post /v1/ha/takeover',
     operationId: 'ha-takeover',
     tag: 'Replicas',
     summary: "This replica becomes the active path: commit the peer's flows (conntrackd -c), then gratuitous ARP for every EIP",
@@ -317,8 +301,7 @@ const OPERATIONS: readonly Operation[] = [
     responses: { '200': json(ref('Takeover'), 'Done'), ...errors('401'), '503': notDaemon },
   },
   {
-    path: '/v1/ha/resend',
-    method: 'post',
+    route: 'post /v1/ha/resend',
     operationId: 'ha-resend',
     tag: 'Replicas',
     summary: 'Resend the whole kernel table to the peer (conntrackd -R, then -B)',
@@ -329,7 +312,8 @@ const OPERATIONS: readonly Operation[] = [
 
 export function buildOpenApi(): Json {
   const paths: Record<string, Json> = {};
-  for (const { path, method, tag, ...operation } of [...OPERATIONS, ...RESOURCES.flatMap(resourceOperations)]) {
+  for (const { route, tag, ...operation } of [...OPERATIONS, ...RESOURCES.flatMap(resourceOperations)]) {
+    const [method = '', path = ''] = route.split(' ');
     paths[path] = { ...paths[path], [method]: { ...operation, tags: [tag] } };
   }
   return {
