@@ -4,7 +4,9 @@ import { z } from 'zod';
 import { authenticate, type AuthOptions } from './auth.js';
 import { errorHandler, HttpError, validationError } from './errors.js';
 import { requestLog } from './requestLog.js';
-import { RESOURCES, idOf, listOf, splitId, type ResourceDef } from './resources.js';
+import { RESOURCES, idOf, splitId, type ResourceDef } from './resources.js';
+import { chain, type OpResult } from '../state/operations.js';
+import { sameValue } from '../state/change.js';
 import { parseStateBody } from './stateDoc.js';
 import { buildStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
@@ -29,7 +31,7 @@ export interface AppDeps {
 }
 
 /** A script command and its rules: the limits of every path into the daemon. */
-export const legacyBody = z
+const legacyBody = z
   .object({
     command: z.string().max(256),
     rules: z.array(z.string().max(65536)).max(100_000).default([]),
@@ -128,7 +130,7 @@ function boolQuery(req: Request, name: string): boolean {
 }
 
 /** The longest /readyz?waitMs= holds a request: below any client's or proxy's idle timeout. */
-export const READYZ_MAX_WAIT_MS = 30_000;
+const READYZ_MAX_WAIT_MS = 30_000;
 
 function waitQuery(req: Request): number {
   const v = req.query.waitMs;
@@ -198,7 +200,7 @@ export function createApp(deps: AppDeps): Express {
     // `?waitMs=`: held until ready (or that long), so a client that waits for a start learns of
     // it at once instead of at its next poll.
     const waitMs = waitQuery(req);
-    if (waitMs > 0) await agent.whenReady?.(waitMs);
+    if (waitMs > 0) await agent.whenReady(waitMs);
     const r = agent.readiness();
     // Over TCP the probe is open (tenant-reachable): the status only. The reasons name
     // interfaces and carry tool stderr and file paths; they stay on the Unix socket and in the log.
@@ -264,12 +266,12 @@ export function createApp(deps: AppDeps): Express {
 
   app.get('/v1/status', async (req, res) => {
     const check = boolQuery(req, 'check');
-    const drift = check && agent.checkDrift ? await agent.checkDrift() : undefined;
+    const drift = check ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    const snatPorts = agent.portUsage?.();
-    const draining = doc.desired.snats.some((x) => x.draining) && agent.draining ? await agent.draining(doc.desired) : [];
+    const snatPorts = agent.portUsage();
+    const draining = doc.desired.snats.some((x) => x.draining) ? await agent.draining(doc.desired) : [];
     res.json({
-      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo?.() ?? null, drift),
+      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo(), drift),
       ...(snatPorts ? { snatPorts } : {}),
       ...(draining.length > 0 ? { draining } : {}),
     });
@@ -307,7 +309,7 @@ export function createApp(deps: AppDeps): Express {
 
 /** The object under identity `key`. */
 function findIn(def: ResourceDef, s: DesiredState, key: string): unknown {
-  return listOf(def, s).find((x) => def.key(x) === key);
+  return s[def.stateKey].find((x: unknown) => def.key(x) === key);
 }
 
 function mountResource(app: Express, def: ResourceDef, agent: AgentService): void {
@@ -315,7 +317,7 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
   const view = (x: unknown) => ({ id: idOf(def, x), ...(x as object) });
 
   app.get(base, async (_req, res) => {
-    res.json({ items: listOf(def, await agent.desired()).map(view) });
+    res.json({ items: (await agent.desired())[def.stateKey].map(view) });
   });
 
   app.get(`${base}/:id`, async (req, res) => {
@@ -326,8 +328,8 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
   });
 
   app.put(`${base}/:id`, async (req: Request, res: Response) => {
-    const { raw, key } = parseIdentity(def, req);
-    const replace = boolQuery(req, 'replace');
+    const { raw, id, key } = parseIdentity(def, req);
+    const replace = boolQuery(req, 'replace') && def.replaceable;
     const body = { ...objectBody(req) };
     for (const f of def.readOnly) delete body[f];
     const merged = def.prepare ? def.prepare(raw, { ...raw, ...body }) : { ...raw, ...body };
@@ -337,14 +339,18 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
     def.check?.(obj);
     if (def.key(obj) !== key) {
       const o = obj as Record<string, unknown>;
-      const idParsed = def.idSchema.parse(raw) as Record<string, unknown>;
-      const field = def.idFields.find((f) => String(o[f]) !== String(idParsed[f])) ?? 'id';
+      const path = id as Record<string, unknown>;
+      const field = def.idFields.find((f) => String(o[f]) !== String(path[f])) ?? 'id';
       throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
     }
     timelineMark('validated');
-    const networks = def.stateKey === 'eips' ? await agent.uplinkNetworks?.() : undefined;
-    const ctx = { replace, gateways: agent.gateways, ...(networks ? { networks } : {}) };
-    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.put(s, obj, ctx) });
+    const ctx = { gateways: agent.gateways, networks: def.stateKey === 'eips' ? await agent.uplinkNetworks() : [] };
+    const put = (s: DesiredState): OpResult => {
+      const existing = replace ? findIn(def, s, key) : undefined;
+      if (existing === undefined || sameValue(existing, obj)) return def.put(s, obj, ctx);
+      return chain(def.del(s, obj), (t) => def.put(t, obj, ctx));
+    };
+    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: put });
     // What the operation changed under this identity says whether it existed; untouched, it was there as asked.
     const touched = (result.change?.lists as Record<string, ReadonlyMap<string, { before?: unknown; after?: unknown }>> | undefined)?.[def.stateKey]?.get(key);
     const existed = touched === undefined || touched.before !== undefined;

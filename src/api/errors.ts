@@ -5,21 +5,13 @@ import { z } from 'zod';
 import { NatgwError } from '../model/errors.js';
 import { QueueClosedError } from '../engine/queue.js';
 import { worded } from '../engine/conflicts.js';
+import type { ErrorBody } from './bodies.js';
 
 /**
  * The API's one error shape and its one error handler. Operational errors (bad input,
  * conflicts, guard, a kernel that refused the change) map to 4xx/5xx with the same text the
  * shim prints; anything else is a programmer error: 500, logged with its stack.
  */
-export interface ErrorBody {
-  readonly error: string;
-  readonly message: string;
-  /** For validation errors: the field at fault (dotted path) and where it was. */
-  readonly field?: string;
-  readonly in?: 'body' | 'path' | 'query' | 'header';
-  readonly issues?: readonly { field: string; message: string }[];
-}
-
 export class HttpError extends Error {
   override readonly name = 'HttpError';
   constructor(
@@ -91,7 +83,7 @@ export function errorHandler(log: Logger, opts: { readonly redact?: boolean } = 
     }
     const { status, body: full } = toHttp(err);
     const errorId = String(res.locals.reqId ?? randomUUID());
-    const body: ErrorBody & { errorId?: string } =
+    const body: ErrorBody =
       opts.redact && status >= 500
         ? { error: full.error, message: REDACTED[full.error] ?? 'internal error (details in the natgw log under errorId)', errorId }
         : full;

@@ -54,16 +54,15 @@ import type { UplinkNetwork } from '../model/uplinks.js';
 type StateKey = 'eips' | 'snats' | 'dnats' | 'fips' | 'shareDnats' | 'routes' | 'eipQos' | 'qos' | 'neighbours';
 
 interface PutContext {
-  readonly replace: boolean;
   readonly gateways: { readonly v4?: string; readonly v6?: string };
-  /** Several external interfaces: their networks (where an EIP without `interface` lives). */
-  readonly networks?: readonly UplinkNetwork[];
+  /** Several external interfaces: their networks (where an EIP without `interface` lives); none with one. */
+  readonly networks: readonly UplinkNetwork[];
 }
 
 export interface ResourceDef<T = unknown, I = unknown> {
-  /** URL segment: /v1/<path>. */
-  readonly path: string;
   readonly stateKey: StateKey;
+  /** URL segment: /v1/<path>, the state key in kebab case. */
+  readonly path: string;
   readonly title: string;
   readonly description: string;
   /** Identity fields, in URL order. */
@@ -82,7 +81,10 @@ export interface ResourceDef<T = unknown, I = unknown> {
   readonly bodyExample: Record<string, unknown>;
   readonly guarded: boolean;
   readonly qos: boolean;
-  /** ?replace=true changes what a plain PUT refuses or ignores. */
+  /**
+   * ?replace=true makes a PUT that the operation would refuse or ignore (another target, another
+   * randomFully) remove the object and add the new one in the same transaction.
+   */
   readonly replaceable: boolean;
   key(x: I | T): string;
   /** Last checks a schema cannot express (e.g. prefix length per family). */
@@ -91,6 +93,7 @@ export interface ResourceDef<T = unknown, I = unknown> {
   idText?(x: T): string;
   /** Fill in body fields derived from the identity (e.g. a share-DNAT's protocol text). */
   prepare?(idRaw: Record<string, unknown>, body: Record<string, unknown>): Record<string, unknown>;
+  /** The script's add: strict where the script is, in place where it updates. */
   put(s: DesiredState, x: T, ctx: PutContext): OpResult;
   del(s: DesiredState, id: I): OpResult;
 }
@@ -98,12 +101,12 @@ export interface ResourceDef<T = unknown, I = unknown> {
 /** The flags most resources share, left out of their definitions: no numeric or read-only fields, guarded, not QoS, no ?replace. */
 const DEFAULTS = { numericIdFields: [], readOnly: [], guarded: true, qos: false, replaceable: false } as const;
 
-function define<T, I>(def: Omit<ResourceDef<T, I>, keyof typeof DEFAULTS> & Partial<Pick<ResourceDef<T, I>, keyof typeof DEFAULTS>>): ResourceDef {
-  return { ...DEFAULTS, ...def } as unknown as ResourceDef;
+function define<T, I>(def: Omit<ResourceDef<T, I>, keyof typeof DEFAULTS | 'path'> & Partial<Pick<ResourceDef<T, I>, keyof typeof DEFAULTS>>): ResourceDef {
+  const path = def.stateKey.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+  return { ...DEFAULTS, ...def, path } as unknown as ResourceDef;
 }
 
 const eips = define<Eip, { address: string }>({
-  path: 'eips',
   stateKey: 'eips',
   title: 'EIP',
   description:
@@ -124,7 +127,6 @@ const eips = define<Eip, { address: string }>({
 });
 
 const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
-  path: 'snats',
   stateKey: 'snats',
   title: 'SNAT',
   description:
@@ -136,14 +138,7 @@ const snats = define<Snat, Pick<Snat, 'eip' | 'cidr'>>({
   bodyExample: { randomFully: true },
   replaceable: true,
   key: (x) => snatKey(x),
-  put: (s, x, ctx) => {
-    const existing = ctx.replace ? Ops.findByKey(s.snats, snatKey, snatKey(x)) : undefined;
-    const samePool = (a?: readonly string[], b?: readonly string[]) => (a ?? []).join(',') === (b ?? []).join(',');
-    if (ctx.replace && existing && (existing.randomFully !== x.randomFully || !samePool(existing.eips, x.eips) || !samePool(existing.draining, x.draining))) {
-      return Ops.chain(Ops.delSnat(s, x), (t) => Ops.addSnat(t, x));
-    }
-    return Ops.addSnat(s, x);
-  },
+  put: (s, x) => Ops.addSnat(s, x),
   del: (s, id) => Ops.delSnat(s, id),
 });
 
@@ -164,7 +159,6 @@ const portOrRangeSchema = z.union([
 ]);
 
 const dnats = define<Dnat, DnatId>({
-  path: 'dnats',
   stateKey: 'dnats',
   title: 'DNAT',
   description:
@@ -186,18 +180,11 @@ const dnats = define<Dnat, DnatId>({
   bodyExample: { internalIp: '10.0.1.6', internalPort: 80 },
   replaceable: true,
   key: (x) => dnatKey(x),
-  put: (s, x, ctx) => {
-    const existing = ctx.replace ? Ops.findByKey(s.dnats, dnatKey, dnatKey(x)) : undefined;
-    if (ctx.replace && existing && (existing.internalIp !== x.internalIp || existing.internalPort !== x.internalPort)) {
-      return Ops.chain(Ops.delDnat(s, x), (t) => Ops.addDnat(t, x));
-    }
-    return Ops.addDnat(s, x);
-  },
+  put: (s, x) => Ops.addDnat(s, x),
   del: (s, id) => Ops.delDnat(s, id),
 });
 
 const fips = define<Fip, Pick<Fip, 'eip'>>({
-  path: 'fips',
   stateKey: 'fips',
   title: 'FIP',
   description:
@@ -209,16 +196,11 @@ const fips = define<Fip, Pick<Fip, 'eip'>>({
   bodyExample: { internalIp: '10.0.1.7' },
   replaceable: true,
   key: (x) => fipKey(x),
-  put: (s, x, ctx) => {
-    const existing = ctx.replace ? Ops.findByKey(s.fips, fipKey, fipKey(x)) : undefined;
-    if (ctx.replace && existing && existing.internalIp !== x.internalIp) return Ops.chain(Ops.delFip(s, x.eip), (t) => Ops.addFip(t, x));
-    return Ops.addFip(s, x);
-  },
+  put: (s, x) => Ops.addFip(s, x),
   del: (s, id) => Ops.delFip(s, id.eip),
 });
 
 const shareDnats = define<ShareDnat, Pick<ShareDnat, 'eip' | 'port' | 'protocol'>>({
-  path: 'share-dnats',
   stateKey: 'shareDnats',
   title: 'Share DNAT',
   description:
@@ -244,7 +226,6 @@ const shareDnats = define<ShareDnat, Pick<ShareDnat, 'eip' | 'port' | 'protocol'
 });
 
 const routes = define<Route, Pick<Route, 'cidr'>>({
-  path: 'routes',
   stateKey: 'routes',
   title: 'Subnet route',
   description:
@@ -260,7 +241,6 @@ const routes = define<Route, Pick<Route, 'cidr'>>({
 });
 
 const eipQos = define<EipQos, Pick<EipQos, 'direction' | 'ip'>>({
-  path: 'eip-qos',
   stateKey: 'eipQos',
   title: 'EIP QoS',
   description:
@@ -279,7 +259,6 @@ const eipQos = define<EipQos, Pick<EipQos, 'direction' | 'ip'>>({
 });
 
 const qos = define<GwQos, GwQosId>({
-  path: 'qos',
   stateKey: 'qos',
   title: 'Gateway QoS',
   description:
@@ -310,7 +289,6 @@ const qos = define<GwQos, GwQosId>({
 });
 
 const neighbours = define<Neighbour, Pick<Neighbour, 'address' | 'dev'>>({
-  path: 'neighbours',
   stateKey: 'neighbours',
   title: 'Static neighbour',
   description:
@@ -351,5 +329,3 @@ export function splitId(def: ResourceDef, id: string): Record<string, unknown> {
   });
   return raw;
 }
-
-export const listOf = (def: ResourceDef, s: DesiredState): readonly unknown[] => s[def.stateKey];

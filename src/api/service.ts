@@ -1,10 +1,10 @@
 import type { DrainingStatus } from '../dataplane/draining.js';
-import type { ApplyReport } from '../engine/engine.js';
 import type { ChangeRequest, ChangeResult } from '../engine/queue.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
 import type { UplinkNetwork } from '../model/uplinks.js';
+import type { DriftCheck, Readiness, ReplaceResult, ResendBody, StateDocument, SyncInfo, TakeoverBody } from './bodies.js';
 
 /**
  * What the HTTP layer needs from the agent. The daemon's Agent implements it over the engine
@@ -22,90 +22,29 @@ export interface AgentService {
   /** PUT /v1/state: replace the desired state in one transaction, or plan it (dryRun). */
   replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult>;
   readiness(): Readiness;
-  /** Resolved once ready, or after `timeoutMs` (GET /readyz?waitMs=); absent in fakes (answered at once). */
-  whenReady?(timeoutMs: number): Promise<void>;
+  /** Resolved once ready, or after `timeoutMs` (GET /readyz?waitMs=). */
+  whenReady(timeoutMs: number): Promise<void>;
   metrics(): Promise<{ contentType: string; body: string }>;
-  /** The last apply's kind and duration (GET /v1/status); absent in fakes. */
-  lastSyncInfo?(): SyncInfo | null;
+  /** The last apply's kind and duration (GET /v1/status). */
+  lastSyncInfo(): SyncInfo | null;
   /** A full read-back of the kernel that repairs nothing: what a resync would change now (GET /v1/status?check=true). */
-  checkDrift?(): Promise<DriftCheck>;
+  checkDrift(): Promise<DriftCheck>;
   /** SNAT source ports in use per EIP, with the busiest destinations (GET /v1/status); undefined while connections are not followed. */
-  portUsage?(): readonly EipPortUsage[] | undefined;
+  portUsage(): readonly EipPortUsage[] | undefined;
   /** EIPs draining out of SNAT pools in `state`, with the connections still translated to each (GET /v1/status). */
-  draining?(state: DesiredState): Promise<readonly DrainingStatus[]>;
-  /** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); absent in fakes. */
-  uplinkNetworks?(): Promise<UplinkNetwork[]>;
+  draining(state: DesiredState): Promise<readonly DrainingStatus[]>;
+  /** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); none with one. */
+  uplinkNetworks(): Promise<UplinkNetwork[]>;
   /** GATEWAY_V4 / GATEWAY_V6: eip creation installs the default routes, as eip-add does. */
   readonly gateways: { readonly v4?: string; readonly v6?: string };
-}
-
-export interface ReadBack {
-  readonly at: string;
-  readonly reason: string;
-  /** Objects the resync had to add or remove: non-zero means drift was found and repaired. */
-  readonly changes: { readonly netfilter: number; readonly shareDnat: number; readonly link: number; readonly qos: number; readonly neighbours?: number };
-  readonly repaired: boolean;
-  /** What the repair applied (empty when nothing drifted). */
-  readonly script: string;
-}
-
-export interface StateDocument {
-  readonly desired: DesiredState;
-  readonly lastApplied: DesiredState | null;
-  /** What the resyncs' read-back of the kernel found: the last one, the last that repaired something, how many did. */
-  readonly drift: { readonly last: ReadBack | null; readonly lastRepair: ReadBack | null; readonly repairs: number };
-  readonly backend: { readonly kind: string; readonly variant?: string; readonly pendingCleanup?: unknown } | null;
-  readonly mode: string;
-  readonly generation: number;
-  readonly digest: string;
-}
-
-export interface ObjectDiff {
-  readonly added: number;
-  readonly removed: number;
-  readonly changed: number;
-}
-
-export interface ReplaceResult {
-  readonly dryRun: boolean;
-  /** Per kind: how many objects the new state adds, removes and changes. */
-  readonly plan: Record<string, ObjectDiff>;
-  readonly report: Omit<ApplyReport, 'script'>;
-  /** The rendered backend script: what would be applied (a dry run's answer only). */
-  readonly script?: string;
-  readonly generation: number;
-  readonly digest: string;
-}
-
-export interface Readiness {
-  readonly ready: boolean;
-  readonly interfaces: { readonly present: boolean; readonly missing: readonly string[] };
-  readonly lastSync: { readonly ok: boolean; readonly at: string; readonly error?: string } | null;
-  readonly reasons: readonly string[];
-}
-
-export interface SyncInfo {
-  readonly ok: boolean;
-  readonly at: string;
-  readonly kind: 'full' | 'partial';
-  readonly ms: number;
-  readonly error?: string;
-}
-
-export interface DriftCheck {
-  readonly at: string;
-  readonly changes: ReadBack['changes'];
-  readonly drifted: boolean;
-  /** What a resync would apply to repair it. */
-  readonly script: string;
 }
 
 /** Replica sync and takeover (src/ha), as the API sees it: GET /v1/ha, POST /v1/ha/takeover, the `ha` part of /readyz. */
 export interface HaService {
   status(): Promise<{ readonly digest: string }>;
-  takeover(reason: string): Promise<object>;
+  takeover(reason: string): Promise<TakeoverBody>;
   /** An active-active peer (re)joined: resend the whole kernel table to it (POST /v1/ha/resend). */
-  resend?(): Promise<object>;
+  resend?(): Promise<ResendBody>;
   health(): { readonly enabled: boolean; readonly healthy: boolean; readonly reasons: readonly string[] };
 }
 

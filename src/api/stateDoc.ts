@@ -10,7 +10,7 @@ import { ConflictError } from '../model/errors.js';
 import { worded } from '../engine/conflicts.js';
 import { HttpError, validationError } from './errors.js';
 import { RESOURCES, idOf } from './resources.js';
-import type { ObjectDiff } from './service.js';
+import type { ObjectDiff } from './bodies.js';
 
 /**
  * sha256 of the canonical JSON of the desired state: equal on HA replicas that agree. Computed
@@ -27,14 +27,7 @@ export function digestOf(s: DesiredState): string {
  * counts; lastApplied, drift, backend, mode, generation and digest are read-only and
  * ignored) or a bare desired state.
  */
-export function parseStateBody(body: unknown): DesiredState {
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
-    throw new HttpError(400, 'validation', 'body: must be a JSON object (the document GET /v1/state returns, or its desired state)', {
-      field: 'body',
-      in: 'body',
-    });
-  }
-  const o = body as Record<string, unknown>;
+export function parseStateBody(o: Record<string, unknown>): DesiredState {
   const wrapped = 'desired' in o;
   const parsed = safeParseDesired(wrapped ? o.desired : o);
   if (!parsed.success) throw validationError(parsed.error, 'body', wrapped ? ['desired'] : []);

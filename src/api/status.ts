@@ -2,9 +2,7 @@ import type { DesiredState } from '../state/state.js';
 import { RESOURCES } from './resources.js';
 import { digestOf } from './stateDoc.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
-import type { DrainingStatus } from '../dataplane/draining.js';
-import type { DriftCheck, ReadBack, Readiness, StateDocument, SyncInfo } from './service.js';
-import type { EipPortUsage } from '../observe/portUsage.js';
+import type { DriftCheck, ReadBack, Readiness, StateDocument, StatusDocument, SyncInfo } from './bodies.js';
 
 /**
  * GET /v1/status: one read-only summary for `natgw status` — readiness, backend, desired
@@ -12,35 +10,6 @@ import type { EipPortUsage } from '../observe/portUsage.js';
  * kernel now (a resync that renders its repair but applies nothing), so drift shows before
  * the next resync repairs it.
  */
-export interface StatusDocument {
-  readonly ready: boolean;
-  readonly reasons: readonly string[];
-  readonly interfaces: Readiness['interfaces'];
-  readonly backend: StateDocument['backend'];
-  readonly mode: string;
-  readonly generation: number;
-  readonly digest: string;
-  /** Digest of what this process applied last; null before its first apply. */
-  readonly appliedDigest: string | null;
-  /** The desired state is what was applied last. */
-  readonly inSync: boolean;
-  /** Per kind (the API's resource paths): objects desired and applied (null before the first apply). */
-  readonly objects: Record<string, { readonly desired: number; readonly applied: number | null }>;
-  readonly lastSync: (Partial<SyncInfo> & { readonly ok: boolean; readonly at: string; readonly error?: string }) | null;
-  readonly drift: {
-    readonly repairs: number;
-    readonly last: Omit<ReadBack, 'script'> | null;
-    readonly lastRepair: Omit<ReadBack, 'script'> | null;
-    readonly check?: DriftCheck;
-  };
-  /** What the desired state holds that is not installed, and why (a subnet route to a default the external one owns). */
-  readonly warnings: readonly string[];
-  /** EIPs draining out of SNAT pools and the connections still translated to each (only while some drain). */
-  readonly draining?: readonly DrainingStatus[];
-  /** Per EIP, SNAT source ports in use toward its busiest destinations; absent while conntrack is not followed. */
-  readonly snatPorts?: readonly EipPortUsage[];
-}
-
 const withoutScript = (r: ReadBack | null): Omit<ReadBack, 'script'> | null => {
   if (!r) return null;
   const { script: _script, ...rest } = r;

@@ -1,6 +1,6 @@
 import { canonicalJson } from '../model/canonical.js';
 import { RESOURCES, idOf, type ResourceDef } from '../api/resources.js';
-import type { StatusDocument } from '../api/status.js';
+import type { StatusDocument } from '../api/bodies.js';
 import type { DesiredState } from '../state/state.js';
 
 /**

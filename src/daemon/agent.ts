@@ -12,7 +12,8 @@ import { HttpError } from '../api/errors.js';
 import { diffStates, type StateChange } from '../state/change.js';
 import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
-import type { AgentService, DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/service.js';
+import type { AgentService } from '../api/service.js';
+import type { DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/bodies.js';
 import type { EipPortUsage } from '../observe/portUsage.js';
 import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
 

@@ -15,7 +15,7 @@ function fakeHa(): HaService & { calls: string[] } {
     status: async () => ({ enabled: true, digest: 'sha256:abc' }),
     takeover: async (reason) => {
       calls.push(reason);
-      return { reason, committed: true, announced: ['172.20.0.10'] };
+      return { reason, at: '2026-01-01T00:00:00.000Z', committed: true, announced: ['172.20.0.10'], interface: 'net1', ms: 3 };
     },
     health: () => ({ enabled: true, healthy: false, reasons: ['conntrackd is not running'] }),
   };
@@ -40,7 +40,7 @@ describe('replica routes', async () => {
     const app = createApp({ agent, log: engine.log, bodyLimit: '64kb', ha });
     expect((await request(app).get('/v1/ha').expect(200)).body).toEqual({ enabled: true, digest: 'sha256:abc' });
     const t = await request(app).post('/v1/ha/takeover?reason=bfd-down').expect(200);
-    expect(t.body).toEqual({ reason: 'bfd-down', committed: true, announced: ['172.20.0.10'] });
+    expect(t.body).toEqual({ reason: 'bfd-down', at: '2026-01-01T00:00:00.000Z', committed: true, announced: ['172.20.0.10'], interface: 'net1', ms: 3 });
     expect(ha.calls).toEqual(['bfd-down']);
     const ready = await request(app).get('/readyz');
     expect(ready.body.ha).toEqual({ enabled: true, healthy: false, reasons: ['conntrackd is not running'] });

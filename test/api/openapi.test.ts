@@ -4,6 +4,18 @@
  */
 import { describe, expect, it } from 'vitest';
 import request from 'supertest';
+import type { z } from 'zod';
+import {
+  bgpStatusBody,
+  commandOutputBody,
+  errorBody,
+  haStatusBody,
+  healthBody,
+  readinessBody,
+  replaceResultBody,
+  stateDocumentBody,
+  statusBody,
+} from '../../src/api/bodies.js';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
 import { buildOpenApi } from '../../src/api/openapi.js';
@@ -71,5 +83,36 @@ describe('OpenAPI document', async () => {
   it('is served at /v1/openapi.json', async () => {
     const res = await request(app).get('/v1/openapi.json').expect(200);
     expect(res.body).toEqual(JSON.parse(JSON.stringify(doc)));
+  });
+
+  // Every $ref names a schema of the document, and the bodies the app serves are what the
+  // schemas the document is generated from say.
+  it('has references that resolve', () => {
+    const schemas = (doc.components as { schemas: Record<string, unknown> }).schemas;
+    const refs = [...JSON.stringify(doc).matchAll(/"\$ref":"#\/components\/schemas\/([^"]+)"/g)].map((m) => m[1] ?? '');
+    expect(new Set(refs)).toEqual(new Set(Object.keys(schemas)));
+  });
+
+  it('describes the bodies the app serves', async () => {
+    const check = (schema: z.ZodType, body: unknown) => expect(schema.safeParse(body).error).toBeUndefined();
+    await request(app).put('/v1/dnats/172.20.0.10,8080,tcp').send({ internalIp: '10.0.1.6', internalPort: 80 });
+    check(healthBody, (await request(app).get('/healthz')).body);
+    check(readinessBody, (await request(app).get('/readyz')).body);
+    const state = (await request(app).get('/v1/state').expect(200)).body;
+    check(stateDocumentBody, state);
+    check(statusBody, (await request(app).get('/v1/status').expect(200)).body);
+    check(replaceResultBody, (await request(app).put('/v1/state?dryRun=true').send(state).expect(200)).body);
+    check(
+      commandOutputBody,
+      (
+        await request(app)
+          .post('/v1/legacy')
+          .send({ command: 'dnat-add', rules: ['172.20.0.10,8081,tcp,10.0.1.6,80'] })
+          .expect(200)
+      ).body,
+    );
+    check(errorBody, (await request(app).get('/v1/dnats/nonsense').expect(400)).body);
+    check(haStatusBody, (await request(app).get('/v1/ha').expect(200)).body);
+    check(bgpStatusBody, (await request(app).get('/v1/bgp').expect(200)).body);
   });
 });

@@ -5,7 +5,7 @@
 import { describe, expect, it } from 'vitest';
 import { stateFileError } from '../helpers/stateFileError.js';
 import { buildStatus } from '../../src/api/status.js';
-import type { Readiness, StateDocument } from '../../src/api/service.js';
+import type { Readiness, StateDocument } from '../../src/api/bodies.js';
 import { RESOURCES } from '../../src/api/resources.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { diffIsEmpty, diffStates, renderDiff, renderItems, renderStatus, renderTable } from '../../src/cli/render.js';

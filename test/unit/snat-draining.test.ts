@@ -10,7 +10,7 @@ import { ruleText, snatRule } from '../../src/dataplane/netfilter/nft/render.js'
 import { countSnatTo, drainingPairs, srcNatListArgs } from '../../src/dataplane/draining.js';
 import { parseConntrackLines } from '../../src/model/conntrackLine.js';
 import { buildStatus } from '../../src/api/status.js';
-import type { Readiness, StateDocument } from '../../src/api/service.js';
+import type { Readiness, StateDocument } from '../../src/api/bodies.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { renderStatus } from '../../src/cli/render.js';
 

@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import type { ReplaceResult } from '../../api/service.js';
+import type { ReplaceResult } from '../../api/bodies.js';
 import type { DesiredState } from '../../state/state.js';
 import { CliError, request, apiError, type Target } from '../client.js';
 import { changesSomething, mergeState, renderResults, type Merged } from '../merge.js';

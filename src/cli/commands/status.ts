@@ -1,4 +1,4 @@
-import type { StatusDocument } from '../../api/status.js';
+import type { StatusDocument } from '../../api/bodies.js';
 import { requestJson } from '../client.js';
 import { renderStatus } from '../render.js';
 import { CONNECTION_OPTIONS, OUTPUT_OPTIONS, outputOf, parseOptions, targetOf, type Io } from './common.js';
