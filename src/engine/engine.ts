@@ -467,15 +467,15 @@ export class Engine {
    * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
    * netfilter parts own whole tables, the link part its ownership record, QoS its intent record).
    */
-  async reconcile(
+  private async reconcile(
     want: DesiredState,
-    previous: DesiredState | undefined,
+    previous: DesiredState,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; change?: StateChange } = {},
+    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; bulk?: boolean; change?: StateChange },
   ): Promise<ApplyReport> {
-    const mode = opts.mode ?? 'full';
+    const { mode } = opts;
     // What changed, as the operation said; found by identity key where the caller did not say.
-    const change = opts.change ?? (previous ? diffStates(previous, want) : undefined);
+    const change = opts.change ?? diffStates(previous, want);
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, uplinks: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
@@ -514,8 +514,7 @@ export class Engine {
     };
   }
 
-  private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
-    if (!previous) return;
+  private async rollBack(applied: readonly Part[], previous: DesiredState, from: DesiredState, mode: SyncMode): Promise<void> {
     // Rare: the way back is found by identity key.
     const undo = diffStates(from, previous);
     for (const part of [...applied].reverse()) {

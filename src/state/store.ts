@@ -184,19 +184,6 @@ const COLLECTION_SIZE = (s: DesiredState): number => {
 /** The largest change a journal line describes; a larger one is a new snapshot. */
 const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4);
 
-/**
- * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
- * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
- */
-function readJson(file: string): unknown | undefined {
-  try {
-    return JSON.parse(readFileSync(file, 'utf8'));
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw e;
-  }
-}
-
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
 const backendRecordSchema = z.object({
   kind: z.enum(['iptables', 'nftables']),
@@ -570,10 +557,19 @@ export class StateStore {
     return records.length ? applyRecords(snapshot, records) : snapshot;
   }
 
+  /**
+   * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
+   * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
+   */
   async loadBackend(): Promise<BackendRecord | undefined> {
-    const raw = readJson(this.backendFile);
-    if (raw === undefined) return undefined;
-    const parsed = backendRecordSchema.safeParse(raw);
+    let text: string;
+    try {
+      text = readFileSync(this.backendFile, 'utf8');
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw e;
+    }
+    const parsed = backendRecordSchema.safeParse(JSON.parse(text));
     return parsed.success ? parsed.data : undefined;
   }
 
