@@ -4,7 +4,7 @@ import type { Config } from '../config/config.js';
 import { ReplicaRole } from './replicaRole.js';
 import type { Executor } from '../system/exec.js';
 import { NotInitializedError } from '../model/errors.js';
-import { StateStore, type BackendRecord, type FilesStamp } from '../state/store.js';
+import { StateStore, type BackendRecord, type Commit } from '../state/store.js';
 import { emptyState, type DesiredState } from '../state/state.js';
 import type { Effect, OpResult, TxResult } from '../state/operations.js';
 import { diffStates, type StateChange } from '../state/change.js';
@@ -107,7 +107,7 @@ export class SyncListeners {
 interface Applied {
   readonly state: DesiredState;
   readonly backend: NetfilterBackend;
-  readonly stamp: FilesStamp;
+  readonly stamp: string;
 }
 
 /**
@@ -148,16 +148,6 @@ interface Base {
   readonly kind: SyncMode;
   /** Why a full sync reads the kernel back (the log says so). */
   readonly why?: string;
-}
-
-/** A change's way to durability, begun before the kernel applies it (its write runs while the tool does). */
-interface Persisting {
-  /** A whole new snapshot (a bulk change): the parts may start tools ahead too. */
-  readonly bulk: boolean;
-  /** The kernel took the change: make it durable (the commit point). Not durable means not acknowledged. */
-  commit(): Promise<void>;
-  /** The kernel refused the change: nothing of it may survive a restart. */
-  discard(): Promise<void>;
 }
 
 /**
@@ -289,17 +279,17 @@ export class Engine {
           return { state: next, report, effects: change.effects };
         }
         const started = performance.now();
-        const persisting = this.persistAhead(base.state, next, change.change);
-        const { report, kind } = await this.applyRetryingFull(next, change.change, base, persisting, opts, started);
+        const durable = this.store.begin(base.state, next, change.change);
+        const { report, kind } = await this.applyRetryingFull(next, change.change, base, durable, opts, started);
         const flushing = this.flushConntrack(change.effects);
-        await this.persist(next, base, persisting, opts).catch(async (e: unknown) => {
+        await this.persist(next, base, durable, opts).catch(async (e: unknown) => {
           // The change failed after its flush began: the flush finishes first.
           await flushing;
           throw this.failed(kind, started, e);
         });
         // Acknowledged: what the QoS part created for the change is now the state's.
         await this.qos.settle(next).catch((e: unknown) => this.log.warn({ err: e }, 'QoS intent record not cleared; the next change clears it'));
-        await this.trustApplied(next, base, running);
+        this.trustApplied(next, base, running);
         this.notify(kind === base.kind ? base : { ...base, kind, why: 'the partial sync was refused' }, started, report, next, await flushing);
         announce = () => this.announce(next, change.effects);
         return { state: next, report, effects: change.effects };
@@ -323,7 +313,7 @@ export class Engine {
     const running: Trust = { fullSync: 'the last change failed or was cut short' };
     // A dry run (a status drift check) changes nothing, what the engine trusts included.
     if (!opts.dryRun) this.trust = running;
-    const decided = await this.needFullSync(opts, trust);
+    const decided = this.needFullSync(opts, trust);
     try {
       const base = 'applied' in decided ? this.reuse(decided.applied, opts) : await this.load(opts, decided.fullSync);
       return { base, change: await this.build(fn, base), running };
@@ -338,10 +328,10 @@ export class Engine {
    * back (asked for: start, resync timer, init; nothing trusted: start, a refusal, a link event,
    * a lock taken over; the durable files written by another process), or what it may plan against.
    */
-  private async needFullSync(opts: TransactOptions, trust: Trust): Promise<Trust> {
+  private needFullSync(opts: TransactOptions, trust: Trust): Trust {
     if (opts.mode === 'full') return { fullSync: 'asked for' };
     if ('fullSync' in trust) return trust;
-    if (trust.applied.stamp.key !== (await this.store.stamp()).key) {
+    if (trust.applied.stamp !== this.store.stamp()) {
       this.log.info('durable state changed outside this process: full sync');
       return { fullSync: 'durable state changed outside this process' };
     }
@@ -381,62 +371,21 @@ export class Engine {
     return change;
   }
 
-  /**
-   * Begin making the change durable before the kernel applies it, so that the write runs while
-   * the tool does: a whole new snapshot (a bulk change) is prepared, serialised once the kernel
-   * tool runs (the next turn, not before the render), and put in place only once the kernel
-   * took it; a small change's journal line is written and synced now, and revoked if refused.
-   */
-  private persistAhead(before: DesiredState, next: DesiredState, change: StateChange): Persisting {
-    if (this.store.writesSnapshot(before, next, change)) {
-      const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.store.prepare(next));
-      prepared.catch(() => undefined);
-      return {
-        bulk: true,
-        commit: async () => (await prepared).publish(),
-        discard: () =>
-          prepared.then(
-            (p) => p.discard(),
-            () => undefined,
-          ),
-      };
-    }
-    const ahead = this.store.commitAhead(before, next, change);
-    if (!ahead) return { bulk: false, commit: () => this.store.commit(before, next, change), discard: async () => undefined };
-    const revoke = async () => {
-      if (!(await ahead.revoke()))
-        this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
-    };
-    return {
-      bulk: false,
-      commit: async () => {
-        try {
-          await ahead.durable;
-          ahead.confirm();
-        } catch (e) {
-          await revoke();
-          throw e;
-        }
-      },
-      discard: revoke,
-    };
-  }
-
   /** Apply the change; a refused partial sync is retried once as a full one. A refused change is not persisted. */
   private async applyRetryingFull(
     next: DesiredState,
     change: StateChange,
     base: Base,
-    persisting: Persisting,
+    durable: Commit,
     opts: TransactOptions,
     started: number,
   ): Promise<{ report: ApplyReport; kind: SyncMode }> {
     const qos = opts.qos ?? true;
     try {
-      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: persisting.bulk, change }) };
+      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: durable.bulk, change }) };
     } catch (e) {
       if (base.kind === 'full') {
-        await persisting.discard();
+        await this.discard(durable);
         throw this.failed('full', started, e);
       }
       this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
@@ -446,17 +395,18 @@ export class Engine {
     try {
       return { kind: 'full', report: await this.reconcile(next, base.state, base.backend, { qos, mode: 'full', change }) };
     } catch (e) {
-      await persisting.discard();
+      await this.discard(durable);
       throw this.failed('full', started, e);
     }
   }
 
   /** Acknowledge nothing that is not durable: if the change cannot be persisted, the kernel goes back to the state that is. */
-  private async persist(next: DesiredState, base: Base, persisting: Persisting, opts: TransactOptions): Promise<void> {
+  private async persist(next: DesiredState, base: Base, durable: Commit, opts: TransactOptions): Promise<void> {
     timelineMark('reconciled');
     try {
-      await persisting.commit();
+      await durable.commit();
     } catch (e) {
+      await this.discard(durable);
       this.log.error({ err: e }, 'could not persist the change: putting the kernel back as it was');
       this.forgetViews();
       await this.reconcile(base.state, next, base.backend, { qos: opts.qos ?? true, mode: 'full' }).catch((undo: unknown) =>
@@ -467,10 +417,15 @@ export class Engine {
     timelineMark('durable');
   }
 
+  /** Nothing of a failed change may survive a restart. */
+  private async discard(durable: Commit): Promise<void> {
+    if (!(await durable.discard()))
+      this.log.error({ file: this.store.journalFile }, 'could not remove the refused change from the journal: a restart would apply it; fix the state dir');
+  }
+
   /** Trust what was applied, unless a distrust from outside replaced this change's mark while it ran. */
-  private async trustApplied(next: DesiredState, base: Base, running: Trust): Promise<void> {
-    const stamp = await this.store.stamp();
-    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, stamp } };
+  private trustApplied(next: DesiredState, base: Base, running: Trust): void {
+    if (this.trust === running) this.trust = { applied: { state: next, backend: base.backend, stamp: this.store.stamp() } };
     this.lastApplied = next;
     this.generation++;
   }
@@ -512,15 +467,15 @@ export class Engine {
    * all-or-nothing; what a crash interrupts is finished by the next start's full sync (the
    * netfilter parts own whole tables, the link part its ownership record, QoS its intent record).
    */
-  async reconcile(
+  private async reconcile(
     want: DesiredState,
-    previous: DesiredState | undefined,
+    previous: DesiredState,
     backend: NetfilterBackend,
-    opts: { dryRun?: boolean; qos?: boolean; mode?: SyncMode; bulk?: boolean; change?: StateChange } = {},
+    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; bulk?: boolean; change?: StateChange },
   ): Promise<ApplyReport> {
-    const mode = opts.mode ?? 'full';
+    const { mode } = opts;
     // What changed, as the operation said; found by identity key where the caller did not say.
-    const change = opts.change ?? (previous ? diffStates(previous, want) : undefined);
+    const change = opts.change ?? diffStates(previous, want);
     const changes: Record<PartName, number> = { netfilter: 0, shareDnat: 0, ctTimeouts: 0, link: 0, uplinks: 0, qos: 0, neighbours: 0 };
     const notes: string[] = [];
     let script = '';
@@ -559,8 +514,7 @@ export class Engine {
     };
   }
 
-  private async rollBack(applied: readonly Part[], previous: DesiredState | undefined, from: DesiredState, mode: SyncMode): Promise<void> {
-    if (!previous) return;
+  private async rollBack(applied: readonly Part[], previous: DesiredState, from: DesiredState, mode: SyncMode): Promise<void> {
     // Rare: the way back is found by identity key.
     const undo = diffStates(from, previous);
     for (const part of [...applied].reverse()) {
@@ -615,14 +569,14 @@ export class Engine {
 
   /** The persisted state, or what natgw owns in the kernel where no state file survived. */
   async loadState(): Promise<DesiredState> {
-    const before = (await this.store.stamp()).key;
+    const before = this.store.stamp();
     const t = 'applied' in this.trust ? this.trust.applied : undefined;
-    if (t && t.stamp.key === before) return t.state;
+    if (t && t.stamp === before) return t.state;
     let saved = await this.store.load();
     // Outside the lock a commit may replace the files mid-read (a snapshot, then the journal of
     // a newer one): what was read may lack changes acknowledged before this call. Read again
     // under the lock, where no commit runs.
-    if ((await this.store.stamp()).key !== before) saved = await this.store.withLock(() => this.store.load());
+    if (this.store.stamp() !== before) saved = await this.store.withLock(() => this.store.load());
     return saved ?? this.adoptOrEmpty(await this.backends.choose());
   }
 

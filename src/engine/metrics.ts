@@ -2,9 +2,7 @@ import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { SyncEvent } from './engine.js';
 import type { DesiredState } from '../state/state.js';
-
-/** The object kinds natgw keeps, as the `kind` label of natgw_objects. */
-const OBJECT_KINDS = ['eips', 'snats', 'dnats', 'fips', 'shareDnats', 'routes', 'eipQos', 'qos', 'neighbours'] as const;
+import { COLLECTIONS } from '../state/change.js';
 
 /**
  * Prometheus metrics of one agent, in a registry of its own (so several agents, e.g. in
@@ -71,7 +69,7 @@ export class Metrics {
       registers,
     });
     for (const outcome of ['ran', 'skipped_no_entries']) this.conntrackFlushes.inc({ outcome }, 0);
-    for (const kind of OBJECT_KINDS) this.objects.set({ kind }, 0);
+    for (const kind of COLLECTIONS) this.objects.set({ kind }, 0);
     for (const kind of ['full', 'partial']) for (const outcome of ['success', 'failure']) this.syncs.inc({ kind, outcome }, 0);
     this.ready.set(0);
     if (opts.processMetrics) collectDefaultMetrics({ register: this.registry, prefix: 'natgw_' });
@@ -94,7 +92,7 @@ export class Metrics {
   }
 
   setObjects(s: DesiredState): void {
-    for (const kind of OBJECT_KINDS) this.objects.set({ kind }, s[kind].length);
+    for (const kind of COLLECTIONS) this.objects.set({ kind }, s[kind].length);
   }
 
   async render(): Promise<{ contentType: string; body: string }> {

@@ -81,6 +81,9 @@ interface Pending {
 
 type Outcome = { ok: true; after: DesiredState; change: StateChange | undefined } | { ok: false; error: unknown };
 
+/** The most requests one transaction carries. */
+const MAX_BATCH = 64;
+
 /** Thrown inside a transaction whose every operation was refused: abort it, apply nothing. */
 class NothingToApply extends Error {}
 
@@ -100,7 +103,6 @@ export class ChangeBatcher {
   constructor(
     private readonly queue: SerialQueue,
     private readonly engine: Pick<Engine, 'transact'>,
-    private readonly maxBatch = 64,
   ) {}
 
   /** Requests accepted and not yet taken into a batch (lets a test see that they are all queued). */
@@ -137,7 +139,7 @@ export class ChangeBatcher {
         // QoS apply's notes are never reported to a request that did not touch QoS.
         const qos = this.pending[0]?.req.qos;
         let n = 0;
-        while (n < this.pending.length && n < this.maxBatch && this.pending[n]!.req.qos === qos) n++;
+        while (n < this.pending.length && n < MAX_BATCH && this.pending[n]!.req.qos === qos) n++;
         const batch = this.pending.splice(0, n);
         // Anything left (or arriving meanwhile) goes into the next job, behind whatever is queued.
         this.schedule();

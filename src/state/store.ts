@@ -2,7 +2,6 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import {
   closeSync,
   fdatasync,
-  fdatasyncSync,
   fstatSync,
   fsync,
   ftruncateSync,
@@ -79,30 +78,17 @@ export function durableError(file: string, e: unknown): SystemError {
   return new SystemError(`Error: cannot write ${file} (NATGW_STATE_DIR): ${why}; the change was not applied`);
 }
 
-/**
- * A journal line written before the kernel applies its change (StateStore.commitAhead): its
- * sync runs while the tool does. The change is acknowledged only once both ended well.
- */
-export interface PendingCommit {
-  /** Resolves once the line is durable; rejects with a durableError (the change is then not acknowledged). */
-  readonly durable: Promise<void>;
+/** A change on its way to durability, begun before the kernel applies it (StateStore.begin). */
+export interface Commit {
+  /** A whole new snapshot (a bulk change): the parts may start tools ahead too. */
+  readonly bulk: boolean;
+  /** The kernel took the change: make it durable (the commit point). Rejects with a durableError: the change is then not acknowledged. */
+  commit(): Promise<void>;
   /**
-   * The kernel took the change and it is about to be answered: the line is marked (a line
-   * without its mark is an unanswered change, which a load of the same boot drops). Throws a
-   * durableError (the change is then not acknowledged, and revoked).
+   * The kernel refused the change, or commit() failed: nothing of it may survive a restart.
+   * Never rejects; false when the change could not be taken out of the journal.
    */
-  confirm(): void;
-  /**
-   * The kernel refused the change: the line is cut off again (truncated, synced), so that no
-   * load replays a change its client was told failed. Never rejects; false when it could not.
-   */
-  revoke(): Promise<boolean>;
-}
-
-/** A snapshot made durable beside the live one, not yet in its place (StateStore.prepare). */
-export interface PreparedSnapshot {
-  publish(): Promise<void>;
-  discard(): Promise<void>;
+  discard(): Promise<boolean>;
 }
 
 /**
@@ -148,7 +134,6 @@ async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<stri
   }
 }
 
-/** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
 /** A journal line's record; undefined for a line that is not JSON or not a record this natgw writes. */
 function readRecord(payload: string): ChangeRecord | undefined {
   try {
@@ -158,6 +143,7 @@ function readRecord(payload: string): ChangeRecord | undefined {
   }
 }
 
+/** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
 async function publishTemp(tmp: string, file: string): Promise<void> {
   try {
     await fs.rename(tmp, file);
@@ -198,19 +184,6 @@ const COLLECTION_SIZE = (s: DesiredState): number => {
 /** The largest change a journal line describes; a larger one is a new snapshot. */
 const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4);
 
-/**
- * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
- * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
- */
-function readJson(file: string): unknown | undefined {
-  try {
-    return JSON.parse(readFileSync(file, 'utf8'));
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw e;
-  }
-}
-
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
 const backendRecordSchema = z.object({
   kind: z.enum(['iptables', 'nftables']),
@@ -220,15 +193,6 @@ const backendRecordSchema = z.object({
 });
 export type BackendRecord = z.infer<typeof backendRecordSchema>;
 
-/**
- * The identity of the durable files as this process last saw them. A command may trust what
- * it applied last only while the files are exactly as it left them: any other writer (an
- * in-process shim run, a person, a restored backup) changes one of these.
- */
-export interface FilesStamp {
-  readonly key: string;
-}
-
 /** A journal grows at most this many entries before it is folded into a new snapshot. */
 const JOURNAL_MAX_ENTRIES = 2000;
 
@@ -237,11 +201,11 @@ interface JournalBook {
   snapshotSha: string | undefined;
   journalEntries: number;
   journalTorn: boolean;
-  /** Where the journal's last line starts when it is an unanswered change (commitAhead) of this boot. */
+  /** Where the journal's last line starts when it is an unanswered change (StateStore.begin) of this boot. */
   pendingAt?: number;
 }
 
-/** The line that marks the pending line before it as answered (commitAhead). */
+/** The line that marks the pending line before it as answered (StateStore.begin). */
 const PENDING_MARK = '+';
 
 const SEAL_HEAD = '{"sha256":"';
@@ -276,16 +240,6 @@ export class StateStore {
    * every later one at the next load: the next commit writes a snapshot instead.
    */
   private journalTorn = false;
-  /**
-   * The sealed snapshot last read or written here, by its file's identity (inode, size, mtime):
-   * a load that finds the same file (a daemon start reads the state twice, the second time
-   * inside the lock on the restore's path) skips the read, the checksum and the parse. Every
-   * write here replaces the file by rename, so a new snapshot is a new inode; the identity is
-   * taken before the read, so a file replaced meanwhile is read again next time. (A hand edit
-   * in place, of the same size, within one clock tick of a load would go unseen until the next
-   * write; kernels since 6.13 stamp a change that follows a stat finely.)
-   */
-  private lastSnapshot: { readonly identity: string; readonly sha: string; readonly state: DesiredState } | undefined;
 
   constructor(
     readonly dir: string,
@@ -302,9 +256,14 @@ export class StateStore {
     this.journalFile = path.join(dir, 'state.journal');
   }
 
-  /** See FilesStamp. Three stat calls, made synchronously (fileIdentitySync): cheap enough for every command. */
-  async stamp(): Promise<FilesStamp> {
-    return { key: `${fileIdentitySync(this.stateFile)}|${fileIdentitySync(this.journalFile)}|${fileIdentitySync(this.backendFile)}` };
+  /**
+   * The identity of the durable files as this process last saw them. A command may trust what
+   * it applied last only while the files are exactly as it left them: any other writer (an
+   * in-process shim run, a person, a restored backup) changes one of these. Three stat calls,
+   * made synchronously (fileIdentitySync): cheap enough for every command.
+   */
+  stamp(): string {
+    return `${fileIdentitySync(this.stateFile)}|${fileIdentitySync(this.journalFile)}|${fileIdentitySync(this.backendFile)}`;
   }
 
   /**
@@ -331,12 +290,6 @@ export class StateStore {
   }
 
   private async loadSnapshot(read: JournalBook): Promise<DesiredState | undefined> {
-    const identity = fileIdentitySync(this.stateFile);
-    const last = this.lastSnapshot;
-    if (last !== undefined && last.identity === identity) {
-      read.snapshotSha = last.sha;
-      return last.state;
-    }
     let text: string;
     try {
       text = await fs.readFile(this.stateFile, 'utf8');
@@ -352,7 +305,6 @@ export class StateStore {
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
           read.snapshotSha = sealed[1];
-          this.lastSnapshot = { identity, sha: sealed[1], state };
           return state;
         }
       }
@@ -390,12 +342,10 @@ export class StateStore {
   /**
    * A new snapshot in two steps: prepare() serialises it and makes it durable in a temp file
    * (the bulk of a large state's cost), publish() renames it into place — the commit point — and
-   * drops the old journal. A bulk change prepares while the kernel applies and publishes only
-   * once the kernel took it, so a crash in between leaves the old state (DESIGN: after a
-   * successful apply the desired state is written); discard() drops a change the kernel refused.
-   * Only the lock holder calls it; the temp file's fixed name is replaced by the next one.
+   * drops the old journal. Only the lock holder calls it; the temp file's fixed name is replaced
+   * by the next one.
    */
-  async prepare(state: DesiredState): Promise<PreparedSnapshot> {
+  private async prepare(state: DesiredState): Promise<{ publish(): Promise<void>; discard(): Promise<void> }> {
     const tmp = `${this.stateFile}.tmp-prepared`;
     let sha: string;
     try {
@@ -405,15 +355,12 @@ export class StateStore {
     }
     return {
       publish: async () => {
-        this.lastSnapshot = undefined;
         try {
           await publishTemp(tmp, this.stateFile);
         } catch (e) {
           throw durableError(this.stateFile, e);
         }
         this.snapshotSha = sha;
-        // Only a state of this schema version is trusted as written (loadSnapshot).
-        if (state.schema === 1) this.lastSnapshot = { identity: fileIdentitySync(this.stateFile), sha, state };
         this.journalEntries = 0;
         this.journalTorn = false;
         // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
@@ -424,56 +371,57 @@ export class StateStore {
   }
 
   /**
-   * Persist `after`, which `change` made from `before` (the state this store last loaded or
-   * wrote): one appended, fsynced journal line for a small change, a new snapshot for a large
-   * one or when the journal has grown long. Either way durable before it returns.
+   * Begin persisting `after`, which `change` made from `before` (the state this store last
+   * loaded or wrote), before the kernel applies it, so that the write runs while the tool does.
+   * A large change (or one onto a snapshot that is not this store's own, or a long journal) is a
+   * new snapshot: prepared from the next turn (once the kernel tool runs, not before its render)
+   * and put in place by commit(). A small one is one journal line, written now and synced on the
+   * thread pool, marked answered by commit(), cut off again by discard().
    */
-  async commit(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): Promise<void> {
-    if (this.writesSnapshot(before, after, change) || this.journalEntries >= JOURNAL_MAX_ENTRIES) return this.save(after);
-    if (isNoChange(change)) return;
-    await this.append(recordOf(change));
-  }
-
-  /**
-   * Whether commit(before, after, change) writes a whole snapshot (the engine then prepares it
-   * while the kernel applies, a bulk PUT's largest cost after nft).
-   */
-  writesSnapshot(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): boolean {
+  begin(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): Commit {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
     // set-aside file, a journal line it could not read) the store writes one, even for an unchanged state.
-    if (this.snapshotSha === undefined || this.journalTorn) return true;
-    return changeSize(change) > BUDGET(after);
+    const bulk = this.snapshotSha === undefined || this.journalTorn || changeSize(change) > BUDGET(after);
+    if (bulk || this.journalEntries >= JOURNAL_MAX_ENTRIES) {
+      const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.prepare(after));
+      prepared.catch(() => undefined);
+      return {
+        bulk,
+        commit: async () => (await prepared).publish(),
+        discard: () =>
+          prepared.then(
+            (p) => p.discard().then(() => true),
+            () => true,
+          ),
+      };
+    }
+    if (isNoChange(change)) return { bulk, commit: async () => undefined, discard: async () => true };
+    const payload = JSON.stringify(recordOf(change));
+    const boot = bootId();
+    // Without a boot id a pending line could not be told from one of another boot: the line is
+    // written once the kernel took the change.
+    if (!/^[0-9a-f-]+$/.test(boot)) return { bulk, commit: () => this.writeLine(`${sha256(payload)} ${payload}\n`), discard: async () => true };
+    return this.lineAhead(`~${boot} ${sha256(payload)} ${payload}\n`, before);
   }
 
   /**
-   * commit(before, after) begun before the kernel applies the change, where it is one journal
-   * line: the line is written now, pending, and synced on the thread pool while the caller runs
-   * its tool (the sync was a serial 0.3-0.7 ms of every command). Undefined where commit() would
-   * write a snapshot or nothing: the caller commits after the kernel, as ever. Once the kernel
-   * took the change the caller awaits `durable` and calls `confirm` (an unsynced mark) before it
-   * answers; it revokes the line when the kernel refused the change. A process that dies before
-   * the mark leaves a pending line that the next load of this boot drops (the change was never
-   * answered, and the restart's full sync takes it out of the kernel); after a reboot a pending
-   * line counts, since its mark may have been lost with the page cache after the answer.
+   * A pending journal line (`~<boot id> ...`). A process that dies before its mark leaves a
+   * pending line that the next load of this boot drops (the change was never answered, and the
+   * restart's full sync takes it out of the kernel); after a reboot a pending line counts, since
+   * its mark may have been lost with the page cache after the answer.
    */
-  commitAhead(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): PendingCommit | undefined {
-    const boot = bootId();
-    // Without a boot id a pending line could not be told from one of another boot: commit after the kernel, as ever.
-    if (!/^[0-9a-f-]+$/.test(boot) || this.writesSnapshot(before, after, change) || isNoChange(change) || this.journalEntries >= JOURNAL_MAX_ENTRIES)
-      return undefined;
+  private lineAhead(line: string, before: DesiredState): Commit {
     let from: number | undefined;
-    const durable = (async () => {
-      const payload = JSON.stringify(recordOf(change));
-      await this.writeLine(`~${boot} ${sha256(payload)} ${payload}\n`, dataSync, (at) => {
-        from = at;
-      });
-    })();
+    const durable = this.writeLine(line, (at) => {
+      from = at;
+    });
     durable.catch(() => undefined);
     return {
-      durable,
-      confirm: () => {
-        // Not synced: a process that dies leaves it in the page cache, and a machine that goes
-        // down with it unsynced leaves a line of another boot, which a load counts (above).
+      bulk: false,
+      commit: async () => {
+        await durable;
+        // The mark is not synced: a process that dies leaves it in the page cache, and a machine
+        // that goes down with it unsynced leaves a line of another boot, which a load counts.
         let fd: number | undefined;
         try {
           fd = openSync(this.journalFile, 'a');
@@ -484,7 +432,7 @@ export class StateStore {
           if (fd !== undefined) closeQuietly(fd);
         }
       },
-      revoke: async () => {
+      discard: async () => {
         const written = await durable.then(
           () => true,
           () => false,
@@ -504,23 +452,13 @@ export class StateStore {
     };
   }
 
-  private async append(record: ChangeRecord): Promise<void> {
-    const payload = JSON.stringify(record);
-    const line = `${sha256(payload)} ${payload}\n`;
-    // A fresh journal names the snapshot it extends, so a journal left over from an older
-    // snapshot is never replayed onto a newer one. One short line, written and synced
-    // synchronously: the command waits for the disk either way, and each trip through the
-    // thread pool (open, write, sync, close) cost it a turn of the event loop and two thread
-    // wake-ups, slow on a busy node. A conntrack flush started before runs beside it.
-    await this.writeLine(line, fdatasyncSync);
-  }
-
   /**
-   * One journal line (after the header, in a fresh journal) written and synced by `sync`; `at`
-   * hears where it starts. A failure leaves the journal to the next snapshot: a torn line is
-   * ignored on load, and the next commit must not append after it.
+   * One journal line (after the header naming the snapshot it extends, in a fresh journal, so
+   * that a journal left over from an older snapshot is never replayed onto a newer one), written
+   * now and synced on the thread pool; `at` hears where it starts. A failure leaves the journal
+   * to the next snapshot: a torn line is ignored on load, and the next commit must not append after it.
    */
-  private async writeLine(line: string, sync: (fd: number) => void | Promise<void>, at?: (from: number) => void): Promise<void> {
+  private async writeLine(line: string, at?: (from: number) => void): Promise<void> {
     const fresh = this.journalEntries === 0;
     let fd: number | undefined;
     try {
@@ -529,7 +467,7 @@ export class StateStore {
       const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
       timelineMark('journal: line written');
-      await sync(fd);
+      await dataSync(fd);
       timelineMark('journal: line synced');
       const done = fd;
       fd = undefined;
@@ -585,7 +523,7 @@ export class StateStore {
       const line = lines[i] as string;
       const start = at;
       at += Buffer.byteLength(line) + 1;
-      // A pending line's mark (commitAhead) was read with its line.
+      // A pending line's mark (StateStore.begin) was read with its line.
       if (line === '' || line === PENDING_MARK) continue;
       let entry = line;
       if (line.startsWith('~')) {
@@ -619,10 +557,19 @@ export class StateStore {
     return records.length ? applyRecords(snapshot, records) : snapshot;
   }
 
+  /**
+   * A record of a few bytes, read synchronously: through libuv's pool its open, read and close
+   * each wait for a turn of the event loop, ~20 ms in all on the first sync of a busy restore.
+   */
   async loadBackend(): Promise<BackendRecord | undefined> {
-    const raw = readJson(this.backendFile);
-    if (raw === undefined) return undefined;
-    const parsed = backendRecordSchema.safeParse(raw);
+    let text: string;
+    try {
+      text = readFileSync(this.backendFile, 'utf8');
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw e;
+    }
+    const parsed = backendRecordSchema.safeParse(JSON.parse(text));
     return parsed.success ? parsed.data : undefined;
   }
 

@@ -1,6 +1,6 @@
 /**
  * A command's journal line is written before its iptables-restore runs, and synced while it
- * runs (StateStore.commitAhead). This proves the order keeps both promises of the journal, on
+ * runs (StateStore.begin). This proves the order keeps both promises of the journal, on
  * the real kernel: a change the kernel refuses (the partial transaction and its full retry both
  * fail, injected on PATH) leaves no line that a restart replays — after kill -9 and a restart
  * the state and the kernel are without it, and traffic to it finds nothing — and a change that

@@ -119,7 +119,7 @@ describe('link ownership record: a reader outside the lock', () => {
     eips: ips.map((address) => ({ address, prefixLength: 24 })),
   });
 
-  it('cannot plant an old record in the cache while the lock holder rewrites it (the next intent then went unrecorded)', async () => {
+  it('a reader that finishes after the lock holder rewrote the record leaves the next intent recorded', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'natgw-concur-'));
     dirs.push(dir);
     const file = path.join(dir, 'owned.json');
@@ -132,7 +132,11 @@ describe('link ownership record: a reader outside the lock', () => {
       if (r.args.join(' ') === '-6 -j -batch -') return { stdout: '[]\n[]\n' };
       if (r.args.join(' ') === '-batch -') {
         // The kernel change is made; the holder writes the shrunk record next, while the reader runs.
-        if (!refuse && reader === undefined) reader = link.ownedRecord();
+        if (!refuse && reader === undefined) {
+          // Its read of the file starts now (RecordFile.read opens it at once).
+          readerStarts = true;
+          reader = link.ownedRecord();
+        }
         return refuse ? { exitCode: 2, stderr: 'RTNETLINK answers: File exists' } : undefined;
       }
       return undefined;
@@ -144,10 +148,14 @@ describe('link ownership record: a reader outside the lock', () => {
     let release: () => void = () => undefined;
     const gate = new Promise<void>((r) => (release = r));
     let reader: Promise<unknown> | undefined;
+    let readerStarts = false;
     const realRead = fsp.readFile.bind(fsp) as (f: unknown, o?: unknown) => Promise<string>;
     const read = vi.spyOn(fsp, 'readFile').mockImplementation((async (f: unknown, o?: unknown) => {
+      // Only the reader's read is held back: it finishes after the holder wrote the new record.
+      const held = f === file && readerStarts;
+      readerStarts = false;
       const text = await realRead(f, o);
-      if (f === file && reader !== undefined) await gate;
+      if (held) await gate;
       return text;
     }) as typeof fsp.readFile);
     try {

@@ -1,8 +1,8 @@
 /**
- * StateStore.commitAhead: a command's journal line written before the kernel applies, synced
- * meanwhile. Once durable a fresh load sees the change; revoked (the kernel refused it) the
+ * StateStore.begin: a command's journal line written before the kernel applies, synced
+ * meanwhile. Once committed a fresh load sees the change; discarded (the kernel refused it) the
  * journal is byte for byte what it was, a fresh load does not see it, and the next commit
- * appends as if it had never been written. Where commit() would write a snapshot it declines.
+ * appends as if it had never been written. A large change is a new snapshot instead.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -34,76 +34,81 @@ async function seeded(n: number): Promise<{ store: StateStore; state: DesiredSta
 const fresh = (s: StateStore) => new StateStore(s.dir).load();
 const journal = (s: StateStore) => (existsSync(s.journalFile) ? readFileSync(s.journalFile, 'utf8') : undefined);
 
-describe('StateStore.commitAhead', () => {
-  it('a durable line is loaded by a fresh process; a revoked one leaves the journal as it was', async () => {
+describe('StateStore.begin', () => {
+  it('a committed line is loaded by a fresh process; a discarded one leaves the journal as it was', async () => {
     const { store, state } = await seeded(20);
     await store.withLock(async () => {
       const one = Ops.addDnats(state, [dnat(100)]).state;
-      const a = store.commitAhead(state, one);
-      expect(a).toBeDefined();
-      await a?.durable;
-      a?.confirm();
+      const a = store.begin(state, one);
+      expect(a.bulk).toBe(false);
+      await a.commit();
       expect(await fresh(store)).toEqual(one);
       const before = journal(store);
 
       const two = Ops.addDnats(one, [dnat(101)]).state;
-      const b = store.commitAhead(one, two);
-      await b?.durable;
+      const b = store.begin(one, two);
+      // Written, not yet answered: a load of this boot does not count it.
+      expect(journal(store)).not.toBe(before);
       expect(await fresh(store)).toEqual(one);
-      expect(await b?.revoke()).toBe(true);
+      expect(await b.discard()).toBe(true);
       expect(journal(store)).toBe(before);
       expect(await fresh(store)).toEqual(one);
 
-      // The next change appends after the first line, as if the revoked one had never been.
+      // The next change appends after the first line, as if the discarded one had never been.
       const three = Ops.addDnats(one, [dnat(102)]).state;
-      await store.commit(one, three);
+      await store.begin(one, three).commit();
       expect(await fresh(store)).toEqual(three);
     });
   });
 
-  it('a revoked first line of a journal leaves none that a load replays', async () => {
+  it('a discarded first line of a journal leaves none that a load replays', async () => {
     const { store, state } = await seeded(20);
     await store.withLock(async () => {
       await store.load();
       const one = Ops.addDnats(state, [dnat(100)]).state;
-      const a = store.commitAhead(state, one);
-      await a?.durable;
-      expect(await a?.revoke()).toBe(true);
+      expect(await store.begin(state, one).discard()).toBe(true);
       expect(await fresh(store)).toEqual(state);
       const two = Ops.addDnats(state, [dnat(101)]).state;
-      await store.commit(state, two);
+      await store.begin(state, two).commit();
       expect(await fresh(store)).toEqual(two);
     });
   });
 
-  it('declines where commit writes a snapshot or nothing', async () => {
+  it('writes nothing for no change, and a snapshot for a large one or onto a snapshot not its own', async () => {
     const { store, state } = await seeded(20);
     await store.withLock(async () => {
-      expect(store.commitAhead(state, state)).toBeUndefined();
+      const before = journal(store);
+      await store.begin(state, state).commit();
+      expect(journal(store)).toBe(before);
       let bulk = state;
       for (let i = 0; i < 200; i++) bulk = Ops.addDnats(bulk, [dnat(500 + i)]).state;
-      expect(store.commitAhead(state, bulk)).toBeUndefined();
+      const big = store.begin(state, bulk);
+      expect(big.bulk).toBe(true);
+      expect(journal(store)).toBe(before);
+      await big.commit();
+      expect(journal(store)).toBeUndefined();
+      expect(await fresh(store)).toEqual(bulk);
     });
     // A store that has no sealed snapshot of its own (nothing loaded or written) writes one.
     const other = new StateStore(store.dir);
-    expect(other.commitAhead(state, Ops.addDnats(state, [dnat(100)]).state)).toBeUndefined();
+    const c = other.begin(state, Ops.addDnats(state, [dnat(100)]).state);
+    expect(c.bulk).toBe(true);
+    expect(await c.discard()).toBe(true);
   });
 });
 
-describe('StateStore.commitAhead: a line not yet confirmed', () => {
-  it('is dropped by a load of this boot (and cut off under the lock), counted once confirmed', async () => {
+describe('StateStore.begin: a line not yet answered', () => {
+  it('is dropped by a load of this boot (and cut off under the lock), counted once committed', async () => {
     const { store, state } = await seeded(20);
     await store.withLock(async () => {
       const one = Ops.addDnats(state, [dnat(100)]).state;
-      const a = store.commitAhead(state, one);
-      await a?.durable;
-      a?.confirm();
+      await store.begin(state, one).commit();
       const confirmed = journal(store);
       expect(await fresh(store)).toEqual(one);
 
-      // The process "dies" before the mark: the line stays in the file, unanswered.
+      // The process "dies" before the mark: the line, written as begin() returns, stays in the file, unanswered.
       const two = Ops.addDnats(one, [dnat(101)]).state;
-      await store.commitAhead(one, two)?.durable;
+      store.begin(one, two);
       expect(journal(store)).not.toBe(confirmed);
       expect(await fresh(store)).toEqual(one);
     });
@@ -113,9 +118,7 @@ describe('StateStore.commitAhead: a line not yet confirmed', () => {
     expect(loaded?.dnats.length).toBe(21);
     await next.withLock(async () => {
       const three = Ops.addDnats(loaded as DesiredState, [dnat(102)]).state;
-      const c = next.commitAhead(loaded as DesiredState, three);
-      await c?.durable;
-      c?.confirm();
+      await next.begin(loaded as DesiredState, three).commit();
       expect((await fresh(next))?.dnats.map((d) => d.port)).not.toContain(1101);
       expect((await fresh(next))?.dnats.map((d) => d.port)).toContain(1102);
     });
@@ -125,7 +128,7 @@ describe('StateStore.commitAhead: a line not yet confirmed', () => {
     const { store, state } = await seeded(20);
     await store.withLock(async () => {
       const one = Ops.addDnats(state, [dnat(100)]).state;
-      await store.commitAhead(state, one)?.durable;
+      store.begin(state, one);
       expect(await fresh(store)).toEqual(state);
     });
     const text = journal(store) ?? '';

@@ -29,7 +29,7 @@ describe('a journal with a torn last line', () => {
     const first = new StateStore(dir);
     await first.save(s0);
     const s1 = Ops.addDnat(s0, dnat(1)).state;
-    await first.commit(s0, s1);
+    await first.begin(s0, s1).commit();
     appendFileSync(first.journalFile, torn); // the crash
 
     // The restarted process: what was acknowledged survives, the torn text does not count.
@@ -39,7 +39,7 @@ describe('a journal with a torn last line', () => {
     let state = loaded;
     for (const port of [2, 3]) {
       const next = Ops.addDnat(state, dnat(port)).state;
-      await second.commit(state, next);
+      await second.begin(state, next).commit();
       state = next;
     }
     // Any later load (a restart, or the full sync that reloads the state) sees all three.
