@@ -11,7 +11,6 @@ import {
   HANDLE_MAX,
   HANDLE_MIN,
   CATCH_ALL_HANDLE,
-  IFNAMSIZ_MAX,
   eipFirstClassId,
   eipQosDevice,
   eipQosKey,
@@ -19,7 +18,7 @@ import {
   gwFirstClassId,
   gwQosDevice,
   gwQosKey,
-  ifbName,
+  ifbNameIssue,
   tcPrio,
 } from '../model/qos.js';
 import { changedTo, unchanged, type OpResult } from './operations.js';
@@ -93,12 +92,6 @@ interface Ids {
   handle?: number;
 }
 
-/** Kernel-held ids to prefer for rules that have none (adoption after the state file was lost). */
-export interface AllocationHints {
-  readonly eipQos?: readonly EipQos[];
-  readonly qos?: readonly GwQos[];
-}
-
 class Ledger {
   private readonly classes = new Map<string, Set<number>>();
   private readonly handles = new Map<string, Set<number>>();
@@ -126,15 +119,13 @@ class Ledger {
     return kept;
   }
 
-  /** Fill in what claim() could not keep: a hint where free, else the first choice or a probe. */
-  complete(slot: Slot, kept: Ids, hint: Ids | undefined): Required<Ids> {
+  /** Fill in what claim() could not keep: the first choice or a probe. */
+  complete(slot: Slot, kept: Ids): Required<Ids> {
     const classes = this.set(this.classes, slot.device);
-    const hintedClass = hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId) ? hint.classId : undefined;
-    const classId = kept.classId ?? hintedClass ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
+    const classId = kept.classId ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
     classes.add(classId);
     const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    const hintedHandle = hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle) ? hint.handle : undefined;
-    const handle = kept.handle ?? hintedHandle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
+    const handle = kept.handle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
     handles.add(handle);
     return { classId, handle };
   }
@@ -143,31 +134,22 @@ class Ledger {
 /**
  * Give every QoS rule a valid class id and handle. Rules keep the ids they have where
  * those are in range and not taken by an earlier rule on the same device (first come,
- * first served, in state order); the others get a hinted id, their first choice, or the
- * next free id. Duplicate identities keep the last one. Deterministic for a given state.
+ * first served, in state order); the others get their first choice or the next free id. Duplicate identities keep the last one. Deterministic for a given state.
  */
-export function allocateQos(s: DesiredState, hints: AllocationHints = {}): DesiredState {
+export function allocateQos(s: DesiredState): DesiredState {
   const extOf = eipUplinkOf(s);
   const eipQos = dedupe(s.eipQos, eipQosKey);
   const qos = dedupe(s.qos, gwQosKey);
-  const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
-  const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
 
   const ledger = new Ledger();
   const eipSlots = eipQos.map((q) => eipSlot(q, extOf(q.ip)));
   const gwSlots = qos.map(gwSlot);
   const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
   const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
-  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
-  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
+  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!)));
+  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!)));
   const same = <T>(a: readonly T[], b: readonly T[]) => a.length === b.length && a.every((q, i) => q === b[i]);
   return same(eipOut, s.eipQos) && same(gwOut, s.qos) ? s : { ...s, eipQos: eipOut, qos: gwOut };
-}
-
-/** A hint counts only where it describes the rule at the same priority (a handle is per priority). */
-function hintIds(h: EipQos | GwQos | undefined, q: EipQos | GwQos): Ids | undefined {
-  if (!h) return undefined;
-  return { classId: h.classId, handle: tcPrio(h.priority) === tcPrio(q.priority) ? h.handle : undefined };
 }
 
 function withIds<T extends EipQos | GwQos>(q: T, ids: Required<Ids>): T {
@@ -186,49 +168,44 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
 
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 
-/** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit (a gateway rule's device is checked with its fields: gwQosShapeIssues). */
-function checkIfbName(rule: string, dev: string): void {
-  if (ifbName(dev).length > IFNAMSIZ_MAX) {
-    throw new ValidationError(
-      `Error: invalid ${rule} rule: interface name '${dev}' is too long for its IFB device '${ifbName(dev)}' (at most ${IFNAMSIZ_MAX - 4} characters)`,
-    );
-  }
+/**
+ * The rules with `q` in place of the one of its identity (or added), or undefined when that one
+ * already shapes the same. A re-added rule keeps its class (tc class change, in place) and its
+ * handle while the priority stays (a handle is per priority).
+ */
+function upsert<T extends EipQos | GwQos>(rules: readonly T[], key: (q: T) => string, q: T): T[] | undefined {
+  const at = rules.findIndex((x) => key(x) === key(q));
+  const existing = at === -1 ? undefined : rules[at];
+  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return undefined;
+  const samePrio = existing !== undefined && tcPrio(existing.priority) === tcPrio(q.priority);
+  const rule: T = { ...q, classId: existing?.classId ?? q.classId, handle: existing ? (samePrio ? existing.handle : undefined) : q.handle };
+  return at === -1 ? [...rules, rule] : rules.map((x, j) => (j === at ? rule : x));
+}
+
+/** The rules without the one whose identity is `key`, or undefined when there is none (a lenient delete). */
+function without<T>(rules: readonly T[], keyOf: (q: T) => string, key: string): T[] | undefined {
+  return rules.some((x) => keyOf(x) === key) ? rules.filter((x) => keyOf(x) !== key) : undefined;
 }
 
 export function addEipQos(s: DesiredState, q: EipQos): OpResult {
-  if (q.direction === 'ingress') checkIfbName('eip-ingress-qos', eipUplinkOf(s)(q.ip));
-  const at = s.eipQos.findIndex((x) => eipQosKey(x) === eipQosKey(q));
-  const existing = at === -1 ? undefined : s.eipQos[at];
-  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
-  // Re-adding keeps the class (tc class change, in place); the handle only while the priority stays.
-  const samePrio = existing !== undefined && tcPrio(existing.priority) === tcPrio(q.priority);
-  const rule: EipQos = {
-    ...q,
-    classId: existing?.classId ?? q.classId,
-    handle: existing ? (samePrio ? existing.handle : undefined) : q.handle,
-  };
-  const eipQos = at === -1 ? [...s.eipQos, rule] : s.eipQos.map((x, j) => (j === at ? rule : x));
-  return changedTo(s, allocateQos({ ...s, eipQos }));
+  const ifbIssue = q.direction === 'ingress' ? ifbNameIssue(eipUplinkOf(s)(q.ip)) : undefined;
+  if (ifbIssue) throw new ValidationError(`Error: invalid eip-ingress-qos rule: ${ifbIssue}`);
+  const eipQos = upsert(s.eipQos, eipQosKey, q);
+  return eipQos ? changedTo(s, allocateQos({ ...s, eipQos })) : unchanged(s);
 }
 
 export function delEipQos(s: DesiredState, direction: Direction, ip: string): OpResult {
-  const key = eipQosKey({ direction, ip });
-  if (!s.eipQos.some((x) => eipQosKey(x) === key)) return unchanged(s);
-  return changedTo(s, { ...s, eipQos: s.eipQos.filter((x) => eipQosKey(x) !== key) });
+  const eipQos = without(s.eipQos, eipQosKey, eipQosKey({ direction, ip }));
+  return eipQos ? changedTo(s, { ...s, eipQos }) : unchanged(s);
 }
 
+/** A gateway rule's IFB name was checked with its fields (gwQosShapeIssues). */
 export function addGwQos(s: DesiredState, q: GwQos): OpResult {
-  const at = s.qos.findIndex((x) => gwQosKey(x) === gwQosKey(q));
-  const existing = at === -1 ? undefined : s.qos[at];
-  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
-  // The identity includes the priority, so an existing rule keeps both its class and handle.
-  const rule: GwQos = { ...q, classId: existing?.classId ?? q.classId, handle: existing?.handle ?? q.handle };
-  const qos = at === -1 ? [...s.qos, rule] : s.qos.map((x, j) => (j === at ? rule : x));
-  return changedTo(s, allocateQos({ ...s, qos }));
+  const qos = upsert(s.qos, gwQosKey, q);
+  return qos ? changedTo(s, allocateQos({ ...s, qos })) : unchanged(s);
 }
 
 export function delGwQos(s: DesiredState, id: GwQosId): OpResult {
-  const key = gwQosKey(id);
-  if (!s.qos.some((x) => gwQosKey(x) === key)) return unchanged(s);
-  return changedTo(s, { ...s, qos: s.qos.filter((x) => gwQosKey(x) !== key) });
+  const qos = without(s.qos, gwQosKey, gwQosKey(id));
+  return qos ? changedTo(s, { ...s, qos }) : unchanged(s);
 }

@@ -21,7 +21,7 @@ import {
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 import { RecordFile } from '../../state/recordFile.js';
-import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplinks.js';
+import { eipUplinkOf, hasSecondaryUplinks } from '../../model/uplinks.js';
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
@@ -30,9 +30,6 @@ import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplin
  * natgw shapes), renders a plan (pure, render.ts) and applies it with one `tc -batch -`. Devices
  * that do not exist are skipped while the rest is applied, then reported.
  */
-
-/** `dryRun`: render, change nothing. `mode` is only logged: QoS reads the kernel in either. */
-export type QosSyncOptions = SyncOptions;
 
 export interface QosSyncResult {
   /** Commands run (or, in a dry run, that would run). 0 means the kernel already matched. */
@@ -92,7 +89,8 @@ export class QosManager {
     await this.intent?.write({ pieces: [] });
   }
 
-  async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
+  /** `opts.mode` is only logged: QoS reads the kernel in a partial sync as in a full one. */
+  async sync(state: DesiredState, opts: SyncOptions = {}): Promise<QosSyncResult> {
     const pending = (await this.intentRecord()).pieces;
     const extOf = eipUplinkOf(state);
     // The devices of the rules, those whose ingress they shape, and those an interrupted change left pieces on.
@@ -101,7 +99,7 @@ export class QosManager {
       ...state.qos.flatMap((q) => [gwQosDevice(q), q.dev]),
       ...pending.map((p) => p.dev),
     ]);
-    const desired = this.layout(state, kernel);
+    const desired = this.layout(state);
     const notes: string[] = [];
     const needs = [...desired.values()].some((d) => d.classes.length > 0);
     const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
@@ -132,15 +130,9 @@ export class QosManager {
     return (await this.intent?.read()) ?? { pieces: [] };
   }
 
-  /**
-   * The classes and filters each device must hold. Rules without ids (a state written without
-   * them) first take the ids the kernel already uses for them.
-   */
-  private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
-    const ext = state.interfaces.ext;
-    const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
-    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices, uplinkNames(state.interfaces)) : {};
-    const allocated = allocateQos(state, hints);
+  /** The classes and filters each device must hold (ids allocated where a state file lacks them). */
+  private layout(state: DesiredState): Map<string, DesiredDevice> {
+    const allocated = allocateQos(state);
     return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
 
@@ -237,12 +229,7 @@ export class QosManager {
         return { dev, listing: parseDeviceListing(r.stdout) };
       }),
     );
-    return {
-      links,
-      qdiscs,
-      devices: new Map(listings.map(({ dev, listing }) => [dev, { classes: listing.classes, filters: listing.filters }])),
-      ingress: new Map(listings.map(({ dev, listing }) => [dev, listing.ingress])),
-    };
+    return { links, qdiscs, devices: new Map(listings.map(({ dev, listing }) => [dev, listing])) };
   }
 
   /** Every qdisc of the namespace, each naming its device. */

@@ -14,6 +14,7 @@ import {
   tcPrio,
 } from '../../model/qos.js';
 import {
+  type DeviceListing,
   type DeviceTc,
   type FilterMatch,
   type TcClass,
@@ -24,9 +25,8 @@ import {
   TICKS_PER_USEC,
   classifyingFilters,
   expectedTicks,
-  matchKey,
+  keysToMatch,
   programmedBurstBytes,
-  sameKey,
   shapedDevices,
 } from './readback.js';
 
@@ -55,10 +55,8 @@ export interface KernelQos {
   readonly links: readonly TcLink[];
   /** Every qdisc of the namespace (`tc qdisc show`). */
   readonly qdiscs: readonly TcQdisc[];
-  /** Classes and `parent 1:` filters per device that was read. */
-  readonly devices: ReadonlyMap<string, DeviceTc>;
-  /** `parent ffff:` filters per device that has an ingress qdisc. */
-  readonly ingress: ReadonlyMap<string, readonly TcFilter[]>;
+  /** What each device that was read holds (its ingress filters only where it has an ingress qdisc). */
+  readonly devices: ReadonlyMap<string, DeviceListing>;
 }
 
 export interface QosPlan {
@@ -207,8 +205,7 @@ function classMatches(c: TcClass, want: DesiredClass): boolean {
 
 function filterMatches(f: TcFilter, want: DesiredFilter, kind: 'u32' | 'matchall'): boolean {
   if (f.kind !== kind || f.flowid?.major !== 1 || f.flowid.minor !== want.minor || f.node !== want.handle) return false;
-  if (kind === 'matchall') return true;
-  return f.keys.length === 1 && sameKey(f.keys[0]!, matchKey(want.match));
+  return kind === 'matchall' || sameMatch(f, want.match);
 }
 
 // ---------------------------------------------------------------------------------
@@ -222,6 +219,12 @@ const classSpec = (dev: string, minor: number, rate: string, burst?: string): st
 };
 
 const matchText = (m: FilterMatch): string => (m.kind === 'all' ? 'match u32 0 0' : `match ip ${m.dir} ${m.cidr}`);
+
+/** Whether a u32 filter's keys say what `m` does: read back, they render to the same text. */
+function sameMatch(f: TcFilter, m: FilterMatch): boolean {
+  const read = keysToMatch(f.keys);
+  return read !== undefined && matchText(read) === matchText(m);
+}
 
 function addFilter(dev: string, f: DesiredFilter, kind: 'u32' | 'matchall'): string {
   if (kind === 'matchall') return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${hex(f.handle)} matchall flowid 1:${hex(f.minor)}`;
@@ -324,7 +327,7 @@ function renderRemovals(
   const hasIngress = (dev: string) => kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && q.kind === 'ingress');
   for (const pc of drop.values()) {
     if (pc.kind !== 'redirect' || dropped('ingress', pc.dev)) continue;
-    const present = (kernel.ingress.get(pc.dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === pc.ifb);
+    const present = (kernel.devices.get(pc.dev)?.ingress ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === pc.ifb);
     if (present && hasIngress(pc.dev)) tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
   }
   for (const pc of drop.values()) if (pc.kind === 'ingress' && hasIngress(pc.dev)) tc.push(`qdisc del dev ${pc.dev} ingress`);
@@ -358,7 +361,7 @@ function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: K
     p.shared.push(`qdisc add dev ${dev} ingress`);
     creates.push({ kind: 'ingress', dev });
   }
-  const redirected = (kernel.ingress.get(dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
+  const redirected = (kernel.devices.get(dev)?.ingress ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
   if (!redirected || !hasIngress) {
     p.redirects.push(`filter add dev ${dev} parent ffff: protocol all prio ${REDIRECT_PRIO} u32 match u32 0 0 action mirred egress redirect dev ${ifb}`);
     creates.push({ kind: 'redirect', dev, ifb });
@@ -454,7 +457,7 @@ function renderFilters(dev: string, want: readonly DesiredFilter[], have: readon
       const cur = byNode.get(f.handle);
       if (!cur) p.filters.push(addFilter(dev, f, 'u32'));
       else if (filterMatches(cur, f, 'u32')) continue;
-      else if (cur.keys.length === 1 && sameKey(cur.keys[0]!, matchKey(f.match))) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
+      else if (sameMatch(cur, f.match)) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
       else {
         // u32 keeps a node's keys on replace (only its class changes), so a new match means a new node.
         p.filtersFirst.push(delFilter(dev, cur));
