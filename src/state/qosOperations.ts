@@ -92,6 +92,12 @@ interface Ids {
   handle?: number;
 }
 
+/** Kernel-held ids to prefer for rules that have none (a state file written without them). */
+export interface AllocationHints {
+  readonly eipQos?: readonly EipQos[];
+  readonly qos?: readonly GwQos[];
+}
+
 class Ledger {
   private readonly classes = new Map<string, Set<number>>();
   private readonly handles = new Map<string, Set<number>>();
@@ -119,13 +125,15 @@ class Ledger {
     return kept;
   }
 
-  /** Fill in what claim() could not keep: the first choice or a probe. */
-  complete(slot: Slot, kept: Ids): Required<Ids> {
+  /** Fill in what claim() could not keep: a hint where free, else the first choice or a probe. */
+  complete(slot: Slot, kept: Ids, hint: Ids | undefined): Required<Ids> {
     const classes = this.set(this.classes, slot.device);
-    const classId = kept.classId ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
+    const hintedClass = hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId) ? hint.classId : undefined;
+    const classId = kept.classId ?? hintedClass ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
     classes.add(classId);
     const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    const handle = kept.handle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
+    const hintedHandle = hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle) ? hint.handle : undefined;
+    const handle = kept.handle ?? hintedHandle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
     handles.add(handle);
     return { classId, handle };
   }
@@ -134,22 +142,31 @@ class Ledger {
 /**
  * Give every QoS rule a valid class id and handle. Rules keep the ids they have where
  * those are in range and not taken by an earlier rule on the same device (first come,
- * first served, in state order); the others get their first choice or the next free id. Duplicate identities keep the last one. Deterministic for a given state.
+ * first served, in state order); the others get a hinted id, their first choice, or the
+ * next free id. Duplicate identities keep the last one. Deterministic for a given state.
  */
-export function allocateQos(s: DesiredState): DesiredState {
+export function allocateQos(s: DesiredState, hints: AllocationHints = {}): DesiredState {
   const extOf = eipUplinkOf(s);
   const eipQos = dedupe(s.eipQos, eipQosKey);
   const qos = dedupe(s.qos, gwQosKey);
+  const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
+  const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
 
   const ledger = new Ledger();
   const eipSlots = eipQos.map((q) => eipSlot(q, extOf(q.ip)));
   const gwSlots = qos.map(gwSlot);
   const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
   const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
-  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!)));
-  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!)));
+  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
+  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
   const same = <T>(a: readonly T[], b: readonly T[]) => a.length === b.length && a.every((q, i) => q === b[i]);
   return same(eipOut, s.eipQos) && same(gwOut, s.qos) ? s : { ...s, eipQos: eipOut, qos: gwOut };
+}
+
+/** A hint counts only where it describes the rule at the same priority (a handle is per priority). */
+function hintIds(h: EipQos | GwQos | undefined, q: EipQos | GwQos): Ids | undefined {
+  if (!h) return undefined;
+  return { classId: h.classId, handle: tcPrio(h.priority) === tcPrio(q.priority) ? h.handle : undefined };
 }
 
 function withIds<T extends EipQos | GwQos>(q: T, ids: Required<Ids>): T {

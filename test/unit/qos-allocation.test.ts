@@ -239,6 +239,13 @@ describe('allocateQos', () => {
     expect(allocateQos(s)).toBe(s);
   });
 
+  it("prefers the kernel's ids (hints) for rules that have none", () => {
+    const s: DesiredState = { ...base(), eipQos: [eip('1.2.3.4')], qos: [u32('10.0.0.0/8')] };
+    const out = allocateQos(s, { eipQos: [eip('1.2.3.4', { classId: 0x4495, handle: 0x495 })], qos: [u32('10.0.0.0/8', { classId: 0x8888, handle: 0x801 })] });
+    expect(out.eipQos[0]).toMatchObject({ classId: 0x4495, handle: 0x495 });
+    expect(out.qos[0]).toMatchObject({ classId: 0x8888, handle: 0x801 });
+  });
+
   it('drops duplicate identities, keeping the last', () => {
     const s: DesiredState = { ...base(), eipQos: [eip('1.2.3.4', { rate: '1' }), eip('1.2.3.4', { rate: '2' })] };
     expect(allocateQos(s).eipQos.map((q) => q.rate)).toEqual(['2']);

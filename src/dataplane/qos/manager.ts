@@ -21,7 +21,7 @@ import {
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 import { RecordFile } from '../../state/recordFile.js';
-import { eipUplinkOf, hasSecondaryUplinks } from '../../model/uplinks.js';
+import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplinks.js';
 
 /**
  * Makes the kernel hold exactly the QoS of the desired state (SPEC §2 QoS), and reads
@@ -99,7 +99,7 @@ export class QosManager {
       ...state.qos.flatMap((q) => [gwQosDevice(q), q.dev]),
       ...pending.map((p) => p.dev),
     ]);
-    const desired = this.layout(state);
+    const desired = this.layout(state, kernel);
     const notes: string[] = [];
     const needs = [...desired.values()].some((d) => d.classes.length > 0);
     const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
@@ -130,9 +130,15 @@ export class QosManager {
     return (await this.intent?.read()) ?? { pieces: [] };
   }
 
-  /** The classes and filters each device must hold (ids allocated where a state file lacks them). */
-  private layout(state: DesiredState): Map<string, DesiredDevice> {
-    const allocated = allocateQos(state);
+  /**
+   * The classes and filters each device must hold. Rules without ids (a state written without
+   * them) first take the ids the kernel already uses for them.
+   */
+  private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
+    const ext = state.interfaces.ext;
+    const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
+    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices, uplinkNames(state.interfaces)) : {};
+    const allocated = allocateQos(state, hints);
     return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
 

@@ -398,16 +398,19 @@ const inRange = (minor: number, r: { min: number; max: number }): boolean => min
  * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
-export function rulesFromKernel(extIf: string, devs: readonly string[], tc: ReadonlyMap<string, DeviceTc>): { eipQos: EipQos[]; qos: GwQos[] } {
+export function rulesFromKernel(
+  extIf: string,
+  devs: readonly string[],
+  tc: ReadonlyMap<string, DeviceTc>,
+  /** Where EIP rules may be (several uplinks: each of them). */
+  uplinks: readonly string[] = [extIf],
+): { eipQos: EipQos[]; qos: GwQos[] } {
   const eipQos: EipQos[] = [];
   const qos: GwQos[] = [];
   const seenEip = new Set<string>();
   const seenGw = new Set<string>();
 
-  for (const [direction, device] of [
-    ['egress', extIf],
-    ['ingress', ifbName(extIf)],
-  ] as const) {
+  for (const [direction, device] of uplinks.flatMap((up) => [['egress', up] as const, ['ingress', ifbName(up)] as const])) {
     for (const f of eachRuleFilter(tc.get(device))) {
       const r = eipFromFilter(direction, f.filter, f.cls);
       if (r && !seenEip.has(eipQosKey(r))) {
