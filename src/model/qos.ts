@@ -174,10 +174,6 @@ export function gwQosDevice(q: Pick<GwQos, 'direction' | 'dev'>): string {
   return q.direction === 'egress' ? q.dev : ifbName(q.dev);
 }
 
-export function gwClassRange(q: Pick<GwQos, 'classifier'>): ClassRange {
-  return q.classifier === 'matchall' ? 'matchall' : 'gw';
-}
-
 /** FNV-1a, 32 bit: a tiny, stable hash, so the same address gets the same first-choice class everywhere. */
 function fnv1a32(s: string): number {
   let h = 0x811c9dc5;

@@ -14,7 +14,6 @@ import {
   eipFirstClassId,
   eipQosDevice,
   eipQosKey,
-  gwClassRange,
   gwFirstClassId,
   gwQosDevice,
   gwQosKey,
@@ -42,21 +41,18 @@ interface Slot {
   readonly range: ClassRange;
   readonly prio: number;
   readonly firstClassId: number;
-  /** matchall (or its u32 stand-in): a priority's single catch-all, with a fixed handle. */
-  readonly catchAll: boolean;
 }
 
 function eipSlot(q: EipQos, extIf: string): Slot {
-  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip), catchAll: false };
+  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip) };
 }
 
 function gwSlot(q: GwQos): Slot {
   return {
     device: gwQosDevice(q),
-    range: gwClassRange(q),
+    range: q.classifier === 'matchall' ? 'matchall' : 'gw',
     prio: tcPrio(q.priority),
     firstClassId: gwFirstClassId(q),
-    catchAll: q.classifier === 'matchall',
   };
 }
 
@@ -117,8 +113,10 @@ class Ledger {
       kept.classId = ids.classId;
     }
     const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    const wanted = slot.catchAll ? CATCH_ALL_HANDLE : ids.handle;
-    if (wanted !== undefined && (slot.catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
+    // A matchall rule (or its u32 stand-in) is its priority's one catch-all, with a fixed handle.
+    const catchAll = slot.range === 'matchall';
+    const wanted = catchAll ? CATCH_ALL_HANDLE : ids.handle;
+    if (wanted !== undefined && (catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
       handles.add(wanted);
       kept.handle = wanted;
     }
