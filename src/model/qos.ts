@@ -101,12 +101,8 @@ export function gwQosShapeIssues(q: Pick<GwQos, 'direction' | 'dev' | 'classifie
   message: string;
 }[] {
   const issues: { field: string; message: string }[] = [];
-  if (q.direction === 'ingress' && ifbName(q.dev).length > IFNAMSIZ_MAX) {
-    issues.push({
-      field: 'dev',
-      message: `interface name '${q.dev}' is too long for its IFB device '${ifbName(q.dev)}' (at most ${IFNAMSIZ_MAX - IFB_PREFIX.length} characters)`,
-    });
-  }
+  const ifbIssue = q.direction === 'ingress' ? ifbNameIssue(q.dev) : undefined;
+  if (ifbIssue) issues.push({ field: 'dev', message: ifbIssue });
   if (q.classifier === 'u32') {
     if (q.matchType !== 'ip') issues.push({ field: 'matchType', message: `match type '${q.matchType}' is not ip` });
     if (q.matchDirection !== 'src' && q.matchDirection !== 'dst') {
@@ -131,6 +127,12 @@ export const gwQosKey = (q: GwQosId): string => [q.direction, q.dev, tcPrio(q.pr
 export const IFNAMSIZ_MAX = 15;
 export const IFB_PREFIX = 'ifb-';
 export const ifbName = (dev: string): string => `${IFB_PREFIX}${dev}`;
+
+/** Ingress shaping on `dev` needs `ifb-<dev>`, which must fit the kernel's name limit. */
+export function ifbNameIssue(dev: string): string | undefined {
+  if (ifbName(dev).length <= IFNAMSIZ_MAX) return undefined;
+  return `interface name '${dev}' is too long for its IFB device '${ifbName(dev)}' (at most ${IFNAMSIZ_MAX - IFB_PREFIX.length} characters)`;
+}
 
 /** The default class every shaped device sends unclassified traffic to. */
 export const DEFAULT_CLASS = 0x9999;
@@ -170,10 +172,6 @@ export function eipQosDevice(q: Pick<EipQos, 'direction'>, extIf: string): strin
 }
 export function gwQosDevice(q: Pick<GwQos, 'direction' | 'dev'>): string {
   return q.direction === 'egress' ? q.dev : ifbName(q.dev);
-}
-
-export function gwClassRange(q: Pick<GwQos, 'classifier'>): ClassRange {
-  return q.classifier === 'matchall' ? 'matchall' : 'gw';
 }
 
 /** FNV-1a, 32 bit: a tiny, stable hash, so the same address gets the same first-choice class everywhere. */

@@ -11,15 +11,13 @@ import {
   HANDLE_MAX,
   HANDLE_MIN,
   CATCH_ALL_HANDLE,
-  IFNAMSIZ_MAX,
   eipFirstClassId,
   eipQosDevice,
   eipQosKey,
-  gwClassRange,
   gwFirstClassId,
   gwQosDevice,
   gwQosKey,
-  ifbName,
+  ifbNameIssue,
   tcPrio,
 } from '../model/qos.js';
 import { changedTo, unchanged, type OpResult } from './operations.js';
@@ -43,21 +41,18 @@ interface Slot {
   readonly range: ClassRange;
   readonly prio: number;
   readonly firstClassId: number;
-  /** matchall (or its u32 stand-in): a priority's single catch-all, with a fixed handle. */
-  readonly catchAll: boolean;
 }
 
 function eipSlot(q: EipQos, extIf: string): Slot {
-  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip), catchAll: false };
+  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip) };
 }
 
 function gwSlot(q: GwQos): Slot {
   return {
     device: gwQosDevice(q),
-    range: gwClassRange(q),
+    range: q.classifier === 'matchall' ? 'matchall' : 'gw',
     prio: tcPrio(q.priority),
     firstClassId: gwFirstClassId(q),
-    catchAll: q.classifier === 'matchall',
   };
 }
 
@@ -93,7 +88,7 @@ interface Ids {
   handle?: number;
 }
 
-/** Kernel-held ids to prefer for rules that have none (adoption after the state file was lost). */
+/** Kernel-held ids to prefer for rules that have none (a state file written without them). */
 export interface AllocationHints {
   readonly eipQos?: readonly EipQos[];
   readonly qos?: readonly GwQos[];
@@ -118,8 +113,10 @@ class Ledger {
       kept.classId = ids.classId;
     }
     const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    const wanted = slot.catchAll ? CATCH_ALL_HANDLE : ids.handle;
-    if (wanted !== undefined && (slot.catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
+    // A matchall rule (or its u32 stand-in) is its priority's one catch-all, with a fixed handle.
+    const catchAll = slot.range === 'matchall';
+    const wanted = catchAll ? CATCH_ALL_HANDLE : ids.handle;
+    if (wanted !== undefined && (catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
       handles.add(wanted);
       kept.handle = wanted;
     }
@@ -186,49 +183,44 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
 
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 
-/** Ingress shaping needs `ifb-<EXT>`, which must fit the kernel's name limit (a gateway rule's device is checked with its fields: gwQosShapeIssues). */
-function checkIfbName(rule: string, dev: string): void {
-  if (ifbName(dev).length > IFNAMSIZ_MAX) {
-    throw new ValidationError(
-      `Error: invalid ${rule} rule: interface name '${dev}' is too long for its IFB device '${ifbName(dev)}' (at most ${IFNAMSIZ_MAX - 4} characters)`,
-    );
-  }
+/**
+ * The rules with `q` in place of the one of its identity (or added), or undefined when that one
+ * already shapes the same. A re-added rule keeps its class (tc class change, in place) and its
+ * handle while the priority stays (a handle is per priority).
+ */
+function upsert<T extends EipQos | GwQos>(rules: readonly T[], key: (q: T) => string, q: T): T[] | undefined {
+  const at = rules.findIndex((x) => key(x) === key(q));
+  const existing = at === -1 ? undefined : rules[at];
+  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return undefined;
+  const samePrio = existing !== undefined && tcPrio(existing.priority) === tcPrio(q.priority);
+  const rule: T = { ...q, classId: existing?.classId ?? q.classId, handle: existing ? (samePrio ? existing.handle : undefined) : q.handle };
+  return at === -1 ? [...rules, rule] : rules.map((x, j) => (j === at ? rule : x));
+}
+
+/** The rules without the one whose identity is `key`, or undefined when there is none (a lenient delete). */
+function without<T>(rules: readonly T[], keyOf: (q: T) => string, key: string): T[] | undefined {
+  return rules.some((x) => keyOf(x) === key) ? rules.filter((x) => keyOf(x) !== key) : undefined;
 }
 
 export function addEipQos(s: DesiredState, q: EipQos): OpResult {
-  if (q.direction === 'ingress') checkIfbName('eip-ingress-qos', eipUplinkOf(s)(q.ip));
-  const at = s.eipQos.findIndex((x) => eipQosKey(x) === eipQosKey(q));
-  const existing = at === -1 ? undefined : s.eipQos[at];
-  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
-  // Re-adding keeps the class (tc class change, in place); the handle only while the priority stays.
-  const samePrio = existing !== undefined && tcPrio(existing.priority) === tcPrio(q.priority);
-  const rule: EipQos = {
-    ...q,
-    classId: existing?.classId ?? q.classId,
-    handle: existing ? (samePrio ? existing.handle : undefined) : q.handle,
-  };
-  const eipQos = at === -1 ? [...s.eipQos, rule] : s.eipQos.map((x, j) => (j === at ? rule : x));
-  return changedTo(s, allocateQos({ ...s, eipQos }));
+  const ifbIssue = q.direction === 'ingress' ? ifbNameIssue(eipUplinkOf(s)(q.ip)) : undefined;
+  if (ifbIssue) throw new ValidationError(`Error: invalid eip-ingress-qos rule: ${ifbIssue}`);
+  const eipQos = upsert(s.eipQos, eipQosKey, q);
+  return eipQos ? changedTo(s, allocateQos({ ...s, eipQos })) : unchanged(s);
 }
 
 export function delEipQos(s: DesiredState, direction: Direction, ip: string): OpResult {
-  const key = eipQosKey({ direction, ip });
-  if (!s.eipQos.some((x) => eipQosKey(x) === key)) return unchanged(s);
-  return changedTo(s, { ...s, eipQos: s.eipQos.filter((x) => eipQosKey(x) !== key) });
+  const eipQos = without(s.eipQos, eipQosKey, eipQosKey({ direction, ip }));
+  return eipQos ? changedTo(s, { ...s, eipQos }) : unchanged(s);
 }
 
+/** A gateway rule's IFB name was checked with its fields (gwQosShapeIssues). */
 export function addGwQos(s: DesiredState, q: GwQos): OpResult {
-  const at = s.qos.findIndex((x) => gwQosKey(x) === gwQosKey(q));
-  const existing = at === -1 ? undefined : s.qos[at];
-  if (existing && sameShaping(existing, q) && existing.classId !== undefined && existing.handle !== undefined) return unchanged(s);
-  // The identity includes the priority, so an existing rule keeps both its class and handle.
-  const rule: GwQos = { ...q, classId: existing?.classId ?? q.classId, handle: existing?.handle ?? q.handle };
-  const qos = at === -1 ? [...s.qos, rule] : s.qos.map((x, j) => (j === at ? rule : x));
-  return changedTo(s, allocateQos({ ...s, qos }));
+  const qos = upsert(s.qos, gwQosKey, q);
+  return qos ? changedTo(s, allocateQos({ ...s, qos })) : unchanged(s);
 }
 
 export function delGwQos(s: DesiredState, id: GwQosId): OpResult {
-  const key = gwQosKey(id);
-  if (!s.qos.some((x) => gwQosKey(x) === key)) return unchanged(s);
-  return changedTo(s, { ...s, qos: s.qos.filter((x) => gwQosKey(x) !== key) });
+  const qos = without(s.qos, gwQosKey, gwQosKey(id));
+  return qos ? changedTo(s, { ...s, qos }) : unchanged(s);
 }

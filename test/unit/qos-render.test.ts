@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { type DeviceTc, type TcQdisc, parseClasses, parseFilters } from '../../src/dataplane/qos/readback.js';
+import { type DeviceListing, type TcQdisc, parseClasses, parseFilters } from '../../src/dataplane/qos/readback.js';
 import { type KernelQos, type QosFeatures, desiredDevices, renderQos, tcBatchScript } from '../../src/dataplane/qos/render.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
@@ -62,12 +62,15 @@ function kernel(opts: {
     links: (opts.links ?? ['lo', 'net1', 'eth0']).map((name) => ({ name, up: true })),
     qdiscs: opts.qdiscs ?? [],
     devices: new Map(
-      Object.entries(opts.devices ?? {}).map(([d, v]): [string, DeviceTc] => [
+      [...new Set([...Object.keys(opts.devices ?? {}), ...Object.keys(opts.ingress ?? {})])].map((d): [string, DeviceListing] => [
         d,
-        { classes: parseClasses(v.classes ?? ''), filters: parseFilters(v.filters ?? '') },
+        {
+          classes: parseClasses(opts.devices?.[d]?.classes ?? ''),
+          filters: parseFilters(opts.devices?.[d]?.filters ?? ''),
+          ingress: parseFilters(opts.ingress?.[d] ?? ''),
+        },
       ]),
     ),
-    ingress: new Map(Object.entries(opts.ingress ?? {}).map(([d, t]) => [d, parseFilters(t)])),
   };
 }
 

@@ -31,9 +31,6 @@ import { eipUplinkOf, hasSecondaryUplinks, uplinkNames } from '../../model/uplin
  * that do not exist are skipped while the rest is applied, then reported.
  */
 
-/** `dryRun`: render, change nothing. `mode` is only logged: QoS reads the kernel in either. */
-export type QosSyncOptions = SyncOptions;
-
 export interface QosSyncResult {
   /** Commands run (or, in a dry run, that would run). 0 means the kernel already matched. */
   readonly changes: number;
@@ -92,7 +89,8 @@ export class QosManager {
     await this.intent?.write({ pieces: [] });
   }
 
-  async sync(state: DesiredState, opts: QosSyncOptions = {}): Promise<QosSyncResult> {
+  /** `opts.mode` is only logged: QoS reads the kernel in a partial sync as in a full one. */
+  async sync(state: DesiredState, opts: SyncOptions = {}): Promise<QosSyncResult> {
     const pending = (await this.intentRecord()).pieces;
     const extOf = eipUplinkOf(state);
     // The devices of the rules, those whose ingress they shape, and those an interrupted change left pieces on.
@@ -237,12 +235,7 @@ export class QosManager {
         return { dev, listing: parseDeviceListing(r.stdout) };
       }),
     );
-    return {
-      links,
-      qdiscs,
-      devices: new Map(listings.map(({ dev, listing }) => [dev, { classes: listing.classes, filters: listing.filters }])),
-      ingress: new Map(listings.map(({ dev, listing }) => [dev, listing.ingress])),
-    };
+    return { links, qdiscs, devices: new Map(listings.map(({ dev, listing }) => [dev, listing])) };
   }
 
   /** Every qdisc of the namespace, each naming its device. */

@@ -21,7 +21,7 @@ export interface ProbeResult {
 export const PROBE_DEVICE_PREFIX = 'ngprobe';
 export const probeDeviceName = (): string => `${PROBE_DEVICE_PREFIX}${randomBytes(4).toString('hex')}`;
 
-export async function probeQosFeatures(exec: Executor, name = probeDeviceName()): Promise<ProbeResult> {
+export async function probeQosFeatures(exec: Executor, name: string): Promise<ProbeResult> {
   const ip = (args: string[]) => exec.run({ file: 'ip', args, timeoutMs: 10_000 });
   const tc = (args: string[]) => exec.run({ file: 'tc', args, timeoutMs: 10_000 });
 

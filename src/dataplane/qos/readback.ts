@@ -241,10 +241,7 @@ export function parseFilters(text: string): TcFilter[] {
 // One device's listing (`tc -d -raw -batch -`)
 // ---------------------------------------------------------------------------------
 
-export interface DeviceListing {
-  readonly classes: readonly TcClass[];
-  /** Filters under parent `1:`. */
-  readonly filters: readonly TcFilter[];
+export interface DeviceListing extends DeviceTc {
   /** Filters under the ingress qdisc (`parent ffff:`). */
   readonly ingress: readonly TcFilter[];
 }
@@ -275,7 +272,7 @@ export function parseDeviceListing(text: string): DeviceListing {
 export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] => fs.filter((f) => f.fh !== undefined && !f.isTable);
 
 // ---------------------------------------------------------------------------------
-// Matches: u32 keys ⇄ natgw's match forms
+// Matches: u32 keys → natgw's match forms (render.ts matchText writes them)
 // ---------------------------------------------------------------------------------
 
 const IP_SRC_OFF = 12;
@@ -287,16 +284,7 @@ function prefixMask(len: number): number {
   return len === 0 ? 0 : (0xffffffff << (32 - len)) >>> 0;
 }
 
-const ipToInt = (ip: string): number => ip.split('.').reduce((a, o) => ((a << 8) | Number(o)) >>> 0, 0);
 const intToIp = (n: number): string => [24, 16, 8, 0].map((s) => (n >>> s) & 0xff).join('.');
-
-/** The u32 key tc builds for a match (SPEC: `match ip <src|dst> <cidr>`, or `match u32 0 0`). */
-export function matchKey(m: FilterMatch): U32Key {
-  if (m.kind === 'all') return { value: 0, mask: 0, off: 0 };
-  const [addr = '0.0.0.0', len = '32'] = m.cidr.split('/');
-  const mask = prefixMask(Number(len));
-  return { value: (ipToInt(addr) & mask) >>> 0, mask, off: m.dir === 'src' ? IP_SRC_OFF : IP_DST_OFF };
-}
 
 /** The match a filter's keys express, if it is one natgw writes. */
 export function keysToMatch(keys: readonly U32Key[]): FilterMatch | undefined {
@@ -313,8 +301,6 @@ function maskLength(mask: number): number | undefined {
   for (let len = 0; len <= 32; len++) if (prefixMask(len) === mask >>> 0) return len;
   return undefined;
 }
-
-export const sameKey = (a: U32Key, b: U32Key): boolean => a.value === b.value && a.mask === b.mask && a.off === b.off;
 
 // ---------------------------------------------------------------------------------
 // Rates and bursts: the kernel's numbers ⇄ natgw's decimals

@@ -14,6 +14,7 @@ import {
   tcPrio,
 } from '../../model/qos.js';
 import {
+  type DeviceListing,
   type DeviceTc,
   type FilterMatch,
   type TcClass,
@@ -24,9 +25,8 @@ import {
   TICKS_PER_USEC,
   classifyingFilters,
   expectedTicks,
-  matchKey,
+  keysToMatch,
   programmedBurstBytes,
-  sameKey,
   shapedDevices,
 } from './readback.js';
 
@@ -55,10 +55,8 @@ export interface KernelQos {
   readonly links: readonly TcLink[];
   /** Every qdisc of the namespace (`tc qdisc show`). */
   readonly qdiscs: readonly TcQdisc[];
-  /** Classes and `parent 1:` filters per device that was read. */
-  readonly devices: ReadonlyMap<string, DeviceTc>;
-  /** `parent ffff:` filters per device that has an ingress qdisc. */
-  readonly ingress: ReadonlyMap<string, readonly TcFilter[]>;
+  /** What each device that was read holds (its ingress filters only where it has an ingress qdisc). */
+  readonly devices: ReadonlyMap<string, DeviceListing>;
 }
 
 export interface QosPlan {
@@ -114,27 +112,20 @@ export interface DesiredDevice {
   readonly dev: string;
   /** For an IFB: the device whose ingress it shapes. */
   readonly ingressOf?: string;
-  readonly classes: readonly DesiredClass[];
-  readonly filters: readonly DesiredFilter[];
+  readonly classes: DesiredClass[];
+  readonly filters: DesiredFilter[];
 }
 
 // ---------------------------------------------------------------------------------
 // Desired layout from rules
 // ---------------------------------------------------------------------------------
 
-interface MutableDevice {
-  dev: string;
-  ingressOf?: string;
-  classes: DesiredClass[];
-  filters: DesiredFilter[];
-}
-
 /** Rules (with ids allocated) → the classes and filters each device must hold. */
 export function desiredDevices(extIf: string | ((ip: string) => string), eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
   // With several uplinks each EIP's rule shapes its own interface (model/uplinks.ts eipUplinkOf).
   const extOf = typeof extIf === 'string' ? () => extIf : extIf;
-  const out = new Map<string, MutableDevice>();
-  const device = (dev: string, ingressOf: string | undefined): MutableDevice => {
+  const out = new Map<string, DesiredDevice>();
+  const device = (dev: string, ingressOf: string | undefined): DesiredDevice => {
     let d = out.get(dev);
     if (!d) out.set(dev, (d = { dev, ...(ingressOf !== undefined ? { ingressOf } : {}), classes: [], filters: [] }));
     return d;
@@ -207,8 +198,7 @@ function classMatches(c: TcClass, want: DesiredClass): boolean {
 
 function filterMatches(f: TcFilter, want: DesiredFilter, kind: 'u32' | 'matchall'): boolean {
   if (f.kind !== kind || f.flowid?.major !== 1 || f.flowid.minor !== want.minor || f.node !== want.handle) return false;
-  if (kind === 'matchall') return true;
-  return f.keys.length === 1 && sameKey(f.keys[0]!, matchKey(want.match));
+  return kind === 'matchall' || sameMatch(f, want.match);
 }
 
 // ---------------------------------------------------------------------------------
@@ -222,6 +212,12 @@ const classSpec = (dev: string, minor: number, rate: string, burst?: string): st
 };
 
 const matchText = (m: FilterMatch): string => (m.kind === 'all' ? 'match u32 0 0' : `match ip ${m.dir} ${m.cidr}`);
+
+/** Whether a u32 filter's keys say what `m` does: read back, they render to the same text. */
+function sameMatch(f: TcFilter, m: FilterMatch): boolean {
+  const read = keysToMatch(f.keys);
+  return read !== undefined && matchText(read) === matchText(m);
+}
 
 function addFilter(dev: string, f: DesiredFilter, kind: 'u32' | 'matchall'): string {
   if (kind === 'matchall') return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${hex(f.handle)} matchall flowid 1:${hex(f.minor)}`;
@@ -311,39 +307,49 @@ function renderRemovals(
   const tc: string[] = [];
   const ipAfter: string[][] = [];
   const gone = new Set<string>();
-  if (owned.length === 0) return { tc, ipAfter, gone };
   const links = new Set(kernel.links.map((l) => l.name));
   const shaping = [...desired.values()].filter((d) => d.classes.length > 0 || d.filters.length > 0);
   const needsRoot = new Set(shaping.map((d) => d.dev));
   const needsIngress = new Set(shaping.flatMap((d) => (d.ingressOf !== undefined ? [d.ingressOf] : [])));
   const unneeded = (pc: QosPiece): boolean =>
     pc.kind === 'root' || pc.kind === 'ifb' ? !needsRoot.has(pc.dev) : !needsIngress.has(pc.dev) || (pc.kind === 'redirect' && !needsRoot.has(pc.ifb));
-  const drop = new Map<string, QosPiece>();
-  for (const pc of owned) if (unneeded(pc) && links.has(pc.dev)) drop.set(pieceKey(pc), pc);
-  const dropped = (kind: QosPiece['kind'], dev: string) => [...drop.values()].some((pc) => pc.kind === kind && pc.dev === dev);
-  const hasIngress = (dev: string) => kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && q.kind === 'ingress');
-  for (const pc of drop.values()) {
-    if (pc.kind !== 'redirect' || dropped('ingress', pc.dev)) continue;
-    const present = (kernel.ingress.get(pc.dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === pc.ifb);
-    if (present && hasIngress(pc.dev)) tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
+  // Once each: an edited record may list a piece twice.
+  const drop = [...new Map(owned.filter((pc) => unneeded(pc) && links.has(pc.dev)).map((pc) => [pieceKey(pc), pc])).values()];
+  // Only the qdisc natgw added: a clsact someone put in its place stays.
+  const ingressGoes = new Set(drop.flatMap((pc) => (pc.kind === 'ingress' && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' ? [pc.dev] : [])));
+  for (const pc of drop) {
+    // A redirect goes with its ingress qdisc where that goes.
+    if (pc.kind === 'redirect' && !ingressGoes.has(pc.dev) && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' && redirects(kernel, pc.dev, pc.ifb)) {
+      tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
+    }
   }
-  for (const pc of drop.values()) if (pc.kind === 'ingress' && hasIngress(pc.dev)) tc.push(`qdisc del dev ${pc.dev} ingress`);
-  for (const pc of drop.values()) {
+  for (const dev of ingressGoes) tc.push(`qdisc del dev ${dev} ingress`);
+  for (const pc of drop) {
     if (pc.kind === 'ifb') {
       ipAfter.push(['link', 'del', pc.dev]);
       gone.add(pc.dev);
     }
   }
-  for (const pc of drop.values()) {
-    if (pc.kind !== 'root' || gone.has(pc.dev)) continue;
-    const root = kernel.qdiscs.find((q) => q.dev === pc.dev && q.parent === 'root');
-    if (root?.kind === 'htb' && root.handle === '1:') {
+  for (const pc of drop) {
+    if (pc.kind === 'root' && !gone.has(pc.dev) && htbRoot(kernel, pc.dev)) {
       tc.push(`qdisc del dev ${pc.dev} root`);
       gone.add(pc.dev);
     }
   }
   return { tc, ipAfter, gone };
 }
+
+/** The device's root qdisc where it is natgw's htb `1:`. */
+const htbRoot = (kernel: KernelQos, dev: string): TcQdisc | undefined =>
+  kernel.qdiscs.find((q) => q.dev === dev && q.parent === 'root' && q.kind === 'htb' && q.handle === '1:');
+
+/** The device's `ffff:` qdisc (ingress, or a clsact, which serves as one). */
+const ingressQdisc = (kernel: KernelQos, dev: string): TcQdisc | undefined =>
+  kernel.qdiscs.find((q) => q.dev === dev && q.handle === 'ffff:' && (q.kind === 'ingress' || q.kind === 'clsact'));
+
+/** Whether the device's ingress filters hold the redirect into `ifb`. */
+const redirects = (kernel: KernelQos, dev: string, ifb: string): boolean =>
+  (kernel.devices.get(dev)?.ingress ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
 
 /** IFB device up, ingress qdisc on the shaped device, and the redirect into the IFB. */
 function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: KernelQos, ip: string[][], p: Phases, creates: QosPiece[]): void {
@@ -353,13 +359,12 @@ function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: K
   }
   // The script's lesson: an IFB's default queue of 32 packets drops bursts, so give it 1000.
   if (!link?.up) ip.push(['link', 'set', 'dev', ifb, 'txqueuelen', '1000', 'up']);
-  const hasIngress = kernel.qdiscs.some((q) => q.dev === dev && q.handle === 'ffff:' && (q.kind === 'ingress' || q.kind === 'clsact'));
+  const hasIngress = ingressQdisc(kernel, dev) !== undefined;
   if (!hasIngress) {
     p.shared.push(`qdisc add dev ${dev} ingress`);
     creates.push({ kind: 'ingress', dev });
   }
-  const redirected = (kernel.ingress.get(dev) ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
-  if (!redirected || !hasIngress) {
+  if (!redirects(kernel, dev, ifb) || !hasIngress) {
     p.redirects.push(`filter add dev ${dev} parent ffff: protocol all prio ${REDIRECT_PRIO} u32 match u32 0 0 action mirred egress redirect dev ${ifb}`);
     creates.push({ kind: 'redirect', dev, ifb });
   }
@@ -367,14 +372,13 @@ function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: K
 
 function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], creates: QosPiece[]): void {
   const dev = d.dev;
-  const root = kernel.qdiscs.find((q) => q.dev === dev && q.parent === 'root');
-  const ours = root?.kind === 'htb' && root.handle === '1:';
+  const root = htbRoot(kernel, dev);
   const wanted = d.classes.length > 0 || d.filters.length > 0;
-  if (!ours && !wanted) return;
+  if (!root && !wanted) return;
 
   // A root that is not htb 1: takes its classes and filters with it when replaced.
-  const tc = ours ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
-  if (!ours) {
+  const tc = root ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
+  if (!root) {
     p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
     creates.push({ kind: 'root', dev });
   } else if (root.defaultMinor !== DEFAULT_CLASS) p.shared.push(`qdisc change dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
@@ -454,7 +458,7 @@ function renderFilters(dev: string, want: readonly DesiredFilter[], have: readon
       const cur = byNode.get(f.handle);
       if (!cur) p.filters.push(addFilter(dev, f, 'u32'));
       else if (filterMatches(cur, f, 'u32')) continue;
-      else if (cur.keys.length === 1 && sameKey(cur.keys[0]!, matchKey(f.match))) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
+      else if (sameMatch(cur, f.match)) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
       else {
         // u32 keeps a node's keys on replace (only its class changes), so a new match means a new node.
         p.filtersFirst.push(delFilter(dev, cur));
