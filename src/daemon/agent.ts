@@ -5,6 +5,7 @@ import type { Metrics } from '../engine/metrics.js';
 import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
+import type { RestartHygiene } from './hygiene.js';
 import type { DrainingStatus } from '../dataplane/draining.js';
 import { HttpError } from '../api/errors.js';
 import { diffStates, type StateChange } from '../state/change.js';
@@ -26,10 +27,7 @@ export interface AgentDeps {
    */
   readonly metrics?: Promise<Metrics>;
   /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
-  readonly hygiene?: {
-    afterFirstSync(state: DesiredState): Promise<void>;
-    announce(state: DesiredState, why: string): void;
-  };
+  readonly hygiene?: Pick<RestartHygiene, 'afterFirstSync' | 'announce'>;
   /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
   readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
   /** SNAT port usage from the conntrack follower (daemon only). */

@@ -21,7 +21,7 @@ export interface TcpSettings {
   readonly auth: AuthOptions;
   readonly tls?: { readonly cert: Buffer; readonly key: Buffer; readonly ca?: Buffer };
   /** NATGW_MAX_CONNECTIONS, NATGW_HEADERS_TIMEOUT, NATGW_REQUEST_TIMEOUT. */
-  readonly limits?: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
+  readonly limits: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
 }
 
 /** `host:port`, `[v6]:port`, or `:port` / `port` (no host: the VPC interface's address, see tcpSettings). */
@@ -210,11 +210,9 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
     : http.createServer(checking, app);
   // The TCP side is tenant-reachable: a slow or flooding client must not hold the daemon's
   // sockets or memory. (The Unix socket is root-local and keeps Node's defaults.)
-  if (s.limits) {
-    server.maxConnections = s.limits.maxConnections;
-    server.headersTimeout = s.limits.headersTimeoutMs;
-    server.requestTimeout = Math.max(s.limits.requestTimeoutMs, s.limits.headersTimeoutMs);
-  }
+  server.maxConnections = s.limits.maxConnections;
+  server.headersTimeout = s.limits.headersTimeoutMs;
+  server.requestTimeout = Math.max(s.limits.requestTimeoutMs, s.limits.headersTimeoutMs);
   await listen(server, { host: s.host, port: s.port });
   return server;
 }
