@@ -70,14 +70,10 @@ export async function serve(config: Config): Promise<number> {
   const engine = new Engine({ config, exec, log, ...(nft ? { nft } : {}) });
 
   // What the first sync does not need (the metrics and prom-client, the conntrack observer,
-  // replica sync, BGP and the API's express) loads once the first sync has begun, or once an
-  // interface is found missing: beside the sync, not before it. The socket's claim (above)
-  // already makes this daemon the only writer; one that then cannot listen stops syncing and exits.
-  let begin!: () => void;
-  const begun = new Promise<void>((resolve) => {
-    begin = resolve;
-  });
-  const parts = begun.then(() => startParts());
+  // replica sync, BGP and the API's express) is imported, not loaded before this module: it
+  // loads beside the first sync. The socket's claim (above) already makes this daemon the only
+  // writer; one that then cannot listen stops syncing and exits.
+  const parts = startParts();
   let observer: Observer | undefined;
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
   const agent = new Agent({
@@ -148,8 +144,6 @@ export async function serve(config: Config): Promise<number> {
   }
 
   let shuttingDown = false;
-  const saved = engine.loadState();
-  saved.catch(() => undefined);
   let cannotListen = false;
 
   // The conntrack follower (three processes and their output) starts once the first resync is
@@ -159,7 +153,7 @@ export async function serve(config: Config): Promise<number> {
   const observe = () => {
     if (observing || shuttingDown) return;
     observing = true;
-    void Promise.all([parts, saved.catch(() => undefined)])
+    void Promise.all([parts, engine.loadState().catch(() => undefined)])
       .then(([p, s]) => p.observer.start(p.conntrack, engine.lastApplied ?? s))
       .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
   };
@@ -208,12 +202,11 @@ export async function serve(config: Config): Promise<number> {
 
   // Start-up: the first resync waits for the interfaces (bounded), then resyncs run on a timer and on events.
   reconciler.start();
-  begin();
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
   let started: LaterParts;
   try {
-    const [p, { createApp }] = await Promise.all([parts, parts.then(() => import('../api/app.js'))]);
+    const [p, { createApp }] = await Promise.all([parts, import('../api/app.js')]);
     started = p;
     const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: p.haService, routing: p.routing };
     unixServer = await listenUnix(createApp(common), config.socket);
