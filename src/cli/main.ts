@@ -1,6 +1,5 @@
 import type { CommandOutput } from '../engine/output.js';
 import { socketPathFromEnv } from '../config/socketPath.js';
-import { tryRunningDaemon } from './forward.js';
 
 /**
  * `natgw <command> [rule ...]`: the script's command line. `natgw serve` runs the daemon.
@@ -25,8 +24,12 @@ async function main(argv: readonly string[]): Promise<number> {
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
   if (command === 'lb-svc') return emit(await (await import('../lbsvc/main.js')).lbSvc(args));
-  const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
-  if (fast) return emit(fast);
+  // `serve` forwards nothing: its start does not load the HTTP client (node:http loads beside its first sync).
+  if (command !== 'serve') {
+    const { tryRunningDaemon } = await import('./forward.js');
+    const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
+    if (fast) return emit(fast);
+  }
 
   const { loadConfig, ConfigError } = await import('../config/config.js');
   let config: Awaited<ReturnType<typeof loadConfig>>;

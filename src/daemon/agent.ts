@@ -1,13 +1,12 @@
 import type { Logger } from 'pino';
-import { changesOf, type ApplyReport, type Engine, type SyncEvent, type SyncListener } from '../engine/engine.js';
+import { changesOf, type ApplyReport, type Engine, type SyncEvent } from '../engine/engine.js';
 import { ChangeBatcher, SerialQueue, type ChangeRequest, type ChangeResult } from '../engine/queue.js';
-import { Metrics } from '../engine/metrics.js';
+import type { Metrics } from '../engine/metrics.js';
 import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
-import type { Config } from '../config/config.js';
 import type { DesiredState } from '../state/state.js';
+import type { RestartHygiene } from './hygiene.js';
 import type { DrainingStatus } from '../dataplane/draining.js';
-import type { BackendRecord } from '../state/store.js';
 import { HttpError } from '../api/errors.js';
 import { diffStates, type StateChange } from '../state/change.js';
 import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
@@ -18,28 +17,18 @@ import type { EipPortUsage } from '../observe/portUsage.js';
 import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
 
 /** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
-export interface EngineLike {
-  readonly config: Config;
-  readonly log: Logger;
-  readonly lastApplied: DesiredState | undefined;
-  readonly generation: number;
-  /** Subscribe to every apply; the function returned unsubscribes. */
-  onSync(listener: SyncListener): () => void;
-  transact: Engine['transact'];
-  resync(reason: string): Promise<ApplyReport>;
-  loadState(): Promise<DesiredState>;
-  currentBackend(): Promise<BackendRecord | undefined>;
-}
+export type EngineLike = Pick<Engine, 'config' | 'log' | 'lastApplied' | 'generation' | 'onSync' | 'transact' | 'resync' | 'loadState' | 'currentBackend'>;
 
 export interface AgentDeps {
   readonly engine: EngineLike;
   readonly log: Logger;
-  readonly metrics?: Metrics;
+  /**
+   * The daemon's metrics, once prom-client has loaded (serve.ts loads it beside the first sync);
+   * syncs observed before are recorded then, in order.
+   */
+  readonly metrics?: Promise<Metrics>;
   /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
-  readonly hygiene?: {
-    afterFirstSync(state: DesiredState): Promise<void>;
-    announce(state: DesiredState, why: string): void;
-  };
+  readonly hygiene?: Pick<RestartHygiene, 'afterFirstSync' | 'announce'>;
   /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
   readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
   /** SNAT port usage from the conntrack follower (daemon only). */
@@ -79,7 +68,7 @@ const MERGEABLE = new Set([
 export class Agent implements AgentService {
   readonly queue = new SerialQueue();
   readonly batcher: ChangeBatcher;
-  readonly metricsRegistry: Metrics;
+  private readonly metricsRegistry: Promise<Metrics>;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
   private lastSyncDetail: SyncInfo | null = null;
   private lastReadBack: ReadBack | null = null;
@@ -94,7 +83,7 @@ export class Agent implements AgentService {
   private readonly unsubscribe: () => void;
 
   constructor(private readonly deps: AgentDeps) {
-    this.metricsRegistry = deps.metrics ?? new Metrics();
+    this.metricsRegistry = deps.metrics ?? import('../engine/metrics.js').then((m) => new m.Metrics());
     this.batcher = new ChangeBatcher(this.queue, deps.engine);
     this.hygienePending = deps.hygiene !== undefined;
     this.unsubscribe = deps.engine.onSync((e) => this.observe(e));
@@ -114,7 +103,7 @@ export class Agent implements AgentService {
    * state before it), so only a failed resync makes the agent unready.
    */
   private observe(e: SyncEvent): void {
-    this.metricsRegistry.observeSync(e);
+    void this.metricsRegistry.then((m) => m.observeSync(e));
     const at = new Date().toISOString();
     this.lastSyncDetail = e.ok
       ? { ok: true, at, kind: e.kind, ms: Math.round(e.ms) }
@@ -206,18 +195,12 @@ export class Agent implements AgentService {
       this.lastReadBack = {
         at: new Date().toISOString(),
         reason,
-        changes: {
-          netfilter: report.netfilterChanges,
-          shareDnat: report.shareDnatChanges,
-          link: report.linkChanges,
-          qos: report.qosChanges,
-          neighbours: report.neighbourChanges,
-        },
+        changes: { ...changesByPart(report), neighbours: report.neighbourChanges },
         repaired,
         script: report.script,
       };
       if (repaired) {
-        this.metricsRegistry.driftRepairs.inc();
+        void this.metricsRegistry.then((m) => m.driftRepairs.inc());
         this.repairs++;
         this.lastRepair = this.lastReadBack;
       }
@@ -275,8 +258,7 @@ export class Agent implements AgentService {
   async checkDrift(): Promise<DriftCheck> {
     return this.queue.run(async () => {
       const { report } = await this.engine.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full', dryRun: true });
-      const changes = { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges };
-      return { at: new Date().toISOString(), changes, drifted: changesOf(report) > 0, script: report.script };
+      return { at: new Date().toISOString(), changes: changesByPart(report), drifted: changesOf(report) > 0, script: report.script };
     });
   }
 
@@ -324,20 +306,14 @@ export class Agent implements AgentService {
     for (const reason of this.holds.values()) why.push(reason);
     const changed = (why.length === 0) !== (this.notReadyWhy.length === 0);
     this.notReadyWhy = why;
-    this.metricsRegistry.ready.set(why.length === 0 ? 1 : 0);
+    void this.metricsRegistry.then((m) => m.ready.set(why.length === 0 ? 1 : 0));
     if (changed) for (const l of this.readinessListeners) l(why.length === 0);
-    if (why.length === 0) {
-      const waiting = this.readyWaiters;
-      this.readyWaiters = [];
-      for (const w of waiting) w();
-    }
   }
 
   readiness(): Readiness {
     return { ready: this.notReadyWhy.length === 0, interfaces: this.interfaces, lastSync: this.lastSync, reasons: this.notReadyWhy };
   }
 
-  private readyWaiters: (() => void)[] = [];
   private readonly readinessListeners = new Set<(ready: boolean) => void>();
 
   /** Called whenever readiness flips (BGP withdraws the EIPs at once); the function returned unsubscribes. */
@@ -351,17 +327,19 @@ export class Agent implements AgentService {
     return new Promise((resolve) => {
       const done = () => {
         clearTimeout(timer);
-        this.readyWaiters = this.readyWaiters.filter((w) => w !== done);
+        unsubscribe();
         resolve();
       };
+      const unsubscribe = this.onReadiness((ready) => {
+        if (ready) done();
+      });
       // Its connection keeps the process alive as long as it needs; the timer alone must not delay a shutdown.
       const timer = setTimeout(done, timeoutMs).unref();
-      this.readyWaiters.push(done);
     });
   }
 
-  metrics(): Promise<{ contentType: string; body: string }> {
-    return this.metricsRegistry.render();
+  async metrics(): Promise<{ contentType: string; body: string }> {
+    return (await this.metricsRegistry).render();
   }
 
   /** Refuse new jobs and wait for the ones accepted (the running apply included). */
@@ -369,4 +347,8 @@ export class Agent implements AgentService {
     await this.queue.close();
     this.unsubscribe();
   }
+}
+
+function changesByPart(report: ApplyReport): ReadBack['changes'] {
+  return { netfilter: report.netfilterChanges, shareDnat: report.shareDnatChanges, link: report.linkChanges, qos: report.qosChanges };
 }

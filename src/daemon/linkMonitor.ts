@@ -13,18 +13,15 @@ export interface LinkMonitorOptions {
    * Whether natgw holds the static neighbour entry a deletion names: only those deletions are
    * drift (ARP churn and natgw's own removals are not).
    */
-  readonly ownsNeighbour?: (address: string, dev: string) => boolean;
+  readonly ownsNeighbour: (address: string, dev: string) => boolean;
   /**
    * A link that came up: brought up, or created (recreated) up; undebounced. Not a flag change
    * of a link that was up already (promiscuous mode, as tcpdump sets it, is no reason to
    * announce the EIPs again).
    */
-  readonly onLinkUp?: (ifname: string) => void;
-  /**
-   * The links as `ip -o link show` prints them, read once the monitor runs: what was up before
-   * the first event. Without it a link the monitor has not heard of counts as down.
-   */
-  readonly links?: () => Promise<string>;
+  readonly onLinkUp: (ifname: string) => void;
+  /** The links as `ip -o link show` prints them, read once the monitor runs: what was up before the first event. */
+  readonly links: () => Promise<string>;
 }
 
 /** A burst of events (an interface recreated with its addresses) is reported once, this long after its last line. */
@@ -122,13 +119,9 @@ export class LinkMonitor {
       },
     });
     this.monitor.start();
-    const read = this.opts.links;
-    if (!read) {
-      this.seeded = true;
-      return;
-    }
     // Read once the monitor runs, so that no change falls between the two.
-    read()
+    this.opts
+      .links()
       .then(
         (text) => this.links.seed(text),
         (err: unknown) => this.opts.log.warn({ err }, 'links unreadable: a link seen up first counts as come up'),
@@ -140,9 +133,9 @@ export class LinkMonitor {
 
   private event(line: string): void {
     const up = this.links.observe(line);
-    if (up !== undefined && this.seeded) this.opts.onLinkUp?.(up);
+    if (up !== undefined && this.seeded) this.opts.onLinkUp(up);
     const gone = deletedNeighbourOf(line);
-    const ownLoss = gone !== undefined && (this.opts.ownsNeighbour?.(gone.address, gone.dev) ?? false);
+    const ownLoss = gone !== undefined && this.opts.ownsNeighbour(gone.address, gone.dev);
     if (!ownLoss && !mayLoseState(line)) return;
     this.lastLine = line;
     if (this.timer) clearTimeout(this.timer);

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
-import http from 'node:http';
+import type http from 'node:http';
 import type https from 'node:https';
 import net from 'node:net';
 import os from 'node:os';
@@ -20,7 +20,7 @@ export interface TcpSettings {
   readonly auth: AuthOptions;
   readonly tls?: { readonly cert: Buffer; readonly key: Buffer; readonly ca?: Buffer };
   /** NATGW_MAX_CONNECTIONS, NATGW_HEADERS_TIMEOUT, NATGW_REQUEST_TIMEOUT. */
-  readonly limits?: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
+  readonly limits: { readonly maxConnections: number; readonly headersTimeoutMs: number; readonly requestTimeoutMs: number };
 }
 
 /** `host:port`, `[v6]:port`, or `:port` / `port` (no host: the VPC interface's address, see tcpSettings). */
@@ -139,9 +139,10 @@ function listen(server: net.Server, target: string | { host: string; port: numbe
 }
 
 /** Does something answer HTTP on this socket? */
-export function socketAnswers(socketPath: string, timeoutMs = 1000): Promise<boolean> {
+export async function socketAnswers(socketPath: string, timeoutMs = 1000): Promise<boolean> {
+  const { get } = await import('node:http');
   return new Promise((resolve) => {
-    const req = http.get({ socketPath, path: '/healthz', timeout: timeoutMs }, (res) => {
+    const req = get({ socketPath, path: '/healthz', timeout: timeoutMs }, (res) => {
       res.resume();
       resolve(true);
     });
@@ -181,7 +182,9 @@ export async function listenUnix(app: Express, socketPath: string): Promise<http
     if (await socketAnswers(socketPath)) throw new StartupError(`another natgw daemon is serving ${socketPath}`);
     await fs.unlink(socketPath);
   }
-  const server = http.createServer(app);
+  // node:http is imported here, not by this module: it loads with the API, beside the first sync (serve.ts).
+  const { createServer } = await import('node:http');
+  const server = createServer(app);
   const old = process.umask(0o177);
   try {
     await listen(server, socketPath);
@@ -196,6 +199,7 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
   // Node checks the header and request deadlines on this interval (30 s by default).
   const checking = { connectionsCheckingInterval: 1000 };
   // node:https (and node:tls with it) loaded only for TLS.
+  const { createServer } = await import('node:http');
   const server = s.tls
     ? (await import('node:https')).createServer(
         {
@@ -206,14 +210,12 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
         },
         app,
       )
-    : http.createServer(checking, app);
+    : createServer(checking, app);
   // The TCP side is tenant-reachable: a slow or flooding client must not hold the daemon's
   // sockets or memory. (The Unix socket is root-local and keeps Node's defaults.)
-  if (s.limits) {
-    server.maxConnections = s.limits.maxConnections;
-    server.headersTimeout = s.limits.headersTimeoutMs;
-    server.requestTimeout = Math.max(s.limits.requestTimeoutMs, s.limits.headersTimeoutMs);
-  }
+  server.maxConnections = s.limits.maxConnections;
+  server.headersTimeout = s.limits.headersTimeoutMs;
+  server.requestTimeout = Math.max(s.limits.requestTimeoutMs, s.limits.headersTimeoutMs);
   await listen(server, { host: s.host, port: s.port });
   return server;
 }

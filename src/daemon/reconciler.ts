@@ -5,34 +5,34 @@ export interface ReconcilerDeps {
   readonly agent: Pick<Agent, 'resync' | 'setInterfaces'>;
   readonly log: Logger;
   readonly periodMs: number;
+  /** How long the start's resync waits for missing interfaces (SPEC §3.1); later ones look once. */
+  readonly interfaceWaitMs: number;
   /** The interface names the desired state uses now. */
   readonly interfaces: () => Promise<{ vpc: string; ext: string }>;
-  readonly exists: (ifname: string) => Promise<boolean>;
+  /** The names still missing once found or at the deadline (LinkManager.waitFor). */
+  readonly waitFor: (names: readonly string[], timeoutMs: number, onWait: (missing: string[]) => void) => Promise<string[]>;
 }
 
 /**
  * Drift repair (SPEC §3.7): a resync every period and on request (link events). Requests
  * that arrive while a resync runs collapse into one more run afterwards. A resync runs only
- * when both interfaces exist; otherwise readiness says what is missing and the next link
- * event (the interface appearing) or period tries again.
+ * when both interfaces exist; the start's waits for them (bounded), later ones look once;
+ * otherwise readiness says what is missing and the next link event (the interface appearing)
+ * or period tries again.
  */
 export class Reconciler {
   private interval: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
+  /** The resync under way: what stop() waits for (never the start's wait for interfaces). */
+  private resyncing: Promise<unknown> | undefined;
   private again: string | undefined;
   private stopped = false;
   private lastMissing = '';
-  private presentNow = false;
 
   constructor(private readonly deps: ReconcilerDeps) {}
 
-  /**
-   * `present`: the caller has just seen both interfaces (the start-up wait), so the first
-   * resync does not look again (two `ip` processes on the way to ready).
-   */
-  start(opts: { present?: boolean } = {}): void {
+  start(): void {
     this.interval = setInterval(() => this.request('periodic'), this.deps.periodMs);
-    this.presentNow = opts.present === true;
     this.request('start');
   }
 
@@ -60,21 +60,24 @@ export class Reconciler {
   private async tick(reason: string): Promise<void> {
     const { log, agent } = this.deps;
     try {
-      const seen = this.presentNow;
-      this.presentNow = false;
-      if (!seen) {
-        const { vpc, ext } = await this.deps.interfaces();
-        const missing = await missingOf([vpc, ext], this.deps.exists);
-        agent.setInterfaces(missing);
-        const m = missing.join(',');
-        if (m !== this.lastMissing) {
-          if (m) log.warn({ missing }, 'interfaces missing: not ready; resync waits for them');
-          else if (this.lastMissing) log.info({ vpc, ext }, 'interfaces present again');
-          this.lastMissing = m;
-        }
-        if (missing.length > 0) return;
+      const { vpc, ext } = await this.deps.interfaces();
+      const waitMs = reason === 'start' ? this.deps.interfaceWaitMs : 0;
+      const missing = await this.deps.waitFor([vpc, ext], waitMs, (m) => {
+        log.info({ missing: m, deadlineMs: waitMs }, 'waiting for interfaces');
+        agent.setInterfaces(m);
+      });
+      agent.setInterfaces(missing);
+      const m = missing.join(',');
+      if (m !== this.lastMissing) {
+        if (m && reason === 'start') {
+          log.warn({ missing, waitedMs: waitMs }, 'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)');
+        } else if (m) log.warn({ missing }, 'interfaces missing: not ready; resync waits for them');
+        else if (this.lastMissing) log.info({ vpc, ext }, 'interfaces present again');
+        this.lastMissing = m;
       }
-      await agent.resync(reason);
+      if (missing.length > 0 || this.stopped) return;
+      this.resyncing = agent.resync(reason);
+      await this.resyncing;
     } catch (e) {
       if (!this.stopped) log.error({ err: e, reason }, 'resync failed');
     }
@@ -85,12 +88,6 @@ export class Reconciler {
     this.stopped = true;
     if (this.interval) clearInterval(this.interval);
     this.interval = undefined;
-    await this.running?.catch(() => undefined);
+    await this.resyncing?.catch(() => undefined);
   }
-}
-
-/** The names that do not exist, asked all at once. */
-async function missingOf(names: readonly string[], exists: (ifname: string) => Promise<boolean>): Promise<string[]> {
-  const found = await Promise.all(names.map(exists));
-  return names.filter((_, i) => !found[i]);
 }

@@ -2,25 +2,36 @@ import { countDraining } from '../dataplane/draining.js';
 import { promises as fs } from 'node:fs';
 import type http from 'node:http';
 import type https from 'node:https';
-import type net from 'node:net';
 import type { Config } from '../config/config.js';
 import { daemonLogger } from '../system/logger.js';
 import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
 import { LibnftClient } from '../dataplane/netfilter/nft/libnft.js';
-import { Observer, daemonMetrics } from '../observe/observer.js';
 import { TOP_DESTINATIONS } from '../observe/portUsage.js';
 import { Agent } from './agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
 import { RestartHygiene } from './hygiene.js';
-import { HaManager } from '../ha/manager.js';
-import { HaMetrics } from '../ha/metrics.js';
-import { RoutingManager } from '../routing/manager.js';
 import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
 import { uplinkNames } from '../model/uplinks.js';
+import type { Metrics } from '../engine/metrics.js';
+import type { Observer } from '../observe/observer.js';
+import type { ConntrackMetrics } from '../observe/conntrackMetrics.js';
+import type { HaManager } from '../ha/manager.js';
+import type { RoutingManager } from '../routing/manager.js';
+import type { HaService } from '../api/service.js';
+
+/** The daemon's parts that load beside the first sync (serve). */
+interface LaterParts {
+  readonly observer: Observer;
+  readonly metrics: Metrics;
+  readonly conntrack: ConntrackMetrics;
+  readonly ha: HaManager;
+  readonly haService: HaService;
+  readonly routing: RoutingManager;
+}
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -57,66 +68,82 @@ export async function serve(config: Config): Promise<number> {
   // Only the daemon: its helper serves every change that follows; a one-shot run would pay its start.
   const nft = config.libnftables === 'auto' ? new LibnftClient(exec, log, config.toolTimeoutMs) : undefined;
   const engine = new Engine({ config, exec, log, ...(nft ? { nft } : {}) });
-  const observer = new Observer({ config, exec, log });
-  const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: observer.current });
+
+  // What the first sync does not need (the metrics and prom-client, the conntrack observer,
+  // replica sync, BGP and the API's express) is imported, not loaded before this module: it
+  // loads beside the first sync. The socket's claim (above) already makes this daemon the only
+  // writer; one that then cannot listen stops syncing and exits.
+  const parts = startParts();
+  let observer: Observer | undefined;
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
   const agent = new Agent({
     engine,
     log,
-    metrics,
+    metrics: parts.then((p) => p.metrics),
     hygiene,
-    portUsage: () => observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
+    portUsage: () => observer?.current()?.portUsage({ top: TOP_DESTINATIONS }),
     countDraining: (s) => countDraining(exec, s.snats),
     uplinkNetworks: (names) => engine.link.uplinkNetworks(names),
   });
-  const digest = async () => digestOf(await engine.loadState());
-  const ha = new HaManager({
-    config,
-    exec,
-    log,
-    metrics: new HaMetrics(metrics.registry, digest),
-    loadState: () => engine.loadState(),
-    digest,
-    // Routed EIPs (BGP) get no gratuitous ARP, a takeover's included.
-    announce: (ifname, ip) => {
-      if (!engine.role.routed) engine.link.announce(ifname, ip);
-    },
-    role: engine.role,
-    holdReady: (reason) => agent.hold('ha', reason),
-  });
-  // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
-  const routing = new RoutingManager({
-    config,
-    exec,
-    log,
-    registry: metrics.registry,
-    readiness: () => agent.readiness(),
-    applied: () => engine.lastApplied,
-    role: () => engine.role.name,
-    requestSync: (why) => reconciler.request(why),
-  });
-  agent.onReadiness(() => routing.changed('readiness'));
-  // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
-  const haService = {
-    status: () => ha.status(),
-    health: () => ha.health(),
-    takeover: async (reason: string) => {
-      const r = await ha.takeover(reason);
-      routing.changed('takeover');
-      return r;
-    },
-    resend: () => ha.resend(),
-  };
-  // Flow classification follows every applied state (after the agent's own listener).
-  engine.onSync((e) => {
-    if (e.ok) observer.setState(e.state);
-    if (e.ok && e.kind === 'full') routing.synced();
-    if (e.ok) routing.changed('applied');
-  });
+
+  async function startParts(): Promise<LaterParts> {
+    const [{ Observer, daemonMetrics }, { HaManager }, { HaMetrics }, { RoutingManager }] = await Promise.all([
+      import('../observe/observer.js'),
+      import('../ha/manager.js'),
+      import('../ha/metrics.js'),
+      import('../routing/manager.js'),
+    ]);
+    const obs = new Observer({ config, exec, log });
+    observer = obs;
+    const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: obs.current });
+    const digest = async () => digestOf(await engine.loadState());
+    const ha = new HaManager({
+      config,
+      exec,
+      log,
+      metrics: new HaMetrics(metrics.registry, digest),
+      loadState: () => engine.loadState(),
+      digest,
+      // Routed EIPs (BGP) get no gratuitous ARP, a takeover's included.
+      announce: (ifname, ip) => {
+        if (!engine.role.routed) engine.link.announce(ifname, ip);
+      },
+      role: engine.role,
+      holdReady: (reason) => agent.hold('ha', reason),
+    });
+    // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
+    const routing = new RoutingManager({
+      config,
+      exec,
+      log,
+      registry: metrics.registry,
+      readiness: () => agent.readiness(),
+      applied: () => engine.lastApplied,
+      role: () => engine.role.name,
+      requestSync: (why) => reconciler.request(why),
+    });
+    agent.onReadiness(() => routing.changed('readiness'));
+    // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
+    const haService = {
+      status: () => ha.status(),
+      health: () => ha.health(),
+      takeover: async (reason: string) => {
+        const r = await ha.takeover(reason);
+        routing.changed('takeover');
+        return r;
+      },
+      resend: () => ha.resend(),
+    };
+    // Flow classification follows every applied state (after the agent's own listener).
+    engine.onSync((e) => {
+      if (e.ok) obs.setState(e.state);
+      if (e.ok && e.kind === 'full') routing.synced();
+      if (e.ok) routing.changed('applied');
+    });
+    return { observer: obs, metrics, conntrack, ha, haService, routing };
+  }
+
   let shuttingDown = false;
-  const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: haService, routing };
-  const saved = engine.loadState();
-  saved.catch(() => undefined);
   let cannotListen = false;
 
   // The conntrack follower (three processes and their output) starts once the first resync is
@@ -126,9 +153,8 @@ export async function serve(config: Config): Promise<number> {
   const observe = () => {
     if (observing || shuttingDown) return;
     observing = true;
-    void saved
-      .catch(() => undefined)
-      .then((s) => observer.start(conntrack, engine.lastApplied ?? s))
+    void Promise.all([parts, engine.loadState().catch(() => undefined)])
+      .then(([p, s]) => p.observer.start(p.conntrack, engine.lastApplied ?? s))
       .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
   };
   const reconciler = new Reconciler({
@@ -143,12 +169,18 @@ export async function serve(config: Config): Promise<number> {
           if (!shuttingDown && !cannotListen) monitor.start();
           observe();
         }),
-      setInterfaces: (missing) => agent.setInterfaces(missing),
+      setInterfaces: (missing) => {
+        agent.setInterfaces(missing);
+        // While an interface is missing the link monitor is what notices it.
+        if (missing.length > 0 && !shuttingDown && !cannotListen) monitor.start();
+        if (missing.length > 0) observe();
+      },
     },
     log,
     periodMs: config.resyncMs,
+    interfaceWaitMs: config.interfaceWaitMs,
     interfaces: async () => (await engine.loadState()).interfaces,
-    exists: (n) => engine.link.exists(n),
+    waitFor: (names, timeoutMs, onWait) => engine.link.waitFor(names, timeoutMs, onWait),
   });
   // A link event may have taken addresses or routes with it: no command may plan against what
   // natgw applied before it, so the next transaction is a full sync even before the resync runs.
@@ -157,7 +189,7 @@ export async function serve(config: Config): Promise<number> {
     onChange: (why) => {
       engine.distrust();
       reconciler.request(why);
-      routing.changed(why, { link: true });
+      void parts.then((p) => p.routing.changed(why, { link: true }));
     },
     ownsNeighbour: (address, dev) => engine.neighbours.holds(address, dev),
     onLinkUp: (ifname) => {
@@ -168,46 +200,15 @@ export async function serve(config: Config): Promise<number> {
     links: async () => (await exec.run({ file: 'ip', args: ['-o', 'link', 'show'] })).stdout,
   });
 
-  // Start-up: wait for the interfaces (bounded), then reconcile on a timer and on events, while
-  // the API's code (express and the routes) loads and the sockets open.
-  let present = false;
-  const startup = (async () => {
-    try {
-      const { vpc, ext } = (await saved).interfaces;
-      const missing = await engine.link.waitFor([vpc, ext], config.interfaceWaitMs, (m) => {
-        log.info({ missing: m, deadlineMs: config.interfaceWaitMs }, 'waiting for interfaces');
-        agent.setInterfaces(m);
-      });
-      agent.setInterfaces(missing);
-      present = missing.length === 0;
-      if (missing.length > 0) {
-        log.warn(
-          { missing, waitedMs: config.interfaceWaitMs },
-          'interfaces still missing after the deadline: not ready; still waiting (link events, every resync period)',
-        );
-      }
-    } catch (e) {
-      log.error({ err: e }, 'start-up check failed; the reconciler retries');
-    }
-    // The first sync runs while the API's code loads and its sockets open: the socket's claim
-    // (above) already makes this daemon the only writer. One that then cannot listen stops
-    // syncing and exits.
-    if (cannotListen || shuttingDown) return;
-    // The link monitor (a child, and the module that keeps it) starts with the first sync over,
-    // where it would only compete with it; while interfaces are missing it is what notices them.
-    if (!present) monitor.start();
-    reconciler.start({ present });
-    if (!present) observe();
-  })();
-  // After the start-up's own continuation (registered first): its interface lookups run while this loads.
-  const api = saved.then(
-    () => import('../api/app.js'),
-    () => import('../api/app.js'),
-  );
+  // Start-up: the first resync waits for the interfaces (bounded), then resyncs run on a timer and on events.
+  reconciler.start();
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
+  let started: LaterParts;
   try {
-    const { createApp } = await api;
+    const [p, { createApp }] = await Promise.all([parts, import('../api/app.js')]);
+    started = p;
+    const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: p.haService, routing: p.routing };
     unixServer = await listenUnix(createApp(common), config.socket);
     if (tcp) tcpServer = await listenTcp(createApp({ ...common, auth: tcp.auth }), tcp);
   } catch (e) {
@@ -218,10 +219,11 @@ export async function serve(config: Config): Promise<number> {
     monitor.stop();
     await reconciler.stop();
     singleton.close();
-    // The start-up may still be polling for interfaces.
+    // The first resync may still be polling for interfaces.
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
+  const { ha, haService, routing } = started;
   timelineMark('serving');
   log.info(
     {
@@ -265,10 +267,10 @@ export async function serve(config: Config): Promise<number> {
       await reconciler.stop();
       await agent.close();
       nft?.close();
-      await observer.stop();
+      await started.observer.stop();
       await Promise.all(closing);
       await fs.unlink(config.socket).catch(() => undefined);
-      (singleton as net.Server).close();
+      singleton.close();
     };
     // `on`, not `once`: execa's exit hook (signal-exit) re-raises a signal that no other
     // listener handles any more, which would kill the process in the middle of the drain.
@@ -279,9 +281,8 @@ export async function serve(config: Config): Promise<number> {
       if (!shuttingDown) void haService.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
     });
   });
-  void startup;
   log.info({ code }, 'natgw stopped');
-  // Start-up may still be waiting for interfaces; nothing else is left to finish.
+  // The first resync may still be waiting for interfaces; nothing else is left to finish.
   setTimeout(() => process.exit(code), 200).unref();
   return code;
 }

@@ -55,6 +55,7 @@ describe('LinkMonitor: onLinkUp', () => {
     const m = new LinkMonitor({
       log: pino({ level: 'silent' }),
       onChange: () => undefined,
+      ownsNeighbour: () => false,
       onLinkUp: (n) => ups.push(n),
       // Prints once the links are surely read (they answer at once).
       argv: ['sh', '-c', `sleep 0.3; printf '%s\\n' "$@"; sleep 30`, 'mon', ...events],
