@@ -127,12 +127,9 @@ export function joinFamilies(v4: NatTables | null, v6: NatTables | null): NatTab
  * resolve to the lowest EIP for outbound traffic, again independent of arrival order.
  */
 export function canonicalOrder(t: NatTables): NatTables {
-  // Fifty DNATs share an EIP at ten thousand: equal addresses need no key. Two IPv4
-  // addresses compare as numbers (the order of their keys), without a key string each.
-  const byEip = (a: string, b: string) => (a === b ? 0 : !a.includes(':') && !b.includes(':') ? v4Number(a) - v4Number(b) : cmp(ipSortKey(a), ipSortKey(b)));
   return {
     ...t,
-    eips: [...t.eips].sort(byEip),
+    eips: sortedByAddress(t.eips, (e) => e),
     dnats: sortedByAddress(t.dnats, (d) => d.eip, byPortProto),
     fips: sortedByAddress(t.fips, (f) => f.eip),
   };

@@ -64,8 +64,6 @@ export function vmapRuleJson(): unknown[] {
   ];
 }
 
-export const shareChainName = shareDnatChainName;
-
 const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
 
 /** The one rule of an identity's chain, backends in the given order. */
@@ -230,7 +228,7 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   const wantedChains = new Set<string>();
   const wantElems = new Map<string, string>();
   for (const d of items) {
-    const name = shareChainName(d);
+    const name = shareDnatChainName(d);
     wantedChains.add(name);
     wantElems.set(shareElementKey(d), `goto ${name}`);
     const c = chains.get(name);
@@ -313,7 +311,7 @@ export function shareDnatsFromKernel(have: NftTableDump | null): ShareDnat[] {
     const only = c?.rules.length === 1 ? c.rules[0] : undefined;
     const rule = only ? recogniseShareRule(only.expr) : null;
     if (!rule || rule.protocol !== proto) continue;
-    const protocolText = [proto, proto.toUpperCase()].find((t) => shareChainName({ eip, port, protocolText: t }) === chain) ?? proto;
+    const protocolText = [proto, proto.toUpperCase()].find((t) => shareDnatChainName({ eip, port, protocolText: t }) === chain) ?? proto;
     out.push({ eip, port, protocol: proto, protocolText, backends: rule.backends });
   }
   return out;

@@ -55,7 +55,7 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
-import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { activeSnat, dnatKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
 import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
@@ -321,29 +321,6 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
   });
 }
 
-/**
- * The DNATs, the first of each identity (firstBy by dnatKey, without a key string per
- * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
- * in one run of neighbours sharing those three, in their given order.
- */
-function firstDnats(sorted: readonly Dnat[]): Dnat[] {
-  const out: Dnat[] = [];
-  let run = 0;
-  for (let i = 0; i < sorted.length; i++) {
-    const d = sorted[i] as Dnat;
-    const last = out[out.length - 1];
-    if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
-    else if (inRun(out, run, d)) continue;
-    out.push(d);
-  }
-  return out;
-}
-
-function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
-  for (let i = run; i < out.length; i++) if (sameDnat(out[i] as Dnat, d)) return true;
-  return false;
-}
-
 const FAMILY: Readonly<Record<NftFamily, Family>> = { ip: 4, ip6: 6 };
 
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
@@ -381,7 +358,7 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
 function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftElement[]; rangeDnats: NatgwRule[] } {
   const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  const dnats = firstDnats(sorted);
+  const dnats = firstBy(sorted, dnatKey);
   for (let i = 0; i < dnats.length; i++) {
     const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
