@@ -58,7 +58,7 @@ import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, dnatKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
-import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
+import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
 import type { TableModel } from '../tables/model.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
@@ -543,9 +543,6 @@ function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
   return have.kind === spec.kind && have.type === spec.type && (have.map ?? '') === (spec.map ?? '') && have.flags.length === 0;
 }
 
-/** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
-const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
-
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
 function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): boolean {
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
@@ -558,7 +555,7 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): bool
     if (!want || !sameSetDecl(want, s)) return true;
     // A stale element is deleted by writing its text back into the script: only typed data as
     // nft prints it may be written there (anything else cannot occur in a map natgw declared).
-    if (s.elements.some((e) => !SAFE_ELEMENT.test(e.key) || (e.value !== undefined && !SAFE_ELEMENT.test(e.value)))) return true;
+    if (s.elements.some((e) => !isPlainElement(e.key) || (e.value !== undefined && !isPlainElement(e.value)))) return true;
   }
   return false;
 }
