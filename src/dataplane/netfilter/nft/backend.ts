@@ -9,7 +9,7 @@ import { ExecError, type Executor } from '../../../system/exec.js';
 import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel } from './readback.js';
-import type { NatgwKernel, NftFamily, NftTableDump } from './types.js';
+import type { NatgwKernel, NftFamily } from './types.js';
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
@@ -64,26 +64,13 @@ export class NftBackend implements NetfilterBackend {
     private readonly replica?: ReplicaRules,
   ) {}
 
-  /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
-  private guardRead: { at: number; dump: NftTableDump | null } | undefined;
-
-  dropGuardRead(): void {
-    this.guardRead = undefined;
-  }
-
   private async kernel(): Promise<NatgwKernel> {
-    const cached = this.guardRead && Date.now() - this.guardRead.at < 1000 ? this.guardRead : undefined;
-    this.guardRead = undefined;
-    const [ip, ip6] = await Promise.all(
-      NFT_FAMILIES.map((f: NftFamily) => (f === 'ip' && cached ? Promise.resolve(cached.dump) : this.nft.list(f, NATGW_TABLE))),
-    );
+    const [ip, ip6] = await Promise.all(NFT_FAMILIES.map((f) => this.nft.list(f, NATGW_TABLE)));
     return natgwKernel(ip ?? null, ip6 ?? null);
   }
 
-  async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
-    const dump = await this.nft.list('ip', NATGW_TABLE);
-    this.guardRead = opts.reuseForSync ? { at: Date.now(), dump } : undefined;
-    return hasSkeleton(dump);
+  async isInitialized(): Promise<boolean> {
+    return hasSkeleton(await this.nft.list('ip', NATGW_TABLE));
   }
 
   /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
@@ -113,7 +100,10 @@ export class NftBackend implements NetfilterBackend {
     const planned = planNatgw(want, kernel);
     if (opts.dryRun) return textPlan(planned);
     try {
-      return await this.apply(want, planned, extra);
+      const report = await this.apply(want, planned, extra);
+      // The script of an edit of tables that exist; a creation's (megabytes in a bulk load) is not logged.
+      if (kernel.ip || kernel.ip6) this.log?.debug({ script: report.script }, 'nft script');
+      return report;
     } catch (err) {
       // Handles in the script come from the read-back; another writer may have moved them
       // since (or created a table this one creates). Render once more against a fresh read-back
@@ -144,10 +134,7 @@ export class NftBackend implements NetfilterBackend {
     timelineMark('nft: applied');
     this.view = view;
     if (families) this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
-    else {
-      this.log?.info({ changes: plan.changes, phased: phased !== null }, 'nftables synced');
-      this.log?.debug({ script: plan.script }, 'nft script');
-    }
+    else this.log?.info({ changes: plan.changes, phased: phased !== null }, 'nftables synced');
     return extra ? { ...plan, appended: true } : plan;
   }
 
