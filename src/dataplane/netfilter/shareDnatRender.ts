@@ -25,6 +25,7 @@ import { dnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
 import { dig, sameExpr } from './nft/readback.js';
+import { sameHook } from './tables/diff.js';
 import type { NftChainDump, NftSetDump, NftTableDump } from './nft/types.js';
 import { isPlainElement, NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
 
@@ -45,7 +46,7 @@ const T: NftTableRef = { family: 'ip', name: KUBE_OVN_TABLE };
 const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
 const PRIO = -150;
 const PREROUTING: NftChainSpec = { name: SHARE_PREROUTING, base: { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } };
-const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prio: PRIO, policy: 'accept' } as const;
+const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } as const;
 
 const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
 
@@ -116,7 +117,7 @@ function mapDeclOk(m: NftSetDump): boolean {
 }
 
 function preroutingDeclOk(c: NftChainDump): boolean {
-  return c.base !== undefined && c.base.type === 'nat' && c.base.hook === 'prerouting' && c.base.prio === PRIO && c.base.policy === 'accept';
+  return c.base !== undefined && sameHook(c.base, PREROUTING_BASE);
 }
 
 // ---------------------------------------------------------------------------------

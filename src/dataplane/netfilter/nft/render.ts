@@ -60,7 +60,7 @@ import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables 
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
 import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
-import type { TableModel } from '../tables/model.js';
+import type { BaseHook, TableModel } from '../tables/model.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
 
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
@@ -255,12 +255,12 @@ export function snatRule(given: Snat): SnatRule {
 // The desired tables
 // ---------------------------------------------------------------------------------
 
-interface BaseHookSpec {
+/** A base chain's hook; its priority written by name, listed by number. */
+interface BaseHookSpec extends BaseHook {
   readonly type: 'filter' | 'nat';
   readonly hook: 'prerouting' | 'postrouting' | 'forward' | 'input';
-  /** Written by name, listed by number. */
   readonly prioName: 'mangle' | 'dstnat' | 'srcnat' | 'filter';
-  readonly prio: number;
+  readonly policy: 'accept';
 }
 
 interface ChainSpec {
@@ -411,17 +411,17 @@ function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]):
     chains: [
       {
         name: CHAIN.vpcMark,
-        base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', prio: -150 },
+        base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', priority: -150, policy: 'accept' },
         rules: [{ kind: 'vpc-mark', vpcIf: want.vpcIf }],
       },
       {
         name: CHAIN.prerouting,
-        base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
+        base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', priority: -100, policy: 'accept' },
         rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
-        base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
+        base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', priority: 100, policy: 'accept' },
         rules: withPortSlice(
           [
             { kind: 'fip-snat' },
@@ -460,7 +460,7 @@ function dropInvalidChains(want: NatTables): ChainSpec[] {
   const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
   const chain = (name: 'forward' | 'input', rules: NatgwRule[]): ChainSpec => ({
     name,
-    base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
+    base: { type: 'filter', hook: name, prioName: 'filter', priority: 0, policy: 'accept' },
     rules,
   });
   return [
@@ -507,7 +507,7 @@ class Script {
 const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
 
 function chainOf(c: ChainSpec): NftChainSpec {
-  return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } } : { name: c.name };
+  return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: c.base.policy } } : { name: c.name };
 }
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
@@ -574,7 +574,7 @@ function wantedModel(spec: FamilySpec): TableModel {
       spec.chains.map((c) => [
         c.name,
         {
-          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: 'accept' } } : {}),
+          ...(c.base ? { base: c.base } : {}),
           rules: c.rules.map((r) => ruleText(r, spec.family)),
         },
       ]),
@@ -589,7 +589,7 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
       [...have.chains].map(([n, c]) => [
         n,
         {
-          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: c.base.policy } } : {}),
+          ...(c.base ? { base: c.base } : {}),
           rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)),
         },
       ]),
