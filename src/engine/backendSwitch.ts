@@ -52,11 +52,6 @@ export class BackendSwitch {
     return this.backendFor(await decideBackend(this.deps.config, await this.deps.store.loadBackend(), this.probe));
   }
 
-  /** A transaction starts: no backend may hand it a listing an earlier transaction's guard read. */
-  dropGuardReads(): void {
-    for (const b of this.backends.values()) b.dropGuardRead?.();
-  }
-
   /** Every backend drops its view: the next sync of each reads the kernel back. */
   forgetAll(): void {
     for (const b of this.backends.values()) b.forget();

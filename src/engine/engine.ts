@@ -307,8 +307,6 @@ export class Engine {
    * that stops here (a refused operation) leaves the record as it decided it.
    */
   private async begin(fn: (tx: Transaction) => Promise<TxResult> | TxResult, opts: TransactOptions): Promise<{ base: Base; change: OpResult; running: Trust }> {
-    // The init guard's listing of an earlier transaction is of a kernel that may have changed since.
-    this.backends.dropGuardReads();
     const trust = this.trust;
     const running: Trust = { fullSync: 'the last change failed or was cut short' };
     // A dry run (a status drift check) changes nothing, what the engine trusts included.
@@ -351,7 +349,7 @@ export class Engine {
     const saved = await this.store.load();
     // A dry run changes nothing: no switch of backends, no record written.
     const { backend, adopted } = opts.dryRun ? { backend: await this.backends.choose(), adopted: undefined } : await this.backends.resolve(saved);
-    if (opts.guarded && !(await backend.isInitialized({ reuseForSync: true }))) throw new NotInitializedError();
+    if (opts.guarded && !(await backend.isInitialized())) throw new NotInitializedError();
     const state = saved ?? adopted ?? (await this.adoptOrEmpty(backend));
     timelineMark('loaded');
     return { state, backend, kind: 'full', why };
@@ -363,7 +361,7 @@ export class Engine {
    */
   private async build(fn: (tx: Transaction) => Promise<TxResult> | TxResult, base: Base): Promise<OpResult> {
     const { state, backend } = base;
-    const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized({ reuseForSync: true });
+    const initialized = base.kind === 'partial' ? () => Promise.resolve(state.initialized) : () => backend.isInitialized();
     const r = await fn({ state, initialized });
     const change = { ...r, change: r.change ?? diffStates(state, r.state) };
     timelineMark('state built');

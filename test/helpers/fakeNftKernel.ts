@@ -4,7 +4,7 @@
  * from the client so each stays readable; see fakeNft.ts for what is modelled and what not.
  */
 import { canonicalIp, isIpv6 } from '../../src/model/net.js';
-import type { NftBaseHook } from '../../src/dataplane/netfilter/nft/types.js';
+import type { BaseHook } from '../../src/dataplane/netfilter/tables/model.js';
 import type { NftOp, NftPriority, NftRule, NftTableFamily, NftTableRef } from '../../src/dataplane/netfilter/nft/transaction.js';
 
 /** Priority names as nft resolves them for the ip, ip6 and inet families. */
@@ -40,7 +40,7 @@ export interface FakeRule {
 export interface FakeChain {
   readonly name: string;
   readonly handle: number;
-  base?: NftBaseHook;
+  base?: BaseHook;
   rules: FakeRule[];
 }
 
@@ -205,10 +205,10 @@ export class Batch {
     if (op.verb === 'add') {
       const have = table.chains.get(op.chain.name);
       const b = op.chain.base;
-      const base: NftBaseHook | undefined = b && {
+      const base: BaseHook | undefined = b && {
         type: b.type,
         hook: b.hook,
-        prio: typeof b.priority === 'number' ? b.priority : PRIORITY[b.priority],
+        priority: typeof b.priority === 'number' ? b.priority : PRIORITY[b.priority],
         policy: b.policy ?? have?.base?.policy ?? 'accept',
       };
       if (!have) {
@@ -218,7 +218,7 @@ export class Batch {
       if (!base) return;
       if (!have.base) throw new Refusal('EOPNOTSUPP', 'kernel');
       if (have.base.type !== base.type) throw new Refusal('EEXIST', 'kernel');
-      if (have.base.hook !== base.hook || have.base.prio !== base.prio) throw new Refusal('EOPNOTSUPP', 'kernel');
+      if (have.base.hook !== base.hook || have.base.priority !== base.priority) throw new Refusal('EOPNOTSUPP', 'kernel');
       table.chains.set(have.name, { ...have, base });
       return;
     }

@@ -40,7 +40,7 @@ export function tableView(t: NftTableDump | null): TableView | null {
     chains: [...t.chains.values()].map((c) => ({
       name: c.name,
       handle: c.handle,
-      ...(c.base ? { base: `${c.base.type} ${c.base.hook} ${c.base.prio} ${c.base.policy}` } : {}),
+      ...(c.base ? { base: `${c.base.type} ${c.base.hook} ${c.base.priority} ${c.base.policy}` } : {}),
       rules: c.rules.map((r) => ({ handle: r.handle, rule: ruleMeaning(t, r.expr) })),
     })),
     sets: [...t.sets.values()].map((s) => ({

@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { ShareDnatTable } from '../../src/dataplane/netfilter/shareDnat.js';
-import { shareChainName } from '../../src/dataplane/netfilter/shareDnatRender.js';
+import { shareDnatChainName } from '../../src/model/shareDnatName.js';
 import { ADDR, createTopology, type Topology } from '../helpers/netns.js';
 import { parseLocal, request, startEchoServer, startLongFlow, startServer, type ServerHandle } from '../helpers/traffic.js';
 import { NetnsExecutor } from '../helpers/netnsExecutor.js';
@@ -68,7 +68,7 @@ describe('ShareDnatTable in a network namespace', () => {
   it('writes the SPEC objects exactly', async () => {
     const r = await share.sync([LB]);
     expect(r.changes).toBeGreaterThan(0);
-    const chain = shareChainName(LB);
+    const chain = shareDnatChainName(LB);
     expect(chain).toMatch(/^dnat-[0-9a-f]{12}$/);
     const text = await list();
     expect(text).toContain('map service-ips {');
@@ -108,7 +108,7 @@ describe('ShareDnatTable in a network namespace', () => {
       expect(await flow.check()).toBe(true);
       const moved: ShareDnat = { ...ECHO, backends: [{ ip: ADDR.vpc2, port: 90 }] };
       const r = await share.sync([LB, moved]);
-      const chain = shareChainName(ECHO);
+      const chain = shareDnatChainName(ECHO);
       expect(r).toEqual({
         changes: 1,
         script: `flush chain ip kube-ovn ${chain}\nadd rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.7 . 90 }\n`,
@@ -125,7 +125,7 @@ describe('ShareDnatTable in a network namespace', () => {
   });
 
   it('removing an identity deletes its element and its chain', async () => {
-    const chain = shareChainName(ECHO);
+    const chain = shareDnatChainName(ECHO);
     const r = await share.sync([LB]);
     expect(r.changes).toBe(2);
     expect(await chains()).not.toContain(chain);
@@ -135,7 +135,7 @@ describe('ShareDnatTable in a network namespace', () => {
 
   it('cleans a stale chain left behind by an earlier refused delete', async () => {
     // What a kernel before 6.2 leaves: a flushed dnat-* chain no element jumps to.
-    const stale = shareChainName({ eip: EIP, port: 1, protocolText: 'udp' });
+    const stale = shareDnatChainName({ eip: EIP, port: 1, protocolText: 'udp' });
     await topo.exec('gw', ['nft', 'add', 'chain', 'ip', 'kube-ovn', stale]);
     expect(await chains()).toContain(stale);
     const r = await share.sync([LB]);
@@ -144,7 +144,7 @@ describe('ShareDnatTable in a network namespace', () => {
   });
 
   it('repairs a chain flushed behind its back', async () => {
-    await topo.exec('gw', ['nft', 'flush', 'chain', 'ip', 'kube-ovn', shareChainName(LB)]);
+    await topo.exec('gw', ['nft', 'flush', 'chain', 'ip', 'kube-ovn', shareDnatChainName(LB)]);
     expect((await share.sync([LB])).changes).toBe(1);
     expect(await share.readBack()).toEqual([LB]);
   });

@@ -13,7 +13,7 @@ import { loadConfig } from '../../src/config/config.js';
 import { Engine, type SyncEvent } from '../../src/engine/engine.js';
 import { ACCT_TABLE } from '../../src/dataplane/eipCounters.js';
 import { NftTransaction } from '../../src/dataplane/netfilter/nft/transaction.js';
-import { shareChainName } from '../../src/dataplane/netfilter/shareDnatRender.js';
+import { shareDnatChainName } from '../../src/model/shareDnatName.js';
 import { CHAINS } from '../../src/dataplane/netfilter/iptables/ruleText.js';
 import type { Dnat, Fip, ShareDnat, Snat } from '../../src/model/rules.js';
 import * as Ops from '../../src/state/operations.js';
@@ -153,9 +153,9 @@ describe('engine on a fake kernel (nftables)', () => {
     const share = tableView(k.nft.dump('ip', 'kube-ovn'));
     expect(share?.chains.map((c) => [c.name, c.rules.map((r) => r.rule)])).toEqual([
       ['prerouting', ['vmap']],
-      [shareChainName(SHARE), [JSON.stringify({ protocol: 'tcp', backends: SHARE.backends })]],
+      [shareDnatChainName(SHARE), [JSON.stringify({ protocol: 'tcp', backends: SHARE.backends })]],
     ]);
-    expect(elements(share, 'service-ips')).toEqual([`172.20.0.10 . tcp . 8443 : goto ${shareChainName(SHARE)}`]);
+    expect(elements(share, 'service-ips')).toEqual([`172.20.0.10 . tcp . 8443 : goto ${shareDnatChainName(SHARE)}`]);
     expect(k.nft.tableNames().sort()).toEqual(['inet natgw_acct', 'ip kube-ovn', 'ip natgw']);
 
     k.nft.calls.length = 0;

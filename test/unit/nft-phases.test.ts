@@ -1,6 +1,6 @@
 /**
  * The phased apply of a change into absent tables (nft/phases.ts, runPhases in nft/client.ts,
- * NftBackend's syncFromAbsent), without a kernel: the split is pure, the runner and the backend
+ * NftBackend's apply), without a kernel: the split is pure, the runner and the backend
  * run against the in-memory fake nft. The real kernel: test/netns/nft-phased.test.ts.
  */
 import { spawnSync } from 'node:child_process';

@@ -121,7 +121,7 @@ describe('nftables under a port slice', () => {
   it('drops invalid packets in forward and input when asked', () => {
     const s = desiredFamily({ ...BASE, dropInvalid: true }, 'ip');
     const base = (name: string) => s?.chains.find((c) => c.name === name);
-    expect(base('forward')).toMatchObject({ base: { type: 'filter', hook: 'forward', prio: 0 } });
+    expect(base('forward')).toMatchObject({ base: { type: 'filter', hook: 'forward', priority: 0 } });
     expect(base('forward')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
     // The replica's own connections (BGP, the API) pass on input even when their entry is gone.
     expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual([

@@ -8,7 +8,8 @@ import { describe, expect, it } from 'vitest';
 import type { ShareDnat } from '../../src/model/rules.js';
 import { parseTableListing } from '../../src/dataplane/netfilter/nft/readback.js';
 import type { NftTableDump } from '../../src/dataplane/netfilter/nft/types.js';
-import { planShareDnat, recogniseShareRule, shareChainName, shareDnatsFromKernel, shareRuleText } from '../../src/dataplane/netfilter/shareDnatRender.js';
+import { shareDnatChainName } from '../../src/model/shareDnatName.js';
+import { planShareDnat, recogniseShareRule, shareDnatsFromKernel, shareRuleText } from '../../src/dataplane/netfilter/shareDnatRender.js';
 
 /** The plan's first transaction as text, its stale chains and its count. */
 function renderShareDnat(items: readonly ShareDnat[], have: NftTableDump | null) {
@@ -129,9 +130,9 @@ const lines = (script: string): string[] => script.split('\n').filter((l) => l !
 describe('share DNAT objects', () => {
   it('names the chain dnat- + 12 hex of md5(eip:port:protocol as received)', () => {
     const md5 = createHash('md5').update('172.20.0.10:8080:TCP').digest('hex').slice(0, 12);
-    expect(shareChainName(ITEMS[0]!)).toBe(`dnat-${md5}`);
-    expect(shareChainName(ITEMS[0]!)).toBe(TCP_CHAIN);
-    expect(shareChainName({ ...ITEMS[0]!, protocolText: 'tcp' })).not.toBe(TCP_CHAIN);
+    expect(shareDnatChainName(ITEMS[0]!)).toBe(`dnat-${md5}`);
+    expect(shareDnatChainName(ITEMS[0]!)).toBe(TCP_CHAIN);
+    expect(shareDnatChainName({ ...ITEMS[0]!, protocolText: 'tcp' })).not.toBe(TCP_CHAIN);
   });
 
   it('renders the SPEC objects exactly from nothing', () => {
@@ -194,7 +195,7 @@ describe('share DNAT against a real read-back', () => {
 
   it('a new identity adds its chain and one element', () => {
     const extra: ShareDnat = { eip: '172.20.0.11', port: 443, protocol: 'tcp', protocolText: 'tcp', backends: [{ ip: '10.0.1.6', port: 443 }] };
-    const chain = shareChainName(extra);
+    const chain = shareDnatChainName(extra);
     expect(lines(renderShareDnat([...ITEMS, extra], real()).main)).toEqual([
       `add chain ip kube-ovn ${chain}`,
       `add rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.6 . 443 }`,
@@ -216,7 +217,7 @@ describe('share DNAT against a real read-back', () => {
 
   it('a protocol spelled otherwise names another chain: element retargeted, old chain stale', () => {
     const items = [{ ...ITEMS[0]!, protocolText: 'tcp' }, ITEMS[1]!];
-    const chain = shareChainName(items[0]!);
+    const chain = shareDnatChainName(items[0]!);
     const plan = renderShareDnat(items, real());
     expect(lines(plan.main)).toEqual([
       `add chain ip kube-ovn ${chain}`,

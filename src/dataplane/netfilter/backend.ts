@@ -127,12 +127,9 @@ export function joinFamilies(v4: NatTables | null, v6: NatTables | null): NatTab
  * resolve to the lowest EIP for outbound traffic, again independent of arrival order.
  */
 export function canonicalOrder(t: NatTables): NatTables {
-  // Fifty DNATs share an EIP at ten thousand: equal addresses need no key. Two IPv4
-  // addresses compare as numbers (the order of their keys), without a key string each.
-  const byEip = (a: string, b: string) => (a === b ? 0 : !a.includes(':') && !b.includes(':') ? v4Number(a) - v4Number(b) : cmp(ipSortKey(a), ipSortKey(b)));
   return {
     ...t,
-    eips: [...t.eips].sort(byEip),
+    eips: sortedByAddress(t.eips, (e) => e),
     dnats: sortedByAddress(t.dnats, (d) => d.eip, byPortProto),
     fips: sortedByAddress(t.fips, (f) => f.eip),
   };
@@ -229,12 +226,8 @@ export interface SyncOptions {
  */
 export interface NetfilterBackend {
   readonly kind: 'iptables' | 'nftables';
-  /**
-   * The init guard's evidence (SPEC §2): the skeleton is in the kernel. With `reuseForSync`
-   * the listing it read is handed to the very next sync (the engine's guarded transaction,
-   * under natgw's lock), so a command reads a large table once instead of twice.
-   */
-  isInitialized(opts?: { reuseForSync?: boolean }): Promise<boolean>;
+  /** The init guard's evidence (SPEC §2): the skeleton is in the kernel. */
+  isInitialized(): Promise<boolean>;
   /** Make natgw's objects hold exactly `want`, skeleton included; repairs whatever drifted. */
   sync(want: NatTables, opts?: SyncOptions): Promise<SyncReport>;
   /** What natgw's objects hold now (adoption after a lost state file); null when it owns nothing. */
@@ -247,12 +240,6 @@ export interface NetfilterBackend {
    * instead of reading back.
    */
   observe?(): Promise<void>;
-  /**
-   * Drop the listing the init guard kept for its transaction's sync (`reuseForSync`). A
-   * transaction that failed before its sync leaves it behind; the next one must not plan
-   * against it: another writer may have changed the table since.
-   */
-  dropGuardRead?(): void;
   /** Remove every object this backend owns (backend switch). */
   removeAll(): Promise<void>;
   /** The line get-iptables-version prints, e.g. `iptables v1.8.9 (legacy)`. */

@@ -10,7 +10,7 @@ import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/types.js';
-import { KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, hasUnknownHandle, planShareDnat, shareDnatsFromKernel, withoutChains } from './shareDnatRender.js';
+import { KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, planShareDnat, renderedTable, shareDnatsFromKernel } from './shareDnatRender.js';
 
 export class ShareDnatTable {
   /** `table ip kube-ovn` as of the last read or successful apply (table: null when absent). */
@@ -35,7 +35,6 @@ export class ShareDnatTable {
     const kept = opts.mode === 'partial' ? this.trusted : undefined;
     let have = kept ? kept.table : await this.read();
     let plan = planShareDnat(items, have);
-    if (kept && hasUnknownHandle(plan)) plan = planShareDnat(items, (have = await this.read()));
     const script = (p: SharePlan): string => p.tx.text() + deleteChainsTx(p.staleChains).text();
     if (opts.dryRun) return { changes: plan.changes, script: script(plan) };
     if (plan.changes === 0) {
@@ -54,8 +53,7 @@ export class ShareDnatTable {
         plan = planShareDnat(items, (have = await this.read()));
         await this.nft.run(plan.tx);
       }
-      const deleted = await this.deleteChains(plan.staleChains);
-      this.trusted = { table: plan.after && withoutChains(plan.after, deleted) };
+      this.trusted = { table: renderedTable(items, await this.deleteChains(plan.staleChains)) };
     } catch (err) {
       this.forget();
       throw err;
@@ -72,27 +70,27 @@ export class ShareDnatTable {
   /**
    * Delete flushed, unreferenced chains: all in one transaction, else one by one. A refusal
    * (EBUSY on kernels before 6.2) leaves the chain flushed; the next sync deletes it.
-   * Returns the chains that are gone.
+   * Returns the chains still there.
    */
-  private async deleteChains(chains: readonly string[]): Promise<Set<string>> {
-    if (chains.length === 0) return new Set();
+  private async deleteChains(chains: readonly string[]): Promise<string[]> {
+    if (chains.length === 0) return [];
     try {
       await this.nft.run(deleteChainsTx(chains));
-      return new Set(chains);
+      return [];
     } catch (err) {
       if (!(err instanceof ExecError)) throw err;
     }
-    const deleted = new Set<string>();
+    const left: string[] = [];
     for (const c of chains) {
       try {
         await this.nft.run(deleteChainsTx([c]));
-        deleted.add(c);
       } catch (err) {
         if (!(err instanceof ExecError)) throw err;
         this.log?.info({ chain: c, err: err.message }, 'stale share dnat chain not deleted yet; a later sync retries');
+        left.push(c);
       }
     }
-    return deleted;
+    return left;
   }
 
   /** The share DNATs the kernel holds (adoption); protocolText is the spelling that names the chain. */

@@ -25,8 +25,9 @@ import { dnatKey } from '../../model/rules.js';
 import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
 import { dig, sameExpr } from './nft/readback.js';
-import type { NftChainDump, NftElementDump, NftSetDump, NftTableDump } from './nft/types.js';
-import { NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
+import { sameHook } from './tables/diff.js';
+import type { NftChainDump, NftSetDump, NftTableDump } from './nft/types.js';
+import { isPlainElement, NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */
 class ShareDnatError extends NatgwError {
@@ -45,7 +46,7 @@ const T: NftTableRef = { family: 'ip', name: KUBE_OVN_TABLE };
 const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
 const PRIO = -150;
 const PREROUTING: NftChainSpec = { name: SHARE_PREROUTING, base: { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } };
-const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prio: PRIO, policy: 'accept' } as const;
+const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } as const;
 
 const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
 
@@ -63,8 +64,6 @@ export function vmapRuleJson(): unknown[] {
     },
   ];
 }
-
-export const shareChainName = shareDnatChainName;
 
 const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
 
@@ -91,7 +90,7 @@ function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unknown[] {
   ];
 }
 
-const shareRule = (d: ShareDnat): NftRule => ({ text: shareRuleText(d), expr: shareRuleJson(d) });
+const shareRule = (d: ShareDnat): NftRule & { readonly expr: unknown[] } => ({ text: shareRuleText(d), expr: shareRuleJson(d) });
 
 /** Backends and protocol of a chain's rule, when it is exactly the rule natgw renders. */
 export function recogniseShareRule(expr: readonly unknown[]): Pick<ShareDnat, 'protocol' | 'backends'> | null {
@@ -118,11 +117,8 @@ function mapDeclOk(m: NftSetDump): boolean {
 }
 
 function preroutingDeclOk(c: NftChainDump): boolean {
-  return c.base !== undefined && c.base.type === 'nat' && c.base.hook === 'prerouting' && c.base.prio === PRIO && c.base.policy === 'accept';
+  return c.base !== undefined && sameHook(c.base, PREROUTING_BASE);
 }
-
-/** Keys and values that natgw may write back into a script: typed data as nft prints it. */
-const SAFE_ELEMENT = /^[0-9A-Za-z.:/ -]+$/;
 
 // ---------------------------------------------------------------------------------
 // Sync
@@ -134,8 +130,6 @@ export interface SharePlan {
   /** `delete chain` of each stale chain, tried after `tx` (may be refused before kernel 6.2). */
   readonly staleChains: readonly string[];
   readonly changes: number;
-  /** The table as `nft -j list` would show it once `tx` is applied (null: no table, and none made). */
-  readonly after: NftTableDump | null;
 }
 
 /** The second transaction: delete chains that the first one flushed and unreferenced. */
@@ -153,16 +147,24 @@ function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
 }
 
 /**
- * Handle of an object the view added: the kernel numbers it, the view cannot know it. No
- * plan against a view natgw computed names such a handle (only foreign duplicates are deleted
- * by handle); a plan that would is rendered again from a read-back (see hasUnknownHandle).
+ * PURE: the table as applying `items` leaves it, `flushed` chains still there (a delete the
+ * kernel refused), as `nft -j list` would show it: what a partial sync plans against. Handles
+ * are unknown (0): a plan against it deletes nothing by handle, as it holds no foreign rule.
  */
-const UNKNOWN_HANDLE = 0;
+export function renderedTable(itemsIn: readonly ShareDnat[], flushed: readonly string[]): NftTableDump {
+  const items = dedupe(itemsIn);
+  const chain = (name: string, rules: unknown[][]): [string, NftChainDump] => [name, { name, handle: 0, rules: rules.map((expr) => ({ handle: 0, expr })) }];
+  const chains = new Map<string, NftChainDump>([
+    [SHARE_PREROUTING, { ...chain(SHARE_PREROUTING, [vmapRuleJson()])[1], base: PREROUTING_BASE }],
+    ...items.map((d) => chain(shareDnatChainName(d), [shareRuleJson(d)])),
+    ...flushed.map((name) => chain(name, [])),
+  ]);
+  const elements = items.map((d) => ({ key: shareElementKey(d), value: `goto ${shareDnatChainName(d)}` }));
+  const map: NftSetDump = { name: SERVICE_MAP, handle: 0, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements };
+  return { family: 'ip', name: KUBE_OVN_TABLE, chains, sets: new Map([[SERVICE_MAP, map]]) };
+}
 
-/** Whether a plan names an object by a handle the view did not know. */
-export const hasUnknownHandle = (plan: SharePlan): boolean => new RegExp(` handle ${UNKNOWN_HANDLE}$`, 'm').test(plan.tx.text());
-
-/** PURE: the plan; in its view after, stale chains are flushed but still there and new objects' handles are UNKNOWN_HANDLE. */
+/** PURE: the plan that makes `have` hold `items`. */
 export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
   const items = dedupe(itemsIn);
   const create = new NftTransaction();
@@ -172,10 +174,9 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   const flushStale = new NftTransaction();
   let changes = 0;
 
-  if (have === null && items.length === 0) return { tx: create, staleChains: [], changes: 0, after: null };
+  if (have === null && items.length === 0) return { tx: create, staleChains: [], changes: 0 };
 
   const chains = have?.chains ?? new Map<string, NftChainDump>();
-  const afterChains = new Map(chains);
   let map = have?.sets.get(SERVICE_MAP);
   const pre = chains.get(SHARE_PREROUTING);
 
@@ -185,11 +186,9 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   }
   // The map: created when missing, re-created when declared otherwise (its vmap rules go first).
   let vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
-  let preRules = pre?.rules ?? [];
   if (map && !mapDeclOk(map)) {
     for (const r of vmapRules) create.deleteRule(T, SHARE_PREROUTING, r.handle);
     create.deleteSet(T, 'map', SERVICE_MAP);
-    preRules = preRules.filter((r) => !vmapRules.includes(r));
     vmapRules = [];
     map = undefined;
     changes += 1;
@@ -201,8 +200,6 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   // The base chain: created when missing, rebuilt when hooked otherwise; exactly one vmap rule.
   if (pre && !preroutingDeclOk(pre)) {
     create.flushChain(T, SHARE_PREROUTING).deleteChain(T, SHARE_PREROUTING);
-    afterChains.delete(SHARE_PREROUTING);
-    preRules = [];
     vmapRules = [];
   }
   if (!pre || !preroutingDeclOk(pre)) {
@@ -211,39 +208,28 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   }
   if (vmapRules.length === 0) {
     chainOps.addRule(T, SHARE_PREROUTING, vmapRule());
-    preRules = [...preRules, { handle: UNKNOWN_HANDLE, expr: vmapRuleJson() }];
     changes += 1;
   }
   for (const extra of vmapRules.slice(1)) {
     chainOps.deleteRule(T, SHARE_PREROUTING, extra.handle);
-    preRules = preRules.filter((r) => r !== extra);
     changes += 1;
   }
-  afterChains.set(SHARE_PREROUTING, {
-    name: SHARE_PREROUTING,
-    handle: pre && preroutingDeclOk(pre) ? pre.handle : UNKNOWN_HANDLE,
-    base: PREROUTING_BASE,
-    rules: preRules,
-  });
 
   // Identity chains: created, or replaced atomically (flush + add) when their rule differs.
   const wantedChains = new Set<string>();
   const wantElems = new Map<string, string>();
   for (const d of items) {
-    const name = shareChainName(d);
+    const name = shareDnatChainName(d);
     wantedChains.add(name);
     wantElems.set(shareElementKey(d), `goto ${name}`);
     const c = chains.get(name);
     const rule = shareRule(d);
-    const rules = [{ handle: UNKNOWN_HANDLE, expr: rule.expr ?? [] }];
     if (!c) {
       chainOps.addChain(T, { name }).addRule(T, name, rule);
-      afterChains.set(name, { name, handle: UNKNOWN_HANDLE, rules });
       changes += 1;
-    } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(shareRuleJson(d), c.rules[0]?.expr)) {
+    } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(rule.expr, c.rules[0]?.expr)) {
       if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ip ${KUBE_OVN_TABLE} is a base chain; natgw cannot use it`);
       chainOps.flushChain(T, name).addRule(T, name, rule);
-      afterChains.set(name, { ...c, rules });
       changes += 1;
     }
   }
@@ -251,7 +237,7 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
   // Map elements, one by one; a changed target is delete + add in this same transaction.
   // Sorted, so the script does not depend on the order nft lists a hash set in.
   const haveElems = new Map((map?.elements ?? []).map((e) => [e.key, e.value ?? ''] as const));
-  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && SAFE_ELEMENT.test(k)).sort();
+  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && isPlainElement(k)).sort();
   delElems.deleteElements(T, SERVICE_MAP, stale);
   changes += stale.length;
   const missing = [...wantElems.entries()].filter(([k, v]) => haveElems.get(k) !== v);
@@ -261,8 +247,6 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
     missing.map(([key, value]) => ({ key, value })),
   );
   changes += missing.length;
-  const gone = new Set(stale);
-  const elements: NftElementDump[] = [...(map?.elements ?? []).filter((e) => !gone.has(e.key)), ...missing.map(([key, value]) => ({ key, value }))];
 
   // Stale identity chains: flushed now, deleted in the second transaction.
   const staleChains = [...chains.values()]
@@ -270,24 +254,13 @@ export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump 
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const c of staleChains) {
     if (c.rules.length > 0) flushStale.flushChain(T, c.name);
-    afterChains.set(c.name, { ...c, rules: [] });
     changes += 1;
   }
-
-  const sets = new Map(have?.sets ?? []);
-  sets.set(SERVICE_MAP, { name: SERVICE_MAP, handle: map?.handle ?? UNKNOWN_HANDLE, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements });
   return {
     tx: NftTransaction.concat(create, chainOps, delElems, addElems, flushStale),
     staleChains: staleChains.map((c) => c.name),
     changes,
-    after: { family: 'ip', name: KUBE_OVN_TABLE, chains: afterChains, sets },
   };
-}
-
-/** PURE: the table once the named (flushed, unreferenced) chains were deleted. */
-export function withoutChains(table: NftTableDump, deleted: ReadonlySet<string>): NftTableDump {
-  if (deleted.size === 0) return table;
-  return { ...table, chains: new Map([...table.chains].filter(([name]) => !deleted.has(name))) };
 }
 
 // ---------------------------------------------------------------------------------
@@ -313,7 +286,7 @@ export function shareDnatsFromKernel(have: NftTableDump | null): ShareDnat[] {
     const only = c?.rules.length === 1 ? c.rules[0] : undefined;
     const rule = only ? recogniseShareRule(only.expr) : null;
     if (!rule || rule.protocol !== proto) continue;
-    const protocolText = [proto, proto.toUpperCase()].find((t) => shareChainName({ eip, port, protocolText: t }) === chain) ?? proto;
+    const protocolText = [proto, proto.toUpperCase()].find((t) => shareDnatChainName({ eip, port, protocolText: t }) === chain) ?? proto;
     out.push({ eip, port, protocol: proto, protocolText, backends: rule.backends });
   }
   return out;

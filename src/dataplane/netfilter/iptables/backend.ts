@@ -74,19 +74,7 @@ export class IptablesBackend implements NetfilterBackend {
     this.rendered.clear();
   }
 
-  /** The IPv4 nat table the init guard read with `reuseForSync`, for the next sync only. */
-  private guardRead: { at: number; table: SavedTable } | undefined;
-
-  dropGuardRead(): void {
-    this.guardRead = undefined;
-  }
-
   private async read(table: TableName, family: Family = 4): Promise<SavedTable> {
-    if (family === 4 && table === 'nat' && this.guardRead && Date.now() - this.guardRead.at < 1000) {
-      const cached = this.guardRead.table;
-      this.guardRead = undefined;
-      return cached;
-    }
     if (!(await this.mayExist(table, family))) return emptyTable;
     const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
     // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
@@ -108,9 +96,8 @@ export class IptablesBackend implements NetfilterBackend {
     return names === undefined || names.split('\n').includes(table);
   }
 
-  async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
+  async isInitialized(): Promise<boolean> {
     const nat = await this.read('nat');
-    this.guardRead = opts.reuseForSync ? { at: Date.now(), table: nat } : undefined;
     return (nat.rules.get(CHAINS.snatFilter) ?? []).includes(`-j ${CHAINS.sharedSnat}`);
   }
 

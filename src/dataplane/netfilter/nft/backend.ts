@@ -9,7 +9,7 @@ import { ExecError, type Executor } from '../../../system/exec.js';
 import { withReplicaRules, type NatTables, type NetfilterBackend, type ReplicaRules, type SyncOptions, type SyncReport } from '../backend.js';
 import { runPhases, SystemNftClient, type NftClient } from './client.js';
 import { hasSkeleton, natTablesFromKernel, natgwKernel } from './readback.js';
-import type { NatgwKernel, NftFamily, NftTableDump } from './types.js';
+import type { NatgwKernel, NftFamily } from './types.js';
 import { NATGW_TABLE, NFT_FAMILIES, needsFamily, planNatgw, removeAllTx, textPlan, type NftTxPlan } from './render.js';
 import { planPartial, type NftView } from './partial.js';
 import { NftTransaction } from './transaction.js';
@@ -37,6 +37,9 @@ const IPTABLES_TOOLS = ['iptables', 'iptables-nft', 'iptables-legacy'] as const;
  */
 const PHASING: PhaseOptions = { minElements: 10_000, groups: Math.min(availableParallelism(), 4) };
 
+/** natgw's tables absent. */
+const NO_TABLES: NatgwKernel = { ip: null, ip6: null };
+
 /** natgw owns no table (as last read): the next change creates them without reading back. */
 const ABSENT: NftView = {
   tables: { vpcIf: '', extIf: '', eips: [], snats: [], dnats: [], fips: [] },
@@ -61,26 +64,13 @@ export class NftBackend implements NetfilterBackend {
     private readonly replica?: ReplicaRules,
   ) {}
 
-  /** The `ip natgw` listing the init guard read with `reuseForSync`, for the next sync only. */
-  private guardRead: { at: number; dump: NftTableDump | null } | undefined;
-
-  dropGuardRead(): void {
-    this.guardRead = undefined;
-  }
-
   private async kernel(): Promise<NatgwKernel> {
-    const cached = this.guardRead && Date.now() - this.guardRead.at < 1000 ? this.guardRead : undefined;
-    this.guardRead = undefined;
-    const [ip, ip6] = await Promise.all(
-      NFT_FAMILIES.map((f: NftFamily) => (f === 'ip' && cached ? Promise.resolve(cached.dump) : this.nft.list(f, NATGW_TABLE))),
-    );
+    const [ip, ip6] = await Promise.all(NFT_FAMILIES.map((f) => this.nft.list(f, NATGW_TABLE)));
     return natgwKernel(ip ?? null, ip6 ?? null);
   }
 
-  async isInitialized(opts: { reuseForSync?: boolean } = {}): Promise<boolean> {
-    const dump = await this.nft.list('ip', NATGW_TABLE);
-    this.guardRead = opts.reuseForSync ? { at: Date.now(), dump } : undefined;
-    return hasSkeleton(dump);
+  async isInitialized(): Promise<boolean> {
+    return hasSkeleton(await this.nft.list('ip', NATGW_TABLE));
   }
 
   /** What natgw applied last (partial syncs plan against it); unset until a sync succeeded. */
@@ -93,56 +83,58 @@ export class NftBackend implements NetfilterBackend {
   async sync(given: NatTables, opts: SyncOptions = {}): Promise<SyncReport> {
     const want = withReplicaRules(given, this.replica);
     const view = this.view;
-    if (opts.mode === 'partial' && view && view.families.size === 0) return this.syncFromAbsent(want, opts);
     if (opts.mode === 'partial' && view) {
-      const partial = planPartial(view, want, opts.change);
-      if (partial) {
-        const plan = textPlan(partial);
-        if (opts.dryRun) return plan;
-        const extra = await opts.append;
-        const tx = NftTransaction.concat(partial.tx, extra);
-        if (tx.isEmpty) return extra ? { ...plan, appended: true } : plan;
-        try {
-          await this.nft.run(tx);
-        } catch (e) {
-          this.view = undefined;
-          throw e;
-        }
-        // A partial plan never adds or drops a family's table (that needs a full sync).
-        this.view = { tables: want, families: view.families };
-        this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
-        return extra ? { ...plan, appended: true } : plan;
+      // Tables the last read found absent (observe) are rendered whole, nothing read back: a table
+      // someone created since makes the transaction fail, and the engine retries as a full sync.
+      // A partial plan never adds or drops a family's table (that needs a full sync).
+      const absent = view.families.size === 0;
+      const planned = absent ? planNatgw(want, NO_TABLES) : planPartial(view, want, opts.change);
+      if (planned) {
+        if (opts.dryRun) return textPlan(planned);
+        return this.apply(want, planned, await opts.append, absent ? undefined : view.families);
       }
       this.log?.info('nftables: a structural change needs a full sync');
     }
-    return this.fullSync(want, opts);
+    // The appended part may list its own table: both listings run at once.
+    const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
+    const planned = planNatgw(want, kernel);
+    if (opts.dryRun) return textPlan(planned);
+    try {
+      const report = await this.apply(want, planned, extra);
+      // The script of an edit of tables that exist; a creation's (megabytes in a bulk load) is not logged.
+      if (kernel.ip || kernel.ip6) this.log?.debug({ script: report.script }, 'nft script');
+      return report;
+    } catch (err) {
+      // Handles in the script come from the read-back; another writer may have moved them
+      // since (or created a table this one creates). Render once more against a fresh read-back
+      // before giving up, without the appended part (its owner then syncs it on its own).
+      if (!(err instanceof ExecError)) throw err;
+      this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
+      const report = await this.apply(want, planNatgw(want, await this.kernel()), undefined);
+      return extra ? { ...report, appended: false } : report;
+    }
   }
 
   /**
-   * The first change into a gateway whose tables the last read found absent (observe): the
-   * whole tables rendered from scratch, nothing read back. A table someone created since makes
-   * the transaction fail; the engine then retries as a full sync.
+   * Run a plan with the appended part: one transaction, or in phases where it creates natgw's
+   * tables and is large (phases.ts). `families`: those the view keeps (a partial plan's), else
+   * found from `want`.
    */
-  private async syncFromAbsent(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    const planned = planNatgw(want, natgwKernel(null, null));
-    timelineMark('nft: planned and rendered');
-    if (opts.dryRun) return textPlan(planned);
-    const extra = await opts.append;
-    timelineMark('nft: accounting appended');
+  private async apply(want: NatTables, planned: NftTxPlan, extra: NftTransaction | undefined, families?: ReadonlySet<NftFamily>): Promise<SyncReport> {
     const tx = NftTransaction.concat(planned.tx, extra);
     this.view = undefined;
+    const phased = tx.isEmpty ? null : phases(tx, this.phasing);
     // run() has started the tool when it returns: the report's script (a megabyte joined) and
     // the view are made while the kernel applies, not after it.
-    const phased = tx.isEmpty ? null : phases(tx, this.phasing);
-    timelineMark('nft: split');
     const applying = tx.isEmpty ? undefined : phased ? this.runPhased(phased) : this.nft.run(tx);
     applying?.catch(() => undefined);
     const plan = textPlan(planned);
-    const view = viewOf(want);
+    const view: NftView = families ? { tables: want, families } : viewOf(want);
     if (applying) await applying;
     timelineMark('nft: applied');
     this.view = view;
-    this.log?.debug({ changes: plan.changes, path: phased ? 'phased' : 'one transaction' }, 'nftables synced (partial, into absent tables)');
+    if (families) this.log?.debug({ changes: plan.changes }, 'nftables synced (partial)');
+    else this.log?.info({ changes: plan.changes, phased: phased !== null }, 'nftables synced');
     return extra ? { ...plan, appended: true } : plan;
   }
 
@@ -156,48 +148,6 @@ export class NftBackend implements NetfilterBackend {
       { path: 'phased', groups: p.groups.length, elements: p.elements, ms: { first: round(ms.first), groups: round(ms.groups), last: round(ms.last) } },
       'nft: absent tables applied in phases',
     );
-  }
-
-  private async fullSync(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
-    // The appended part may list its own table: both listings run at once.
-    const [kernel, extra] = await Promise.all([this.kernel(), opts.dryRun ? undefined : opts.append]);
-    // None of natgw's tables is there (a restore at start in a fresh namespace): they are
-    // created as the first change into absent tables creates them, in phases when large. A
-    // refusal there (a table made meanwhile) is left to the one transaction below, which re-reads and retries.
-    if (!opts.dryRun && kernel.ip === null && kernel.ip6 === null) {
-      try {
-        return await this.syncFromAbsent(want, { ...opts, append: Promise.resolve(extra) });
-      } catch (err) {
-        if (!(err instanceof ExecError)) throw err;
-        this.log?.warn({ err: err.message }, 'nft: creating the absent tables was refused; applying them as one transaction');
-      }
-    }
-    let planned: NftTxPlan = planNatgw(want, kernel);
-    if (opts.dryRun) return textPlan(planned);
-    let appended = extra !== undefined;
-    const tx = NftTransaction.concat(planned.tx, extra);
-    if (tx.isEmpty) {
-      this.view = viewOf(want);
-      return extra ? { ...textPlan(planned), appended } : textPlan(planned);
-    }
-    this.view = undefined;
-    try {
-      await this.nft.run(tx);
-    } catch (err) {
-      // Handles in the script come from the read-back; another writer may have moved them
-      // since. Render once more against a fresh read-back before giving up, without the
-      // appended part (its owner then syncs it on its own).
-      if (!(err instanceof ExecError)) throw err;
-      this.log?.warn({ err: err.message }, 'nft transaction refused; re-reading and retrying once');
-      planned = planNatgw(want, await this.kernel());
-      appended = false;
-      if (!planned.tx.isEmpty) await this.nft.run(planned.tx);
-    }
-    this.view = viewOf(want);
-    const plan = textPlan(planned);
-    this.log?.info({ changes: plan.changes }, 'nftables synced');
-    this.log?.debug({ script: plan.script }, 'nft script');
-    return extra ? { ...plan, appended } : plan;
   }
 
   async observe(): Promise<void> {

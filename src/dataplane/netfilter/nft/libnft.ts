@@ -17,11 +17,8 @@ import { createInterface } from 'node:readline';
 import type { Logger } from 'pino';
 import { diesWithNatgw } from '../../../system/diesWithNatgw.js';
 import { ExecError, toolEnv, type ExecResult, type Executor } from '../../../system/exec.js';
-import { SystemNftClient, listingText, type NftClient, type PhaseTimings } from './client.js';
-import type { NftPhases } from './phases.js';
-import { parseTableListing } from './readback.js';
+import { SystemNftClient, listingText } from './client.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
-import type { NftTableDump } from './types.js';
 
 /** Debian's interpreter, the one python3-nftables is installed for. */
 const LIBNFT_PYTHON = '/usr/bin/python3';
@@ -135,8 +132,8 @@ class Helper {
   }
 }
 
-export class LibnftClient implements NftClient {
-  private readonly tool: SystemNftClient;
+/** The tool's client with present, listings and transactions through the helper while it runs; a bulk load's phases (several `nft` at once) stay the tool's. */
+export class LibnftClient extends SystemNftClient {
   private helper: Helper | undefined;
   private starting: Promise<void> | undefined;
   private startedAt = 0;
@@ -151,7 +148,7 @@ export class LibnftClient implements NftClient {
     private readonly log: Logger,
     private readonly deadlineMs: number,
   ) {
-    this.tool = new SystemNftClient(exec);
+    super(exec);
     this.launch();
   }
 
@@ -221,33 +218,23 @@ export class LibnftClient implements NftClient {
     return next;
   }
 
-  async present(): Promise<boolean> {
+  override async present(): Promise<boolean> {
     const r = await this.ask('list tables', false, 'nft list tables');
-    return r ? r.exitCode === 0 : this.tool.present();
+    return r ? r.exitCode === 0 : super.present();
   }
 
-  async list(family: NftTableFamily, table: string): Promise<NftTableDump | null> {
-    const text = await this.listJson(family, table);
-    return text === null ? null : parseTableListing(text, family, table);
-  }
-
-  async listJson(family: NftTableFamily, table: string): Promise<string | null> {
+  override async listJson(family: NftTableFamily, table: string): Promise<string | null> {
     if (!TABLE_NAME.test(table)) throw new Error(`not a table name: ${table}`);
     const r = await this.ask(`list table ${family} ${table}`, true, `nft -j list table ${family} ${table}`);
-    return r ? listingText(r) : this.tool.listJson(family, table);
+    return r ? listingText(r) : super.listJson(family, table);
   }
 
-  async run(tx: NftTransaction | string): Promise<void> {
+  override async run(tx: NftTransaction | string): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
     const r = await this.ask(script, false, 'nft -f -');
-    if (!r) return this.tool.run(script);
+    if (!r) return super.run(script);
     if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);
-  }
-
-  /** A bulk load runs several `nft` processes at once (phases.ts): the tool's way, unchanged. */
-  runPhases(p: NftPhases): Promise<PhaseTimings> {
-    return this.tool.runPhases(p);
   }
 
   /** End the helper for good. */

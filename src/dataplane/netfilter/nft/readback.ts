@@ -11,20 +11,10 @@
 import { canonicalIp, familyOf, formatCidr, isInterfaceName, isIp, isIpv6, parseCidr } from '../../../model/net.js';
 import type { Dnat, Fip, Snat } from '../../../model/rules.js';
 import { joinFamilies, type NatTables } from '../backend.js';
+import type { BaseHook } from '../tables/model.js';
 import { CHAIN, SET, ruleJson } from './render.js';
 import { dispatchCandidate, isSliceable, l4TcpUdpJson, snatRulesOf } from './snatLayout.js';
-import type {
-  NatgwKernel,
-  NatgwRule,
-  NftBaseHook,
-  NftChainDump,
-  NftElementDump,
-  NftFamily,
-  NftRuleDump,
-  NftSetDump,
-  NftTableDump,
-  OwnedTable,
-} from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftElementDump, NftFamily, NftRuleDump, NftSetDump, NftTableDump, OwnedTable } from './types.js';
 
 // ---------------------------------------------------------------------------------
 // Generic dump of one table
@@ -157,12 +147,12 @@ export function parseTableListing(jsonText: string, family: string, name: string
       const cname = chain['name'];
       if (typeof cname !== 'string') throw new NftParseError('chain without a name');
       const hook = chain['hook'];
-      const base: NftBaseHook | undefined =
+      const base: BaseHook | undefined =
         typeof hook === 'string'
           ? {
               type: String(chain['type']),
               hook,
-              prio: typeof chain['prio'] === 'number' ? chain['prio'] : Number.NaN,
+              priority: typeof chain['prio'] === 'number' ? chain['prio'] : Number.NaN,
               policy: typeof chain['policy'] === 'string' ? chain['policy'] : 'accept',
             }
           : undefined;
@@ -338,7 +328,7 @@ export function hasSkeleton(dump: NftTableDump | null): boolean {
   if (!dump) return false;
   const hooked = (name: string, hook: string, prio: number): boolean => {
     const b = dump.chains.get(name)?.base;
-    return b !== undefined && b.hook === hook && b.prio === prio;
+    return b !== undefined && b.hook === hook && b.priority === prio;
   };
   return hooked(CHAIN.vpcMark, 'prerouting', -150) && hooked(CHAIN.prerouting, 'prerouting', -100) && hooked(CHAIN.postrouting, 'postrouting', 100);
 }

@@ -55,12 +55,12 @@
  */
 import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
-import { activeSnat, sameDnat, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
+import { activeSnat, dnatKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
 import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
-import { NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
+import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
-import type { TableModel } from '../tables/model.js';
+import type { BaseHook, TableModel } from '../tables/model.js';
 import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
 
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
@@ -255,12 +255,12 @@ export function snatRule(given: Snat): SnatRule {
 // The desired tables
 // ---------------------------------------------------------------------------------
 
-interface BaseHookSpec {
+/** A base chain's hook; its priority written by name, listed by number. */
+interface BaseHookSpec extends BaseHook {
   readonly type: 'filter' | 'nat';
   readonly hook: 'prerouting' | 'postrouting' | 'forward' | 'input';
-  /** Written by name, listed by number. */
   readonly prioName: 'mangle' | 'dstnat' | 'srcnat' | 'filter';
-  readonly prio: number;
+  readonly policy: 'accept';
 }
 
 interface ChainSpec {
@@ -321,29 +321,6 @@ function firstBy<T>(items: readonly T[], key: (t: T) => string): T[] {
   });
 }
 
-/**
- * The DNATs, the first of each identity (firstBy by dnatKey, without a key string per
- * rule): canonicalOrder sorts by EIP, port and protocol, stably, so copies of one identity sit
- * in one run of neighbours sharing those three, in their given order.
- */
-function firstDnats(sorted: readonly Dnat[]): Dnat[] {
-  const out: Dnat[] = [];
-  let run = 0;
-  for (let i = 0; i < sorted.length; i++) {
-    const d = sorted[i] as Dnat;
-    const last = out[out.length - 1];
-    if (last === undefined || last.eip !== d.eip || last.port !== d.port || last.protocol !== d.protocol) run = out.length;
-    else if (inRun(out, run, d)) continue;
-    out.push(d);
-  }
-  return out;
-}
-
-function inRun(out: readonly Dnat[], run: number, d: Dnat): boolean {
-  for (let i = run; i < out.length; i++) if (sameDnat(out[i] as Dnat, d)) return true;
-  return false;
-}
-
 const FAMILY: Readonly<Record<NftFamily, Family>> = { ip: 4, ip6: 6 };
 
 export function needsFamily(want: NatTables, fam: NftFamily): boolean {
@@ -381,7 +358,7 @@ function fipElements(fips: readonly Fip[], fam: NftFamily): { fipDnat: NftElemen
 function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftElement[]; rangeDnats: NatgwRule[] } {
   const portDnat: NftElement[] = [];
   const rangeDnats: NatgwRule[] = [];
-  const dnats = firstDnats(sorted);
+  const dnats = firstBy(sorted, dnatKey);
   for (let i = 0; i < dnats.length; i++) {
     const d = dnats[i] as Dnat;
     if (famOf(d.internalIp) !== fam) checkSameFamily(`dnat ${d.eip}:${d.port}/${d.protocol}`, d.eip, d.internalIp);
@@ -434,17 +411,17 @@ function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]):
     chains: [
       {
         name: CHAIN.vpcMark,
-        base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', prio: -150 },
+        base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', priority: -150, policy: 'accept' },
         rules: [{ kind: 'vpc-mark', vpcIf: want.vpcIf }],
       },
       {
         name: CHAIN.prerouting,
-        base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', prio: -100 },
+        base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', priority: -100, policy: 'accept' },
         rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
       },
       {
         name: CHAIN.postrouting,
-        base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', prio: 100 },
+        base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', priority: 100, policy: 'accept' },
         rules: withPortSlice(
           [
             { kind: 'fip-snat' },
@@ -483,7 +460,7 @@ function dropInvalidChains(want: NatTables): ChainSpec[] {
   const invalid: NatgwRule[] = [...handOff('invalid'), { kind: 'drop-invalid' }];
   const chain = (name: 'forward' | 'input', rules: NatgwRule[]): ChainSpec => ({
     name,
-    base: { type: 'filter', hook: name, prioName: 'filter', prio: 0 },
+    base: { type: 'filter', hook: name, prioName: 'filter', priority: 0, policy: 'accept' },
     rules,
   });
   return [
@@ -530,7 +507,7 @@ class Script {
 const natgwTable = (fam: NftFamily): NftTableRef => ({ family: fam, name: NATGW_TABLE });
 
 function chainOf(c: ChainSpec): NftChainSpec {
-  return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: 'accept' } } : { name: c.name };
+  return c.base ? { name: c.name, base: { type: c.base.type, hook: c.base.hook, priority: c.base.prioName, policy: c.base.policy } } : { name: c.name };
 }
 
 function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
@@ -566,9 +543,6 @@ function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
   return have.kind === spec.kind && have.type === spec.type && (have.map ?? '') === (spec.map ?? '') && have.flags.length === 0;
 }
 
-/** Addresses, protocol names and ports joined by ` . `: nothing nft would read as syntax. */
-const SAFE_ELEMENT = /^[0-9A-Za-z.:/ _]+$/;
-
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
 function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): boolean {
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
@@ -581,7 +555,7 @@ function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): bool
     if (!want || !sameSetDecl(want, s)) return true;
     // A stale element is deleted by writing its text back into the script: only typed data as
     // nft prints it may be written there (anything else cannot occur in a map natgw declared).
-    if (s.elements.some((e) => !SAFE_ELEMENT.test(e.key) || (e.value !== undefined && !SAFE_ELEMENT.test(e.value)))) return true;
+    if (s.elements.some((e) => !isPlainElement(e.key) || (e.value !== undefined && !isPlainElement(e.value)))) return true;
   }
   return false;
 }
@@ -600,7 +574,7 @@ function wantedModel(spec: FamilySpec): TableModel {
       spec.chains.map((c) => [
         c.name,
         {
-          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: 'accept' } } : {}),
+          ...(c.base ? { base: c.base } : {}),
           rules: c.rules.map((r) => ruleText(r, spec.family)),
         },
       ]),
@@ -615,7 +589,7 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
       [...have.chains].map(([n, c]) => [
         n,
         {
-          ...(c.base ? { base: { type: c.base.type, hook: c.base.hook, priority: c.base.prio, policy: c.base.policy } } : {}),
+          ...(c.base ? { base: c.base } : {}),
           rules: (have.owned.get(n) ?? []).map((r) => (r.rule ? ruleText(r.rule, fam) : null)),
         },
       ]),

@@ -94,6 +94,9 @@ export type NftOp =
 const NAME = /^[A-Za-z0-9_][A-Za-z0-9_.-]*$/;
 /** Addresses, prefixes, protocol names, ports, verdicts: what natgw's elements are made of. */
 const ELEMENT = /^[0-9A-Za-z.:/ _-]+$/;
+
+/** Whether an element's key or value as nft listed it may be written back into a script (a stale element's delete). */
+export const isPlainElement = (text: string): boolean => ELEMENT.test(text);
 const TYPE = /^[a-z0-9_]+( \. [a-z0-9_]+)*$/;
 
 function checked(re: RegExp, what: string, v: string): string {

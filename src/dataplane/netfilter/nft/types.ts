@@ -4,6 +4,7 @@
  * recognises a rule by rendering its JSON), and the renderer diffs against what the read-back
  * returns; with these shapes here, neither module imports the other both ways.
  */
+import type { BaseHook } from '../tables/model.js';
 
 export type NftFamily = 'ip' | 'ip6';
 
@@ -62,13 +63,6 @@ export type NatgwRule =
 
 export type SnatRule = Extract<NatgwRule, { kind: 'snat' }>;
 
-export interface NftBaseHook {
-  readonly type: string;
-  readonly hook: string;
-  readonly prio: number;
-  readonly policy: string;
-}
-
 export interface NftRuleDump {
   readonly handle: number;
   readonly expr: readonly unknown[];
@@ -78,7 +72,7 @@ export interface NftChainDump {
   readonly name: string;
   readonly handle: number;
   /** Absent for a regular chain. */
-  readonly base?: NftBaseHook;
+  readonly base?: BaseHook;
   readonly rules: NftRuleDump[];
 }
 

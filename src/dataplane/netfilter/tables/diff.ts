@@ -196,7 +196,7 @@ export interface TableEdit {
   readonly rehooked: readonly string[];
 }
 
-const sameHook = (a: BaseHook | undefined, b: BaseHook | undefined): boolean =>
+export const sameHook = (a: BaseHook | undefined, b: BaseHook | undefined): boolean =>
   a === b || (a !== undefined && b !== undefined && a.type === b.type && a.hook === b.hook && a.priority === b.priority && a.policy === b.policy);
 
 const NO_RULES: ChainModel = { rules: [] };
