@@ -1,10 +1,10 @@
 import { spawn } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
-import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
+import { NO_DAEMON, request, type Answer } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
 
 /**
@@ -22,7 +22,6 @@ const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
-const CONNECT_TIMEOUT_MS = 2000;
 
 /**
  * The daemon's heap limits, two of the V8 options Node.js documents (`node --help`, "Useful V8
@@ -75,57 +74,22 @@ function isCommandOutput(v: unknown): v is CommandOutput {
 }
 
 /** POST /v1/legacy. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
-function post(socketPath: string, command: string, args: readonly string[]): Promise<Attempt> {
-  const body = JSON.stringify({ command, rules: args });
-  return new Promise((resolve) => {
-    let settled = false;
-    const done = (a: Attempt) => {
-      if (!settled) {
-        settled = true;
-        resolve(a);
-      }
-    };
-    const req = http.request(
-      {
-        socketPath,
-        path: '/v1/legacy',
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
-        agent: false,
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('error', (e) => done({ kind: 'failed', why: e.message }));
-        res.on('end', () => {
-          const text = Buffer.concat(chunks).toString('utf8');
-          if (res.statusCode !== 200) {
-            done({ kind: 'failed', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}` });
-            return;
-          }
-          try {
-            const parsed: unknown = JSON.parse(text);
-            if (isCommandOutput(parsed)) done({ kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } });
-            else done({ kind: 'failed', why: 'malformed answer' });
-          } catch {
-            done({ kind: 'failed', why: 'malformed answer' });
-          }
-        });
-      },
-    );
-    // Only the connection is bounded: a command (init) may legitimately take a while.
-    const connectTimer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
-    req.on('socket', (s) => {
-      s.once('connect', () => clearTimeout(connectTimer));
-    });
-    req.on('error', (e: NodeJS.ErrnoException) => {
-      clearTimeout(connectTimer);
-      const absent = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' || e.code === 'ETIMEDOUT' || e.code === 'ENOTSOCK';
-      done(absent ? { kind: 'absent' } : { kind: 'failed', why: e.message });
-    });
-    req.on('close', () => clearTimeout(connectTimer));
-    req.end(body);
-  });
+async function post(socket: string, command: string, args: readonly string[]): Promise<Attempt> {
+  let a: Answer;
+  try {
+    a = await request({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
+  } catch (e) {
+    const code = ((e as Error).cause as NodeJS.ErrnoException | undefined)?.code;
+    return NO_DAEMON.has(code ?? '') ? { kind: 'absent' } : { kind: 'failed', why: (e as Error).message };
+  }
+  if (a.status !== 200) return { kind: 'failed', why: `HTTP ${a.status}: ${a.text.slice(0, 200)}` };
+  try {
+    const parsed: unknown = JSON.parse(a.text);
+    if (isCommandOutput(parsed)) return { kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } };
+  } catch {
+    // not JSON: below
+  }
+  return { kind: 'failed', why: 'malformed answer' };
 }
 
 /** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */
@@ -167,16 +131,11 @@ function startDaemon(config: Config, log: Logger): boolean {
   }
 }
 
-function probe(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = http.get({ socketPath, path: '/healthz', agent: false, timeout: 1000 }, (res) => {
-      res.resume();
-      resolve(res.statusCode === 200);
-    });
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', () => resolve(false));
-  });
-}
+const probe = (socket: string): Promise<boolean> =>
+  request({ kind: 'socket', socket }, 'GET', '/healthz').then(
+    (a) => a.status === 200,
+    () => false,
+  );
 
 async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
   const deadline = Date.now() + deadlineMs;

@@ -1,5 +1,6 @@
 import type { CommandOutput } from '../engine/output.js';
 import { socketPathFromEnv } from '../config/socketPath.js';
+import { isAgentCommand } from './commands/help.js';
 import { tryRunningDaemon } from './forward.js';
 
 /**
@@ -9,9 +10,6 @@ import { tryRunningDaemon } from './forward.js';
  * Modules load in the order they are needed: a running daemon answers a forwarded command
  * before configuration (zod), logging (pino) or the engine are loaded at all.
  */
-/** natgw's own commands (src/cli/commands); everything else is the script's. */
-const AGENT = ['status', 'apply', 'diff', 'get', 'describe', 'delete'];
-
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
   if (command === '--version') {
@@ -19,9 +17,9 @@ async function main(argv: readonly string[]): Promise<number> {
     process.stdout.write(versionLine());
     return 0;
   }
-  // natgw's own commands and help; `help` alone stays the script's command.
-  if (AGENT.includes(command ?? '') || command === '--help' || command === '-h' || (command === 'help' && AGENT.includes(args[0] ?? ''))) {
-    const { runAgent, isAgentCommand } = await import('./commands/index.js');
+  // natgw's own commands (src/cli/commands) and help; `help` alone stays the script's command.
+  if (isAgentCommand(command) || command === '--help' || command === '-h' || (command === 'help' && isAgentCommand(args[0]))) {
+    const { runAgent } = await import('./commands/index.js');
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
   if (command === 'lb-svc') return emit(await (await import('../lbsvc/main.js')).lbSvc(args));

@@ -3,6 +3,8 @@ import type { z } from 'zod';
 import { HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
+import { RESOURCES } from '../api/resources.js';
+import { CliError } from './client.js';
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 
 /**
@@ -37,8 +39,9 @@ export interface FileIssue {
 
 const issueText = (file: string, i: FileIssue): string => `${file}${i.line !== undefined ? `:${i.line}` : ''}: ${i.field ? `${i.field}: ` : ''}${i.reason}`;
 
-export class StateFileError extends Error {
-  override readonly name = 'StateFileError';
+/** A bad file: every issue, each with its line and field (exit 1, as any CLI failure). */
+export class StateFileError extends CliError {
+  override readonly name: string = 'StateFileError';
   constructor(
     readonly file: string,
     readonly issues: readonly FileIssue[],
@@ -217,16 +220,7 @@ function knownAt(schema: z.ZodType, path: Path): string[] {
   return s ? Object.keys(defOf(unwrap(s)).shape ?? {}) : [];
 }
 
-const countObjects = (s: DesiredState): number =>
-  s.eips.length +
-  s.snats.length +
-  s.dnats.length +
-  s.fips.length +
-  s.shareDnats.length +
-  s.routes.length +
-  s.eipQos.length +
-  s.qos.length +
-  s.neighbours.length;
+const countObjects = (s: DesiredState): number => RESOURCES.reduce((n, def) => n + s[def.stateKey].length, 0);
 
 /** Placeholder interfaces for normalising a file that leaves them out (nothing in normalisation reads them). */
 const NO_INTERFACES = { vpc: 'eth0', ext: 'net1' };
