@@ -24,15 +24,11 @@ const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 const AUTOSTART_DEADLINE_MS = 5000;
 
 /**
- * The daemon's heap limits, two of the V8 options Node.js documents (`node --help`, "Useful V8
- * options" in its CLI docs), given where natgw starts the daemon: here (the autostart) and in the
- * shim's `serve` (image/nat-gateway.sh; a test keeps the two equal). The young generation's size
- * is what a bulk change's garbage occupies; the old generation grows between full collections
- * by a factor V8's heuristics scale with its limit (seen here: ×1.6 of the live heap at 1,024 MiB,
- * ×1.4-1.5 at 512), and
- * the garbage every command leaves there lets the heap reach that ceiling. 512 MiB is more than
- * ten times the live heap at the largest benchmarked size (20,000 DNAT + 20,000 FIP + 2,000
- * SNAT: 33-41 MiB). Measured in docs/performance.md ("heap limits").
+ * The daemon's heap limits, two of the V8 options Node.js documents, given where natgw starts the
+ * daemon: here (the autostart) and in the shim's `serve` (image/nat-gateway.sh; a test keeps the
+ * two equal). They hold its peak RSS under the target at the largest benchmarked size, where the
+ * 512 MiB old space is more than ten times the live heap: why and how much in docs/performance.md
+ * ("heap limits" among the kept mechanisms, and where the daemon's memory peaks).
  */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=2', '--max-old-space-size=512'];
 

@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import type { ReplaceResult } from '../../api/service.js';
 import type { DesiredState } from '../../state/state.js';
-import { CliError, request, apiError, type Target } from '../client.js';
+import { CliError, request, requestJson, apiError, type Target } from '../client.js';
 import { changesSomething, mergeState, renderResults, type Merged } from '../merge.js';
 import { diffIsEmpty, diffStates, renderDiff } from '../render.js';
 import { parseStateFile } from '../stateFile.js';
@@ -97,11 +97,7 @@ export async function planFile(
   const parsed = parseStateFile(file === '-' ? '<stdin>' : file, text);
   progress?.phase(`validated ${parsed.objects} object(s)`);
   const target = await targetOf(values, io.env);
-  const read = (async () => {
-    const a = await request(target, 'GET', '/v1/state');
-    if (a.status !== 200) throw apiError('GET /v1/state', a);
-    return JSON.parse(a.text) as { desired: DesiredState; digest: string };
-  })();
+  const read = requestJson<{ desired: DesiredState; digest: string }>(target, 'GET', '/v1/state');
   const current = progress ? await progress.during('reading the desired state from the daemon', read) : await read;
   const merged = mergeState(current.desired, parsed, values.prune === true);
   if (merged.results.length === 0 && !values.prune) throw new CliError(`${file}: no objects to apply (the file lists no kind and no gateway field)`);
