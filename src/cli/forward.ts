@@ -32,21 +32,21 @@ const AUTOSTART_DEADLINE_MS = 5000;
  */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=2', '--max-old-space-size=512'];
 
-type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
+/** A command sent to a daemon. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
+export type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
 /**
- * The fast path, before any configuration is validated: one attempt at a running daemon. A
- * forwarded command then loads nothing but node:http (start-up time is most of a shim call).
+ * The fast path, before any configuration is validated: one attempt at a running daemon, or
+ * undefined for a command that runs in-process. A forwarded command then loads nothing but
+ * node:http (start-up time is most of a shim call).
  */
-export async function tryRunningDaemon(socket: string, command: string | undefined, args: readonly string[]): Promise<CommandOutput | undefined> {
+export async function tryRunningDaemon(socket: string, command: string | undefined, args: readonly string[]): Promise<Attempt | undefined> {
   if (command === undefined || command === 'serve' || IN_PROCESS.has(command)) return undefined;
-  const r = await post(socket, command, args);
-  return r.kind === 'ok' ? r.out : undefined;
+  return post(socket, command, args);
 }
 
-export async function forward(config: Config, command: string | undefined, args: readonly string[], log: Logger): Promise<CommandOutput | undefined> {
-  if (command === undefined || IN_PROCESS.has(command)) return undefined;
-  const first = await post(config.socket, command, args);
+/** After a first attempt that did not run the command: start a daemon where none answered, and forward to it. */
+export async function forward(config: Config, command: string, args: readonly string[], first: Attempt, log: Logger): Promise<CommandOutput | undefined> {
   if (first.kind === 'ok') return first.out;
   if (first.kind === 'failed') {
     log.warn({ command, why: first.why }, 'daemon did not run the command; running in-process');
@@ -69,7 +69,7 @@ function isCommandOutput(v: unknown): v is CommandOutput {
   return typeof o === 'object' && o !== null && typeof o.status === 'number' && typeof o.stdout === 'string' && typeof o.stderr === 'string';
 }
 
-/** POST /v1/legacy. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
+/** POST /v1/legacy. */
 async function post(socket: string, command: string, args: readonly string[]): Promise<Attempt> {
   let a: Answer;
   try {

@@ -1,7 +1,7 @@
 import type { CommandOutput } from '../engine/output.js';
 import { socketPathFromEnv } from '../config/socketPath.js';
 import { isAgentCommand } from './commands/help.js';
-import { tryRunningDaemon } from './forward.js';
+import { forward, tryRunningDaemon } from './forward.js';
 
 /**
  * `natgw <command> [rule ...]`: the script's command line. `natgw serve` runs the daemon.
@@ -23,8 +23,8 @@ async function main(argv: readonly string[]): Promise<number> {
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
   if (command === 'lb-svc') return emit(await (await import('../lbsvc/main.js')).lbSvc(args));
-  const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
-  if (fast) return emit(fast);
+  const first = await tryRunningDaemon(await socketPathFromEnv(), command, args);
+  if (first?.kind === 'ok') return emit(first.out);
 
   const { loadConfig, ConfigError } = await import('../config/config.js');
   let config: Awaited<ReturnType<typeof loadConfig>>;
@@ -43,8 +43,8 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   const { commandLogger } = await import('../system/logger.js');
   const log = commandLogger(config.logLevel, config.stateDir);
-  const { forward } = await import('./forward.js');
-  const viaDaemon = await forward(config, command, args, log);
+  // `first` is undefined only for the commands that run in-process.
+  const viaDaemon = first && command !== undefined ? await forward(config, command, args, first, log) : undefined;
   if (viaDaemon) return emit(viaDaemon);
   const [{ SystemExecutor }, { Engine }, { runLegacy }] = await Promise.all([
     import('../system/exec.js'),
