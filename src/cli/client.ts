@@ -1,56 +1,22 @@
 import http from 'node:http';
 import type https from 'node:https';
-import { readFile } from 'node:fs/promises';
-import { readEnvFile } from '../config/envFile.js';
-import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../config/socketPath.js';
 
 /**
- * The agent commands' way to the daemon: the Unix socket the shim uses (NATGW_SOCKET, same
- * resolution), or TCP with the bearer token. These commands never start a daemon and never
- * touch the kernel themselves: no daemon is an error that says how to get one.
+ * The one HTTP client of the CLI: the shim's forwarding (forward.ts) and the agent commands
+ * reach the daemon through it, on the Unix socket or over TCP with the bearer token.
  */
 export type Target = { readonly kind: 'socket'; readonly socket: string } | { readonly kind: 'tcp'; readonly url: URL; readonly token?: string };
 
-export interface TargetOptions {
-  readonly socket?: string;
-  readonly server?: string;
-  readonly tokenFile?: string;
-}
-
 /** A failure the user can act on; main prints its message and exits 1. */
 export class CliError extends Error {
-  override readonly name = 'CliError';
+  override readonly name: string = 'CliError';
   constructor(
     message: string,
     readonly exitCode = 1,
+    cause?: Error,
   ) {
-    super(message);
+    super(message, cause ? { cause } : undefined);
   }
-}
-
-export async function resolveTarget(opts: TargetOptions, env: NodeJS.ProcessEnv = process.env): Promise<Target> {
-  if (opts.socket !== undefined && opts.server !== undefined) throw new CliError('--socket and --server exclude each other', 2);
-  if (opts.server === undefined) return { kind: 'socket', socket: opts.socket ?? (await socketPathFromEnv(env)) };
-  let url: URL;
-  try {
-    url = new URL(opts.server.includes('://') ? opts.server : `http://${opts.server}`);
-  } catch {
-    throw new CliError(`--server: '${opts.server}' is not a URL (e.g. http://127.0.0.1:8080)`, 2);
-  }
-  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new CliError(`--server: ${url.protocol} is not http: or https:`, 2);
-  // The token file as the daemon is configured (env file over environment), unless given.
-  const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
-  const fromFile = await readEnvFile(envFile).catch(() => ({}) as Record<string, string>);
-  const tokenFile = opts.tokenFile ?? (fromFile.NATGW_TOKEN_FILE || env.NATGW_TOKEN_FILE || undefined);
-  if (tokenFile === undefined) return { kind: 'tcp', url };
-  let token: string;
-  try {
-    token = (await readFile(tokenFile, 'utf8')).trim();
-  } catch (e) {
-    throw new CliError(`token file ${tokenFile}: ${(e as Error).message}`);
-  }
-  if (!token) throw new CliError(`token file ${tokenFile} is empty`);
-  return { kind: 'tcp', url, token };
 }
 
 const describeTarget = (t: Target): string => (t.kind === 'socket' ? t.socket : t.url.origin);
@@ -61,24 +27,31 @@ export interface Answer {
   readonly headers: http.IncomingHttpHeaders;
 }
 
-/** The daemon's error body as one line: its message names the field at fault. */
-export function apiError(what: string, a: Answer): CliError {
-  let message = a.text.trim().slice(0, 500);
+/** The daemon's error body as one line: its message (which names the field at fault), else the text as it came. */
+export function messageOf(text: string): string {
   try {
-    const b = JSON.parse(a.text) as { message?: unknown; field?: unknown };
-    if (typeof b.message === 'string') message = b.message;
+    const m = (JSON.parse(text) as { message?: unknown }).message;
+    if (typeof m === 'string') return m;
   } catch {
-    // not JSON: the text as it came
+    // not JSON
   }
-  if (a.status === 401) message += ' (over TCP: pass --token-file or set NATGW_TOKEN_FILE)';
-  return new CliError(`${what}: the daemon answered ${a.status}: ${message}`);
+  return text.trim().slice(0, 500);
+}
+
+export function apiError(what: string, a: Answer): CliError {
+  const hint = a.status === 401 ? ' (over TCP: pass --token-file or set NATGW_TOKEN_FILE)' : '';
+  return new CliError(`${what}: the daemon answered ${a.status}: ${messageOf(a.text)}${hint}`);
 }
 
 const CONNECT_TIMEOUT_MS = 3000;
 
+/** Connection errors that mean no daemon listens there (forward.ts then starts one or runs the command itself). */
+export const NO_DAEMON = new Set(['ENOENT', 'ECONNREFUSED', 'ETIMEDOUT', 'ENOTSOCK']);
+
 /**
- * One request. Only the connection is bounded: an apply of thousands of objects may take a
- * while, and the daemon bounds its own work.
+ * One request. Only the connection is bounded: an apply of thousands of objects (or `init`)
+ * may take a while, and the daemon bounds its own work. A failure is a CliError whose `cause`
+ * is Node's own error.
  */
 export async function request(target: Target, method: string, path: string, body?: string, headers: Record<string, string> = {}): Promise<Answer> {
   const hdrs: Record<string, string> = { ...headers };
@@ -100,7 +73,7 @@ export async function request(target: Target, method: string, path: string, body
     const req = mod.request(options, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('error', (e) => reject(new CliError(`${method} ${path}: ${e.message}`)));
+      res.on('error', (e) => reject(new CliError(`${method} ${path}: ${e.message}`, 1, e)));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8'), headers: res.headers }));
     });
     const timer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
@@ -112,13 +85,13 @@ export async function request(target: Target, method: string, path: string, body
     req.on('error', (e: NodeJS.ErrnoException) => {
       clearTimeout(timer);
       const where = describeTarget(target);
-      if (e.code === 'ENOENT' || e.code === 'ECONNREFUSED' || e.code === 'ETIMEDOUT' || e.code === 'ENOTSOCK') {
+      if (NO_DAEMON.has(e.code ?? '')) {
         const how = target.kind === 'socket' ? '--socket PATH or NATGW_SOCKET' : '--server URL';
-        reject(new CliError(`no natgw daemon answers on ${where} (${e.code}): start one with \`natgw serve\`, or point at it with ${how}`));
+        reject(new CliError(`no natgw daemon answers on ${where} (${e.code}): start one with \`natgw serve\`, or point at it with ${how}`, 1, e));
       } else if (e.code === 'EACCES') {
-        reject(new CliError(`${where}: permission denied (the socket is root's: run as root)`));
+        reject(new CliError(`${where}: permission denied (the socket is root's: run as root)`, 1, e));
       } else {
-        reject(new CliError(`${where}: ${e.message}`));
+        reject(new CliError(`${where}: ${e.message}`, 1, e));
       }
     });
     req.end(body);

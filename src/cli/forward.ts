@@ -1,10 +1,10 @@
 import { spawn } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
-import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
+import { NO_DAEMON, request, type Answer } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
 
 /**
@@ -22,36 +22,31 @@ const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
 
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
-const CONNECT_TIMEOUT_MS = 2000;
 
 /**
- * The daemon's heap limits, two of the V8 options Node.js documents (`node --help`, "Useful V8
- * options" in its CLI docs), given where natgw starts the daemon: here (the autostart) and in the
- * shim's `serve` (image/nat-gateway.sh; a test keeps the two equal). The young generation's size
- * is what a bulk change's garbage occupies; the old generation grows between full collections
- * by a factor V8's heuristics scale with its limit (seen here: ×1.6 of the live heap at 1,024 MiB,
- * ×1.4-1.5 at 512), and
- * the garbage every command leaves there lets the heap reach that ceiling. 512 MiB is more than
- * ten times the live heap at the largest benchmarked size (20,000 DNAT + 20,000 FIP + 2,000
- * SNAT: 33-41 MiB). Measured in docs/performance.md ("heap limits").
+ * The daemon's heap limits, two of the V8 options Node.js documents, given where natgw starts the
+ * daemon: here (the autostart) and in the shim's `serve` (image/nat-gateway.sh; a test keeps the
+ * two equal). They hold its peak RSS under the target at the largest benchmarked size, where the
+ * 512 MiB old space is more than ten times the live heap: why and how much in docs/performance.md
+ * ("heap limits" among the kept mechanisms, and where the daemon's memory peaks).
  */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=2', '--max-old-space-size=512'];
 
-type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
+/** A command sent to a daemon. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
+export type Attempt = { kind: 'ok'; out: CommandOutput } | { kind: 'absent' } | { kind: 'failed'; why: string };
 
 /**
- * The fast path, before any configuration is validated: one attempt at a running daemon. A
- * forwarded command then loads nothing but node:http (start-up time is most of a shim call).
+ * The fast path, before any configuration is validated: one attempt at a running daemon, or
+ * undefined for a command that runs in-process. A forwarded command then loads nothing but
+ * node:http (start-up time is most of a shim call).
  */
-export async function tryRunningDaemon(socket: string, command: string | undefined, args: readonly string[]): Promise<CommandOutput | undefined> {
+export async function tryRunningDaemon(socket: string, command: string | undefined, args: readonly string[]): Promise<Attempt | undefined> {
   if (command === undefined || command === 'serve' || IN_PROCESS.has(command)) return undefined;
-  const r = await post(socket, command, args);
-  return r.kind === 'ok' ? r.out : undefined;
+  return post(socket, command, args);
 }
 
-export async function forward(config: Config, command: string | undefined, args: readonly string[], log: Logger): Promise<CommandOutput | undefined> {
-  if (command === undefined || IN_PROCESS.has(command)) return undefined;
-  const first = await post(config.socket, command, args);
+/** After a first attempt that did not run the command: start a daemon where none answered, and forward to it. */
+export async function forward(config: Config, command: string, args: readonly string[], first: Attempt, log: Logger): Promise<CommandOutput | undefined> {
   if (first.kind === 'ok') return first.out;
   if (first.kind === 'failed') {
     log.warn({ command, why: first.why }, 'daemon did not run the command; running in-process');
@@ -74,58 +69,23 @@ function isCommandOutput(v: unknown): v is CommandOutput {
   return typeof o === 'object' && o !== null && typeof o.status === 'number' && typeof o.stdout === 'string' && typeof o.stderr === 'string';
 }
 
-/** POST /v1/legacy. `absent`: nothing listens there (run elsewhere); `failed`: it answered but did not run it. */
-function post(socketPath: string, command: string, args: readonly string[]): Promise<Attempt> {
-  const body = JSON.stringify({ command, rules: args });
-  return new Promise((resolve) => {
-    let settled = false;
-    const done = (a: Attempt) => {
-      if (!settled) {
-        settled = true;
-        resolve(a);
-      }
-    };
-    const req = http.request(
-      {
-        socketPath,
-        path: '/v1/legacy',
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
-        agent: false,
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('error', (e) => done({ kind: 'failed', why: e.message }));
-        res.on('end', () => {
-          const text = Buffer.concat(chunks).toString('utf8');
-          if (res.statusCode !== 200) {
-            done({ kind: 'failed', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}` });
-            return;
-          }
-          try {
-            const parsed: unknown = JSON.parse(text);
-            if (isCommandOutput(parsed)) done({ kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } });
-            else done({ kind: 'failed', why: 'malformed answer' });
-          } catch {
-            done({ kind: 'failed', why: 'malformed answer' });
-          }
-        });
-      },
-    );
-    // Only the connection is bounded: a command (init) may legitimately take a while.
-    const connectTimer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
-    req.on('socket', (s) => {
-      s.once('connect', () => clearTimeout(connectTimer));
-    });
-    req.on('error', (e: NodeJS.ErrnoException) => {
-      clearTimeout(connectTimer);
-      const absent = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' || e.code === 'ETIMEDOUT' || e.code === 'ENOTSOCK';
-      done(absent ? { kind: 'absent' } : { kind: 'failed', why: e.message });
-    });
-    req.on('close', () => clearTimeout(connectTimer));
-    req.end(body);
-  });
+/** POST /v1/legacy. */
+async function post(socket: string, command: string, args: readonly string[]): Promise<Attempt> {
+  let a: Answer;
+  try {
+    a = await request({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
+  } catch (e) {
+    const code = ((e as Error).cause as NodeJS.ErrnoException | undefined)?.code;
+    return NO_DAEMON.has(code ?? '') ? { kind: 'absent' } : { kind: 'failed', why: (e as Error).message };
+  }
+  if (a.status !== 200) return { kind: 'failed', why: `HTTP ${a.status}: ${a.text.slice(0, 200)}` };
+  try {
+    const parsed: unknown = JSON.parse(a.text);
+    if (isCommandOutput(parsed)) return { kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } };
+  } catch {
+    // not JSON: below
+  }
+  return { kind: 'failed', why: 'malformed answer' };
 }
 
 /** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */
@@ -167,16 +127,11 @@ function startDaemon(config: Config, log: Logger): boolean {
   }
 }
 
-function probe(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = http.get({ socketPath, path: '/healthz', agent: false, timeout: 1000 }, (res) => {
-      res.resume();
-      resolve(res.statusCode === 200);
-    });
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', () => resolve(false));
-  });
-}
+const probe = (socket: string): Promise<boolean> =>
+  request({ kind: 'socket', socket }, 'GET', '/healthz').then(
+    (a) => a.status === 200,
+    () => false,
+  );
 
 async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
   const deadline = Date.now() + deadlineMs;

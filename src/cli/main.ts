@@ -1,5 +1,6 @@
 import type { CommandOutput } from '../engine/output.js';
 import { socketPathFromEnv } from '../config/socketPath.js';
+import { isAgentCommand } from './commands/help.js';
 
 /**
  * `natgw <command> [rule ...]`: the script's command line. `natgw serve` runs the daemon.
@@ -8,9 +9,6 @@ import { socketPathFromEnv } from '../config/socketPath.js';
  * Modules load in the order they are needed: a running daemon answers a forwarded command
  * before configuration (zod), logging (pino) or the engine are loaded at all.
  */
-/** natgw's own commands (src/cli/commands); everything else is the script's. */
-const AGENT = ['status', 'apply', 'diff', 'get', 'describe', 'delete'];
-
 async function main(argv: readonly string[]): Promise<number> {
   const [command, ...args] = argv;
   if (command === '--version') {
@@ -18,18 +16,16 @@ async function main(argv: readonly string[]): Promise<number> {
     process.stdout.write(versionLine());
     return 0;
   }
-  // natgw's own commands and help; `help` alone stays the script's command.
-  if (AGENT.includes(command ?? '') || command === '--help' || command === '-h' || (command === 'help' && AGENT.includes(args[0] ?? ''))) {
-    const { runAgent, isAgentCommand } = await import('./commands/index.js');
+  // natgw's own commands (src/cli/commands) and help; `help` alone stays the script's command.
+  if (isAgentCommand(command) || command === '--help' || command === '-h' || (command === 'help' && isAgentCommand(args[0]))) {
+    const { runAgent } = await import('./commands/index.js');
     return runAgent(isAgentCommand(command) ? command : 'help', args);
   }
   if (command === 'lb-svc') return emit(await (await import('../lbsvc/main.js')).lbSvc(args));
   // `serve` forwards nothing: its start does not load the HTTP client (node:http loads beside its first sync).
-  if (command !== 'serve') {
-    const { tryRunningDaemon } = await import('./forward.js');
-    const fast = await tryRunningDaemon(await socketPathFromEnv(), command, args);
-    if (fast) return emit(fast);
-  }
+  const forwarding = command === 'serve' ? undefined : await import('./forward.js');
+  const first = await forwarding?.tryRunningDaemon(await socketPathFromEnv(), command, args);
+  if (first?.kind === 'ok') return emit(first.out);
 
   const { loadConfig, ConfigError } = await import('../config/config.js');
   let config: Awaited<ReturnType<typeof loadConfig>>;
@@ -48,8 +44,8 @@ async function main(argv: readonly string[]): Promise<number> {
   }
   const { commandLogger } = await import('../system/logger.js');
   const log = commandLogger(config.logLevel, config.stateDir);
-  const { forward } = await import('./forward.js');
-  const viaDaemon = await forward(config, command, args, log);
+  // `first` is undefined only for the commands that run in-process.
+  const viaDaemon = forwarding && first && command !== undefined ? await forwarding.forward(config, command, args, first, log) : undefined;
   if (viaDaemon) return emit(viaDaemon);
   const [{ SystemExecutor }, { Engine }, { runLegacy }] = await Promise.all([
     import('../system/exec.js'),

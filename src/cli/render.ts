@@ -1,6 +1,7 @@
 import { canonicalJson } from '../model/canonical.js';
 import { RESOURCES, idOf, type ResourceDef } from '../api/resources.js';
 import type { StatusDocument } from '../api/bodies.js';
+import { diffStates as changeOf, sameValue, split } from '../state/change.js';
 import type { DesiredState } from '../state/state.js';
 
 /**
@@ -199,51 +200,30 @@ function describeObject(def: ResourceDef, x: unknown): string {
   return rest.length ? `${idOf(def, x)}  ${rest.join(' ')}` : idOf(def, x);
 }
 
-/** Structural equality, key order ignored (cheaper than canonical text for plain values). */
-function sameValue(a: unknown, b: unknown): boolean {
-  if (a === b) return true;
-  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return (a ?? null) === (b ?? null);
-  if (Array.isArray(a) !== Array.isArray(b)) return false;
-  const ka = Object.keys(a).filter((k) => (a as Record<string, unknown>)[k] !== undefined);
-  const kb = Object.keys(b).filter((k) => (b as Record<string, unknown>)[k] !== undefined);
-  return ka.length === kb.length && ka.every((k) => sameValue((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
-}
-
-/** Object by object, what `next` adds, removes and changes relative to `current`. */
+/**
+ * Object by object, what `next` adds, removes and changes relative to `current`: the state's own
+ * change by identity (state/change.ts), worded field by field.
+ */
 export function diffStates(current: DesiredState, next: DesiredState): StateDiff {
-  const kinds: KindDiff[] = [];
-  for (const def of RESOURCES) {
-    const before = new Map(current[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    const after = new Map(next[def.stateKey].map((x: unknown) => [def.key(x), x] as const));
-    const added: string[] = [];
-    const removed: string[] = [];
+  const change = changeOf(current, next);
+  const kinds = RESOURCES.map((def): KindDiff => {
+    const { added, removed, updated } = split(change, def.stateKey);
     const changed: { id: string; fields: string[] }[] = [];
-    for (const [k, v] of after) {
-      const b = before.get(k);
-      if (b === undefined) {
-        added.push(describeObject(def, v));
-        continue;
-      }
-      if (b === v) continue;
-      const ob = comparable(def, b);
-      const ov = comparable(def, v);
-      const fields: string[] = [];
-      for (const f of new Set([...Object.keys(ob), ...Object.keys(ov)])) {
-        if (!sameValue(ob[f], ov[f])) fields.push(`${f}: ${cellOf(ob[f]) || '(none)'} -> ${cellOf(ov[f]) || '(none)'}`);
-      }
-      if (fields.length) changed.push({ id: idOf(def, v), fields });
+    for (const { before, after } of updated) {
+      const ob = comparable(def, before);
+      const ov = comparable(def, after);
+      const fields = [...new Set([...Object.keys(ob), ...Object.keys(ov)])]
+        .filter((f) => !sameValue(ob[f], ov[f]))
+        .map((f) => `${f}: ${cellOf(ob[f]) || '(none)'} -> ${cellOf(ov[f]) || '(none)'}`);
+      if (fields.length) changed.push({ id: idOf(def, after), fields });
     }
-    for (const [k, v] of before) if (!after.has(k)) removed.push(describeObject(def, v));
-    kinds.push({ kind: def.path, added, removed, changed });
-  }
+    return { kind: def.path, added: added.map((x) => describeObject(def, x)), removed: removed.map((x) => describeObject(def, x)), changed };
+  });
   const gateway: string[] = [];
-  if (current.initialized !== next.initialized) gateway.push(`initialized: ${current.initialized} -> ${next.initialized}`);
-  if (canonicalJson(current.interfaces) !== canonicalJson(next.interfaces)) {
-    gateway.push(`interfaces: ${current.interfaces.vpc},${current.interfaces.ext} -> ${next.interfaces.vpc},${next.interfaces.ext}`);
-  }
-  if (canonicalJson(current.defaultRoutes) !== canonicalJson(next.defaultRoutes)) {
-    gateway.push(`defaultRoutes: ${canonicalJson(current.defaultRoutes)} -> ${canonicalJson(next.defaultRoutes)}`);
-  }
+  const set = change.scalars;
+  if ('initialized' in set) gateway.push(`initialized: ${current.initialized} -> ${next.initialized}`);
+  if ('interfaces' in set) gateway.push(`interfaces: ${current.interfaces.vpc},${current.interfaces.ext} -> ${next.interfaces.vpc},${next.interfaces.ext}`);
+  if ('defaultRoutes' in set) gateway.push(`defaultRoutes: ${canonicalJson(current.defaultRoutes)} -> ${canonicalJson(next.defaultRoutes)}`);
   return { kinds, gateway };
 }
 

@@ -3,6 +3,8 @@ import type { z } from 'zod';
 import { HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
+import { RESOURCES } from '../api/resources.js';
+import { CliError } from './client.js';
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 
 /**
@@ -37,8 +39,9 @@ export interface FileIssue {
 
 const issueText = (file: string, i: FileIssue): string => `${file}${i.line !== undefined ? `:${i.line}` : ''}: ${i.field ? `${i.field}: ` : ''}${i.reason}`;
 
-export class StateFileError extends Error {
-  override readonly name = 'StateFileError';
+/** A bad file: every issue, each with its line and field (exit 1, as any CLI failure). */
+export class StateFileError extends CliError {
+  override readonly name: string = 'StateFileError';
   constructor(
     readonly file: string,
     readonly issues: readonly FileIssue[],
@@ -134,11 +137,17 @@ type SchemaDef = {
 };
 const defOf = (schema: z.ZodType): SchemaDef => (schema as unknown as { _zod: { def: SchemaDef } })._zod.def;
 
+/** A field the schema does not know, and the fields its object may have (for a suggestion). */
+export interface UnknownField {
+  readonly path: Path;
+  readonly known: readonly string[];
+}
+
 /**
- * The paths of fields `schema` does not know in `value` (zod strips them silently: a misspelt
- * optional field would otherwise vanish without a word).
+ * The fields `schema` does not know in `value` (zod strips them silently: a misspelt optional
+ * field would otherwise vanish without a word).
  */
-export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []): Path[] {
+export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []): UnknownField[] {
   const def = defOf(schema);
   switch (def.type) {
     case 'optional':
@@ -160,12 +169,12 @@ export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []
       return Object.entries(value).flatMap(([k, v]) => {
         const field = shape[k];
         if (field) return unknownFields(field, v, [...path, k]);
-        return open ? [] : [[...path, k]];
+        return open ? [] : [{ path: [...path, k], known: Object.keys(shape) }];
       });
     }
     case 'union': {
       // The option that fits best: the fewest unknown fields.
-      let best: Path[] | undefined;
+      let best: UnknownField[] | undefined;
       for (const o of def.options ?? []) {
         const u = unknownFields(o, value, path);
         if (!best || u.length < best.length) best = u;
@@ -200,33 +209,7 @@ function editDistance(a: string, b: string): number {
   return prev[b.length] ?? 0;
 }
 
-/** The fields an object at `path` may have (for a suggestion). */
-function knownAt(schema: z.ZodType, path: Path): string[] {
-  let s: z.ZodType | undefined = schema;
-  const unwrap = (x: z.ZodType): z.ZodType => {
-    const d = defOf(x);
-    if (d.innerType) return unwrap(d.innerType);
-    if (d.type === 'pipe' && d.in) return unwrap(d.in);
-    return x;
-  };
-  for (const seg of path) {
-    if (!s) return [];
-    const d = defOf(unwrap(s));
-    s = typeof seg === 'number' ? d.element : d.shape?.[seg];
-  }
-  return s ? Object.keys(defOf(unwrap(s)).shape ?? {}) : [];
-}
-
-const countObjects = (s: DesiredState): number =>
-  s.eips.length +
-  s.snats.length +
-  s.dnats.length +
-  s.fips.length +
-  s.shareDnats.length +
-  s.routes.length +
-  s.eipQos.length +
-  s.qos.length +
-  s.neighbours.length;
+const countObjects = (s: DesiredState): number => RESOURCES.reduce((n, def) => n + s[def.stateKey].length, 0);
 
 /** Placeholder interfaces for normalising a file that leaves them out (nothing in normalisation reads them). */
 const NO_INTERFACES = { vpc: 'eth0', ext: 'net1' };
@@ -264,9 +247,8 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
     for (const k of Object.keys(obj))
       if (!DOCUMENT_KEYS.has(k)) issues.push(located([k], `unknown field (a state document has ${[...DOCUMENT_KEYS].join(', ')})`));
   }
-  for (const path of unknownFields(fileStateSchema, inner)) {
-    const name = String(path[path.length - 1]);
-    const hint = closestField(name, knownAt(fileStateSchema, path.slice(0, -1)));
+  for (const { path, known } of unknownFields(fileStateSchema, inner)) {
+    const hint = closestField(String(path[path.length - 1]), known);
     issues.push(located([...prefix, ...path], `unknown field${hint ? ` (did you mean ${hint}?)` : ''}`));
   }
   const parsed = fileStateSchema.safeParse(inner);

@@ -29,12 +29,8 @@ export function resolveVersion(built: Record<string, unknown> | undefined, pkg: 
   };
 }
 
-// This module sits two folders below dist/ (dist/src/cli).
-export function versionInfo(env: NodeJS.ProcessEnv = process.env): VersionInfo {
-  return resolveVersion(readJson(new URL('../../version.json', import.meta.url)), readJson(new URL('../../../package.json', import.meta.url)), env);
-}
-
 export function versionLine(env: NodeJS.ProcessEnv = process.env): string {
-  const v = versionInfo(env);
+  // This module sits two folders below dist/ (dist/src/cli).
+  const v = resolveVersion(readJson(new URL('../../version.json', import.meta.url)), readJson(new URL('../../../package.json', import.meta.url)), env);
   return `natgw ${v.version} (revision ${v.revision})\n`;
 }

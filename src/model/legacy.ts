@@ -140,11 +140,9 @@ export function parseSnatDel(rule: string): Pick<Snat, 'eip' | 'cidr'> {
 
 export function parseShareDnatAdd(rule: string): ShareDnat {
   const parts = rule.split(',');
-  const [eip = '', p = '', proto = '', backendText = ''] = parts;
-  if (parts.length < 4 || eip === '' || p === '' || proto === '') {
-    throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
-  }
-  const { eip: e, port: portNum, protocol: pr, protocolText } = shareIdentity(eip, p, proto);
+  if (parts.length < 4) throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
+  const identity = parseShareDnatDel(rule);
+  const backendText = parts[3];
   const backendTexts = parts
     .slice(3)
     .join(',')
@@ -160,7 +158,7 @@ export function parseShareDnatAdd(rule: string): ShareDnat {
     if (n === null) throw new ValidationError(printable(`Error: invalid backend port in nft-dnat-map rule: ${bp}`));
     return { ip, port: n };
   });
-  return { eip: e, port: portNum, protocol: pr, protocolText, backends };
+  return { ...identity, backends };
 }
 
 export function parseShareDnatDel(rule: string): Pick<ShareDnat, 'eip' | 'port' | 'protocol' | 'protocolText'> {
@@ -169,10 +167,6 @@ export function parseShareDnatDel(rule: string): Pick<ShareDnat, 'eip' | 'port' 
   if (parts.length < 3 || eip === '' || p === '' || proto === '') {
     throw new ValidationError(printable(`Error: invalid nft-dnat-map rule: ${rule}`));
   }
-  return shareIdentity(eip, p, proto);
-}
-
-function shareIdentity(eip: string, p: string, proto: string): Pick<ShareDnat, 'eip' | 'port' | 'protocol' | 'protocolText'> {
   if (!isIpv4(eip)) throw new ValidationError(printable(`Error: invalid eip in nft-dnat-map rule: ${eip}`));
   const n = parsePort(p);
   if (n === null) throw new ValidationError(printable(`Error: invalid external port in nft-dnat-map rule: ${p}`));

@@ -65,15 +65,11 @@ export function formatCidr(c: Cidr): string {
   return `${c.address}/${c.prefix}`;
 }
 
-function isPort(n: number): boolean {
-  return Number.isInteger(n) && n >= 1 && n <= 65535;
-}
-
 /** A decimal port 1..65535 with no sign, space or leading junk; null otherwise. */
 export function parsePort(s: string): number | null {
   if (!/^\d{1,5}$/.test(s)) return null;
   const n = Number(s);
-  return isPort(n) ? n : null;
+  return n >= 1 && n <= 65535 ? n : null;
 }
 
 /** Linux interface names: 1..15 bytes, no '/', ':', whitespace; not '.' or '..'. */

@@ -73,8 +73,8 @@ export function uplinkFor(address: string, uplinks: readonly string[], networks:
   for (const n of networks) {
     const rank = uplinks.indexOf(n.dev);
     if (rank < 0) continue;
-    const c = parseCidr(n.cidr, { clearHostBits: true });
-    if (!c || familyOf(c.address) !== familyOf(address) || !cidrHolds(c.address, c.prefix, address)) continue;
+    const c = parseCidr(n.cidr);
+    if (!c || familyOf(c.address) !== familyOf(address) || !ipaddr.parse(address).match(ipaddr.parse(c.address), c.prefix)) continue;
     if (!best || c.prefix > best.prefix || (c.prefix === best.prefix && rank < best.rank)) best = { dev: n.dev, prefix: c.prefix, rank };
   }
   return best?.dev;
@@ -116,10 +116,4 @@ export function resolveEipInterface<E extends { readonly address: string; readon
     );
   }
   return { ...eip, interface: dev };
-}
-
-function cidrHolds(network: string, prefix: number, address: string): boolean {
-  const a = ipaddr.parse(address);
-  const n = ipaddr.parse(network);
-  return a.kind() === n.kind() && a.match(n, prefix);
 }

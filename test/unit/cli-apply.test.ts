@@ -90,10 +90,12 @@ describe('strict state file', () => {
   });
 
   it('walks zod schemas: objects, arrays, wrappers; passes what it cannot judge', () => {
-    expect(unknownFields(desiredStateSchema, { eips: [{ address: 'x', nope: 1 }], interfaces: { vpc: 'a', ext: 'b', mtu: 1 } })).toEqual([
+    const unknown = unknownFields(desiredStateSchema, { eips: [{ address: 'x', nope: 1 }], interfaces: { vpc: 'a', ext: 'b', mtu: 1 } });
+    expect(unknown.map((u) => u.path)).toEqual([
       ['eips', 0, 'nope'],
       ['interfaces', 'mtu'],
     ]);
+    expect(unknown[1]?.known).toContain('ext');
     expect(unknownFields(desiredStateSchema, 'not an object')).toEqual([]);
     expect(closestField('INTERNALIP', ['internalIp', 'eip'])).toBe('internalIp');
     expect(closestField('zzz', ['internalIp', 'eip'])).toBeUndefined();

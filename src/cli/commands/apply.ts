@@ -1,10 +1,10 @@
 import { readFile } from 'node:fs/promises';
 import type { ReplaceResult } from '../../api/bodies.js';
 import type { DesiredState } from '../../state/state.js';
-import { CliError, request, apiError, type Target } from '../client.js';
+import { CliError, request, requestJson, apiError, type Target } from '../client.js';
 import { changesSomething, mergeState, renderResults, type Merged } from '../merge.js';
 import { diffIsEmpty, diffStates, renderDiff } from '../render.js';
-import { parseStateFile, StateFileError, type ParsedStateFile } from '../stateFile.js';
+import { parseStateFile } from '../stateFile.js';
 import { CONNECTION_OPTIONS, OUTPUT_OPTIONS, outputOf, parseOptions, targetOf, type Io } from './common.js';
 import { commandHelp } from './help.js';
 
@@ -94,20 +94,10 @@ export async function planFile(
   progress?.phase(`reading ${file === '-' ? 'stdin' : file}`);
   const text = await readSource(file);
   progress?.phase(`parsing and validating ${size(Buffer.byteLength(text))}`);
-  let parsed: ParsedStateFile;
-  try {
-    parsed = parseStateFile(file === '-' ? '<stdin>' : file, text);
-  } catch (e) {
-    if (e instanceof StateFileError) throw new CliError(e.message);
-    throw e;
-  }
+  const parsed = parseStateFile(file === '-' ? '<stdin>' : file, text);
   progress?.phase(`validated ${parsed.objects} object(s)`);
   const target = await targetOf(values, io.env);
-  const read = (async () => {
-    const a = await request(target, 'GET', '/v1/state');
-    if (a.status !== 200) throw apiError('GET /v1/state', a);
-    return JSON.parse(a.text) as { desired: DesiredState; digest: string };
-  })();
+  const read = requestJson<{ desired: DesiredState; digest: string }>(target, 'GET', '/v1/state');
   const current = progress ? await progress.during('reading the desired state from the daemon', read) : await read;
   const merged = mergeState(current.desired, parsed, values.prune === true);
   if (merged.results.length === 0 && !values.prune) throw new CliError(`${file}: no objects to apply (the file lists no kind and no gateway field)`);
@@ -137,33 +127,20 @@ export async function apply(args: readonly string[], io: Io): Promise<number> {
   const { target, current, merged, objects } = await planFile('apply', values, io, progress);
   const body = JSON.stringify(merged.next);
   const diff = diffStates(current.desired, merged.next);
-  const max = values.all ? Infinity : LINES_PER_KIND;
-  const changes = changesSomething(merged.results);
-
-  if (dryRun || !changes) {
-    // The daemon's own plan (and script) of the merged state, against the digest it was made from.
-    const plan =
-      dryRun || json || values['show-script']
-        ? await progress.during(`sending ${size(Buffer.byteLength(body))} for a dry run`, putState(target, body, current.digest, true))
-        : undefined;
-    if (json) {
-      io.out(
-        `${JSON.stringify({ dryRun, applied: false, results: merged.results, diff, plan: plan?.plan, report: plan?.report, script: plan?.script, digest: current.digest }, null, 2)}\n`,
-      );
-    } else {
-      io.out(renderResults(merged.results, dryRun, max));
-      if (values['show-script'] && plan?.script) io.out(`\nScript:\n${plan.script}`);
-    }
-    progress.phase(`done in ${progress.ms} ms`);
-    return 0;
-  }
-  const result = await progress.during(`daemon applying ${objects} object(s)`, putState(target, body, current.digest, false));
+  const applying = !dryRun && changesSomething(merged.results);
+  // A dry run, or nothing to change: the daemon's own plan (and script) of the merged state, against the digest it was made from.
+  const answer = applying
+    ? await progress.during(`daemon applying ${objects} object(s)`, putState(target, body, current.digest, false))
+    : dryRun || json || values['show-script']
+      ? await progress.during(`sending ${size(Buffer.byteLength(body))} for a dry run`, putState(target, body, current.digest, true))
+      : undefined;
   if (json) {
-    io.out(
-      `${JSON.stringify({ dryRun: false, applied: true, results: merged.results, diff, plan: result.plan, report: result.report, generation: result.generation, digest: result.digest }, null, 2)}\n`,
-    );
+    const outcome = applying ? { generation: answer?.generation, digest: answer?.digest } : { script: answer?.script, digest: current.digest };
+    const doc = { dryRun, applied: applying, results: merged.results, diff, plan: answer?.plan, report: answer?.report, ...outcome };
+    io.out(`${JSON.stringify(doc, null, 2)}\n`);
   } else {
-    io.out(renderResults(merged.results, false, max));
+    io.out(renderResults(merged.results, dryRun, values.all ? Infinity : LINES_PER_KIND));
+    if (!applying && values['show-script'] && answer?.script) io.out(`\nScript:\n${answer.script}`);
   }
   progress.phase(`done in ${progress.ms} ms`);
   return 0;

@@ -1,5 +1,8 @@
+import { readFile } from 'node:fs/promises';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
-import { CliError, resolveTarget, type Target } from '../client.js';
+import { readEnvFile } from '../../config/envFile.js';
+import { DEFAULT_ENV_FILE, socketPathFromEnv } from '../../config/socketPath.js';
+import { CliError, type Target } from '../client.js';
 
 /** Options every agent command takes: where the daemon is. */
 export const CONNECTION_OPTIONS = {
@@ -81,6 +84,33 @@ export function outputOf<F extends string>(
   return f as F;
 }
 
-export function targetOf(values: { socket?: string; server?: string; 'token-file'?: string }, env: NodeJS.ProcessEnv): Promise<Target> {
-  return resolveTarget({ socket: values.socket, server: values.server, tokenFile: values['token-file'] }, env);
+/**
+ * The daemon the agent commands talk to: the Unix socket the shim uses (NATGW_SOCKET, same
+ * resolution), or TCP with the bearer token. These commands never start a daemon and never
+ * touch the kernel themselves: no daemon is an error that says how to get one.
+ */
+export async function targetOf(values: { socket?: string; server?: string; 'token-file'?: string }, env: NodeJS.ProcessEnv): Promise<Target> {
+  const { socket, server } = values;
+  if (socket !== undefined && server !== undefined) throw new CliError('--socket and --server exclude each other', 2);
+  if (server === undefined) return { kind: 'socket', socket: socket ?? (await socketPathFromEnv(env)) };
+  let url: URL;
+  try {
+    url = new URL(server.includes('://') ? server : `http://${server}`);
+  } catch {
+    throw new CliError(`--server: '${server}' is not a URL (e.g. http://127.0.0.1:8080)`, 2);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new CliError(`--server: ${url.protocol} is not http: or https:`, 2);
+  // The token file as the daemon is configured (env file over environment), unless given.
+  const envFile = env.NATGW_ENV_FILE?.trim() || DEFAULT_ENV_FILE;
+  const fromFile = await readEnvFile(envFile).catch(() => ({}) as Record<string, string>);
+  const tokenFile = values['token-file'] ?? (fromFile.NATGW_TOKEN_FILE || env.NATGW_TOKEN_FILE || undefined);
+  if (tokenFile === undefined) return { kind: 'tcp', url };
+  let token: string;
+  try {
+    token = (await readFile(tokenFile, 'utf8')).trim();
+  } catch (e) {
+    throw new CliError(`token file ${tokenFile}: ${(e as Error).message}`);
+  }
+  if (!token) throw new CliError(`token file ${tokenFile} is empty`);
+  return { kind: 'tcp', url, token };
 }

@@ -1,6 +1,6 @@
 import { stringify } from 'yaml';
 import { RESOURCES, type ResourceDef } from '../../api/resources.js';
-import { apiError, CliError, request, requestJson, type Target } from '../client.js';
+import { apiError, CliError, messageOf, request, requestJson, type Target } from '../client.js';
 import { kindName, renderDescribe, renderItems, sameObject } from '../render.js';
 import { CONNECTION_OPTIONS, OUTPUT_OPTIONS, outputOf, parseOptions, targetOf, type Io } from './common.js';
 import { commandHelp } from './help.js';
@@ -29,19 +29,10 @@ type Item = Record<string, unknown>;
 export async function getOne(target: Target, def: ResourceDef, id: string): Promise<Item | undefined> {
   const a = await request(target, 'GET', `/v1/${def.path}/${encodeURIComponent(id)}`);
   if (a.status === 404) return undefined;
-  if (a.status === 400) throw new CliError(`${kindName(def)} ${id}: ${errorMessage(a.text)}`);
+  if (a.status === 400) throw new CliError(`${kindName(def)} ${id}: ${messageOf(a.text)}`);
   if (a.status !== 200) throw apiError(`GET ${kindName(def)} ${id}`, a);
   return JSON.parse(a.text) as Item;
 }
-
-const errorMessage = (text: string): string => {
-  try {
-    const m = (JSON.parse(text) as { message?: unknown }).message;
-    return typeof m === 'string' ? m : text.trim();
-  } catch {
-    return text.trim();
-  }
-};
 
 export const notFound = (def: ResourceDef, id: string): CliError => new CliError(`${kindName(def)} "${id}" not found`);
 
@@ -66,21 +57,20 @@ export async function get(args: readonly string[], io: Io): Promise<number> {
   const def = requireKind('get', name);
   if (extra.length) throw new CliError(`natgw get: one kind and at most one ID (got ${positionals.join(' ')})`, 2);
   const format = outputOf('get', values, ['table', 'wide', 'json', 'yaml', 'name'], 'table');
-  const names = (items: readonly Item[]) => items.map((it) => `${kindName(def)}/${String(it.id)}\n`).join('');
   const target = await targetOf(values, io.env);
+  // One object is printed as itself (json, yaml), a list as a list.
+  let shown: Item | Item[];
   if (id !== undefined) {
     const item = await getOne(target, def, id);
     if (!item) throw notFound(def, id);
-    if (format === 'json') io.out(`${JSON.stringify(item, null, 2)}\n`);
-    else if (format === 'yaml') io.out(stringify(item));
-    else if (format === 'name') io.out(names([item]));
-    else io.out(renderItems(def, [item], format === 'wide'));
-    return 0;
+    shown = item;
+  } else {
+    shown = (await requestJson<{ items: Item[] }>(target, 'GET', `/v1/${def.path}`)).items;
   }
-  const { items } = await requestJson<{ items: Item[] }>(target, 'GET', `/v1/${def.path}`);
-  if (format === 'json') io.out(`${JSON.stringify(items, null, 2)}\n`);
-  else if (format === 'yaml') io.out(stringify(items));
-  else if (format === 'name') io.out(names(items));
+  const items = Array.isArray(shown) ? shown : [shown];
+  if (format === 'json') io.out(`${JSON.stringify(shown, null, 2)}\n`);
+  else if (format === 'yaml') io.out(stringify(shown));
+  else if (format === 'name') io.out(items.map((it) => `${kindName(def)}/${String(it.id)}\n`).join(''));
   else io.out(renderItems(def, items, format === 'wide'));
   return 0;
 }

@@ -2,8 +2,6 @@ import { CliError } from '../client.js';
 import { processIo, type Io } from './common.js';
 import { commandHelp, isAgentCommand, mainHelp, type AgentCommand } from './help.js';
 
-export { isAgentCommand };
-
 /**
  * The agent commands (status, apply, diff, get, describe, delete) and the agent's help. Errors
  * become one line on stderr (a file's errors: one line each): exit 1 for a failure, 2 for a usage error.
