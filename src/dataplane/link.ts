@@ -58,10 +58,13 @@ export interface OwnedRecord {
   readonly routes: readonly string[];
 }
 
-/** The addresses and routes of a state, as the record lists them once a sync of it succeeded. */
-function ownedOf(s: DesiredState | undefined): { addresses: string[]; routes: string[] } {
-  return { addresses: [...new Set((s?.eips ?? []).map((e) => e.address))], routes: [...new Set((s?.routes ?? []).map((r) => r.cidr))] };
+/** A record of `want`'s interfaces owning these addresses and routes. */
+function recordOf(want: DesiredState, addresses: readonly string[], routes: readonly string[]): OwnedRecord {
+  return { ext: want.interfaces.ext, vpc: want.interfaces.vpc, addresses: [...new Set(addresses)], routes: [...new Set(routes)] };
 }
+
+const eipsOf = (s: DesiredState | undefined): string[] => (s?.eips ?? []).map((e) => e.address);
+const routesOf = (s: DesiredState | undefined): string[] => (s?.routes ?? []).map((r) => r.cidr);
 
 /** The ownership record as natgw writes it; anything else owns nothing. */
 function parseOwned(raw: unknown): OwnedRecord | undefined {
@@ -121,14 +124,10 @@ export class LinkManager {
     await this.owned.write(rec);
   }
 
-  /** What the record and the delete commands under way let a sync of `want` remove. */
-  private async removable(want: DesiredState): Promise<LinkOwned> {
+  /** What the record owns on `want`'s interfaces; a record of other interfaces owns nothing there. */
+  private async ownedOn(want: DesiredState): Promise<Pick<OwnedRecord, 'addresses' | 'routes'>> {
     const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc;
-    return {
-      addresses: new Set([...(mine ? rec.addresses : []), ...this.releasing.addresses]),
-      routes: new Set([...(mine ? rec.routes : []), ...this.releasing.routes]),
-    };
+    return rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : { addresses: [], routes: [] };
   }
 
   /**
@@ -236,39 +235,32 @@ export class LinkManager {
     }
   }
 
-  /**
-   * The ownership record grown by everything a change from `previous` to `want` may add, durable
-   * before it returns (the intent a sync writes before its `ip -batch`).
-   */
-  private async recordIntent(want: DesiredState, previous: DesiredState | undefined): Promise<void> {
-    const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
-    await this.writeOwned({
-      ext: want.interfaces.ext,
-      vpc: want.interfaces.vpc,
-      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...want.eips.map((e) => e.address)])],
-      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...want.routes.map((r) => r.cidr)])],
-    });
-  }
-
   /** Make addresses and routes hold `want`, planned against what the kernel lists now. */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
     const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
     const have = await this.view(want, previous);
-    const owned = await this.removable(want);
+    const mine = await this.ownedOn(want);
+    // What natgw may remove: what the record owns and what the delete commands under way named.
+    const owned: LinkOwned = {
+      addresses: new Set([...mine.addresses, ...this.releasing.addresses]),
+      routes: new Set([...mine.routes, ...this.releasing.routes]),
+    };
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? `${lines.join('\n')}\n` : '';
     if (opts.dryRun) return done(lines.length, script);
-    const settled: OwnedRecord = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(want) };
+    const settled = recordOf(want, eipsOf(want), routesOf(want));
     if (lines.length === 0) {
       await this.writeOwned(settled);
       return done(0, script);
     }
-    // Intent first: everything this change may add joins what natgw already owns.
+    // Intent first, durable before the kernel changes: everything this change may add joins
+    // what natgw already owns.
     timelineMark('link: planned');
-    await this.recordIntent(want, previous);
+    await this.writeOwned(
+      recordOf(want, [...mine.addresses, ...eipsOf(previous), ...eipsOf(want)], [...mine.routes, ...routesOf(previous), ...routesOf(want)]),
+    );
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
     for (const dev of new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])))) await this.promoteSecondaries(dev);
     timelineMark('link: intent recorded');
