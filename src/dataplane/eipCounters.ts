@@ -68,10 +68,10 @@ export function elementsTx(have: ReadonlySet<string>, want: readonly string[]): 
 /**
  * PURE: the accounting change taking what the sets hold to `want`, for one nft transaction of
  * its own or folded into a larger one. `have` undefined means the table is not known to be
- * whole (absent, damaged, or never read): it is then rebuilt from scratch, and `add` before
- * `delete` makes that valid whether or not the table exists. Counters restart only then.
+ * whole (absent, damaged, or its listing failed): it is then rebuilt from scratch, and `add`
+ * before `delete` makes that valid whether or not the table exists. Counters restart only then.
  *
- * `absent`: the last read found no table. It is then created (`create table`, which the kernel
+ * `absent`: the read found no table. It is then created (`create table`, which the kernel
  * refuses where someone made one since: the transaction fails and is retried as a full sync)
  * rather than deleted first: a delete makes the commit wait for an RCU grace period (a bulk
  * change's last phase took 30-33 ms with it, 13-21 ms without), and a table the transaction
