@@ -36,6 +36,15 @@ const filterKey = (f: ConntrackFilter): string => `${conntrackDeleteArgs(f).join
 const MAX_FLUSH_ATTEMPTS = 5;
 /** Flushes run side by side, this many at a time. */
 const FLUSH_PARALLELISM = 8;
+
+/** `run` for every item, FLUSH_PARALLELISM at a time. */
+async function inParallel<T>(items: readonly T[], run: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) await run(items[next++] as T);
+  };
+  await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, items.length) }, worker));
+}
 /** Above this many filters, one listing picks the filters that match anything before any delete runs. */
 const LIST_FIRST_ABOVE = 16;
 
@@ -157,18 +166,12 @@ export class Conntrack {
       if (flows) todo = filters.filter((f) => flows.some((flow) => matches(f, flow)));
       this.log?.debug({ filters: filters.length, matching: todo.length }, 'conntrack: listed before flushing');
     }
-    let next = 0;
     let deleted = 0;
-    const worker = async () => {
-      while (next < todo.length) {
-        const f = todo[next++];
-        if (!f) continue;
-        // Awaited before the sum: `deleted += await …` would add to the value read before the wait.
-        const n = tracked && isRange(f) ? await this.flushRange(f, tracked) : await this.flush(f);
-        deleted += n;
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, todo.length) }, worker));
+    await inParallel(todo, async (f) => {
+      // Awaited before the sum: `deleted += await …` would add to the value read before the wait.
+      const n = tracked && isRange(f) ? await this.flushRange(f, tracked) : await this.flush(f);
+      deleted += n;
+    });
     return { deleted, skipped };
   }
 
@@ -280,17 +283,11 @@ export class Conntrack {
       stale.push(...staleEntries(parseConntrackLines(r.stdout), targets));
     }
     const deleted: ConntrackEntry[] = [];
-    let next = 0;
-    const worker = async () => {
-      while (next < stale.length) {
-        const e = stale[next++];
-        if (!e) continue;
-        // Exit 1 means the entry went away meanwhile (timed out, or a packet replaced it): nothing to do.
-        const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs: HYGIENE_TIMEOUT_MS });
-        if (r.exitCode === 0) deleted.push(e);
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(FLUSH_PARALLELISM, stale.length) }, worker));
+    await inParallel(stale, async (e) => {
+      // Exit 1 means the entry went away meanwhile (timed out, or a packet replaced it): nothing to do.
+      const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs: HYGIENE_TIMEOUT_MS });
+      if (r.exitCode === 0) deleted.push(e);
+    });
     return deleted;
   }
 

@@ -1,7 +1,6 @@
 import type { Logger } from 'pino';
 import { ExecError, type Executor } from '../system/exec.js';
 import { familyOf } from '../model/net.js';
-import type { SyncMode } from './netfilter/backend.js';
 import { SystemNftClient, type NftClient } from './netfilter/nft/client.js';
 import type { NftTableDump } from './netfilter/nft/types.js';
 import { NftTransaction, type NftRule, type NftTableRef } from './netfilter/nft/transaction.js';
@@ -69,10 +68,10 @@ export function elementsTx(have: ReadonlySet<string>, want: readonly string[]): 
 /**
  * PURE: the accounting change taking what the sets hold to `want`, for one nft transaction of
  * its own or folded into a larger one. `have` undefined means the table is not known to be
- * whole (absent, damaged, or never read): it is then rebuilt from scratch, and `add` before
- * `delete` makes that valid whether or not the table exists. Counters restart only then.
+ * whole (absent, damaged, or its listing failed): it is then rebuilt from scratch, and `add`
+ * before `delete` makes that valid whether or not the table exists. Counters restart only then.
  *
- * `absent`: the last read found no table. It is then created (`create table`, which the kernel
+ * `absent`: the read found no table. It is then created (`create table`, which the kernel
  * refuses where someone made one since: the transaction fails and is retried as a full sync)
  * rather than deleted first: a delete makes the commit wait for an RCU grace period (a bulk
  * change's last phase took 30-33 ms with it, 13-21 ms without), and a table the transaction
@@ -102,26 +101,11 @@ export function accountingOf(dump: NftTableDump): Accounting {
   return { complete, traffic };
 }
 
-export interface EipCountersSyncOptions {
-  /** Default `full` (SyncOptions' contract): `partial` trusts the sets as last applied. */
-  readonly mode?: SyncMode;
-}
-
-/** Accounting changes carried by another nft transaction; `done` once that transaction succeeded. */
-export interface AccountingFold {
-  readonly tx: NftTransaction;
-  readonly done: () => void;
-}
-
+/**
+ * The accounting table of the kernel: read at every change (one small listing), planned by
+ * accountingTx, applied in an nft transaction of its own or carried by the nftables backend's.
+ */
 export class EipCounters {
-  /** The EIPs the accounting sets hold, with the skeleton whole, as of the last read or apply. */
-  private trusted: ReadonlySet<string> | undefined;
-  /**
-   * The last read found no accounting table (observe): the next change builds it from scratch
-   * without reading first (accountingTx(undefined) is valid whether or not the table exists).
-   */
-  private absent = false;
-
   private readonly nft: NftClient;
 
   constructor(
@@ -143,80 +127,38 @@ export class EipCounters {
     }
   }
 
+  /** The change taking what the table holds now to count exactly `eips`. */
+  private async change(eips: readonly string[]): Promise<NftTransaction> {
+    const listed = await this.list();
+    return accountingTx(listed?.complete ? new Set(listed.traffic.keys()) : undefined, eips, { absent: listed === null });
+  }
+
   /**
    * Count exactly the EIPs given. Accounting is auxiliary: a failure is logged and never fails
-   * the NAT change that triggered it (the view is dropped, so the next sync reads and retries).
+   * the NAT change that triggered it (the next full sync repairs the table).
    */
-  async sync(eips: readonly string[], opts: EipCountersSyncOptions = {}): Promise<number> {
+  async sync(eips: readonly string[]): Promise<number> {
     try {
-      let have = opts.mode === 'partial' ? this.trusted : undefined;
-      let absent = opts.mode === 'partial' && have === undefined && this.absent;
-      if (have === undefined && !absent) {
-        const listed = await this.list();
-        have = listed?.complete ? new Set(listed.traffic.keys()) : undefined;
-        absent = listed === null;
-      }
-      const tx = accountingTx(have, eips, { absent });
+      const tx = await this.change(eips);
       await this.nft.run(tx);
-      this.trusted = new Set(eips);
-      this.absent = false;
       return tx.ops.length;
     } catch (e) {
-      this.forget();
       this.log?.warn({ err: e }, 'per-EIP accounting not updated; the next sync retries');
       return 0;
     }
   }
 
   /**
-   * The change as nft commands for another transaction to carry (the nftables backend's, so a
-   * command runs one process), when the kept view is trusted; `done` once that transaction
-   * succeeded. Undefined without a view: then sync() reads and applies on its own.
+   * The change for another nft transaction to carry (the nftables backend's, so a change runs
+   * one process). Never rejects: undefined means sync() on its own.
    */
-  foldable(eips: readonly string[]): AccountingFold | undefined {
-    const have = this.trusted;
-    if (have === undefined && !this.absent) return undefined;
-    return this.fold(have, eips, have === undefined);
-  }
-
-  /**
-   * foldable() for a full sync, or without a trusted view: the table is listed first (the
-   * caller runs this beside its own read-back). Never rejects: undefined means sync() on its own.
-   */
-  async readFoldable(eips: readonly string[]): Promise<AccountingFold | undefined> {
+  async fold(eips: readonly string[]): Promise<NftTransaction | undefined> {
     try {
-      const listed = await this.list();
-      return this.fold(listed?.complete ? new Set(listed.traffic.keys()) : undefined, eips, listed === null);
+      return await this.change(eips);
     } catch (e) {
       this.log?.debug({ err: e }, 'accounting table not listed; synced on its own');
       return undefined;
     }
-  }
-
-  private fold(have: ReadonlySet<string> | undefined, eips: readonly string[], absent: boolean): AccountingFold {
-    return {
-      tx: accountingTx(have, eips, { absent }),
-      done: () => {
-        this.trusted = new Set(eips);
-        this.absent = false;
-      },
-    };
-  }
-
-  /** See `absent`: read the table, and remember when there is none. Never rejects. */
-  async observe(): Promise<void> {
-    if (this.trusted !== undefined) return;
-    try {
-      this.absent = (await this.nft.list('inet', ACCT_TABLE)) === null;
-    } catch {
-      this.absent = false;
-    }
-  }
-
-  /** Stop trusting the kept view: the next sync reads the table back. */
-  forget(): void {
-    this.trusted = undefined;
-    this.absent = false;
   }
 
   async read(): Promise<EipTraffic[]> {

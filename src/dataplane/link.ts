@@ -2,264 +2,23 @@ import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
 import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
-import { familyOf, formatCidr, parseCidr } from '../model/net.js';
+import { familyOf } from '../model/net.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
-import { eipInterface, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
+import type { UplinkNetwork } from '../model/uplinks.js';
+import { addressesOf, type IpAddrJson, type LinkAddress, type LinkOwned, type LinkRoute, type LinkView, linkLine, linkOps, netDevNames } from './linkPlan.js';
 
 /**
- * Addresses, routes and ARP: what `ip` holds for natgw. Sync is additive for what is desired
- * and removes only what natgw itself had programmed (the previous state), so addresses and
- * routes of other owners are never touched.
+ * Addresses, routes and ARP on natgw's interfaces: "make it so" for the plan of linkPlan.ts.
+ * Every sync reads the kernel (one `ip -batch` per family) and plans against what it lists.
  */
-export interface LinkAddress {
-  readonly address: string;
-  readonly prefixLength: number;
-  readonly family: 4 | 6;
-  readonly scope: string;
-  /** The secondary uplink it is on (model/uplinks.ts); absent: the primary external interface. */
-  readonly dev?: string;
-}
-
-export interface LinkRoute {
-  readonly dst: string;
-  readonly gateway?: string;
-  /** `ip -j route`'s protocol (absent for `boot`, what `ip route replace` makes). */
-  readonly protocol?: string;
-}
-
-export interface LinkView {
-  /** The primary's addresses, then each secondary uplink's (`dev` set). */
-  readonly extAddresses: readonly LinkAddress[];
-  /** The secondary uplinks the kernel has (read only with secondary uplinks). */
-  readonly devices?: ReadonlySet<string>;
-  readonly vpcRoutes: readonly LinkRoute[];
-  readonly extDefaults: readonly LinkRoute[];
-}
-
-/** One change planLink decides on, in the order it runs. */
-export type LinkOp =
-  | { readonly kind: 'addr-replace'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
-  | { readonly kind: 'addr-del'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
-  | { readonly kind: 'route-replace'; readonly cidr: string; readonly nexthop: string }
-  | { readonly kind: 'route-del'; readonly cidr: string }
-  | { readonly kind: 'default'; readonly gateway: string };
-
-/**
- * What natgw may remove besides what the previous state lists: addresses (any prefix) on EXT
- * and route destinations on VPC that it owns by its durable record (an add that failed half-way
- * or a crash mid-apply left them) or that a delete command named (SPEC §5: a delete removes the
- * object it names whether or not the state lists it).
- */
-export interface LinkOwned {
-  readonly addresses: ReadonlySet<string>;
-  readonly routes: ReadonlySet<string>;
-}
-
-/** PURE: the changes that take `have` to `want`, given what natgw programmed before and owns. */
-export function linkOps(have: LinkView, want: DesiredState, previous: DesiredState | undefined, owned?: LinkOwned): LinkOp[] {
-  const ops: LinkOp[] = [];
-  // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
-  // adds a second address, so every other prefix of an EIP's address is removed explicitly.
-  // With several uplinks an address is keyed by its device too (addressKey).
-  const prefixes = new Map<string, { dev: string | undefined; len: number }[]>();
-  for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), { dev: a.dev, len: a.prefixLength }]);
-  const heldAt = (address: string) => prefixes.get(address) ?? [];
-  const deletes = new Map<string, LinkOp & { kind: 'addr-del' }>();
-  const del = (dev: string | undefined, address: string, prefixLength: number): void => {
-    const op = { kind: 'addr-del', address, prefixLength, ...onDev(dev) } as const;
-    deletes.set(addressKey(op), op);
-  };
-  for (const e of want.eips) {
-    const on = eipInterface(want.interfaces, e);
-    const dev = on === want.interfaces.ext ? undefined : on;
-    // A secondary uplink that is gone: its EIPs wait for it (the link event's resync adds them).
-    if (dev !== undefined && !have.devices?.has(dev)) continue;
-    for (const x of heldAt(e.address)) if (x.dev !== dev) del(x.dev, e.address, x.len);
-    const present = heldAt(e.address)
-      .filter((x) => x.dev === dev)
-      .map((x) => x.len);
-    const stale = present.filter((len) => len !== e.prefixLength);
-    if (present.includes(e.prefixLength)) {
-      for (const len of stale) del(dev, e.address, len);
-      continue;
-    }
-    // IPv6 keys an address without its prefix: a replace would keep the old prefix and the
-    // delete after it would take the address, so the old prefix goes first.
-    if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len, ...onDev(dev) });
-    else for (const len of stale) del(dev, e.address, len);
-    ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength, ...onDev(dev) });
-  }
-  const wantedEips = new Set(want.eips.map((e) => e.address));
-  const removable = new Set([...(previous?.eips ?? []).map((e) => e.address), ...(owned?.addresses ?? [])]);
-  for (const address of removable) {
-    if (wantedEips.has(address)) continue;
-    for (const x of heldAt(address)) del(x.dev, address, x.len);
-  }
-  // Deleted in the reverse of the listed order: secondaries before their primary, so that
-  // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
-  const position = new Map(have.extAddresses.map((a, i) => [addressKey(a), i]));
-  const at = (key: string): number => position.get(key) ?? -1;
-  ops.push(...[...deletes].sort(([a], [b]) => at(b) - at(a)).map(([, op]) => op));
-
-  const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
-  // A subnet route to a default the external default owns is held, not installed: installing
-  // both would have each replace the other at every sync. Nor is it deleted where the kernel
-  // still has it on VPC: the external default's `replace` below takes its place without a gap.
-  const held = new Set(heldDefaultRoutes(want).map((h) => h.route.cidr));
-  for (const r of want.routes) {
-    if (held.has(r.cidr)) continue;
-    if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
-  }
-  const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
-  for (const cidr of new Set([...(previous?.routes ?? []).map((r) => r.cidr), ...(owned?.routes ?? [])])) {
-    if (!wantedRoutes.has(cidr) && routeHave.has(cidr)) ops.push({ kind: 'route-del', cidr });
-  }
-
-  for (const gw of [want.defaultRoutes.v4, want.defaultRoutes.v6]) {
-    if (gw === undefined) continue;
-    if (!have.extDefaults.some((d) => d.gateway === gw)) ops.push({ kind: 'default', gateway: gw });
-  }
-  return ops;
-}
-
-const onDev = (dev: string | undefined): { dev?: string } => (dev === undefined ? {} : { dev });
-
-/** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
-export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
-  return linkOps(have, want, previous).map((op) => linkLine(op, want.interfaces));
-}
-
-function linkLine(op: LinkOp, ifs: DesiredState['interfaces']): string {
-  switch (op.kind) {
-    case 'addr-replace':
-      // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
-      return `addr replace ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}${familyOf(op.address) === 6 ? ' nodad' : ''}`;
-    case 'addr-del':
-      return `addr del ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}`;
-    case 'route-replace':
-      return `route replace ${op.cidr} via ${op.nexthop} dev ${ifs.vpc}`;
-    case 'route-del':
-      return `route del ${op.cidr} dev ${ifs.vpc}`;
-    case 'default':
-      return `route replace default via ${op.gateway} dev ${ifs.ext} onlink`;
-  }
-}
-
-/** PURE: what the kernel holds once `ops` ran on `have` (addresses: see addressesAfter). */
-export function linkViewAfter(have: LinkView, ops: readonly LinkOp[]): LinkView {
-  let routes = [...have.vpcRoutes];
-  let defaults = [...have.extDefaults];
-  for (const op of ops) {
-    switch (op.kind) {
-      case 'route-replace':
-        routes = [...routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr), { dst: op.cidr, gateway: op.nexthop }];
-        // A default route is keyed without its device: this one takes the place of EXT's.
-        if (op.cidr === '0.0.0.0/0' || op.cidr === '::/0')
-          defaults = defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== familyOf(op.nexthop));
-        break;
-      case 'route-del':
-        routes = routes.filter((r) => normaliseDst(r.dst, r.gateway) !== op.cidr);
-        break;
-      case 'default': {
-        // `replace` takes the place of the family's default route on the link, whatever its gateway.
-        const fam = familyOf(op.gateway);
-        defaults = [...defaults.filter((d) => d.gateway === undefined || familyOf(d.gateway) !== fam), { dst: 'default', gateway: op.gateway }];
-        routes = routes.filter((r) => normaliseDst(r.dst, r.gateway) !== (fam === 4 ? '0.0.0.0/0' : '::/0'));
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  return { ...have, extAddresses: addressesAfter(have.extAddresses, ops), vpcRoutes: routes, extDefaults: defaults };
-}
-
-const isV4 = (a: LinkAddress): boolean => a.family === 4;
-
-/** The external interfaces a kept view was read for. */
-const uplinksKey = (s: DesiredState): string => uplinkNames(s.interfaces).join(',');
-
-/** The IPv4 subnet of an address (address and prefix): the kernel's primary/secondary key. */
-function subnetOf(a: LinkAddress): string {
-  return formatCidr(parseCidr(`${a.address}/${a.prefixLength}`, { clearHostBits: true }) ?? { address: a.address, prefix: a.prefixLength });
-}
-
-/** An address's identity on natgw's uplinks: device (absent: the primary), address and prefix. */
-const addressKey = (a: { readonly dev?: string; readonly address: string; readonly prefixLength: number }): string =>
-  `${a.dev ?? ''}|${a.address}/${a.prefixLength}`;
-
-/**
- * The addresses once `ops` ran: those kept in their order, new ones after them. The kernel lists
- * them otherwise (IPv4 primaries first, a promoted secondary behind the last primary, IPv6 newest
- * first), but keeps each IPv4 subnet's own order, the first address its primary; that order is
- * all linkOps relies on (a subnet's secondaries are deleted before its primary).
- */
-function addressesAfter(have: readonly LinkAddress[], ops: readonly LinkOp[]): LinkAddress[] {
-  const live = new Map(have.map((a) => [addressKey(a), a]));
-  for (const op of ops) {
-    if (op.kind === 'addr-del') live.delete(addressKey(op));
-    else if (op.kind === 'addr-replace') {
-      const a = { address: op.address, prefixLength: op.prefixLength, family: familyOf(op.address), scope: 'global', ...onDev(op.dev) };
-      live.set(addressKey(a), a);
-    }
-  }
-  return [...live.values()];
-}
-
-/** Whether an IPv4 address was deleted from a subnet that still holds other addresses. */
-function leftInSubnet(ops: readonly LinkOp[], after: LinkView): boolean {
-  const left = new Set(after.extAddresses.filter(isV4).map((a) => `${a.dev ?? ''}|${subnetOf(a)}`));
-  return ops.some(
-    (op) => op.kind === 'addr-del' && familyOf(op.address) === 4 && left.has(`${op.dev ?? ''}|${subnetOf({ ...op, family: 4, scope: 'global' })}`),
-  );
-}
-
-/**
- * `ip -j route` prints host routes without a prefix length and a default route as `default`
- * (the gateway tells its family), while the state spells them as CIDRs.
- */
-function normaliseDst(dst: string, gateway?: string): string {
-  if (dst === 'default') return gateway === undefined ? dst : familyOf(gateway) === 4 ? '0.0.0.0/0' : '::/0';
-  if (dst.includes('/')) return dst;
-  return `${dst}/${familyOf(dst) === 4 ? 32 : 128}`;
-}
-
-interface IpAddrJson {
-  ifname?: string;
-  addr_info?: { family?: string; local?: string; prefixlen?: number; scope?: string }[];
-}
-
-function addressesOf(links: IpAddrJson[]): LinkAddress[] {
-  return links.flatMap((l) =>
-    (l.addr_info ?? [])
-      .filter((a) => (a.family === 'inet' || a.family === 'inet6') && a.local)
-      .map((a) => ({
-        address: a.local ?? '',
-        prefixLength: a.prefixlen ?? 32,
-        family: a.family === 'inet' ? (4 as const) : (6 as const),
-        scope: a.scope ?? 'global',
-      })),
-  );
-}
-
 export interface LinkSyncResult {
   readonly changes: number;
   readonly script: string;
   /** Warnings for the change's output (a subnet route held, not installed); absent when there are none. */
   readonly notes?: readonly string[];
-}
-
-/** PURE: the interface names /proc/net/dev lists (two header lines, then `name: counters…`). */
-export function netDevNames(text: string): Set<string> {
-  const names = new Set<string>();
-  for (const line of text.split('\n').slice(2)) {
-    const colon = line.indexOf(':');
-    if (colon > 0) names.add(line.slice(0, colon).trim());
-  }
-  return names;
 }
 
 /**
@@ -299,10 +58,13 @@ export interface OwnedRecord {
   readonly routes: readonly string[];
 }
 
-/** The addresses and routes of a state, as the record lists them once a sync of it succeeded. */
-function ownedOf(s: DesiredState | undefined): { addresses: string[]; routes: string[] } {
-  return { addresses: [...new Set((s?.eips ?? []).map((e) => e.address))], routes: [...new Set((s?.routes ?? []).map((r) => r.cidr))] };
+/** A record of `want`'s interfaces owning these addresses and routes. */
+function recordOf(want: DesiredState, addresses: readonly string[], routes: readonly string[]): OwnedRecord {
+  return { ext: want.interfaces.ext, vpc: want.interfaces.vpc, addresses: [...new Set(addresses)], routes: [...new Set(routes)] };
 }
+
+const eipsOf = (s: DesiredState | undefined): string[] => (s?.eips ?? []).map((e) => e.address);
+const routesOf = (s: DesiredState | undefined): string[] => (s?.routes ?? []).map((r) => r.cidr);
 
 /** The ownership record as natgw writes it; anything else owns nothing. */
 function parseOwned(raw: unknown): OwnedRecord | undefined {
@@ -313,8 +75,6 @@ function parseOwned(raw: unknown): OwnedRecord | undefined {
 }
 
 export class LinkManager {
-  /** What the kernel holds for natgw's interfaces, as of the last read or successful apply. */
-  private trusted: { readonly ext: string; readonly vpc: string; readonly view: LinkView } | undefined;
   /** The durable ownership record (see RecordFile for when it is read again). */
   private readonly owned: RecordFile<OwnedRecord> | undefined;
   /** Objects a delete command named in the transaction under way (see release). */
@@ -364,14 +124,10 @@ export class LinkManager {
     await this.owned.write(rec);
   }
 
-  /** What the record and the delete commands under way let a sync of `want` remove. */
-  private async removable(want: DesiredState): Promise<LinkOwned> {
+  /** What the record owns on `want`'s interfaces; a record of other interfaces owns nothing there. */
+  private async ownedOn(want: DesiredState): Promise<Pick<OwnedRecord, 'addresses' | 'routes'>> {
     const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc;
-    return {
-      addresses: new Set([...(mine ? rec.addresses : []), ...this.releasing.addresses]),
-      routes: new Set([...(mine ? rec.routes : []), ...this.releasing.routes]),
-    };
+    return rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : { addresses: [], routes: [] };
   }
 
   /**
@@ -470,81 +226,50 @@ export class LinkManager {
    * promote_secondaries is on (it is off in a new network namespace, so in a pod): an eip-del
    * would take the other EIPs of that subnet with it. Best effort; failures are logged.
    */
-  async promoteSecondaries(ifname: string): Promise<boolean> {
+  async promoteSecondaries(ifname: string): Promise<void> {
     const file = `/proc/sys/net/ipv4/conf/${ifname}/promote_secondaries`;
     try {
       if ((await fs.readFile(file, 'utf8')).trim() !== '1') await fs.writeFile(file, '1\n');
-      return true;
     } catch (e) {
       this.log?.warn({ err: e, ifname }, 'could not enable promote_secondaries');
-      return false;
     }
   }
 
-  /** promote_secondaries on every uplink an address is deleted from; whether each took. */
-  private async promoteWhereDeleting(want: DesiredState, ops: readonly LinkOp[]): Promise<boolean> {
-    const devs = new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])));
-    let all = true;
-    for (const dev of devs) if (!(await this.promoteSecondaries(dev))) all = false;
-    return all;
-  }
-
-  /**
-   * The ownership record grown by everything a change from `previous` to `want` may add, durable
-   * before it returns (the intent a sync writes before its `ip -batch`).
-   */
-  async recordIntent(want: DesiredState, previous: DesiredState | undefined): Promise<void> {
-    const rec = await this.ownedRecord();
-    const mine = rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : undefined;
-    await this.writeOwned({
-      ext: want.interfaces.ext,
-      vpc: want.interfaces.vpc,
-      addresses: [...new Set([...(mine?.addresses ?? []), ...(previous?.eips ?? []).map((e) => e.address), ...want.eips.map((e) => e.address)])],
-      routes: [...new Set([...(mine?.routes ?? []), ...(previous?.routes ?? []).map((r) => r.cidr), ...want.routes.map((r) => r.cidr)])],
-    });
-  }
-
-  /**
-   * Make addresses and routes hold `want` (SyncOptions' contract). `opts.view` is a read-back
-   * the caller made itself (in parallel with other work) and counts as a full read.
-   */
+  /** Make addresses and routes hold `want`, planned against what the kernel lists now. */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
     const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
-    // A delete of an object the state does not list needs a fresh look: the kept view knows only what natgw did.
-    const kept = opts.mode === 'partial' && !this.hasReleases() ? this.viewFor(want) : undefined;
-    const have = kept ?? (await this.view(want, previous));
-    const owned = await this.removable(want);
+    const have = await this.view(want, previous);
+    const mine = await this.ownedOn(want);
+    // What natgw may remove: what the record owns and what the delete commands under way named.
+    const owned: LinkOwned = {
+      addresses: new Set([...mine.addresses, ...this.releasing.addresses]),
+      routes: new Set([...mine.routes, ...this.releasing.routes]),
+    };
     const ops = linkOps(have, want, previous, owned);
     const lines = ops.map((op) => linkLine(op, want.interfaces));
     const script = lines.length ? `${lines.join('\n')}\n` : '';
     if (opts.dryRun) return done(lines.length, script);
-    const settled: OwnedRecord = { ext: want.interfaces.ext, vpc: want.interfaces.vpc, ...ownedOf(want) };
+    const settled = recordOf(want, eipsOf(want), routesOf(want));
     if (lines.length === 0) {
       await this.writeOwned(settled);
-      this.trust(want, have);
       return done(0, script);
     }
-    // Intent first: everything this change may add joins what natgw already owns.
+    // Intent first, durable before the kernel changes: everything this change may add joins
+    // what natgw already owns.
     timelineMark('link: planned');
-    await this.recordIntent(want, previous);
-    const promoted = await this.promoteWhereDeleting(want, ops);
-    timelineMark('link: intent recorded');
-    const running = this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-    // The view after the change is computed while `ip` applies it (used only if it succeeds).
-    const after = linkViewAfter(have, ops);
-    const r = await running;
-    if (r.exitCode !== 0) {
-      // `ip -batch` stops at the first error with the lines before it applied: the kernel is
-      // somewhere in between, and the record (intent) lets the next sync finish the job.
-      this.forget();
-      throw new ExecError(r, 'the address and route change', script);
-    }
-    await this.writeOwned(settled);
+    await this.writeOwned(
+      recordOf(want, [...mine.addresses, ...eipsOf(previous), ...eipsOf(want)], [...mine.routes, ...routesOf(previous), ...routesOf(want)]),
+    );
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
-    if (promoted || !leftInSubnet(ops, after)) this.trust(want, after);
-    else this.forget();
-    this.log?.debug({ changes: lines.length, partial: kept !== undefined }, 'addresses and routes applied');
+    for (const dev of new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])))) await this.promoteSecondaries(dev);
+    timelineMark('link: intent recorded');
+    const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
+    // `ip -batch` stops at the first error with the lines before it applied: the kernel is
+    // somewhere in between, and the record (intent) lets the next sync finish the job.
+    if (r.exitCode !== 0) throw new ExecError(r, 'the address and route change', script);
+    await this.writeOwned(settled);
+    this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
     return done(lines.length, script);
   }
 
@@ -562,20 +287,6 @@ export class LinkManager {
       this.heldWarned = new Set(texts);
     }
     return texts.map((t) => `Warning: ${t}`);
-  }
-
-  /** Stop trusting the kept view (a link event, a failure elsewhere): the next sync reads. */
-  forget(): void {
-    this.trusted = undefined;
-  }
-
-  private viewFor(want: DesiredState): LinkView | undefined {
-    const t = this.trusted;
-    return t && t.ext === uplinksKey(want) && t.vpc === want.interfaces.vpc ? t.view : undefined;
-  }
-
-  private trust(want: DesiredState, view: LinkView): void {
-    this.trusted = { ext: uplinksKey(want), vpc: want.interfaces.vpc, view };
   }
 
   /**

@@ -2,15 +2,14 @@ import type { Logger } from 'pino';
 import { ExecError, type Executor } from '../system/exec.js';
 import { type Neighbour, neighbourKey } from '../model/neighbour.js';
 import type { SyncOptions } from './netfilter/backend.js';
-import { type NeighbourView, neighbourViewAfter, parseNeighbours, planNeighbours, renderNeighbours } from './neighboursPlan.js';
+import { type NeighbourView, parseNeighbours, planNeighbours, renderNeighbours } from './neighboursPlan.js';
 
 /**
- * Static neighbour entries (PERMANENT, owned by natgw). A full sync reads the kernel back
- * (`ip -j neigh show nud permanent` and the device list, in one `ip -batch`); a partial sync
- * plans against the view kept from the last apply. Only entries natgw programmed are removed.
+ * Static neighbour entries (PERMANENT, owned by natgw). Every sync reads the kernel back
+ * (`ip -j neigh show nud permanent` and the device list, in one `ip -batch`) and plans against
+ * it. Only entries natgw programmed are removed.
  */
 export class NeighbourManager {
-  private trusted: NeighbourView | undefined;
   /** Identities natgw holds or is about to hold: a kernel deletion of one of these is drift. */
   private held = new Set<string>();
 
@@ -22,10 +21,6 @@ export class NeighbourManager {
   /** Whether natgw holds an entry for this device and address (the link monitor asks). */
   holds(address: string, dev: string): boolean {
     return this.held.has(neighbourKey({ address, dev }));
-  }
-
-  forget(): void {
-    this.trusted = undefined;
   }
 
   async view(): Promise<NeighbourView> {
@@ -42,7 +37,7 @@ export class NeighbourManager {
   }
 
   async sync(want: readonly Neighbour[], previous: readonly Neighbour[], opts: SyncOptions = {}): Promise<{ changes: number; script: string }> {
-    const have = (opts.mode === 'partial' ? this.trusted : undefined) ?? (await this.view());
+    const have = await this.view();
     const ops = planNeighbours(have, want, previous);
     const script = renderNeighbours(ops);
     if (opts.dryRun) return { changes: ops.length, script };
@@ -50,13 +45,9 @@ export class NeighbourManager {
     this.held = new Set(want.map(neighbourKey));
     if (ops.length > 0) {
       const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-      if (r.exitCode !== 0) {
-        this.forget();
-        throw new ExecError(r, 'the static neighbour change', script);
-      }
+      if (r.exitCode !== 0) throw new ExecError(r, 'the static neighbour change', script);
       this.log?.debug({ changes: ops.length }, 'static neighbours applied');
     }
-    this.trusted = neighbourViewAfter(have, ops);
     return { changes: ops.length, script };
   }
 }

@@ -66,16 +66,6 @@ export function renderNeighbours(ops: readonly NeighbourOp[]): string {
     .join('');
 }
 
-/** PURE: the view once `ops` ran on `have`. */
-export function neighbourViewAfter(have: NeighbourView, ops: readonly NeighbourOp[]): NeighbourView {
-  const m = new Map(have.entries.map((e) => [neighbourKey(e), e]));
-  for (const op of ops) {
-    if (op.kind === 'replace') m.set(neighbourKey(op), { address: op.address, dev: op.dev, mac: op.mac });
-    else m.delete(neighbourKey(op));
-  }
-  return { entries: [...m.values()], devices: have.devices };
-}
-
 /**
  * PURE: the entry an `ip -o monitor neigh` line names when it reports a deletion
  * (`Deleted 10.0.1.50 dev eth0 ...`); undefined for anything else.

@@ -236,10 +236,7 @@ export class Engine {
   /** Every part drops what it remembers of the kernel: its next sync reads it back. */
   private forgetViews(): void {
     this.backends.forgetAll();
-    this.link.forget();
     this.shareDnat.forget();
-    this.eipCounters.forget();
-    this.neighbours.forget();
     this.ctTimeouts.forget();
   }
 

@@ -1,11 +1,11 @@
 import type { Logger } from 'pino';
 import type { DesiredState } from '../state/state.js';
 import { touches, type Collection, type Scalar, type StateChange } from '../state/change.js';
-import { natTablesOf, type NetfilterBackend, type SyncMode, type SyncOptions } from '../dataplane/netfilter/backend.js';
+import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
 import type { ShareDnatTable } from '../dataplane/netfilter/shareDnat.js';
 import type { LinkManager } from '../dataplane/link.js';
 import type { QosManager } from '../dataplane/qos/manager.js';
-import type { AccountingFold, EipCounters } from '../dataplane/eipCounters.js';
+import type { EipCounters } from '../dataplane/eipCounters.js';
 import type { NeighbourManager } from '../dataplane/neighbours.js';
 import type { CtTarget, CtTimeouts } from '../dataplane/ctTimeouts.js';
 import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
@@ -64,8 +64,7 @@ const ctTargetOf = (backend: NetfilterBackend): CtTarget =>
 
 /**
  * NAT rules, with the per-EIP accounting folded into the same nft transaction where the
- * backend is nftables (listed beside the backend's own read-back when its view is not
- * trusted): one `nft -f` per change. Otherwise, or when the fold could not run, the accounting
+ * backend is nftables (its table listed beside the backend's own work): one `nft -f` per change. Otherwise, or when the fold could not run, the accounting
  * is synced on its own (it never fails a change; EipCounters logs and retries).
  */
 const natChanged = changed('eips', 'snats', 'dnats', 'fips', 'interfaces');
@@ -78,39 +77,28 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
     runs: (want, from, mode, change) => mode === 'full' || (want.initialized && natChanged(from, change)),
     async sync(want, from, opts) {
       if (!want.initialized) {
-        if (opts.mode === 'full' && !opts.dryRun) await Promise.all([backend.observe?.(), counters.observe()]);
+        if (opts.mode === 'full' && !opts.dryRun) await backend.observe?.();
         return nothing;
       }
       const eips = want.eips.map((e) => e.address);
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || changed('eips')(from, opts.change));
-      let fold: AccountingFold | undefined;
-      let append: SyncOptions['append'];
-      if (counting && backend.kind === 'nftables') {
-        fold = opts.mode === 'partial' ? counters.foldable(eips) : undefined;
-        append = fold
-          ? fold.tx
-          : counters.readFoldable(eips).then((f) => {
-              fold = f;
-              return f?.tx;
-            });
-      }
+      const append = counting && backend.kind === 'nftables' ? counters.fold(eips) : undefined;
       // Without nftables for NAT the accounting is a transaction of its own, on another table:
       // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
       // A bulk change starts it at the next turn, once the NAT tool has started: its render and
       // process start (~3 ms) were spent before the NAT render, which the kernel's tool waits for.
       // A single command starts it first: `nft` takes longer than the NAT restore, and is what
       // the change waits for.
-      const besideNat = () => counters.sync(eips, { mode: opts.mode });
+      const besideNat = () => counters.sync(eips);
       const beside =
         counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
       const r = await backend
         .sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}), ...(opts.change ? { change: opts.change } : {}) })
         .finally(() => beside);
-      if (fold && r.appended) fold.done();
-      else if (counting && !beside) {
+      if (counting && !beside && !r.appended) {
         log.debug('per-EIP accounting synced on its own');
-        await counters.sync(eips, { mode: opts.mode });
+        await counters.sync(eips);
       }
       return { changes: r.changes, script: r.script };
     },

@@ -95,7 +95,7 @@ describe.each(BACKENDS)('bulk PUT /v1/state into a fresh gateway ($name)', (back
     await topo?.cleanup();
   });
 
-  it('applies the whole state reading nothing back, and it carries traffic and accounting', async () => {
+  it('applies the whole state reading no NAT table back, and it carries traffic and accounting', async () => {
     const { desired } = ok(await api(sock, 'GET', '/v1/state'), 'GET /v1/state').body;
     expect(desired.initialized).toBe(false);
     const doc = {
@@ -116,8 +116,9 @@ describe.each(BACKENDS)('bulk PUT /v1/state into a fresh gateway ($name)', (back
       },
       { what: 'the bulk change logged its ip -batch', timeoutMs: 5_000 },
     );
-    expect(runs.filter(isListing)).toEqual([]);
-    if (!backend.iptablesVariant) expect(runs.filter((c) => c.startsWith('nft '))).toEqual(['nft -f -']);
+    // No NAT table is read back; the small ones (addresses and routes, accounting) are, at every change.
+    expect(runs.filter(isListing).filter((c) => !/^ip (-6 )?-j -batch -$| inet natgw_acct$/.test(c))).toEqual([]);
+    if (!backend.iptablesVariant) expect(runs.filter((c) => c.startsWith('nft ') && !isListing(c))).toEqual(['nft -f -']);
     expect(runs).toContain('ip -batch -');
 
     expect(await kernelPorts(topo, backend)).toEqual(PORTS);

@@ -127,12 +127,13 @@ describe('iptables backend: the tools one command runs', () => {
     expect(acct).toBeGreaterThan(restore);
   });
 
-  it("an EIP add: the NAT restore and the accounting table's nft -f, then the addresses, nothing listed", async () => {
+  it("an EIP add: the NAT restore and the accounting table's listing and nft -f, then the addresses read and changed", async () => {
     const { engine, exec } = await setUp();
     await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.12', prefixLength: 24 }, {}), { guarded: true, qos: false });
     const tools = exec.calls.map(cmd);
-    expect(tools.slice(0, 2).sort()).toEqual([RESTORE, 'nft -f -'].sort());
-    expect(tools.slice(2)).toEqual(['ip -batch -']);
+    expect(tools.slice(0, 3).sort()).toEqual([RESTORE, 'nft -j list table inet natgw_acct', 'nft -f -'].sort());
+    expect(tools.slice(3, 5).sort()).toEqual(['ip -6 -j -batch -', 'ip -j -batch -']);
+    expect(tools.slice(5)).toEqual(['ip -batch -']);
     expect(exec.calls.find((c) => cmd(c) === 'nft -f -')!.input).toMatch(/^add element inet natgw_acct eip_rx4 \{ 172\.20\.0\.12 \}$/m);
   });
 });

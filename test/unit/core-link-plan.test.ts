@@ -3,7 +3,7 @@
  * addresses, routes and default routes, removing only what natgw itself programmed before.
  */
 import { describe, expect, it } from 'vitest';
-import { linkOps, linkViewAfter, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/link.js';
+import { linkOps, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/linkPlan.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 function state(patch: Partial<DesiredState> = {}): DesiredState {
@@ -224,22 +224,18 @@ describe('planLink: one owner for the default route', () => {
     ]);
   });
 
-  it('converges: every sync after the first plans nothing (the two never replace each other)', () => {
-    let have = view({ routes: [{ dst: 'default', gateway: '10.0.1.254' }] });
-    let previous: DesiredState | undefined = state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] });
-    const plans: number[] = [];
-    for (let i = 0; i < 10; i++) {
-      const ops = linkOps(have, both, previous);
-      plans.push(ops.length);
-      have = linkViewAfter(have, ops);
-      previous = both;
-    }
-    expect(plans.slice(1)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 0]);
-    expect(have.extDefaults).toEqual([
-      { dst: 'default', gateway: '172.20.0.1' },
-      { dst: 'default', gateway: 'fd00:20::1' },
-    ]);
-    expect(have.vpcRoutes.map((r) => r.dst)).toEqual(['10.0.2.0/24']);
+  it('converges: once the kernel holds what the first sync planned, every sync plans nothing (the two never replace each other)', () => {
+    const have = view({ routes: [{ dst: 'default', gateway: '10.0.1.254' }] });
+    expect(linkOps(have, both, state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] })).length).toBeGreaterThan(0);
+    // What the kernel lists after it: `replace default` on EXT took the place of VPC's default.
+    const after = view({
+      routes: [{ dst: '10.0.2.0/24', gateway: '10.0.1.254' }],
+      defaults: [
+        { dst: 'default', gateway: '172.20.0.1' },
+        { dst: 'default', gateway: 'fd00:20::1' },
+      ],
+    });
+    expect(linkOps(after, both, both)).toEqual([]);
   });
 
   it('only the family the external default owns is held', () => {

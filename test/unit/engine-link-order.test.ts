@@ -62,15 +62,6 @@ describe('engine: addresses and routes follow the NAT transaction', () => {
     expect(calls[change]!.input).toContain('172.20.0.10');
   });
 
-  it('a partial sync reads nothing back', async () => {
-    const { engine, exec } = await setUp();
-    await withEip(engine);
-    exec.calls.length = 0;
-    await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.11', prefixLength: 24 }, {}));
-    expect(exec.calls.filter(isLinkRead)).toEqual([]);
-    expect(exec.calls.filter(isLinkChange)).toHaveLength(1);
-  });
-
   it('a refused NAT transaction leaves the ownership record without the change, and no address is added', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'natgw-link-order-'));
     dirs.push(dir);

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { LinkManager, netDevNames } from '../../src/dataplane/link.js';
+import { LinkManager } from '../../src/dataplane/link.js';
+import { netDevNames } from '../../src/dataplane/linkPlan.js';
 import type { ExecRequest, ExecResult, Executor } from '../../src/system/exec.js';
 
 const PROC_NET_DEV = `Inter-|   Receive                                                |  Transmit

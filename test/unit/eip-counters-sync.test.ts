@@ -1,8 +1,6 @@
 /**
- * EipCounters, full and partial (SyncOptions): a partial sync trusts the EIPs it last put in
- * the accounting sets and runs only the element change, the same one a full sync renders
- * against the listing after that apply. accountingTx is the piece an nft backend
- * can fold into its own transaction.
+ * EipCounters: every change lists the accounting table and applies only what takes it to the
+ * EIPs given. accountingTx is the piece an nft backend can fold into its own transaction.
  */
 import { describe, expect, it } from 'vitest';
 import { ACCT_TABLE, EipCounters, accountingTx, elementsTx, skeletonTx } from '../../src/dataplane/eipCounters.js';
@@ -63,79 +61,46 @@ function fakeNft(table: () => string | null, refuse: () => boolean = () => false
   });
 }
 
-/** The script a full sync applies against a kernel that lists `table`. */
-async function fullScript(eips: readonly string[], table: string): Promise<string | undefined> {
-  const x = fakeNft(() => table);
-  await new EipCounters(x).sync(eips);
-  return x.calls.find((c) => cmd(c) === 'nft -f -')?.input;
-}
-
-describe('EipCounters: partial sync', () => {
-  it('after a full sync, a partial sync runs only the element change a full sync would render', async () => {
-    const x = fakeNft(() => null);
-    const c = new EipCounters(x);
-    await c.sync(['1.2.3.4', 'fd00::1']);
-    expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
-
-    x.calls.length = 0;
+describe('EipCounters: sync', () => {
+  it('lists the table, then runs only the element change', async () => {
+    const x = fakeNft(() => listing(['1.2.3.4', 'fd00::1']));
     const want = ['1.2.3.4', '5.6.7.8'];
-    expect(await c.sync(want, { mode: 'partial' })).toBe(4);
-    expect(x.calls.map(cmd)).toEqual(['nft -f -']);
-    expect(x.calls[0]!.input).toBe(await fullScript(want, listing(['1.2.3.4', 'fd00::1'])));
-
-    x.calls.length = 0;
-    expect(await c.sync(want, { mode: 'partial' })).toBe(0);
-    expect(x.calls).toEqual([]);
+    expect(await new EipCounters(x).sync(want)).toBe(4);
+    expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
+    expect(x.calls[1]!.input).toBe(elementsTx(new Set(['1.2.3.4', 'fd00::1']), want).text());
+    const y = fakeNft(() => listing(want));
+    expect(await new EipCounters(y).sync(want)).toBe(0);
   });
 
-  it('full mode (the default) reads every time; partial without a view reads', async () => {
-    const x = fakeNft(() => listing(['1.2.3.4']));
-    const c = new EipCounters(x);
-    await c.sync(['1.2.3.4'], { mode: 'partial' });
-    await c.sync(['1.2.3.4']);
-    expect(x.calls.map(cmd)).toEqual([LIST, LIST]);
-  });
-
-  it('a failed apply forgets the view: the next partial sync reads again', async () => {
-    let refuse = false;
+  it('a failed apply is logged, never thrown; the next sync lists and applies again', async () => {
+    let refuse = true;
     const x = fakeNft(
       () => listing(['1.2.3.4']),
       () => refuse,
     );
     const c = new EipCounters(x);
-    await c.sync(['1.2.3.4']);
-    refuse = true;
-    expect(await c.sync(['5.6.7.8'], { mode: 'partial' })).toBe(0);
+    expect(await c.sync(['5.6.7.8'])).toBe(0);
     refuse = false;
     x.calls.length = 0;
-    await c.sync(['5.6.7.8'], { mode: 'partial' });
+    expect(await c.sync(['5.6.7.8'])).toBe(4);
     expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
   });
 
-  it('a table found absent is created, not deleted first (no RCU wait); observed absent, the fold creates it too', async () => {
+  it('a table found absent is created, not deleted first (no RCU wait); the fold creates it too', async () => {
     const x = fakeNft(() => null);
-    const c = new EipCounters(x);
-    await c.sync(['1.2.3.4']);
+    await new EipCounters(x).sync(['1.2.3.4']);
     expect(x.calls.map(cmd)).toEqual([LIST, 'nft -f -']);
     expect(x.calls[1]!.input).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
     expect(x.calls[1]!.input).toMatch(new RegExp(`^create table inet ${ACCT_TABLE}\n`));
     expect(x.calls[1]!.input).not.toMatch(/^delete table/m);
-    const other = new EipCounters(fakeNft(() => null));
-    await other.observe();
-    expect(other.foldable(['1.2.3.4'])?.tx.text()).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
-    // Unknown (never read, or a listing that failed) is rebuilt with add + delete, valid either way.
-    expect(new EipCounters(fakeNft(() => null)).foldable(['1.2.3.4'])).toBeUndefined();
+    expect((await new EipCounters(fakeNft(() => null)).fold(['1.2.3.4']))?.text()).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
   });
 
-  it('a damaged table is rebuilt whole, and then trusted', async () => {
+  it('a damaged table is rebuilt whole', async () => {
     const damaged = JSON.stringify({ nftables: [{ table: { family: 'inet', name: ACCT_TABLE } }] });
     const x = fakeNft(() => damaged);
-    const c = new EipCounters(x);
-    await c.sync(['1.2.3.4']);
+    await new EipCounters(x).sync(['1.2.3.4']);
     expect(x.calls[1]!.input).toBe(renderAccountingChange(undefined, ['1.2.3.4']));
-    x.calls.length = 0;
-    await c.sync(['1.2.3.4', '5.6.7.8'], { mode: 'partial' });
-    expect(x.calls.map(cmd)).toEqual(['nft -f -']);
   });
 });
 
