@@ -114,9 +114,9 @@ export class LinkManager {
     return this.owned?.read();
   }
 
-  private async writeOwned(rec: OwnedRecord): Promise<void> {
+  /** Write `rec` unless the file already holds it (`cur`: what this sync read or wrote there). */
+  private async writeOwned(rec: OwnedRecord, cur: OwnedRecord | undefined): Promise<void> {
     if (!this.owned) return;
-    const cur = await this.owned.read();
     const same = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
     if (cur && cur.ext === rec.ext && cur.vpc === rec.vpc && same(cur.addresses, rec.addresses) && same(cur.routes, rec.routes)) return;
     // The record must be durable before the kernel changes (intent) and is re-read by the next
@@ -125,8 +125,7 @@ export class LinkManager {
   }
 
   /** What the record owns on `want`'s interfaces; a record of other interfaces owns nothing there. */
-  private async ownedOn(want: DesiredState): Promise<Pick<OwnedRecord, 'addresses' | 'routes'>> {
-    const rec = await this.ownedRecord();
+  private static ownedOn(rec: OwnedRecord | undefined, want: DesiredState): Pick<OwnedRecord, 'addresses' | 'routes'> {
     return rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : { addresses: [], routes: [] };
   }
 
@@ -240,7 +239,8 @@ export class LinkManager {
     const notes = this.heldNotes(want, opts.dryRun === true);
     const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
     const have = await this.view(want, previous);
-    const mine = await this.ownedOn(want);
+    const record = await this.ownedRecord();
+    const mine = LinkManager.ownedOn(record, want);
     // What natgw may remove: what the record owns and what the delete commands under way named.
     const owned: LinkOwned = {
       addresses: new Set([...mine.addresses, ...this.releasing.addresses]),
@@ -252,15 +252,14 @@ export class LinkManager {
     if (opts.dryRun) return done(lines.length, script);
     const settled = recordOf(want, eipsOf(want), routesOf(want));
     if (lines.length === 0) {
-      await this.writeOwned(settled);
+      await this.writeOwned(settled, record);
       return done(0, script);
     }
     // Intent first, durable before the kernel changes: everything this change may add joins
     // what natgw already owns.
     timelineMark('link: planned');
-    await this.writeOwned(
-      recordOf(want, [...mine.addresses, ...eipsOf(previous), ...eipsOf(want)], [...mine.routes, ...routesOf(previous), ...routesOf(want)]),
-    );
+    const intent = recordOf(want, [...mine.addresses, ...eipsOf(previous), ...eipsOf(want)], [...mine.routes, ...routesOf(previous), ...routesOf(want)]);
+    await this.writeOwned(intent, record);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
     for (const dev of new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])))) await this.promoteSecondaries(dev);
     timelineMark('link: intent recorded');
@@ -268,7 +267,7 @@ export class LinkManager {
     // `ip -batch` stops at the first error with the lines before it applied: the kernel is
     // somewhere in between, and the record (intent) lets the next sync finish the job.
     if (r.exitCode !== 0) throw new ExecError(r, 'the address and route change', script);
-    await this.writeOwned(settled);
+    await this.writeOwned(settled, intent);
     this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
     return done(lines.length, script);
   }
