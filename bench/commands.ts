@@ -87,7 +87,7 @@ class Samples {
   }
 }
 
-/** The pause before a round's floor sample; well under the daemon's 25 ms of idleness before it forks a spare. */
+/** The pause before a round's floor sample, for the daemon's last tool run to end (see apiRounds). */
 const FLOOR_SETTLE_MS = 5;
 
 async function apiRequest(gw: Gateway, cmd: Command, k: number): Promise<Outcome> {
