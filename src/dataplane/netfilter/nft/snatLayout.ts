@@ -246,10 +246,9 @@ export function snatLayout(rules: readonly SnatRule[], fam: NftFamily, lens = sn
 
 /**
  * The SNAT rules a table holds, for adoption: in the order packets meet them (dispatch rules in
- * chain order; a verdict map's CIDR chains, a data map's elements), plus any left in shared_snat
- * itself by the flat layout of older versions (a gateway upgraded in place, before its first
- * full sync). A data map's key with host bits set can never match its masked lookup: it
- * translates nothing, so it is not adopted (the next full sync deletes it).
+ * chain order; a verdict map's CIDR chains, a data map's elements). A data map's key with host
+ * bits set can never match its masked lookup: it translates nothing, so it is not adopted (the
+ * next full sync deletes it).
  */
 export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, sets: ReadonlyMap<string, NftSetDump>, fam: NftFamily): SnatRule[] {
   const out: SnatRule[] = [];
@@ -258,7 +257,6 @@ export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, se
     for (const r of owned.get(chain) ?? []) if (r.rule?.kind === 'snat' && !r.rule.ports) out.push(r.rule);
   };
   const ipFamily = fam === 'ip' ? 4 : 6;
-  snatsIn(SHARED_SNAT);
   for (const r of owned.get(SHARED_SNAT) ?? []) {
     if (r.rule?.kind !== 'snat-dispatch' || r.rule.ports) continue;
     const { len, via } = r.rule;
