@@ -132,7 +132,7 @@ class Helper {
   }
 }
 
-/** The tool's client with present, listings and transactions through the helper while it runs; a bulk load's element groups (several `nft` at once) stay the tool's. */
+/** The tool's client with listings and transactions through the helper while it runs; a bulk load's element groups (several `nft` at once) stay the tool's. */
 export class LibnftClient extends SystemNftClient {
   private helper: Helper | undefined;
   private starting: Promise<void> | undefined;
@@ -216,11 +216,6 @@ export class LibnftClient extends SystemNftClient {
     });
     this.turn = next.catch(() => undefined);
     return next;
-  }
-
-  override async present(): Promise<boolean> {
-    const r = await this.ask('list tables', false, 'nft list tables');
-    return r ? r.exitCode === 0 : super.present();
   }
 
   override async listJson(family: NftTableFamily, table: string): Promise<string | null> {

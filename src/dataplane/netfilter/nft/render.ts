@@ -16,22 +16,13 @@
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
  *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
- *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>             (these three per
- *                                                           snat ip to ip saddr & <mask> map @snat_to_len_<len>  length in use,
- *                                                           snat ip to ip saddr & <mask> map @snat_to_fr_len_<len> fully-random   longest first)
- *   map snat_to_len_<len> { type ipv4_addr : ipv4_addr }    <network> : <eip>   (a CIDR with one single-EIP rule)
- *   map snat_to_fr_len_<len> { type ipv4_addr : ipv4_addr } <network> : <eip>   (the same, --random-fully)
- *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>   (any other CIDR)
- *   chain snat_<cidr> (regular, one per such CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
- *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
+ *   chain shared_snat, its maps and CIDR chains (regular)   shared SNAT, laid out in snatLayout.ts
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Shared SNAT dispatches per prefix length to data-map elements and CIDR chains (snatLayout.ts
- * says why that keeps the first-match semantics and makes every SNAT change element-level). The
- * `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
+ * The `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
  * of the external interface touches one rule, and the external interface stays readable from the
  * kernel even while no SNAT exists (adoption).
  *
@@ -562,8 +553,8 @@ const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === 
 
 /**
  * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
- * by their script text, unrecognised kernel rules null. Set elements are indexed only when the
- * differ asks for them.
+ * by their script text, unrecognised kernel rules null. A desired set's elements are indexed only
+ * when the differ asks for them (setOf).
  */
 export function wantedModel(spec: TableSpec): TableModel {
   return {
@@ -591,20 +582,7 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
         },
       ]),
     ),
-    sets: new Map(
-      [...have.sets].map(([n, s]) => {
-        let byKey: Map<string, string | undefined> | undefined;
-        return [
-          n,
-          {
-            get elements() {
-              byKey ??= new Map(s.elements.map((e) => [e.key, e.value] as const));
-              return byKey;
-            },
-          },
-        ];
-      }),
-    ),
+    sets: new Map([...have.sets].map(([n, s]) => [n, { elements: new Map(s.elements.map((e) => [e.key, e.value] as const)) }])),
   };
 }
 

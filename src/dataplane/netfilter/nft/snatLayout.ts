@@ -1,8 +1,7 @@
 /**
  * PURE layout of shared SNAT in natgw's nft tables, built so that every SNAT change is
- * element-level (issue 8: a flat ordered chain cost a flush and rewrite of every rule per delete,
- * since nft deletes a rule only by a handle the command path does not know), and so that the
- * common CIDR, translated by one EIP, is an element rather than a chain of its own.
+ * element-level (nft deletes a rule only by a handle the command path does not know), and so
+ * that the common CIDR, translated by one EIP, is an element rather than a chain of its own.
  *
  *   chain shared_snat      ip saddr & 255.255.255.0 vmap @snat_len_24                            (per prefix length
  *                          snat ip to ip saddr & 255.255.255.0 map @snat_to_len_24                 in use, longest
@@ -33,8 +32,7 @@
  *
  * All three maps and rules exist for every prefix length in use, empty or not: a CIDR moving
  * between forms (a second EIP, one of two removed, --random-fully changed) is then a change of
- * elements and at most one chain, never of shared_snat or a declaration (which would also take
- * the command off nft's interactive session). An empty map's miss costs a hash lookup on a
+ * elements and at most one chain, never of shared_snat or a declaration. An empty map's miss costs a hash lookup on a
  * connection's first packet only. Only a prefix length appearing or disappearing touches
  * shared_snat (at most 3 × 33/129 rules, rewritten in place).
  *
