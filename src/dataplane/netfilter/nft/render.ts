@@ -47,7 +47,19 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, dnatKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
+import {
+  addrType,
+  dispatchJson,
+  dispatchText,
+  hostBits,
+  isSnatChainName,
+  isSnatMap,
+  L4_TCP_UDP,
+  l4TcpUdpJson,
+  snatLayout,
+  snatLens,
+  withPortSlice,
+} from './snatLayout.js';
 import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftPriority, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
 import type { BaseHook, TableModel } from '../tables/model.js';
@@ -88,8 +100,6 @@ export class NftRenderError extends NatgwError {
 // ---------------------------------------------------------------------------------
 // natgw's rules: text to write, JSON that nft lists back
 // ---------------------------------------------------------------------------------
-
-const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
 
 /** `a.b.c.d` for a host prefix (nft lists it so), `a.b.c.0/24` otherwise. */
 function cidrText(cidr: string, fam: NftFamily): string {
@@ -371,7 +381,7 @@ export function desiredFamily(given: NatTables, fam: NftFamily): TableSpec | nul
  */
 function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]): TableSpec {
   const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
-  const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
+  const addr = addrType(fam);
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
   const { portDnat, rangeDnats } = dnatElements(want.dnats, fam);
   const snats: Snat[] = firstBy(want.snats, snatKey);

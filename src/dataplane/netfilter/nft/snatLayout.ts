@@ -56,8 +56,8 @@ export type SnatVia = DispatchRule['via'];
 /** A length's maps and dispatch rules, in shared_snat's order. */
 const SNAT_VIAS: readonly SnatVia[] = ['chain', 'eip', 'eip-fr'];
 
-const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
-const addrType = (fam: NftFamily): string => (fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr');
+export const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
+export const addrType = (fam: NftFamily): string => (fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr');
 
 const MAP_PREFIX: Readonly<Record<SnatVia, string>> = { chain: 'snat_len_', eip: 'snat_to_len_', 'eip-fr': 'snat_to_fr_len_' };
 
