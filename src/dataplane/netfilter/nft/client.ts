@@ -72,6 +72,13 @@ export interface PhaseTimings {
   readonly last: number;
 }
 
+/** The tool's error, naming the phase it refused. */
+const inPhase =
+  (phase: 'first' | 'groups' | 'last') =>
+  (e: unknown): never => {
+    throw e instanceof ExecError ? new ExecError(e, `the ${phase} phase of the transaction`, e.script) : e;
+  };
+
 /**
  * Run phases (phases.ts): the first, then the groups at once, then the last. A refusal of the
  * first leaves nothing (one transaction). A refusal after it deletes the tables the first created
@@ -81,15 +88,15 @@ export interface PhaseTimings {
  */
 export async function runPhases(nft: NftClient, p: NftPhases, onUndoFailed?: (err: unknown) => void): Promise<PhaseTimings> {
   const t0 = performance.now();
-  await nft.run(p.first);
+  await nft.run(p.first).catch(inPhase('first'));
   const t1 = performance.now();
   let t2 = t1;
   try {
-    const settled = await Promise.allSettled(p.groups.map((g) => nft.run(g, { concurrent: true })));
+    const settled = await Promise.allSettled(p.groups.map((g) => nft.run(g, { concurrent: true }).catch(inPhase('groups'))));
     const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (refused) throw refused.reason;
     t2 = performance.now();
-    await nft.run(p.last);
+    await nft.run(p.last).catch(inPhase('last'));
   } catch (e) {
     await nft.run(dropCreated(p)).catch((undo: unknown) => onUndoFailed?.(undo));
     throw e;
