@@ -110,7 +110,7 @@ describe('ShareDnatTable in a network namespace', () => {
       const r = await share.sync([LB, moved]);
       const chain = shareDnatChainName(ECHO);
       expect(r).toEqual({
-        changes: 1,
+        changes: 2,
         script: `flush chain ip kube-ovn ${chain}\nadd rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.7 . 90 }\n`,
       });
       // The old flow still talks to vpc1 through its conntrack entry; a new one goes to vpc2.

@@ -3,24 +3,18 @@
  * NftBackend's apply), without a kernel: the split is pure, the runner and the backend
  * run against the in-memory fake nft. The real kernel: test/netns/nft-phased.test.ts.
  */
-import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ExecError } from '../../src/system/exec.js';
 import type { NatTables } from '../../src/dataplane/netfilter/backend.js';
 import { NftBackend } from '../../src/dataplane/netfilter/nft/backend.js';
-import { runPhases, SystemNftClient } from '../../src/dataplane/netfilter/nft/client.js';
+import { runPhases } from '../../src/dataplane/netfilter/nft/client.js';
 import { dropCreated, phases, type NftPhases } from '../../src/dataplane/netfilter/nft/phases.js';
-import { phaseRun } from '../../src/dataplane/netfilter/nft/phaseScript.js';
 import { natgwKernel } from '../../src/dataplane/netfilter/nft/readback.js';
 import { planNatgw } from '../../src/dataplane/netfilter/nft/render.js';
 import { NftTransaction, opText, type NftOp } from '../../src/dataplane/netfilter/nft/transaction.js';
 import { accountingTx } from '../../src/dataplane/eipCounters.js';
 import { FakeNftClient } from '../helpers/fakeNft.js';
 import { RecordingExecutor } from '../helpers/execCalls.js';
-import { waitFor } from '../helpers/poll.js';
 
 /** `n` port DNATs, `n` FIPs, `n / 10` SNATs over n / 50 EIPs: the bulk bench's mix. */
 function bulk(n: number): NatTables {
@@ -257,80 +251,5 @@ describe('runPhases and the backend against the fake nft', () => {
     const calls = fake.calls.length;
     await b.sync(bulk(100), { mode: 'partial' });
     expect(fake.calls.slice(calls).map((c) => c.kind === 'run' && c.script.split('\n')[0])).toEqual(['add table ip natgw']);
-  });
-});
-
-describe('SystemNftClient.runPhases: one bash process runs the phases', () => {
-  const p = phases(fromAbsent(bulk(2000)), OPTS) as NftPhases;
-  const bashRun = (x: RecordingExecutor) => x.calls.find((c) => c.file === 'bash');
-
-  it('hands bash the phase files and reads each phase time from its stamps', async () => {
-    let files: string[] = [];
-    const x = new RecordingExecutor((req) => {
-      if (req.file !== 'bash') return undefined;
-      const dir = req.args[3] as string;
-      files = readdirSync(dir).sort();
-      expect(readFileSync(join(dir, 'first'), 'utf8')).toBe(p.first.text());
-      expect(readFileSync(join(dir, 'last'), 'utf8')).toBe(p.last.text());
-      return { stdout: 't 100.000000\nt 100.020000\nt 100.095000\nt 100.115500\n' };
-    });
-    const ms = await runPhases(new SystemNftClient(x), p);
-    expect(files).toEqual(['first', 'group0', 'group1', 'last']);
-    expect(bashRun(x)?.args.slice(2)).toEqual(['natgw-phases', expect.stringMatching(/natgw-phases-/), '2']);
-    expect(ms.first).toBeCloseTo(20, 3);
-    expect(ms.groups).toBeCloseTo(75, 3);
-    expect(ms.last).toBeCloseTo(20.5, 3);
-    expect(existsSync(bashRun(x)?.args[3] as string)).toBe(false);
-  });
-
-  it('a refused group: the tool error names the phase, and the created tables are deleted', async () => {
-    const x = new RecordingExecutor((req) =>
-      req.file === 'bash'
-        ? { exitCode: 1, stdout: 't 1.000000\nt 1.020000\n', stderr: 'Error: Could not process rule: No such file or directory\nnatgw-phase-refused: groups\n' }
-        : undefined,
-    );
-    const err = await runPhases(new SystemNftClient(x), p).catch((e: unknown) => e);
-    expect(err).toBeInstanceOf(ExecError);
-    expect((err as ExecError).message).toBe(
-      'Error: nft -f - refused the groups phase of the transaction: Error: Could not process rule: No such file or directory',
-    );
-    expect(x.calls.at(-1)).toMatchObject({ file: 'nft', args: ['-f', '-'], input: 'delete table ip natgw\n' });
-  });
-
-  it("a refused first phase deletes nothing (the table may be someone else's)", async () => {
-    const x = new RecordingExecutor((req) =>
-      req.file === 'bash'
-        ? { exitCode: 1, stdout: 't 1.000000\n', stderr: 'Error: Could not process rule: File exists\nnatgw-phase-refused: first\n' }
-        : undefined,
-    );
-    await expect(runPhases(new SystemNftClient(x), p)).rejects.toThrow(/the first phase of the transaction: Error: Could not process rule: File exists/);
-    expect(x.calls.map((c) => c.file)).toEqual(['bash']);
-  });
-});
-
-describe('phaseRun: directories left by a killed process', () => {
-  it('removes those of a pid that is gone and keeps a live process', async () => {
-    const parent = mkdtempSync(join(tmpdir(), 'natgw-sweep-'));
-    try {
-      // A pid that existed and is gone: a child that already exited.
-      const gone = spawnSync('true').pid as number;
-      const orphan = join(parent, `natgw-phases-${gone}-abc123`);
-      const live = join(parent, `natgw-phases-${process.pid}-def456`);
-      const other = join(parent, `natgw-replay-${gone}-ghi789`);
-      for (const d of [orphan, live, other]) {
-        mkdirSync(d);
-        writeFileSync(join(d, 'first'), 'x');
-      }
-      const { dir } = phaseRun({ first: 'a', groups: ['b'], last: 'c' }, parent, 'natgw-phases');
-      // The sweep starts at the next turn, after the caller's spawn, and lists on the thread pool.
-      await waitFor(async () => !existsSync(orphan), { what: 'the orphan removed', intervalMs: 5 });
-      expect(dir.startsWith(join(parent, `natgw-phases-${process.pid}-`))).toBe(true);
-      expect(existsSync(live)).toBe(true);
-      // Another name's directories are that name's sweep's.
-      expect(existsSync(other)).toBe(true);
-      expect(readdirSync(dir).sort()).toEqual(['first', 'group0', 'last']);
-    } finally {
-      rmSync(parent, { recursive: true, force: true });
-    }
   });
 });

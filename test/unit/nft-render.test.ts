@@ -482,22 +482,6 @@ describe('element-level diffs', () => {
       'delete chain ip6 natgw snat_fd00_1___64',
     ]);
   });
-
-  it('a table in the flat layout of older versions (SNAT rules in shared_snat) is rebuilt in one transaction', () => {
-    const flat = edit(REAL_IP, (items) =>
-      items.map((i) => {
-        const r = i['rule'];
-        if (r?.['handle'] === H.d24) return { rule: { ...r, expr: items.find((x) => x['rule']?.['handle'] === H.snat24a)!['rule']!['expr'] } };
-        return i;
-      }),
-    );
-    const script = lines(renderNatgw(WANT, kernel(flat)).script);
-    expect(script[0]).toBe('delete table ip natgw');
-    expect(script).toContain('add table ip natgw');
-    expect(script).toContain('add rule ip natgw shared_snat ip saddr & 255.255.255.0 vmap @snat_len_24');
-    // Adoption reads the flat rules too (an upgrade whose state file was lost).
-    expect(natTablesFromKernel(kernel(flat))?.snats.map((x) => x.cidr)).toContain('10.0.1.0/24');
-  });
 });
 
 describe('repairs', () => {

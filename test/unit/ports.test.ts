@@ -180,14 +180,14 @@ describe('nftables', () => {
   it('renders a range as a prerouting rule after the map rule, and single ports as map elements only', () => {
     const spec = desiredFamily(tables, 'ip');
     const pre = spec?.chains.find((c) => c.name === CHAIN.prerouting);
-    expect(pre?.rules.map((r) => ruleText(r, 'ip'))).toEqual([
+    expect(pre?.rules.map((r) => r.text)).toEqual([
       'dnat ip to ip daddr map @fip_dnat',
       'meta l4proto { tcp, udp } dnat ip addr . port to ip daddr . meta l4proto . th dport map @port_dnat',
       `ip daddr ${EIP} tcp dport 8000-8100 dnat ip to 10.0.1.6:8000-8100`,
     ]);
     expect([...(spec?.sets.find((s) => s.name === SET.portDnat)?.elements.keys() ?? [])]).toEqual([`${EIP} . tcp . 80`]);
-    const snat = spec?.chains.find((c) => c.name === 'snat_10_0_1_0_24')?.rules[0] as NatgwRule;
-    expect(ruleText(snat, 'ip')).toBe(`ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`);
+    const snat = spec?.chains.find((c) => c.name === 'snat_10_0_1_0_24')?.rules[0];
+    expect(snat?.text).toBe(`ip saddr 10.0.1.0/24 snat ip to numgen inc mod 2 map { 0 : ${EIP}, 1 : ${EIP2} } fully-random`);
   });
 
   it('recognises the JSON the kernel lists for a range and a pool, and nothing slightly different', () => {

@@ -12,7 +12,7 @@ import { desiredTables, planTable, savedAfter } from '../../src/dataplane/netfil
 import { adoptFromSave } from '../../src/dataplane/netfilter/iptables/adopt.js';
 import { parseSave } from '../../src/dataplane/netfilter/iptables/save.js';
 import { recogniseRule } from '../../src/dataplane/netfilter/nft/readback.js';
-import { desiredFamily, ruleJson, ruleText } from '../../src/dataplane/netfilter/nft/render.js';
+import { desiredFamily, ruleJson } from '../../src/dataplane/netfilter/nft/render.js';
 import { planPartial } from '../../src/dataplane/netfilter/nft/partial.js';
 import { replicaRulesOf } from '../../src/engine/backendSelect.js';
 import { ReplicaRole } from '../../src/engine/replicaRole.js';
@@ -73,7 +73,7 @@ describe('NATGW_SNAT_PORT_SLICE', () => {
 
 describe('nftables under a port slice', () => {
   const spec = desiredFamily({ ...BASE, snatPorts: PORTS }, 'ip');
-  const chain = (name: string) => spec?.chains.find((c) => c.name === name)?.rules.map((r) => ruleText(r, 'ip'));
+  const chain = (name: string) => spec?.chains.find((c) => c.name === name)?.rules.map((r) => r.text);
 
   it('puts a TCP/UDP twin into the slice before every SNAT statement', () => {
     expect(chain('shared_snat')).toEqual([
@@ -122,9 +122,9 @@ describe('nftables under a port slice', () => {
     const s = desiredFamily({ ...BASE, dropInvalid: true }, 'ip');
     const base = (name: string) => s?.chains.find((c) => c.name === name);
     expect(base('forward')).toMatchObject({ base: { type: 'filter', hook: 'forward', priority: 0 } });
-    expect(base('forward')?.rules.map((r) => ruleText(r, 'ip'))).toEqual(['ct state invalid drop']);
+    expect(base('forward')?.rules.map((r) => r.text)).toEqual(['ct state invalid drop']);
     // The replica's own connections (BGP, the API) pass on input even when their entry is gone.
-    expect(base('input')?.rules.map((r) => ruleText(r, 'ip'))).toEqual([
+    expect(base('input')?.rules.map((r) => r.text)).toEqual([
       'ct state invalid socket wildcard 0 accept',
       'ct state invalid drop',
       'meta l4proto udp ct state new socket wildcard { 0, 1 } accept',
@@ -137,7 +137,7 @@ describe('nftables under a port slice', () => {
     const rules = (fam: 'ip' | 'ip6', name: string) =>
       desiredFamily(fam === 'ip' ? want : { ...want, eips: ['fd00:20::10'] }, fam)
         ?.chains.find((c) => c.name === name)
-        ?.rules.map((r) => ruleText(r, fam));
+        ?.rules.map((r) => r.text);
     expect(rules('ip', 'forward')).toEqual([
       'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.2',
       'iifname { "eth0", "net1", "net2" } ct state invalid limit rate 500/second burst 500 packets dup to 10.99.0.3',

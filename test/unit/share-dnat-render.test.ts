@@ -141,12 +141,12 @@ describe('share DNAT objects', () => {
       'add table ip kube-ovn',
       'add map ip kube-ovn service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }',
       'add chain ip kube-ovn prerouting { type nat hook prerouting priority -150; policy accept; }',
-      'add rule ip kube-ovn prerouting ip daddr . meta l4proto . th dport vmap @service-ips',
       `add chain ip kube-ovn ${TCP_CHAIN}`,
-      `add rule ip kube-ovn ${TCP_CHAIN} meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }`,
       `add chain ip kube-ovn ${UDP_CHAIN}`,
-      `add rule ip kube-ovn ${UDP_CHAIN} meta l4proto udp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.6 . 53 }`,
       `add element ip kube-ovn service-ips { 172.20.0.10 . tcp . 8080 : goto ${TCP_CHAIN}, 172.20.0.10 . udp . 5353 : goto ${UDP_CHAIN} }`,
+      'add rule ip kube-ovn prerouting ip daddr . meta l4proto . th dport vmap @service-ips',
+      `add rule ip kube-ovn ${TCP_CHAIN} meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }`,
+      `add rule ip kube-ovn ${UDP_CHAIN} meta l4proto udp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.6 . 53 }`,
     ]);
     expect(plan.staleChains).toEqual([]);
   });
@@ -189,7 +189,7 @@ describe('share DNAT against a real read-back', () => {
     expect(renderShareDnat(items, real())).toEqual({
       main: `flush chain ip kube-ovn ${TCP_CHAIN}\nadd rule ip kube-ovn ${TCP_CHAIN} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.8 . 80 }\n`,
       staleChains: [],
-      changes: 1,
+      changes: 2,
     });
   });
 
@@ -198,8 +198,8 @@ describe('share DNAT against a real read-back', () => {
     const chain = shareDnatChainName(extra);
     expect(lines(renderShareDnat([...ITEMS, extra], real()).main)).toEqual([
       `add chain ip kube-ovn ${chain}`,
-      `add rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.6 . 443 }`,
       `add element ip kube-ovn service-ips { 172.20.0.11 . tcp . 443 : goto ${chain} }`,
+      `add rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.1.6 . 443 }`,
     ]);
   });
 
@@ -221,9 +221,9 @@ describe('share DNAT against a real read-back', () => {
     const plan = renderShareDnat(items, real());
     expect(lines(plan.main)).toEqual([
       `add chain ip kube-ovn ${chain}`,
-      `add rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }`,
       'delete element ip kube-ovn service-ips { 172.20.0.10 . tcp . 8080 }',
       `add element ip kube-ovn service-ips { 172.20.0.10 . tcp . 8080 : goto ${chain} }`,
+      `add rule ip kube-ovn ${chain} meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }`,
       `flush chain ip kube-ovn ${TCP_CHAIN}`,
     ]);
     expect(plan.staleChains).toEqual([TCP_CHAIN]);
@@ -232,7 +232,6 @@ describe('share DNAT against a real read-back', () => {
   it('repairs a chain someone flushed, a vmap rule someone deleted, a missing map', () => {
     const flushed = edit((items) => items.filter((i) => i['rule']?.['chain'] !== TCP_CHAIN));
     expect(lines(renderShareDnat(ITEMS, flushed).main)).toEqual([
-      `flush chain ip kube-ovn ${TCP_CHAIN}`,
       `add rule ip kube-ovn ${TCP_CHAIN} meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.1.6 . 80, 1 : 10.0.1.7 . 80 }`,
     ]);
     const noVmap = edit((items) => items.filter((i) => i['rule']?.['chain'] !== 'prerouting'));

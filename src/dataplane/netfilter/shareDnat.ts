@@ -10,11 +10,11 @@ import { ExecError, type Executor } from '../../system/exec.js';
 import type { SyncOptions, SyncReport } from './backend.js';
 import { SystemNftClient, type NftClient } from './nft/client.js';
 import type { NftTableDump } from './nft/types.js';
-import { KUBE_OVN_TABLE, type SharePlan, deleteChainsTx, planShareDnat, renderedTable, shareDnatsFromKernel } from './shareDnatRender.js';
+import { KUBE_OVN_TABLE, type SharePlan, type ShareView, dedupe, deleteChainsTx, planShareDnat, shareDnatsFromKernel } from './shareDnatRender.js';
 
 export class ShareDnatTable {
-  /** `table ip kube-ovn` as of the last read or successful apply (table: null when absent). */
-  private trusted: { readonly table: NftTableDump | null } | undefined;
+  /** What natgw's part of `table ip kube-ovn` held at the last read or successful apply; null: the table is absent. */
+  private trusted: ShareView | null | undefined;
 
   private readonly nft: NftClient;
 
@@ -33,12 +33,12 @@ export class ShareDnatTable {
   /** Make the share-DNAT objects hold exactly `items` (element-level; see shareDnatRender.ts). */
   async sync(items: readonly ShareDnat[], opts: SyncOptions = {}): Promise<SyncReport> {
     const kept = opts.mode === 'partial' ? this.trusted : undefined;
-    let have = kept ? kept.table : await this.read();
+    const have = kept !== undefined ? kept : await this.read();
     let plan = planShareDnat(items, have);
     const script = (p: SharePlan): string => p.tx.text() + deleteChainsTx(p.staleChains).text();
     if (opts.dryRun) return { changes: plan.changes, script: script(plan) };
     if (plan.changes === 0) {
-      this.trusted = { table: have };
+      this.trusted = have && { items: dedupe(items), leftover: [] };
       return { changes: 0, script: '' };
     }
 
@@ -50,10 +50,10 @@ export class ShareDnatTable {
         // render once more against a fresh one before giving up.
         if (!(err instanceof ExecError)) throw err;
         this.log?.warn({ err: err.message }, 'share dnat transaction refused; re-reading and retrying once');
-        plan = planShareDnat(items, (have = await this.read()));
+        plan = planShareDnat(items, await this.read());
         await this.nft.run(plan.tx);
       }
-      this.trusted = { table: renderedTable(items, await this.deleteChains(plan.staleChains)) };
+      this.trusted = { items: dedupe(items), leftover: await this.deleteChains(plan.staleChains) };
     } catch (err) {
       this.forget();
       throw err;

@@ -26,8 +26,10 @@ import { isIpv4 } from '../../model/net.js';
 import { shareDnatChainName } from '../../model/shareDnatName.js';
 import { dig, sameExpr } from './nft/readback.js';
 import { sameHook } from './tables/diff.js';
-import type { NftChainDump, NftSetDump, NftTableDump } from './nft/types.js';
-import { isPlainElement, NftTransaction, type NftChainSpec, type NftRule, type NftTableRef } from './nft/transaction.js';
+import type { NftRuleDump, NftSetDump, NftTableDump } from './nft/types.js';
+import { isPlainElement, NftTransaction, type NftTableRef } from './nft/transaction.js';
+import { renderEdit, Script, setOf, wantedModel, type Handles, type TableSpec } from './nft/render.js';
+import type { ChainModel, TableModel } from './tables/model.js';
 
 /** The table holds something natgw cannot reconcile without touching what is not its own. */
 class ShareDnatError extends NatgwError {
@@ -44,13 +46,7 @@ const SHARE_CHAIN_PATTERN = /^dnat-[0-9a-f]{12}$/;
 
 const T: NftTableRef = { family: 'ip', name: KUBE_OVN_TABLE };
 const MAP_TYPE = 'ipv4_addr . inet_proto . inet_service';
-const PRIO = -150;
-const PREROUTING: NftChainSpec = { name: SHARE_PREROUTING, base: { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } };
-const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', priority: PRIO, policy: 'accept' } as const;
-
-const VMAP_RULE = `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`;
-
-const vmapRule = (): NftRule => ({ text: VMAP_RULE, expr: vmapRuleJson() });
+const PREROUTING_BASE = { type: 'nat', hook: 'prerouting', prioName: -150, priority: -150, policy: 'accept' } as const;
 
 export function vmapRuleJson(): unknown[] {
   return [
@@ -65,10 +61,12 @@ export function vmapRuleJson(): unknown[] {
   ];
 }
 
+const VMAP_RULE = { text: `ip daddr . meta l4proto . th dport vmap @${SERVICE_MAP}`, expr: vmapRuleJson() } as const;
+
 const shareElementKey = (d: Pick<ShareDnat, 'eip' | 'protocol' | 'port'>): string => `${d.eip} . ${d.protocol} . ${d.port}`;
 
 /** The one rule of an identity's chain, backends in the given order. */
-export function shareRuleText(d: ShareDnat): string {
+export function shareRuleText(d: Pick<ShareDnat, 'protocol' | 'backends'>): string {
   const map = d.backends.map((b, i) => `${i} : ${b.ip} . ${b.port}`).join(', ');
   return `meta l4proto ${d.protocol} dnat ip addr . port to numgen random mod ${d.backends.length} map { ${map} }`;
 }
@@ -90,8 +88,6 @@ function shareRuleJson(d: Pick<ShareDnat, 'protocol' | 'backends'>): unknown[] {
   ];
 }
 
-const shareRule = (d: ShareDnat): NftRule & { readonly expr: unknown[] } => ({ text: shareRuleText(d), expr: shareRuleJson(d) });
-
 /** Backends and protocol of a chain's rule, when it is exactly the rule natgw renders. */
 export function recogniseShareRule(expr: readonly unknown[]): Pick<ShareDnat, 'protocol' | 'backends'> | null {
   const p = dig(expr, 0, 'match', 'right');
@@ -110,14 +106,8 @@ export function recogniseShareRule(expr: readonly unknown[]): Pick<ShareDnat, 'p
   return sameExpr(shareRuleJson(candidate), expr) ? candidate : null;
 }
 
-const isVmapRule = (expr: readonly unknown[]): boolean => sameExpr(vmapRuleJson(), expr);
-
 function mapDeclOk(m: NftSetDump): boolean {
   return m.kind === 'map' && m.type === MAP_TYPE && m.map === 'verdict' && m.flags.length === 0;
-}
-
-function preroutingDeclOk(c: NftChainDump): boolean {
-  return c.base !== undefined && sameHook(c.base, PREROUTING_BASE);
 }
 
 // ---------------------------------------------------------------------------------
@@ -132,6 +122,12 @@ export interface SharePlan {
   readonly changes: number;
 }
 
+/** What a partial sync trusts: the items last applied, and stale chains the kernel kept (flushed). */
+export interface ShareView {
+  readonly items: readonly ShareDnat[];
+  readonly leftover: readonly string[];
+}
+
 /** The second transaction: delete chains that the first one flushed and unreferenced. */
 export function deleteChainsTx(chains: readonly string[]): NftTransaction {
   const tx = new NftTransaction();
@@ -140,127 +136,87 @@ export function deleteChainsTx(chains: readonly string[]): NftTransaction {
 }
 
 /** The last identity given wins (re-adding replaces), in first-seen order. */
-function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
+export function dedupe(items: readonly ShareDnat[]): ShareDnat[] {
   const byKey = new Map<string, ShareDnat>();
   for (const d of items) byKey.set(dnatKey(d), d);
   return [...byKey.values()];
 }
 
-/**
- * PURE: the table as applying `items` leaves it, `flushed` chains still there (a delete the
- * kernel refused), as `nft -j list` would show it: what a partial sync plans against. Handles
- * are unknown (0): a plan against it deletes nothing by handle, as it holds no foreign rule.
- */
-export function renderedTable(itemsIn: readonly ShareDnat[], flushed: readonly string[]): NftTableDump {
-  const items = dedupe(itemsIn);
-  const chain = (name: string, rules: unknown[][]): [string, NftChainDump] => [name, { name, handle: 0, rules: rules.map((expr) => ({ handle: 0, expr })) }];
-  const chains = new Map<string, NftChainDump>([
-    [SHARE_PREROUTING, { ...chain(SHARE_PREROUTING, [vmapRuleJson()])[1], base: PREROUTING_BASE }],
-    ...items.map((d) => chain(shareDnatChainName(d), [shareRuleJson(d)])),
-    ...flushed.map((name) => chain(name, [])),
-  ]);
+/** natgw's part of the table for `items` (deduplicated): the map, the base chain's rule, a chain per identity. */
+function shareSpec(items: readonly ShareDnat[]): TableSpec {
   const elements = items.map((d) => ({ key: shareElementKey(d), value: `goto ${shareDnatChainName(d)}` }));
-  const map: NftSetDump = { name: SERVICE_MAP, handle: 0, kind: 'map', type: MAP_TYPE, map: 'verdict', flags: [], elements };
-  return { family: 'ip', name: KUBE_OVN_TABLE, chains, sets: new Map([[SERVICE_MAP, map]]) };
+  return {
+    table: T,
+    sets: [setOf({ name: SERVICE_MAP, kind: 'map', type: MAP_TYPE, map: 'verdict' }, elements)],
+    chains: [
+      { name: SHARE_PREROUTING, base: PREROUTING_BASE, rules: [VMAP_RULE] },
+      ...items.map((d) => ({ name: shareDnatChainName(d), rules: [{ text: shareRuleText(d), expr: shareRuleJson(d) }] })),
+    ],
+  };
 }
 
-/** PURE: the plan that makes `have` hold `items`. */
-export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | null): SharePlan {
-  const items = dedupe(itemsIn);
-  const create = new NftTransaction();
-  const chainOps = new NftTransaction();
-  const delElems = new NftTransaction();
-  const addElems = new NftTransaction();
-  const flushStale = new NftTransaction();
-  let changes = 0;
-
-  if (have === null && items.length === 0) return { tx: create, staleChains: [], changes: 0 };
-
-  const chains = have?.chains ?? new Map<string, NftChainDump>();
-  let map = have?.sets.get(SERVICE_MAP);
-  const pre = chains.get(SHARE_PREROUTING);
-
-  if (have === null) {
-    create.addTable(T);
-    changes += 1;
-  }
-  // The map: created when missing, re-created when declared otherwise (its vmap rules go first).
-  let vmapRules = (pre?.rules ?? []).filter((r) => isVmapRule(r.expr));
+/**
+ * What natgw owns of the table as the kernel holds it; everything else stays out of sight, so no
+ * edit can touch it: other rules in `prerouting`, other chains and sets, base chains named like
+ * ours, elements that are not plain data. A map declared otherwise, or a `prerouting` hooked
+ * otherwise, is removed first (in `sc`) and left out, to be created again.
+ */
+function kernelShare(sc: Script, have: NftTableDump, wanted: ReadonlySet<string>): { held: TableModel; handles: Handles } {
+  const chains = new Map<string, ChainModel>();
+  const handles = new Map<string, readonly NftRuleDump[]>();
+  const pre = have.chains.get(SHARE_PREROUTING);
+  const vmapRules = (pre?.rules ?? []).filter((r) => sameExpr(VMAP_RULE.expr, r.expr));
+  let map = have.sets.get(SERVICE_MAP);
   if (map && !mapDeclOk(map)) {
-    for (const r of vmapRules) create.deleteRule(T, SHARE_PREROUTING, r.handle);
-    create.deleteSet(T, 'map', SERVICE_MAP);
-    vmapRules = [];
+    for (const r of vmapRules.splice(0)) sc.create.deleteRule(T, SHARE_PREROUTING, r.handle);
+    sc.create.deleteSet(T, 'map', SERVICE_MAP);
+    sc.changes += 1;
     map = undefined;
-    changes += 1;
   }
-  if (!map) {
-    create.addMap(T, { name: SERVICE_MAP, type: MAP_TYPE, map: 'verdict' });
-    changes += 1;
+  if (pre && !(pre.base && sameHook(pre.base, PREROUTING_BASE))) sc.create.flushChain(T, SHARE_PREROUTING).deleteChain(T, SHARE_PREROUTING);
+  else if (pre) {
+    chains.set(SHARE_PREROUTING, { base: PREROUTING_BASE, rules: vmapRules.map(() => VMAP_RULE.text) });
+    handles.set(SHARE_PREROUTING, vmapRules);
   }
-  // The base chain: created when missing, rebuilt when hooked otherwise; exactly one vmap rule.
-  if (pre && !preroutingDeclOk(pre)) {
-    create.flushChain(T, SHARE_PREROUTING).deleteChain(T, SHARE_PREROUTING);
-    vmapRules = [];
+  for (const c of [...have.chains.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+    if (!SHARE_CHAIN_PATTERN.test(c.name)) continue;
+    if (c.base !== undefined && wanted.has(c.name))
+      throw new ShareDnatError(`chain ${c.name} in table ip ${KUBE_OVN_TABLE} is a base chain; natgw cannot use it`);
+    if (c.base !== undefined) continue;
+    chains.set(c.name, {
+      rules: c.rules.map((r) => {
+        const rule = recogniseShareRule(r.expr);
+        return rule ? shareRuleText(rule) : null;
+      }),
+    });
   }
-  if (!pre || !preroutingDeclOk(pre)) {
-    create.addChain(T, PREROUTING);
-    changes += 1;
-  }
-  if (vmapRules.length === 0) {
-    chainOps.addRule(T, SHARE_PREROUTING, vmapRule());
-    changes += 1;
-  }
-  for (const extra of vmapRules.slice(1)) {
-    chainOps.deleteRule(T, SHARE_PREROUTING, extra.handle);
-    changes += 1;
-  }
+  const plain = (map?.elements ?? []).filter((e) => isPlainElement(e.key)).sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+  const sets = map ? new Map([[SERVICE_MAP, { elements: new Map(plain.map((e) => [e.key, e.value] as const)) }]]) : new Map();
+  return { held: { chains, sets }, handles };
+}
 
-  // Identity chains: created, or replaced atomically (flush + add) when their rule differs.
-  const wantedChains = new Set<string>();
-  const wantElems = new Map<string, string>();
-  for (const d of items) {
-    const name = shareDnatChainName(d);
-    wantedChains.add(name);
-    wantElems.set(shareElementKey(d), `goto ${name}`);
-    const c = chains.get(name);
-    const rule = shareRule(d);
-    if (!c) {
-      chainOps.addChain(T, { name }).addRule(T, name, rule);
-      changes += 1;
-    } else if (c.base !== undefined || c.rules.length !== 1 || !sameExpr(rule.expr, c.rules[0]?.expr)) {
-      if (c.base !== undefined) throw new ShareDnatError(`chain ${name} in table ip ${KUBE_OVN_TABLE} is a base chain; natgw cannot use it`);
-      chainOps.flushChain(T, name).addRule(T, name, rule);
-      changes += 1;
-    }
-  }
-
-  // Map elements, one by one; a changed target is delete + add in this same transaction.
-  // Sorted, so the script does not depend on the order nft lists a hash set in.
-  const haveElems = new Map((map?.elements ?? []).map((e) => [e.key, e.value ?? ''] as const));
-  const stale = [...haveElems.keys()].filter((k) => wantElems.get(k) !== haveElems.get(k) && isPlainElement(k)).sort();
-  delElems.deleteElements(T, SERVICE_MAP, stale);
-  changes += stale.length;
-  const missing = [...wantElems.entries()].filter(([k, v]) => haveElems.get(k) !== v);
-  addElems.addElements(
-    T,
-    SERVICE_MAP,
-    missing.map(([key, value]) => ({ key, value })),
-  );
-  changes += missing.length;
-
-  // Stale identity chains: flushed now, deleted in the second transaction.
-  const staleChains = [...chains.values()]
-    .filter((c) => SHARE_CHAIN_PATTERN.test(c.name) && !wantedChains.has(c.name) && c.base === undefined)
-    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-  for (const c of staleChains) {
-    if (c.rules.length > 0) flushStale.flushChain(T, c.name);
-    changes += 1;
-  }
-  return {
-    tx: NftTransaction.concat(create, chainOps, delElems, addElems, flushStale),
-    staleChains: staleChains.map((c) => c.name),
-    changes,
-  };
+/**
+ * PURE: the plan that makes the table hold `items`, against what the kernel holds (`have`), or
+ * against what natgw applied last (a ShareView: a partial sync, nothing read); null: the table is
+ * absent. Identity chains are replaced whole (flush + add: established connections keep their
+ * conntrack entries), so only `prerouting` needs the kernel's handles.
+ */
+export function planShareDnat(itemsIn: readonly ShareDnat[], have: NftTableDump | ShareView | null): SharePlan {
+  const items = dedupe(itemsIn);
+  const sc = new Script();
+  if (have === null && items.length === 0) return { tx: sc.tx(), staleChains: [], changes: 0 };
+  const spec = shareSpec(items);
+  let held: TableModel = { chains: new Map(), sets: new Map() };
+  let handles: Handles | undefined;
+  if (have === null) {
+    sc.create.addTable(T);
+    sc.changes += 1;
+  } else if ('items' in have) {
+    const last = wantedModel(shareSpec(dedupe(have.items)));
+    held = { ...last, chains: new Map([...last.chains, ...have.leftover.map((name) => [name, { rules: [] }] as const)]) };
+  } else ({ held, handles } = kernelShare(sc, have, new Set(spec.chains.map((c) => c.name))));
+  const staleChains = renderEdit(sc, spec, wantedModel(spec), held, handles, 'flush');
+  return { tx: sc.tx(), staleChains, changes: sc.changes };
 }
 
 // ---------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ class Helper {
   }
 }
 
-/** The tool's client with present, listings and transactions through the helper while it runs; a bulk load's phases (several `nft` at once) stay the tool's. */
+/** The tool's client with listings and transactions through the helper while it runs; a bulk load's element groups (several `nft` at once) stay the tool's. */
 export class LibnftClient extends SystemNftClient {
   private helper: Helper | undefined;
   private starting: Promise<void> | undefined;
@@ -218,20 +218,17 @@ export class LibnftClient extends SystemNftClient {
     return next;
   }
 
-  override async present(): Promise<boolean> {
-    const r = await this.ask('list tables', false, 'nft list tables');
-    return r ? r.exitCode === 0 : super.present();
-  }
-
   override async listJson(family: NftTableFamily, table: string): Promise<string | null> {
     if (!TABLE_NAME.test(table)) throw new Error(`not a table name: ${table}`);
     const r = await this.ask(`list table ${family} ${table}`, true, `nft -j list table ${family} ${table}`);
     return r ? listingText(r) : super.listJson(family, table);
   }
 
-  override async run(tx: NftTransaction | string): Promise<void> {
+  override async run(tx: NftTransaction | string, opts: { readonly concurrent?: boolean } = {}): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
+    // The helper runs one request at a time: transactions meant to run at once go to the tool.
+    if (opts.concurrent) return super.run(script);
     const r = await this.ask(script, false, 'nft -f -');
     if (!r) return super.run(script);
     if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);

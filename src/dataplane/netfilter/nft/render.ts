@@ -16,25 +16,15 @@
  *                                                           oifname "<vpc>" meta mark & 0x1 == 0x1 ct status dnat
  *                                                             ct original ip daddr @hairpin_eips snat ip to ct original ip daddr fully-random
  *                                                           ip daddr <eip> tcp dport a-b dnat ip to <ip>:a-b  (one per port range)
- *   chain shared_snat (regular)                             ip saddr & <mask> vmap @snat_len_<len>             (these three per
- *                                                           snat ip to ip saddr & <mask> map @snat_to_len_<len>  length in use,
- *                                                           snat ip to ip saddr & <mask> map @snat_to_fr_len_<len> fully-random   longest first)
- *   map snat_to_len_<len> { type ipv4_addr : ipv4_addr }    <network> : <eip>   (a CIDR with one single-EIP rule)
- *   map snat_to_fr_len_<len> { type ipv4_addr : ipv4_addr } <network> : <eip>   (the same, --random-fully)
- *   map snat_len_<len> { type ipv4_addr : verdict }         <network> : goto snat_<cidr>   (any other CIDR)
- *   chain snat_<cidr> (regular, one per such CIDR)          ip saddr <cidr> snat ip to <eip> [fully-random]   (insertion order)
- *                                                           ip saddr <cidr> snat ip to numgen inc mod N map { 0 : <eip>, … }  (a pool)
+ *   chain shared_snat, its maps and CIDR chains (regular)   shared SNAT, laid out in snatLayout.ts
  *
  * The order inside prerouting/postrouting is the script's: FIP DNAT before port DNAT
  * (EXCLUSIVE_DNAT before SHARED_DNAT), FIP SNAT before shared SNAT before hairpin. FIP, DNAT and
  * hairpin dispatch through maps and sets, so their per-packet cost does not grow with their number.
  *
- * Shared SNAT dispatches per prefix length to data-map elements and CIDR chains (snatLayout.ts
- * says why that keeps the first-match semantics and makes every SNAT change element-level). The
- * `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
+ * The `oifname "<ext>"` match is hoisted into the jump to shared_snat: identical semantics, a rename
  * of the external interface touches one rule, and the external interface stays readable from the
- * kernel even while no SNAT exists (adoption). SNAT rules directly in shared_snat (an older flat
- * layout) are a structural surprise the full sync rebuilds in one transaction.
+ * kernel even while no SNAT exists (adoption).
  *
  * Diff rules: a missing table or skeleton object is created; a chain's rules are compared with the
  * rules natgw would render (tables/diff.ts, the differ of both backends) and repaired by deleting
@@ -57,11 +47,23 @@ import { NatgwError } from '../../../model/errors.js';
 import { familyOfValid, parseCidr, type Family } from '../../../model/net.js';
 import { activeSnat, dnatKey, snatKey, type Dnat, type Fip, type Snat } from '../../../model/rules.js';
 import { canonicalOrder, handOffInterfaces, hasFamily, ofFamily, type NatTables } from '../backend.js';
-import { dispatchJson, dispatchText, isSnatChainName, isSnatMap, L4_TCP_UDP, l4TcpUdpJson, snatLayout, snatLens, withPortSlice } from './snatLayout.js';
-import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftRule, type NftTableRef } from './transaction.js';
+import {
+  addrType,
+  dispatchJson,
+  dispatchText,
+  hostBits,
+  isSnatChainName,
+  isSnatMap,
+  L4_TCP_UDP,
+  l4TcpUdpJson,
+  snatLayout,
+  snatLens,
+  withPortSlice,
+} from './snatLayout.js';
+import { isPlainElement, NftTransaction, type NftChainSpec, type NftElement, type NftPriority, type NftRule, type NftTableRef } from './transaction.js';
 import { diffTable, type ChainEdit, type TableEdit } from '../tables/diff.js';
 import type { BaseHook, TableModel } from '../tables/model.js';
-import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedRule, OwnedTable, SnatRule } from './types.js';
+import type { NatgwKernel, NatgwRule, NftChainDump, NftFamily, NftSetDump, OwnedTable, SnatRule } from './types.js';
 
 export const NFT_FAMILIES: readonly NftFamily[] = ['ip', 'ip6'];
 
@@ -98,8 +100,6 @@ export class NftRenderError extends NatgwError {
 // ---------------------------------------------------------------------------------
 // natgw's rules: text to write, JSON that nft lists back
 // ---------------------------------------------------------------------------------
-
-const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
 
 /** `a.b.c.d` for a host prefix (nft lists it so), `a.b.c.0/24` otherwise. */
 function cidrText(cidr: string, fam: NftFamily): string {
@@ -168,10 +168,10 @@ const ctOrig = (fam: NftFamily): unknown => ({ ct: { key: `${fam} daddr`, dir: '
  * read (read-back comparison and the fakes read it; the script does not: a bulk render of 1,000
  * SNAT rules built their JSON trees before the tool started, for nothing).
  */
-function nftRule(r: NatgwRule, fam: NftFamily, text = ruleText(r, fam)): NftRule {
+function nftRule(r: NatgwRule, fam: NftFamily): NftRule {
   let expr: unknown[] | undefined;
   return {
-    text,
+    text: ruleText(r, fam),
     get expr() {
       expr ??= ruleJson(r, fam);
       return expr;
@@ -259,17 +259,17 @@ export function snatRule(given: Snat): SnatRule {
 interface BaseHookSpec extends BaseHook {
   readonly type: 'filter' | 'nat';
   readonly hook: 'prerouting' | 'postrouting' | 'forward' | 'input';
-  readonly prioName: 'mangle' | 'dstnat' | 'srcnat' | 'filter';
+  readonly prioName: NftPriority;
   readonly policy: 'accept';
 }
 
-interface ChainSpec {
+export interface ChainSpec {
   readonly name: string;
   readonly base?: BaseHookSpec;
-  readonly rules: readonly NatgwRule[];
+  readonly rules: readonly NftRule[];
 }
 
-interface SetSpec {
+export interface SetSpec {
   readonly name: string;
   readonly kind: 'set' | 'map';
   readonly type: string;
@@ -285,7 +285,7 @@ interface SetSpec {
  * created whole (a fresh namespace, a rebuild) writes its list, and ten thousand keys need
  * not be hashed for that.
  */
-function setOf(decl: Omit<SetSpec, 'elements' | 'list'>, list: readonly NftElement[]): SetSpec {
+export function setOf(decl: Omit<SetSpec, 'elements' | 'list'>, list: readonly NftElement[]): SetSpec {
   let byKey: Map<string, string | undefined> | undefined;
   return {
     ...decl,
@@ -297,8 +297,9 @@ function setOf(decl: Omit<SetSpec, 'elements' | 'list'>, list: readonly NftEleme
   };
 }
 
-export interface FamilySpec {
-  readonly family: NftFamily;
+/** What one table must hold (natgw's of one family, or share DNAT's part of `table ip kube-ovn`). */
+export interface TableSpec {
+  readonly table: NftTableRef;
   readonly sets: readonly SetSpec[];
   readonly chains: readonly ChainSpec[];
 }
@@ -370,7 +371,7 @@ function dnatElements(sorted: readonly Dnat[], fam: NftFamily): { portDnat: NftE
 }
 
 /** What one family's table must hold for `want`; null when the family needs no table. */
-export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | null {
+export function desiredFamily(given: NatTables, fam: NftFamily): TableSpec | null {
   return needsFamily(given, fam) ? familySpec(given, fam) : null;
 }
 
@@ -378,9 +379,9 @@ export function desiredFamily(given: NatTables, fam: NftFamily): FamilySpec | nu
  * One family's table for `given`. `lensOf`, when given, are the SNAT rules whose prefix lengths
  * shared_snat dispatches to: every rule of the family, where `given` holds only some (a partial sync).
  */
-function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]): FamilySpec {
+function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]): TableSpec {
   const want = canonicalOrder(ofFamily(given, FAMILY[fam]));
-  const addr = fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr';
+  const addr = addrType(fam);
   const { fipDnat, fipSnat } = fipElements(want.fips, fam);
   const { portDnat, rangeDnats } = dnatElements(want.dnats, fam);
   const snats: Snat[] = firstBy(want.snats, snatKey);
@@ -391,8 +392,9 @@ function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]):
 
   const snatObjects = snatLayout(snats.map(snatRule), fam, lens);
 
+  const rules = (rs: readonly NatgwRule[]): NftRule[] => rs.map((r) => nftRule(r, fam));
   return {
-    family: fam,
+    table: natgwTable(fam),
     sets: [
       setOf({ name: SET.fipDnat, kind: 'map', type: addr, map: addr }, fipDnat),
       setOf({ name: SET.fipSnat, kind: 'map', type: addr, map: addr }, fipSnat),
@@ -412,31 +414,33 @@ function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]):
       {
         name: CHAIN.vpcMark,
         base: { type: 'filter', hook: 'prerouting', prioName: 'mangle', priority: -150, policy: 'accept' },
-        rules: [{ kind: 'vpc-mark', vpcIf: want.vpcIf }],
+        rules: rules([{ kind: 'vpc-mark', vpcIf: want.vpcIf }]),
       },
       {
         name: CHAIN.prerouting,
         base: { type: 'nat', hook: 'prerouting', prioName: 'dstnat', priority: -100, policy: 'accept' },
-        rules: [{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats],
+        rules: rules([{ kind: 'fip-dnat' }, { kind: 'port-dnat' }, ...rangeDnats]),
       },
       {
         name: CHAIN.postrouting,
         base: { type: 'nat', hook: 'postrouting', prioName: 'srcnat', priority: 100, policy: 'accept' },
-        rules: withPortSlice(
-          [
-            { kind: 'fip-snat' },
-            ...[want.extIf, ...(want.uplinks ?? [])].map((extIf): NatgwRule => ({ kind: 'snat-jump', extIf })),
-            { kind: 'hairpin', vpcIf: want.vpcIf },
-          ],
-          want.snatPorts,
+        rules: rules(
+          withPortSlice(
+            [
+              { kind: 'fip-snat' },
+              ...[want.extIf, ...(want.uplinks ?? [])].map((extIf): NatgwRule => ({ kind: 'snat-jump', extIf })),
+              { kind: 'hairpin', vpcIf: want.vpcIf },
+            ],
+            want.snatPorts,
+          ),
         ),
       },
       {
         name: CHAIN.sharedSnat,
-        rules: withPortSlice(snatObjects.dispatch, want.snatPorts),
+        rules: rules(withPortSlice(snatObjects.dispatch, want.snatPorts)),
       },
-      ...snatObjects.chains.map((c) => (want.snatPorts ? { ...c, rules: withPortSlice(c.rules, want.snatPorts) } : c)),
-      ...(want.dropInvalid ? dropInvalidChains(want) : []),
+      ...snatObjects.chains.map((c) => ({ name: c.name, rules: rules(withPortSlice(c.rules, want.snatPorts)) })),
+      ...(want.dropInvalid ? dropInvalidChains(want, fam) : []),
     ],
   };
 }
@@ -453,7 +457,7 @@ function familySpec(given: NatTables, fam: NftFamily, lensOf?: readonly Snat[]):
  * unreachable" (and its entry would block the peer's state). On input, a new UDP packet that
  * no socket of the replica's own takes is handed off and dropped the same way.
  */
-function dropInvalidChains(want: NatTables): ChainSpec[] {
+function dropInvalidChains(want: NatTables, fam: NftFamily): ChainSpec[] {
   const ifs = handOffInterfaces(want);
   const h = want.handOff;
   const handOff = (packets: 'invalid' | 'new-udp'): NatgwRule[] => (h ? h.peers.map((peer) => ({ kind: 'hand-off', packets, ifs, peer, rate: h.rate })) : []);
@@ -461,7 +465,7 @@ function dropInvalidChains(want: NatTables): ChainSpec[] {
   const chain = (name: 'forward' | 'input', rules: NatgwRule[]): ChainSpec => ({
     name,
     base: { type: 'filter', hook: name, prioName: 'filter', priority: 0, policy: 'accept' },
-    rules,
+    rules: rules.map((r) => nftRule(r, fam)),
   });
   return [
     chain(CHAIN.forward, invalid),
@@ -489,7 +493,7 @@ export interface NftTxPlan {
 export const textPlan = (p: NftTxPlan): NftPlan => ({ script: p.tx.text(), changes: p.changes });
 
 /** Commands of one transaction, grouped so that dependencies come first whatever was diffed. */
-class Script {
+export class Script {
   readonly create = new NftTransaction();
   readonly deleteRules = new NftTransaction();
   readonly deleteElements = new NftTransaction();
@@ -515,26 +519,22 @@ function addSet(tx: NftTransaction, t: NftTableRef, s: SetSpec): void {
   else tx.addSet(t, { name: s.name, type: s.type });
 }
 
-/** All of a set's elements (a new set), straight from its entries. */
-function addAllElements(sc: Script, fam: NftFamily, set: SetSpec): void {
-  sc.addElements.addElements(natgwTable(fam), set.name, set.list);
-  sc.changes += set.list.length;
-}
-
-function addElements(sc: Script, fam: NftFamily, set: SetSpec, keys: readonly string[]): void {
-  const elements = keys.map((key): NftElement => {
-    const value = set.elements.get(key);
-    return value === undefined ? { key } : { key, value };
-  });
-  sc.addElements.addElements(natgwTable(fam), set.name, elements);
-  sc.changes += keys.length;
+/** Elements of `set` by key: all of them (a new set) straight from its list. */
+function addElements(sc: Script, t: NftTableRef, set: SetSpec, keys?: readonly string[]): void {
+  const elements =
+    keys?.map((key): NftElement => {
+      const value = set.elements.get(key);
+      return value === undefined ? { key } : { key, value };
+    }) ?? set.list;
+  sc.addElements.addElements(t, set.name, elements);
+  sc.changes += elements.length;
 }
 
 const EMPTY_TABLE: TableModel = { chains: new Map(), sets: new Map() };
 
 /** Everything for one family from scratch (a missing table, or a rebuild): the edit from an empty table. */
-function renderFresh(sc: Script, spec: FamilySpec, want = wantedModel(spec)): void {
-  sc.create.addTable(natgwTable(spec.family));
+function renderFresh(sc: Script, spec: TableSpec, want = wantedModel(spec)): void {
+  sc.create.addTable(spec.table);
   sc.changes += 1;
   renderEdit(sc, spec, want, EMPTY_TABLE, undefined);
 }
@@ -544,11 +544,9 @@ function sameSetDecl(spec: SetSpec, have: NftSetDump): boolean {
 }
 
 /** A table natgw cannot repair object by object: something it never creates, or declared otherwise. */
-function needsRebuild(spec: FamilySpec, have: OwnedTable, edit: TableEdit): boolean {
+function needsRebuild(spec: TableSpec, have: OwnedTable, edit: TableEdit): boolean {
   const sets = new Map(spec.sets.map((s) => [s.name, s]));
   if (edit.rehooked.length > 0 || edit.staleChains.some((n) => !isStaleSnatChain(n, have.chains.get(n) as NftChainDump))) return true;
-  // SNAT rules directly in shared_snat: the flat layout of older versions (an upgrade in place).
-  if ((have.owned.get(CHAIN.sharedSnat) ?? []).some((r) => r.rule?.kind === 'snat')) return true;
   for (const [name, s] of have.sets) {
     const want = sets.get(name);
     if (!want && isSnatMap(s, have.family as NftFamily)) continue;
@@ -565,17 +563,17 @@ const isStaleSnatChain = (name: string, c: NftChainDump): boolean => c.base === 
 
 /**
  * The table model (tables/model.ts) of a desired family or of what the kernel holds: rules keyed
- * by their script text, unrecognised kernel rules null. Set elements are indexed only when the
- * differ asks for them.
+ * by their script text, unrecognised kernel rules null. A desired set's elements are indexed only
+ * when the differ asks for them (setOf).
  */
-function wantedModel(spec: FamilySpec): TableModel {
+export function wantedModel(spec: TableSpec): TableModel {
   return {
     chains: new Map(
       spec.chains.map((c) => [
         c.name,
         {
           ...(c.base ? { base: c.base } : {}),
-          rules: c.rules.map((r) => ruleText(r, spec.family)),
+          rules: c.rules.map((r) => r.text),
         },
       ]),
     ),
@@ -594,20 +592,7 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
         },
       ]),
     ),
-    sets: new Map(
-      [...have.sets].map(([n, s]) => {
-        let byKey: Map<string, string | undefined> | undefined;
-        return [
-          n,
-          {
-            get elements() {
-              byKey ??= new Map(s.elements.map((e) => [e.key, e.value] as const));
-              return byKey;
-            },
-          },
-        ];
-      }),
-    ),
+    sets: new Map([...have.sets].map(([n, s]) => [n, { elements: new Map(s.elements.map((e) => [e.key, e.value] as const)) }])),
   };
 }
 
@@ -616,26 +601,18 @@ function kernelModel(have: OwnedTable, fam: NftFamily): TableModel {
  * or append. Without handles (a partial sync reads nothing back) a rule goes in by its index, and
  * a chain that loses a rule is flushed and written whole.
  */
-function renderChain(
-  sc: Script,
-  fam: NftFamily,
-  chain: ChainSpec,
-  desired: readonly string[],
-  held: number,
-  handles: readonly OwnedRule[] | undefined,
-  edit: ChainEdit,
-): void {
-  const t = natgwTable(fam);
-  const rule = (d: number): NftRule => nftRule(chain.rules[d] as NatgwRule, fam, desired[d]);
+function renderChain(sc: Script, t: NftTableRef, chain: ChainSpec, held: number, handles: readonly Handled[] | undefined, edit: ChainEdit): void {
+  const rule = (d: number): NftRule => chain.rules[d] as NftRule;
+  const desired = chain.rules;
   let appendFrom = 0;
   if (edit.kind === 'rewrite' || (!handles && edit.deletes.length > 0)) {
     sc.deleteRules.flushChain(t, chain.name);
     sc.changes += held;
   } else {
     // Deletes here come with handles.
-    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, ((handles ?? [])[a] as OwnedRule).handle);
+    for (const a of edit.deletes) sc.deleteRules.deleteRule(t, chain.name, ((handles ?? [])[a] as Handled).handle);
     edit.inserts.forEach(({ rule: d, before }, k) => {
-      if (handles) sc.addRules.insertRule(t, chain.name, rule(d), (handles[before] as OwnedRule).handle);
+      if (handles) sc.addRules.insertRule(t, chain.name, rule(d), (handles[before] as Handled).handle);
       // Nothing deleted: the kept rule has the k rules inserted so far before it.
       else sc.addRules.insertRuleAt(t, chain.name, rule(d), before + k);
     });
@@ -646,25 +623,38 @@ function renderChain(
   sc.changes += desired.length - appendFrom;
 }
 
+/** Kernel rules' handles, chain by chain, in the order of the held model's rules. */
+export type Handles = ReadonlyMap<string, readonly Handled[]>;
+interface Handled {
+  readonly handle: number;
+}
+
 /**
  * The operations that take a table from `held` to `spec` (`want` its model). What is stale
  * (needsRebuild lets nothing but SNAT length maps and CIDR chains be) goes last, after the rules
- * and elements naming it.
+ * and elements naming it. With `staleChains: 'flush'` a stale chain is only emptied (share DNAT
+ * deletes it in a transaction of its own); the stale chains are returned.
  */
-function renderEdit(sc: Script, spec: FamilySpec, want: TableModel, held: TableModel, handles: OwnedTable['owned'] | undefined): void {
-  const fam = spec.family;
-  const t = natgwTable(fam);
+export function renderEdit(
+  sc: Script,
+  spec: TableSpec,
+  want: TableModel,
+  held: TableModel,
+  handles: Handles | undefined,
+  staleChains: 'delete' | 'flush' = 'delete',
+): readonly string[] {
+  const t = spec.table;
   const edit = diffTable(held, want);
   edit.sets.forEach(({ edit: e }, i) => {
     const s = spec.sets[i] as SetSpec;
     if (e) {
       sc.deleteElements.deleteElements(t, s.name, e.deletes);
       sc.changes += e.deletes.length;
-      addElements(sc, fam, s, e.adds);
+      addElements(sc, t, s, e.adds);
     } else {
       addSet(sc.create, t, s);
       sc.changes += 1;
-      addAllElements(sc, fam, s);
+      addElements(sc, t, s);
     }
   });
   edit.chains.forEach((c, i) => {
@@ -673,18 +663,18 @@ function renderEdit(sc: Script, spec: FamilySpec, want: TableModel, held: TableM
       sc.create.addChain(t, chainOf(chain));
       sc.changes += 1;
     }
-    const desired = want.chains.get(c.name)?.rules as readonly string[];
-    renderChain(sc, fam, chain, desired, held.chains.get(c.name)?.rules.length ?? 0, handles?.get(c.name), c.edit);
+    renderChain(sc, t, chain, held.chains.get(c.name)?.rules.length ?? 0, handles?.get(c.name), c.edit);
   });
   for (const name of edit.staleSets) sc.drop.deleteSet(t, 'map', name);
   for (const name of edit.staleChains) {
-    sc.drop.flushChain(t, name);
-    sc.drop.deleteChain(t, name);
+    if (staleChains === 'delete') sc.drop.flushChain(t, name).deleteChain(t, name);
+    else if (held.chains.get(name)?.rules.length) sc.drop.flushChain(t, name);
   }
   sc.changes += edit.staleSets.length + edit.staleChains.length;
+  return edit.staleChains;
 }
 
-function renderFamily(sc: Script, spec: FamilySpec | null, have: OwnedTable | null, fam: NftFamily): void {
+function renderFamily(sc: Script, spec: TableSpec | null, have: OwnedTable | null, fam: NftFamily): void {
   if (spec === null) {
     if (have !== null) {
       sc.create.deleteTable(natgwTable(fam));

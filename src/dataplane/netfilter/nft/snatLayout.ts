@@ -1,8 +1,7 @@
 /**
  * PURE layout of shared SNAT in natgw's nft tables, built so that every SNAT change is
- * element-level (issue 8: a flat ordered chain cost a flush and rewrite of every rule per delete,
- * since nft deletes a rule only by a handle the command path does not know), and so that the
- * common CIDR, translated by one EIP, is an element rather than a chain of its own.
+ * element-level (nft deletes a rule only by a handle the command path does not know), and so
+ * that the common CIDR, translated by one EIP, is an element rather than a chain of its own.
  *
  *   chain shared_snat      ip saddr & 255.255.255.0 vmap @snat_len_24                            (per prefix length
  *                          snat ip to ip saddr & 255.255.255.0 map @snat_to_len_24                 in use, longest
@@ -33,8 +32,7 @@
  *
  * All three maps and rules exist for every prefix length in use, empty or not: a CIDR moving
  * between forms (a second EIP, one of two removed, --random-fully changed) is then a change of
- * elements and at most one chain, never of shared_snat or a declaration (which would also take
- * the command off nft's interactive session). An empty map's miss costs a hash lookup on a
+ * elements and at most one chain, never of shared_snat or a declaration. An empty map's miss costs a hash lookup on a
  * connection's first packet only. Only a prefix length appearing or disappearing touches
  * shared_snat (at most 3 × 33/129 rules, rewritten in place).
  *
@@ -58,8 +56,8 @@ export type SnatVia = DispatchRule['via'];
 /** A length's maps and dispatch rules, in shared_snat's order. */
 const SNAT_VIAS: readonly SnatVia[] = ['chain', 'eip', 'eip-fr'];
 
-const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
-const addrType = (fam: NftFamily): string => (fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr');
+export const hostBits = (fam: NftFamily): number => (fam === 'ip' ? 32 : 128);
+export const addrType = (fam: NftFamily): string => (fam === 'ip' ? 'ipv4_addr' : 'ipv6_addr');
 
 const MAP_PREFIX: Readonly<Record<SnatVia, string>> = { chain: 'snat_len_', eip: 'snat_to_len_', 'eip-fr': 'snat_to_fr_len_' };
 
@@ -246,10 +244,9 @@ export function snatLayout(rules: readonly SnatRule[], fam: NftFamily, lens = sn
 
 /**
  * The SNAT rules a table holds, for adoption: in the order packets meet them (dispatch rules in
- * chain order; a verdict map's CIDR chains, a data map's elements), plus any left in shared_snat
- * itself by the flat layout of older versions (a gateway upgraded in place, before its first
- * full sync). A data map's key with host bits set can never match its masked lookup: it
- * translates nothing, so it is not adopted (the next full sync deletes it).
+ * chain order; a verdict map's CIDR chains, a data map's elements). A data map's key with host
+ * bits set can never match its masked lookup: it translates nothing, so it is not adopted (the
+ * next full sync deletes it).
  */
 export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, sets: ReadonlyMap<string, NftSetDump>, fam: NftFamily): SnatRule[] {
   const out: SnatRule[] = [];
@@ -258,7 +255,6 @@ export function snatRulesOf(owned: ReadonlyMap<string, readonly OwnedRule[]>, se
     for (const r of owned.get(chain) ?? []) if (r.rule?.kind === 'snat' && !r.rule.ports) out.push(r.rule);
   };
   const ipFamily = fam === 'ip' ? 4 : 6;
-  snatsIn(SHARED_SNAT);
   for (const r of owned.get(SHARED_SNAT) ?? []) {
     if (r.rule?.kind !== 'snat-dispatch' || r.rule.ports) continue;
     const { len, via } = r.rule;

@@ -213,10 +213,6 @@ export class NftTransaction {
     return this.lines.length === 0 ? '' : `${this.lines.join('\n')}\n`;
   }
 
-  toString(): string {
-    return this.text();
-  }
-
   private push(op: NftOp): this {
     // Rendered now, so a value that is not plain data fails where it was added, not at run time.
     this.lines.push(opText(op));

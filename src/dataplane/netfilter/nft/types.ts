@@ -31,25 +31,13 @@ export type NatgwRule =
       /** TCP and UDP only, into these source ports (a replica's slice); the rule without them follows for the rest. */
       readonly ports?: SnatPorts;
     }
-  /**
-   * One of shared_snat's three dispatch rules for a prefix length (snatLayout.ts): to CIDR chains,
-   * `<fam> saddr & <mask> vmap @snat_len_<len>`; or to the EIP a data map holds,
-   * `snat <fam> to <fam> saddr & <mask> map @snat_to_len_<len>` (`snat_to_fr_len_<len>`, fully-random).
-   */
+  /** One of shared_snat's three dispatch rules for a prefix length (snatLayout.ts): to CIDR chains, or to the EIP a data map holds. */
   | { readonly kind: 'snat-dispatch'; readonly len: number; readonly via: 'chain' | 'eip' | 'eip-fr'; readonly ports?: SnatPorts }
-  /** `ct state invalid drop` (forward and input of an active-active replica). */
+  /** An active-active replica's rules in forward and input (render.ts dropInvalidChains says why). */
   | { readonly kind: 'drop-invalid' }
-  /**
-   * `iifname { <ifs> } ct state invalid limit rate <rate>/second burst <rate> packets dup to <peer>`,
-   * or for a new UDP packet to this replica `… meta l4proto udp ct state new limit … dup to <peer>`
-   * (before the drop): a copy for a peer that may hold the flow.
-   */
   | { readonly kind: 'hand-off'; readonly packets: 'invalid' | 'new-udp'; readonly ifs: readonly string[]; readonly peer: string; readonly rate: number }
-  /** `ct state invalid socket wildcard 0 accept` (input, before the drop): the replica's own connections. */
   | { readonly kind: 'invalid-own-socket' }
-  /** `meta l4proto udp ct state new socket wildcard { 0, 1 } accept` (input): a UDP socket of the replica's own (BFD, conntrackd). */
   | { readonly kind: 'new-udp-own-socket' }
-  /** `meta l4proto udp ct state new drop` (input): a UDP packet no socket here takes, an early reply of a peer's flow. */
   | { readonly kind: 'drop-new-udp' }
   /** A port-range DNAT: each port of port-portEnd maps onto the same port of internalIp. */
   | {
