@@ -1,11 +1,10 @@
-import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import { ExecError, type Executor } from '../system/exec.js';
 import type { BackendRecord } from '../state/store.js';
 import type { NetfilterBackend, ReplicaRules } from '../dataplane/netfilter/backend.js';
-import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
-import { probeIptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
+import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
+import { probeIptablesVariant, type IptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
@@ -14,7 +13,7 @@ import { CHAINS } from '../dataplane/netfilter/iptables/ruleText.js';
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
 export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger, nft?: NftClient, replica?: ReplicaRules): NetfilterBackend {
-  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', log, replica);
+  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', replica);
 }
 
 /** NATGW_HA_HAND_OFF_RATE's default, and the most iptables' limit match takes. */
@@ -44,19 +43,6 @@ export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {
   return a.kind === b.kind && (a.kind === 'nftables' || a.variant === b.variant);
 }
 
-/**
- * Whether this network namespace may hold the legacy iptables table `name`: false only when
- * the kernel's list of legacy tables says it does not (no list at all: ip_tables is not loaded,
- * so there are no legacy tables). Any other doubt answers true, and the caller looks.
- */
-async function legacyTableMayExist(name: string): Promise<boolean> {
-  try {
-    return (await readFile('/proc/net/ip_tables_names', 'utf8')).split('\n').includes(name);
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code !== 'ENOENT';
-  }
-}
-
 /** The evidence decideBackend weighs; BackendProbe reads it from the kernel, tests fake it. */
 export interface BackendEvidence {
   iptablesVariant(): Promise<IptablesVariant>;
@@ -80,14 +66,15 @@ export class BackendProbe implements BackendEvidence {
     return probeIptablesVariant(this.exec);
   }
 
+  /** Read as the backend reads (a legacy table that does not exist is not created by looking). */
   async ownsIptables(variant: IptablesVariant): Promise<boolean> {
-    // Dumping a legacy table that does not exist would create it (x_tables instantiate a table
-    // on first access): look at the list of legacy tables first, and create nothing.
-    if (variant === 'legacy' && !(await legacyTableMayExist('nat'))) return false;
-    const r = await this.exec.run({ file: toolsFor(variant).save, args: ['-t', 'nat'] });
-    // A hung listing is no answer at all (see ownsNft).
-    if (r.timedOut) throw new ExecError(r, 'the listing');
-    return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
+    try {
+      return (await new IptablesBackend(this.exec, variant).read('nat')).chains.has(CHAINS.snatFilter);
+    } catch (e) {
+      // A hung listing is no answer at all (see ownsNft); a variant that cannot list here owns nothing.
+      if (e instanceof ExecError && e.timedOut) throw e;
+      return false;
+    }
   }
 
   /**

@@ -4,8 +4,7 @@ import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from './ruleText.js';
 import type { SavedTable } from './save.js';
-import { diffTable, type ChainEdit } from '../tables/diff.js';
-import { NO_SETS, type TableModel } from '../tables/model.js';
+import { diffChain, type ChainEdit } from '../tables/diff.js';
 
 /**
  * What natgw's iptables chains must hold (SPEC §2 layout), and the iptables-restore script
@@ -226,11 +225,12 @@ export interface PlanOptions {
 export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions = {}): TablePlan {
   const lines: string[] = [];
   let changes = 0;
-  const edit = diffTable(tableModel(have), { chains: new Map([...want.owned].map(([n, rules]) => [n, { rules }])), sets: NO_SETS }, REWRITE_MOVED);
   // Create missing chains first: in --noflush mode declaring an existing chain would flush it.
-  for (const c of edit.chains) if (c.create) lines.push(`:${c.name} - [0:0]`);
-  for (const c of edit.chains) {
-    const plan = chainLines(c.name, have.rules.get(c.name) ?? [], want.owned.get(c.name) ?? [], c.edit, opts);
+  for (const chain of want.owned.keys()) if (!have.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
+  for (const [chain, rules] of want.owned) {
+    // A chain whose kept rules are out of order is rewritten rather than moved rule by rule.
+    const held = have.rules.get(chain) ?? [];
+    const plan = chainLines(chain, held, rules, diffChain(held, rules, { rewriteMoved: true }), opts);
     lines.push(...plan.lines);
     changes += plan.changes;
   }
@@ -253,14 +253,6 @@ export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions =
   }
   for (const c of want.retired?.chains ?? []) if (have.chains.has(c)) retire.push(`-F ${c}`, `-X ${c}`);
   return { lines: [...lines, ...retire], changes: changes + retire.length };
-}
-
-/** iptables rewrites a chain whose kept rules are out of order rather than moving them one by one. */
-const REWRITE_MOVED = { rewriteMoved: true } as const;
-
-/** iptables-save's table in the table model (tables/model.ts): every rule is a key, natgw's or not. */
-function tableModel(t: SavedTable): TableModel {
-  return { chains: new Map([...t.chains].map((n) => [n, { rules: t.rules.get(n) ?? [] }])), sets: NO_SETS };
 }
 
 /**
