@@ -116,20 +116,19 @@ export async function decideBackend(
   if (config.mode === 'nftables') return { kind: 'nftables' };
   if (config.mode === 'iptables') return { kind: 'iptables', variant: await variant() };
   if (record) return record.kind === 'iptables' ? { kind: 'iptables', variant: await variant() } : { kind: 'nftables' };
-  if (await probe.ownsNft()) return { kind: 'nftables' };
-  for (const v of ['legacy', 'nft'] as const) if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
-  return { kind: 'iptables', variant: await variant() };
+  return (await ownedElsewhere(probe)) ?? { kind: 'iptables', variant: await variant() };
 }
 
 /**
- * A backend other than `choice` that holds natgw's objects here, if any: where to switch from
- * when nothing is recorded (a lost state dir, an upgrade from the script), and what is still
- * left after a cleanup (an older switch whose cleanup was overtaken). Never mix two backends.
+ * A backend other than `choice` that holds natgw's objects here, if any (nftables first): what
+ * `auto` keeps; where to switch from when nothing is recorded (a lost state dir, an upgrade from
+ * the script); what is still left after a cleanup (an older switch whose cleanup was overtaken).
+ * Never mix two backends.
  */
-export async function ownedElsewhere(probe: BackendEvidence, choice: BackendChoice): Promise<BackendChoice | undefined> {
-  if (choice.kind !== 'nftables' && (await probe.ownsNft())) return { kind: 'nftables' };
+export async function ownedElsewhere(probe: BackendEvidence, choice?: BackendChoice): Promise<BackendChoice | undefined> {
+  if (choice?.kind !== 'nftables' && (await probe.ownsNft())) return { kind: 'nftables' };
   for (const v of ['legacy', 'nft'] as const) {
-    if (choice.kind === 'iptables' && choice.variant === v) continue;
+    if (choice?.kind === 'iptables' && choice.variant === v) continue;
     if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
   }
   return undefined;

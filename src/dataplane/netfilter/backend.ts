@@ -29,16 +29,11 @@ export interface NatTables {
    * packets from elsewhere (a copy from a peer is not copied on). At most `rate` packets per
    * second go to each peer.
    */
-  readonly handOff?: HandOff;
+  readonly handOff?: { readonly peers: readonly string[]; readonly rate: number };
   /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */
   readonly uplinks?: readonly string[];
   /** EIPs on a secondary uplink, by address: their SNAT rules match that interface. */
   readonly eipIf?: ReadonlyMap<string, string>;
-}
-
-interface HandOff {
-  readonly peers: readonly string[];
-  readonly rate: number;
 }
 
 export interface PortRange {

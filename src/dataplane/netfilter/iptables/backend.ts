@@ -1,5 +1,5 @@
 import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
-import { familyOfValid, type Family } from '../../../model/net.js';
+import type { Family } from '../../../model/net.js';
 import {
   hasFamily,
   joinFamilies,
@@ -35,14 +35,9 @@ const REMOVAL = ((skeleton: Record<TableName, TableWant>) => {
   return { nat: retire(skeleton.nat), mangle: retire(skeleton.mangle) };
 })(desiredTables({ vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [], dropInvalid: true }));
 
-const inFamily =
-  (family: Family) =>
-  (ip: string): boolean =>
-    familyOfValid(ip) === family;
-
 /**
  * The iptables backend: the script's chains (SPEC §2 layout), edited with one
- * `iptables-restore --noflush` transaction per table from a diff against `iptables-save`.
+ * `iptables-restore --noflush` run per family from a diff against `iptables-save`.
  * IPv6 objects (API only) get the same layout through ip6tables, which exists only while
  * there are IPv6 objects.
  */
@@ -133,7 +128,7 @@ export class IptablesBackend implements NetfilterBackend {
   /** One family's rendering: the last one patched by a partial sync's change, or rendered anew. */
   private renderedFor(family: Family, want: NatTables, opts: SyncOptions): Rendered {
     const last = opts.mode === 'partial' && opts.change ? this.rendered.get(family) : undefined;
-    return (last && opts.change && patchFamily(last, want, opts.change, inFamily(family))) || renderFamily(ofFamily(want, family));
+    return (last && opts.change && patchFamily(last, want, opts.change, family)) || renderFamily(ofFamily(want, family));
   }
 
   /**
@@ -160,7 +155,7 @@ export class IptablesBackend implements NetfilterBackend {
       // --noflush: only the listed edits happen; other owners' chains stay as they are.
       const request = { file: toolsFor(this.variant, family).restore, args: ['--noflush', '--wait'], input: script };
       if (script !== '') await runChecked(this.exec, request, `the ${touched.join(' and ')} table transaction${touched.length > 1 ? 's' : ''}`);
-      for (const [i, table] of TABLES.entries()) this.view.set(`${family}/${table}`, savedAfter(have[i] as SavedTable, desired[table]));
+      for (const table of TABLES) this.view.set(`${family}/${table}`, savedAfter(desired[table]));
     }
     return { changes, script };
   }
