@@ -52,14 +52,10 @@ export interface BackendEvidence {
 
 /** Evidence only from this network namespace (SPEC §4.3). */
 export class BackendProbe implements BackendEvidence {
-  private readonly nft: NftClient;
-
   constructor(
     private readonly exec: Executor,
-    nft?: NftClient,
-  ) {
-    this.nft = nft ?? new SystemNftClient(exec);
-  }
+    private readonly nft: NftClient = new SystemNftClient(exec),
+  ) {}
 
   /** The script's probe: legacy iptables answering for the nat table means legacy. */
   iptablesVariant(): Promise<IptablesVariant> {

@@ -74,7 +74,7 @@ export class BackendSwitch {
     if (previous && !sameChoice(previous, choice)) {
       this.deps.log.info({ from: previous, to: choice }, 'switching netfilter backend');
       if (!state) {
-        adopted = await this.deps.adopt(instantiate(previous, this.deps.exec, this.deps.log, this.deps.nft));
+        adopted = await this.deps.adopt(this.backendFor(previous));
         if (adopted) this.deps.log.info('no state file: adopted the rules natgw owns from the backend switched from');
       }
       const fill = state ?? adopted;
