@@ -52,17 +52,14 @@ export class IptablesBackend implements NetfilterBackend {
   ) {}
 
   /**
-   * natgw's tables as this backend left them (`family/table` → the save form): a partial sync
-   * plans against these instead of running iptables-save.
+   * Per family, what the last apply rendered (plan.ts Rendered) and made natgw's tables hold: a
+   * partial sync plans against those tables instead of running iptables-save, and patches the
+   * rendering from the change.
    */
-  private view = new Map<string, SavedTable>();
-
-  /** Per family, what the last sync rendered (plan.ts Rendered): a partial sync patches it from the change. */
-  private rendered = new Map<Family, Rendered>();
+  private last = new Map<Family, { rendered: Rendered; desired: Record<TableName, TableWant> }>();
 
   forget(): void {
-    this.view.clear();
-    this.rendered.clear();
+    this.last.clear();
   }
 
   /** One table as iptables-save shows it now. */
@@ -106,28 +103,27 @@ export class IptablesBackend implements NetfilterBackend {
 
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
-    const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;
-    return trusted ?? this.read(table, family);
+    const last = opts.mode === 'partial' ? this.last.get(family) : undefined;
+    return last ? savedAfter(last.desired[table]) : this.read(table, family);
   }
 
   /** ip6tables holds natgw's chains only while there are IPv6 objects. */
   private async syncBoth(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const v4 = this.renderedFor(4, want, opts);
     const v6 = this.renderedFor(6, want, opts);
-    const [v4Report, v6Report] = await Promise.all([
-      this.syncFamily(4, desiredTables(v4), opts),
-      this.syncFamily(6, hasFamily(want, 6) ? desiredTables(v6) : REMOVAL, opts),
-    ]);
+    const d4 = desiredTables(v4);
+    const d6 = hasFamily(want, 6) ? desiredTables(v6) : REMOVAL;
+    const [v4Report, v6Report] = await Promise.all([this.syncFamily(4, d4, opts), this.syncFamily(6, d6, opts)]);
     if (!opts.dryRun) {
-      this.rendered.set(4, v4);
-      this.rendered.set(6, v6);
+      this.last.set(4, { rendered: v4, desired: d4 });
+      this.last.set(6, { rendered: v6, desired: d6 });
     }
     return { changes: v4Report.changes + v6Report.changes, script: v4Report.script + v6Report.script };
   }
 
   /** One family's rendering: the last one patched by a partial sync's change, or rendered anew. */
   private renderedFor(family: Family, want: NatTables, opts: SyncOptions): Rendered {
-    const last = opts.mode === 'partial' && opts.change ? this.rendered.get(family) : undefined;
+    const last = opts.mode === 'partial' && opts.change ? this.last.get(family)?.rendered : undefined;
     return (last && opts.change && patchFamily(last, want, opts.change, family)) || renderFamily(ofFamily(want, family));
   }
 
@@ -151,11 +147,10 @@ export class IptablesBackend implements NetfilterBackend {
       touched.push(table);
     }
     timelineMark(`iptables: IPv${family} rendered`);
-    if (!opts.dryRun) {
+    if (!opts.dryRun && script !== '') {
       // --noflush: only the listed edits happen; other owners' chains stay as they are.
       const request = { file: toolsFor(this.variant, family).restore, args: ['--noflush', '--wait'], input: script };
-      if (script !== '') await runChecked(this.exec, request, `the ${touched.join(' and ')} table transaction${touched.length > 1 ? 's' : ''}`);
-      for (const table of TABLES) this.view.set(`${family}/${table}`, savedAfter(desired[table]));
+      await runChecked(this.exec, request, `the ${touched.join(' and ')} table transaction${touched.length > 1 ? 's' : ''}`);
     }
     return { changes, script };
   }
