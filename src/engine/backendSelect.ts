@@ -1,11 +1,10 @@
-import { readFile } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import { ExecError, type Executor } from '../system/exec.js';
 import type { BackendRecord } from '../state/store.js';
 import type { NetfilterBackend, ReplicaRules } from '../dataplane/netfilter/backend.js';
-import { IptablesBackend, type IptablesVariant, toolsFor } from '../dataplane/netfilter/iptables/backend.js';
-import { probeIptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
+import { IptablesBackend } from '../dataplane/netfilter/iptables/backend.js';
+import { probeIptablesVariant, type IptablesVariant } from '../dataplane/netfilter/iptables/tools.js';
 import { NftBackend } from '../dataplane/netfilter/nft/backend.js';
 import { SystemNftClient, type NftClient } from '../dataplane/netfilter/nft/client.js';
 import { NATGW_TABLE } from '../dataplane/netfilter/nft/render.js';
@@ -14,7 +13,7 @@ import { CHAINS } from '../dataplane/netfilter/iptables/ruleText.js';
 export type BackendChoice = Pick<BackendRecord, 'kind' | 'variant'>;
 
 export function instantiate(choice: BackendChoice, exec: Executor, log?: Logger, nft?: NftClient, replica?: ReplicaRules): NetfilterBackend {
-  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', log, replica);
+  return choice.kind === 'nftables' ? new NftBackend(exec, log, nft, undefined, replica) : new IptablesBackend(exec, choice.variant ?? 'nft', replica);
 }
 
 /** NATGW_HA_HAND_OFF_RATE's default, and the most iptables' limit match takes. */
@@ -44,19 +43,6 @@ export function sameChoice(a: BackendChoice, b: BackendChoice): boolean {
   return a.kind === b.kind && (a.kind === 'nftables' || a.variant === b.variant);
 }
 
-/**
- * Whether this network namespace may hold the legacy iptables table `name`: false only when
- * the kernel's list of legacy tables says it does not (no list at all: ip_tables is not loaded,
- * so there are no legacy tables). Any other doubt answers true, and the caller looks.
- */
-async function legacyTableMayExist(name: string): Promise<boolean> {
-  try {
-    return (await readFile('/proc/net/ip_tables_names', 'utf8')).split('\n').includes(name);
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code !== 'ENOENT';
-  }
-}
-
 /** The evidence decideBackend weighs; BackendProbe reads it from the kernel, tests fake it. */
 export interface BackendEvidence {
   iptablesVariant(): Promise<IptablesVariant>;
@@ -66,28 +52,25 @@ export interface BackendEvidence {
 
 /** Evidence only from this network namespace (SPEC §4.3). */
 export class BackendProbe implements BackendEvidence {
-  private readonly nft: NftClient;
-
   constructor(
     private readonly exec: Executor,
-    nft?: NftClient,
-  ) {
-    this.nft = nft ?? new SystemNftClient(exec);
-  }
+    private readonly nft: NftClient = new SystemNftClient(exec),
+  ) {}
 
   /** The script's probe: legacy iptables answering for the nat table means legacy. */
   iptablesVariant(): Promise<IptablesVariant> {
     return probeIptablesVariant(this.exec);
   }
 
+  /** Read as the backend reads (a legacy table that does not exist is not created by looking). */
   async ownsIptables(variant: IptablesVariant): Promise<boolean> {
-    // Dumping a legacy table that does not exist would create it (x_tables instantiate a table
-    // on first access): look at the list of legacy tables first, and create nothing.
-    if (variant === 'legacy' && !(await legacyTableMayExist('nat'))) return false;
-    const r = await this.exec.run({ file: toolsFor(variant).save, args: ['-t', 'nat'] });
-    // A hung listing is no answer at all (see ownsNft).
-    if (r.timedOut) throw new ExecError(r, 'the listing');
-    return r.exitCode === 0 && r.stdout.includes(`:${CHAINS.snatFilter} `);
+    try {
+      return (await new IptablesBackend(this.exec, variant).read('nat')).chains.has(CHAINS.snatFilter);
+    } catch (e) {
+      // A hung listing is no answer at all (see ownsNft); a variant that cannot list here owns nothing.
+      if (e instanceof ExecError && e.timedOut) throw e;
+      return false;
+    }
   }
 
   /**
@@ -129,20 +112,19 @@ export async function decideBackend(
   if (config.mode === 'nftables') return { kind: 'nftables' };
   if (config.mode === 'iptables') return { kind: 'iptables', variant: await variant() };
   if (record) return record.kind === 'iptables' ? { kind: 'iptables', variant: await variant() } : { kind: 'nftables' };
-  if (await probe.ownsNft()) return { kind: 'nftables' };
-  for (const v of ['legacy', 'nft'] as const) if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
-  return { kind: 'iptables', variant: await variant() };
+  return (await ownedElsewhere(probe)) ?? { kind: 'iptables', variant: await variant() };
 }
 
 /**
- * A backend other than `choice` that holds natgw's objects here, if any: where to switch from
- * when nothing is recorded (a lost state dir, an upgrade from the script), and what is still
- * left after a cleanup (an older switch whose cleanup was overtaken). Never mix two backends.
+ * A backend other than `choice` that holds natgw's objects here, if any (nftables first): what
+ * `auto` keeps; where to switch from when nothing is recorded (a lost state dir, an upgrade from
+ * the script); what is still left after a cleanup (an older switch whose cleanup was overtaken).
+ * Never mix two backends.
  */
-export async function ownedElsewhere(probe: BackendEvidence, choice: BackendChoice): Promise<BackendChoice | undefined> {
-  if (choice.kind !== 'nftables' && (await probe.ownsNft())) return { kind: 'nftables' };
+export async function ownedElsewhere(probe: BackendEvidence, choice?: BackendChoice): Promise<BackendChoice | undefined> {
+  if (choice?.kind !== 'nftables' && (await probe.ownsNft())) return { kind: 'nftables' };
   for (const v of ['legacy', 'nft'] as const) {
-    if (choice.kind === 'iptables' && choice.variant === v) continue;
+    if (choice?.kind === 'iptables' && choice.variant === v) continue;
     if (await probe.ownsIptables(v)) return { kind: 'iptables', variant: v };
   }
   return undefined;

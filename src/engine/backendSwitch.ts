@@ -33,15 +33,11 @@ export class BackendSwitch {
     this.probe = new BackendProbe(deps.exec, deps.nft);
   }
 
-  private get log(): Logger {
-    return this.deps.log;
-  }
-
   backendFor(choice: BackendChoice): NetfilterBackend {
     const key = `${choice.kind}/${choice.variant ?? ''}`;
     let b = this.backends.get(key);
     if (!b) {
-      b = instantiate(choice, this.deps.exec, this.log, this.deps.nft, replicaRulesOf(this.deps.config));
+      b = instantiate(choice, this.deps.exec, this.deps.log, this.deps.nft, replicaRulesOf(this.deps.config));
       this.backends.set(key, b);
     }
     return b;
@@ -76,10 +72,10 @@ export class BackendSwitch {
     let pending: BackendChoice | undefined = record?.pendingCleanup;
     let adopted: DesiredState | undefined;
     if (previous && !sameChoice(previous, choice)) {
-      this.log.info({ from: previous, to: choice }, 'switching netfilter backend');
+      this.deps.log.info({ from: previous, to: choice }, 'switching netfilter backend');
       if (!state) {
-        adopted = await this.deps.adopt(instantiate(previous, this.deps.exec, this.log, this.deps.nft));
-        if (adopted) this.log.info('no state file: adopted the rules natgw owns from the backend switched from');
+        adopted = await this.deps.adopt(this.backendFor(previous));
+        if (adopted) this.deps.log.info('no state file: adopted the rules natgw owns from the backend switched from');
       }
       const fill = state ?? adopted;
       if (fill?.initialized) await backend.sync(natTablesOf(fill));
@@ -110,10 +106,10 @@ export class BackendSwitch {
   private async remove(old: BackendChoice): Promise<boolean> {
     try {
       await this.backendFor(old).removeAll();
-      this.log.info({ removed: old }, 'old netfilter backend cleaned');
+      this.deps.log.info({ removed: old }, 'old netfilter backend cleaned');
       return true;
     } catch (e) {
-      this.log.warn({ err: e, pending: old }, 'old backend not cleaned yet; will retry');
+      this.deps.log.warn({ err: e, pending: old }, 'old backend not cleaned yet; will retry');
       return false;
     }
   }

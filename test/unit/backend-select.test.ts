@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import type { Config } from '../../src/config/config.js';
 import type { BackendRecord } from '../../src/state/store.js';
-import type { IptablesVariant } from '../../src/dataplane/netfilter/iptables/backend.js';
+import type { IptablesVariant } from '../../src/dataplane/netfilter/iptables/tools.js';
 import { decideBackend, instantiate, ownedElsewhere, sameChoice, type BackendEvidence } from '../../src/engine/backendSelect.js';
 import type { Executor } from '../../src/system/exec.js';
 

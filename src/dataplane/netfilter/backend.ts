@@ -29,16 +29,11 @@ export interface NatTables {
    * packets from elsewhere (a copy from a peer is not copied on). At most `rate` packets per
    * second go to each peer.
    */
-  readonly handOff?: HandOff;
+  readonly handOff?: { readonly peers: readonly string[]; readonly rate: number };
   /** Secondary uplinks (model/uplinks.ts): SNAT leaves by each too. Absent with one external interface. */
   readonly uplinks?: readonly string[];
   /** EIPs on a secondary uplink, by address: their SNAT rules match that interface. */
   readonly eipIf?: ReadonlyMap<string, string>;
-}
-
-interface HandOff {
-  readonly peers: readonly string[];
-  readonly rate: number;
 }
 
 export interface PortRange {
@@ -101,20 +96,17 @@ export function hasFamily(want: NatTables, family: Family): boolean {
 /**
  * The inverse, for adoption: each family's objects as read back, as one NatTables; null when no
  * family holds anything of natgw's. SNATs are merged longest prefix first (the state's order),
- * a stable sort keeping each family's kernel order among equal lengths. An interface no rule
- * names is '' (the adopter falls back to its configuration).
+ * by Array#sort, which is stable: each family's kernel order stays among equal lengths. An
+ * interface no rule names is '' (the adopter falls back to its configuration).
  */
 export function joinFamilies(v4: NatTables | null, v6: NatTables | null): NatTables | null {
   const parts = [v4, v6].filter((p): p is NatTables => p !== null);
   if (parts.length === 0) return null;
-  const snats = parts.flatMap((p) => p.snats);
-  const prefixes = snats.map((s) => prefixOf(s.cidr));
-  const order = snats.map((_s, i) => i).sort((a, b) => (prefixes[b] as number) - (prefixes[a] as number) || a - b);
   return {
     vpcIf: parts.find((p) => p.vpcIf)?.vpcIf ?? '',
     extIf: parts.find((p) => p.extIf)?.extIf ?? '',
     eips: parts.flatMap((p) => p.eips),
-    snats: order.map((i) => snats[i] as Snat),
+    snats: parts.flatMap((p) => p.snats).sort((a, b) => prefixOf(b.cidr) - prefixOf(a.cidr)),
     dnats: parts.flatMap((p) => p.dnats),
     fips: parts.flatMap((p) => p.fips),
   };

@@ -13,8 +13,8 @@ const MARK = /^-i (\S+) -j MARK --set-xmark 0x1\/0x1$/;
 const SNAT = /^(?:-s (\S+) )?-o (\S+)(?: -m statistic --mode nth --every (\d+) --packet 0)? -j SNAT --to-source (\S+?)( --random-fully)?$/;
 const FIP_DNAT = /^-d (\S+)\/(?:32|128) -j DNAT --to-destination (\S+)$/;
 const FIP_SNAT = /^-s (\S+)\/(?:32|128) -j SNAT --to-source (\S+)$/;
-const DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)$/;
-const RANGE_DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+):(\d+) -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)-(\d+)$/;
+/** A port range maps each port onto itself (ruleText.ts dnatSpec): `--dport a:b` to `ip:a-b`. */
+const DNAT = /^-d (\S+)\/(?:32|128) -p (tcp|udp) -m (?:tcp|udp) --dport (\d+)(?::(\d+))? -j DNAT --to-destination \[?([\d.]+|[0-9a-f:]+)\]?:(\d+)(?:-(\d+))?$/;
 const HAIRPIN = /^-o (\S+) -m mark --mark 0x1\/0x1 -m conntrack --ctstate DNAT --ctorigdst (\S+) -j SNAT --to-source \S+ --random-fully$/;
 
 export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | null {
@@ -75,21 +75,11 @@ export function adoptFromSave(nat: SavedTable, mangle: SavedTable): NatTables | 
 
   const dnats: Dnat[] = [];
   for (const r of rules(nat, CHAINS.sharedDnat)) {
-    const rm = RANGE_DNAT.exec(r);
-    if (rm && rm[3] === rm[6] && rm[4] === rm[7] && Number(rm[3]) < Number(rm[4])) {
-      const port = Number(rm[3]);
-      dnats.push({ eip: rm[1] ?? '', protocol: rm[2] as 'tcp' | 'udp', port, portEnd: Number(rm[4]), internalIp: rm[5] ?? '', internalPort: port });
-      continue;
-    }
     const m = DNAT.exec(r);
-    if (!m) continue;
-    dnats.push({
-      eip: m[1] ?? '',
-      protocol: m[2] as 'tcp' | 'udp',
-      port: Number(m[3]),
-      internalIp: m[4] ?? '',
-      internalPort: Number(m[5]),
-    });
+    if (!m || m[4] !== m[7]) continue;
+    const d: Dnat = { eip: m[1] ?? '', protocol: m[2] as 'tcp' | 'udp', port: Number(m[3]), internalIp: m[5] ?? '', internalPort: Number(m[6]) };
+    if (m[4] === undefined) dnats.push(d);
+    else if (d.internalPort === d.port && d.port < Number(m[4])) dnats.push({ ...d, portEnd: Number(m[4]) });
   }
 
   const eips: string[] = [];

@@ -1,6 +1,5 @@
-import type { Logger } from 'pino';
 import { ExecError, type Executor, runChecked } from '../../../system/exec.js';
-import { familyOfValid, type Family } from '../../../model/net.js';
+import type { Family } from '../../../model/net.js';
 import {
   hasFamily,
   joinFamilies,
@@ -30,22 +29,15 @@ import { adoptFromSave } from './adopt.js';
 import { type IptablesVariant, toolsFor } from './tools.js';
 import { timelineMark } from '../../../system/timeline.js';
 
-export { type IptablesVariant, toolsFor } from './tools.js';
-
 /** Every chain and jump natgw may have made (every optional chain too, whatever an earlier configuration added), retired. */
 const REMOVAL = ((skeleton: Record<TableName, TableWant>) => {
   const retire = (t: TableWant): TableWant => ({ owned: new Map(), jumps: new Map(), retired: { chains: [...t.owned.keys()], jumps: t.jumps } });
   return { nat: retire(skeleton.nat), mangle: retire(skeleton.mangle) };
 })(desiredTables({ vpcIf: 'x', extIf: 'x', eips: [], snats: [], dnats: [], fips: [], dropInvalid: true }));
 
-const inFamily =
-  (family: Family) =>
-  (ip: string): boolean =>
-    familyOfValid(ip) === family;
-
 /**
  * The iptables backend: the script's chains (SPEC §2 layout), edited with one
- * `iptables-restore --noflush` transaction per table from a diff against `iptables-save`.
+ * `iptables-restore --noflush` run per family from a diff against `iptables-save`.
  * IPv6 objects (API only) get the same layout through ip6tables, which exists only while
  * there are IPv6 objects.
  */
@@ -55,26 +47,23 @@ export class IptablesBackend implements NetfilterBackend {
   constructor(
     private readonly exec: Executor,
     readonly variant: IptablesVariant,
-    private readonly log?: Logger,
     /** What this replica adds to every state's rules (a port slice, invalid dropped). */
     private readonly replica?: ReplicaRules,
   ) {}
 
   /**
-   * natgw's tables as this backend left them (`family/table` → the save form): a partial sync
-   * plans against these instead of running iptables-save.
+   * Per family, what the last apply rendered (plan.ts Rendered) and made natgw's tables hold: a
+   * partial sync plans against those tables instead of running iptables-save, and patches the
+   * rendering from the change.
    */
-  private view = new Map<string, SavedTable>();
-
-  /** Per family, what the last sync rendered (plan.ts Rendered): a partial sync patches it from the change. */
-  private rendered = new Map<Family, Rendered>();
+  private last = new Map<Family, { rendered: Rendered; desired: Record<TableName, TableWant> }>();
 
   forget(): void {
-    this.view.clear();
-    this.rendered.clear();
+    this.last.clear();
   }
 
-  private async read(table: TableName, family: Family = 4): Promise<SavedTable> {
+  /** One table as iptables-save shows it now. */
+  async read(table: TableName, family: Family = 4): Promise<SavedTable> {
     if (!(await this.mayExist(table, family))) return emptyTable;
     const r = await this.exec.run({ file: toolsFor(this.variant, family).save, args: ['-t', table] });
     // ip6tables may be missing or unusable on a v4-only node: that family then holds nothing.
@@ -87,13 +76,15 @@ export class IptablesBackend implements NetfilterBackend {
 
   /**
    * False when the kernel has no such legacy table in this namespace (it then holds nothing of
-   * natgw's). iptables-legacy-save would create the table just to list it empty, which costs
-   * ~0.2 s for ip6tables in a fresh namespace on every full sync of a v4-only gateway.
+   * natgw's; with no list at all, ip_tables is not loaded and there are no legacy tables).
+   * iptables-legacy-save would create the table just to list it empty: ~0.2 s for ip6tables in
+   * a fresh namespace on every full sync of a v4-only gateway, and a nat table that the
+   * script's variant probe would then take for legacy iptables in use.
    */
   private async mayExist(table: TableName, family: Family): Promise<boolean> {
     if (this.variant !== 'legacy' || !this.exec.readKernelFile) return true;
     const names = await this.exec.readKernelFile(family === 4 ? '/proc/net/ip_tables_names' : '/proc/net/ip6_tables_names');
-    return names === undefined || names.split('\n').includes(table);
+    return names?.split('\n').includes(table) === true;
   }
 
   async isInitialized(): Promise<boolean> {
@@ -110,50 +101,38 @@ export class IptablesBackend implements NetfilterBackend {
     }
   }
 
-  /**
-   * A full sync of a gateway not yet initialised: what iptables-save shows now becomes the
-   * view, as an apply's result would, so that the first change after it (a bulk PUT into an
-   * empty gateway) plans against it instead of reading back. A table not read keeps no view.
-   */
-  async observe(): Promise<void> {
-    const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => ({ family, table })));
-    const read = await Promise.all(
-      keys.map(({ family, table }) => (this.view.has(`${family}/${table}`) ? undefined : this.read(table, family).catch(() => undefined))),
-    );
-    keys.forEach(({ family, table }, i) => {
-      const t = read[i];
-      if (t) this.view.set(`${family}/${table}`, t);
-    });
-  }
-
   /** The table as the last apply left it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
-    const trusted = opts.mode === 'partial' ? this.view.get(`${family}/${table}`) : undefined;
-    return trusted ?? this.read(table, family);
+    const last = opts.mode === 'partial' ? this.last.get(family) : undefined;
+    return last ? savedAfter(last.desired[table]) : this.read(table, family);
   }
 
+  /** ip6tables holds natgw's chains only while there are IPv6 objects. */
   private async syncBoth(want: NatTables, opts: SyncOptions): Promise<SyncReport> {
     const v4 = this.renderedFor(4, want, opts);
     const v6 = this.renderedFor(6, want, opts);
-    const [v4Report, v6Report] = await Promise.all([
-      this.syncFamily(4, v4, opts),
-      hasFamily(want, 6) ? this.syncFamily(6, v6, opts) : this.removeFamily(6, opts),
-    ]);
+    const d4 = desiredTables(v4);
+    const d6 = hasFamily(want, 6) ? desiredTables(v6) : REMOVAL;
+    const [v4Report, v6Report] = await Promise.all([this.syncFamily(4, d4, opts), this.syncFamily(6, d6, opts)]);
     if (!opts.dryRun) {
-      this.rendered.set(4, v4);
-      this.rendered.set(6, v6);
+      this.last.set(4, { rendered: v4, desired: d4 });
+      this.last.set(6, { rendered: v6, desired: d6 });
     }
     return { changes: v4Report.changes + v6Report.changes, script: v4Report.script + v6Report.script };
   }
 
   /** One family's rendering: the last one patched by a partial sync's change, or rendered anew. */
   private renderedFor(family: Family, want: NatTables, opts: SyncOptions): Rendered {
-    const last = opts.mode === 'partial' && opts.change ? this.rendered.get(family) : undefined;
-    return (last && opts.change && patchFamily(last, want, opts.change, inFamily(family))) || renderFamily(ofFamily(want, family));
+    const last = opts.mode === 'partial' && opts.change ? this.last.get(family)?.rendered : undefined;
+    return (last && opts.change && patchFamily(last, want, opts.change, family)) || renderFamily(ofFamily(want, family));
   }
 
-  private async syncFamily(family: Family, want: Rendered, opts: SyncOptions): Promise<SyncReport> {
-    const desired = desiredTables(want);
+  /**
+   * One family's tables made `desired`, in one iptables-restore run: each table commits at its
+   * own COMMIT, in order, and a table it refuses stops the run there. nat goes first, so a
+   * removal it refuses (another owner jumps into natgw's chains) leaves every table as it was.
+   */
+  private async syncFamily(family: Family, desired: Record<TableName, TableWant>, opts: SyncOptions): Promise<SyncReport> {
     timelineMark(`iptables: IPv${family} tables desired`);
     const have = await Promise.all(TABLES.map((t) => this.have(t, family, opts)));
     let script = '';
@@ -168,20 +147,12 @@ export class IptablesBackend implements NetfilterBackend {
       touched.push(table);
     }
     timelineMark(`iptables: IPv${family} rendered`);
-    if (!opts.dryRun) {
-      // One run for the family's tables: each commits at its own COMMIT, in order.
-      if (script !== '') await this.restore(family, touched, script);
-      for (const [i, table] of TABLES.entries()) this.view.set(`${family}/${table}`, savedAfter(have[i] as SavedTable, desired[table]));
+    if (!opts.dryRun && script !== '') {
+      // --noflush: only the listed edits happen; other owners' chains stay as they are.
+      const request = { file: toolsFor(this.variant, family).restore, args: ['--noflush', '--wait'], input: script };
+      await runChecked(this.exec, request, `the ${touched.join(' and ')} table transaction${touched.length > 1 ? 's' : ''}`);
     }
     return { changes, script };
-  }
-
-  /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
-  private async restore(family: Family, names: readonly TableName[], text: string): Promise<void> {
-    const tool = toolsFor(this.variant, family).restore;
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
-    if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
-    this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 
   async readBack(): Promise<NatTables | null> {
@@ -191,26 +162,7 @@ export class IptablesBackend implements NetfilterBackend {
 
   async removeAll(): Promise<void> {
     this.forget();
-    await this.removeFamily(4, {});
-    await this.removeFamily(6, {});
-  }
-
-  /** Remove natgw's jumps and chains of one family; nothing to do where there are none. */
-  private async removeFamily(family: Family, opts: SyncOptions): Promise<SyncReport> {
-    let script = '';
-    let changes = 0;
-    // nat first: a removal it refuses (another owner jumps into natgw's chains) leaves every
-    // table as it was, still pending.
-    for (const table of TABLES) {
-      const plan = planTable(await this.have(table, family, opts), REMOVAL[table]);
-      const text = renderRestore(table, plan);
-      if (text === '') continue;
-      changes += plan.changes;
-      script += text;
-      if (!opts.dryRun) await this.restore(family, [table], text);
-    }
-    if (!opts.dryRun) for (const table of TABLES) this.view.set(`${family}/${table}`, emptyTable);
-    return { changes, script };
+    for (const family of [4, 6] as const) await this.syncFamily(family, REMOVAL, {});
   }
 
   async versionLine(): Promise<string> {

@@ -1,11 +1,11 @@
-import { canonicalOrder, compareIp, handOffInterfaces, type NatTables, type PortRange } from '../backend.js';
+import { canonicalOrder, compareIp, handOffInterfaces, ofFamily, type NatTables, type PortRange } from '../backend.js';
+import { familyOfValid, type Family } from '../../../model/net.js';
 import type { Dnat, Fip } from '../../../model/rules.js';
 import { sameValue, split, type StateChange } from '../../../state/change.js';
 import type { DesiredState } from '../../../state/state.js';
 import { CHAINS, dnatSpec, fipDnatSpec, fipSnatSpec, hairpinSpec, snatSpecs, vpcMarkSpec } from './ruleText.js';
 import type { SavedTable } from './save.js';
-import { diffTable, type ChainEdit } from '../tables/diff.js';
-import { NO_SETS, type TableModel } from '../tables/model.js';
+import { diffChain, type ChainEdit } from '../tables/diff.js';
 
 /**
  * What natgw's iptables chains must hold (SPEC §2 layout), and the iptables-restore script
@@ -100,10 +100,10 @@ const PATCH_MAX = 64;
  * and put in at their places; the few EIPs and SNATs taken from `next` as they are. Undefined
  * when the change does not fit `last` or is larger than PATCH_MAX.
  */
-export function patchFamily(last: Rendered, next: NatTables, change: StateChange, inFamily: (ip: string) => boolean): Rendered | undefined {
+export function patchFamily(last: Rendered, next: NatTables, change: StateChange, family: Family): Rendered | undefined {
   const sides = <K extends 'dnats' | 'fips'>(k: K) => {
     const { added, removed, updated } = split(change, k);
-    const mine = (x: { eip: string }) => inFamily(x.eip);
+    const mine = (x: { eip: string }) => familyOfValid(x.eip) === family;
     return {
       gone: [...removed, ...updated.map((u) => u.before)].filter(mine) as DesiredState[K][number][],
       come: [...added, ...updated.map((u) => u.after)].filter(mine) as DesiredState[K][number][],
@@ -116,14 +116,7 @@ export function patchFamily(last: Rendered, next: NatTables, change: StateChange
   const dn = patched(last.want.dnats, [last.dnat], d.gone, d.come, byDnat, [dnatSpec]);
   const fp = patched(last.want.fips, [last.fipDnat, last.fipSnat], f.gone, f.come, byFip, [fipDnatSpec, fipSnatSpec]);
   if (!dn || !fp) return undefined;
-  const want = canonicalOrder({
-    ...next,
-    eips: next.eips.filter(inFamily),
-    snats: next.snats.filter((s) => inFamily(s.eip)),
-    ...(next.handOff ? { handOff: { ...next.handOff, peers: next.handOff.peers.filter(inFamily) } } : {}),
-    dnats: [],
-    fips: [],
-  });
+  const want = canonicalOrder(ofFamily({ ...next, dnats: [], fips: [] }, family));
   return {
     want: { ...want, dnats: dn.list, fips: fp.list },
     dnat: dn.rules[0] as string[],
@@ -226,11 +219,12 @@ export interface PlanOptions {
 export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions = {}): TablePlan {
   const lines: string[] = [];
   let changes = 0;
-  const edit = diffTable(tableModel(have), { chains: new Map([...want.owned].map(([n, rules]) => [n, { rules }])), sets: NO_SETS }, REWRITE_MOVED);
   // Create missing chains first: in --noflush mode declaring an existing chain would flush it.
-  for (const c of edit.chains) if (c.create) lines.push(`:${c.name} - [0:0]`);
-  for (const c of edit.chains) {
-    const plan = chainLines(c.name, have.rules.get(c.name) ?? [], want.owned.get(c.name) ?? [], c.edit, opts);
+  for (const chain of want.owned.keys()) if (!have.chains.has(chain)) lines.push(`:${chain} - [0:0]`);
+  for (const [chain, rules] of want.owned) {
+    // A chain whose kept rules are out of order is rewritten rather than moved rule by rule.
+    const held = have.rules.get(chain) ?? [];
+    const plan = chainLines(chain, held, rules, diffChain(held, rules, { rewriteMoved: true }), opts);
     lines.push(...plan.lines);
     changes += plan.changes;
   }
@@ -253,14 +247,6 @@ export function planTable(have: SavedTable, want: TableWant, opts: PlanOptions =
   }
   for (const c of want.retired?.chains ?? []) if (have.chains.has(c)) retire.push(`-F ${c}`, `-X ${c}`);
   return { lines: [...lines, ...retire], changes: changes + retire.length };
-}
-
-/** iptables rewrites a chain whose kept rules are out of order rather than moving them one by one. */
-const REWRITE_MOVED = { rewriteMoved: true } as const;
-
-/** iptables-save's table in the table model (tables/model.ts): every rule is a key, natgw's or not. */
-function tableModel(t: SavedTable): TableModel {
-  return { chains: new Map([...t.chains].map((n) => [n, { rules: t.rules.get(n) ?? [] }])), sets: NO_SETS };
 }
 
 /**
@@ -299,32 +285,13 @@ function occursOnce(list: readonly string[], deletes: number): (x: string) => bo
 }
 
 /**
- * PURE: the table as it stands after `planTable(have, want)` was applied — natgw's chains hold
- * exactly their rules, each built-in chain natgw hooks holds its jump once. Only what natgw
- * plans against is kept (other owners' chains stay as they were seen).
+ * PURE: what a partial sync plans against once `want` was applied: natgw's chains holding
+ * exactly their rules, each built-in chain natgw hooks holding its jump once, nothing retired.
+ * Other owners' rules are left out: the plan never touches them.
  */
-export function savedAfter(have: SavedTable, want: TableWant): SavedTable {
-  const chains = new Set(have.chains);
-  const rules = new Map(have.rules);
-  for (const [chain, list] of want.owned) {
-    chains.add(chain);
-    rules.set(chain, list);
-  }
-  for (const [builtin, jump] of want.jumps) {
-    const list = rules.get(builtin) ?? [];
-    const first = list.indexOf(jump);
-    rules.set(builtin, first === -1 ? [...list, jump] : list.filter((r, i) => r !== jump || i === first));
-  }
-  for (const [builtin, jump] of want.retired?.jumps ?? [])
-    rules.set(
-      builtin,
-      (rules.get(builtin) ?? []).filter((r) => r !== jump),
-    );
-  for (const c of want.retired?.chains ?? []) {
-    chains.delete(c);
-    rules.delete(c);
-  }
-  return { chains, rules };
+export function savedAfter(want: TableWant): SavedTable {
+  const jumps = [...want.jumps].map(([builtin, jump]): [string, readonly string[]] => [builtin, [jump]]);
+  return { chains: new Set(want.owned.keys()), rules: new Map([...want.owned, ...jumps]) };
 }
 
 export function renderRestore(table: TableName, plan: TablePlan): string {

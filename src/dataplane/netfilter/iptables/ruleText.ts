@@ -81,9 +81,7 @@ export function vpcMarkSpec(vpcIf: string): string {
   return `-i ${vpcIf} -j MARK --set-xmark 0x1/0x1`;
 }
 
-const appendLine = (chain: string, spec: string): string => `-A ${chain} ${spec}`;
-
 /** The rule that holds a conflict's identity, as the script's message quotes it (`-A EXCLUSIVE_DNAT …`, `-A SHARED_DNAT …`). */
 export function quoteHeld(c: RuleConflict): string {
-  return c.kind === 'fip' ? appendLine(CHAINS.exclusiveDnat, fipDnatSpec(c.existing)) : appendLine(CHAINS.sharedDnat, dnatSpec(c.existing));
+  return c.kind === 'fip' ? `-A ${CHAINS.exclusiveDnat} ${fipDnatSpec(c.existing)}` : `-A ${CHAINS.sharedDnat} ${dnatSpec(c.existing)}`;
 }

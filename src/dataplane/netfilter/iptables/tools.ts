@@ -3,14 +3,8 @@ import type { Executor } from '../../../system/exec.js';
 
 export type IptablesVariant = 'legacy' | 'nft';
 
-export interface IptablesTools {
-  readonly cmd: string;
-  readonly save: string;
-  readonly restore: string;
-}
-
 /** The binaries of one variant and family. */
-export function toolsFor(variant: IptablesVariant, family: Family = 4): IptablesTools {
+export function toolsFor(variant: IptablesVariant, family: Family = 4): { cmd: string; save: string; restore: string } {
   const base = family === 4 ? 'iptables' : 'ip6tables';
   return { cmd: `${base}-${variant}`, save: `${base}-${variant}-save`, restore: `${base}-${variant}-restore` };
 }

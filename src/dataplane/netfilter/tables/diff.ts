@@ -102,19 +102,7 @@ function match(
     ha--;
     hw--;
   }
-  const middle = increasingMatch(have, want, lo, ha, hw);
-  return { lo, ha, hw, run: middle.run, moved: middle.candidates - middle.run.length };
-}
-
-/** The matching between the common prefix and suffix: have[lo, ha) against want[lo, hw). */
-function increasingMatch(
-  have: readonly (RuleKey | null)[],
-  want: readonly RuleKey[],
-  lo: number,
-  ha: number,
-  hw: number,
-): { run: Array<[number, number]>; candidates: number } {
-  if (ha <= lo || hw <= lo) return { run: [], candidates: 0 };
+  // In between: have[lo, ha) against want[lo, hw).
   const slots = new Map<RuleKey, number[]>();
   for (let d = lo; d < hw; d++) {
     const key = want[d] as RuleKey;
@@ -153,7 +141,7 @@ function increasingMatch(
   for (let c = tails.length > 0 ? (tails[tails.length - 1] as number) : -1; c >= 0; c = prev[c] as number) {
     run.push(cand[c] as [number, number]);
   }
-  return { run: run.reverse(), candidates: cand.length };
+  return { lo, ha, hw, run: run.reverse(), moved: cand.length - run.length };
 }
 
 /** One set's operations: element keys to delete (kernel order), then to add (desired order). A changed value is both. */

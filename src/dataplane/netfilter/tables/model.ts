@@ -33,5 +33,3 @@ export interface TableModel {
   readonly chains: ReadonlyMap<string, ChainModel>;
   readonly sets: ReadonlyMap<string, SetModel>;
 }
-
-export const NO_SETS: ReadonlyMap<string, SetModel> = new Map();
