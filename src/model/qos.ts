@@ -124,7 +124,7 @@ export const gwQosKey = (q: GwQosId): string => [q.direction, q.dev, tcPrio(q.pr
 // ---- naming and numbering shared by the allocator and the renderer ----
 
 /** Linux IFNAMSIZ is 16 including the terminating NUL. */
-export const IFNAMSIZ_MAX = 15;
+const IFNAMSIZ_MAX = 15;
 export const IFB_PREFIX = 'ifb-';
 export const ifbName = (dev: string): string => `${IFB_PREFIX}${dev}`;
 
@@ -148,6 +148,12 @@ export const CLASS_RANGES = {
 } as const;
 export type ClassRange = keyof typeof CLASS_RANGES;
 
+/** The range a class id lies in (never the default class). */
+export function classRangeOf(id: number): ClassRange | undefined {
+  if (id === DEFAULT_CLASS) return undefined;
+  return (Object.keys(CLASS_RANGES) as ClassRange[]).find((r) => id >= CLASS_RANGES[r].min && id <= CLASS_RANGES[r].max);
+}
+
 /**
  * u32 node ids natgw hands out. u32 runs a priority's filters in node-id order, so EIP
  * rules take ids from the low half and gateway rules from the high half (an EIP rule
@@ -166,13 +172,8 @@ export const CATCH_ALL_HANDLE = 0xfff;
  */
 export const tcPrio = (priority: number): number => (priority === 0 ? 0xc000 : priority);
 
-/** The device whose root htb holds the rule's class: EXT or dev for egress, its IFB for ingress. */
-export function eipQosDevice(q: Pick<EipQos, 'direction'>, extIf: string): string {
-  return q.direction === 'egress' ? extIf : ifbName(extIf);
-}
-export function gwQosDevice(q: Pick<GwQos, 'direction' | 'dev'>): string {
-  return q.direction === 'egress' ? q.dev : ifbName(q.dev);
-}
+/** The device whose root htb holds a rule's class: the device itself for egress, its IFB for ingress. */
+export const qosDevice = (direction: Direction, dev: string): string => (direction === 'egress' ? dev : ifbName(dev));
 
 /** FNV-1a, 32 bit: a tiny, stable hash, so the same address gets the same first-choice class everywhere. */
 function fnv1a32(s: string): number {

@@ -162,6 +162,6 @@ describe("natgw reads this machine's tc batch listings", () => {
       'net1 ingress ffff: ffff:fff1',
       'ifb-net1 htb 1: root',
     ]);
-    expect(shapedDevices(all)).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
+    expect(shapedDevices(all)).toEqual(['net1', 'ifb-net1']);
   });
 });

@@ -1,12 +1,13 @@
 import { z } from 'zod';
 import type { Logger } from 'pino';
 import { SystemError } from '../../model/errors.js';
-import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../../model/qos.js';
+import { type EipQos, type GwQos, IFB_PREFIX, ifbName, qosDevice } from '../../model/qos.js';
+import { isInterfaceName } from '../../model/net.js';
 import { ExecError, type Executor, type ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
-import { type TcQdisc, deviceListingScript, parseDeviceListing, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
+import { deviceListingScript, parseDeviceListing, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
 import {
   type DesiredDevice,
   type KernelQos,
@@ -95,14 +96,13 @@ export class QosManager {
     const extOf = eipUplinkOf(state);
     // The devices of the rules, those whose ingress they shape, and those an interrupted change left pieces on.
     const kernel = await this.readKernel([
-      ...state.eipQos.flatMap((q) => [eipQosDevice(q, extOf(q.ip)), extOf(q.ip)]),
-      ...state.qos.flatMap((q) => [gwQosDevice(q), q.dev]),
+      ...state.eipQos.flatMap((q) => [qosDevice(q.direction, extOf(q.ip)), extOf(q.ip)]),
+      ...state.qos.flatMap((q) => [qosDevice(q.direction, q.dev), q.dev]),
       ...pending.map((p) => p.dev),
     ]);
     const desired = this.layout(state, kernel);
     const notes: string[] = [];
-    const needs = [...desired.values()].some((d) => d.classes.length > 0);
-    const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
+    const features = desired.size > 0 ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
     const plan = renderQos(desired, kernel, features, pending);
     notes.push(...plan.notes);
     for (const n of plan.notes) this.log?.info({ note: n }, 'qos');
@@ -150,7 +150,9 @@ export class QosManager {
   async readBack(extIf: string, devs: string[]): Promise<{ eipQos: EipQos[]; qos: GwQos[] }> {
     const named = [extIf, ...devs];
     const kernel = await this.readKernel([...named, ...named.map(ifbName)]);
-    const discovered = shapedDevices(kernel.qdiscs).map((s) => s.servesIngressOf ?? s.dev);
+    // An IFB natgw shapes names the device whose ingress it serves.
+    const served = (dev: string): string => (dev.startsWith(IFB_PREFIX) && isInterfaceName(dev.slice(IFB_PREFIX.length)) ? dev.slice(IFB_PREFIX.length) : dev);
+    const discovered = shapedDevices(kernel.qdiscs).map(served);
     return rulesFromKernel(extIf, [...new Set([...named, ...discovered])], kernel.devices);
   }
 
@@ -212,45 +214,29 @@ export class QosManager {
 
   /**
    * What a plan needs: every link (which devices exist, an IFB's state), every qdisc, and one
-   * `tc -d -raw -batch -` (deviceListingScript) per existing device among `devices`, those that
-   * carry natgw's layout and those their IFBs serve. Strict: planning from a failed read (say,
-   * "no qdiscs" by mistake) would replace what natgw owns.
+   * `tc -d -raw -batch -` (deviceListingScript) per existing device among `devices` and those
+   * that carry natgw's layout. Strict: planning from a failed read (say, "no qdiscs" by
+   * mistake) would replace what natgw owns.
    */
   private async readKernel(devices: readonly string[]): Promise<KernelQos> {
-    const [links, qdiscs] = await Promise.all([this.readStrict('ip', ['-j', 'link', 'show']).then(parseLinks), this.readQdiscs()]);
-    const exists = new Set(links.map((l) => l.name));
-    const shaped = shapedDevices(qdiscs).flatMap((s) => [s.dev, ...(s.servesIngressOf !== undefined ? [s.servesIngressOf] : [])]);
+    const [links, qdiscs] = await Promise.all([
+      this.read('ip', ['-j', 'link', 'show'], 'the QoS listing').then(parseLinks),
+      this.read('tc', ['qdisc', 'show'], 'the QoS listing').then(parseQdiscs),
+    ]);
     const withIngress = new Set(qdiscs.filter((q) => q.handle === 'ffff:').map((q) => q.dev));
-    const read = [...new Set([...devices, ...shaped])].filter((dev) => exists.has(dev));
+    const read = [...new Set([...devices, ...shapedDevices(qdiscs)])].filter((dev) => links.has(dev));
     const listings = await Promise.all(
       read.map(async (dev) => {
-        const ingress = withIngress.has(dev);
-        const r = await this.exec.run({
-          file: 'tc',
-          args: ['-d', '-raw', '-batch', '-'],
-          input: deviceListingScript(dev, ingress),
-          timeoutMs: READ_TIMEOUT_MS,
-        });
-        if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
-        return { dev, listing: parseDeviceListing(r.stdout) };
+        const text = await this.read('tc', ['-d', '-raw', '-batch', '-'], `the QoS listing of ${dev}`, deviceListingScript(dev, withIngress.has(dev)));
+        return [dev, parseDeviceListing(text)] as const;
       }),
     );
-    return { links, qdiscs, devices: new Map(listings.map(({ dev, listing }) => [dev, listing])) };
+    return { links, qdiscs, devices: new Map(listings) };
   }
 
-  /** Every qdisc of the namespace, each naming its device. */
-  private async readQdiscs(): Promise<TcQdisc[]> {
-    const text = await this.readStrict('tc', ['qdisc', 'show']);
-    try {
-      return parseQdiscs(text);
-    } catch (e) {
-      throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
-    }
-  }
-
-  private async readStrict(file: string, args: string[]): Promise<string> {
-    const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
-    if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS listing');
+  private async read(file: string, args: string[], action: string, input?: string): Promise<string> {
+    const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS, ...(input !== undefined ? { input } : {}) });
+    if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, action);
     return r.stdout;
   }
 }
