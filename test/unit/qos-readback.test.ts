@@ -70,7 +70,6 @@ describe('tc parsers', () => {
     const c = parseClasses(CLASSES);
     expect(c).toHaveLength(4);
     expect(c[3]).toEqual({
-      kind: 'htb',
       major: 1,
       minor: 0x1d3a,
       parent: 'root',

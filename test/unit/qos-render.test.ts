@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { type DeviceListing, type TcQdisc, parseClasses, parseFilters } from '../../src/dataplane/qos/readback.js';
-import { type KernelQos, type QosFeatures, desiredDevices, renderQos, tcBatchScript } from '../../src/dataplane/qos/render.js';
+import { type KernelQos, type QosFeatures, desiredDevices, renderQos } from '../../src/dataplane/qos/render.js';
 import type { EipQos, GwQos } from '../../src/model/qos.js';
 import { FILTERS } from '../helpers/tcFixtures.js';
 
@@ -101,7 +101,6 @@ describe('renderQos: from nothing', () => {
       'class add dev net1 parent 1: classid 1:0x4495 htb rate 0.5mbit ceil 0.5mbit burst 1572864 cburst 1572864',
       'filter add dev net1 parent 1: protocol ip prio 1 handle ::0x1 u32 match ip src 1.2.3.4/32 flowid 1:0x4495',
     ]);
-    expect(tcBatchScript(p)).toBe(`${p.tc.join('\n')}\n`);
   });
 
   it('caps a burst the kernel cannot hold at the rate (its 32-bit buffer would wrap), and says so', () => {

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import { SystemError } from '../../model/errors.js';
 import { type EipQos, type GwQos, IFB_PREFIX, ifbName, qosDevice } from '../../model/qos.js';
 import { isInterfaceName } from '../../model/net.js';
-import { ExecError, type Executor, type ExecResult } from '../../system/exec.js';
+import { ExecError, type Executor, type ExecRequest, type ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
@@ -18,7 +18,6 @@ import {
   pieceKey,
   qosPieceSchema,
   renderQos,
-  tcBatchScript,
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 import { RecordFile } from '../../state/recordFile.js';
@@ -191,25 +190,13 @@ export class QosManager {
     return r;
   }
 
+  /** The IFB devices, then the tc script, then the IFB devices no rule needs; the first refusal stops the rest. */
   private async apply(plan: QosPlan): Promise<void> {
-    await this.runIp(plan.ip);
-    const script = tcBatchScript(plan);
-    if (script !== '') {
-      const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) {
-        this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
-        throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS change', script);
-      }
-    }
-    await this.runIp(plan.ipAfter);
-  }
-
-  /** Device changes one `ip` run each, in order; the first that fails stops the rest. */
-  private async runIp(commands: readonly (readonly string[])[]): Promise<void> {
-    for (const args of commands) {
-      const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS device change');
-    }
+    const ip = (args: readonly string[]) => this.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS }, 'the QoS device change');
+    for (const args of plan.ip) await ip(args);
+    if (plan.tc.length > 0)
+      await this.run({ file: 'tc', args: ['-batch', '-'], input: `${plan.tc.join('\n')}\n`, timeoutMs: APPLY_TIMEOUT_MS }, 'the QoS change');
+    for (const args of plan.ipAfter) await ip(args);
   }
 
   /**
@@ -220,24 +207,26 @@ export class QosManager {
    */
   private async readKernel(devices: readonly string[]): Promise<KernelQos> {
     const [links, qdiscs] = await Promise.all([
-      this.read('ip', ['-j', 'link', 'show'], 'the QoS listing').then(parseLinks),
-      this.read('tc', ['qdisc', 'show'], 'the QoS listing').then(parseQdiscs),
+      this.run({ file: 'ip', args: ['-j', 'link', 'show'], timeoutMs: READ_TIMEOUT_MS }, 'the QoS listing').then(parseLinks),
+      this.run({ file: 'tc', args: ['qdisc', 'show'], timeoutMs: READ_TIMEOUT_MS }, 'the QoS listing').then(parseQdiscs),
     ]);
     const withIngress = new Set(qdiscs.filter((q) => q.handle === 'ffff:').map((q) => q.dev));
     const read = [...new Set([...devices, ...shapedDevices(qdiscs)])].filter((dev) => links.has(dev));
     const listings = await Promise.all(
       read.map(async (dev) => {
-        const text = await this.read('tc', ['-d', '-raw', '-batch', '-'], `the QoS listing of ${dev}`, deviceListingScript(dev, withIngress.has(dev)));
-        return [dev, parseDeviceListing(text)] as const;
+        const listing = { file: 'tc', args: ['-d', '-raw', '-batch', '-'], input: deviceListingScript(dev, withIngress.has(dev)), timeoutMs: READ_TIMEOUT_MS };
+        return [dev, parseDeviceListing(await this.run(listing, `the QoS listing of ${dev}`))] as const;
       }),
     );
     return { links, qdiscs, devices: new Map(listings) };
   }
 
-  private async read(file: string, args: string[], action: string, input?: string): Promise<string> {
-    const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS, ...(input !== undefined ? { input } : {}) });
-    if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, action);
-    return r.stdout;
+  /** One tool run; a refusal is an ExecError with the tool's complaint, its script kept for the log. */
+  private async run(req: ExecRequest, action: string): Promise<string> {
+    const r = await this.exec.run(req);
+    if (r.exitCode === 0) return r.stdout;
+    this.log?.warn({ command: r.command, script: req.input, stderr: r.stderr }, `qos: ${action} refused`);
+    throw new ExecError({ ...r, stderr: errorText(r) }, action, req.input);
   }
 }
 

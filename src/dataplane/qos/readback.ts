@@ -39,7 +39,6 @@ export interface TcQdisc {
 }
 
 export interface TcClass {
-  readonly kind: string;
   /** Major of the class id (1 for `1:4495`). */
   readonly major: number;
   readonly minor: number;
@@ -146,9 +145,9 @@ export function parseClasses(text: string): TcClass[] {
   const out: TcClass[] = [];
   for (const raw of text.split('\n')) {
     const line = stripRaw(raw);
-    const m = /^class (\S+) (\S+) (root|parent (\S+))/.exec(line);
+    const m = /^class \S+ (\S+) (root|parent (\S+))/.exec(line);
     if (!m) continue;
-    const id = parseClassId(m[2] ?? '');
+    const id = parseClassId(m[1] ?? '');
     if (!id) continue;
     const word = (k: string): string | undefined => new RegExp(`(?:^|\\s)${k} (\\S+)`).exec(line)?.[1];
     // `-raw` prints the buffers as `buffer [0fa00000] cbuffer [0fa00000]`.
@@ -156,14 +155,12 @@ export function parseClasses(text: string): TcClass[] {
       const t = new RegExp(`(?:^|\\s)${k} \\[([0-9a-fA-F]+)\\]`).exec(raw)?.[1];
       return t === undefined ? undefined : parseInt(t, 16);
     };
-    const num = (s: string | undefined, f: (x: string) => number | undefined): number | undefined => (s === undefined ? undefined : f(s));
     out.push({
-      kind: m[1] ?? '',
       major: id.major,
       minor: id.minor,
-      parent: m[3] === 'root' ? 'root' : (m[4] ?? ''),
-      rateBits: num(word('rate'), parseRate),
-      ceilBits: num(word('ceil'), parseRate),
+      parent: m[2] === 'root' ? 'root' : (m[3] ?? ''),
+      rateBits: parseRate(word('rate') ?? ''),
+      ceilBits: parseRate(word('ceil') ?? ''),
       bufferTicks: ticks('buffer'),
       cbufferTicks: ticks('cbuffer'),
     });

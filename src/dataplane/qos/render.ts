@@ -256,35 +256,24 @@ function renderRemovals(
   kernel: KernelQos,
   owned: readonly QosPiece[],
 ): { tc: string[]; ipAfter: string[][]; gone: Set<string> } {
-  const tc: string[] = [];
-  const ipAfter: string[][] = [];
-  const gone = new Set<string>();
   const needsIngress = new Set([...desired.values()].flatMap((d) => (d.ingressOf !== undefined ? [d.ingressOf] : [])));
   const unneeded = (pc: QosPiece): boolean => (pc.kind === 'root' || pc.kind === 'ifb' ? !desired.has(pc.dev) : !needsIngress.has(pc.dev));
   // Once each: an edited record may list a piece twice.
   const drop = [...new Map(owned.filter((pc) => unneeded(pc) && kernel.links.has(pc.dev)).map((pc) => [pieceKey(pc), pc])).values()];
-  // Only the qdisc natgw added: a clsact someone put in its place stays.
-  const ingressGoes = new Set(drop.flatMap((pc) => (pc.kind === 'ingress' && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' ? [pc.dev] : [])));
-  for (const pc of drop) {
-    // A redirect goes with its ingress qdisc where that goes.
-    if (pc.kind === 'redirect' && !ingressGoes.has(pc.dev) && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' && redirects(kernel, pc.dev)) {
-      tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
-    }
-  }
-  for (const dev of ingressGoes) tc.push(`qdisc del dev ${dev} ingress`);
-  for (const pc of drop) {
-    if (pc.kind === 'ifb') {
-      ipAfter.push(['link', 'del', pc.dev]);
-      gone.add(pc.dev);
-    }
-  }
-  for (const pc of drop) {
-    if (pc.kind === 'root' && !gone.has(pc.dev) && htbRoot(kernel, pc.dev)) {
-      tc.push(`qdisc del dev ${pc.dev} root`);
-      gone.add(pc.dev);
-    }
-  }
-  return { tc, ipAfter, gone };
+  const devs = (kind: QosPiece['kind']): string[] => drop.filter((pc) => pc.kind === kind).map((pc) => pc.dev);
+  // Only the qdisc natgw added: a clsact someone put in its place stays; a redirect goes with its ingress qdisc.
+  const ours = (dev: string): boolean => ingressQdisc(kernel, dev)?.kind === 'ingress';
+  const ingressGoes = devs('ingress').filter(ours);
+  const gone = new Set(devs('ifb'));
+  const roots = devs('root').filter((dev) => !gone.has(dev) && htbRoot(kernel, dev));
+  const tc = [
+    ...devs('redirect')
+      .filter((dev) => ours(dev) && !ingressGoes.includes(dev) && redirects(kernel, dev))
+      .map((dev) => `filter del dev ${dev} parent ffff: prio ${REDIRECT_PRIO}`),
+    ...ingressGoes.map((dev) => `qdisc del dev ${dev} ingress`),
+    ...roots.map((dev) => `qdisc del dev ${dev} root`),
+  ];
+  return { tc, ipAfter: [...gone].map((dev) => ['link', 'del', dev]), gone: new Set([...gone, ...roots]) };
 }
 
 /** The device's root qdisc where it is natgw's htb `1:`. */
@@ -416,6 +405,3 @@ function renderFilters(dev: string, want: readonly DesiredRule[], have: readonly
     for (const f of nodes) if (!wanted.has(f.node ?? -1)) p.staleFilters.push(delFilter(dev, f));
   }
 }
-
-/** All tc lines as one script for `tc -batch -`. */
-export const tcBatchScript = (plan: QosPlan): string => (plan.tc.length === 0 ? '' : `${plan.tc.join('\n')}\n`);
