@@ -31,10 +31,6 @@ import { eipUplinkOf } from '../model/uplinks.js';
  * so the allocation is deterministic, collision-free and survives a restart with the state.
  */
 
-// ---------------------------------------------------------------------------------
-// Allocation
-// ---------------------------------------------------------------------------------
-
 /** Deterministic linear probe from the first choice, wrapping inside the range. */
 export function probeClassId(range: ClassRange, first: number, used: ReadonlySet<number>, device = ''): number {
   const { min, max } = CLASS_RANGES[range];
@@ -149,10 +145,6 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
   xs.forEach((x, i) => last.set(key(x), i));
   return xs.filter((x, i) => last.get(key(x)) === i);
 }
-
-// ---------------------------------------------------------------------------------
-// Operations
-// ---------------------------------------------------------------------------------
 
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 

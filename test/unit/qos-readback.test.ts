@@ -208,7 +208,7 @@ describe('rulesFromKernel', () => {
   ]);
 
   it('rebuilds EIP rules from EXT and ifb-EXT, gateway rules from devices, with their ids', () => {
-    const r = rulesFromKernel('net1', ['eth1'], devices);
+    const r = rulesFromKernel(['net1'], ['eth1'], devices);
     expect(r.eipQos).toEqual([
       { direction: 'egress', ip: '10.98.0.2', priority: 1, rate: '10', burst: '1', classId: 0x1d3a, handle: 1 },
       { direction: 'ingress', ip: '10.98.0.140', priority: 2, rate: '7', burst: '1.5', classId: 0x2a, handle: 1 },

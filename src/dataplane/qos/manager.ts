@@ -134,9 +134,14 @@ export class QosManager {
    * them) first take the ids the kernel already uses for them.
    */
   private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
-    const ext = state.interfaces.ext;
     const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
-    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices, uplinkNames(state.interfaces)) : {};
+    const hints = missingIds
+      ? rulesFromKernel(
+          uplinkNames(state.interfaces),
+          state.qos.map((q) => q.dev),
+          kernel.devices,
+        )
+      : {};
     const allocated = allocateQos(state, hints);
     return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
@@ -152,7 +157,7 @@ export class QosManager {
     // An IFB natgw shapes names the device whose ingress it serves.
     const served = (dev: string): string => (dev.startsWith(IFB_PREFIX) && isInterfaceName(dev.slice(IFB_PREFIX.length)) ? dev.slice(IFB_PREFIX.length) : dev);
     const discovered = shapedDevices(kernel.qdiscs).map(served);
-    return rulesFromKernel(extIf, [...new Set([...named, ...discovered])], kernel.devices);
+    return rulesFromKernel([extIf], [...named, ...discovered], kernel.devices);
   }
 
   /**
@@ -186,7 +191,7 @@ export class QosManager {
     await this.intent?.write({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
     const r = await probeQosFeatures(this.exec, name);
     this.out?.(r.summary);
-    this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
+    this.log?.info({ ...r.features, summary: r.summary }, 'qos kernel probe');
     return r;
   }
 

@@ -23,10 +23,6 @@ import { SystemError } from '../../model/errors.js';
  * is listed with `-d -raw`, which adds the raw buffer (burst) in scheduler ticks to a class.
  */
 
-// ---------------------------------------------------------------------------------
-// Types
-// ---------------------------------------------------------------------------------
-
 export interface TcQdisc {
   readonly dev: string;
   readonly kind: string;
@@ -393,21 +389,15 @@ export interface DeviceTc {
 
 /**
  * Rebuild natgw's rules from what the kernel holds. EIP rules: a /32 u32 match into an
- * EIP-range class on an uplink (src) or on its IFB (dst). Gateway rules: a match into a
- * gateway-range class (u32) or a catch-all into a matchall-range class, on EXT or one of
- * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
+ * EIP-range class on one of the `uplinks` (src) or on its IFB (dst). Gateway rules: a match
+ * into a gateway-range class (u32) or a catch-all into a matchall-range class, on an uplink or
+ * one of `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
-export function rulesFromKernel(
-  extIf: string,
-  devs: readonly string[],
-  tc: ReadonlyMap<string, DeviceTc>,
-  /** Where EIP rules may be (several uplinks: each of them). */
-  uplinks: readonly string[] = [extIf],
-): { eipQos: EipQos[]; qos: GwQos[] } {
+export function rulesFromKernel(uplinks: readonly string[], devs: readonly string[], tc: ReadonlyMap<string, DeviceTc>): { eipQos: EipQos[]; qos: GwQos[] } {
   const eipQos = new Map<string, EipQos>();
   const qos = new Map<string, GwQos>();
-  for (const dev of new Set([...uplinks, extIf, ...devs])) {
+  for (const dev of new Set([...uplinks, ...devs])) {
     for (const direction of ['egress', 'ingress'] as const) {
       const d = tc.get(qosDevice(direction, dev));
       const classes = new Map((d?.classes ?? []).filter((c) => c.major === 1).map((c) => [c.minor, c]));

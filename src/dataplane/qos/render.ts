@@ -108,10 +108,6 @@ export interface DesiredDevice {
   readonly rules: DesiredRule[];
 }
 
-// ---------------------------------------------------------------------------------
-// Desired layout from rules
-// ---------------------------------------------------------------------------------
-
 /** Rules (with ids allocated) → the classes and filters each device must hold; `extOf` names each EIP's uplink. */
 export function desiredDevices(extOf: (ip: string) => string, eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
   const out = new Map<string, DesiredDevice>();
@@ -136,34 +132,16 @@ export function desiredDevices(extOf: (ip: string) => string, eipQos: readonly E
 
 /** tc prints rates with at least three significant digits; anything closer is the same rate. */
 function rateMatches(actualBits: number | undefined, mbit: string): boolean {
-  if (actualBits === undefined) return false;
   const want = rateBytesPerSecond(mbit) * 8;
-  return Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
+  return actualBits !== undefined && Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
 }
 
-/**
- * Compare the raw buffer in ticks (`-raw`). tc truncates the buffer to whole µs, so bursts
- * within one µs of each other are one buffer.
- */
-function burstMatches(ticks: number | undefined, mbit: string, mb: string): boolean {
-  if (ticks === undefined) return false;
-  const want = expectedTicks(rateBytesPerSecond(mbit), programmedBurstBytes(mbit, mb));
-  return Math.abs(ticks - want) <= Math.max(TICKS_PER_USEC + 1, want * 1e-4);
-}
-
+/** Buffers compare raw, in ticks (`-raw`): tc truncates a buffer to whole µs, so bursts within one µs are one buffer. */
 function classMatches(c: TcClass, want: DesiredRule): boolean {
-  return (
-    c.parent === 'root' &&
-    rateMatches(c.rateBits, want.rate) &&
-    rateMatches(c.ceilBits, want.rate) &&
-    burstMatches(c.bufferTicks, want.rate, want.burst) &&
-    burstMatches(c.cbufferTicks, want.rate, want.burst)
-  );
+  const ticks = expectedTicks(rateBytesPerSecond(want.rate), programmedBurstBytes(want.rate, want.burst));
+  const buffer = (t: number | undefined): boolean => t !== undefined && Math.abs(t - ticks) <= Math.max(TICKS_PER_USEC + 1, ticks * 1e-4);
+  return c.parent === 'root' && rateMatches(c.rateBits, want.rate) && rateMatches(c.ceilBits, want.rate) && buffer(c.bufferTicks) && buffer(c.cbufferTicks);
 }
-
-// ---------------------------------------------------------------------------------
-// Command text
-// ---------------------------------------------------------------------------------
 
 const classSpec = (dev: string, minor: number, rate: string, burst?: string): string => {
   const bytes = burst === undefined ? 0 : programmedBurstBytes(rate, burst);
@@ -193,10 +171,6 @@ const replaceFilter = (dev: string, fh: string, f: DesiredRule): string =>
 const delFilter = (dev: string, f: TcFilter): string => `filter del dev ${dev} parent 1: protocol ${f.protocol} prio ${f.pref} handle ${f.fh ?? ''} ${f.kind}`;
 
 const delPrio = (dev: string, prio: number): string => `filter del dev ${dev} parent 1: prio ${prio}`;
-
-// ---------------------------------------------------------------------------------
-// The plan
-// ---------------------------------------------------------------------------------
 
 /** Phases of the tc script, in the order they run. */
 interface Phases {
@@ -312,7 +286,6 @@ function renderIfb(dev: string, kernel: KernelQos, ip: string[][], p: Phases, cr
 function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], creates: QosPiece[]): void {
   const dev = d.dev;
   const root = htbRoot(kernel, dev);
-  if (!root && d.rules.length === 0) return;
 
   // A root that is not htb 1: takes its classes and filters with it when replaced.
   const tc = (root && kernel.devices.get(dev)) || EMPTY_DEVICE;
