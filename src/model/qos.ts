@@ -36,10 +36,10 @@ const decimalSchema = z
   .refine((s) => Number(s) > 0, 'must be greater than zero')
   .transform(canonicalDecimal);
 
-const rateSchema = decimalSchema
+export const rateSchema = decimalSchema
   .refine((s) => Number(s) <= MAX_RATE_MBIT, `must be at most ${MAX_RATE_MBIT} (Mbit/s)`)
   .refine((s) => rateBytesPerSecond(s) >= 1, `must be at least ${MIN_RATE_MBIT} (Mbit/s, one byte per second)`);
-const burstSchema = decimalSchema
+export const burstSchema = decimalSchema
   .refine((s) => Number(s) <= MAX_BURST_MB, `must be at most ${MAX_BURST_MB} (MB)`)
   .refine((s) => burstBytes(s) >= 1, 'must be at least one byte');
 

@@ -84,9 +84,7 @@ export class QosManager {
    * by that sync, and the record is cleared.
    */
   async settle(state: DesiredState): Promise<void> {
-    if (this.syncedTo === undefined || (await this.intentRecord()).pieces.length === 0) return;
-    if (this.syncedTo !== qosOf(state)) return;
-    await this.intent?.write({ pieces: [] });
+    if (this.syncedTo === qosOf(state) && (await this.hasPending())) await this.intent?.write({ pieces: [] });
   }
 
   /** `opts.mode` is only logged: QoS reads the kernel in a partial sync as in a full one. */
@@ -172,15 +170,12 @@ export class QosManager {
       notes.push(`INFO: QoS kernel features not probed in a dry run; assuming ${describe(assumed)}`);
       return assumed;
     }
-    this.probe ??= this.runProbe();
-    let r: ProbeResult;
-    try {
-      r = await this.probe;
-    } catch (e) {
+    this.probe ??= this.runProbe().catch((e: unknown) => {
       // The record could not be written (a full state dir): the next sync tries again.
       this.probe = undefined;
       throw e;
-    }
+    });
+    const r = await this.probe;
     notes.push(r.summary);
     return r.features;
   }

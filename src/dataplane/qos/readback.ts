@@ -5,14 +5,15 @@ import {
   CATCH_ALL_HANDLE,
   DEFAULT_CLASS,
   MAX_BURST_MB,
-  MAX_RATE_MBIT,
   burstBytes,
+  burstSchema,
   canonicalDecimal,
   classRangeOf,
   eipQosKey,
   gwQosKey,
   qosDevice,
   rateBytesPerSecond,
+  rateSchema,
 } from '../../model/qos.js';
 import { SystemError } from '../../model/errors.js';
 
@@ -98,12 +99,11 @@ export function parseQdiscs(text: string): TcQdisc[] {
   for (const line of text.split('\n')) {
     if (!line.startsWith('qdisc ')) continue;
     const m = QDISC_LINE.exec(line);
-    const d = m?.[3];
-    if (!m || d === undefined) throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (unreadable qdisc line: ${line.trim()})`);
+    if (!m) throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (unreadable qdisc line: ${line.trim()})`);
     const kind = m[1] ?? '';
     const def = kind === 'htb' ? /\sdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line)?.[1] : undefined;
     out.push({
-      dev: d,
+      dev: m[3] ?? '',
       kind,
       handle: m[2] ?? '',
       parent: m[4] === 'root' ? 'root' : (m[5] ?? ''),
@@ -356,16 +356,15 @@ export function classShaping(c: TcClass): { rate: string; burst: string } | unde
   const rate = formatDecimal(c.rateBits / 1e6, 9);
   const rateBytes = rateBytesPerSecond(rate);
   // Only values the rule schema accepts: an adopted state is validated as a whole.
-  if (rateBytes < 1 || Number(rate) > MAX_RATE_MBIT) return undefined;
+  if (!rateSchema.safeParse(rate).success) return undefined;
   const burst = c.bufferTicks === undefined ? undefined : burstForTicks(c.bufferTicks, rateBytes);
-  if (burst === undefined || !validBurst(burst)) return undefined;
+  if (burst === undefined || !burstSchema.safeParse(burst).success) return undefined;
   return { rate, burst };
 }
 
-const validBurst = (mb: string): boolean => burstBytes(mb) >= 1 && Number(mb) <= MAX_BURST_MB;
-
 function burstForTicks(ticks: number, rateBytes: number): string {
-  const programs = (mb: string): boolean => validBurst(mb) && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
+  const programs = (mb: string): boolean =>
+    burstSchema.safeParse(mb).success && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
   // tc truncates to whole µs, then ticks: the buffer names one µs, and the bytes lie within it.
   const usec = Math.ceil(ticks / TICKS_PER_USEC);
   const mid = Math.max(1, ((usec + 0.5) * rateBytes) / 1e6) / 1048576;
