@@ -25,23 +25,24 @@ export const MAX_BURST_MB = 4095;
  * The least rate tc can express: it programs whole bytes per second, truncating
  * `<rate>mbit` × 10^6 / 8, and refuses a rate that truncates to 0 ("rate" is required).
  */
-export const MIN_RATE_MBIT = '0.000008';
+const MIN_RATE_MBIT = '0.000008';
 
 /** Bytes per second tc programs for `<mbit>mbit` (the same double arithmetic as tc's get_rate64, truncated). */
 export const rateBytesPerSecond = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
 
+/** A rate's or a burst's checks, for the API and the script's rules alike: each message ends a sentence that starts with the field and its value. */
 const decimalSchema = z
   .string()
-  .regex(DECIMAL, 'must be a positive decimal number')
-  .refine((s) => Number(s) > 0, 'must be greater than zero')
+  .regex(DECIMAL, 'is not a positive decimal')
+  .refine((s) => Number(s) > 0, 'is not a positive decimal')
   .transform(canonicalDecimal);
 
 export const rateSchema = decimalSchema
-  .refine((s) => Number(s) <= MAX_RATE_MBIT, `must be at most ${MAX_RATE_MBIT} (Mbit/s)`)
-  .refine((s) => rateBytesPerSecond(s) >= 1, `must be at least ${MIN_RATE_MBIT} (Mbit/s, one byte per second)`);
+  .refine((s) => Number(s) <= MAX_RATE_MBIT, `exceeds ${MAX_RATE_MBIT} Mbit/s`)
+  .refine((s) => rateBytesPerSecond(s) >= 1, `is below ${MIN_RATE_MBIT} Mbit/s (one byte per second, the least tc can express)`);
 export const burstSchema = decimalSchema
-  .refine((s) => Number(s) <= MAX_BURST_MB, `must be at most ${MAX_BURST_MB} (MB)`)
-  .refine((s) => burstBytes(s) >= 1, 'must be at least one byte');
+  .refine((s) => Number(s) <= MAX_BURST_MB, `exceeds ${MAX_BURST_MB} MB`)
+  .refine((s) => burstBytes(s) >= 1, 'is less than one byte');
 
 export const directionSchema = z.enum(['ingress', 'egress']);
 export type Direction = z.infer<typeof directionSchema>;

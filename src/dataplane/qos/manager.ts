@@ -129,18 +129,17 @@ export class QosManager {
 
   /**
    * The classes and filters each device must hold. Rules without ids (a state written without
-   * them) first take the ids the kernel already uses for them.
+   * them) first take the ids the kernel already uses for them (the rest keep their own).
    */
   private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
-    const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
-    const hints = missingIds
-      ? rulesFromKernel(
-          uplinkNames(state.interfaces),
-          state.qos.map((q) => q.dev),
-          kernel.devices,
-        )
-      : {};
-    const allocated = allocateQos(state, hints);
+    const allocated = allocateQos(
+      state,
+      rulesFromKernel(
+        uplinkNames(state.interfaces),
+        state.qos.map((q) => q.dev),
+        kernel.devices,
+      ),
+    );
     return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
 
