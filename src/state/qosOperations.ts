@@ -83,19 +83,16 @@ export function allocateQos(s: DesiredState, hints: AllocationHints = {}): Desir
   const qos = dedupe(s.qos, gwQosKey);
   const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
   const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
+  const slot = (rule: EipQos | GwQos, dev: string, range: ClassRange, first: number, hint: Slot['hint']): Slot => ({
+    rule,
+    device: qosDevice(rule.direction, dev),
+    range,
+    first,
+    hint,
+  });
   const ids = assignIds([
-    ...eipQos.map(
-      (q): Slot => ({ rule: q, device: qosDevice(q.direction, extOf(q.ip)), range: 'eip', first: eipFirstClassId(q.ip), hint: eipHints.get(eipQosKey(q)) }),
-    ),
-    ...qos.map(
-      (q): Slot => ({
-        rule: q,
-        device: qosDevice(q.direction, q.dev),
-        range: q.classifier === 'matchall' ? 'matchall' : 'gw',
-        first: gwFirstClassId(q),
-        hint: gwHints.get(gwQosKey(q)),
-      }),
-    ),
+    ...eipQos.map((q) => slot(q, extOf(q.ip), 'eip', eipFirstClassId(q.ip), eipHints.get(eipQosKey(q)))),
+    ...qos.map((q) => slot(q, q.dev, q.classifier === 'matchall' ? 'matchall' : 'gw', gwFirstClassId(q), gwHints.get(gwQosKey(q)))),
   ]);
   const eipOut = eipQos.map((q, i) => withIds(q, ids[i]!));
   const gwOut = qos.map((q, i) => withIds(q, ids[eipQos.length + i]!));

@@ -273,14 +273,10 @@ export function keysToMatch(keys: readonly U32Key[]): FilterMatch | undefined {
   const k = keys[0]!;
   if (k.off === 0 && k.mask === 0 && k.value === 0) return { kind: 'all' };
   if (k.off !== IP_SRC_OFF && k.off !== IP_DST_OFF) return undefined;
-  const len = maskLength(k.mask);
-  if (len === undefined) return undefined;
+  // A prefix mask is its leading ones and nothing else.
+  const len = Math.clz32(~k.mask);
+  if (prefixMask(len) !== k.mask) return undefined;
   return { kind: 'ip', dir: k.off === IP_SRC_OFF ? 'src' : 'dst', cidr: `${intToIp(k.value & k.mask)}/${len}` };
-}
-
-function maskLength(mask: number): number | undefined {
-  for (let len = 0; len <= 32; len++) if (prefixMask(len) === mask >>> 0) return len;
-  return undefined;
 }
 
 /** A classifying filter in natgw's terms, the terms render.ts writes filters in (filterWords). */
