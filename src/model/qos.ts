@@ -25,23 +25,24 @@ export const MAX_BURST_MB = 4095;
  * The least rate tc can express: it programs whole bytes per second, truncating
  * `<rate>mbit` × 10^6 / 8, and refuses a rate that truncates to 0 ("rate" is required).
  */
-export const MIN_RATE_MBIT = '0.000008';
+const MIN_RATE_MBIT = '0.000008';
 
 /** Bytes per second tc programs for `<mbit>mbit` (the same double arithmetic as tc's get_rate64, truncated). */
 export const rateBytesPerSecond = (mbit: string): number => Math.floor((Number(mbit) * 1e6) / 8);
 
+/** A rate's or a burst's checks, for the API and the script's rules alike: each message ends a sentence that starts with the field and its value. */
 const decimalSchema = z
   .string()
-  .regex(DECIMAL, 'must be a positive decimal number')
-  .refine((s) => Number(s) > 0, 'must be greater than zero')
+  .regex(DECIMAL, 'is not a positive decimal')
+  .refine((s) => Number(s) > 0, 'is not a positive decimal')
   .transform(canonicalDecimal);
 
-const rateSchema = decimalSchema
-  .refine((s) => Number(s) <= MAX_RATE_MBIT, `must be at most ${MAX_RATE_MBIT} (Mbit/s)`)
-  .refine((s) => rateBytesPerSecond(s) >= 1, `must be at least ${MIN_RATE_MBIT} (Mbit/s, one byte per second)`);
-const burstSchema = decimalSchema
-  .refine((s) => Number(s) <= MAX_BURST_MB, `must be at most ${MAX_BURST_MB} (MB)`)
-  .refine((s) => burstBytes(s) >= 1, 'must be at least one byte');
+export const rateSchema = decimalSchema
+  .refine((s) => Number(s) <= MAX_RATE_MBIT, `exceeds ${MAX_RATE_MBIT} Mbit/s`)
+  .refine((s) => rateBytesPerSecond(s) >= 1, `is below ${MIN_RATE_MBIT} Mbit/s (one byte per second, the least tc can express)`);
+export const burstSchema = decimalSchema
+  .refine((s) => Number(s) <= MAX_BURST_MB, `exceeds ${MAX_BURST_MB} MB`)
+  .refine((s) => burstBytes(s) >= 1, 'is less than one byte');
 
 export const directionSchema = z.enum(['ingress', 'egress']);
 export type Direction = z.infer<typeof directionSchema>;
@@ -124,7 +125,7 @@ export const gwQosKey = (q: GwQosId): string => [q.direction, q.dev, tcPrio(q.pr
 // ---- naming and numbering shared by the allocator and the renderer ----
 
 /** Linux IFNAMSIZ is 16 including the terminating NUL. */
-export const IFNAMSIZ_MAX = 15;
+const IFNAMSIZ_MAX = 15;
 export const IFB_PREFIX = 'ifb-';
 export const ifbName = (dev: string): string => `${IFB_PREFIX}${dev}`;
 
@@ -148,6 +149,12 @@ export const CLASS_RANGES = {
 } as const;
 export type ClassRange = keyof typeof CLASS_RANGES;
 
+/** The range a class id lies in (never the default class). */
+export function classRangeOf(id: number): ClassRange | undefined {
+  if (id === DEFAULT_CLASS) return undefined;
+  return (Object.keys(CLASS_RANGES) as ClassRange[]).find((r) => id >= CLASS_RANGES[r].min && id <= CLASS_RANGES[r].max);
+}
+
 /**
  * u32 node ids natgw hands out. u32 runs a priority's filters in node-id order, so EIP
  * rules take ids from the low half and gateway rules from the high half (an EIP rule
@@ -166,13 +173,8 @@ export const CATCH_ALL_HANDLE = 0xfff;
  */
 export const tcPrio = (priority: number): number => (priority === 0 ? 0xc000 : priority);
 
-/** The device whose root htb holds the rule's class: EXT or dev for egress, its IFB for ingress. */
-export function eipQosDevice(q: Pick<EipQos, 'direction'>, extIf: string): string {
-  return q.direction === 'egress' ? extIf : ifbName(extIf);
-}
-export function gwQosDevice(q: Pick<GwQos, 'direction' | 'dev'>): string {
-  return q.direction === 'egress' ? q.dev : ifbName(q.dev);
-}
+/** The device whose root htb holds a rule's class: the device itself for egress, its IFB for ingress. */
+export const qosDevice = (direction: Direction, dev: string): string => (direction === 'egress' ? dev : ifbName(dev));
 
 /** FNV-1a, 32 bit: a tiny, stable hash, so the same address gets the same first-choice class everywhere. */
 function fnv1a32(s: string): number {

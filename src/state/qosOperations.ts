@@ -11,13 +11,13 @@ import {
   HANDLE_MAX,
   HANDLE_MIN,
   CATCH_ALL_HANDLE,
+  classRangeOf,
   eipFirstClassId,
-  eipQosDevice,
   eipQosKey,
   gwFirstClassId,
-  gwQosDevice,
   gwQosKey,
   ifbNameIssue,
+  qosDevice,
   tcPrio,
 } from '../model/qos.js';
 import { changedTo, unchanged, type OpResult } from './operations.js';
@@ -30,33 +30,6 @@ import { eipUplinkOf } from '../model/uplinks.js';
  * its tc class id and u32 handle, allocated here against the ids the state already holds,
  * so the allocation is deterministic, collision-free and survives a restart with the state.
  */
-
-// ---------------------------------------------------------------------------------
-// Allocation
-// ---------------------------------------------------------------------------------
-
-/** Where a rule's class and filter live, and where its ids may come from. */
-interface Slot {
-  readonly device: string;
-  readonly range: ClassRange;
-  readonly prio: number;
-  readonly firstClassId: number;
-}
-
-function eipSlot(q: EipQos, extIf: string): Slot {
-  return { device: eipQosDevice(q, extIf), range: 'eip', prio: tcPrio(q.priority), firstClassId: eipFirstClassId(q.ip) };
-}
-
-function gwSlot(q: GwQos): Slot {
-  return {
-    device: gwQosDevice(q),
-    range: q.classifier === 'matchall' ? 'matchall' : 'gw',
-    prio: tcPrio(q.priority),
-    firstClassId: gwFirstClassId(q),
-  };
-}
-
-const inRange = (id: number, range: ClassRange): boolean => id >= CLASS_RANGES[range].min && id <= CLASS_RANGES[range].max && id !== DEFAULT_CLASS;
 
 /** Deterministic linear probe from the first choice, wrapping inside the range. */
 export function probeClassId(range: ClassRange, first: number, used: ReadonlySet<number>, device = ''): number {
@@ -83,58 +56,19 @@ export function lowestFreeHandle(used: ReadonlySet<number>, half: 'eip' | 'gw' =
   throw new ConflictError(`Error: no free QoS filter handle left on device ${device} priority ${prio}`);
 }
 
-interface Ids {
-  classId?: number;
-  handle?: number;
-}
-
 /** Kernel-held ids to prefer for rules that have none (a state file written without them). */
 export interface AllocationHints {
   readonly eipQos?: readonly EipQos[];
   readonly qos?: readonly GwQos[];
 }
 
-class Ledger {
-  private readonly classes = new Map<string, Set<number>>();
-  private readonly handles = new Map<string, Set<number>>();
-
-  private set(map: Map<string, Set<number>>, key: string): Set<number> {
-    let s = map.get(key);
-    if (!s) map.set(key, (s = new Set()));
-    return s;
-  }
-
-  /** Keep the ids a rule already has where they are valid and still free; return what was kept. */
-  claim(slot: Slot, ids: Ids): Ids {
-    const kept: Ids = {};
-    const classes = this.set(this.classes, slot.device);
-    if (ids.classId !== undefined && inRange(ids.classId, slot.range) && !classes.has(ids.classId)) {
-      classes.add(ids.classId);
-      kept.classId = ids.classId;
-    }
-    const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    // A matchall rule (or its u32 stand-in) is its priority's one catch-all, with a fixed handle.
-    const catchAll = slot.range === 'matchall';
-    const wanted = catchAll ? CATCH_ALL_HANDLE : ids.handle;
-    if (wanted !== undefined && (catchAll || wanted <= HANDLE_MAX) && !handles.has(wanted)) {
-      handles.add(wanted);
-      kept.handle = wanted;
-    }
-    return kept;
-  }
-
-  /** Fill in what claim() could not keep: a hint where free, else the first choice or a probe. */
-  complete(slot: Slot, kept: Ids, hint: Ids | undefined): Required<Ids> {
-    const classes = this.set(this.classes, slot.device);
-    const hintedClass = hint?.classId !== undefined && inRange(hint.classId, slot.range) && !classes.has(hint.classId) ? hint.classId : undefined;
-    const classId = kept.classId ?? hintedClass ?? probeClassId(slot.range, slot.firstClassId, classes, slot.device);
-    classes.add(classId);
-    const handles = this.set(this.handles, `${slot.device}|${slot.prio}`);
-    const hintedHandle = hint?.handle !== undefined && hint.handle <= HANDLE_MAX && !handles.has(hint.handle) ? hint.handle : undefined;
-    const handle = kept.handle ?? hintedHandle ?? lowestFreeHandle(handles, slot.range === 'eip' ? 'eip' : 'gw', slot.device, slot.prio);
-    handles.add(handle);
-    return { classId, handle };
-  }
+/** A rule, the device that holds its class and filter, the range its class id comes from, and the kernel's ids for it. */
+interface Slot {
+  readonly rule: EipQos | GwQos;
+  readonly device: string;
+  readonly range: ClassRange;
+  readonly first: number;
+  readonly hint: EipQos | GwQos | undefined;
 }
 
 /**
@@ -149,25 +83,57 @@ export function allocateQos(s: DesiredState, hints: AllocationHints = {}): Desir
   const qos = dedupe(s.qos, gwQosKey);
   const eipHints = new Map((hints.eipQos ?? []).map((h) => [eipQosKey(h), h]));
   const gwHints = new Map((hints.qos ?? []).map((h) => [gwQosKey(h), h]));
-
-  const ledger = new Ledger();
-  const eipSlots = eipQos.map((q) => eipSlot(q, extOf(q.ip)));
-  const gwSlots = qos.map(gwSlot);
-  const eipKept = eipQos.map((q, i) => ledger.claim(eipSlots[i]!, q));
-  const gwKept = qos.map((q, i) => ledger.claim(gwSlots[i]!, q));
-  const eipOut = eipQos.map((q, i) => withIds(q, ledger.complete(eipSlots[i]!, eipKept[i]!, hintIds(eipHints.get(eipQosKey(q)), q))));
-  const gwOut = qos.map((q, i) => withIds(q, ledger.complete(gwSlots[i]!, gwKept[i]!, hintIds(gwHints.get(gwQosKey(q)), q))));
+  const slot = (rule: EipQos | GwQos, dev: string, range: ClassRange, first: number, hint: Slot['hint']): Slot => ({
+    rule,
+    device: qosDevice(rule.direction, dev),
+    range,
+    first,
+    hint,
+  });
+  const ids = assignIds([
+    ...eipQos.map((q) => slot(q, extOf(q.ip), 'eip', eipFirstClassId(q.ip), eipHints.get(eipQosKey(q)))),
+    ...qos.map((q) => slot(q, q.dev, q.classifier === 'matchall' ? 'matchall' : 'gw', gwFirstClassId(q), gwHints.get(gwQosKey(q)))),
+  ]);
+  const eipOut = eipQos.map((q, i) => withIds(q, ids[i]!));
+  const gwOut = qos.map((q, i) => withIds(q, ids[eipQos.length + i]!));
   const same = <T>(a: readonly T[], b: readonly T[]) => a.length === b.length && a.every((q, i) => q === b[i]);
   return same(eipOut, s.eipQos) && same(gwOut, s.qos) ? s : { ...s, eipQos: eipOut, qos: gwOut };
 }
 
-/** A hint counts only where it describes the rule at the same priority (a handle is per priority). */
-function hintIds(h: EipQos | GwQos | undefined, q: EipQos | GwQos): Ids | undefined {
-  if (!h) return undefined;
-  return { classId: h.classId, handle: tcPrio(h.priority) === tcPrio(q.priority) ? h.handle : undefined };
+/** Class ids are unique per device, handles per device and priority: the rules' own ids first, then the rest. */
+function assignIds(slots: readonly Slot[]): { classId: number; handle: number }[] {
+  const used = new Map<string, Set<number>>();
+  const usedAt = (key: string): Set<number> => used.get(key) ?? used.set(key, new Set()).get(key)!;
+  /** `id`, taken at `key`, where it is given, valid and free. */
+  const claim = (key: string, id: number | undefined, valid: (id: number) => boolean = () => true): number | undefined => {
+    if (id === undefined || !valid(id) || usedAt(key).has(id)) return undefined;
+    usedAt(key).add(id);
+    return id;
+  };
+  const classesOf = (sl: Slot): string => `class ${sl.device}`;
+  const handlesOf = (sl: Slot): string => `handle ${sl.device} ${tcPrio(sl.rule.priority)}`;
+  const inRange = (sl: Slot) => (id: number) => classRangeOf(id) === sl.range;
+  const kept = slots.map((sl) => ({
+    classId: claim(classesOf(sl), sl.rule.classId, inRange(sl)),
+    // A matchall rule (or its u32 stand-in) is its priority's one catch-all, with a fixed handle.
+    handle: sl.range === 'matchall' ? claim(handlesOf(sl), CATCH_ALL_HANDLE) : claim(handlesOf(sl), sl.rule.handle, (h) => h <= HANDLE_MAX),
+  }));
+  return slots.map((sl, i) => {
+    // A hint's handle counts only where it describes the rule at the same priority (a handle is per priority).
+    const hintHandle = sl.hint && tcPrio(sl.hint.priority) === tcPrio(sl.rule.priority) ? sl.hint.handle : undefined;
+    const classId =
+      kept[i]!.classId ??
+      claim(classesOf(sl), sl.hint?.classId, inRange(sl)) ??
+      claim(classesOf(sl), probeClassId(sl.range, sl.first, usedAt(classesOf(sl)), sl.device))!;
+    const handle =
+      kept[i]!.handle ??
+      claim(handlesOf(sl), hintHandle, (h) => h <= HANDLE_MAX) ??
+      claim(handlesOf(sl), lowestFreeHandle(usedAt(handlesOf(sl)), sl.range === 'eip' ? 'eip' : 'gw', sl.device, tcPrio(sl.rule.priority)))!;
+    return { classId, handle };
+  });
 }
 
-function withIds<T extends EipQos | GwQos>(q: T, ids: Required<Ids>): T {
+function withIds<T extends EipQos | GwQos>(q: T, ids: { classId: number; handle: number }): T {
   return q.classId === ids.classId && q.handle === ids.handle ? q : { ...q, classId: ids.classId, handle: ids.handle };
 }
 
@@ -176,10 +142,6 @@ function dedupe<T>(xs: readonly T[], key: (x: T) => string): T[] {
   xs.forEach((x, i) => last.set(key(x), i));
   return xs.filter((x, i) => last.get(key(x)) === i);
 }
-
-// ---------------------------------------------------------------------------------
-// Operations
-// ---------------------------------------------------------------------------------
 
 const sameShaping = (a: EipQos | GwQos, b: EipQos | GwQos): boolean => a.priority === b.priority && a.rate === b.rate && a.burst === b.burst;
 

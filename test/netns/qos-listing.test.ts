@@ -47,7 +47,7 @@ describe('tc device listings (real tool)', () => {
     expect(filterLines.filter((l) => !l.startsWith('filter parent '))).toHaveLength(3);
     const d = parseDeviceListing(text);
     expect(d.classes.map((c) => c.minor)).toEqual([0x37fa]);
-    expect(d.filters.filter((f) => f.fh !== undefined && !f.isTable).map((f) => f.flowid?.minor)).toEqual([0x37fa]);
+    expect(d.filters.filter((f) => f.node !== undefined).map((f) => f.flowid?.minor)).toEqual([0x37fa]);
     expect(d.ingress.filter((f) => f.redirectTo === 'ifb-net1').map((f) => f.pref)).toEqual([65535]);
   });
 

@@ -184,7 +184,7 @@ describe('QosManager: the intent record', () => {
       expect.arrayContaining([
         { kind: 'ifb', dev: 'ifb-net1' },
         { kind: 'ingress', dev: 'net1' },
-        { kind: 'redirect', dev: 'net1', ifb: 'ifb-net1' },
+        { kind: 'redirect', dev: 'net1' },
         { kind: 'root', dev: 'net1' },
         { kind: 'root', dev: 'ifb-net1' },
       ]),

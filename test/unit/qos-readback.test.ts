@@ -63,14 +63,13 @@ describe('tc parsers', () => {
   });
 
   it("shaped devices are those with natgw's root signature", () => {
-    expect(shapedDevices(parseQdiscs(QDISCS))).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
+    expect(shapedDevices(parseQdiscs(QDISCS))).toEqual(['net1', 'ifb-net1']);
   });
 
   it('classes: id, rates and raw bursts', () => {
     const c = parseClasses(CLASSES);
     expect(c).toHaveLength(4);
     expect(c[3]).toEqual({
-      kind: 'htb',
       major: 1,
       minor: 0x1d3a,
       parent: 'root',
@@ -84,14 +83,14 @@ describe('tc parsers', () => {
 
   it("u32 filters: priority, handle, class and keys; the redirect's target", () => {
     const f = parseFilters(FILTERS);
-    const nodes = f.filter((x) => x.fh && !x.isTable);
-    expect(nodes.map((x) => [x.pref, x.fh, x.htid, x.node, x.flowid?.minor])).toEqual([
-      [1, '800::1', 0x800, 1, 0x1d3a],
-      [2, '801::800', 0x801, 0x800, 0xb81e],
-      [3, '802::fff', 0x802, 0xfff, 0xff03],
+    const nodes = f.filter((x) => x.node !== undefined);
+    expect(nodes.map((x) => [x.pref, x.fh, x.node, x.flowid?.minor])).toEqual([
+      [1, '800::1', 1, 0x1d3a],
+      [2, '801::800', 0x800, 0xb81e],
+      [3, '802::fff', 0xfff, 0xff03],
     ]);
     expect(nodes[0]!.keys).toEqual([{ value: 0x0a620002, mask: 0xffffffff, off: 12 }]);
-    expect(f.filter((x) => x.isTable).map((x) => x.htid)).toEqual([0x800, 0x801, 0x802]);
+    expect(f.filter((x) => x.fh !== undefined && x.node === undefined).map((x) => x.fh)).toEqual(['800:', '801:', '802:']);
     const ing = parseFilters(INGRESS).find((x) => x.node !== undefined);
     expect(ing).toMatchObject({ protocol: 'all', pref: 65535, redirectTo: 'ifb-net1' });
     expect(ing?.flowid).toBeUndefined();
@@ -103,11 +102,13 @@ describe('tc parsers', () => {
   });
 
   it('links', () => {
-    expect(parseLinks('[{"ifname":"net1","flags":["UP"]},{"ifname":"ifb-net1","flags":[]}]')).toEqual([
-      { name: 'net1', up: true },
-      { name: 'ifb-net1', up: false },
-    ]);
-    expect(parseLinks('not json')).toEqual([]);
+    expect(parseLinks('[{"ifname":"net1","flags":["UP"]},{"ifname":"ifb-net1","flags":[]}]')).toEqual(
+      new Map([
+        ['net1', true],
+        ['ifb-net1', false],
+      ]),
+    );
+    expect(parseLinks('not json')).toEqual(new Map());
   });
 
   it('rates in tc units', () => {
@@ -207,7 +208,7 @@ describe('rulesFromKernel', () => {
   ]);
 
   it('rebuilds EIP rules from EXT and ifb-EXT, gateway rules from devices, with their ids', () => {
-    const r = rulesFromKernel('net1', ['eth1'], devices);
+    const r = rulesFromKernel(['net1'], ['eth1'], devices);
     expect(r.eipQos).toEqual([
       { direction: 'egress', ip: '10.98.0.2', priority: 1, rate: '10', burst: '1', classId: 0x1d3a, handle: 1 },
       { direction: 'ingress', ip: '10.98.0.140', priority: 2, rate: '7', burst: '1.5', classId: 0x2a, handle: 1 },

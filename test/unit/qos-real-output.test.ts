@@ -98,7 +98,7 @@ describe('natgw reads real fq_codel and matchall output', () => {
 
   it('rebuilds a gateway matchall rule with an fq_codel leaf from real output', () => {
     const devices = new Map([['net1', { classes: parseClasses(NATGW_CLASSES), filters: parseFilters(NATGW_MATCHALL) }]]);
-    const r = rulesFromKernel('net1', [], devices);
+    const r = rulesFromKernel(['net1'], [], devices);
     expect(r.qos).toEqual([
       {
         direction: 'egress',
@@ -146,7 +146,7 @@ describe("natgw reads this machine's tc batch listings", () => {
       ['net1', { classes: net1.classes, filters: net1.filters }],
       ['ifb-net1', { classes: ifb.classes, filters: ifb.filters }],
     ]);
-    expect(rulesFromKernel('net1', [], devices).eipQos).toEqual([
+    expect(rulesFromKernel(['net1'], [], devices).eipQos).toEqual([
       { direction: 'egress', ip: '10.98.0.2', priority: 1, rate: '10', burst: '1', classId: 0x37fa, handle: 1 },
       { direction: 'ingress', ip: '10.98.0.3', priority: 1, rate: '5', burst: '1', classId: 0x3267, handle: 1 },
     ]);
@@ -162,6 +162,6 @@ describe("natgw reads this machine's tc batch listings", () => {
       'net1 ingress ffff: ffff:fff1',
       'ifb-net1 htb 1: root',
     ]);
-    expect(shapedDevices(all)).toEqual([{ dev: 'net1' }, { dev: 'ifb-net1', servesIngressOf: 'net1' }]);
+    expect(shapedDevices(all)).toEqual(['net1', 'ifb-net1']);
   });
 });

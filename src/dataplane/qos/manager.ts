@@ -1,12 +1,13 @@
 import { z } from 'zod';
 import type { Logger } from 'pino';
 import { SystemError } from '../../model/errors.js';
-import { type EipQos, type GwQos, eipQosDevice, gwQosDevice, ifbName } from '../../model/qos.js';
-import { ExecError, type Executor, type ExecResult } from '../../system/exec.js';
+import { type EipQos, type GwQos, IFB_PREFIX, ifbName, qosDevice } from '../../model/qos.js';
+import { isInterfaceName } from '../../model/net.js';
+import { ExecError, type Executor, type ExecRequest, type ExecResult } from '../../system/exec.js';
 import { allocateQos } from '../../state/qosOperations.js';
 import type { DesiredState } from '../../state/state.js';
 import { type ProbeResult, describe, probeDeviceName, probeQosFeatures } from './probe.js';
-import { type TcQdisc, deviceListingScript, parseDeviceListing, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
+import { deviceListingScript, parseDeviceListing, parseLinks, parseQdiscs, rulesFromKernel, shapedDevices } from './readback.js';
 import {
   type DesiredDevice,
   type KernelQos,
@@ -17,7 +18,6 @@ import {
   pieceKey,
   qosPieceSchema,
   renderQos,
-  tcBatchScript,
 } from './render.js';
 import type { SyncOptions } from '../netfilter/backend.js';
 import { RecordFile } from '../../state/recordFile.js';
@@ -84,9 +84,7 @@ export class QosManager {
    * by that sync, and the record is cleared.
    */
   async settle(state: DesiredState): Promise<void> {
-    if (this.syncedTo === undefined || (await this.intentRecord()).pieces.length === 0) return;
-    if (this.syncedTo !== qosOf(state)) return;
-    await this.intent?.write({ pieces: [] });
+    if (this.syncedTo === qosOf(state) && (await this.hasPending())) await this.intent?.write({ pieces: [] });
   }
 
   /** `opts.mode` is only logged: QoS reads the kernel in a partial sync as in a full one. */
@@ -95,14 +93,13 @@ export class QosManager {
     const extOf = eipUplinkOf(state);
     // The devices of the rules, those whose ingress they shape, and those an interrupted change left pieces on.
     const kernel = await this.readKernel([
-      ...state.eipQos.flatMap((q) => [eipQosDevice(q, extOf(q.ip)), extOf(q.ip)]),
-      ...state.qos.flatMap((q) => [gwQosDevice(q), q.dev]),
+      ...state.eipQos.flatMap((q) => [qosDevice(q.direction, extOf(q.ip)), extOf(q.ip)]),
+      ...state.qos.flatMap((q) => [qosDevice(q.direction, q.dev), q.dev]),
       ...pending.map((p) => p.dev),
     ]);
     const desired = this.layout(state, kernel);
     const notes: string[] = [];
-    const needs = [...desired.values()].some((d) => d.classes.length > 0);
-    const features = needs ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
+    const features = desired.size > 0 ? await this.features(notes, opts.dryRun === true) : { fqCodel: false, matchall: false };
     const plan = renderQos(desired, kernel, features, pending);
     notes.push(...plan.notes);
     for (const n of plan.notes) this.log?.info({ note: n }, 'qos');
@@ -132,13 +129,17 @@ export class QosManager {
 
   /**
    * The classes and filters each device must hold. Rules without ids (a state written without
-   * them) first take the ids the kernel already uses for them.
+   * them) first take the ids the kernel already uses for them (the rest keep their own).
    */
   private layout(state: DesiredState, kernel: KernelQos): Map<string, DesiredDevice> {
-    const ext = state.interfaces.ext;
-    const missingIds = [...state.eipQos, ...state.qos].some((q) => q.classId === undefined || q.handle === undefined);
-    const hints = missingIds ? rulesFromKernel(ext, [...new Set([ext, ...state.qos.map((q) => q.dev)])], kernel.devices, uplinkNames(state.interfaces)) : {};
-    const allocated = allocateQos(state, hints);
+    const allocated = allocateQos(
+      state,
+      rulesFromKernel(
+        uplinkNames(state.interfaces),
+        state.qos.map((q) => q.dev),
+        kernel.devices,
+      ),
+    );
     return desiredDevices(eipUplinkOf(state), allocated.eipQos, allocated.qos);
   }
 
@@ -150,8 +151,10 @@ export class QosManager {
   async readBack(extIf: string, devs: string[]): Promise<{ eipQos: EipQos[]; qos: GwQos[] }> {
     const named = [extIf, ...devs];
     const kernel = await this.readKernel([...named, ...named.map(ifbName)]);
-    const discovered = shapedDevices(kernel.qdiscs).map((s) => s.servesIngressOf ?? s.dev);
-    return rulesFromKernel(extIf, [...new Set([...named, ...discovered])], kernel.devices);
+    // An IFB natgw shapes names the device whose ingress it serves.
+    const served = (dev: string): string => (dev.startsWith(IFB_PREFIX) && isInterfaceName(dev.slice(IFB_PREFIX.length)) ? dev.slice(IFB_PREFIX.length) : dev);
+    const discovered = shapedDevices(kernel.qdiscs).map(served);
+    return rulesFromKernel([extIf], [...named, ...discovered], kernel.devices);
   }
 
   /**
@@ -166,15 +169,12 @@ export class QosManager {
       notes.push(`INFO: QoS kernel features not probed in a dry run; assuming ${describe(assumed)}`);
       return assumed;
     }
-    this.probe ??= this.runProbe();
-    let r: ProbeResult;
-    try {
-      r = await this.probe;
-    } catch (e) {
+    this.probe ??= this.runProbe().catch((e: unknown) => {
       // The record could not be written (a full state dir): the next sync tries again.
       this.probe = undefined;
       throw e;
-    }
+    });
+    const r = await this.probe;
     notes.push(r.summary);
     return r.features;
   }
@@ -185,73 +185,47 @@ export class QosManager {
     await this.intent?.write({ pieces: mergePieces((await this.intentRecord()).pieces, [{ kind: 'ifb', dev: name }]) });
     const r = await probeQosFeatures(this.exec, name);
     this.out?.(r.summary);
-    this.log?.info({ fqCodel: r.features.fqCodel, matchall: r.features.matchall, probed: r.probed }, 'qos kernel probe');
+    this.log?.info({ ...r.features, summary: r.summary }, 'qos kernel probe');
     return r;
   }
 
+  /** The IFB devices, then the tc script, then the IFB devices no rule needs; the first refusal stops the rest. */
   private async apply(plan: QosPlan): Promise<void> {
-    await this.runIp(plan.ip);
-    const script = tcBatchScript(plan);
-    if (script !== '') {
-      const r = await this.exec.run({ file: 'tc', args: ['-batch', '-'], input: script, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) {
-        this.log?.warn({ script, stderr: r.stderr }, 'qos apply failed');
-        throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS change', script);
-      }
-    }
-    await this.runIp(plan.ipAfter);
-  }
-
-  /** Device changes one `ip` run each, in order; the first that fails stops the rest. */
-  private async runIp(commands: readonly (readonly string[])[]): Promise<void> {
-    for (const args of commands) {
-      const r = await this.exec.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS });
-      if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS device change');
-    }
+    const ip = (args: readonly string[]) => this.run({ file: 'ip', args, timeoutMs: APPLY_TIMEOUT_MS }, 'the QoS device change');
+    for (const args of plan.ip) await ip(args);
+    if (plan.tc.length > 0)
+      await this.run({ file: 'tc', args: ['-batch', '-'], input: `${plan.tc.join('\n')}\n`, timeoutMs: APPLY_TIMEOUT_MS }, 'the QoS change');
+    for (const args of plan.ipAfter) await ip(args);
   }
 
   /**
    * What a plan needs: every link (which devices exist, an IFB's state), every qdisc, and one
-   * `tc -d -raw -batch -` (deviceListingScript) per existing device among `devices`, those that
-   * carry natgw's layout and those their IFBs serve. Strict: planning from a failed read (say,
-   * "no qdiscs" by mistake) would replace what natgw owns.
+   * `tc -d -raw -batch -` (deviceListingScript) per existing device among `devices` and those
+   * that carry natgw's layout. Strict: planning from a failed read (say, "no qdiscs" by
+   * mistake) would replace what natgw owns.
    */
   private async readKernel(devices: readonly string[]): Promise<KernelQos> {
-    const [links, qdiscs] = await Promise.all([this.readStrict('ip', ['-j', 'link', 'show']).then(parseLinks), this.readQdiscs()]);
-    const exists = new Set(links.map((l) => l.name));
-    const shaped = shapedDevices(qdiscs).flatMap((s) => [s.dev, ...(s.servesIngressOf !== undefined ? [s.servesIngressOf] : [])]);
+    const [links, qdiscs] = await Promise.all([
+      this.run({ file: 'ip', args: ['-j', 'link', 'show'], timeoutMs: READ_TIMEOUT_MS }, 'the QoS listing').then(parseLinks),
+      this.run({ file: 'tc', args: ['qdisc', 'show'], timeoutMs: READ_TIMEOUT_MS }, 'the QoS listing').then(parseQdiscs),
+    ]);
     const withIngress = new Set(qdiscs.filter((q) => q.handle === 'ffff:').map((q) => q.dev));
-    const read = [...new Set([...devices, ...shaped])].filter((dev) => exists.has(dev));
+    const read = [...new Set([...devices, ...shapedDevices(qdiscs)])].filter((dev) => links.has(dev));
     const listings = await Promise.all(
       read.map(async (dev) => {
-        const ingress = withIngress.has(dev);
-        const r = await this.exec.run({
-          file: 'tc',
-          args: ['-d', '-raw', '-batch', '-'],
-          input: deviceListingScript(dev, ingress),
-          timeoutMs: READ_TIMEOUT_MS,
-        });
-        if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, `the QoS listing of ${dev}`);
-        return { dev, listing: parseDeviceListing(r.stdout) };
+        const listing = { file: 'tc', args: ['-d', '-raw', '-batch', '-'], input: deviceListingScript(dev, withIngress.has(dev)), timeoutMs: READ_TIMEOUT_MS };
+        return [dev, parseDeviceListing(await this.run(listing, `the QoS listing of ${dev}`))] as const;
       }),
     );
-    return { links, qdiscs, devices: new Map(listings.map(({ dev, listing }) => [dev, listing])) };
+    return { links, qdiscs, devices: new Map(listings) };
   }
 
-  /** Every qdisc of the namespace, each naming its device. */
-  private async readQdiscs(): Promise<TcQdisc[]> {
-    const text = await this.readStrict('tc', ['qdisc', 'show']);
-    try {
-      return parseQdiscs(text);
-    } catch (e) {
-      throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (${e instanceof Error ? e.message : String(e)})`);
-    }
-  }
-
-  private async readStrict(file: string, args: string[]): Promise<string> {
-    const r = await this.exec.run({ file, args, timeoutMs: READ_TIMEOUT_MS });
-    if (r.exitCode !== 0) throw new ExecError({ ...r, stderr: errorText(r) }, 'the QoS listing');
-    return r.stdout;
+  /** One tool run; a refusal is an ExecError with the tool's complaint, its script kept for the log. */
+  private async run(req: ExecRequest, action: string): Promise<string> {
+    const r = await this.exec.run(req);
+    if (r.exitCode === 0) return r.stdout;
+    this.log?.warn({ command: r.command, script: req.input, stderr: r.stderr }, `qos: ${action} refused`);
+    throw new ExecError({ ...r, stderr: errorText(r) }, action, req.input);
   }
 }
 

@@ -11,9 +11,7 @@ import type { QosFeatures } from './render.js';
 
 export interface ProbeResult {
   readonly features: QosFeatures;
-  /** False when no throwaway device could be made: the features are then assumed absent. */
-  readonly probed: boolean;
-  /** One line for stdout and the log. */
+  /** One line for stdout and the log (it says where no throwaway device could be made). */
   readonly summary: string;
 }
 
@@ -25,17 +23,11 @@ export async function probeQosFeatures(exec: Executor, name: string): Promise<Pr
   const ip = (args: string[]) => exec.run({ file: 'ip', args, timeoutMs: 10_000 });
   const tc = (args: string[]) => exec.run({ file: 'tc', args, timeoutMs: 10_000 });
 
-  let created = false;
-  for (const type of ['ifb', 'dummy']) {
-    if ((await ip(['link', 'add', name, 'type', type])).exitCode === 0) {
-      created = true;
-      break;
-    }
-  }
+  const created = (await ip(['link', 'add', name, 'type', 'ifb'])).exitCode === 0 || (await ip(['link', 'add', name, 'type', 'dummy'])).exitCode === 0;
   if (!created) {
     // Both stand-ins always work, so assuming the features absent is the safe side.
     const features = { fqCodel: false, matchall: false };
-    return { features, probed: false, summary: `INFO: QoS: could not create a probe device; assuming no fq_codel and no matchall (${describe(features)})` };
+    return { features, summary: `INFO: QoS: could not create a probe device; assuming no fq_codel and no matchall (${describe(features)})` };
   }
   try {
     await tc(['qdisc', 'add', 'dev', name, 'root', 'handle', '1:', 'htb', 'default', '0x1']);
@@ -43,7 +35,7 @@ export async function probeQosFeatures(exec: Executor, name: string): Promise<Pr
     const fqCodel = (await tc(['qdisc', 'add', 'dev', name, 'parent', '1:0x1', 'fq_codel'])).exitCode === 0;
     const matchall = (await tc(['filter', 'add', 'dev', name, 'parent', '1:', 'protocol', 'ip', 'prio', '1', 'matchall', 'flowid', '1:0x1'])).exitCode === 0;
     const features = { fqCodel, matchall };
-    return { features, probed: true, summary: `INFO: QoS kernel probe: ${describe(features)}` };
+    return { features, summary: `INFO: QoS kernel probe: ${describe(features)}` };
   } finally {
     await ip(['link', 'del', name]);
   }

@@ -3,19 +3,19 @@ import {
   type EipQos,
   type GwQos,
   CATCH_ALL_HANDLE,
-  CLASS_RANGES,
   DEFAULT_CLASS,
-  IFB_PREFIX,
   MAX_BURST_MB,
-  MAX_RATE_MBIT,
   burstBytes,
+  burstSchema,
   canonicalDecimal,
+  classRangeOf,
   eipQosKey,
   gwQosKey,
-  ifbName,
+  qosDevice,
   rateBytesPerSecond,
+  rateSchema,
 } from '../../model/qos.js';
-import { isInterfaceName } from '../../model/net.js';
+import { SystemError } from '../../model/errors.js';
 
 /**
  * Pure parsers for what the kernel holds, from tc's text, whose layout has been stable for
@@ -23,10 +23,6 @@ import { isInterfaceName } from '../../model/net.js';
  * `match` key once per key, so a JSON parser would see only the last key of a filter. A device
  * is listed with `-d -raw`, which adds the raw buffer (burst) in scheduler ticks to a class.
  */
-
-// ---------------------------------------------------------------------------------
-// Types
-// ---------------------------------------------------------------------------------
 
 export interface TcQdisc {
   readonly dev: string;
@@ -40,7 +36,6 @@ export interface TcQdisc {
 }
 
 export interface TcClass {
-  readonly kind: string;
   /** Major of the class id (1 for `1:4495`). */
   readonly major: number;
   readonly minor: number;
@@ -65,13 +60,10 @@ export interface TcFilter {
   readonly protocol: string;
   readonly pref: number;
   readonly kind: string;
-  /** u32: the full handle as printed (`800::5`); matchall: `0x…`. Absent on a priority's header line. */
+  /** u32: the full handle as printed (`800::5`, a hash table `800:`); matchall: `0x…`. Absent on a priority's header line. */
   readonly fh?: string;
-  /** u32: hash table and node id of fh; matchall: its handle. */
-  readonly htid?: number;
+  /** u32: the node id of fh (absent on a hash table's line); matchall: its handle. */
   readonly node?: number;
-  /** True for u32 hash-table lines (`fh 800: ht divisor 1`). */
-  readonly isTable?: boolean;
   /** Target class, when the filter classifies. */
   readonly flowid?: { readonly major: number; readonly minor: number };
   readonly keys: readonly U32Key[];
@@ -79,25 +71,19 @@ export interface TcFilter {
   readonly redirectTo?: string;
 }
 
-export interface TcLink {
-  readonly name: string;
-  readonly up: boolean;
-}
-
-// ---------------------------------------------------------------------------------
-// Links (`ip -j link show`)
-// ---------------------------------------------------------------------------------
-
-export function parseLinks(json: string): TcLink[] {
+/** `ip -j link show` → whether each link is up, by name. */
+export function parseLinks(json: string): Map<string, boolean> {
   let data: unknown;
   try {
     data = JSON.parse(json || '[]');
   } catch {
-    return [];
+    return new Map();
   }
-  if (!Array.isArray(data)) return [];
-  return data.flatMap((l: { ifname?: unknown; flags?: unknown }) =>
-    typeof l.ifname === 'string' ? [{ name: l.ifname, up: Array.isArray(l.flags) && l.flags.includes('UP') }] : [],
+  if (!Array.isArray(data)) return new Map();
+  return new Map(
+    data.flatMap((l: { ifname?: unknown; flags?: unknown }) =>
+      typeof l.ifname === 'string' ? [[l.ifname, Array.isArray(l.flags) && l.flags.includes('UP')] as const] : [],
+    ),
   );
 }
 
@@ -113,12 +99,11 @@ export function parseQdiscs(text: string): TcQdisc[] {
   for (const line of text.split('\n')) {
     if (!line.startsWith('qdisc ')) continue;
     const m = QDISC_LINE.exec(line);
-    const d = m?.[3];
-    if (!m || d === undefined) throw new Error(`unreadable qdisc line: ${line.trim()}`);
+    if (!m) throw new SystemError(`Error: tc qdisc show printed what natgw cannot read (unreadable qdisc line: ${line.trim()})`);
     const kind = m[1] ?? '';
     const def = kind === 'htb' ? /\sdefault (?:0x)?([0-9a-fA-F]+)\b/.exec(line)?.[1] : undefined;
     out.push({
-      dev: d,
+      dev: m[3] ?? '',
       kind,
       handle: m[2] ?? '',
       parent: m[4] === 'root' ? 'root' : (m[5] ?? ''),
@@ -156,9 +141,9 @@ export function parseClasses(text: string): TcClass[] {
   const out: TcClass[] = [];
   for (const raw of text.split('\n')) {
     const line = stripRaw(raw);
-    const m = /^class (\S+) (\S+) (root|parent (\S+))/.exec(line);
+    const m = /^class \S+ (\S+) (root|parent (\S+))/.exec(line);
     if (!m) continue;
-    const id = parseClassId(m[2] ?? '');
+    const id = parseClassId(m[1] ?? '');
     if (!id) continue;
     const word = (k: string): string | undefined => new RegExp(`(?:^|\\s)${k} (\\S+)`).exec(line)?.[1];
     // `-raw` prints the buffers as `buffer [0fa00000] cbuffer [0fa00000]`.
@@ -166,14 +151,12 @@ export function parseClasses(text: string): TcClass[] {
       const t = new RegExp(`(?:^|\\s)${k} \\[([0-9a-fA-F]+)\\]`).exec(raw)?.[1];
       return t === undefined ? undefined : parseInt(t, 16);
     };
-    const num = (s: string | undefined, f: (x: string) => number | undefined): number | undefined => (s === undefined ? undefined : f(s));
     out.push({
-      kind: m[1] ?? '',
       major: id.major,
       minor: id.minor,
-      parent: m[3] === 'root' ? 'root' : (m[4] ?? ''),
-      rateBits: num(word('rate'), parseRate),
-      ceilBits: num(word('ceil'), parseRate),
+      parent: m[2] === 'root' ? 'root' : (m[3] ?? ''),
+      rateBits: parseRate(word('rate') ?? ''),
+      ceilBits: parseRate(word('ceil') ?? ''),
       bufferTicks: ticks('buffer'),
       cbufferTicks: ticks('cbuffer'),
     });
@@ -198,10 +181,8 @@ function parseFilterLine(line: string): MutableFilter | undefined {
   const fh = /\bfh ([0-9a-f]+:[0-9a-f]*:?[0-9a-f]*)/.exec(line)?.[1];
   if (fh) {
     f.fh = fh;
-    const [ht = '0', , node] = fh.split(':');
-    f.htid = parseInt(ht || '0', 16);
-    if (node === undefined || node === '') f.isTable = true;
-    else f.node = parseInt(node, 16);
+    const node = fh.split(':')[2];
+    if (node) f.node = parseInt(node, 16);
   }
   const handle = /\bhandle (0x[0-9a-fA-F]+|\d+)\b/.exec(line)?.[1];
   if (handle && f.kind !== 'u32') {
@@ -269,7 +250,7 @@ export function parseDeviceListing(text: string): DeviceListing {
 }
 
 /** The filters that classify (not a priority's header or a u32 hash-table line). */
-export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] => fs.filter((f) => f.fh !== undefined && !f.isTable);
+export const classifyingFilters = (fs: readonly TcFilter[]): TcFilter[] => fs.filter((f) => f.node !== undefined);
 
 // ---------------------------------------------------------------------------------
 // Matches: u32 keys → natgw's match forms (render.ts matchText writes them)
@@ -292,14 +273,27 @@ export function keysToMatch(keys: readonly U32Key[]): FilterMatch | undefined {
   const k = keys[0]!;
   if (k.off === 0 && k.mask === 0 && k.value === 0) return { kind: 'all' };
   if (k.off !== IP_SRC_OFF && k.off !== IP_DST_OFF) return undefined;
-  const len = maskLength(k.mask);
-  if (len === undefined) return undefined;
+  // A prefix mask is its leading ones and nothing else.
+  const len = Math.clz32(~k.mask);
+  if (prefixMask(len) !== k.mask) return undefined;
   return { kind: 'ip', dir: k.off === IP_SRC_OFF ? 'src' : 'dst', cidr: `${intToIp(k.value & k.mask)}/${len}` };
 }
 
-function maskLength(mask: number): number | undefined {
-  for (let len = 0; len <= 32; len++) if (prefixMask(len) === mask >>> 0) return len;
-  return undefined;
+/** A classifying filter in natgw's terms, the terms render.ts writes filters in (filterWords). */
+export interface FilterSpec {
+  readonly kind: 'u32' | 'matchall';
+  /** The u32 node id or the matchall handle. */
+  readonly handle: number;
+  readonly match: FilterMatch;
+  /** The class it sends to, under `1:`. */
+  readonly minor: number;
+}
+
+/** A filter read back in natgw's terms, where it is one natgw could have written. */
+export function filterSpec(f: TcFilter): FilterSpec | undefined {
+  const match: FilterMatch | undefined = f.kind === 'matchall' ? { kind: 'all' } : f.kind === 'u32' ? keysToMatch(f.keys) : undefined;
+  if (match === undefined || f.node === undefined || f.flowid?.major !== 1) return undefined;
+  return { kind: f.kind === 'matchall' ? 'matchall' : 'u32', handle: f.node, match, minor: f.flowid.minor };
 }
 
 // ---------------------------------------------------------------------------------
@@ -358,16 +352,15 @@ export function classShaping(c: TcClass): { rate: string; burst: string } | unde
   const rate = formatDecimal(c.rateBits / 1e6, 9);
   const rateBytes = rateBytesPerSecond(rate);
   // Only values the rule schema accepts: an adopted state is validated as a whole.
-  if (rateBytes < 1 || Number(rate) > MAX_RATE_MBIT) return undefined;
+  if (!rateSchema.safeParse(rate).success) return undefined;
   const burst = c.bufferTicks === undefined ? undefined : burstForTicks(c.bufferTicks, rateBytes);
-  if (burst === undefined || !validBurst(burst)) return undefined;
+  if (burst === undefined || !burstSchema.safeParse(burst).success) return undefined;
   return { rate, burst };
 }
 
-const validBurst = (mb: string): boolean => burstBytes(mb) >= 1 && Number(mb) <= MAX_BURST_MB;
-
 function burstForTicks(ticks: number, rateBytes: number): string {
-  const programs = (mb: string): boolean => validBurst(mb) && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
+  const programs = (mb: string): boolean =>
+    burstSchema.safeParse(mb).success && expectedTicks(rateBytes, Math.min(burstBytes(mb), maxBurstBytes(rateBytes))) === ticks;
   // tc truncates to whole µs, then ticks: the buffer names one µs, and the bytes lie within it.
   const usec = Math.ceil(ticks / TICKS_PER_USEC);
   const mid = Math.max(1, ((usec + 0.5) * rateBytes) / 1e6) / 1048576;
@@ -389,110 +382,56 @@ export interface DeviceTc {
   readonly filters: readonly TcFilter[];
 }
 
-const inRange = (minor: number, r: { min: number; max: number }): boolean => minor >= r.min && minor <= r.max && minor !== DEFAULT_CLASS;
-
 /**
  * Rebuild natgw's rules from what the kernel holds. EIP rules: a /32 u32 match into an
- * EIP-range class on EXT (src) or on ifb-EXT (dst). Gateway rules: a match into a
- * gateway-range class (u32) or a catch-all into a matchall-range class, on EXT or one of
- * `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
+ * EIP-range class on one of the `uplinks` (src) or on its IFB (dst). Gateway rules: a match
+ * into a gateway-range class (u32) or a catch-all into a matchall-range class, on an uplink or
+ * one of `devs` (egress) or its IFB (ingress). Anything else on those devices is not natgw's pattern
  * and is left out (sync removes it from natgw's own qdisc).
  */
-export function rulesFromKernel(
-  extIf: string,
-  devs: readonly string[],
-  tc: ReadonlyMap<string, DeviceTc>,
-  /** Where EIP rules may be (several uplinks: each of them). */
-  uplinks: readonly string[] = [extIf],
-): { eipQos: EipQos[]; qos: GwQos[] } {
-  const eipQos: EipQos[] = [];
-  const qos: GwQos[] = [];
-  const seenEip = new Set<string>();
-  const seenGw = new Set<string>();
-
-  for (const [direction, device] of uplinks.flatMap((up) => [['egress', up] as const, ['ingress', ifbName(up)] as const])) {
-    for (const f of eachRuleFilter(tc.get(device))) {
-      const r = eipFromFilter(direction, f.filter, f.cls);
-      if (r && !seenEip.has(eipQosKey(r))) {
-        seenEip.add(eipQosKey(r));
-        eipQos.push(r);
+export function rulesFromKernel(uplinks: readonly string[], devs: readonly string[], tc: ReadonlyMap<string, DeviceTc>): { eipQos: EipQos[]; qos: GwQos[] } {
+  const eipQos = new Map<string, EipQos>();
+  const qos = new Map<string, GwQos>();
+  for (const dev of new Set([...uplinks, ...devs])) {
+    for (const direction of ['egress', 'ingress'] as const) {
+      const d = tc.get(qosDevice(direction, dev));
+      const classes = new Map((d?.classes ?? []).filter((c) => c.major === 1).map((c) => [c.minor, c]));
+      for (const f of classifyingFilters(d?.filters ?? [])) {
+        const spec = filterSpec(f);
+        const cls = spec && classes.get(spec.minor);
+        const shaping = cls && classShaping(cls);
+        const rule = spec && shaping && ruleOf(direction, dev, uplinks.includes(dev), f.pref, spec, shaping);
+        // The first filter of an identity names it (a state holds each identity once).
+        if (rule && 'ip' in rule) eipQos.set(eipQosKey(rule), eipQos.get(eipQosKey(rule)) ?? rule);
+        else if (rule) qos.set(gwQosKey(rule), qos.get(gwQosKey(rule)) ?? rule);
       }
     }
   }
-  // Gateway rules may shape EXT itself (their class ranges keep them apart from EIP rules).
-  for (const dev of new Set([extIf, ...devs])) {
-    for (const [direction, device] of [
-      ['egress', dev],
-      ['ingress', ifbName(dev)],
-    ] as const) {
-      for (const f of eachRuleFilter(tc.get(device))) {
-        const r = gwFromFilter(direction, dev, f.filter, f.cls);
-        if (r && !seenGw.has(gwQosKey(r))) {
-          seenGw.add(gwQosKey(r));
-          qos.push(r);
-        }
-      }
-    }
-  }
-  return { eipQos, qos };
+  return { eipQos: [...eipQos.values()], qos: [...qos.values()] };
 }
 
-function* eachRuleFilter(d: DeviceTc | undefined): Generator<{ filter: TcFilter; cls: TcClass }> {
-  if (!d) return;
-  const byMinor = new Map(d.classes.filter((c) => c.major === 1).map((c) => [c.minor, c]));
-  for (const filter of classifyingFilters(d.filters)) {
-    if (filter.flowid?.major !== 1) continue;
-    const cls = byMinor.get(filter.flowid.minor);
-    if (cls) yield { filter, cls };
+/** The rule a filter into a class with `shaping` expresses on `dev` (or its IFB), if it is natgw's pattern. */
+function ruleOf(
+  direction: Direction,
+  dev: string,
+  onUplink: boolean,
+  priority: number,
+  spec: FilterSpec,
+  shaping: { rate: string; burst: string },
+): EipQos | GwQos | undefined {
+  const { match } = spec;
+  const ids = { classId: spec.minor, ...(spec.handle >= 1 && spec.handle <= CATCH_ALL_HANDLE ? { handle: spec.handle } : {}) };
+  const range = classRangeOf(spec.minor);
+  if (range === 'eip') {
+    const own = match.kind === 'ip' && match.dir === (direction === 'egress' ? 'src' : 'dst') && match.cidr.endsWith('/32');
+    return onUplink && spec.kind === 'u32' && own ? { direction, ip: match.cidr.slice(0, -3), priority, ...shaping, ...ids } : undefined;
   }
-}
-
-function eipFromFilter(direction: Direction, f: TcFilter, c: TcClass): EipQos | undefined {
-  const minor = f.flowid?.minor ?? 0;
-  if (f.kind !== 'u32' || !inRange(minor, CLASS_RANGES.eip)) return undefined;
-  const m = keysToMatch(f.keys);
-  const wantDir = direction === 'egress' ? 'src' : 'dst';
-  if (m?.kind !== 'ip' || m.dir !== wantDir || !m.cidr.endsWith('/32')) return undefined;
-  const shaping = classShaping(c);
-  if (!shaping || f.node === undefined) return undefined;
-  return {
-    direction,
-    ip: m.cidr.slice(0, -3),
-    priority: f.pref,
-    ...shaping,
-    classId: minor,
-    ...(f.node >= 1 && f.node <= 0xfff ? { handle: f.node } : {}),
-  };
-}
-
-function gwFromFilter(direction: Direction, dev: string, f: TcFilter, c: TcClass): GwQos | undefined {
-  const minor = f.flowid?.minor ?? 0;
-  const shaping = classShaping(c);
-  if (!shaping) return undefined;
-  const base = { direction, dev, priority: f.pref, ...shaping, classId: minor };
-  const handle = f.node !== undefined && f.node >= 1 && f.node <= CATCH_ALL_HANDLE ? { handle: f.node } : {};
-  if (inRange(minor, CLASS_RANGES.matchall)) {
-    const catchAll = f.kind === 'matchall' || (f.kind === 'u32' && keysToMatch(f.keys)?.kind === 'all');
-    if (!catchAll) return undefined;
-    return { ...base, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '', ...handle };
-  }
-  if (inRange(minor, CLASS_RANGES.gw) && f.kind === 'u32') {
-    const m = keysToMatch(f.keys);
-    if (m?.kind !== 'ip') return undefined;
-    return { ...base, classifier: 'u32', matchType: 'ip', matchDirection: m.dir, cidr: m.cidr, ...handle };
-  }
+  const base = { direction, dev, priority, ...shaping, ...ids };
+  if (range === 'matchall' && match.kind === 'all') return { ...base, classifier: 'matchall', matchType: '', matchDirection: '', cidr: '' };
+  if (range === 'gw' && match.kind === 'ip') return { ...base, classifier: 'u32', matchType: 'ip', matchDirection: match.dir, cidr: match.cidr };
   return undefined;
 }
 
-/**
- * Devices natgw (or the script before it) shapes: a root htb `1:` whose default class is
- * 0x9999 — the signature of this layout. For an IFB the device it serves is named.
- */
-export function shapedDevices(qdiscs: readonly TcQdisc[]): { dev: string; servesIngressOf?: string }[] {
-  return qdiscs
-    .filter((q) => q.parent === 'root' && q.kind === 'htb' && q.handle === '1:' && q.defaultMinor === DEFAULT_CLASS)
-    .map((q) => {
-      const base = q.dev.startsWith(IFB_PREFIX) ? q.dev.slice(IFB_PREFIX.length) : undefined;
-      return base !== undefined && isInterfaceName(base) ? { dev: q.dev, servesIngressOf: base } : { dev: q.dev };
-    });
-}
+/** Devices natgw (or the script before it) shapes: a root htb `1:` whose default class is 0x9999, the signature of this layout. */
+export const shapedDevices = (qdiscs: readonly TcQdisc[]): string[] =>
+  qdiscs.filter((q) => q.parent === 'root' && q.kind === 'htb' && q.handle === '1:' && q.defaultMinor === DEFAULT_CLASS).map((q) => q.dev);

@@ -7,9 +7,9 @@ import {
   DEFAULT_RATE_MBIT,
   REDIRECT_PRIO,
   burstBytes,
-  eipQosDevice,
-  gwQosDevice,
   hex,
+  ifbName,
+  qosDevice,
   rateBytesPerSecond,
   tcPrio,
 } from '../../model/qos.js';
@@ -17,15 +17,15 @@ import {
   type DeviceListing,
   type DeviceTc,
   type FilterMatch,
+  type FilterSpec,
   type TcClass,
   type TcFilter,
-  type TcLink,
   type TcQdisc,
   MAX_BUFFER_USEC,
   TICKS_PER_USEC,
   classifyingFilters,
   expectedTicks,
-  keysToMatch,
+  filterSpec,
   programmedBurstBytes,
   shapedDevices,
 } from './readback.js';
@@ -52,7 +52,8 @@ export interface QosFeatures {
 }
 
 export interface KernelQos {
-  readonly links: readonly TcLink[];
+  /** Every link, by name: whether it is up. */
+  readonly links: ReadonlyMap<string, boolean>;
   /** Every qdisc of the namespace (`tc qdisc show`). */
   readonly qdiscs: readonly TcQdisc[];
   /** What each device that was read holds (its ingress filters only where it has an ingress qdisc). */
@@ -75,36 +76,28 @@ export interface QosPlan {
 
 /**
  * A shared piece of natgw's layout that a plan creates where it was not there before: an htb
- * root that replaced another root, an IFB device, an ingress qdisc, the redirect into the IFB.
+ * root that replaced another root, an IFB device, an ingress qdisc, the redirect from `dev`
+ * into its IFB.
  * Classes and filters need no such name: under natgw's root every class and filter is natgw's,
  * and a sync removes the stale ones. A shared piece stays once a rule that needed it is
  * acknowledged (SPEC: left in place on delete), but one created by a change that never took
  * effect (failed, or a crash) is removed by the next sync of the state that was persisted.
  */
-export const qosPieceSchema = z.discriminatedUnion('kind', [
-  z.object({ kind: z.literal('root'), dev: ifnameSchema }).readonly(),
-  z.object({ kind: z.literal('ifb'), dev: ifnameSchema }).readonly(),
-  z.object({ kind: z.literal('ingress'), dev: ifnameSchema }).readonly(),
-  z.object({ kind: z.literal('redirect'), dev: ifnameSchema, ifb: ifnameSchema }).readonly(),
-]);
+export const qosPieceSchema = z.object({ kind: z.enum(['root', 'ifb', 'ingress', 'redirect']), dev: ifnameSchema }).readonly();
 export type QosPiece = z.infer<typeof qosPieceSchema>;
 
-export const pieceKey = (p: QosPiece): string => `${p.kind} ${p.dev}${p.kind === 'redirect' ? ` ${p.ifb}` : ''}`;
+export const pieceKey = (p: QosPiece): string => `${p.kind} ${p.dev}`;
 
-interface DesiredClass {
-  readonly minor: number;
-  readonly rate: string;
-  readonly burst: string;
-}
-
-interface DesiredFilter {
+/** One rule as its device holds it: a class, and the filter that sends the rule's traffic there. */
+interface DesiredRule {
   readonly prio: number;
   readonly handle: number;
   readonly minor: number;
+  readonly rate: string;
+  readonly burst: string;
+  /** `all` for a matchall rule (matchall where the priority holds nothing else and the kernel has it). */
   readonly match: FilterMatch;
-  /** A matchall rule (rendered as matchall where the priority holds nothing else and the kernel has it). */
-  readonly catchAll: boolean;
-  /** For notes: the rule in words. */
+  /** A matchall rule in words, for its notes. */
   readonly what: string;
 }
 
@@ -112,54 +105,23 @@ export interface DesiredDevice {
   readonly dev: string;
   /** For an IFB: the device whose ingress it shapes. */
   readonly ingressOf?: string;
-  readonly classes: DesiredClass[];
-  readonly filters: DesiredFilter[];
+  readonly rules: DesiredRule[];
 }
 
-// ---------------------------------------------------------------------------------
-// Desired layout from rules
-// ---------------------------------------------------------------------------------
-
-/** Rules (with ids allocated) → the classes and filters each device must hold. */
-export function desiredDevices(extIf: string | ((ip: string) => string), eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
-  // With several uplinks each EIP's rule shapes its own interface (model/uplinks.ts eipUplinkOf).
-  const extOf = typeof extIf === 'string' ? () => extIf : extIf;
+/** Rules (with ids allocated) → the classes and filters each device must hold; `extOf` names each EIP's uplink. */
+export function desiredDevices(extOf: (ip: string) => string, eipQos: readonly EipQos[], qos: readonly GwQos[]): Map<string, DesiredDevice> {
   const out = new Map<string, DesiredDevice>();
-  const device = (dev: string, ingressOf: string | undefined): DesiredDevice => {
-    let d = out.get(dev);
-    if (!d) out.set(dev, (d = { dev, ...(ingressOf !== undefined ? { ingressOf } : {}), classes: [], filters: [] }));
-    return d;
-  };
-  const ids = (q: EipQos | GwQos): { classId: number; handle: number } => {
+  const add = (q: EipQos | GwQos, dev: string, match: FilterMatch, what = ''): void => {
     if (q.classId === undefined || q.handle === undefined) throw new Error('QoS rule without allocated ids (run allocateQos first)');
-    return { classId: q.classId, handle: q.handle };
+    const at = qosDevice(q.direction, dev);
+    let d = out.get(at);
+    if (!d) out.set(at, (d = { dev: at, ...(q.direction === 'ingress' ? { ingressOf: dev } : {}), rules: [] }));
+    d.rules.push({ prio: tcPrio(q.priority), handle: q.handle, minor: q.classId, rate: q.rate, burst: q.burst, match, what });
   };
-  for (const q of eipQos) {
-    const { classId, handle } = ids(q);
-    const d = device(eipQosDevice(q, extOf(q.ip)), q.direction === 'ingress' ? extOf(q.ip) : undefined);
-    d.classes.push({ minor: classId, rate: q.rate, burst: q.burst });
-    d.filters.push({
-      prio: tcPrio(q.priority),
-      handle,
-      minor: classId,
-      match: { kind: 'ip', dir: q.direction === 'egress' ? 'src' : 'dst', cidr: `${q.ip}/32` },
-      catchAll: false,
-      what: `eip-${q.direction}-qos ${q.ip}`,
-    });
-  }
+  for (const q of eipQos) add(q, extOf(q.ip), { kind: 'ip', dir: q.direction === 'egress' ? 'src' : 'dst', cidr: `${q.ip}/32` });
   for (const q of qos) {
-    const { classId, handle } = ids(q);
-    const d = device(gwQosDevice(q), q.direction === 'ingress' ? q.dev : undefined);
-    d.classes.push({ minor: classId, rate: q.rate, burst: q.burst });
-    const catchAll = q.classifier === 'matchall';
-    d.filters.push({
-      prio: tcPrio(q.priority),
-      handle,
-      minor: classId,
-      match: catchAll ? { kind: 'all' } : { kind: 'ip', dir: q.matchDirection === 'dst' ? 'dst' : 'src', cidr: q.cidr },
-      catchAll,
-      what: `qos ${q.direction} ${q.dev} priority ${q.priority} ${catchAll ? 'matchall' : `u32 ${q.matchDirection} ${q.cidr}`}`,
-    });
+    if (q.classifier === 'matchall') add(q, q.dev, { kind: 'all' }, `qos ${q.direction} ${q.dev} priority ${q.priority} matchall`);
+    else add(q, q.dev, { kind: 'ip', dir: q.matchDirection === 'dst' ? 'dst' : 'src', cidr: q.cidr });
   }
   return out;
 }
@@ -170,40 +132,16 @@ export function desiredDevices(extIf: string | ((ip: string) => string), eipQos:
 
 /** tc prints rates with at least three significant digits; anything closer is the same rate. */
 function rateMatches(actualBits: number | undefined, mbit: string): boolean {
-  if (actualBits === undefined) return false;
   const want = rateBytesPerSecond(mbit) * 8;
-  return Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
+  return actualBits !== undefined && Math.abs(actualBits - want) <= Math.max(8, want * 1e-3);
 }
 
-/**
- * Compare the raw buffer in ticks (`-raw`). tc truncates the buffer to whole µs, so bursts
- * within one µs of each other are one buffer.
- */
-function burstMatches(ticks: number | undefined, mbit: string, mb: string): boolean {
-  if (ticks === undefined) return false;
-  const want = expectedTicks(rateBytesPerSecond(mbit), programmedBurstBytes(mbit, mb));
-  return Math.abs(ticks - want) <= Math.max(TICKS_PER_USEC + 1, want * 1e-4);
+/** Buffers compare raw, in ticks (`-raw`): tc truncates a buffer to whole µs, so bursts within one µs are one buffer. */
+function classMatches(c: TcClass, want: DesiredRule): boolean {
+  const ticks = expectedTicks(rateBytesPerSecond(want.rate), programmedBurstBytes(want.rate, want.burst));
+  const buffer = (t: number | undefined): boolean => t !== undefined && Math.abs(t - ticks) <= Math.max(TICKS_PER_USEC + 1, ticks * 1e-4);
+  return c.parent === 'root' && rateMatches(c.rateBits, want.rate) && rateMatches(c.ceilBits, want.rate) && buffer(c.bufferTicks) && buffer(c.cbufferTicks);
 }
-
-function classMatches(c: TcClass, want: DesiredClass): boolean {
-  return (
-    c.kind === 'htb' &&
-    c.parent === 'root' &&
-    rateMatches(c.rateBits, want.rate) &&
-    rateMatches(c.ceilBits, want.rate) &&
-    burstMatches(c.bufferTicks, want.rate, want.burst) &&
-    burstMatches(c.cbufferTicks, want.rate, want.burst)
-  );
-}
-
-function filterMatches(f: TcFilter, want: DesiredFilter, kind: 'u32' | 'matchall'): boolean {
-  if (f.kind !== kind || f.flowid?.major !== 1 || f.flowid.minor !== want.minor || f.node !== want.handle) return false;
-  return kind === 'matchall' || sameMatch(f, want.match);
-}
-
-// ---------------------------------------------------------------------------------
-// Command text
-// ---------------------------------------------------------------------------------
 
 const classSpec = (dev: string, minor: number, rate: string, burst?: string): string => {
   const bytes = burst === undefined ? 0 : programmedBurstBytes(rate, burst);
@@ -213,29 +151,26 @@ const classSpec = (dev: string, minor: number, rate: string, burst?: string): st
 
 const matchText = (m: FilterMatch): string => (m.kind === 'all' ? 'match u32 0 0' : `match ip ${m.dir} ${m.cidr}`);
 
-/** Whether a u32 filter's keys say what `m` does: read back, they render to the same text. */
-function sameMatch(f: TcFilter, m: FilterMatch): boolean {
-  const read = keysToMatch(f.keys);
-  return read !== undefined && matchText(read) === matchText(m);
+/**
+ * A filter under `1:` in natgw's words (what follows `prio P`): how a filter is written, and
+ * how one read back (filterSpec) is compared with what natgw wants.
+ */
+function filterWords(f: FilterSpec): string {
+  if (f.kind === 'matchall') return `handle ${hex(f.handle)} matchall flowid 1:${hex(f.minor)}`;
+  // `::<node>`: the node goes into this priority's own hash table, whatever id the kernel gave it.
+  return `handle ::${hex(f.handle)} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
 }
 
-function addFilter(dev: string, f: DesiredFilter, kind: 'u32' | 'matchall'): string {
-  if (kind === 'matchall') return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${hex(f.handle)} matchall flowid 1:${hex(f.minor)}`;
-  // `::<node>`: the node goes into this priority's own hash table, whatever id the kernel gave it.
-  return `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} handle ::${hex(f.handle)} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
-}
+const addFilter = (dev: string, f: DesiredRule, kind: FilterSpec['kind']): string =>
+  `filter add dev ${dev} parent 1: protocol ip prio ${f.prio} ${filterWords({ ...f, kind })}`;
 
 /** Re-points an existing node at another class (the kernel keeps its keys). */
-const replaceFilter = (dev: string, fh: string, f: DesiredFilter): string =>
+const replaceFilter = (dev: string, fh: string, f: DesiredRule): string =>
   `filter replace dev ${dev} parent 1: protocol ip prio ${f.prio} handle ${fh} u32 ${matchText(f.match)} flowid 1:${hex(f.minor)}`;
 
 const delFilter = (dev: string, f: TcFilter): string => `filter del dev ${dev} parent 1: protocol ${f.protocol} prio ${f.pref} handle ${f.fh ?? ''} ${f.kind}`;
 
 const delPrio = (dev: string, prio: number): string => `filter del dev ${dev} parent 1: prio ${prio}`;
-
-// ---------------------------------------------------------------------------------
-// The plan
-// ---------------------------------------------------------------------------------
 
 /** Phases of the tc script, in the order they run. */
 interface Phases {
@@ -260,33 +195,24 @@ export function renderQos(desired: ReadonlyMap<string, DesiredDevice>, kernel: K
   const missing: string[] = [];
   const creates: QosPiece[] = [];
   const p: Phases = { shared: [], classes: [], filtersFirst: [], filters: [], redirects: [], staleFilters: [], staleClasses: [] };
-  const links = new Map(kernel.links.map((l) => [l.name, l]));
   const removal = renderRemovals(desired, kernel, owned);
 
   // Devices natgw shapes but no longer has rules for still get their stale classes removed.
   const all = new Map(desired);
-  for (const s of shapedDevices(kernel.qdiscs)) {
-    if (!all.has(s.dev) && kernel.devices.has(s.dev))
-      all.set(s.dev, { dev: s.dev, ...(s.servesIngressOf ? { ingressOf: s.servesIngressOf } : {}), classes: [], filters: [] });
-  }
+  for (const dev of shapedDevices(kernel.qdiscs)) if (!all.has(dev) && kernel.devices.has(dev)) all.set(dev, { dev, rules: [] });
 
   for (const d of [...all.values()].sort((a, b) => a.dev.localeCompare(b.dev))) {
-    const hasRules = desired.has(d.dev) && (d.classes.length > 0 || d.filters.length > 0);
-    if (!hasRules) {
+    if (d.rules.length === 0) {
       // A root (or IFB) that goes takes its classes and filters with it.
-      if (links.has(d.dev) && !removal.gone.has(d.dev)) renderDevice(d, kernel, features, p, notes, creates);
+      if (kernel.links.has(d.dev) && !removal.gone.has(d.dev)) renderDevice(d, kernel, features, p, notes, creates);
       continue;
     }
-    if (d.ingressOf !== undefined) {
-      if (!links.has(d.ingressOf)) {
-        missing.push(d.ingressOf);
-        continue;
-      }
-      renderIfb(d.dev, d.ingressOf, links.get(d.dev), kernel, ip, p, creates);
-    } else if (!links.has(d.dev)) {
-      missing.push(d.dev);
+    const shaped = d.ingressOf ?? d.dev;
+    if (!kernel.links.has(shaped)) {
+      missing.push(shaped);
       continue;
     }
+    if (d.ingressOf !== undefined) renderIfb(d.ingressOf, kernel, ip, p, creates);
     renderDevice(d, kernel, features, p, notes, creates);
   }
 
@@ -304,39 +230,24 @@ function renderRemovals(
   kernel: KernelQos,
   owned: readonly QosPiece[],
 ): { tc: string[]; ipAfter: string[][]; gone: Set<string> } {
-  const tc: string[] = [];
-  const ipAfter: string[][] = [];
-  const gone = new Set<string>();
-  const links = new Set(kernel.links.map((l) => l.name));
-  const shaping = [...desired.values()].filter((d) => d.classes.length > 0 || d.filters.length > 0);
-  const needsRoot = new Set(shaping.map((d) => d.dev));
-  const needsIngress = new Set(shaping.flatMap((d) => (d.ingressOf !== undefined ? [d.ingressOf] : [])));
-  const unneeded = (pc: QosPiece): boolean =>
-    pc.kind === 'root' || pc.kind === 'ifb' ? !needsRoot.has(pc.dev) : !needsIngress.has(pc.dev) || (pc.kind === 'redirect' && !needsRoot.has(pc.ifb));
+  const needsIngress = new Set([...desired.values()].flatMap((d) => (d.ingressOf !== undefined ? [d.ingressOf] : [])));
+  const unneeded = (pc: QosPiece): boolean => (pc.kind === 'root' || pc.kind === 'ifb' ? !desired.has(pc.dev) : !needsIngress.has(pc.dev));
   // Once each: an edited record may list a piece twice.
-  const drop = [...new Map(owned.filter((pc) => unneeded(pc) && links.has(pc.dev)).map((pc) => [pieceKey(pc), pc])).values()];
-  // Only the qdisc natgw added: a clsact someone put in its place stays.
-  const ingressGoes = new Set(drop.flatMap((pc) => (pc.kind === 'ingress' && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' ? [pc.dev] : [])));
-  for (const pc of drop) {
-    // A redirect goes with its ingress qdisc where that goes.
-    if (pc.kind === 'redirect' && !ingressGoes.has(pc.dev) && ingressQdisc(kernel, pc.dev)?.kind === 'ingress' && redirects(kernel, pc.dev, pc.ifb)) {
-      tc.push(`filter del dev ${pc.dev} parent ffff: prio ${REDIRECT_PRIO}`);
-    }
-  }
-  for (const dev of ingressGoes) tc.push(`qdisc del dev ${dev} ingress`);
-  for (const pc of drop) {
-    if (pc.kind === 'ifb') {
-      ipAfter.push(['link', 'del', pc.dev]);
-      gone.add(pc.dev);
-    }
-  }
-  for (const pc of drop) {
-    if (pc.kind === 'root' && !gone.has(pc.dev) && htbRoot(kernel, pc.dev)) {
-      tc.push(`qdisc del dev ${pc.dev} root`);
-      gone.add(pc.dev);
-    }
-  }
-  return { tc, ipAfter, gone };
+  const drop = [...new Map(owned.filter((pc) => unneeded(pc) && kernel.links.has(pc.dev)).map((pc) => [pieceKey(pc), pc])).values()];
+  const devs = (kind: QosPiece['kind']): string[] => drop.filter((pc) => pc.kind === kind).map((pc) => pc.dev);
+  // Only the qdisc natgw added: a clsact someone put in its place stays; a redirect goes with its ingress qdisc.
+  const ours = (dev: string): boolean => ingressQdisc(kernel, dev)?.kind === 'ingress';
+  const ingressGoes = devs('ingress').filter(ours);
+  const gone = new Set(devs('ifb'));
+  const roots = devs('root').filter((dev) => !gone.has(dev) && htbRoot(kernel, dev));
+  const tc = [
+    ...devs('redirect')
+      .filter((dev) => ours(dev) && !ingressGoes.includes(dev) && redirects(kernel, dev))
+      .map((dev) => `filter del dev ${dev} parent ffff: prio ${REDIRECT_PRIO}`),
+    ...ingressGoes.map((dev) => `qdisc del dev ${dev} ingress`),
+    ...roots.map((dev) => `qdisc del dev ${dev} root`),
+  ];
+  return { tc, ipAfter: [...gone].map((dev) => ['link', 'del', dev]), gone: new Set([...gone, ...roots]) };
 }
 
 /** The device's root qdisc where it is natgw's htb `1:`. */
@@ -347,37 +258,37 @@ const htbRoot = (kernel: KernelQos, dev: string): TcQdisc | undefined =>
 const ingressQdisc = (kernel: KernelQos, dev: string): TcQdisc | undefined =>
   kernel.qdiscs.find((q) => q.dev === dev && q.handle === 'ffff:' && (q.kind === 'ingress' || q.kind === 'clsact'));
 
-/** Whether the device's ingress filters hold the redirect into `ifb`. */
-const redirects = (kernel: KernelQos, dev: string, ifb: string): boolean =>
-  (kernel.devices.get(dev)?.ingress ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifb);
+/** Whether the device's ingress filters hold the redirect into its IFB. */
+const redirects = (kernel: KernelQos, dev: string): boolean =>
+  (kernel.devices.get(dev)?.ingress ?? []).some((f) => f.pref === REDIRECT_PRIO && f.redirectTo === ifbName(dev));
 
-/** IFB device up, ingress qdisc on the shaped device, and the redirect into the IFB. */
-function renderIfb(ifb: string, dev: string, link: TcLink | undefined, kernel: KernelQos, ip: string[][], p: Phases, creates: QosPiece[]): void {
-  if (!link) {
+/** The IFB of `dev` up, an ingress qdisc on `dev`, and the redirect into the IFB. */
+function renderIfb(dev: string, kernel: KernelQos, ip: string[][], p: Phases, creates: QosPiece[]): void {
+  const ifb = ifbName(dev);
+  const up = kernel.links.get(ifb);
+  if (up === undefined) {
     ip.push(['link', 'add', ifb, 'type', 'ifb']);
     creates.push({ kind: 'ifb', dev: ifb });
   }
   // The script's lesson: an IFB's default queue of 32 packets drops bursts, so give it 1000.
-  if (!link?.up) ip.push(['link', 'set', 'dev', ifb, 'txqueuelen', '1000', 'up']);
+  if (!up) ip.push(['link', 'set', 'dev', ifb, 'txqueuelen', '1000', 'up']);
   const hasIngress = ingressQdisc(kernel, dev) !== undefined;
   if (!hasIngress) {
     p.shared.push(`qdisc add dev ${dev} ingress`);
     creates.push({ kind: 'ingress', dev });
   }
-  if (!redirects(kernel, dev, ifb) || !hasIngress) {
+  if (!redirects(kernel, dev) || !hasIngress) {
     p.redirects.push(`filter add dev ${dev} parent ffff: protocol all prio ${REDIRECT_PRIO} u32 match u32 0 0 action mirred egress redirect dev ${ifb}`);
-    creates.push({ kind: 'redirect', dev, ifb });
+    creates.push({ kind: 'redirect', dev });
   }
 }
 
 function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures, p: Phases, notes: string[], creates: QosPiece[]): void {
   const dev = d.dev;
   const root = htbRoot(kernel, dev);
-  const wanted = d.classes.length > 0 || d.filters.length > 0;
-  if (!root && !wanted) return;
 
   // A root that is not htb 1: takes its classes and filters with it when replaced.
-  const tc = root ? (kernel.devices.get(dev) ?? EMPTY_DEVICE) : EMPTY_DEVICE;
+  const tc = (root && kernel.devices.get(dev)) || EMPTY_DEVICE;
   if (!root) {
     p.shared.push(`qdisc replace dev ${dev} root handle 1: htb default ${hex(DEFAULT_CLASS)}`);
     creates.push({ kind: 'root', dev });
@@ -390,27 +301,27 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
     p.shared.push(`class change ${classSpec(dev, DEFAULT_CLASS, DEFAULT_RATE_MBIT)}`);
   }
 
-  for (const c of d.classes) {
-    const have = classes.get(c.minor);
-    const write = !have ? 'add' : !classMatches(have, c) ? 'change' : undefined;
+  for (const r of d.rules) {
+    const have = classes.get(r.minor);
+    const write = !have ? 'add' : !classMatches(have, r) ? 'change' : undefined;
     if (write) {
-      p.classes.push(`class ${write} ${classSpec(dev, c.minor, c.rate, c.burst)}`);
-      const bytes = programmedBurstBytes(c.rate, c.burst);
-      if (bytes < burstBytes(c.burst)) {
+      p.classes.push(`class ${write} ${classSpec(dev, r.minor, r.rate, r.burst)}`);
+      const bytes = programmedBurstBytes(r.rate, r.burst);
+      if (bytes < burstBytes(r.burst)) {
         notes.push(
-          `INFO: QoS: a burst of ${c.burst} MB at ${c.rate} Mbit/s is more than the kernel can hold (${MAX_BUFFER_USEC / 1e6} s of the rate); class 1:${hex(c.minor)} on ${dev} gets ${bytes} bytes`,
+          `INFO: QoS: a burst of ${r.burst} MB at ${r.rate} Mbit/s is more than the kernel can hold (${MAX_BUFFER_USEC / 1e6} s of the rate); class 1:${hex(r.minor)} on ${dev} gets ${bytes} bytes`,
         );
       }
     }
     if (features.fqCodel) {
-      const leaf = have ? kernel.qdiscs.find((q) => q.dev === dev && q.parent === `1:${c.minor.toString(16)}`) : undefined;
-      if (leaf?.kind !== 'fq_codel') p.classes.push(`qdisc replace dev ${dev} parent 1:${hex(c.minor)} fq_codel`);
+      const leaf = have ? kernel.qdiscs.find((q) => q.dev === dev && q.parent === `1:${r.minor.toString(16)}`) : undefined;
+      if (leaf?.kind !== 'fq_codel') p.classes.push(`qdisc replace dev ${dev} parent 1:${hex(r.minor)} fq_codel`);
     }
   }
 
-  renderFilters(dev, d.filters, tc.filters, features, p, notes);
+  renderFilters(dev, d.rules, tc.filters, features, p, notes);
 
-  const keep = new Set(d.classes.map((c) => c.minor));
+  const keep = new Set(d.rules.map((r) => r.minor));
   const stale = tc.classes.filter((c) => c.major === 1 && c.minor !== DEFAULT_CLASS && c.minor !== 0 && !keep.has(c.minor));
   // Inner classes before their parents: htb refuses to delete a class that has children.
   for (const c of [...stale].sort((a, b) => Number(a.parent === 'root') - Number(b.parent === 'root'))) {
@@ -418,7 +329,7 @@ function renderDevice(d: DesiredDevice, kernel: KernelQos, features: QosFeatures
   }
 }
 
-function renderFilters(dev: string, want: readonly DesiredFilter[], have: readonly TcFilter[], features: QosFeatures, p: Phases, notes: string[]): void {
+function renderFilters(dev: string, want: readonly DesiredRule[], have: readonly TcFilter[], features: QosFeatures, p: Phases, notes: string[]): void {
   const prios = new Set([...want.map((f) => f.prio), ...have.map((f) => f.pref)]);
   for (const prio of [...prios].sort((a, b) => a - b)) {
     const w = want.filter((f) => f.prio === prio);
@@ -428,49 +339,42 @@ function renderFilters(dev: string, want: readonly DesiredFilter[], have: readon
       p.staleFilters.push(delPrio(dev, prio));
       continue;
     }
-    const onlyCatchAll = w.length === 1 && w[0]!.catchAll;
-    const kind: 'u32' | 'matchall' = onlyCatchAll && features.matchall ? 'matchall' : 'u32';
-    if (w.some((f) => f.catchAll) && !onlyCatchAll) {
-      for (const f of w.filter((x) => x.catchAll))
+    const catchAlls = w.filter((f) => f.match.kind === 'all');
+    const kind = w.length === 1 && catchAlls.length === 1 && features.matchall ? 'matchall' : 'u32';
+    if (w.length > 1) {
+      for (const f of catchAlls)
         notes.push(`${f.what}: shares priority ${prio} on ${dev} with u32 rules, so a u32 catch-all (match u32 0 0) stands in for matchall`);
     }
-
-    const tables = h.filter((f) => f.isTable);
-    const compatible = h.length === 0 || (h.every((f) => f.kind === kind && f.protocol === 'ip') && (kind === 'matchall' || tables.length === 1));
-    if (!compatible) {
-      // Another kind or protocol holds this priority (or a u32 layout that is not natgw's): start it afresh.
-      p.filtersFirst.push(delPrio(dev, prio));
+    const nodes = classifyingFilters(h);
+    const same = (cur: TcFilter | undefined, f: DesiredRule): boolean => {
+      const read = cur && filterSpec(cur);
+      return read !== undefined && filterWords(read) === filterWords({ ...f, kind });
+    };
+    const tables = h.filter((f) => f.fh !== undefined && f.node === undefined).length;
+    // Another kind or protocol holds this priority (or a u32 layout that is not natgw's), or a
+    // matchall that is not natgw's (one per priority, never changed in place): start it afresh.
+    const afresh =
+      !h.every((f) => f.kind === kind && f.protocol === 'ip') ||
+      (kind === 'u32' ? h.length > 0 && tables !== 1 : !(nodes.length === 1 && same(nodes[0], w[0]!)));
+    if (afresh) {
+      if (h.length > 0) p.filtersFirst.push(delPrio(dev, prio));
       for (const f of w) p.filters.push(addFilter(dev, f, kind));
       continue;
     }
-    const nodes = classifyingFilters(h);
-    if (kind === 'matchall') {
-      // matchall cannot be changed in place; one filter per priority, so replace the priority.
-      const f = w[0]!;
-      if (nodes.length === 1 && filterMatches(nodes[0]!, f, 'matchall')) continue;
-      if (h.length > 0) p.filtersFirst.push(delPrio(dev, prio));
-      p.filters.push(addFilter(dev, f, 'matchall'));
-      continue;
-    }
-    const htid = tables[0]?.htid;
-    const byNode = new Map(nodes.filter((f) => f.htid === htid).map((f) => [f.node, f]));
+    if (kind === 'matchall') continue;
+    const byNode = new Map(nodes.map((f) => [f.node, f]));
     for (const f of w) {
       const cur = byNode.get(f.handle);
-      if (!cur) p.filters.push(addFilter(dev, f, 'u32'));
-      else if (filterMatches(cur, f, 'u32')) continue;
-      else if (sameMatch(cur, f.match)) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
+      if (same(cur, f)) continue;
+      const read = cur && filterSpec(cur);
+      if (cur && read && matchText(read.match) === matchText(f.match)) p.filters.push(replaceFilter(dev, cur.fh ?? '', f));
       else {
         // u32 keeps a node's keys on replace (only its class changes), so a new match means a new node.
-        p.filtersFirst.push(delFilter(dev, cur));
-        p.filters.push(addFilter(dev, f, 'u32'));
+        if (cur) p.filtersFirst.push(delFilter(dev, cur));
+        p.filters.push(addFilter(dev, f, kind));
       }
     }
-    const wantNodes = new Set(w.map((f) => f.handle));
-    for (const f of nodes) {
-      if (f.htid !== htid || f.node === undefined || !wantNodes.has(f.node)) p.staleFilters.push(delFilter(dev, f));
-    }
+    const wanted = new Set(w.map((f) => f.handle));
+    for (const f of nodes) if (!wanted.has(f.node ?? -1)) p.staleFilters.push(delFilter(dev, f));
   }
 }
-
-/** All tc lines as one script for `tc -batch -`. */
-export const tcBatchScript = (plan: QosPlan): string => (plan.tc.length === 0 ? '' : `${plan.tc.join('\n')}\n`);
