@@ -134,26 +134,6 @@ async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<stri
   }
 }
 
-/** A journal line's record; undefined for a line that is not JSON or not a record this natgw writes. */
-function readRecord(payload: string): ChangeRecord | undefined {
-  try {
-    return asChangeRecord(JSON.parse(payload));
-  } catch {
-    return undefined;
-  }
-}
-
-/** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
-async function publishTemp(tmp: string, file: string): Promise<void> {
-  try {
-    await fs.rename(tmp, file);
-  } catch (e) {
-    await fs.rm(tmp, { force: true }).catch(() => undefined);
-    throw e;
-  }
-  await syncDir(path.dirname(file));
-}
-
 function closeQuietly(fd: number): void {
   try {
     closeSync(fd);
@@ -175,14 +155,12 @@ async function syncDir(dir: string): Promise<void> {
   }
 }
 
-const COLLECTION_SIZE = (s: DesiredState): number => {
+/** The largest change a journal line describes; a larger one is a new snapshot. */
+function budget(s: DesiredState): number {
   let n = 0;
   for (const k of COLLECTIONS) n += s[k].length;
-  return n;
-};
-
-/** The largest change a journal line describes; a larger one is a new snapshot. */
-const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4);
+  return Math.max(64, n / 4);
+}
 
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
 const backendRecordSchema = z.object({
@@ -234,16 +212,6 @@ export class StateStore {
    * acknowledged changes).
    */
   private readonly holder = new AsyncLocalStorage<true>();
-  /**
-   * The sealed snapshot last read or written here, by its file's identity (inode, size, mtime):
-   * a load that finds the same file (a daemon start reads the state twice, the second time
-   * inside the lock on the restore's path) skips the read, the checksum and the parse (30-60 ms
-   * at 21,000 objects: docs/performance.md). Every write here replaces the file by rename, so a
-   * new snapshot is a new inode; the identity is taken before the read, so a file replaced
-   * meanwhile is read again next time. (A hand edit in place, of the same size, within one clock
-   * tick of a load would go unseen until the next write.)
-   */
-  private lastSnapshot: { readonly identity: string; readonly sha: string; readonly state: DesiredState } | undefined;
   /**
    * The journal ends in a line that did not verify (a crash while appending). A line appended
    * after it would be glued to the torn text and fail to verify too, losing that change and
@@ -300,12 +268,6 @@ export class StateStore {
   }
 
   private async loadSnapshot(read: JournalBook): Promise<DesiredState | undefined> {
-    const identity = fileIdentitySync(this.stateFile);
-    const last = this.lastSnapshot;
-    if (last !== undefined && last.identity === identity) {
-      read.snapshotSha = last.sha;
-      return last.state;
-    }
     let text: string;
     try {
       text = await fs.readFile(this.stateFile, 'utf8');
@@ -321,7 +283,6 @@ export class StateStore {
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
           read.snapshotSha = sealed[1];
-          this.lastSnapshot = { identity, sha: sealed[1], state };
           return state;
         }
       }
@@ -372,15 +333,15 @@ export class StateStore {
     }
     return {
       publish: async () => {
-        this.lastSnapshot = undefined;
         try {
-          await publishTemp(tmp, this.stateFile);
+          // The commit point: the temp file becomes the snapshot, and the rename is made durable.
+          await fs.rename(tmp, this.stateFile);
+          await syncDir(this.dir);
         } catch (e) {
+          await fs.rm(tmp, { force: true }).catch(() => undefined);
           throw durableError(this.stateFile, e);
         }
         this.snapshotSha = sha;
-        // Only a state of this schema version is trusted as written (loadSnapshot).
-        if (state.schema === 1) this.lastSnapshot = { identity: fileIdentitySync(this.stateFile), sha, state };
         this.journalEntries = 0;
         this.journalTorn = false;
         // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
@@ -401,7 +362,7 @@ export class StateStore {
   begin(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): Commit {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
     // set-aside file, a journal line it could not read) the store writes one, even for an unchanged state.
-    const bulk = this.snapshotSha === undefined || this.journalTorn || changeSize(change) > BUDGET(after);
+    const bulk = this.snapshotSha === undefined || this.journalTorn || changeSize(change) > budget(after);
     if (bulk || this.journalEntries >= JOURNAL_MAX_ENTRIES) {
       const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.prepare(after));
       prepared.catch(() => undefined);
@@ -564,7 +525,10 @@ export class StateStore {
         torn = true;
         break;
       }
-      const record = readRecord(payload);
+      let record: ChangeRecord | undefined;
+      try {
+        record = asChangeRecord(JSON.parse(payload));
+      } catch {}
       if (record === undefined) {
         torn = true;
         break;
