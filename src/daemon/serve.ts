@@ -179,7 +179,7 @@ export async function serve(config: Config): Promise<number> {
     log,
     periodMs: config.resyncMs,
     interfaceWaitMs: config.interfaceWaitMs,
-    interfaces: async () => (await engine.loadState()).interfaces,
+    interfaces: async () => (await engine.stateForResync()).interfaces,
     waitFor: (names, timeoutMs, onWait) => engine.link.waitFor(names, timeoutMs, onWait),
   });
   // A link event may have taken addresses or routes with it: no command may plan against what

@@ -69,37 +69,6 @@ export type SyncEvent =
 export type SyncListener = (e: SyncEvent) => void;
 
 /**
- * The observers of every apply, in the order they subscribed (the agent's readiness before
- * the flow classifier). A listener that throws is logged and skipped: an observer must never
- * turn an applied change into a failed one.
- */
-export class SyncListeners {
-  private readonly listeners = new Set<SyncListener>();
-
-  constructor(private readonly log?: Logger) {}
-
-  /** Subscribe; the function returned unsubscribes. */
-  add(listener: SyncListener): () => void {
-    // A wrapper per subscription: the same function subscribed twice is heard twice and unsubscribed once.
-    const entry: SyncListener = (e) => listener(e);
-    this.listeners.add(entry);
-    return () => {
-      this.listeners.delete(entry);
-    };
-  }
-
-  emit(e: SyncEvent): void {
-    for (const l of [...this.listeners]) {
-      try {
-        l(e);
-      } catch (err) {
-        this.log?.error({ err }, 'a sync listener failed; the apply itself stands');
-      }
-    }
-  }
-}
-
-/**
  * What this process applied last and may plan the next change against without reading the
  * kernel back (kube-proxy's partial sync). Valid only while the durable files are exactly as
  * this process left them (`stamp`): another writer means a full sync.
@@ -173,13 +142,20 @@ export class Engine {
   lastApplied: DesiredState | undefined;
   /** See Trust. A new engine has applied nothing: its first transaction is a full sync. */
   private trust: Trust = { fullSync: 'start' };
+  /**
+   * The state a resync's interface wait read under the lock (stateForResync), handed to the next
+   * full sync while the durable files keep its stamp: a daemon's start reads the state once.
+   */
+  private waitRead: { readonly state: DesiredState | undefined; readonly stamp: string } | undefined;
   /** Acknowledged changes so far (reported with the state: GET /v1/state, PUT /v1/state's answer). */
   generation = 0;
-  /** Observers of every apply (the daemon's metrics, readiness, flow classification); none in a shim run. */
-  private readonly syncListeners: SyncListeners;
+  /**
+   * Observers of every apply (the daemon's metrics, readiness, flow classification; none in a
+   * shim run), heard in the order they subscribed: the agent's readiness before the flow classifier.
+   */
+  private readonly listeners = new Set<SyncListener>();
 
   constructor(readonly deps: EngineDeps) {
-    this.syncListeners = new SyncListeners(deps.log);
     this.store =
       deps.store ??
       new StateStore(
@@ -212,7 +188,21 @@ export class Engine {
 
   /** Hear about every (non-dry-run) apply; the function returned unsubscribes. */
   onSync(listener: SyncListener): () => void {
-    return this.syncListeners.add(listener);
+    // A wrapper per subscription: the same function subscribed twice is heard twice and unsubscribed once.
+    const entry: SyncListener = (e) => listener(e);
+    this.listeners.add(entry);
+    return () => this.listeners.delete(entry);
+  }
+
+  /** A listener that throws is logged and skipped: an observer must never turn an applied change into a failed one. */
+  private emit(e: SyncEvent): void {
+    for (const l of [...this.listeners]) {
+      try {
+        l(e);
+      } catch (err) {
+        this.log.error({ err }, 'a sync listener failed; the apply itself stands');
+      }
+    }
   }
 
   get config(): Config {
@@ -343,7 +333,10 @@ export class Engine {
 
   /** A full sync loads the durable state (or adopts natgw's objects from the kernel) and resolves the backend. */
   private async load(opts: TransactOptions, why: string): Promise<Base> {
-    const saved = await this.store.load();
+    const read = this.waitRead;
+    this.waitRead = undefined;
+    // The store's record of its files (the journal's base) is still the one that read set while they keep its stamp.
+    const saved = read !== undefined && read.stamp === this.store.stamp() ? read.state : await this.store.load();
     // A dry run changes nothing: no switch of backends, no record written.
     const { backend, adopted } = opts.dryRun ? { backend: await this.backends.choose(), adopted: undefined } : await this.backends.resolve(saved);
     if (opts.guarded && !(await backend.isInitialized())) throw new NotInitializedError();
@@ -375,20 +368,19 @@ export class Engine {
     opts: TransactOptions,
     started: number,
   ): Promise<{ report: ApplyReport; kind: SyncMode }> {
-    const qos = opts.qos ?? true;
-    try {
-      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: durable.bulk, change }) };
-    } catch (e) {
-      if (base.kind === 'full') {
-        await this.discard(durable);
-        throw this.failed('full', started, e);
+    const apply = (mode: SyncMode, bulk: boolean) => this.reconcile(next, base.state, base.backend, { qos: opts.qos ?? true, mode, bulk, change });
+    if (base.kind === 'partial') {
+      try {
+        return { kind: 'partial', report: await apply('partial', durable.bulk) };
+      } catch (e) {
+        this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
+        this.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: e });
+        this.forgetViews();
       }
-      this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
-      this.syncListeners.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: e });
     }
-    this.forgetViews();
     try {
-      return { kind: 'full', report: await this.reconcile(next, base.state, base.backend, { qos, mode: 'full', change }) };
+      // A bulk change's tools start ahead on its first attempt only.
+      return { kind: 'full', report: await apply('full', base.kind === 'full' && durable.bulk) };
     } catch (e) {
       await this.discard(durable);
       throw this.failed('full', started, e);
@@ -428,14 +420,14 @@ export class Engine {
   /** A change failed: every part reads the kernel back next time, and the observers hear of it. Returns `err`. */
   private failed(kind: SyncMode, started: number, err: unknown): unknown {
     this.forgetViews();
-    this.syncListeners.emit({ ok: false, kind, ms: performance.now() - started, error: err });
+    this.emit({ ok: false, kind, ms: performance.now() - started, error: err });
     return err;
   }
 
   /** Tell the observers (metrics, readiness) and the log how the apply went. */
   private notify({ kind, why }: Base, started: number, report: ApplyReport, next: DesiredState, flushes: FlushCount | undefined): void {
     const ms = performance.now() - started;
-    this.syncListeners.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
+    this.emit({ ok: true, kind, ms, report, state: next, ...(flushes ? { flushes } : {}) });
     // Full syncs are rare and say why the kernel was read back; partial ones are every command.
     const line = { kind, ms: Math.round(ms), changes: changesOf(report), ...(why ? { why } : {}) };
     if (kind === 'full') this.log.info(line, 'full sync: read back and reconciled everything natgw owns');
@@ -573,6 +565,18 @@ export class Engine {
     // under the lock, where no commit runs.
     if (this.store.stamp() !== before) saved = await this.store.withLock(() => this.store.load());
     return saved ?? this.adoptOrEmpty(await this.backends.choose());
+  }
+
+  /**
+   * The state a resync is about to apply, for the daemon's wait for its interfaces. Where nothing
+   * applied is trusted (the start, a link event) it is read under the lock, as a full sync reads
+   * it, and handed to the next full sync (waitRead).
+   */
+  async stateForResync(): Promise<DesiredState> {
+    if ('applied' in this.trust && this.trust.applied.stamp === this.store.stamp()) return this.trust.applied.state;
+    const read = await this.store.withLock(async () => ({ state: await this.store.load(), stamp: this.store.stamp() }));
+    this.waitRead = read;
+    return read.state ?? this.adoptOrEmpty(await this.backends.choose());
   }
 
   async currentBackend(): Promise<BackendRecord | undefined> {

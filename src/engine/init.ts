@@ -5,7 +5,6 @@ import { parseInitArgs } from '../model/legacy.js';
 import { isInterfaceName } from '../model/net.js';
 import { readEnvFile, updateEnvFile } from '../config/envFile.js';
 import { readNetworkStatus } from '../config/networkStatus.js';
-import { failure } from './failure.js';
 import type { DesiredState } from '../state/state.js';
 
 /**
@@ -60,7 +59,7 @@ export async function runInit(engine: Engine, args: readonly string[], out: Outp
     log.info({ vpc: names.vpc, ext: names.ext, secondary }, 'initialized');
     return out.result(0);
   } catch (e) {
-    return failure(out, e, log);
+    return out.failure(e, log);
   }
 }
 

@@ -11,7 +11,6 @@ import type { Config } from '../config/config.js';
 import { shareDnatChainName } from '../model/shareDnatName.js';
 import { runInit } from './init.js';
 import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
-import { failure } from './failure.js';
 
 /**
  * The script's command line (SPEC §1–2), as operations on the desired state. Every rule of a
@@ -170,6 +169,6 @@ export async function runLegacy(
     log.info({ rules, ms: Date.now() - started, changes: changesOf(report) }, 'command done');
     return out.result(0);
   } catch (e) {
-    return failure(out, e, log, rules);
+    return out.failure(e, log, rules);
   }
 }

@@ -23,7 +23,7 @@ export type Collection = (typeof COLLECTIONS)[number];
 const SCALARS = ['schema', 'initialized', 'interfaces', 'defaultRoutes'] as const;
 export type Scalar = (typeof SCALARS)[number];
 
-type Item<K extends Collection> = DesiredState[K][number];
+export type Item<K extends Collection> = DesiredState[K][number];
 
 export interface Touched<T> {
   readonly before?: T;

@@ -28,18 +28,14 @@ interface Owner {
   readonly pidns: string;
 }
 
-const read = (file: string): string | undefined => {
+/** Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. */
+function startOf(pid: number | 'self'): string | undefined {
+  let stat: string;
   try {
-    return readFileSync(file, 'utf8');
+    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   } catch {
     return undefined;
   }
-};
-
-/** Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. */
-function startOf(pid: number | 'self'): string | undefined {
-  const stat = read(`/proc/${pid}/stat`);
-  if (stat === undefined) return undefined;
   return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
 }
 

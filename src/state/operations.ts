@@ -3,7 +3,7 @@ import { ConflictError, RuleConflictError } from '../model/errors.js';
 import { defaultOwnerOf, defaultRouteConflictText } from '../model/defaultRoute.js';
 import { type Dnat, type DnatId, type Eip, type Fip, type Route, type ShareDnat, type Snat, dnatKey, fipKey, sameDnat, snatKey } from '../model/rules.js';
 import type { DesiredState } from './state.js';
-import { compose, diffStates, insertSnat, listChange, NO_CHANGE, scalarChange, type StateChange } from './change.js';
+import { compose, diffStates, insertSnat, listChange, NO_CHANGE, scalarChange, type Collection, type Item, type StateChange } from './change.js';
 
 /**
  * Pure operations over the desired state, carrying the script's semantics: strict adds by
@@ -45,6 +45,23 @@ export function chain(a: OpResult, f: (s: DesiredState) => OpResult): OpResult {
   return { state: b.state, effects: [...a.effects, ...b.effects], change: compose(a.change, b.change) };
 }
 
+/** `x` put into `k` by identity: in place of the object `same` finds (an update), or added at the end. */
+export function put<K extends 'routes' | 'eips' | 'shareDnats' | 'neighbours'>(s: DesiredState, k: K, x: Item<K>, same: (y: Item<K>) => boolean): OpResult {
+  const list: readonly Item<K>[] = s[k];
+  const at = list.findIndex(same);
+  const old = list[at];
+  const next = old === undefined ? [...list, x] : list.map((y, j) => (j === at ? x : y));
+  return { state: { ...s, [k]: next }, effects: [], change: listChange(k, old === undefined ? { added: [x] } : { updated: [[old, x]] }) };
+}
+
+/** `k` without the objects `gone` picks (none: unchanged), with `effects` either way. */
+export function remove<K extends Collection>(s: DesiredState, k: K, gone: (y: Item<K>) => boolean, effects: Effect[] = []): OpResult {
+  const list: readonly Item<K>[] = s[k];
+  const removed = list.filter(gone);
+  if (removed.length === 0) return { ...unchanged(s), effects };
+  return { state: { ...s, [k]: list.filter((y) => !gone(y)) }, effects, change: listChange(k, { removed }) };
+}
+
 export function addRoute(s: DesiredState, r: Route): OpResult {
   // One default route per family: while the external one (eip-add, GATEWAY_V4/V6) owns it, a
   // subnet route to it would replace it and be replaced back at every resync. Refused even when
@@ -52,19 +69,13 @@ export function addRoute(s: DesiredState, r: Route): OpResult {
   // state alone, never on the order the commands came in.
   const owner = defaultOwnerOf(s, r);
   if (owner) throw new ConflictError(defaultRouteConflictText(r, owner, s.interfaces));
-  const i = s.routes.findIndex((x) => x.cidr === r.cidr);
-  if (i !== -1 && s.routes[i]?.nexthop === r.nexthop) return unchanged(s);
   // `ip route replace` semantics: a new nexthop replaces the old one.
-  const old = s.routes[i];
-  const routes = old === undefined ? [...s.routes, r] : s.routes.map((x, j) => (j === i ? r : x));
-  return { state: { ...s, routes }, effects: [], change: listChange('routes', old === undefined ? { added: [r] } : { updated: [[old, r]] }) };
+  if (s.routes.some((x) => x.cidr === r.cidr && x.nexthop === r.nexthop)) return unchanged(s);
+  return put(s, 'routes', r, (x) => x.cidr === r.cidr);
 }
 
 export function delRoute(s: DesiredState, cidr: string): OpResult {
-  const effects: Effect[] = [{ kind: 'release', route: cidr }];
-  const removed = s.routes.filter((x) => x.cidr === cidr);
-  if (removed.length === 0) return { ...unchanged(s), effects };
-  return { state: { ...s, routes: s.routes.filter((x) => x.cidr !== cidr) }, effects, change: listChange('routes', { removed }) };
+  return remove(s, 'routes', (x) => x.cidr === cidr, [{ kind: 'release', route: cidr }]);
 }
 
 /**
@@ -79,27 +90,22 @@ export function delRoute(s: DesiredState, cidr: string): OpResult {
  * (the EIP's interface is decided here and kept in the state, model/uplinks.ts).
  */
 export function addEip(s: DesiredState, given: Eip, gateways: { v4?: string; v6?: string }, networks: readonly UplinkNetwork[] = []): OpResult {
-  // `ip addr replace` semantics: a new prefix length replaces the old one, in place.
-  const at = s.eips.findIndex((e) => e.address === given.address);
-  const old = s.eips[at];
+  const old = s.eips.find((e) => e.address === given.address);
   const eip = resolveEipInterface(s.interfaces, given, old, networks, uplinkGateways(s.interfaces, gateways.v4 ?? s.defaultRoutes.v4));
-  const held = old?.prefixLength === eip.prefixLength && old.interface === eip.interface;
-  const eips = held ? s.eips : old === undefined ? [...s.eips, eip] : s.eips.map((e, j) => (j === at ? eip : e));
   const defaultRoutes = {
     ...s.defaultRoutes,
     ...(gateways.v4 ? { v4: gateways.v4 } : {}),
     ...(gateways.v6 ? { v6: gateways.v6 } : {}),
   };
-  const state = { ...s, eips, defaultRoutes };
-  const listed = held ? NO_CHANGE : listChange('eips', old === undefined ? { added: [eip] } : { updated: [[old, eip]] });
-  return { state, effects: held ? [] : [{ kind: 'garp', ip: eip.address }], change: { ...listed, scalars: scalarChange(s, state) } };
+  // `ip addr replace` semantics: a new prefix length replaces the old one, in place.
+  const held = old?.prefixLength === eip.prefixLength && old.interface === eip.interface;
+  const r = held ? unchanged(s) : put(s, 'eips', eip, (e) => e.address === eip.address);
+  const state = { ...r.state, defaultRoutes };
+  return { state, effects: held ? [] : [{ kind: 'garp', ip: eip.address }], change: { ...r.change, scalars: scalarChange(s, state) } };
 }
 
 export function delEip(s: DesiredState, address: string): OpResult {
-  const effects: Effect[] = [{ kind: 'release', address }];
-  const removed = s.eips.filter((e) => e.address === address);
-  if (removed.length === 0) return { ...unchanged(s), effects };
-  return { state: { ...s, eips: s.eips.filter((e) => e.address !== address) }, effects, change: listChange('eips', { removed }) };
+  return remove(s, 'eips', (e) => e.address === address, [{ kind: 'release', address }]);
 }
 
 // The three collections that grow to thousands come with batch forms: one pass and one copy
@@ -120,20 +126,14 @@ function heldBy<T, I>(list: readonly T[], items: readonly I[], key: (x: T | I) =
   return (k) => found.get(k);
 }
 
-/** `list` without the objects under the identities `ids`, and the change saying so. */
-function without<K extends 'snats' | 'dnats' | 'fips', T extends DesiredState[K][number], I>(
-  k: K,
-  list: readonly T[],
-  ids: readonly I[],
-  key: (x: T | I) => string,
-  same: (a: T, b: I) => boolean,
-): { list: readonly T[]; change: StateChange } {
-  const wanted = ids.length > 8 ? new Set(ids.map(key)) : undefined;
-  const kept: T[] = [];
-  const removed: T[] = [];
-  for (const x of list) ((wanted ? wanted.has(key(x)) : ids.some((i) => same(x, i))) ? removed : kept).push(x);
-  if (removed.length === 0) return { list, change: NO_CHANGE };
-  return { list: kept, change: listChange(k, { removed: removed as DesiredState[K][number][] }) };
+/**
+ * Whether an object holds one of the identities `ids`: a command's few are compared field by
+ * field, a batch's many looked up in one Set of keys (no key string per object of ten thousand).
+ */
+function oneOf<T, I>(ids: readonly I[], key: (x: T | I) => string, same: (a: T, b: I) => boolean): (x: T) => boolean {
+  if (ids.length <= 8) return (x) => ids.some((i) => same(x, i));
+  const wanted = new Set(ids.map(key));
+  return (x) => wanted.has(key(x));
 }
 
 const sameFip = (a: Pick<Fip, 'eip'>, b: Pick<Fip, 'eip'>): boolean => a.eip === b.eip;
@@ -163,19 +163,10 @@ export function addFips(s: DesiredState, fs: readonly Fip[]): OpResult {
 export const addFip = (s: DesiredState, f: Fip): OpResult => addFips(s, [f]);
 
 export function delFips(s: DesiredState, eips: readonly string[]): OpResult {
-  const { list, change } = without(
-    'fips',
-    s.fips,
-    eips.map((eip) => ({ eip })),
-    fipKey,
-    sameFip,
-  );
-  return {
-    state: list === s.fips ? s : { ...s, fips: list as Fip[] },
-    // Flush even when natgw had no record: a stale entry from before a restart is just as stale.
-    effects: eips.map((dst) => ({ kind: 'conntrack-flush', dst })),
-    change,
-  };
+  // Flush even when natgw had no record: a stale entry from before a restart is just as stale.
+  const effects: Effect[] = eips.map((dst) => ({ kind: 'conntrack-flush', dst }));
+  const ids = eips.map((eip) => ({ eip }));
+  return remove(s, 'fips', oneOf(ids, fipKey, sameFip), effects);
 }
 
 export const delFip = (s: DesiredState, eip: string): OpResult => delFips(s, [eip]);
@@ -223,18 +214,14 @@ export function addDnats(s: DesiredState, ds: readonly Dnat[]): OpResult {
 export const addDnat = (s: DesiredState, d: Dnat): OpResult => addDnats(s, [d]);
 
 export function delDnats(s: DesiredState, ids: readonly DnatId[]): OpResult {
-  const { list, change } = without('dnats', s.dnats, ids, dnatKey, sameDnat);
-  return {
-    state: list === s.dnats ? s : { ...s, dnats: list as Dnat[] },
-    effects: ids.map((id) => ({
-      kind: 'conntrack-flush',
-      dst: id.eip,
-      protocol: id.protocol,
-      port: id.port,
-      ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
-    })),
-    change,
-  };
+  const effects: Effect[] = ids.map((id) => ({
+    kind: 'conntrack-flush',
+    dst: id.eip,
+    protocol: id.protocol,
+    port: id.port,
+    ...(id.portEnd !== undefined ? { portEnd: id.portEnd } : {}),
+  }));
+  return remove(s, 'dnats', oneOf(ids, dnatKey, sameDnat), effects);
 }
 
 export const delDnat = (s: DesiredState, id: DnatId): OpResult => delDnats(s, [id]);
@@ -253,23 +240,16 @@ export function addSnats(s: DesiredState, ns: readonly Snat[]): OpResult {
 export const addSnat = (s: DesiredState, n: Snat): OpResult => addSnats(s, [n]);
 
 export function delSnats(s: DesiredState, ids: readonly Pick<Snat, 'eip' | 'cidr'>[]): OpResult {
-  const { list, change } = without('snats', s.snats, ids, snatKey, sameSnat);
-  return { state: list === s.snats ? s : { ...s, snats: list as Snat[] }, effects: [], change };
+  return remove(s, 'snats', oneOf(ids, snatKey, sameSnat));
 }
 
 export const delSnat = (s: DesiredState, id: Pick<Snat, 'eip' | 'cidr'>): OpResult => delSnats(s, [id]);
 
 export function addShareDnat(s: DesiredState, d: ShareDnat): OpResult {
-  const at = s.shareDnats.findIndex((x) => sameDnat(x, d));
   // Re-adding replaces the backends (and the received protocol text, which names the chain).
-  const old = s.shareDnats[at];
-  const shareDnats = old === undefined ? [...s.shareDnats, d] : s.shareDnats.map((x, j) => (j === at ? d : x));
-  return { state: { ...s, shareDnats }, effects: [], change: listChange('shareDnats', old === undefined ? { added: [d] } : { updated: [[old, d]] }) };
+  return put(s, 'shareDnats', d, (x) => sameDnat(x, d));
 }
 
 export function delShareDnat(s: DesiredState, id: Pick<ShareDnat, 'eip' | 'port' | 'protocol'>): OpResult {
-  const effects: Effect[] = [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }];
-  const removed = s.shareDnats.filter((x) => sameDnat(x, id));
-  if (removed.length === 0) return { ...unchanged(s), effects };
-  return { state: { ...s, shareDnats: s.shareDnats.filter((x) => !sameDnat(x, id)) }, effects, change: listChange('shareDnats', { removed }) };
+  return remove(s, 'shareDnats', (x) => sameDnat(x, id), [{ kind: 'conntrack-flush', dst: id.eip, protocol: id.protocol, port: id.port }]);
 }

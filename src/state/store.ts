@@ -1,6 +1,9 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import {
+  appendFileSync,
   closeSync,
+  existsSync,
+  statSync,
   fdatasync,
   fstatSync,
   fsync,
@@ -9,7 +12,6 @@ import {
   openSync,
   promises as fs,
   readFileSync,
-  renameSync,
   rmSync,
   writeSync,
 } from 'node:fs';
@@ -20,7 +22,6 @@ import { z } from 'zod';
 import { desiredStateSchema, type DesiredState } from './state.js';
 import { SystemError } from '../model/errors.js';
 import { bootId } from '../system/bootId.js';
-import { NO_FILE, fileIdentitySync } from '../system/fileIdentity.js';
 import { clearDeadLock, LOCK_NAME, REFRESH_MS, refreshLock, STALE_MS, tryLock, unlock } from './lock.js';
 import { COLLECTIONS, applyRecords, asChangeRecord, changeSize, diffStates, isNoChange, recordOf, type ChangeRecord, type StateChange } from './change.js';
 import { timelineMark } from '../system/timeline.js';
@@ -28,44 +29,56 @@ import { timelineMark } from '../system/timeline.js';
 /**
  * Durable files in the state dir. Writes are atomic (temp file, fsync, rename, fsync of the
  * directory) so a crash leaves either the old or the new document, never half of one.
- *
- * An atomic write of a small record (the ownership and QoS intent records, the backend record),
- * often made before the kernel changes: the open, write, close and rename (syscalls that do not
- * wait for the disk) made synchronously, only the two syncs on the thread pool. Each trip
- * through the pool costs a wake-up of a pool thread and of the event loop, milliseconds on a
- * busy node; an asynchronous open-write-sync-close-rename-sync made nine.
  */
 export async function writeFileAtomic(file: string, data: string): Promise<void> {
   const tmp = `${file}.tmp-${process.pid}-${Date.now()}`;
   try {
-    mkdirSync(path.dirname(tmp), { recursive: true });
-    const fd = openSync(tmp, 'w', 0o600);
-    try {
-      const bytes = Buffer.from(data, 'utf8');
-      for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
-      await fileSync(fd);
-    } finally {
-      closeSync(fd);
-    }
-    renameSync(tmp, file);
-  } catch (e) {
-    // A full disk or a vanished directory: nothing half-written stays behind.
-    try {
-      rmSync(tmp, { force: true });
-    } catch {
-      // the write already failed; that is the error to report
-    }
-    throw durableError(file, e);
-  }
-  try {
-    await syncDir(path.dirname(file));
+    await writeTemp(tmp, (write) => write(data));
+    await publish(tmp, file);
   } catch (e) {
     throw durableError(file, e);
   }
 }
 
-/** fsync on the thread pool. */
-const fileSync = promisify(fsync);
+/**
+ * `tmp` written by `fill` and synced; nothing half-written stays behind a failure (a full disk,
+ * a vanished directory). The writes are made synchronously (to the page cache: they do not
+ * wait for the disk), only the sync on the thread pool: each trip through the pool costs a
+ * wake-up of a pool thread and of the event loop, milliseconds on a busy node.
+ */
+async function writeTemp(tmp: string, fill: (write: (text: string, at?: number) => void) => void): Promise<void> {
+  try {
+    mkdirSync(path.dirname(tmp), { recursive: true });
+    const fd = openSync(tmp, 'w', 0o600);
+    try {
+      fill((text, at) => {
+        const bytes = Buffer.from(text, 'utf8');
+        for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off, bytes.length - off, at === undefined ? null : at + off);
+      });
+      await promisify(fsync)(fd);
+    } finally {
+      closeSync(fd);
+    }
+  } catch (e) {
+    try {
+      rmSync(tmp, { force: true });
+    } catch {
+      // the write already failed; that is the error to report
+    }
+    throw e;
+  }
+}
+
+/** The commit point: the temp file becomes `file`, and the rename is made durable. */
+async function publish(tmp: string, file: string): Promise<void> {
+  try {
+    await fs.rename(tmp, file);
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => undefined);
+    throw e;
+  }
+  await syncDir(path.dirname(file));
+}
 
 /**
  * A write to the state dir failed (a full or read-only disk): nothing was acknowledged. The
@@ -99,59 +112,28 @@ export interface Commit {
  * 21,000 objects); the seal is written into its place once the hash is known. Returns the sha.
  */
 async function writeSnapshotTemp(tmp: string, state: DesiredState): Promise<string> {
-  await fs.mkdir(path.dirname(tmp), { recursive: true });
-  try {
-    const fh = await fs.open(tmp, 'w', 0o600);
-    try {
-      const hash = createHash('sha256');
-      // FileHandle.writeFile writes from the handle's current position.
-      const put = async (text: string): Promise<void> => {
-        hash.update(text);
-        await fh.writeFile(text);
-      };
-      await fh.writeFile(`${SEAL_HEAD}${'0'.repeat(64)}${SEAL_TAIL}`);
-      let first = true;
-      for (const [key, value] of Object.entries(state)) {
-        const text = JSON.stringify(value);
-        if (text === undefined) continue;
-        await put(`${first ? '{' : ','}${JSON.stringify(key)}:`);
-        await put(text);
-        first = false;
-      }
-      await put(first ? '{}' : '}');
-      await fh.writeFile('}\n');
-      const sha = hash.digest('hex');
-      await fh.write(sha, SEAL_HEAD.length);
-      await fh.sync();
-      return sha;
-    } finally {
-      await fh.close();
+  const hash = createHash('sha256');
+  let sha = '';
+  await writeTemp(tmp, (write) => {
+    const put = (text: string): void => {
+      hash.update(text);
+      write(text);
+    };
+    write(`${SEAL_HEAD}${'0'.repeat(64)}${SEAL_TAIL}`);
+    let first = true;
+    for (const [key, value] of Object.entries(state)) {
+      const text = JSON.stringify(value);
+      if (text === undefined) continue;
+      put(`${first ? '{' : ','}${JSON.stringify(key)}:`);
+      put(text);
+      first = false;
     }
-  } catch (e) {
-    // A full disk or a vanished directory: nothing half-written stays behind.
-    await fs.rm(tmp, { force: true }).catch(() => undefined);
-    throw e;
-  }
-}
-
-/** A journal line's record; undefined for a line that is not JSON or not a record this natgw writes. */
-function readRecord(payload: string): ChangeRecord | undefined {
-  try {
-    return asChangeRecord(JSON.parse(payload));
-  } catch {
-    return undefined;
-  }
-}
-
-/** The second half: the temp file becomes `file` (the commit point), and the rename is made durable. */
-async function publishTemp(tmp: string, file: string): Promise<void> {
-  try {
-    await fs.rename(tmp, file);
-  } catch (e) {
-    await fs.rm(tmp, { force: true }).catch(() => undefined);
-    throw e;
-  }
-  await syncDir(path.dirname(file));
+    put(first ? '{}' : '}');
+    write('}\n');
+    sha = hash.digest('hex');
+    write(sha, SEAL_HEAD.length);
+  });
+  return sha;
 }
 
 function closeQuietly(fd: number): void {
@@ -169,20 +151,18 @@ const dataSync = promisify(fdatasync);
 async function syncDir(dir: string): Promise<void> {
   const fd = openSync(dir, 'r');
   try {
-    await fileSync(fd);
+    await promisify(fsync)(fd);
   } finally {
     closeSync(fd);
   }
 }
 
-const COLLECTION_SIZE = (s: DesiredState): number => {
+/** The largest change a journal line describes; a larger one is a new snapshot. */
+function budget(s: DesiredState): number {
   let n = 0;
   for (const k of COLLECTIONS) n += s[k].length;
-  return n;
-};
-
-/** The largest change a journal line describes; a larger one is a new snapshot. */
-const BUDGET = (s: DesiredState): number => Math.max(64, COLLECTION_SIZE(s) / 4);
+  return Math.max(64, n / 4);
+}
 
 /** The backend natgw chose in this network namespace, and a switch still to be finished. */
 const backendRecordSchema = z.object({
@@ -235,16 +215,6 @@ export class StateStore {
    */
   private readonly holder = new AsyncLocalStorage<true>();
   /**
-   * The sealed snapshot last read or written here, by its file's identity (inode, size, mtime):
-   * a load that finds the same file (a daemon start reads the state twice, the second time
-   * inside the lock on the restore's path) skips the read, the checksum and the parse (30-60 ms
-   * at 21,000 objects: docs/performance.md). Every write here replaces the file by rename, so a
-   * new snapshot is a new inode; the identity is taken before the read, so a file replaced
-   * meanwhile is read again next time. (A hand edit in place, of the same size, within one clock
-   * tick of a load would go unseen until the next write.)
-   */
-  private lastSnapshot: { readonly identity: string; readonly sha: string; readonly state: DesiredState } | undefined;
-  /**
    * The journal ends in a line that did not verify (a crash while appending). A line appended
    * after it would be glued to the torn text and fail to verify too, losing that change and
    * every later one at the next load: the next commit writes a snapshot instead.
@@ -269,11 +239,17 @@ export class StateStore {
   /**
    * The identity of the durable files as this process last saw them. A command may trust what
    * it applied last only while the files are exactly as it left them: any other writer (an
-   * in-process shim run, a person, a restored backup) changes one of these. Three stat calls,
-   * made synchronously (fileIdentitySync): cheap enough for every command.
+   * in-process shim run, a person, a restored backup) changes one of these: a file's inode,
+   * size and mtime. Three stat calls, made synchronously (a round trip through libuv's pool
+   * takes a tenth of a millisecond or more on a busy node): cheap enough for every command.
    */
   stamp(): string {
-    return `${fileIdentitySync(this.stateFile)}|${fileIdentitySync(this.journalFile)}|${fileIdentitySync(this.backendFile)}`;
+    return [this.stateFile, this.journalFile, this.backendFile]
+      .map((file) => {
+        const st = statSync(file, { bigint: true, throwIfNoEntry: false });
+        return st === undefined ? '-' : `${st.ino}:${st.size}:${st.mtimeNs}`;
+      })
+      .join('|');
   }
 
   /**
@@ -300,12 +276,6 @@ export class StateStore {
   }
 
   private async loadSnapshot(read: JournalBook): Promise<DesiredState | undefined> {
-    const identity = fileIdentitySync(this.stateFile);
-    const last = this.lastSnapshot;
-    if (last !== undefined && last.identity === identity) {
-      read.snapshotSha = last.sha;
-      return last.state;
-    }
     let text: string;
     try {
       text = await fs.readFile(this.stateFile, 'utf8');
@@ -321,7 +291,6 @@ export class StateStore {
         // Sealed by this schema version: trusted as written. An older one is validated below.
         if (state.schema === 1) {
           read.snapshotSha = sealed[1];
-          this.lastSnapshot = { identity, sha: sealed[1], state };
           return state;
         }
       }
@@ -372,15 +341,12 @@ export class StateStore {
     }
     return {
       publish: async () => {
-        this.lastSnapshot = undefined;
         try {
-          await publishTemp(tmp, this.stateFile);
+          await publish(tmp, this.stateFile);
         } catch (e) {
           throw durableError(this.stateFile, e);
         }
         this.snapshotSha = sha;
-        // Only a state of this schema version is trusted as written (loadSnapshot).
-        if (state.schema === 1) this.lastSnapshot = { identity: fileIdentitySync(this.stateFile), sha, state };
         this.journalEntries = 0;
         this.journalTorn = false;
         // A crash before this unlink leaves a journal whose base is the old snapshot: load ignores it.
@@ -401,7 +367,7 @@ export class StateStore {
   begin(before: DesiredState, after: DesiredState, change: StateChange = diffStates(before, after)): Commit {
     // Without a sealed snapshot of its own (no file yet, an adopted state, a hand-edited or
     // set-aside file, a journal line it could not read) the store writes one, even for an unchanged state.
-    const bulk = this.snapshotSha === undefined || this.journalTorn || changeSize(change) > BUDGET(after);
+    const bulk = this.snapshotSha === undefined || this.journalTorn || changeSize(change) > budget(after);
     if (bulk || this.journalEntries >= JOURNAL_MAX_ENTRIES) {
       const prepared = new Promise<void>((r) => setImmediate(r)).then(() => this.prepare(after));
       prepared.catch(() => undefined);
@@ -417,11 +383,7 @@ export class StateStore {
     }
     if (isNoChange(change)) return { bulk, commit: async () => undefined, discard: async () => true };
     const payload = JSON.stringify(recordOf(change));
-    const boot = bootId();
-    // Without a boot id a pending line could not be told from one of another boot: the line is
-    // written once the kernel took the change.
-    if (!/^[0-9a-f-]+$/.test(boot)) return { bulk, commit: () => this.writeLine(`${sha256(payload)} ${payload}\n`), discard: async () => true };
-    return this.lineAhead(`~${boot} ${sha256(payload)} ${payload}\n`, before);
+    return this.lineAhead(`~${bootId()} ${sha256(payload)} ${payload}\n`, before);
   }
 
   /**
@@ -442,14 +404,10 @@ export class StateStore {
         await durable;
         // The mark is not synced: a process that dies leaves it in the page cache, and a machine
         // that goes down with it unsynced leaves a line of another boot, which a load counts.
-        let fd: number | undefined;
         try {
-          fd = openSync(this.journalFile, 'a');
-          writeSync(fd, `${PENDING_MARK}\n`);
+          appendFileSync(this.journalFile, `${PENDING_MARK}\n`);
         } catch (e) {
           throw durableError(this.journalFile, e);
-        } finally {
-          if (fd !== undefined) closeQuietly(fd);
         }
       },
       discard: async () => {
@@ -478,12 +436,12 @@ export class StateStore {
    * now and synced on the thread pool; `at` hears where it starts. A failure leaves the journal
    * to the next snapshot: a torn line is ignored on load, and the next commit must not append after it.
    */
-  private async writeLine(line: string, at?: (from: number) => void): Promise<void> {
+  private async writeLine(line: string, at: (from: number) => void): Promise<void> {
     const fresh = this.journalEntries === 0;
     let fd: number | undefined;
     try {
       fd = openSync(this.journalFile, fresh ? 'w' : 'a', 0o600);
-      at?.(fresh ? 0 : fstatSync(fd).size);
+      at(fresh ? 0 : fstatSync(fd).size);
       const bytes = Buffer.from(fresh ? `{"base":"${this.snapshotSha ?? ''}"}\n${line}` : line, 'utf8');
       for (let off = 0; off < bytes.length; ) off += writeSync(fd, bytes, off);
       timelineMark('journal: line written');
@@ -524,7 +482,7 @@ export class StateStore {
   private async replayJournal(snapshot: DesiredState, sha: string, read: JournalBook): Promise<DesiredState> {
     // Most loads find no journal (a snapshot was just written): a stat says so without an open
     // through libuv's pool, which waits its turn on a busy event loop (a restore: ~4 ms).
-    if (fileIdentitySync(this.journalFile) === NO_FILE) return snapshot;
+    if (!existsSync(this.journalFile)) return snapshot;
     let text: string;
     try {
       text = await fs.readFile(this.journalFile, 'utf8');
@@ -564,7 +522,10 @@ export class StateStore {
         torn = true;
         break;
       }
-      const record = readRecord(payload);
+      let record: ChangeRecord | undefined;
+      try {
+        record = asChangeRecord(JSON.parse(payload));
+      } catch {}
       if (record === undefined) {
         torn = true;
         break;

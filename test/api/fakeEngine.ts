@@ -6,7 +6,7 @@
  */
 import pino from 'pino';
 import { loadConfig, type Config } from '../../src/config/config.js';
-import { SyncListeners, type ApplyReport, type SyncListener, type Transaction } from '../../src/engine/engine.js';
+import type { ApplyReport, SyncEvent, SyncListener, Transaction } from '../../src/engine/engine.js';
 import { NotInitializedError, SystemError } from '../../src/model/errors.js';
 import type { Effect, TxResult } from '../../src/state/operations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
@@ -18,7 +18,7 @@ export class FakeEngine implements EngineLike {
   readonly log = pino({ level: 'silent' });
   lastApplied: DesiredState | undefined;
   generation = 0;
-  private readonly listeners = new SyncListeners();
+  private readonly listeners = new Set<SyncListener>();
   state: DesiredState;
   /** The init guard's evidence. */
   initialized = true;
@@ -33,7 +33,13 @@ export class FakeEngine implements EngineLike {
   private busy = false;
 
   onSync(listener: SyncListener): () => void {
-    return this.listeners.add(listener);
+    const entry: SyncListener = (e) => listener(e);
+    this.listeners.add(entry);
+    return () => this.listeners.delete(entry);
+  }
+
+  private emit(e: SyncEvent): void {
+    for (const l of [...this.listeners]) l(e);
   }
 
   constructor(readonly config: Config) {
@@ -73,7 +79,7 @@ export class FakeEngine implements EngineLike {
       };
       const refused = this.refuse(next);
       if (refused) {
-        if (!opts.dryRun) this.listeners.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: refused });
+        if (!opts.dryRun) this.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: refused });
         throw refused instanceof SystemError ? refused : new SystemError(refused.message);
       }
       if (!opts.dryRun) {
@@ -81,7 +87,7 @@ export class FakeEngine implements EngineLike {
         this.lastApplied = next;
         this.generation++;
         this.effects.push(...effects);
-        this.listeners.emit({ ok: true, kind: 'partial', ms: performance.now() - started, report, state: next });
+        this.emit({ ok: true, kind: 'partial', ms: performance.now() - started, report, state: next });
       }
       return { state: next, report, effects };
     } finally {

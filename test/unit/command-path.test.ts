@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { ConflictError } from '../../src/model/errors.js';
 import type { Dnat } from '../../src/model/rules.js';
 import { emptyState } from '../../src/state/state.js';
-import { addDnat, addFip, addSnat, delDnat, delFip, delSnat, findByKey } from '../../src/state/operations.js';
+import { addDnat, addFip, addSnat, delDnat, delFip, delSnat } from '../../src/state/operations.js';
 import { dnatKey, fipKey, snatKey } from '../../src/model/rules.js';
 import { SystemExecutor } from '../../src/system/exec.js';
 import { planChain } from '../helpers/iptablesChain.js';
@@ -21,10 +21,10 @@ describe('identity index across deletes', () => {
     for (let p = 1; p <= 50; p++) s = addDnat(s, dnat(p)).state;
     s = delDnat(s, dnat(7)).state;
     expect(s.dnats).toHaveLength(49);
-    expect(findByKey(s.dnats, dnatKey, dnatKey(dnat(7)))).toBeUndefined();
+    expect(s.dnats.find((x) => dnatKey(x) === dnatKey(dnat(7)))).toBeUndefined();
     // The deleted identity is free again, with another target.
     s = addDnat(s, dnat(7, '10.0.1.9')).state;
-    expect(findByKey(s.dnats, dnatKey, dnatKey(dnat(7)))?.internalIp).toBe('10.0.1.9');
+    expect(s.dnats.find((x) => dnatKey(x) === dnatKey(dnat(7)))?.internalIp).toBe('10.0.1.9');
     // One that was kept still conflicts.
     expect(() => addDnat(s, dnat(8, '10.0.1.9'))).toThrow(ConflictError);
     expect(s.dnats.map((d) => d.port)).toEqual([...Array.from({ length: 50 }, (_, i) => i + 1).filter((p) => p !== 7), 7]);
@@ -40,8 +40,8 @@ describe('identity index across deletes', () => {
   it('the state an operation started from still answers by its own objects', () => {
     const s = addFip(addFip(base(), { eip: '172.20.0.11', internalIp: '10.0.1.7' }).state, { eip: '172.20.0.12', internalIp: '10.0.1.8' }).state;
     const after = delFip(s, '172.20.0.11').state;
-    expect(findByKey(after.fips, fipKey, '172.20.0.11')).toBeUndefined();
-    expect(findByKey(s.fips, fipKey, '172.20.0.11')?.internalIp).toBe('10.0.1.7');
+    expect(after.fips.find((x) => fipKey(x) === '172.20.0.11')).toBeUndefined();
+    expect(s.fips.find((x) => fipKey(x) === '172.20.0.11')?.internalIp).toBe('10.0.1.7');
   });
 
   it('SNATs: an add after a delete keeps prefix order and refuses nothing it should not', () => {
@@ -49,7 +49,7 @@ describe('identity index across deletes', () => {
     s = addSnat(s, { eip: '172.20.0.10', cidr: '10.0.0.0/16', randomFully: false }).state;
     s = addSnat(s, { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: false }).state;
     s = delSnat(s, { eip: '172.20.0.10', cidr: '10.0.1.0/24' }).state;
-    expect(findByKey(s.snats, snatKey, '172.20.0.10|10.0.1.0/24')).toBeUndefined();
+    expect(s.snats.find((x) => snatKey(x) === '172.20.0.10|10.0.1.0/24')).toBeUndefined();
     s = addSnat(s, { eip: '172.20.0.10', cidr: '10.0.1.0/24', randomFully: true }).state;
     expect(s.snats.map((x) => x.cidr)).toEqual(['10.0.1.0/24', '10.0.0.0/16']);
     // Re-adding an existing identity changes nothing.

@@ -151,3 +151,34 @@ describe('engine: a dry run changes nothing', () => {
     expect(writes.map(cmd)).toEqual([]);
   });
 });
+
+describe("engine: a daemon's start", () => {
+  it('reads the state once: the interface wait reads it under the lock and hands it to the first sync, unless the files changed', async () => {
+    const { engine, dir } = await setUp();
+    const { StateStore } = await import('../../src/state/store.js');
+    const restarted = new Engine({ config: engine.config, exec: engine.deps.exec, log: engine.log });
+    const loads = () => {
+      let n = 0;
+      const load = restarted.store.load.bind(restarted.store);
+      restarted.store.load = () => {
+        n++;
+        return load();
+      };
+      return () => n;
+    };
+    const count = loads();
+    expect((await restarted.stateForResync()).dnats).toHaveLength(3000);
+    await restarted.resync('start');
+    expect(count()).toBe(1);
+    // Another writer between the wait and the sync: the sync reads the files again.
+    await restarted.stateForResync();
+    restarted.distrust();
+    await restarted.stateForResync();
+    const other = new StateStore(dir);
+    const saved = await other.withLock(() => other.load());
+    await other.withLock(() => other.save({ ...saved!, dnats: [dnat(9000)] }));
+    await restarted.resync('start');
+    expect(restarted.lastApplied?.dnats).toEqual([dnat(9000)]);
+    expect(count()).toBe(3);
+  });
+});

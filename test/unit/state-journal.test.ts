@@ -289,8 +289,7 @@ describe('StateStore readers beside the writer', () => {
     // GET /v1/state and the reconciler read the same store object while commands write.
     let reading = true;
     const readers = [0].map(async () => {
-      // A turn of the event loop per read, as requests and timers give: an unchanged snapshot
-      // with no journal is answered from memory, so a bare loop of loads would never yield.
+      // A turn of the event loop per read, as requests and timers give.
       while (reading) {
         await store.load();
         await new Promise((r) => setImmediate(r));

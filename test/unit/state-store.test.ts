@@ -19,16 +19,13 @@ describe('StateStore', () => {
     expect(readFileSync(store.stateFile, 'utf8')).toMatch(/^\{"sha256":"[0-9a-f]{64}","state":\{/);
   });
 
-  it('reads an unchanged snapshot once, and any other text in full', async () => {
+  it('reads what another writer or a hand edit left', async () => {
     const d = dir();
     const store = new StateStore(d);
     const fresh = new StateStore(d);
     const s = { ...emptyState('eth0', 'net1'), initialized: true };
     await store.save(s);
-    const first = await fresh.load();
-    expect(first).toEqual(s);
-    // The same text again (a daemon start loads the state several times): the same value.
-    expect(await fresh.load()).toBe(first);
+    expect(await fresh.load()).toEqual(s);
     // Another writer's snapshot, and then a hand edit of the same length: read anew each time.
     const other = { ...s, dnats: [{ eip: '1.2.3.4', port: 80, protocol: 'tcp' as const, internalIp: '10.0.1.6', internalPort: 80 }] };
     await store.save(other);
