@@ -226,7 +226,7 @@ describe("restart hygiene's listing (deleteUntranslated)", () => {
   const NO_TARGETS = { dsts: new Set<string>(), srcCidrs: [], srcs: new Set<string>() };
   const listingOf = (statText: string | undefined) => {
     const exec = Object.assign(new RecordingExecutor(() => ({ stdout: TCP4.slice(9) })), { readKernelFile: async () => statText });
-    return { exec, cleaned: () => new Conntrack(exec).deleteUntranslated(() => NO_TARGETS) };
+    return { exec, cleaned: () => new Conntrack(exec).deleteUntranslated(NO_TARGETS) };
   };
 
   it('a namespace that holds no entry: no conntrack runs', async () => {
