@@ -377,7 +377,7 @@ export class Engine {
   ): Promise<{ report: ApplyReport; kind: SyncMode }> {
     const qos = opts.qos ?? true;
     try {
-      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, bulk: durable.bulk, change }) };
+      return { kind: base.kind, report: await this.reconcile(next, base.state, base.backend, { qos, mode: base.kind, change }) };
     } catch (e) {
       if (base.kind === 'full') {
         await this.discard(durable);
@@ -445,7 +445,7 @@ export class Engine {
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */
   private parts(backend: NetfilterBackend): readonly Part[] {
     return [
-      netfilterPart(backend, this.eipCounters, this.log),
+      netfilterPart(backend, this.eipCounters),
       shareDnatPart(this.shareDnat),
       ctTimeoutsPart(this.ctTimeouts, backend),
       linkPart(this.link),
@@ -466,7 +466,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState,
     backend: NetfilterBackend,
-    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; bulk?: boolean; change?: StateChange },
+    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; change?: StateChange },
   ): Promise<ApplyReport> {
     const { mode } = opts;
     // What changed, as the operation said; found by identity key where the caller did not say.
@@ -481,7 +481,6 @@ export class Engine {
         const r = await part.sync(want, previous, {
           mode,
           dryRun: opts.dryRun,
-          ...(opts.bulk ? { bulk: true } : {}),
           change,
         });
         applied.push(part);
