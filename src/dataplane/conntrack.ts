@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import type { ExecResult, Executor } from '../system/exec.js';
-import { type ConntrackEntry, parseConntrackLine, parseConntrackLines } from '../model/conntrackLine.js';
+import { type ConntrackEntry, parseConntrackLines } from '../model/conntrackLine.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, deleteEntryArgs, staleEntries } from './conntrackStale.js';
 import { timelineMark } from '../system/timeline.js';
@@ -46,26 +46,6 @@ async function inParallel<T>(items: readonly T[], run: (item: T) => Promise<void
 const LIST_FIRST_ABOVE = 16;
 
 /**
- * The kernel's own table of this network namespace (CONFIG_NF_CONNTRACK_PROCFS): one read of a
- * few hundred microseconds, where `conntrack -D` costs a process and a netlink dump (~5 ms).
- */
-export const PROC_CONNTRACK = '/proc/net/nf_conntrack';
-
-/**
- * The table is believed only when all of it came out of ONE read(2), and this bound is what
- * proves that. A seq_file hands out at most its buffer (one page, 4 KiB or more) per read, and
- * each read is one walk of the hash under RCU: a walk sees every entry that exists throughout
- * it (a node moved mid-walk restarts its bucket), as conntrack's own netlink dump does. Between
- * two reads the kernel resumes by position (by a count within the bucket since 6.x, over the
- * whole hash of every namespace before): an entry deleted meanwhile before that position shifts
- * it, and the entry just after is never shown. A read that stopped because the page was full
- * stopped within one record (well under 1 KiB: ~480 bytes at most without a security context)
- * of the page's end, so text of at most a page less 1 KiB ended at the table's end: one walk.
- * A larger table (beyond ~15 IPv4 entries) is not answered here: `conntrack -D` runs as ever.
- */
-export const PROC_CONNTRACK_MAX = 3072;
-
-/**
  * The kernel's conntrack statistics of this network namespace, one line per CPU under a header;
  * the first column (`entries`) is the namespace's entry count, the same on every line. Reading
  * it walks nothing (~20 µs), where the table's read walks every bucket of the hash (262,144
@@ -84,24 +64,6 @@ export function parseConntrackEntries(text: string): number | undefined {
   if (lines[0]?.split(/\s+/)[0] !== 'entries') return undefined;
   const first = lines[1]?.split(/\s+/)[0];
   return first !== undefined && /^[0-9a-f]{1,16}$/.test(first) ? Number.parseInt(first, 16) : undefined;
-}
-
-/**
- * PURE: /proc/net/nf_conntrack text → its entries; undefined when any line is not understood
- * (a TCP or UDP entry without ports too) or the text does not end a line (then nothing is
- * proved). Its lines are conntrack -L's behind a family prefix (`ipv4     2 tcp      6 …`),
- * with IPv6 addresses in full 8-group form.
- */
-export function parseProcConntrack(text: string): ConntrackEntry[] | undefined {
-  if (text !== '' && !text.endsWith('\n')) return undefined;
-  const entries: ConntrackEntry[] = [];
-  for (const line of text.split('\n')) {
-    if (line === '') continue;
-    const e = parseConntrackLine(line);
-    if (!e || ((e.protocol === 'tcp' || e.protocol === 'udp') && e.original.dport === undefined)) return undefined;
-    entries.push(e);
-  }
-  return entries;
 }
 
 /** PURE: whether a flush with this filter would delete the flow. */
@@ -126,18 +88,15 @@ export class Conntrack {
   ) {}
 
   /**
-   * Flush for every filter, deciding by the tracked connections (flows): a filter that matches
-   * none owes nothing and is skipped, a port range deletes each port of it that has any. Where
-   * the flows are not known (a few filters, no kernel table), each filter runs its delete.
-   * `skipped`: the given filters the flows proved owe nothing.
+   * Flush for every filter, deciding by the tracked connections (flows) where they are known:
+   * a filter that matches none owes nothing and is skipped, a port range deletes each port of it
+   * that has any. Where they are not (a few filters), each filter runs its delete. `skipped`:
+   * the given filters the flows proved owe nothing.
    *
    * Why skipping is safe: the caller flushes after the commit that removed the translation, so
-   * from then on no packet is translated by it and no entry that needs the flush is created;
-   * entries that exist are all in the one walk. What neither this read nor conntrack -D's own
-   * dump (which starts later still) can see is a packet translated just before the commit whose
-   * entry the kernel confirms into the table just after the walk passed its bucket: the same
-   * window either way. With an HA peer, conntrackd writes the peer's flows into this table, so
-   * they are listed as any other.
+   * from then on no packet is translated by it and no entry that needs the flush is created.
+   * With an HA peer, conntrackd writes the peer's flows into this table, so they are counted and
+   * listed as any other.
    */
   async flushOwed(given: readonly ConntrackFilter[]): Promise<{ deleted: number; skipped: readonly ConntrackFilter[] }> {
     // Flushes that failed before go again with these (and at every resync, see retryFailed).
@@ -172,18 +131,15 @@ export class Conntrack {
   }
 
   /**
-   * The tracked connections a flush decides by: none when the entry count says so, else the
-   * kernel's table when it answers whole; without it a listing per family, for a bulk of
-   * filters (one listing instead of a process per filter) or a port range (its ports). Else
-   * undefined (not known), or the listing's result where it failed.
+   * The tracked connections a flush decides by: none when the entry count says so; else a
+   * listing per family, for a bulk of filters (one listing instead of a process per filter) or
+   * a port range (its ports). Else undefined (not known), or the listing's result where it failed.
    */
   private async flows(filters: readonly ConntrackFilter[]): Promise<ConntrackEntry[] | ExecResult | undefined> {
     // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
     // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
     if (await this.tracksNothing()) return [];
-    const table = await this.kernelTable();
-    timelineMark('conntrack: table read');
-    if (table) return table;
+    timelineMark('conntrack: table counted');
     if (filters.length <= LIST_FIRST_ABOVE && !filters.some(isRange)) return undefined;
     const listed = await Promise.all([...new Set(filters.map((f) => familyOf(f.dst)))].map((fam) => this.list(fam)));
     const flows: ConntrackEntry[] = [];
@@ -201,18 +157,6 @@ export class Conntrack {
   private async tracksNothing(): Promise<boolean> {
     const stat = await this.exec.readKernelFile?.(PROC_CONNTRACK_STAT);
     return stat !== undefined && parseConntrackEntries(stat) === 0;
-  }
-
-  /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
-  private async kernelTable(): Promise<ConntrackEntry[] | undefined> {
-    const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
-    const flows = text === undefined ? undefined : parseProcConntrack(text);
-    if (!flows && this.exec.readKernelFile)
-      this.log?.debug(
-        { file: PROC_CONNTRACK, read: text !== undefined },
-        'conntrack: the kernel table gave no whole answer (absent, unreadable, too large or not understood): conntrack runs',
-      );
-    return flows;
   }
 
   /** One family's `conntrack -L`; the result itself where the listing failed. */
