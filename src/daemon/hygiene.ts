@@ -38,8 +38,7 @@ export class RestartHygiene {
     if (this.deps.config.conntrackCleanup) {
       // Nothing natgw translates (targetsOf is empty): no entry can be stale, no listing needed.
       const none = state.eips.length + state.snats.length + state.dnats.length + state.fips.length + state.shareDnats.length === 0;
-      // The targets are computed while the listings run.
-      const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(() => targetsOf(state));
+      const deleted = none ? [] : await this.deps.conntrack.deleteUntranslated(targetsOf(state));
       const shown = deleted.slice(0, 20).map((e) => `${e.protocol} ${e.original.src}:${e.original.sport ?? ''} -> ${e.original.dst}:${e.original.dport ?? ''}`);
       log.info({ deleted: deleted.length, entries: shown }, 'restart hygiene: deleted conntrack entries committed untranslated while natgw was away');
     } else {

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
-import type { Executor } from '../system/exec.js';
-import { type ConntrackEntry, parseConntrackLine, parseConntrackLines } from '../model/conntrackLine.js';
+import type { ExecResult, Executor } from '../system/exec.js';
+import { type ConntrackEntry, parseConntrackLines } from '../model/conntrackLine.js';
 import { canonicalIp, familyOf } from '../model/net.js';
 import { type HygieneTargets, deleteEntryArgs, staleEntries } from './conntrackStale.js';
 import { timelineMark } from '../system/timeline.js';
@@ -21,13 +21,10 @@ export function conntrackDeleteArgs(f: ConntrackFilter): string[] {
   return args;
 }
 
-const HYGIENE_FAMILIES = ['ipv4', 'ipv6'] as const;
-const HYGIENE_TIMEOUT_MS = 5000;
+/** A listing, or a restart hygiene's delete, that takes longer is given up (at start it holds readiness). */
+const LIST_TIMEOUT_MS = 5000;
 
 const isRange = (f: ConntrackFilter): boolean => f.portEnd !== undefined && f.protocol !== undefined && f.port !== undefined;
-
-/** The listing a port range is flushed from: every entry to its address and protocol. */
-const rangeListArgs = (f: ConntrackFilter): string[] => ['-L', '-f', familyOf(f.dst) === 4 ? 'ipv4' : 'ipv6', '-p', f.protocol ?? 'tcp', '--orig-dst', f.dst];
 
 /** One key per flush owed: a range and its first port are different debts. */
 const filterKey = (f: ConntrackFilter): string => `${conntrackDeleteArgs(f).join(' ')}${isRange(f) ? `-${f.portEnd}` : ''}`;
@@ -49,26 +46,6 @@ async function inParallel<T>(items: readonly T[], run: (item: T) => Promise<void
 const LIST_FIRST_ABOVE = 16;
 
 /**
- * The kernel's own table of this network namespace (CONFIG_NF_CONNTRACK_PROCFS): one read of a
- * few hundred microseconds, where `conntrack -D` costs a process and a netlink dump (~5 ms).
- */
-export const PROC_CONNTRACK = '/proc/net/nf_conntrack';
-
-/**
- * The table is believed only when all of it came out of ONE read(2), and this bound is what
- * proves that. A seq_file hands out at most its buffer (one page, 4 KiB or more) per read, and
- * each read is one walk of the hash under RCU: a walk sees every entry that exists throughout
- * it (a node moved mid-walk restarts its bucket), as conntrack's own netlink dump does. Between
- * two reads the kernel resumes by position (by a count within the bucket since 6.x, over the
- * whole hash of every namespace before): an entry deleted meanwhile before that position shifts
- * it, and the entry just after is never shown. A read that stopped because the page was full
- * stopped within one record (well under 1 KiB: ~480 bytes at most without a security context)
- * of the page's end, so text of at most a page less 1 KiB ended at the table's end: one walk.
- * A larger table (beyond ~15 IPv4 entries) is not answered here: `conntrack -D` runs as ever.
- */
-export const PROC_CONNTRACK_MAX = 3072;
-
-/**
  * The kernel's conntrack statistics of this network namespace, one line per CPU under a header;
  * the first column (`entries`) is the namespace's entry count, the same on every line. Reading
  * it walks nothing (~20 µs), where the table's read walks every bucket of the hash (262,144
@@ -87,24 +64,6 @@ export function parseConntrackEntries(text: string): number | undefined {
   if (lines[0]?.split(/\s+/)[0] !== 'entries') return undefined;
   const first = lines[1]?.split(/\s+/)[0];
   return first !== undefined && /^[0-9a-f]{1,16}$/.test(first) ? Number.parseInt(first, 16) : undefined;
-}
-
-/**
- * PURE: /proc/net/nf_conntrack text → its entries; undefined when any line is not understood
- * (a TCP or UDP entry without ports too) or the text does not end a line (then nothing is
- * proved). Its lines are conntrack -L's behind a family prefix (`ipv4     2 tcp      6 …`),
- * with IPv6 addresses in full 8-group form.
- */
-export function parseProcConntrack(text: string): ConntrackEntry[] | undefined {
-  if (text !== '' && !text.endsWith('\n')) return undefined;
-  const entries: ConntrackEntry[] = [];
-  for (const line of text.split('\n')) {
-    if (line === '') continue;
-    const e = parseConntrackLine(line);
-    if (!e || ((e.protocol === 'tcp' || e.protocol === 'udp') && e.original.dport === undefined)) return undefined;
-    entries.push(e);
-  }
-  return entries;
 }
 
 /** PURE: whether a flush with this filter would delete the flow. */
@@ -129,50 +88,69 @@ export class Conntrack {
   ) {}
 
   /**
-   * Flush for every filter. First the kernel's own table (PROC_CONNTRACK, when small enough to
-   * be read in one walk): a filter that matches no entry there owes nothing and is skipped, and
-   * a port range takes its ports from it. Without that answer, a bulk change (thousands of
-   * mappings) lists once per family first and deletes only for the filters that match a tracked
-   * connection, instead of a process per filter; a listing that fails falls back to a delete
-   * per filter. `skipped`: the given filters the kernel's table proved owe nothing.
+   * Flush for every filter, deciding by the tracked connections (flows) where they are known:
+   * a filter that matches none owes nothing and is skipped, a port range deletes each port of it
+   * that has any. Where they are not (a few filters), each filter runs its delete. `skipped`:
+   * the given filters the flows proved owe nothing.
    *
    * Why skipping is safe: the caller flushes after the commit that removed the translation, so
-   * from then on no packet is translated by it and no entry that needs the flush is created;
-   * entries that exist are all in the one walk. What neither this read nor conntrack -D's own
-   * dump (which starts later still) can see is a packet translated just before the commit whose
-   * entry the kernel confirms into the table just after the walk passed its bucket: the same
-   * window either way. With an HA peer, conntrackd writes the peer's flows into this table, so
-   * they are listed as any other.
+   * from then on no packet is translated by it and no entry that needs the flush is created.
+   * With an HA peer, conntrackd writes the peer's flows into this table, so they are counted and
+   * listed as any other.
    */
   async flushOwed(given: readonly ConntrackFilter[]): Promise<{ deleted: number; skipped: readonly ConntrackFilter[] }> {
     // Flushes that failed before go again with these (and at every resync, see retryFailed).
-    const filters = this.failed.size > 0 ? [...given, ...[...this.failed.values()].map((x) => x.filter)] : given;
+    const filters = [...given, ...[...this.failed.values()].map((x) => x.filter)];
     if (filters.length === 0) return { deleted: 0, skipped: [] };
-    let todo = filters;
-    const tracked = await this.kernelTable();
-    timelineMark('conntrack: table read');
+    const flows = await this.flows(filters);
     const skipped: ConntrackFilter[] = [];
-    if (tracked) {
-      todo = filters.filter((f) => {
-        if (tracked.some((flow) => matches(f, flow))) return true;
-        // Nothing to delete: a debt owed from before is paid too.
-        this.failed.delete(filterKey(f));
+    const deletes: ConntrackFilter[] = [];
+    for (const f of filters) {
+      if (!Array.isArray(flows)) {
+        // Not known: a port runs its delete; a range, whose ports only a listing names, is owed.
+        if (!isRange(f)) deletes.push(f);
+        else if (flows) this.failedFlush(f, flows);
+        continue;
+      }
+      const hits = flows.filter((flow) => matches(f, flow));
+      // Nothing to delete, or a range split into its ports: a debt owed from before is paid too.
+      if (hits.length === 0 || isRange(f)) this.failed.delete(filterKey(f));
+      if (hits.length === 0) {
         if (given.includes(f)) skipped.push(f);
         this.log?.debug({ filter: f }, 'conntrack flush skipped: no tracked connection matches');
-        return false;
-      });
-    } else if (filters.length > LIST_FIRST_ABOVE) {
-      const flows = await this.list(filters);
-      if (flows) todo = filters.filter((f) => flows.some((flow) => matches(f, flow)));
-      this.log?.debug({ filters: filters.length, matching: todo.length }, 'conntrack: listed before flushing');
+      } else if (!isRange(f)) deletes.push(f);
+      else for (const port of new Set(hits.map((flow) => flow.original.dport as number))) deletes.push({ dst: f.dst, protocol: f.protocol, port });
     }
     let deleted = 0;
-    await inParallel(todo, async (f) => {
+    await inParallel(deletes, async (f) => {
       // Awaited before the sum: `deleted += await …` would add to the value read before the wait.
-      const n = tracked && isRange(f) ? await this.flushRange(f, tracked) : await this.flush(f);
+      const n = await this.flush(f);
       deleted += n;
     });
     return { deleted, skipped };
+  }
+
+  /**
+   * The tracked connections a flush decides by: none when the entry count says so; else a
+   * listing per family, for a bulk of filters (one listing instead of a process per filter) or
+   * a port range (its ports). Else undefined (not known), or the listing's result where it failed.
+   */
+  private async flows(filters: readonly ConntrackFilter[]): Promise<ConntrackEntry[] | ExecResult | undefined> {
+    // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
+    // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
+    if (await this.tracksNothing()) return [];
+    timelineMark('conntrack: table counted');
+    if (filters.length <= LIST_FIRST_ABOVE && !filters.some(isRange)) return undefined;
+    const listed = await Promise.all([...new Set(filters.map((f) => familyOf(f.dst)))].map((fam) => this.list(fam)));
+    const flows: ConntrackEntry[] = [];
+    for (const l of listed) {
+      if (!Array.isArray(l)) {
+        this.log?.warn({ exitCode: l.exitCode, stderr: l.stderr.trim() }, 'conntrack listing failed: flushing filter by filter');
+        return l;
+      }
+      flows.push(...l);
+    }
+    return flows;
   }
 
   /** Whether the namespace's entry count (PROC_CONNTRACK_STAT) proves it tracks no connection at all. */
@@ -181,33 +159,12 @@ export class Conntrack {
     return stat !== undefined && parseConntrackEntries(stat) === 0;
   }
 
-  /** The kernel's table when the executor can read it and it answers whole (PROC_CONNTRACK_MAX); else undefined. */
-  private async kernelTable(): Promise<ConntrackEntry[] | undefined> {
-    // Most deletes find a table with nothing in it (a gateway nobody connects through yet, the
-    // shim talks to the daemon over a Unix socket): the count says so without walking the hash.
-    if (await this.tracksNothing()) return [];
-    const text = await this.exec.readKernelFile?.(PROC_CONNTRACK, PROC_CONNTRACK_MAX);
-    const flows = text === undefined ? undefined : parseProcConntrack(text);
-    if (!flows && this.exec.readKernelFile)
-      this.log?.debug(
-        { file: PROC_CONNTRACK, read: text !== undefined },
-        'conntrack: the kernel table gave no whole answer (absent, unreadable, too large or not understood): conntrack runs',
-      );
-    return flows;
-  }
-
-  private async list(filters: readonly ConntrackFilter[]): Promise<ConntrackEntry[] | undefined> {
-    const families = [...new Set(filters.map((f) => familyOf(f.dst)))];
-    const flows: ConntrackEntry[] = [];
-    for (const fam of families) {
-      const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam === 4 ? 'ipv4' : 'ipv6'] });
-      if (r.exitCode !== 0) {
-        this.log?.warn({ exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: flushing filter by filter');
-        return undefined;
-      }
-      flows.push(...parseConntrackLines(r.stdout));
-    }
-    return flows;
+  /** One family's `conntrack -L`; the result itself where the listing failed. */
+  private async list(family: 4 | 6): Promise<ConntrackEntry[] | ExecResult> {
+    const r = await this.exec.run({ file: 'conntrack', args: ['-L', '-f', family === 4 ? 'ipv4' : 'ipv6', '-o', 'extended'], timeoutMs: LIST_TIMEOUT_MS });
+    // An empty table may exit 1 with its summary line: that is an answer.
+    if (r.failedToStart || r.timedOut || (r.exitCode !== 0 && r.stdout.trim() === '' && !/ 0 flow entries/.test(r.stderr))) return r;
+    return parseConntrackLines(r.stdout);
   }
 
   /**
@@ -227,80 +184,58 @@ export class Conntrack {
     return this.failed.size > 0 ? (await this.flushOwed([])).deleted : 0;
   }
 
+  /** Delete the entries of one filter (a single port, or none): the count deleted. */
   async flush(f: ConntrackFilter): Promise<number> {
-    const key = filterKey(f);
-    // A range is listed first (see flushRange); a listing that fails is owed like a delete that fails.
-    const r = isRange(f)
-      ? await this.exec.run({ file: 'conntrack', args: rangeListArgs(f) })
-      : await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
-    if (r.failedToStart) {
-      this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
-      this.failed.delete(key);
-      return 0;
-    }
-    const m = /(\d+) flow entries have been (deleted|shown)/.exec(r.stderr + r.stdout);
+    const r = await this.exec.run({ file: 'conntrack', args: conntrackDeleteArgs(f) });
+    const m = /(\d+) flow entries have been deleted/.exec(r.stderr + r.stdout);
     // conntrack exits 1 with its summary line when nothing matched: that is success.
-    if (r.timedOut || (r.exitCode !== 0 && !m)) {
-      const attempts = (this.failed.get(key)?.attempts ?? 0) + 1;
-      if (attempts >= MAX_FLUSH_ATTEMPTS) this.failed.delete(key);
-      else this.failed.set(key, { filter: f, attempts });
-      this.log?.error(
-        { filter: f, exitCode: r.exitCode, timedOut: r.timedOut, stderr: r.stderr.trim().slice(0, 500), attempts, willRetry: attempts < MAX_FLUSH_ATTEMPTS },
-        'conntrack flush failed: connections may keep the old translation',
-      );
+    if (r.failedToStart || r.timedOut || (r.exitCode !== 0 && !m)) {
+      this.failedFlush(f, r);
       return 0;
     }
-    this.failed.delete(key);
-    if (isRange(f)) return this.flushRange(f, parseConntrackLines(r.stdout));
+    this.failed.delete(filterKey(f));
     const n = m ? Number(m[1]) : 0;
     this.log?.info({ filter: f, deleted: n }, 'conntrack flushed');
     return n;
   }
 
+  /** A flush (or the listing a range needs) failed: owed again a bounded number of times, unless the tool is missing. */
+  private failedFlush(f: ConntrackFilter, r: ExecResult): void {
+    const key = filterKey(f);
+    if (r.failedToStart) {
+      this.log?.warn({ filter: f }, 'conntrack tool missing: stale connections were not flushed');
+      this.failed.delete(key);
+      return;
+    }
+    const attempts = (this.failed.get(key)?.attempts ?? 0) + 1;
+    if (attempts >= MAX_FLUSH_ATTEMPTS) this.failed.delete(key);
+    else this.failed.set(key, { filter: f, attempts });
+    this.log?.error(
+      { filter: f, exitCode: r.exitCode, timedOut: r.timedOut, stderr: r.stderr.trim().slice(0, 500), attempts, willRetry: attempts < MAX_FLUSH_ATTEMPTS },
+      'conntrack flush failed: connections may keep the old translation',
+    );
+  }
+
   /**
    * Restart hygiene: list both families at once (the listing holds the daemon's readiness after
    * a start), then delete, entry by exact tuple, every untranslated entry that touches the
-   * targets (conntrackStale.ts), computed while the listings run. Each tool run is bounded by
-   * HYGIENE_TIMEOUT_MS; a missing tool or a failed listing is logged and skips that family.
+   * targets (conntrackStale.ts). Each tool run is bounded by LIST_TIMEOUT_MS; a missing tool or
+   * a failed listing is logged and skips that family.
    */
-  async deleteUntranslated(targetsLater: () => HygieneTargets): Promise<ConntrackEntry[]> {
-    // A pod just (re)started holds no entry at all: the count says so without two processes
-    // (~10 ms beside the start's address batch, on the restore's path to readiness).
+  async deleteUntranslated(targets: HygieneTargets): Promise<ConntrackEntry[]> {
+    // A pod just (re)started holds no entry at all: the count says so without two processes.
     if (await this.tracksNothing()) return [];
-    const listing = Promise.all(
-      HYGIENE_FAMILIES.map((fam) => this.exec.run({ file: 'conntrack', args: ['-L', '-f', fam, '-o', 'extended'], timeoutMs: HYGIENE_TIMEOUT_MS })),
-    );
-    const targets = targetsLater();
-    const listings = await listing;
     const stale: ConntrackEntry[] = [];
-    for (const [i, fam] of HYGIENE_FAMILIES.entries()) {
-      const r = listings[i]!;
-      if (r.failedToStart || (r.exitCode !== 0 && r.stdout.trim() === '')) {
-        if (r.failedToStart || !/0 flow entries/.test(r.stderr))
-          this.log?.warn({ family: fam, exitCode: r.exitCode, stderr: r.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
-        continue;
-      }
-      stale.push(...staleEntries(parseConntrackLines(r.stdout), targets));
+    for (const listed of await Promise.all(([4, 6] as const).map((fam) => this.list(fam)))) {
+      if (Array.isArray(listed)) stale.push(...staleEntries(listed, targets));
+      else this.log?.warn({ exitCode: listed.exitCode, stderr: listed.stderr.trim() }, 'conntrack listing failed: untranslated entries not cleaned up');
     }
     const deleted: ConntrackEntry[] = [];
     await inParallel(stale, async (e) => {
       // Exit 1 means the entry went away meanwhile (timed out, or a packet replaced it): nothing to do.
-      const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs: HYGIENE_TIMEOUT_MS });
+      const r = await this.exec.run({ file: 'conntrack', args: deleteEntryArgs(e), timeoutMs: LIST_TIMEOUT_MS });
       if (r.exitCode === 0) deleted.push(e);
     });
-    return deleted;
-  }
-
-  /**
-   * A port range: conntrack filters on one destination port, so the entries to that address and
-   * protocol are listed once (by flush, which owes the range a retry when the listing fails, or
-   * read from the kernel's table by flushOwed) and a delete runs for each port of the range that
-   * has any (not for each of up to 65,535 ports); each of those owes its own retry.
-   */
-  private async flushRange(f: ConntrackFilter, flows: readonly ConntrackEntry[]): Promise<number> {
-    const ports = [...new Set(flows.filter((flow) => matches(f, flow)).map((flow) => flow.original.dport as number))];
-    let deleted = 0;
-    for (const port of ports) deleted += await this.flush({ dst: f.dst, protocol: f.protocol as 'tcp' | 'udp', port });
     return deleted;
   }
 }

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { ExecError, type Executor } from '../system/exec.js';
+import type { Executor } from '../system/exec.js';
 import { familyOf } from '../model/net.js';
 import { SystemNftClient, type NftClient } from './netfilter/nft/client.js';
 import type { NftTableDump } from './netfilter/nft/types.js';
@@ -101,10 +101,7 @@ export function accountingOf(dump: NftTableDump): Accounting {
   return { complete, traffic };
 }
 
-/**
- * The accounting table of the kernel: read at every change (one small listing), planned by
- * accountingTx, applied in an nft transaction of its own or carried by the nftables backend's.
- */
+/** The accounting table of the kernel: read at every change (one small listing), planned by accountingTx. */
 export class EipCounters {
   private readonly nft: NftClient;
 
@@ -122,13 +119,16 @@ export class EipCounters {
       const dump = await this.nft.list('inet', ACCT_TABLE);
       return dump ? accountingOf(dump) : null;
     } catch (e) {
-      if (e instanceof ExecError) return undefined;
-      throw e;
+      this.log?.debug({ err: e }, 'accounting table not listed: rebuilt');
+      return undefined;
     }
   }
 
-  /** The change taking what the table holds now to count exactly `eips`. */
-  private async change(eips: readonly string[]): Promise<NftTransaction> {
+  /**
+   * The change taking what the table holds now to count exactly `eips`, for a transaction of its
+   * own (sync) or for the nftables backend's to carry (so a change runs one `nft`).
+   */
+  async change(eips: readonly string[]): Promise<NftTransaction> {
     const listed = await this.list();
     return accountingTx(listed?.complete ? new Set(listed.traffic.keys()) : undefined, eips, { absent: listed === null });
   }
@@ -145,19 +145,6 @@ export class EipCounters {
     } catch (e) {
       this.log?.warn({ err: e }, 'per-EIP accounting not updated; the next sync retries');
       return 0;
-    }
-  }
-
-  /**
-   * The change for another nft transaction to carry (the nftables backend's, so a change runs
-   * one process). Never rejects: undefined means sync() on its own.
-   */
-  async fold(eips: readonly string[]): Promise<NftTransaction | undefined> {
-    try {
-      return await this.change(eips);
-    } catch (e) {
-      this.log?.debug({ err: e }, 'accounting table not listed; synced on its own');
-      return undefined;
     }
   }
 

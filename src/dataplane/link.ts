@@ -8,7 +8,8 @@ import type { DesiredState } from '../state/state.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { timelineMark } from '../system/timeline.js';
 import type { UplinkNetwork } from '../model/uplinks.js';
-import { addressesOf, type IpAddrJson, type LinkAddress, type LinkOwned, type LinkRoute, type LinkView, linkLine, linkOps, netDevNames } from './linkPlan.js';
+import { z } from 'zod';
+import { addressesOf, type IpAddrJson, type LinkAddress, type LinkOwned, type LinkRoute, type LinkView, netDevNames, planLink } from './linkPlan.js';
 
 /**
  * Addresses, routes and ARP on natgw's interfaces: "make it so" for the plan of linkPlan.ts.
@@ -51,12 +52,8 @@ const ARP_TIMEOUT_MS = 10_000;
  * have added in the record and removes those the state does not want (roll forward to the
  * state that was persisted, which is the old or the new one).
  */
-export interface OwnedRecord {
-  readonly ext: string;
-  readonly vpc: string;
-  readonly addresses: readonly string[];
-  readonly routes: readonly string[];
-}
+const ownedRecordSchema = z.object({ ext: z.string(), vpc: z.string(), addresses: z.array(z.string()), routes: z.array(z.string()) });
+type OwnedRecord = z.infer<typeof ownedRecordSchema>;
 
 /** A record of `want`'s interfaces owning these addresses and routes. */
 function recordOf(want: DesiredState, addresses: readonly string[], routes: readonly string[]): OwnedRecord {
@@ -65,14 +62,6 @@ function recordOf(want: DesiredState, addresses: readonly string[], routes: read
 
 const eipsOf = (s: DesiredState | undefined): string[] => (s?.eips ?? []).map((e) => e.address);
 const routesOf = (s: DesiredState | undefined): string[] => (s?.routes ?? []).map((r) => r.cidr);
-
-/** The ownership record as natgw writes it; anything else owns nothing. */
-function parseOwned(raw: unknown): OwnedRecord | undefined {
-  const r = raw as Partial<OwnedRecord> | null;
-  const strings = (x: unknown): string[] => (Array.isArray(x) ? x.filter((v): v is string => typeof v === 'string') : []);
-  if (typeof r?.ext !== 'string' || typeof r.vpc !== 'string') return undefined;
-  return { ext: r.ext, vpc: r.vpc, addresses: strings(r.addresses), routes: strings(r.routes) };
-}
 
 export class LinkManager {
   /** The durable ownership record (see RecordFile for when it is read again). */
@@ -87,7 +76,11 @@ export class LinkManager {
     ownedFile?: string,
   ) {
     this.owned = ownedFile
-      ? new RecordFile(ownedFile, parseOwned, (err) => log?.warn({ err, file: ownedFile }, 'ownership record unreadable: ignored'))
+      ? new RecordFile(
+          ownedFile,
+          (raw) => ownedRecordSchema.parse(raw),
+          (err) => log?.warn({ err, file: ownedFile }, 'ownership record unreadable: ignored'),
+        )
       : undefined;
   }
 
@@ -116,17 +109,7 @@ export class LinkManager {
 
   /** Write `rec` unless the file already holds it (`cur`: what this sync read or wrote there). */
   private async writeOwned(rec: OwnedRecord, cur: OwnedRecord | undefined): Promise<void> {
-    if (!this.owned) return;
-    const same = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
-    if (cur && cur.ext === rec.ext && cur.vpc === rec.vpc && same(cur.addresses, rec.addresses) && same(cur.routes, rec.routes)) return;
-    // The record must be durable before the kernel changes (intent) and is re-read by the next
-    // process: the same atomic write as the state file.
-    await this.owned.write(rec);
-  }
-
-  /** What the record owns on `want`'s interfaces; a record of other interfaces owns nothing there. */
-  private static ownedOn(rec: OwnedRecord | undefined, want: DesiredState): Pick<OwnedRecord, 'addresses' | 'routes'> {
-    return rec && rec.ext === want.interfaces.ext && rec.vpc === want.interfaces.vpc ? rec : { addresses: [], routes: [] };
+    if (JSON.stringify(rec) !== JSON.stringify(cur)) await this.owned?.write(rec);
   }
 
   /**
@@ -173,10 +156,9 @@ export class LinkManager {
     const { vpc, ext } = s.interfaces;
     // The uplinks natgw applied before count too: a re-init that drops one takes its EIPs off it.
     const secondary = [...new Set([...(s.interfaces.secondary ?? []), ...(previous?.interfaces.secondary ?? [])].map((u) => u.name).filter((n) => n !== ext))];
-    const [v4, v6, uplinks] = await Promise.all([
-      this.batchJson(['-j', '-batch', '-'], [`addr show dev ${ext}`, `route show dev ${vpc}`, `route show default dev ${ext}`]),
+    const [v4, v6] = await Promise.all([
+      this.batchJson(['-j', '-batch', '-'], ['addr show', `route show dev ${vpc}`, `route show default dev ${ext}`]),
       this.batchJson(['-6', '-j', '-batch', '-'], [`route show dev ${vpc}`, `route show default dev ${ext}`]),
-      secondary.length > 0 ? this.allAddresses() : undefined,
     ]);
     const routes = (x: unknown): LinkRoute[] =>
       ((x ?? []) as { dst: string; gateway?: string; protocol?: string }[]).map((r) => ({
@@ -184,26 +166,20 @@ export class LinkManager {
         gateway: r.gateway,
         ...(r.protocol ? { protocol: r.protocol } : {}),
       }));
-    const primary = addressesOf((v4[0] ?? []) as IpAddrJson[]);
-    const base = { vpcRoutes: [...routes(v4[1]), ...routes(v6[0])], extDefaults: [...routes(v4[2]), ...routes(v6[1])] };
-    if (!uplinks) return { extAddresses: primary, ...base };
-    const found = secondary.flatMap((dev) => uplinks.filter((l) => l.ifname === dev));
+    const links = (v4[0] ?? []) as IpAddrJson[];
+    const on = (dev: string) => addressesOf(links.filter((l) => l.ifname === dev));
     return {
-      extAddresses: [...primary, ...found.flatMap((l) => addressesOf([l]).map((a) => ({ ...a, dev: l.ifname ?? '' })))],
-      devices: new Set(found.map((l) => l.ifname ?? '')),
-      ...base,
+      extAddresses: [...on(ext), ...secondary.flatMap((dev) => on(dev).map((a) => ({ ...a, dev })))],
+      devices: new Set(secondary.filter((dev) => links.some((l) => l.ifname === dev))),
+      vpcRoutes: [...routes(v4[1]), ...routes(v6[0])],
+      extDefaults: [...routes(v4[2]), ...routes(v6[1])],
     };
-  }
-
-  /** Every interface's addresses (`ip -j addr show`), for the secondary uplinks. */
-  private async allAddresses(): Promise<IpAddrJson[]> {
-    const r = await this.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'] });
-    return r.exitCode === 0 ? (JSON.parse(r.stdout || '[]') as IpAddrJson[]) : [];
   }
 
   /** The networks the named uplinks are connected to, from their addresses (what `ip route get` consults). */
   async uplinkNetworks(names: readonly string[]): Promise<UplinkNetwork[]> {
-    const links = await this.allAddresses();
+    const r = await this.exec.run({ file: 'ip', args: ['-j', 'addr', 'show'] });
+    const links = r.exitCode === 0 ? (JSON.parse(r.stdout || '[]') as IpAddrJson[]) : [];
     return names.flatMap((dev) =>
       addressesOf(links.filter((l) => l.ifname === dev))
         .filter((a) => a.scope === 'global')
@@ -237,23 +213,23 @@ export class LinkManager {
   /** Make addresses and routes hold `want`, planned against what the kernel lists now. */
   async sync(want: DesiredState, previous: DesiredState | undefined, opts: SyncOptions = {}): Promise<LinkSyncResult> {
     const notes = this.heldNotes(want, opts.dryRun === true);
-    const done = (changes: number, script: string): LinkSyncResult => (notes.length ? { changes, script, notes } : { changes, script });
     const have = await this.view(want, previous);
     const record = await this.ownedRecord();
-    const mine = LinkManager.ownedOn(record, want);
+    // A record of other interfaces owns nothing on these.
+    const mine = record?.ext === want.interfaces.ext && record.vpc === want.interfaces.vpc ? record : { addresses: [], routes: [] };
     // What natgw may remove: what the record owns and what the delete commands under way named.
     const owned: LinkOwned = {
       addresses: new Set([...mine.addresses, ...this.releasing.addresses]),
       routes: new Set([...mine.routes, ...this.releasing.routes]),
     };
-    const ops = linkOps(have, want, previous, owned);
-    const lines = ops.map((op) => linkLine(op, want.interfaces));
+    const lines = planLink(have, want, previous, owned);
     const script = lines.length ? `${lines.join('\n')}\n` : '';
-    if (opts.dryRun) return done(lines.length, script);
+    const result = { changes: lines.length, script, ...(notes.length ? { notes } : {}) };
+    if (opts.dryRun) return result;
     const settled = recordOf(want, eipsOf(want), routesOf(want));
     if (lines.length === 0) {
       await this.writeOwned(settled, record);
-      return done(0, script);
+      return result;
     }
     // Intent first, durable before the kernel changes: everything this change may add joins
     // what natgw already owns.
@@ -261,7 +237,7 @@ export class LinkManager {
     const intent = recordOf(want, [...mine.addresses, ...eipsOf(previous), ...eipsOf(want)], [...mine.routes, ...routesOf(previous), ...routesOf(want)]);
     await this.writeOwned(intent, record);
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
-    for (const dev of new Set(ops.flatMap((op) => (op.kind === 'addr-del' ? [op.dev ?? want.interfaces.ext] : [])))) await this.promoteSecondaries(dev);
+    if (lines.some((l) => l.startsWith('addr del '))) for (const dev of [want.interfaces.ext, ...(have.devices ?? [])]) await this.promoteSecondaries(dev);
     timelineMark('link: intent recorded');
     const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // `ip -batch` stops at the first error with the lines before it applied: the kernel is
@@ -269,7 +245,7 @@ export class LinkManager {
     if (r.exitCode !== 0) throw new ExecError(r, 'the address and route change', script);
     await this.writeOwned(settled, intent);
     this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
-    return done(lines.length, script);
+    return result;
   }
 
   /** Subnet routes to the default the external one owns (heldDefaultRoutes) warned about in the log so far. */
@@ -295,10 +271,7 @@ export class LinkManager {
    * even where PID 1 (`sleep infinity`) reaps nothing.
    */
   announce(ifname: string, ip: string): void {
-    const key = `${ifname} ${ip}`;
-    if (this.arpQueued.has(key)) return;
-    this.arpQueued.add(key);
-    this.arpQueue.push({ ifname, ip });
+    this.arpQueue.set(`${ifname} ${ip}`, { ifname, ip });
     this.schedulePump();
   }
 
@@ -318,19 +291,20 @@ export class LinkManager {
 
   /** Resolves when every announcement queued so far has finished (an in-process run waits for it). */
   async settle(): Promise<void> {
-    while (this.arpRunning > 0 || this.arpQueue.length > 0) await new Promise<void>((r) => this.arpIdle.push(r));
+    while (this.arpRunning > 0 || this.arpQueue.size > 0) await new Promise<void>((r) => this.arpIdle.push(r));
   }
 
-  private readonly arpQueue: Array<{ ifname: string; ip: string }> = [];
-  private readonly arpQueued = new Set<string>();
+  /** By `ifname ip`, in the order queued: an EIP announced again while still queued is sent once. */
+  private readonly arpQueue = new Map<string, { ifname: string; ip: string }>();
   private arpRunning = 0;
   private arpPumpScheduled = false;
   private arpIdle: Array<() => void> = [];
 
   private pumpArp(): void {
-    if (this.arpRunning < ARP_PARALLELISM && this.arpQueue.length > 0) {
-      const { ifname, ip } = this.arpQueue.shift() as { ifname: string; ip: string };
-      this.arpQueued.delete(`${ifname} ${ip}`);
+    const [key, next] = this.arpQueue.entries().next().value ?? [];
+    if (this.arpRunning < ARP_PARALLELISM && key !== undefined && next !== undefined) {
+      const { ifname, ip } = next;
+      this.arpQueue.delete(key);
       this.arpRunning++;
       void this.exec
         .run({ ...announcement(ifname, ip), timeoutMs: ARP_TIMEOUT_MS })
@@ -343,9 +317,9 @@ export class LinkManager {
         .finally(() => {
           this.arpRunning--;
           this.schedulePump();
-          if (this.arpRunning === 0 && this.arpQueue.length === 0) for (const r of this.arpIdle.splice(0)) r();
+          if (this.arpRunning === 0 && this.arpQueue.size === 0) for (const r of this.arpIdle.splice(0)) r();
         });
-      if (this.arpQueue.length > 0) this.schedulePump();
+      if (this.arpQueue.size > 0) this.schedulePump();
     }
   }
 

@@ -35,14 +35,6 @@ export interface LinkView {
   readonly extDefaults: readonly LinkRoute[];
 }
 
-/** One change planLink decides on, in the order it runs. */
-export type LinkOp =
-  | { readonly kind: 'addr-replace'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
-  | { readonly kind: 'addr-del'; readonly address: string; readonly prefixLength: number; readonly dev?: string }
-  | { readonly kind: 'route-replace'; readonly cidr: string; readonly nexthop: string }
-  | { readonly kind: 'route-del'; readonly cidr: string }
-  | { readonly kind: 'default'; readonly gateway: string };
-
 /**
  * What natgw may remove besides what the previous state lists: addresses (any prefix) on EXT
  * and route destinations on VPC that it owns by its durable record (an add that failed half-way
@@ -54,23 +46,29 @@ export interface LinkOwned {
   readonly routes: ReadonlySet<string>;
 }
 
-/** PURE: the changes that take `have` to `want`, given what natgw programmed before and owns. */
-export function linkOps(have: LinkView, want: DesiredState, previous: DesiredState | undefined, owned?: LinkOwned): LinkOp[] {
-  const ops: LinkOp[] = [];
+/**
+ * PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before
+ * and owns: addresses, then routes, then default routes.
+ */
+export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined, owned?: LinkOwned): string[] {
+  const { ext, vpc } = want.interfaces;
+  const lines: string[] = [];
+  const addrLine = (verb: 'replace' | 'del', dev: string | undefined, address: string, len: number): string =>
+    // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
+    `addr ${verb} ${address}/${len} dev ${dev ?? ext}${verb === 'replace' && familyOf(address) === 6 ? ' nodad' : ''}`;
   // The kernel keys an IPv4 address by address AND prefix: `addr replace` with a new prefix
   // adds a second address, so every other prefix of an EIP's address is removed explicitly.
   // With several uplinks an address is keyed by its device too (addressKey).
   const prefixes = new Map<string, { dev: string | undefined; len: number }[]>();
   for (const a of have.extAddresses) prefixes.set(a.address, [...(prefixes.get(a.address) ?? []), { dev: a.dev, len: a.prefixLength }]);
   const heldAt = (address: string) => prefixes.get(address) ?? [];
-  const deletes = new Map<string, LinkOp & { kind: 'addr-del' }>();
+  const deletes = new Map<string, string>();
   const del = (dev: string | undefined, address: string, prefixLength: number): void => {
-    const op = { kind: 'addr-del', address, prefixLength, ...onDev(dev) } as const;
-    deletes.set(addressKey(op), op);
+    deletes.set(addressKey({ dev, address, prefixLength }), addrLine('del', dev, address, prefixLength));
   };
   for (const e of want.eips) {
     const on = eipInterface(want.interfaces, e);
-    const dev = on === want.interfaces.ext ? undefined : on;
+    const dev = on === ext ? undefined : on;
     // A secondary uplink that is gone: its EIPs wait for it (the link event's resync adds them).
     if (dev !== undefined && !have.devices?.has(dev)) continue;
     for (const x of heldAt(e.address)) if (x.dev !== dev) del(x.dev, e.address, x.len);
@@ -84,9 +82,9 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
     }
     // IPv6 keys an address without its prefix: a replace would keep the old prefix and the
     // delete after it would take the address, so the old prefix goes first.
-    if (familyOf(e.address) === 6) for (const len of stale) ops.push({ kind: 'addr-del', address: e.address, prefixLength: len, ...onDev(dev) });
+    if (familyOf(e.address) === 6) for (const len of stale) lines.push(addrLine('del', dev, e.address, len));
     else for (const len of stale) del(dev, e.address, len);
-    ops.push({ kind: 'addr-replace', address: e.address, prefixLength: e.prefixLength, ...onDev(dev) });
+    lines.push(addrLine('replace', dev, e.address, e.prefixLength));
   }
   const wantedEips = new Set(want.eips.map((e) => e.address));
   const removable = new Set([...(previous?.eips ?? []).map((e) => e.address), ...(owned?.addresses ?? [])]);
@@ -98,7 +96,7 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   // without promote_secondaries removing a primary cannot take the other EIPs of its subnet.
   const position = new Map(have.extAddresses.map((a, i) => [addressKey(a), i]));
   const at = (key: string): number => position.get(key) ?? -1;
-  ops.push(...[...deletes].sort(([a], [b]) => at(b) - at(a)).map(([, op]) => op));
+  lines.push(...[...deletes].sort(([a], [b]) => at(b) - at(a)).map(([, line]) => line));
 
   const routeHave = new Map(have.vpcRoutes.map((r) => [normaliseDst(r.dst, r.gateway), r.gateway]));
   // A subnet route to a default the external default owns is held, not installed: installing
@@ -107,45 +105,22 @@ export function linkOps(have: LinkView, want: DesiredState, previous: DesiredSta
   const held = new Set(heldDefaultRoutes(want).map((h) => h.route.cidr));
   for (const r of want.routes) {
     if (held.has(r.cidr)) continue;
-    if (routeHave.get(r.cidr) !== r.nexthop) ops.push({ kind: 'route-replace', cidr: r.cidr, nexthop: r.nexthop });
+    if (routeHave.get(r.cidr) !== r.nexthop) lines.push(`route replace ${r.cidr} via ${r.nexthop} dev ${vpc}`);
   }
   const wantedRoutes = new Set(want.routes.map((r) => r.cidr));
   for (const cidr of new Set([...(previous?.routes ?? []).map((r) => r.cidr), ...(owned?.routes ?? [])])) {
-    if (!wantedRoutes.has(cidr) && routeHave.has(cidr)) ops.push({ kind: 'route-del', cidr });
+    if (!wantedRoutes.has(cidr) && routeHave.has(cidr)) lines.push(`route del ${cidr} dev ${vpc}`);
   }
 
   for (const gw of [want.defaultRoutes.v4, want.defaultRoutes.v6]) {
     if (gw === undefined) continue;
-    if (!have.extDefaults.some((d) => d.gateway === gw)) ops.push({ kind: 'default', gateway: gw });
+    if (!have.extDefaults.some((d) => d.gateway === gw)) lines.push(`route replace default via ${gw} dev ${ext} onlink`);
   }
-  return ops;
-}
-
-const onDev = (dev: string | undefined): { dev?: string } => (dev === undefined ? {} : { dev });
-
-/** PURE: the `ip -batch` lines that take `have` to `want`, given what natgw programmed before. */
-export function planLink(have: LinkView, want: DesiredState, previous: DesiredState | undefined): string[] {
-  return linkOps(have, want, previous).map((op) => linkLine(op, want.interfaces));
-}
-
-export function linkLine(op: LinkOp, ifs: DesiredState['interfaces']): string {
-  switch (op.kind) {
-    case 'addr-replace':
-      // IPv6 EIPs skip DAD: IPAM allocated them, and a tentative address would drop traffic for seconds.
-      return `addr replace ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}${familyOf(op.address) === 6 ? ' nodad' : ''}`;
-    case 'addr-del':
-      return `addr del ${op.address}/${op.prefixLength} dev ${op.dev ?? ifs.ext}`;
-    case 'route-replace':
-      return `route replace ${op.cidr} via ${op.nexthop} dev ${ifs.vpc}`;
-    case 'route-del':
-      return `route del ${op.cidr} dev ${ifs.vpc}`;
-    case 'default':
-      return `route replace default via ${op.gateway} dev ${ifs.ext} onlink`;
-  }
+  return lines;
 }
 
 /** An address's identity on natgw's uplinks: device (absent: the primary), address and prefix. */
-const addressKey = (a: { readonly dev?: string; readonly address: string; readonly prefixLength: number }): string =>
+const addressKey = (a: { readonly dev?: string | undefined; readonly address: string; readonly prefixLength: number }): string =>
   `${a.dev ?? ''}|${a.address}/${a.prefixLength}`;
 
 /**

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { ExecError, type Executor } from '../system/exec.js';
 import { type Neighbour, neighbourKey } from '../model/neighbour.js';
 import type { SyncOptions } from './netfilter/backend.js';
-import { type NeighbourView, parseNeighbours, planNeighbours, renderNeighbours } from './neighboursPlan.js';
+import { type NeighbourView, parseNeighbours, planNeighbours } from './neighboursPlan.js';
 
 /**
  * Static neighbour entries (PERMANENT, owned by natgw). Every sync reads the kernel back
@@ -38,16 +38,16 @@ export class NeighbourManager {
 
   async sync(want: readonly Neighbour[], previous: readonly Neighbour[], opts: SyncOptions = {}): Promise<{ changes: number; script: string }> {
     const have = await this.view();
-    const ops = planNeighbours(have, want, previous);
-    const script = renderNeighbours(ops);
-    if (opts.dryRun) return { changes: ops.length, script };
+    const lines = planNeighbours(have, want, previous);
+    const script = lines.map((l) => `${l}\n`).join('');
+    if (opts.dryRun) return { changes: lines.length, script };
     // Before the apply: the deletions natgw makes itself must not read as drift.
     this.held = new Set(want.map(neighbourKey));
-    if (ops.length > 0) {
+    if (lines.length > 0) {
       const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
       if (r.exitCode !== 0) throw new ExecError(r, 'the static neighbour change', script);
-      this.log?.debug({ changes: ops.length }, 'static neighbours applied');
+      this.log?.debug({ changes: lines.length }, 'static neighbours applied');
     }
-    return { changes: ops.length, script };
+    return { changes: lines.length, script };
   }
 }

@@ -14,10 +14,6 @@ export interface NeighbourView {
   readonly devices: ReadonlySet<string>;
 }
 
-export type NeighbourOp =
-  | { readonly kind: 'replace'; readonly address: string; readonly dev: string; readonly mac: string }
-  | { readonly kind: 'del'; readonly address: string; readonly dev: string };
-
 interface NeighJson {
   dst?: string;
   dev?: string;
@@ -34,36 +30,28 @@ export function parseNeighbours(json: unknown): HeldNeighbour[] {
 }
 
 /**
- * PURE: the changes that take `have` to `want`. Only entries natgw programmed before
+ * PURE: the `ip -batch` lines that take `have` to `want` (values come from validated schemas:
+ * addresses, names, MACs). Only entries natgw programmed before
  * (`previous`) are ever deleted: a PERMANENT entry of another owner is left alone. An entry on
  * a device that does not exist is skipped (it comes back with the device: the link event
  * brings a full sync).
  */
-export function planNeighbours(have: NeighbourView, want: readonly Neighbour[], previous: readonly Neighbour[]): NeighbourOp[] {
+export function planNeighbours(have: NeighbourView, want: readonly Neighbour[], previous: readonly Neighbour[]): string[] {
   const held = new Map(have.entries.map((e) => [neighbourKey(e), e.mac]));
-  const ops: NeighbourOp[] = [];
+  const lines: string[] = [];
   const wanted = new Set<string>();
   for (const n of want) {
     const k = neighbourKey(n);
     wanted.add(k);
     if (!have.devices.has(n.dev)) continue;
     const mac = macOf(n);
-    if (held.get(k) !== mac) ops.push({ kind: 'replace', address: n.address, dev: n.dev, mac });
+    if (held.get(k) !== mac) lines.push(`neigh replace ${n.address} lladdr ${mac} nud permanent dev ${n.dev}`);
   }
   for (const n of previous) {
     const k = neighbourKey(n);
-    if (!wanted.has(k) && held.has(k)) ops.push({ kind: 'del', address: n.address, dev: n.dev });
+    if (!wanted.has(k) && held.has(k)) lines.push(`neigh del ${n.address} dev ${n.dev}`);
   }
-  return ops;
-}
-
-/** PURE: `ip -batch` lines (values come from validated schemas: addresses, names, MACs). */
-export function renderNeighbours(ops: readonly NeighbourOp[]): string {
-  return ops
-    .map((op) =>
-      op.kind === 'replace' ? `neigh replace ${op.address} lladdr ${op.mac} nud permanent dev ${op.dev}\n` : `neigh del ${op.address} dev ${op.dev}\n`,
-    )
-    .join('');
+  return lines;
 }
 
 /**

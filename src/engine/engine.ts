@@ -368,10 +368,10 @@ export class Engine {
     opts: TransactOptions,
     started: number,
   ): Promise<{ report: ApplyReport; kind: SyncMode }> {
-    const apply = (mode: SyncMode, bulk: boolean) => this.reconcile(next, base.state, base.backend, { qos: opts.qos ?? true, mode, bulk, change });
+    const apply = (mode: SyncMode) => this.reconcile(next, base.state, base.backend, { qos: opts.qos ?? true, mode, change });
     if (base.kind === 'partial') {
       try {
-        return { kind: 'partial', report: await apply('partial', durable.bulk) };
+        return { kind: 'partial', report: await apply('partial') };
       } catch (e) {
         this.log.warn({ err: e }, 'partial sync refused; retrying once as a full sync');
         this.emit({ ok: false, kind: 'partial', ms: performance.now() - started, error: e });
@@ -379,8 +379,7 @@ export class Engine {
       }
     }
     try {
-      // A bulk change's tools start ahead on its first attempt only.
-      return { kind: 'full', report: await apply('full', base.kind === 'full' && durable.bulk) };
+      return { kind: 'full', report: await apply('full') };
     } catch (e) {
       await this.discard(durable);
       throw this.failed('full', started, e);
@@ -437,7 +436,7 @@ export class Engine {
   /** The parts in the order they are applied: NAT before the addresses it translates go up. */
   private parts(backend: NetfilterBackend): readonly Part[] {
     return [
-      netfilterPart(backend, this.eipCounters, this.log),
+      netfilterPart(backend, this.eipCounters),
       shareDnatPart(this.shareDnat),
       ctTimeoutsPart(this.ctTimeouts, backend),
       linkPart(this.link),
@@ -458,7 +457,7 @@ export class Engine {
     want: DesiredState,
     previous: DesiredState,
     backend: NetfilterBackend,
-    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; bulk?: boolean; change?: StateChange },
+    opts: { mode: SyncMode; qos: boolean; dryRun?: boolean; change?: StateChange },
   ): Promise<ApplyReport> {
     const { mode } = opts;
     // What changed, as the operation said; found by identity key where the caller did not say.
@@ -473,7 +472,6 @@ export class Engine {
         const r = await part.sync(want, previous, {
           mode,
           dryRun: opts.dryRun,
-          ...(opts.bulk ? { bulk: true } : {}),
           change,
         });
         applied.push(part);

@@ -1,4 +1,3 @@
-import type { Logger } from 'pino';
 import type { DesiredState } from '../state/state.js';
 import { touches, type Collection, type Scalar, type StateChange } from '../state/change.js';
 import { natTablesOf, type NetfilterBackend, type SyncMode } from '../dataplane/netfilter/backend.js';
@@ -31,8 +30,6 @@ interface PartResult {
 interface PartSync {
   readonly mode: SyncMode;
   readonly dryRun?: boolean;
-  /** The change replaces most of the state (a bulk PUT /v1/state): worth starting tools ahead. */
-  readonly bulk?: boolean;
   /** What the change did to the desired state (undefined: nothing applied before). */
   readonly change?: StateChange | undefined;
 }
@@ -62,14 +59,10 @@ const nothing: PartResult = { changes: 0, script: '' };
 const ctTargetOf = (backend: NetfilterBackend): CtTarget =>
   backend instanceof IptablesBackend ? { kind: 'iptables', variant: backend.variant } : { kind: 'nftables' };
 
-/**
- * NAT rules, with the per-EIP accounting folded into the same nft transaction where the
- * backend is nftables (its table listed beside the backend's own work): one `nft -f` per change. Otherwise, or when the fold could not run, the accounting
- * is synced on its own (it never fails a change; EipCounters logs and retries).
- */
 const natChanged = changed('eips', 'snats', 'dnats', 'fips', 'interfaces');
 
-export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, log: Logger): Part {
+/** NAT rules, and the per-EIP accounting (EipCounters: it never fails a change). */
+export function netfilterPart(backend: NetfilterBackend, counters: EipCounters): Part {
   return {
     name: 'netfilter',
     // A full sync of a gateway not yet initialised only looks (observe), so that the first
@@ -83,23 +76,20 @@ export function netfilterPart(backend: NetfilterBackend, counters: EipCounters, 
       const eips = want.eips.map((e) => e.address);
       // A full sync repairs the accounting table too; a partial one touches it only for new or gone EIPs.
       const counting = !opts.dryRun && (opts.mode === 'full' || changed('eips')(from, opts.change));
-      const append = counting && backend.kind === 'nftables' ? counters.fold(eips) : undefined;
-      // Without nftables for NAT the accounting is a transaction of its own, on another table:
-      // it runs beside the NAT one (it never fails the change, and a rollback syncs it back).
-      // A bulk change starts it at the next turn, once the NAT tool has started: its render and
-      // process start (~3 ms) were spent before the NAT render, which the kernel's tool waits for.
-      // A single command starts it first: `nft` takes longer than the NAT restore, and is what
-      // the change waits for.
-      const besideNat = () => counters.sync(eips);
-      const beside =
-        counting && backend.kind !== 'nftables' ? (opts.bulk ? new Promise<void>((r) => setImmediate(r)).then(besideNat) : besideNat()) : undefined;
+      // nftables carries it in the NAT transaction (one `nft` per change); otherwise it is a
+      // transaction of its own on another table, beside the NAT one.
+      const carried = counting && backend.kind === 'nftables';
+      const beside = counting && !carried ? counters.sync(eips) : undefined;
       const r = await backend
-        .sync(natTablesOf(want), { mode: opts.mode, dryRun: opts.dryRun, ...(append ? { append } : {}), ...(opts.change ? { change: opts.change } : {}) })
+        .sync(natTablesOf(want), {
+          mode: opts.mode,
+          dryRun: opts.dryRun,
+          ...(carried ? { append: counters.change(eips) } : {}),
+          ...(opts.change ? { change: opts.change } : {}),
+        })
         .finally(() => beside);
-      if (counting && !beside && !r.appended) {
-        log.debug('per-EIP accounting synced on its own');
-        await counters.sync(eips);
-      }
+      // A refused transaction is retried without it: it is then synced on its own.
+      if (carried && !r.appended) await counters.sync(eips);
       return { changes: r.changes, script: r.script };
     },
   };

@@ -93,7 +93,7 @@ export function durableError(file: string, e: unknown): SystemError {
 
 /** A change on its way to durability, begun before the kernel applies it (StateStore.begin). */
 export interface Commit {
-  /** A whole new snapshot (a bulk change): the parts may start tools ahead too. */
+  /** A whole new snapshot (a bulk change), not a journal line. */
   readonly bulk: boolean;
   /** The kernel took the change: make it durable (the commit point). Rejects with a durableError: the change is then not acknowledged. */
   commit(): Promise<void>;

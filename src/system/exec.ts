@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import type { Logger } from 'pino';
 import { SystemError } from '../model/errors.js';
 
@@ -36,10 +36,9 @@ export interface Executor {
   /**
    * A kernel status file of this process's own network namespace (/proc/net/…), read without a
    * tool; undefined when unreadable. Absent where the executor is not the kernel's here (fakes,
-   * an executor running tools in another namespace): callers then ask the tool. With
-   * `maxBytes`, undefined also when the file holds more (read no further than that).
+   * an executor running tools in another namespace): callers then ask the tool.
    */
-  readKernelFile?(path: string, maxBytes?: number): Promise<string | undefined>;
+  readKernelFile?(path: string): Promise<string | undefined>;
 }
 
 function firstLine(s: string): string {
@@ -206,33 +205,14 @@ export class SystemExecutor implements Executor {
     });
   }
 
-  async readKernelFile(path: string, maxBytes?: number): Promise<string | undefined> {
+  async readKernelFile(path: string): Promise<string | undefined> {
     // Synchronous: a /proc file is made in memory as it is read, and its read never waits on a
     // disk; through the thread pool each of open, read and close cost a round trip of the event
     // loop, on a delete's path.
     try {
-      return maxBytes === undefined ? readFileSync(path, 'utf8') : readCapped(path, maxBytes);
+      return readFileSync(path, 'utf8');
     } catch {
       return undefined;
     }
-  }
-}
-
-/**
- * A file's text as ONE read(2) gives it, if that holds at most `maxBytes`; undefined when it
- * holds more. A regular file's read returns all of it up to the buffer (64 KiB or more); a
- * /proc seq_file's returns records until the next would overflow its page-sized buffer, so text
- * of at most a page less one record (the caller's `maxBytes`, see PROC_CONNTRACK_MAX) is the
- * whole file, and a second read would only walk it again (for /proc/net/nf_conntrack, the whole
- * hash: as long as the first).
- */
-function readCapped(path: string, maxBytes: number): string | undefined {
-  const fd = openSync(path, 'r');
-  try {
-    const buf = Buffer.allocUnsafe(Math.max(maxBytes + 1, 65536));
-    const n = readSync(fd, buf, 0, buf.length, null);
-    return n > maxBytes ? undefined : buf.toString('utf8', 0, n);
-  } finally {
-    closeSync(fd);
   }
 }

@@ -119,14 +119,6 @@ describe('iptables backend: the tools one command runs', () => {
     });
   });
 
-  it("a bulk change: the accounting table's nft -f starts after the NAT restore, not before its render", async () => {
-    const { first } = await setUp();
-    const restore = first.findIndex((c) => cmd(c) === RESTORE && /\*nat/.test(c.input ?? ''));
-    const acct = first.findIndex((c) => cmd(c) === 'nft -f -' && /natgw_acct/.test(c.input ?? ''));
-    expect(restore).toBeGreaterThanOrEqual(0);
-    expect(acct).toBeGreaterThan(restore);
-  });
-
   it("an EIP add: the NAT restore and the accounting table's listing and nft -f, then the addresses read and changed", async () => {
     const { engine, exec } = await setUp();
     await engine.transact(({ state }) => Ops.addEip(state, { address: '172.20.0.12', prefixLength: 24 }, {}), { guarded: true, qos: false });

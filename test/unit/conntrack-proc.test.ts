@@ -1,25 +1,15 @@
 /**
- * The kernel's own conntrack table as a witness (src/dataplane/conntrack.ts): its parser, the
- * capped read, and the decision — a filter that matches no entry runs no conntrack, any doubt
- * (no file, too large, a line not understood) runs it as ever; a namespace whose entry count
- * (/proc/net/stat/nf_conntrack) is zero is not walked at all.
+ * The kernel's conntrack count as a witness (src/dataplane/conntrack.ts): a namespace whose
+ * entry count (/proc/net/stat/nf_conntrack) is zero runs no conntrack at all; any other count,
+ * or none, runs the flushes as ever (a port range from one listing).
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import {
-  Conntrack,
-  type ConntrackFilter,
-  matches,
-  PROC_CONNTRACK,
-  PROC_CONNTRACK_MAX,
-  PROC_CONNTRACK_STAT,
-  parseConntrackEntries,
-  parseProcConntrack,
-} from '../../src/dataplane/conntrack.js';
+import { Conntrack, type ConntrackFilter, matches, PROC_CONNTRACK_STAT, parseConntrackEntries } from '../../src/dataplane/conntrack.js';
 import pino from 'pino';
-import type { ConntrackEntry } from '../../src/model/conntrackLine.js';
+import { type ConntrackEntry, parseConntrackLines } from '../../src/model/conntrackLine.js';
 import { loadConfig } from '../../src/config/config.js';
 import { Engine, type FlushCount } from '../../src/engine/engine.js';
 import { Metrics } from '../../src/engine/metrics.js';
@@ -68,70 +58,43 @@ describe('parseConntrackEntries', () => {
   });
 });
 
-describe('parseProcConntrack', () => {
-  it('IPv4 lines: the original direction behind the family prefix, replied or not', () => {
-    expect(brief(parseProcConntrack(table(TCP4, UDP4_UNREPLIED)))).toEqual([
-      { protocol: 'tcp', dst: '172.20.0.10', dport: 8080 },
-      { protocol: 'udp', dst: '172.20.0.10', dport: 53 },
-    ]);
-  });
-
+describe('matches: a flush filter against a listed entry', () => {
   it('IPv6 in full 8-group form is canonicalised, so a filter written short matches it', () => {
-    const flows = parseProcConntrack(table(TCP6));
+    const flows = parseConntrackLines(table(TCP6));
     expect(brief(flows)).toEqual([{ protocol: 'tcp', dst: '2001:db8:1::10', dport: 8080 }]);
-    expect(matches({ dst: '2001:db8:1::10', protocol: 'tcp', port: 8080 }, flows![0]!)).toBe(true);
+    expect(matches({ dst: '2001:db8:1::10', protocol: 'tcp', port: 8080 }, flows[0]!)).toBe(true);
   });
 
   it('icmp has no ports: a floating IP (destination only) matches it, a DNAT does not', () => {
-    const flows = parseProcConntrack(table(ICMP4))!;
+    const flows = parseConntrackLines(table(ICMP4));
     expect(brief(flows)).toEqual([{ protocol: 'icmp', dst: '172.20.0.11' }]);
     expect(matches({ dst: '172.20.0.11' }, flows[0]!)).toBe(true);
     expect(matches({ dst: '172.20.0.11', protocol: 'tcp', port: 80 }, flows[0]!)).toBe(false);
   });
-
-  it('an empty table is an answer: nothing tracked', () => {
-    expect(parseProcConntrack('')).toEqual([]);
-  });
-
-  it('no answer: a cut last line, a line not understood, a tcp line without ports, an address not parsed', () => {
-    expect(parseProcConntrack(`${TCP4}\n${UDP4_UNREPLIED.slice(0, 60)}`)).toBeUndefined();
-    expect(parseProcConntrack(table(TCP4, 'something else entirely'))).toBeUndefined();
-    expect(parseProcConntrack(table('ipv4     2 tcp      6 10 ESTABLISHED src=1.2.3.4 dst=172.20.0.10 [ASSURED] use=1'))).toBeUndefined();
-    expect(parseProcConntrack(table('ipv6     10 udp      17 29 src=::1 dst=zz:zz::1 sport=1 dport=2 use=1'))).toBeUndefined();
-  });
 });
 
-describe('SystemExecutor.readKernelFile with a cap', () => {
+describe('SystemExecutor.readKernelFile', () => {
   const dir = mkdtempSync(path.join(tmpdir(), 'natgw-proc-'));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-  it('the text up to the cap, nothing beyond it, undefined for a missing file', async () => {
+  it('the text, undefined for a missing file', async () => {
     const exec = new SystemExecutor();
-    const small = path.join(dir, 'small');
-    const large = path.join(dir, 'large');
-    writeFileSync(small, 'x'.repeat(PROC_CONNTRACK_MAX));
-    writeFileSync(large, 'x'.repeat(PROC_CONNTRACK_MAX + 1));
-    expect(await exec.readKernelFile(small, PROC_CONNTRACK_MAX)).toHaveLength(PROC_CONNTRACK_MAX);
-    expect(await exec.readKernelFile(large, PROC_CONNTRACK_MAX)).toBeUndefined();
-    expect(await exec.readKernelFile(large)).toHaveLength(PROC_CONNTRACK_MAX + 1);
-    expect(await exec.readKernelFile(path.join(dir, 'absent'), PROC_CONNTRACK_MAX)).toBeUndefined();
+    const file = path.join(dir, 'small');
+    writeFileSync(file, 'x'.repeat(100));
+    expect(await exec.readKernelFile(file)).toHaveLength(100);
+    expect(await exec.readKernelFile(path.join(dir, 'absent'))).toBeUndefined();
   });
 });
 
-describe('Conntrack: the kernel table decides which flushes run', () => {
+describe('Conntrack: the entry count decides whether flushes run', () => {
   const deletedOne = { stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
-  /**
-   * A recorder whose kernel table is `text` and whose statistics are `statText` (none by
-   * default: the table is read as on a kernel without them), honouring the cap as the system
-   * executor does.
-   */
-  function kernel(text: string | undefined, statText?: string) {
-    const reads: { path: string; maxBytes: number | undefined }[] = [];
-    const exec = Object.assign(new RecordingExecutor(() => deletedOne), {
-      readKernelFile: async (p: string, maxBytes?: number) => {
-        reads.push({ path: p, maxBytes });
-        if (p === PROC_CONNTRACK_STAT) return statText;
-        return text !== undefined && p === PROC_CONNTRACK && (maxBytes === undefined || text.length <= maxBytes) ? text : undefined;
+  /** A recorder whose statistics are `statText` (none: a kernel without them) and whose listing is `listing`. */
+  function kernel(statText: string | undefined, listing = '') {
+    const reads: string[] = [];
+    const exec = Object.assign(new RecordingExecutor((r) => (r.args[0] === '-L' ? { stdout: listing } : deletedOne)), {
+      readKernelFile: async (p: string) => {
+        reads.push(p);
+        return p === PROC_CONNTRACK_STAT ? statText : undefined;
       },
     });
     return { exec, reads, runs: () => exec.calls.map((c) => c.args.join(' ')) };
@@ -140,81 +103,49 @@ describe('Conntrack: the kernel table decides which flushes run', () => {
   const dnat8081: ConntrackFilter = { dst: '172.20.0.10', protocol: 'tcp', port: 8081 };
   const fip: ConntrackFilter = { dst: '172.20.0.11' };
 
-  it('no matching entry: no conntrack at all, and the filters are reported skipped', async () => {
-    const k = kernel(table(TCP4, ICMP4));
-    const r = await new Conntrack(k.exec).flushOwed([dnat8081, { dst: '172.20.0.12' }]);
-    expect(k.runs()).toEqual([]);
-    expect(r).toEqual({ deleted: 0, skipped: [dnat8081, { dst: '172.20.0.12' }] });
-    expect(k.reads).toEqual([
-      { path: PROC_CONNTRACK_STAT, maxBytes: undefined },
-      { path: PROC_CONNTRACK, maxBytes: PROC_CONNTRACK_MAX },
-    ]);
-  });
-
-  it('an entry count of zero: every filter skipped, the table never read, no conntrack', async () => {
-    const k = kernel(table(TCP4), stat(0));
+  it('an entry count of zero: every filter skipped, no conntrack', async () => {
+    const k = kernel(stat(0));
     const r = await new Conntrack(k.exec).flushOwed([dnat8080, fip]);
     expect(r).toEqual({ deleted: 0, skipped: [dnat8080, fip] });
     expect(k.runs()).toEqual([]);
-    expect(k.reads.map((x) => x.path)).toEqual([PROC_CONNTRACK_STAT]);
+    expect(k.reads).toEqual([PROC_CONNTRACK_STAT]);
   });
 
-  it('any other count, or statistics not understood: the table decides as without them', async () => {
-    for (const statText of [stat(1), 'entries\n', 'no such thing']) {
-      const k = kernel(table(TCP4, ICMP4), statText);
-      const r = await new Conntrack(k.exec).flushOwed([dnat8080, dnat8081]);
-      expect(k.reads.map((x) => x.path)).toEqual([PROC_CONNTRACK_STAT, PROC_CONNTRACK]);
-      expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080']);
-      expect(r.skipped).toEqual([dnat8081]);
+  it('any other count, statistics not understood or none: each delete runs as ever', async () => {
+    for (const statText of [stat(1), 'entries\n', 'no such thing', undefined]) {
+      const k = kernel(statText);
+      const r = await new Conntrack(k.exec).flushOwed([dnat8080, fip]);
+      expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080', '-D --orig-dst 172.20.0.11']);
+      expect(r).toEqual({ deleted: 2, skipped: [] });
     }
-  });
-
-  it('a matching entry: conntrack -D runs exactly as without the table, for that filter only', async () => {
-    const k = kernel(table(TCP4, ICMP4));
-    const r = await new Conntrack(k.exec).flushOwed([dnat8080, dnat8081, fip]);
-    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080', '-D --orig-dst 172.20.0.11']);
-    expect(r).toEqual({ deleted: 2, skipped: [dnat8081] });
-  });
-
-  it('no file (a kernel without CONFIG_NF_CONNTRACK_PROCFS), or no way to read it: every delete runs', async () => {
-    const k = kernel(undefined);
-    expect((await new Conntrack(k.exec).flushOwed([dnat8081])).skipped).toEqual([]);
-    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
     const plain = new RecordingExecutor(() => deletedOne);
     await new Conntrack(plain).flushOwed([dnat8081]);
     expect(plain.calls.map((c) => c.args[0])).toEqual(['-D']);
   });
 
-  it('a table over the cap, or a line not understood: every delete runs', async () => {
-    const big = table(...Array.from({ length: 40 }, () => TCP4));
-    expect(big.length).toBeGreaterThan(PROC_CONNTRACK_MAX);
-    const k = kernel(big);
-    await new Conntrack(k.exec).flushOwed([dnat8081]);
-    expect(k.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
-    const odd = kernel(table(TCP4, 'ipv4     2 what is this'));
-    await new Conntrack(odd.exec).flushOwed([dnat8081]);
-    expect(odd.runs()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8081']);
-  });
-
-  it('a port range takes its ports from the table (no conntrack -L), or is skipped when none is tracked', async () => {
+  it('a port range takes its ports from one listing, or is skipped when none is tracked', async () => {
     const range: ConntrackFilter = { dst: '172.20.0.10', protocol: 'tcp', port: 8000, portEnd: 8100 };
-    const k = kernel(table(TCP4, TCP4.replace('dport=8080', 'dport=8050'), UDP4_UNREPLIED));
+    const k = kernel(stat(3), table(TCP4, TCP4.replace('dport=8080', 'dport=8050'), UDP4_UNREPLIED));
     await new Conntrack(k.exec).flushOwed([range]);
-    expect(k.runs().sort()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8050', '-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080']);
-    const none = kernel(table(UDP4_UNREPLIED));
+    expect(k.runs()[0]).toBe('-L -f ipv4 -o extended');
+    expect(k.runs().slice(1).sort()).toEqual([
+      '-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8050',
+      '-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 8080',
+    ]);
+    const none = kernel(stat(1), table(UDP4_UNREPLIED));
     expect((await new Conntrack(none.exec).flushOwed([range])).skipped).toEqual([range]);
-    expect(none.runs()).toEqual([]);
+    expect(none.runs()).toEqual(['-L -f ipv4 -o extended']);
   });
 
-  it('a flush owed after a failure is paid once the table shows nothing left to delete', async () => {
-    let text: string | undefined;
+  it('a flush owed after a failure is paid once the count shows nothing tracked', async () => {
+    let statText: string | undefined;
     const exec = Object.assign(new RecordingExecutor(() => ({ exitCode: 1, stderr: 'conntrack: Operation not permitted\n' })), {
-      readKernelFile: async () => text,
+      readKernelFile: async () => statText,
     });
     const ct = new Conntrack(exec);
     await ct.flushOwed([dnat8080]);
     expect(ct.pendingFlushes).toBe(1);
-    text = table(UDP4_UNREPLIED);
+    statText = stat(0);
     exec.calls.length = 0;
     await ct.retryFailed();
     expect(exec.calls).toEqual([]);
@@ -226,7 +157,7 @@ describe("restart hygiene's listing (deleteUntranslated)", () => {
   const NO_TARGETS = { dsts: new Set<string>(), srcCidrs: [], srcs: new Set<string>() };
   const listingOf = (statText: string | undefined) => {
     const exec = Object.assign(new RecordingExecutor(() => ({ stdout: TCP4.slice(9) })), { readKernelFile: async () => statText });
-    return { exec, cleaned: () => new Conntrack(exec).deleteUntranslated(() => NO_TARGETS) };
+    return { exec, cleaned: () => new Conntrack(exec).deleteUntranslated(NO_TARGETS) };
   };
 
   it('a namespace that holds no entry: no conntrack runs', async () => {
@@ -254,25 +185,24 @@ describe('natgw_conntrack_flushes_total', () => {
   });
 });
 
-describe('the engine with an HA peer: the kernel table decides, on both backends', () => {
+describe('the engine with an HA peer: the entry count decides, on both backends', () => {
   const dirs: string[] = [];
   afterAll(() => {
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
   });
   const DNAT: Dnat = { eip: '172.20.0.10', port: 80, protocol: 'tcp', internalIp: '10.0.1.7', internalPort: 8080 };
-  const TRACKED = table(TCP4.replace('dport=8080', 'dport=80'));
 
   for (const [name, env] of [
     ['iptables', { GATEWAY_NETFILTER_MODE: 'iptables', NATGW_IPTABLES_VARIANT: 'nft' }],
     ['nftables', { GATEWAY_NETFILTER_MODE: 'nftables' }],
   ] as const) {
-    it(`${name}: a DNAT delete runs conntrack -D only while the table lists its connection`, async () => {
+    it(`${name}: a DNAT delete runs conntrack -D only while the namespace tracks connections`, async () => {
       const dir = mkdtempSync(path.join(tmpdir(), 'natgw-proc-engine-'));
       dirs.push(dir);
       const ipt = new FakeIptables();
-      let text = '';
+      let text = stat(0);
       const exec = Object.assign(new RecordingExecutor((r) => ipt.answer(r)), {
-        readKernelFile: async (p: string) => (p === PROC_CONNTRACK ? text : undefined),
+        readKernelFile: async (p: string) => (p === PROC_CONNTRACK_STAT ? text : undefined),
       });
       const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, NATGW_HA_PEERS: '10.9.0.2', ...env });
       expect(config.ha?.peer).toBe('10.9.0.2');
@@ -290,7 +220,7 @@ describe('the engine with an HA peer: the kernel table decides, on both backends
       expect(conntrackRuns()).toEqual([]);
       expect(flushes.at(-1)).toEqual({ ran: 0, noEntries: 1 });
 
-      text = TRACKED;
+      text = stat(1);
       await engine.transact(({ state }) => Ops.addDnat(state, DNAT), { guarded: true });
       await engine.transact(({ state }) => Ops.delDnat(state, DNAT), { guarded: true });
       expect(conntrackRuns()).toEqual(['-D --orig-dst 172.20.0.10 -p tcp --orig-port-dst 80']);

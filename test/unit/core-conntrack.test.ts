@@ -105,7 +105,7 @@ describe('Conntrack.flushOwed', () => {
     );
     const filters = Array.from({ length: 500 }, (_, i) => ({ dst: '172.18.0.10', protocol: 'tcp' as const, port: 8000 + i }));
     await new Conntrack(exec).flushOwed(filters);
-    expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 8081']);
+    expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4 -o extended', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 8081']);
   });
 
   it('a few filters are flushed one by one without a listing; a failed listing falls back to that', async () => {
@@ -145,10 +145,7 @@ describe('Conntrack: flushes owed after a failure', () => {
     exec.calls.length = 0;
     expect(await ct.retryFailed()).toBe(1);
     expect(ct.pendingFlushes).toBe(0);
-    expect(exec.calls.map((c) => c.args.join(' '))).toEqual([
-      '-L -f ipv4 -p tcp --orig-dst 172.18.0.10',
-      '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 9005',
-    ]);
+    expect(exec.calls.map((c) => c.args.join(' '))).toEqual(['-L -f ipv4 -o extended', '-D --orig-dst 172.18.0.10 -p tcp --orig-port-dst 9005']);
   });
 
   it('a timed-out range listing is owed too; a range and a single port of it are separate debts', async () => {

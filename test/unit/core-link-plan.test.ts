@@ -3,7 +3,7 @@
  * addresses, routes and default routes, removing only what natgw itself programmed before.
  */
 import { describe, expect, it } from 'vitest';
-import { linkOps, planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/linkPlan.js';
+import { planLink, type LinkAddress, type LinkRoute, type LinkView } from '../../src/dataplane/linkPlan.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 
 function state(patch: Partial<DesiredState> = {}): DesiredState {
@@ -226,7 +226,7 @@ describe('planLink: one owner for the default route', () => {
 
   it('converges: once the kernel holds what the first sync planned, every sync plans nothing (the two never replace each other)', () => {
     const have = view({ routes: [{ dst: 'default', gateway: '10.0.1.254' }] });
-    expect(linkOps(have, both, state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] })).length).toBeGreaterThan(0);
+    expect(planLink(have, both, state({ routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] })).length).toBeGreaterThan(0);
     // What the kernel lists after it: `replace default` on EXT took the place of VPC's default.
     const after = view({
       routes: [{ dst: '10.0.2.0/24', gateway: '10.0.1.254' }],
@@ -235,7 +235,7 @@ describe('planLink: one owner for the default route', () => {
         { dst: 'default', gateway: 'fd00:20::1' },
       ],
     });
-    expect(linkOps(after, both, both)).toEqual([]);
+    expect(planLink(after, both, both)).toEqual([]);
   });
 
   it('only the family the external default owns is held', () => {
@@ -257,7 +257,7 @@ describe('planLink: one owner for the default route', () => {
     const have = view({ defaults: [{ dst: 'default', gateway: '172.20.0.1' }] });
     const want = state({ defaultRoutes: { v4: '172.20.0.1' } });
     const previous = { ...want, routes: [{ cidr: '0.0.0.0/0', nexthop: '10.0.1.254' }] };
-    expect(linkOps(have, want, previous, { addresses: new Set(), routes: new Set(['0.0.0.0/0']) })).toEqual([]);
+    expect(planLink(have, want, previous, { addresses: new Set(), routes: new Set(['0.0.0.0/0']) })).toEqual([]);
   });
 });
 
@@ -290,16 +290,13 @@ describe('planLink: a complete plan', () => {
   });
 });
 
-describe('linkOps: what natgw owns besides the previous state', () => {
+describe('planLink: what natgw owns besides the previous state', () => {
   const owned = (addresses: string[], routes: string[] = []) => ({ addresses: new Set(addresses), routes: new Set(routes) });
-  const lines = (have: LinkView, want: DesiredState, prev: DesiredState | undefined, o: ReturnType<typeof owned>) =>
-    linkOps(have, want, prev, o).map(
-      (op) => `${op.kind} ${'address' in op ? `${op.address}/${op.prefixLength}` : op.kind === 'default' ? op.gateway : op.cidr}`,
-    );
+  const lines = (have: LinkView, want: DesiredState, prev: DesiredState | undefined, o: ReturnType<typeof owned>) => planLink(have, want, prev, o);
 
   it("removes an owned address the state does not list (every prefix), and keeps the pod's own", () => {
     const have = view({ addrs: [addr('172.20.0.2', 16), addr('172.20.0.77', 16), addr('172.20.0.77', 24)] });
-    expect(lines(have, state(), state(), owned(['172.20.0.77']))).toEqual(['addr-del 172.20.0.77/24', 'addr-del 172.20.0.77/16']);
+    expect(lines(have, state(), state(), owned(['172.20.0.77']))).toEqual(['addr del 172.20.0.77/24 dev net1', 'addr del 172.20.0.77/16 dev net1']);
   });
 
   it('keeps an owned address the state wants', () => {
@@ -314,6 +311,6 @@ describe('linkOps: what natgw owns besides the previous state', () => {
         { dst: '10.3.0.0/16', gateway: '10.0.0.1' },
       ],
     });
-    expect(lines(have, state(), undefined, owned([], ['10.1.0.0/16', '10.2.0.0/16']))).toEqual(['route-del 10.1.0.0/16']);
+    expect(lines(have, state(), undefined, owned([], ['10.1.0.0/16', '10.2.0.0/16']))).toEqual(['route del 10.1.0.0/16 dev eth0']);
   });
 });

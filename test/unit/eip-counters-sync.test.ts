@@ -93,7 +93,7 @@ describe('EipCounters: sync', () => {
     expect(x.calls[1]!.input).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
     expect(x.calls[1]!.input).toMatch(new RegExp(`^create table inet ${ACCT_TABLE}\n`));
     expect(x.calls[1]!.input).not.toMatch(/^delete table/m);
-    expect((await new EipCounters(fakeNft(() => null)).fold(['1.2.3.4']))?.text()).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
+    expect((await new EipCounters(fakeNft(() => null)).change(['1.2.3.4']))?.text()).toBe(renderAccountingChange(undefined, ['1.2.3.4'], { absent: true }));
   });
 
   it('a damaged table is rebuilt whole', async () => {
