@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { NO_DAEMON, request, type Answer } from './client.js';
+import { NO_DAEMON, request, requestJson } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
 
 /**
@@ -64,28 +64,17 @@ export async function forward(config: Config, command: string, args: readonly st
   return undefined;
 }
 
-function isCommandOutput(v: unknown): v is CommandOutput {
-  const o = v as CommandOutput;
-  return typeof o === 'object' && o !== null && typeof o.status === 'number' && typeof o.stdout === 'string' && typeof o.stderr === 'string';
-}
-
 /** POST /v1/legacy. */
 async function post(socket: string, command: string, args: readonly string[]): Promise<Attempt> {
-  let a: Answer;
+  let o: Partial<CommandOutput> | null;
   try {
-    a = await request({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
+    o = await requestJson<Partial<CommandOutput> | null>({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
   } catch (e) {
     const code = ((e as Error).cause as NodeJS.ErrnoException | undefined)?.code;
     return NO_DAEMON.has(code ?? '') ? { kind: 'absent' } : { kind: 'failed', why: (e as Error).message };
   }
-  if (a.status !== 200) return { kind: 'failed', why: `HTTP ${a.status}: ${a.text.slice(0, 200)}` };
-  try {
-    const parsed: unknown = JSON.parse(a.text);
-    if (isCommandOutput(parsed)) return { kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } };
-  } catch {
-    // not JSON: below
-  }
-  return { kind: 'failed', why: 'malformed answer' };
+  if (typeof o?.status !== 'number' || typeof o.stdout !== 'string' || typeof o.stderr !== 'string') return { kind: 'failed', why: 'malformed answer' };
+  return { kind: 'ok', out: { status: o.status, stdout: o.stdout, stderr: o.stderr } };
 }
 
 /** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */

@@ -1,5 +1,5 @@
-import { isMap, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
-import type { z } from 'zod';
+import { LineCounter, parseDocument, type Document } from 'yaml';
+import { z } from 'zod';
 import { HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
@@ -53,16 +53,6 @@ export class StateFileError extends CliError {
         : `${file}: ${issues.length} errors, nothing was applied:\n${issues.map((i) => issueText(file, i)).join('\n')}`,
     );
   }
-  /** The first issue's parts. */
-  get line(): number | undefined {
-    return this.issues[0]?.line;
-  }
-  get field(): string | undefined {
-    return this.issues[0]?.field || undefined;
-  }
-  get reason(): string {
-    return this.issues[0]?.reason ?? '';
-  }
 }
 
 type Path = readonly (string | number)[];
@@ -83,34 +73,12 @@ function fieldOfPath(path: Path): string {
  * the object that lacks it.
  */
 function lineOf(doc: Document, lc: LineCounter, path: Path): number | undefined {
-  let node: unknown = doc.contents;
-  let line: number | undefined;
-  const lineOfNode = (n: unknown) => {
-    const r = (n as { range?: [number, number, number] } | null)?.range;
-    return r ? lc.linePos(r[0]).line : undefined;
-  };
-  line = lineOfNode(node);
-  for (const seg of path) {
-    let next: unknown;
-    if (isMap(node)) {
-      const pair = node.items.find((p) => {
-        const k = p.key as { value?: unknown } | null;
-        return String(k && typeof k === 'object' && 'value' in k ? k.value : k) === String(seg);
-      });
-      if (!pair) break;
-      // A scalar's own line is the value's; an object's the key's (its first line).
-      next = pair.value;
-      line = lineOfNode(pair.key) ?? line;
-    } else if (isSeq(node) && typeof seg === 'number') {
-      next = node.items[seg];
-      if (next === undefined) break;
-    } else {
-      break;
-    }
-    line = lineOfNode(next) ?? line;
-    node = next;
+  for (let depth = path.length; depth >= 0; depth--) {
+    const node: unknown = depth === 0 ? doc.contents : doc.getIn(path.slice(0, depth), true);
+    const range = (node as { range?: [number, number, number] } | null | undefined)?.range;
+    if (range) return lc.linePos(range[0]).line;
   }
-  return line;
+  return undefined;
 }
 
 function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter } {
@@ -126,17 +94,6 @@ function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter
   return { doc, lc };
 }
 
-type SchemaDef = {
-  readonly type: string;
-  readonly innerType?: z.ZodType;
-  readonly in?: z.ZodType;
-  readonly element?: z.ZodType;
-  readonly shape?: Record<string, z.ZodType>;
-  readonly catchall?: z.ZodType;
-  readonly options?: readonly z.ZodType[];
-};
-const defOf = (schema: z.ZodType): SchemaDef => (schema as unknown as { _zod: { def: SchemaDef } })._zod.def;
-
 /** A field the schema does not know, and the fields its object may have (for a suggestion). */
 export interface UnknownField {
   readonly path: Path;
@@ -145,45 +102,21 @@ export interface UnknownField {
 
 /**
  * The fields `schema` does not know in `value` (zod strips them silently: a misspelt optional
- * field would otherwise vanish without a word).
+ * field would otherwise vanish without a word). The state's schema is built of objects, arrays,
+ * optional and default fields and transforms (pipes); anything else is a leaf.
  */
 export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []): UnknownField[] {
-  const def = defOf(schema);
-  switch (def.type) {
-    case 'optional':
-    case 'nullable':
-    case 'default':
-    case 'prefault':
-    case 'nonoptional':
-    case 'readonly':
-    case 'catch':
-      return def.innerType ? unknownFields(def.innerType, value, path) : [];
-    case 'pipe':
-      return def.in ? unknownFields(def.in, value, path) : [];
-    case 'array':
-      return Array.isArray(value) && def.element ? value.flatMap((v, i) => unknownFields(def.element as z.ZodType, v, [...path, i])) : [];
-    case 'object': {
-      if (value === null || typeof value !== 'object' || Array.isArray(value)) return [];
-      const shape = def.shape ?? {};
-      const open = def.catchall !== undefined && defOf(def.catchall).type !== 'never';
-      return Object.entries(value).flatMap(([k, v]) => {
-        const field = shape[k];
-        if (field) return unknownFields(field, v, [...path, k]);
-        return open ? [] : [{ path: [...path, k], known: Object.keys(shape) }];
-      });
-    }
-    case 'union': {
-      // The option that fits best: the fewest unknown fields.
-      let best: UnknownField[] | undefined;
-      for (const o of def.options ?? []) {
-        const u = unknownFields(o, value, path);
-        if (!best || u.length < best.length) best = u;
-      }
-      return best ?? [];
-    }
-    default:
-      return [];
+  if (schema instanceof z.ZodOptional || schema instanceof z.ZodDefault) return unknownFields(schema.unwrap() as z.ZodType, value, path);
+  if (schema instanceof z.ZodPipe) return unknownFields(schema.in as z.ZodType, value, path);
+  if (schema instanceof z.ZodArray) {
+    return Array.isArray(value) ? value.flatMap((v, i) => unknownFields(schema.element as z.ZodType, v, [...path, i])) : [];
   }
+  if (!(schema instanceof z.ZodObject) || value === null || typeof value !== 'object' || Array.isArray(value)) return [];
+  const shape = schema.shape as Record<string, z.ZodType>;
+  return Object.entries(value).flatMap(([k, v]) => {
+    const field = shape[k];
+    return field ? unknownFields(field, v, [...path, k]) : [{ path: [...path, k], known: Object.keys(shape) }];
+  });
 }
 
 /** A known field that an unknown one is probably a misspelling of (case, one or two letters). */

@@ -72,7 +72,7 @@ describe('strict state file', () => {
     const text = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, routes: [{ cidr: '10.0.2.0/24', nexthop: '10.0.1.254', metric: 5 }] }, null, 2);
     const e = stateFileError(text, 's.json');
     expect(e.issues).toEqual([{ line: text.split('\n').findIndex((l) => l.includes('"metric"')) + 1, field: 'routes[0].metric', reason: 'unknown field' }]);
-    expect(e.message).toBe(`s.json:${e.line}: routes[0].metric: unknown field`);
+    expect(e.message).toBe(`s.json:${e.issues[0]?.line}: routes[0].metric: unknown field`);
     const both = stateFileError(
       ['routes:', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.254, metric: 5}', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.253}', ''].join('\n'),
     );
