@@ -4,6 +4,7 @@ import { HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
 import { RESOURCES } from '../api/resources.js';
+import { stateDocumentBody } from '../api/bodies.js';
 import { CliError } from './client.js';
 import { desiredStateSchema, type DesiredState } from '../state/state.js';
 
@@ -27,9 +28,6 @@ export interface ParsedStateFile {
 /** A file may leave the interfaces out: apply keeps the daemon's. */
 const fileStateSchema = desiredStateSchema.extend({ interfaces: desiredStateSchema.shape.interfaces.optional() });
 type FileState = z.infer<typeof fileStateSchema>;
-
-/** The read-only fields of GET /v1/state's document, which apply ignores beside `desired`. */
-const DOCUMENT_KEYS = new Set(['desired', 'lastApplied', 'drift', 'backend', 'mode', 'generation', 'digest']);
 
 export interface FileIssue {
   readonly line: number | undefined;
@@ -176,10 +174,10 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
   const prefix: Path = wrapped ? ['desired'] : [];
   const inner = wrapped ? obj.desired : obj;
   const issues: FileIssue[] = [];
-  if (wrapped) {
-    for (const k of Object.keys(obj))
-      if (!DOCUMENT_KEYS.has(k)) issues.push(located([k], `unknown field (a state document has ${[...DOCUMENT_KEYS].join(', ')})`));
-  }
+  // GET /v1/state's document: apply reads `desired` and ignores the read-only rest.
+  const documentKeys = Object.keys(stateDocumentBody.shape);
+  for (const k of wrapped ? Object.keys(obj) : [])
+    if (!documentKeys.includes(k)) issues.push(located([k], `unknown field (a state document has ${documentKeys.join(', ')})`));
   for (const { path, known } of unknownFields(fileStateSchema, inner)) {
     const hint = closestField(String(path[path.length - 1]), known);
     issues.push(located([...prefix, ...path], `unknown field${hint ? ` (did you mean ${hint}?)` : ''}`));
