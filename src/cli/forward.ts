@@ -18,7 +18,7 @@ import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
  * their output is the same text either way. Everything else, unknown commands included, goes
  * to the daemon, so this module (and a forwarded run) loads none of the engine.
  */
-const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
+const IN_PROCESS = new Set(['get-iptables-version', 'help']);
 
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
@@ -47,14 +47,13 @@ export async function tryRunningDaemon(socket: string, command: string | undefin
 
 /** After a first attempt that did not run the command: start a daemon where none answered, and forward to it. */
 export async function forward(config: Config, command: string, args: readonly string[], first: Attempt, log: Logger): Promise<CommandOutput | undefined> {
-  if (first.kind === 'ok') return first.out;
   if (first.kind === 'failed') {
     log.warn({ command, why: first.why }, 'daemon did not run the command; running in-process');
     return undefined;
   }
   if (!config.autostart) return undefined;
   if (!startDaemon(config, log)) return undefined;
-  if (!(await waitForSocket(config.socket, AUTOSTART_DEADLINE_MS))) {
+  if (!(await waitForSocket(config.socket))) {
     log.warn({ socket: config.socket }, 'autostarted daemon did not answer in time; running in-process');
     return undefined;
   }
@@ -122,8 +121,8 @@ const probe = (socket: string): Promise<boolean> =>
     () => false,
   );
 
-async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
-  const deadline = Date.now() + deadlineMs;
+async function waitForSocket(socketPath: string): Promise<boolean> {
+  const deadline = Date.now() + AUTOSTART_DEADLINE_MS;
   for (let delay = 20; Date.now() < deadline; delay = Math.min(delay * 2, 200)) {
     if (await probe(socketPath)) return true;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));

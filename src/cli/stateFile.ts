@@ -1,6 +1,6 @@
 import { LineCounter, parseDocument, type Document } from 'yaml';
 import { z } from 'zod';
-import { HttpError } from '../api/errors.js';
+import { fieldName, HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
 import { RESOURCES } from '../api/resources.js';
@@ -60,10 +60,6 @@ export function pathOfField(field: string): Path {
   const out: (string | number)[] = [];
   for (const m of field.matchAll(/([^.[\]]+)|\[(\d+)\]/g)) out.push(m[2] !== undefined ? Number(m[2]) : m[1]!);
   return out;
-}
-
-function fieldOfPath(path: Path): string {
-  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
 }
 
 /**
@@ -158,7 +154,7 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
   }
   const located = (path: Path, reason: string): FileIssue => {
     yaml ??= parseYaml(file, text);
-    return { line: lineOf(yaml.doc, yaml.lc, path), field: fieldOfPath(path) || '(root)', reason };
+    return { line: lineOf(yaml.doc, yaml.lc, path), field: fieldName(path) || '(root)', reason };
   };
   const fail = (issues: FileIssue[]): never => {
     throw new StateFileError(
