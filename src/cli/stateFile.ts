@@ -6,7 +6,7 @@ import { normaliseDesired } from '../api/stateDoc.js';
 import { RESOURCES } from '../api/resources.js';
 import { stateDocumentBody } from '../api/bodies.js';
 import { CliError } from './client.js';
-import { desiredStateSchema, type DesiredState } from '../state/state.js';
+import { desiredStateSchema } from '../state/state.js';
 
 /**
  * A state file for `natgw apply -f`: the document GET /v1/state returns (only `desired`
@@ -18,8 +18,6 @@ import { desiredStateSchema, type DesiredState } from '../state/state.js';
 export interface ParsedStateFile {
   /** The file's desired state as the schema read it (defaults filled, not yet normalised): what apply merges. */
   readonly data: FileState;
-  /** The same, normalised as the daemon will (placeholder interfaces where the file has none). */
-  readonly desired: DesiredState;
   /** Top-level keys of the desired state the file sets: apply leaves the others as they are. */
   readonly present: ReadonlySet<string>;
   readonly objects: number;
@@ -136,8 +134,6 @@ function editDistance(a: string, b: string): number {
   return prev[b.length] ?? 0;
 }
 
-const countObjects = (s: DesiredState): number => RESOURCES.reduce((n, def) => n + s[def.stateKey].length, 0);
-
 /** Placeholder interfaces for normalising a file that leaves them out (nothing in normalisation reads them). */
 const NO_INTERFACES = { vpc: 'eth0', ext: 'net1' };
 
@@ -184,9 +180,9 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
     fail(issues);
   }
   const data = (parsed as { data: FileState }).data;
-  let desired: DesiredState | undefined;
   try {
-    desired = normaliseDesired({ ...data, interfaces: data.interfaces ?? NO_INTERFACES }, wrapped ? 'desired.' : '');
+    // As the daemon will normalise it (placeholder interfaces where the file has none): for its errors.
+    normaliseDesired({ ...data, interfaces: data.interfaces ?? NO_INTERFACES }, wrapped ? 'desired.' : '');
   } catch (e) {
     if (e instanceof HttpError) {
       const field = e.extra.field ?? '';
@@ -196,7 +192,7 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
       issues.push(located(pathOfField(`${wrapped ? 'desired.' : ''}${e.field ?? ''}`), e.message));
     } else throw e;
   }
-  if (issues.length || !desired) return fail(issues);
+  if (issues.length) return fail(issues);
   const present = new Set(inner !== null && typeof inner === 'object' ? Object.keys(inner) : []);
-  return { data, desired, present, objects: countObjects(desired) };
+  return { data, present, objects: RESOURCES.reduce((n, def) => n + data[def.stateKey].length, 0) };
 }

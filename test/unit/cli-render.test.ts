@@ -230,7 +230,7 @@ describe('parseStateFile', () => {
     const json = JSON.stringify({ desired: base }, null, 2);
     const p = parseStateFile('s.json', json);
     expect(p.objects).toBe(4);
-    expect(p.desired).toEqual(base);
+    expect(p.data).toEqual(base);
     expect([...p.present]).toEqual(expect.arrayContaining(['interfaces', 'eips', 'dnats', 'snats']));
   });
 
