@@ -31,7 +31,8 @@ export function validationError(error: z.ZodError, where: NonNullable<ErrorBody[
   return new HttpError(400, 'validation', `${first.field}: ${first.message}`, { field: first.field, in: where, issues });
 }
 
-function fieldName(path: readonly PropertyKey[]): string {
+/** A path as the API names a field: `desired.dnats[3].port`. */
+export function fieldName(path: readonly PropertyKey[]): string {
   return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
 }
 

@@ -19,12 +19,9 @@ export class CliError extends Error {
   }
 }
 
-const describeTarget = (t: Target): string => (t.kind === 'socket' ? t.socket : t.url.origin);
-
 export interface Answer {
   readonly status: number;
   readonly text: string;
-  readonly headers: http.IncomingHttpHeaders;
 }
 
 /** The daemon's error body as one line: its message (which names the field at fault), else the text as it came. */
@@ -74,7 +71,7 @@ export async function request(target: Target, method: string, path: string, body
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('error', (e) => reject(new CliError(`${method} ${path}: ${e.message}`, 1, e)));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8'), headers: res.headers }));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8') }));
     });
     const timer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
     req.on('socket', (s) => {
@@ -84,7 +81,7 @@ export async function request(target: Target, method: string, path: string, body
     req.on('close', () => clearTimeout(timer));
     req.on('error', (e: NodeJS.ErrnoException) => {
       clearTimeout(timer);
-      const where = describeTarget(target);
+      const where = target.kind === 'socket' ? target.socket : target.url.origin;
       if (NO_DAEMON.has(e.code ?? '')) {
         const how = target.kind === 'socket' ? '--socket PATH or NATGW_SOCKET' : '--server URL';
         reject(new CliError(`no natgw daemon answers on ${where} (${e.code}): start one with \`natgw serve\`, or point at it with ${how}`, 1, e));

@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { NO_DAEMON, request, type Answer } from './client.js';
+import { NO_DAEMON, request, requestJson } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
 
 /**
@@ -18,7 +18,7 @@ import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
  * their output is the same text either way. Everything else, unknown commands included, goes
  * to the daemon, so this module (and a forwarded run) loads none of the engine.
  */
-const IN_PROCESS = new Set(['get-iptables-version', 'help', '--help', '-h']);
+const IN_PROCESS = new Set(['get-iptables-version', 'help']);
 
 /** How long a freshly started daemon has to answer on its socket. */
 const AUTOSTART_DEADLINE_MS = 5000;
@@ -47,14 +47,13 @@ export async function tryRunningDaemon(socket: string, command: string | undefin
 
 /** After a first attempt that did not run the command: start a daemon where none answered, and forward to it. */
 export async function forward(config: Config, command: string, args: readonly string[], first: Attempt, log: Logger): Promise<CommandOutput | undefined> {
-  if (first.kind === 'ok') return first.out;
   if (first.kind === 'failed') {
     log.warn({ command, why: first.why }, 'daemon did not run the command; running in-process');
     return undefined;
   }
   if (!config.autostart) return undefined;
   if (!startDaemon(config, log)) return undefined;
-  if (!(await waitForSocket(config.socket, AUTOSTART_DEADLINE_MS))) {
+  if (!(await waitForSocket(config.socket))) {
     log.warn({ socket: config.socket }, 'autostarted daemon did not answer in time; running in-process');
     return undefined;
   }
@@ -64,28 +63,17 @@ export async function forward(config: Config, command: string, args: readonly st
   return undefined;
 }
 
-function isCommandOutput(v: unknown): v is CommandOutput {
-  const o = v as CommandOutput;
-  return typeof o === 'object' && o !== null && typeof o.status === 'number' && typeof o.stdout === 'string' && typeof o.stderr === 'string';
-}
-
 /** POST /v1/legacy. */
 async function post(socket: string, command: string, args: readonly string[]): Promise<Attempt> {
-  let a: Answer;
+  let o: Partial<CommandOutput> | null;
   try {
-    a = await request({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
+    o = await requestJson<Partial<CommandOutput> | null>({ kind: 'socket', socket }, 'POST', '/v1/legacy', JSON.stringify({ command, rules: args }));
   } catch (e) {
     const code = ((e as Error).cause as NodeJS.ErrnoException | undefined)?.code;
     return NO_DAEMON.has(code ?? '') ? { kind: 'absent' } : { kind: 'failed', why: (e as Error).message };
   }
-  if (a.status !== 200) return { kind: 'failed', why: `HTTP ${a.status}: ${a.text.slice(0, 200)}` };
-  try {
-    const parsed: unknown = JSON.parse(a.text);
-    if (isCommandOutput(parsed)) return { kind: 'ok', out: { status: parsed.status, stdout: parsed.stdout, stderr: parsed.stderr } };
-  } catch {
-    // not JSON: below
-  }
-  return { kind: 'failed', why: 'malformed answer' };
+  if (typeof o?.status !== 'number' || typeof o.stdout !== 'string' || typeof o.stderr !== 'string') return { kind: 'failed', why: 'malformed answer' };
+  return { kind: 'ok', out: { status: o.status, stdout: o.stdout, stderr: o.stderr } };
 }
 
 /** bin/natgw.js of this installation (dist/src/cli → repository root), else the script running now. */
@@ -133,8 +121,8 @@ const probe = (socket: string): Promise<boolean> =>
     () => false,
   );
 
-async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
-  const deadline = Date.now() + deadlineMs;
+async function waitForSocket(socketPath: string): Promise<boolean> {
+  const deadline = Date.now() + AUTOSTART_DEADLINE_MS;
   for (let delay = 20; Date.now() < deadline; delay = Math.min(delay * 2, 200)) {
     if (await probe(socketPath)) return true;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));

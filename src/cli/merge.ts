@@ -1,10 +1,9 @@
 import { HttpError } from '../api/errors.js';
-import { RESOURCES } from '../api/resources.js';
+import { RESOURCES, idOf } from '../api/resources.js';
 import { normaliseDesired } from '../api/stateDoc.js';
-import { canonicalJson } from '../model/canonical.js';
+import { sameValue } from '../state/change.js';
 import type { DesiredState } from '../state/state.js';
 import { CliError } from './client.js';
-import { idOf } from '../api/resources.js';
 import { kindName, sameObject } from './render.js';
 import type { ParsedStateFile } from './stateFile.js';
 
@@ -35,7 +34,7 @@ export function mergeState(current: DesiredState, file: ParsedStateFile, prune: 
   const next: Record<string, unknown> = { ...current };
   const setFields = GATEWAY_FIELDS.filter((f) => file.present.has(f) && file.data[f] !== undefined);
   if (setFields.length) {
-    const changed = setFields.filter((f) => canonicalJson(file.data[f]) !== canonicalJson(current[f]));
+    const changed = setFields.filter((f) => !sameValue(file.data[f], current[f]));
     for (const f of setFields) next[f] = file.data[f];
     results.push({ kind: 'gateway', id: '', action: changed.length ? 'configured' : 'unchanged' });
   }
@@ -53,7 +52,8 @@ export function mergeState(current: DesiredState, file: ParsedStateFile, prune: 
       const at = index.get(k);
       const old = at === undefined ? undefined : before[at];
       // Allocated fields (QoS class ids) the file leaves out keep their values.
-      const carried = old === undefined ? f : { ...pick(old, def.readOnly), ...(f as object) };
+      const kept = old === undefined ? [] : def.readOnly.filter((r) => (old as Record<string, unknown>)[r] !== undefined);
+      const carried = { ...Object.fromEntries(kept.map((r) => [r, (old as Record<string, unknown>)[r]])), ...(f as object) };
       const action: Action = old === undefined ? 'created' : sameObject(def, old, f) ? 'unchanged' : 'configured';
       const item = action === 'unchanged' ? old : carried;
       if (prune || at === undefined) out.push(item);
@@ -70,17 +70,6 @@ export function mergeState(current: DesiredState, file: ParsedStateFile, prune: 
     throw e;
   }
 }
-
-function pick(o: unknown, fields: readonly string[]): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const f of fields) {
-    const v = (o as Record<string, unknown>)[f];
-    if (v !== undefined) out[f] = v;
-  }
-  return out;
-}
-
-export const changesSomething = (r: readonly ObjectResult[]): boolean => r.some((x) => x.action !== 'unchanged');
 
 /**
  * kubectl's lines: `dnat/172.20.0.10,8080,tcp created`, in file order per kind, at most

@@ -146,8 +146,7 @@ export function renderStatus(s: StatusDocument, now = new Date()): string {
         : 'none (the kernel holds the desired state)',
     );
   }
-  // An older daemon's document has none.
-  for (const [i, w] of (s.warnings ?? []).entries()) kv(i === 0 ? 'Warnings' : '', w);
+  for (const [i, w] of s.warnings.entries()) kv(i === 0 ? 'Warnings' : '', w);
   for (const [i, x] of (s.draining ?? []).entries()) {
     const left = x.connections === null ? 'connections unknown (conntrack unreadable)' : `${x.connections} connection${x.connections === 1 ? '' : 's'} left`;
     kv(i === 0 ? 'Draining' : '', `${x.eip} out of snat ${x.snat.eip},${x.snat.cidr}: ${left}`);

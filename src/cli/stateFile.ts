@@ -1,11 +1,12 @@
-import { isMap, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
-import type { z } from 'zod';
-import { HttpError } from '../api/errors.js';
+import { LineCounter, parseDocument, type Document } from 'yaml';
+import { z } from 'zod';
+import { fieldName, HttpError } from '../api/errors.js';
 import { NatgwError } from '../model/errors.js';
 import { normaliseDesired } from '../api/stateDoc.js';
 import { RESOURCES } from '../api/resources.js';
+import { stateDocumentBody } from '../api/bodies.js';
 import { CliError } from './client.js';
-import { desiredStateSchema, type DesiredState } from '../state/state.js';
+import { desiredStateSchema } from '../state/state.js';
 
 /**
  * A state file for `natgw apply -f`: the document GET /v1/state returns (only `desired`
@@ -17,8 +18,6 @@ import { desiredStateSchema, type DesiredState } from '../state/state.js';
 export interface ParsedStateFile {
   /** The file's desired state as the schema read it (defaults filled, not yet normalised): what apply merges. */
   readonly data: FileState;
-  /** The same, normalised as the daemon will (placeholder interfaces where the file has none). */
-  readonly desired: DesiredState;
   /** Top-level keys of the desired state the file sets: apply leaves the others as they are. */
   readonly present: ReadonlySet<string>;
   readonly objects: number;
@@ -27,9 +26,6 @@ export interface ParsedStateFile {
 /** A file may leave the interfaces out: apply keeps the daemon's. */
 const fileStateSchema = desiredStateSchema.extend({ interfaces: desiredStateSchema.shape.interfaces.optional() });
 type FileState = z.infer<typeof fileStateSchema>;
-
-/** The read-only fields of GET /v1/state's document, which apply ignores beside `desired`. */
-const DOCUMENT_KEYS = new Set(['desired', 'lastApplied', 'drift', 'backend', 'mode', 'generation', 'digest']);
 
 export interface FileIssue {
   readonly line: number | undefined;
@@ -53,16 +49,6 @@ export class StateFileError extends CliError {
         : `${file}: ${issues.length} errors, nothing was applied:\n${issues.map((i) => issueText(file, i)).join('\n')}`,
     );
   }
-  /** The first issue's parts. */
-  get line(): number | undefined {
-    return this.issues[0]?.line;
-  }
-  get field(): string | undefined {
-    return this.issues[0]?.field || undefined;
-  }
-  get reason(): string {
-    return this.issues[0]?.reason ?? '';
-  }
 }
 
 type Path = readonly (string | number)[];
@@ -74,43 +60,17 @@ export function pathOfField(field: string): Path {
   return out;
 }
 
-function fieldOfPath(path: Path): string {
-  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
-}
-
 /**
  * The line of the deepest node on `path` that the file has: a missing field is reported at
  * the object that lacks it.
  */
 function lineOf(doc: Document, lc: LineCounter, path: Path): number | undefined {
-  let node: unknown = doc.contents;
-  let line: number | undefined;
-  const lineOfNode = (n: unknown) => {
-    const r = (n as { range?: [number, number, number] } | null)?.range;
-    return r ? lc.linePos(r[0]).line : undefined;
-  };
-  line = lineOfNode(node);
-  for (const seg of path) {
-    let next: unknown;
-    if (isMap(node)) {
-      const pair = node.items.find((p) => {
-        const k = p.key as { value?: unknown } | null;
-        return String(k && typeof k === 'object' && 'value' in k ? k.value : k) === String(seg);
-      });
-      if (!pair) break;
-      // A scalar's own line is the value's; an object's the key's (its first line).
-      next = pair.value;
-      line = lineOfNode(pair.key) ?? line;
-    } else if (isSeq(node) && typeof seg === 'number') {
-      next = node.items[seg];
-      if (next === undefined) break;
-    } else {
-      break;
-    }
-    line = lineOfNode(next) ?? line;
-    node = next;
+  for (let depth = path.length; depth >= 0; depth--) {
+    const node: unknown = depth === 0 ? doc.contents : doc.getIn(path.slice(0, depth), true);
+    const range = (node as { range?: [number, number, number] } | null | undefined)?.range;
+    if (range) return lc.linePos(range[0]).line;
   }
-  return line;
+  return undefined;
 }
 
 function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter } {
@@ -126,17 +86,6 @@ function parseYaml(file: string, text: string): { doc: Document; lc: LineCounter
   return { doc, lc };
 }
 
-type SchemaDef = {
-  readonly type: string;
-  readonly innerType?: z.ZodType;
-  readonly in?: z.ZodType;
-  readonly element?: z.ZodType;
-  readonly shape?: Record<string, z.ZodType>;
-  readonly catchall?: z.ZodType;
-  readonly options?: readonly z.ZodType[];
-};
-const defOf = (schema: z.ZodType): SchemaDef => (schema as unknown as { _zod: { def: SchemaDef } })._zod.def;
-
 /** A field the schema does not know, and the fields its object may have (for a suggestion). */
 export interface UnknownField {
   readonly path: Path;
@@ -145,45 +94,21 @@ export interface UnknownField {
 
 /**
  * The fields `schema` does not know in `value` (zod strips them silently: a misspelt optional
- * field would otherwise vanish without a word).
+ * field would otherwise vanish without a word). The state's schema is built of objects, arrays,
+ * optional and default fields and transforms (pipes); anything else is a leaf.
  */
 export function unknownFields(schema: z.ZodType, value: unknown, path: Path = []): UnknownField[] {
-  const def = defOf(schema);
-  switch (def.type) {
-    case 'optional':
-    case 'nullable':
-    case 'default':
-    case 'prefault':
-    case 'nonoptional':
-    case 'readonly':
-    case 'catch':
-      return def.innerType ? unknownFields(def.innerType, value, path) : [];
-    case 'pipe':
-      return def.in ? unknownFields(def.in, value, path) : [];
-    case 'array':
-      return Array.isArray(value) && def.element ? value.flatMap((v, i) => unknownFields(def.element as z.ZodType, v, [...path, i])) : [];
-    case 'object': {
-      if (value === null || typeof value !== 'object' || Array.isArray(value)) return [];
-      const shape = def.shape ?? {};
-      const open = def.catchall !== undefined && defOf(def.catchall).type !== 'never';
-      return Object.entries(value).flatMap(([k, v]) => {
-        const field = shape[k];
-        if (field) return unknownFields(field, v, [...path, k]);
-        return open ? [] : [{ path: [...path, k], known: Object.keys(shape) }];
-      });
-    }
-    case 'union': {
-      // The option that fits best: the fewest unknown fields.
-      let best: UnknownField[] | undefined;
-      for (const o of def.options ?? []) {
-        const u = unknownFields(o, value, path);
-        if (!best || u.length < best.length) best = u;
-      }
-      return best ?? [];
-    }
-    default:
-      return [];
+  if (schema instanceof z.ZodOptional || schema instanceof z.ZodDefault) return unknownFields(schema.unwrap() as z.ZodType, value, path);
+  if (schema instanceof z.ZodPipe) return unknownFields(schema.in as z.ZodType, value, path);
+  if (schema instanceof z.ZodArray) {
+    return Array.isArray(value) ? value.flatMap((v, i) => unknownFields(schema.element as z.ZodType, v, [...path, i])) : [];
   }
+  if (!(schema instanceof z.ZodObject) || value === null || typeof value !== 'object' || Array.isArray(value)) return [];
+  const shape = schema.shape as Record<string, z.ZodType>;
+  return Object.entries(value).flatMap(([k, v]) => {
+    const field = shape[k];
+    return field ? unknownFields(field, v, [...path, k]) : [{ path: [...path, k], known: Object.keys(shape) }];
+  });
 }
 
 /** A known field that an unknown one is probably a misspelling of (case, one or two letters). */
@@ -209,8 +134,6 @@ function editDistance(a: string, b: string): number {
   return prev[b.length] ?? 0;
 }
 
-const countObjects = (s: DesiredState): number => RESOURCES.reduce((n, def) => n + s[def.stateKey].length, 0);
-
 /** Placeholder interfaces for normalising a file that leaves them out (nothing in normalisation reads them). */
 const NO_INTERFACES = { vpc: 'eth0', ext: 'net1' };
 
@@ -227,7 +150,7 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
   }
   const located = (path: Path, reason: string): FileIssue => {
     yaml ??= parseYaml(file, text);
-    return { line: lineOf(yaml.doc, yaml.lc, path), field: fieldOfPath(path) || '(root)', reason };
+    return { line: lineOf(yaml.doc, yaml.lc, path), field: fieldName(path) || '(root)', reason };
   };
   const fail = (issues: FileIssue[]): never => {
     throw new StateFileError(
@@ -243,10 +166,10 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
   const prefix: Path = wrapped ? ['desired'] : [];
   const inner = wrapped ? obj.desired : obj;
   const issues: FileIssue[] = [];
-  if (wrapped) {
-    for (const k of Object.keys(obj))
-      if (!DOCUMENT_KEYS.has(k)) issues.push(located([k], `unknown field (a state document has ${[...DOCUMENT_KEYS].join(', ')})`));
-  }
+  // GET /v1/state's document: apply reads `desired` and ignores the read-only rest.
+  const documentKeys = Object.keys(stateDocumentBody.shape);
+  for (const k of wrapped ? Object.keys(obj) : [])
+    if (!documentKeys.includes(k)) issues.push(located([k], `unknown field (a state document has ${documentKeys.join(', ')})`));
   for (const { path, known } of unknownFields(fileStateSchema, inner)) {
     const hint = closestField(String(path[path.length - 1]), known);
     issues.push(located([...prefix, ...path], `unknown field${hint ? ` (did you mean ${hint}?)` : ''}`));
@@ -257,9 +180,9 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
     fail(issues);
   }
   const data = (parsed as { data: FileState }).data;
-  let desired: DesiredState | undefined;
   try {
-    desired = normaliseDesired({ ...data, interfaces: data.interfaces ?? NO_INTERFACES }, wrapped ? 'desired.' : '');
+    // As the daemon will normalise it (placeholder interfaces where the file has none): for its errors.
+    normaliseDesired({ ...data, interfaces: data.interfaces ?? NO_INTERFACES }, wrapped ? 'desired.' : '');
   } catch (e) {
     if (e instanceof HttpError) {
       const field = e.extra.field ?? '';
@@ -269,7 +192,7 @@ export function parseStateFile(file: string, text: string): ParsedStateFile {
       issues.push(located(pathOfField(`${wrapped ? 'desired.' : ''}${e.field ?? ''}`), e.message));
     } else throw e;
   }
-  if (issues.length || !desired) return fail(issues);
+  if (issues.length) return fail(issues);
   const present = new Set(inner !== null && typeof inner === 'object' ? Object.keys(inner) : []);
-  return { data, desired, present, objects: countObjects(desired) };
+  return { data, present, objects: RESOURCES.reduce((n, def) => n + data[def.stateKey].length, 0) };
 }

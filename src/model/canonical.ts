@@ -1,3 +1,5 @@
+import type { Hash } from 'node:crypto';
+
 /**
  * JSON with object keys sorted at every level (by UTF-16 code units, as Array#sort orders them):
  * one text per value, whatever the key order (equal states on two replicas give equal digests; a
@@ -13,18 +15,13 @@ export function canonicalJson(v: unknown): string {
   return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
 }
 
-/** What a digest needs of a hash (node:crypto's Hash). */
-export interface HashSink {
-  update(data: string): unknown;
-}
-
 /**
  * Feed `canonicalJson(v)` to `hash` without building it whole: an object (a state) member by
  * member, each member (a collection of thousands of rules) written natively where it can be
  * (canonicalTextNative), so that at most one collection's text exists at a time. The bytes
  * hashed are exactly canonicalJson(v)'s (test/unit/canonical.test.ts).
  */
-export function canonicalDigestInto(hash: HashSink, v: unknown): void {
+export function canonicalDigestInto(hash: Hash, v: unknown): void {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) {
     hash.update(canonicalTextNative(v) ?? canonicalJson(v));
     return;

@@ -18,11 +18,6 @@ const DEFAULT_CIDR: Record<DefaultFamily, string> = { v4: '0.0.0.0/0', v6: '::/0
 const HALVES: Record<DefaultFamily, string> = { v4: '0.0.0.0/1 and 128.0.0.0/1', v6: '::/1 and 8000::/1' };
 const ENV: Record<DefaultFamily, string> = { v4: 'GATEWAY_V4', v6: 'GATEWAY_V6' };
 
-/** The family whose default route a canonical CIDR is, or undefined for any other destination. */
-function defaultFamilyOf(cidr: string): DefaultFamily | undefined {
-  return cidr === DEFAULT_CIDR.v4 ? 'v4' : cidr === DEFAULT_CIDR.v6 ? 'v6' : undefined;
-}
-
 interface RoutesOfState {
   readonly routes: readonly Route[];
   readonly defaultRoutes: { readonly v4?: string | undefined; readonly v6?: string | undefined };
@@ -30,7 +25,7 @@ interface RoutesOfState {
 
 /** The external gateway that owns the default route `r` would take, if any. */
 export function defaultOwnerOf(s: RoutesOfState, r: Pick<Route, 'cidr'>): { family: DefaultFamily; gateway: string } | undefined {
-  const family = defaultFamilyOf(r.cidr);
+  const family = r.cidr === DEFAULT_CIDR.v4 ? 'v4' : r.cidr === DEFAULT_CIDR.v6 ? 'v6' : undefined;
   const gateway = family ? s.defaultRoutes[family] : undefined;
   return family && gateway ? { family, gateway } : undefined;
 }

@@ -30,7 +30,7 @@ export class ValidationError extends NatgwError {
 export class ConflictError extends NatgwError {
   override readonly name = 'ConflictError';
   constructor(message: string) {
-    super('conflict', message, 'stdout');
+    super('conflict', message);
   }
 }
 
@@ -38,12 +38,6 @@ export class ConflictError extends NatgwError {
 export type RuleConflict =
   | { readonly kind: 'fip'; readonly wanted: Fip; readonly existing: Fip }
   | { readonly kind: 'dnat'; readonly wanted: Dnat; readonly existing: Dnat; readonly overlap: boolean };
-
-/** How a conflict's message quotes the existing rule. */
-export type QuoteRule = (c: RuleConflict) => string;
-
-/** The existing rule by its fields, until the layer that reports the error quotes it (`worded`). */
-const byFields: QuoteRule = (c) => JSON.stringify(c.existing);
 
 /**
  * A conflict carrying both rules, typed. SPEC §2's message quotes the existing rule as the
@@ -54,12 +48,13 @@ const byFields: QuoteRule = (c) => JSON.stringify(c.existing);
 export class RuleConflictError extends ConflictError {
   constructor(
     readonly conflict: RuleConflict,
-    quote: QuoteRule = byFields,
+    /** How the message quotes the existing rule: by its fields, until the layer that reports the error words it. */
+    quote = (c: RuleConflict): string => JSON.stringify(c.existing),
   ) {
     super(ruleConflictText(conflict, quote(conflict)));
   }
 
-  worded(quote: QuoteRule): RuleConflictError {
+  worded(quote: (c: RuleConflict) => string): RuleConflictError {
     return new RuleConflictError(this.conflict, quote);
   }
 }

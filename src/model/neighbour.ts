@@ -1,7 +1,6 @@
 import { z } from 'zod';
 import ipaddr from 'ipaddr.js';
 import { ifnameSchema, ipSchema } from './rules.js';
-import { familyOf } from './net.js';
 
 /**
  * A static neighbour entry (the OVN-Kubernetes masquerade pattern): an address on a device
@@ -29,7 +28,7 @@ export const neighbourKey = (n: Pick<Neighbour, 'address' | 'dev'>): string => `
  * locally administered MAC that OVN-Kubernetes and Kube-OVN derive for a pod address.
  */
 export function syntheticMac(address: string): string {
-  const bytes = familyOf(address) === 4 ? ipaddr.IPv4.parse(address).toByteArray() : ipaddr.IPv6.parse(address).toByteArray().slice(12);
+  const bytes = ipaddr.parse(address).toByteArray().slice(-4);
   return ['0a', '58', ...bytes.map((b) => b.toString(16).padStart(2, '0'))].join(':');
 }
 

@@ -5,13 +5,12 @@
  */
 import { describe, expect, it } from 'vitest';
 import { stateFileError } from '../helpers/stateFileError.js';
-import { parseArgs } from 'node:util';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { closestField, parseStateFile, unknownFields } from '../../src/cli/stateFile.js';
 import { mergeState, renderResults } from '../../src/cli/merge.js';
 import { headerOf, labelOf, renderDescribe } from '../../src/cli/render.js';
 import { kindOf } from '../../src/cli/commands/get.js';
-import { outputOf, usageText } from '../../src/cli/commands/common.js';
+import { outputOf, parseOptions } from '../../src/cli/commands/common.js';
 import { resolveVersion } from '../../src/cli/version.js';
 import { CliError } from '../../src/cli/client.js';
 
@@ -72,7 +71,7 @@ describe('strict state file', () => {
     const text = JSON.stringify({ interfaces: { vpc: 'eth0', ext: 'net1' }, routes: [{ cidr: '10.0.2.0/24', nexthop: '10.0.1.254', metric: 5 }] }, null, 2);
     const e = stateFileError(text, 's.json');
     expect(e.issues).toEqual([{ line: text.split('\n').findIndex((l) => l.includes('"metric"')) + 1, field: 'routes[0].metric', reason: 'unknown field' }]);
-    expect(e.message).toBe(`s.json:${e.line}: routes[0].metric: unknown field`);
+    expect(e.message).toBe(`s.json:${e.issues[0]?.line}: routes[0].metric: unknown field`);
     const both = stateFileError(
       ['routes:', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.254, metric: 5}', '  - {cidr: 10.0.2.0/24, nexthop: 10.0.1.253}', ''].join('\n'),
     );
@@ -193,12 +192,13 @@ describe('rendering and usage errors', () => {
     );
   });
 
-  it("turns parseArgs' errors into one line in kubectl's words", () => {
+  it("turns parseArgs' faults into one line in kubectl's words", () => {
     const err = (args: string[], allowPositionals = false) => {
       try {
-        parseArgs({ args, options: { filename: { type: 'string', short: 'f' }, json: { type: 'boolean' } }, allowPositionals, strict: true });
+        parseOptions('apply', args, { filename: { type: 'string', short: 'f' }, json: { type: 'boolean' } }, allowPositionals);
       } catch (e) {
-        return usageText(e);
+        expect((e as CliError).exitCode).toBe(2);
+        return (e as Error).message.replace(/^natgw apply: (.*) \(see 'natgw apply --help'\)$/, '$1');
       }
       throw new Error('accepted');
     };
@@ -207,6 +207,7 @@ describe('rendering and usage errors', () => {
     expect(err(['-f'])).toBe('flag --filename needs a value');
     expect(err(['--json=yes'])).toBe('flag --json takes no value');
     expect(err(['x'])).toBe('unexpected argument x');
+    expect(() => parseOptions('apply', ['x', '-f', 'a'], { filename: { type: 'string', short: 'f' } }, true)).not.toThrow();
   });
 
   it('knows -o and its older spellings, and refuses two formats or an unknown one', () => {

@@ -230,7 +230,7 @@ describe('parseStateFile', () => {
     const json = JSON.stringify({ desired: base }, null, 2);
     const p = parseStateFile('s.json', json);
     expect(p.objects).toBe(4);
-    expect(p.desired).toEqual(base);
+    expect(p.data).toEqual(base);
     expect([...p.present]).toEqual(expect.arrayContaining(['interfaces', 'eips', 'dnats', 'snats']));
   });
 
@@ -247,8 +247,8 @@ describe('parseStateFile', () => {
       '',
     ].join('\n');
     const e = stateFileError(text);
-    expect(e.line).toBe(5);
-    expect(e.field).toBe('desired.dnats[0].port');
+    expect(e.issues[0]?.line).toBe(5);
+    expect(e.issues[0]?.field).toBe('desired.dnats[0].port');
     expect(e.message).toMatch(/^state\.yaml:5: desired\.dnats\[0\]\.port: /);
   });
 
@@ -259,11 +259,11 @@ describe('parseStateFile', () => {
       2,
     );
     const e = stateFileError(text, 'state.json');
-    expect(e.field).toBe('eips[1].prefixLength');
+    expect(e.issues[0]?.field).toBe('eips[1].prefixLength');
     const line = text.split('\n').findIndex((l) => l.includes('172.20.0.11')) + 1;
     // The object `{` opens the line before its first field.
-    expect([line - 1, line]).toContain(e.line);
-    expect(e.message).toContain(`state.json:${e.line}: eips[1].prefixLength:`);
+    expect([line - 1, line]).toContain(e.issues[0]?.line);
+    expect(e.message).toContain(`state.json:${e.issues[0]?.line}: eips[1].prefixLength:`);
   });
 
   it('names the line of a duplicate identity and of a syntax error', () => {
@@ -275,15 +275,15 @@ describe('parseStateFile', () => {
       '',
     ].join('\n');
     const e = stateFileError(dup);
-    expect(e.line).toBe(4);
-    expect(e.field).toBe('fips[1]');
-    expect(e.reason).toContain('duplicate');
+    expect(e.issues[0]?.line).toBe(4);
+    expect(e.issues[0]?.field).toBe('fips[1]');
+    expect(e.issues[0]?.reason).toContain('duplicate');
     const yamlSyntax = stateFileError('interfaces:\n  vpc: eth0\n  ext: net1\neips:\n  - address: 1\n   - x: 2\n');
     expect(yamlSyntax.message).toMatch(/^state\.yaml:6: not valid JSON or YAML: .*\(column \d+\)$/);
     // A JSON file without a comma: the line where the next member starts.
     const jsonSyntax = stateFileError('{\n  "interfaces": {"vpc": "eth0",\n  "ext": "net1"\n  "eips": []\n}\n', 'state.json');
     expect(jsonSyntax.message).toMatch(/^state\.json:4: not valid JSON or YAML: /);
-    expect(stateFileError('[1, 2]').reason).toContain('must be an object');
+    expect(stateFileError('[1, 2]').issues[0]?.reason).toContain('must be an object');
   });
 
   it('maps API field names to paths', () => {

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import type { ReplaceResult } from '../../api/bodies.js';
 import type { DesiredState } from '../../state/state.js';
 import { CliError, request, requestJson, apiError, type Target } from '../client.js';
-import { changesSomething, mergeState, renderResults, type Merged } from '../merge.js';
+import { mergeState, renderResults, type Merged } from '../merge.js';
 import { diffIsEmpty, diffStates, renderDiff } from '../render.js';
 import { parseStateFile } from '../stateFile.js';
 import { CONNECTION_OPTIONS, OUTPUT_OPTIONS, outputOf, parseOptions, targetOf, type Io } from './common.js';
@@ -127,7 +127,7 @@ export async function apply(args: readonly string[], io: Io): Promise<number> {
   const { target, current, merged, objects } = await planFile('apply', values, io, progress);
   const body = JSON.stringify(merged.next);
   const diff = diffStates(current.desired, merged.next);
-  const applying = !dryRun && changesSomething(merged.results);
+  const applying = !dryRun && merged.results.some((r) => r.action !== 'unchanged');
   // A dry run, or nothing to change: the daemon's own plan (and script) of the merged state, against the digest it was made from.
   const answer = applying
     ? await progress.during(`daemon applying ${objects} object(s)`, putState(target, body, current.digest, false))

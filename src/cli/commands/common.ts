@@ -28,37 +28,30 @@ export const processIo = (): Io => ({
 });
 
 /**
- * Node's parseArgs error as one line in kubectl's words (its own text suggests `--` and quotes
- * runtime syntax); anything else as its first line.
+ * parseArgs, with a one-line usage error (exit 2) in kubectl's words that names the command's
+ * help. The fault is found in parseArgs' tokens, not in its error text (which suggests `--`
+ * and quotes runtime syntax).
  */
-export function usageText(e: unknown): string {
-  const err = e as NodeJS.ErrnoException;
-  const quoted = /'([^']+)'/.exec(err.message ?? '')?.[1];
-  switch (err.code) {
-    case 'ERR_PARSE_ARGS_UNKNOWN_OPTION':
-      return `unknown flag ${quoted ?? ''}`.trim();
-    case 'ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL':
-      return `unexpected argument ${quoted ?? ''}`.trim();
-    case 'ERR_PARSE_ARGS_INVALID_OPTION_VALUE': {
-      const flag = quoted?.split(/[ ,]+/).find((f) => f.startsWith('--')) ?? quoted ?? '';
-      return /argument missing/.test(err.message) ? `flag ${flag} needs a value` : `flag ${flag} takes no value`;
-    }
-    default:
-      return String(err.message ?? e).split('\n')[0] ?? 'bad arguments';
-  }
-}
-
-/** parseArgs with a one-line usage error (exit 2) that names the command's help. */
 export function parseOptions<O extends NonNullable<ParseArgsConfig['options']>>(
   command: string,
   args: readonly string[],
   options: O,
   allowPositionals = false,
 ) {
+  const usage = (what: string) => new CliError(`natgw ${command}: ${what} (see 'natgw ${command} --help')`, 2);
+  const { tokens } = parseArgs({ args: [...args], options, allowPositionals: true, strict: false, tokens: true });
+  for (const t of tokens) {
+    if (t.kind === 'positional' && !allowPositionals) throw usage(`unexpected argument ${t.value}`);
+    if (t.kind !== 'option') continue;
+    const type = options[t.name]?.type;
+    if (type === undefined) throw usage(`unknown flag ${t.rawName}`);
+    if (type === 'string' && t.value === undefined) throw usage(`flag --${t.name} needs a value`);
+    if (type === 'boolean' && t.value !== undefined) throw usage(`flag --${t.name} takes no value`);
+  }
   try {
     return parseArgs({ args: [...args], options, allowPositionals, strict: true });
   } catch (e) {
-    throw new CliError(`natgw ${command}: ${usageText(e)} (see 'natgw ${command} --help')`, 2);
+    throw usage(String((e as Error).message).split('\n')[0] ?? 'bad arguments');
   }
 }
 

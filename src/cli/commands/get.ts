@@ -13,20 +13,20 @@ export function kindOf(name: string): ResourceDef | undefined {
   return RESOURCES.find((d) => [d.path, d.stateKey].some((k) => norm(k) === n || norm(k).replace(/s$/, '') === n));
 }
 
-export const KIND_NAMES = [...RESOURCES.map((d) => d.path), 'state'];
+const KINDS = RESOURCES.map((d) => d.path).join(', ');
 
 /** The kind named on the command line, or a usage error listing the kinds. */
-export function requireKind(command: string, name: string | undefined): ResourceDef {
-  if (name === undefined) throw new CliError(`natgw ${command}: which kind? One of: ${RESOURCES.map((d) => d.path).join(', ')}`, 2);
+function requireKind(command: string, name: string | undefined): ResourceDef {
+  if (name === undefined) throw new CliError(`natgw ${command}: which kind? One of: ${KINDS}`, 2);
   const def = kindOf(name);
-  if (!def) throw new CliError(`natgw ${command}: unknown kind '${name}'; one of: ${RESOURCES.map((d) => d.path).join(', ')}`, 2);
+  if (!def) throw new CliError(`natgw ${command}: unknown kind '${name}'; one of: ${KINDS}`, 2);
   return def;
 }
 
 type Item = Record<string, unknown>;
 
 /** GET /v1/<kind>/<id>: the object, or undefined when there is none. */
-export async function getOne(target: Target, def: ResourceDef, id: string): Promise<Item | undefined> {
+async function getOne(target: Target, def: ResourceDef, id: string): Promise<Item | undefined> {
   const a = await request(target, 'GET', `/v1/${def.path}/${encodeURIComponent(id)}`);
   if (a.status === 404) return undefined;
   if (a.status === 400) throw new CliError(`${kindName(def)} ${id}: ${messageOf(a.text)}`);
@@ -34,7 +34,7 @@ export async function getOne(target: Target, def: ResourceDef, id: string): Prom
   return JSON.parse(a.text) as Item;
 }
 
-export const notFound = (def: ResourceDef, id: string): CliError => new CliError(`${kindName(def)} "${id}" not found`);
+const notFound = (def: ResourceDef, id: string): CliError => new CliError(`${kindName(def)} "${id}" not found`);
 
 /** `natgw get <kind> [id] [-o table|wide|json|yaml]`, `natgw get state [-o json|yaml]`: what the daemon holds as desired. */
 export async function get(args: readonly string[], io: Io): Promise<number> {
@@ -44,7 +44,7 @@ export async function get(args: readonly string[], io: Io): Promise<number> {
     return 0;
   }
   const [name, id, ...extra] = positionals;
-  if (name === undefined) throw new CliError(`natgw get: which kind? One of: ${KIND_NAMES.join(', ')} (see 'natgw get --help')`, 2);
+  if (name === undefined) throw new CliError(`natgw get: which kind? One of: ${KINDS}, state (see 'natgw get --help')`, 2);
   if (norm(name) === 'state') {
     if (id !== undefined) throw new CliError(`natgw get state: takes no ID (got ${id})`, 2);
     const format = outputOf('get', values, ['json', 'yaml'], 'json');
