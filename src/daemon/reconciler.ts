@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { Agent } from './agent.js';
+import type { Agent } from '../api/agent.js';
 
 export interface ReconcilerDeps {
   readonly agent: Pick<Agent, 'resync' | 'setInterfaces'>;
