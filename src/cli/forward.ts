@@ -6,6 +6,7 @@ import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
 import { NO_DAEMON, request, type Answer } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
+import { socketAnswers } from '../daemon/listeners.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -127,17 +128,11 @@ function startDaemon(config: Config, log: Logger): boolean {
   }
 }
 
-const probe = (socket: string): Promise<boolean> =>
-  request({ kind: 'socket', socket }, 'GET', '/healthz').then(
-    (a) => a.status === 200,
-    () => false,
-  );
-
 async function waitForSocket(socketPath: string, deadlineMs: number): Promise<boolean> {
   const deadline = Date.now() + deadlineMs;
   for (let delay = 20; Date.now() < deadline; delay = Math.min(delay * 2, 200)) {
-    if (await probe(socketPath)) return true;
+    if (await socketAnswers(socketPath)) return true;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
   }
-  return probe(socketPath);
+  return socketAnswers(socketPath);
 }

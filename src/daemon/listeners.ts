@@ -138,13 +138,13 @@ function listen(server: net.Server, target: string | { host: string; port: numbe
   });
 }
 
-/** Does something answer HTTP on this socket? */
-export async function socketAnswers(socketPath: string, timeoutMs = 1000): Promise<boolean> {
+/** Does a natgw daemon answer /healthz on this socket (a stale socket file's successor, the shim's autostart)? */
+export async function socketAnswers(socketPath: string): Promise<boolean> {
   const { get } = await import('node:http');
   return new Promise((resolve) => {
-    const req = get({ socketPath, path: '/healthz', timeout: timeoutMs }, (res) => {
+    const req = get({ socketPath, path: '/healthz', timeout: 1000 }, (res) => {
       res.resume();
-      resolve(true);
+      resolve(res.statusCode === 200);
     });
     req.on('timeout', () => req.destroy(new Error('timeout')));
     req.on('error', () => resolve(false));

@@ -142,11 +142,10 @@ export async function serve(config: Config): Promise<number> {
         if (missing.length > 0) observe();
       },
     },
+    engine,
     log,
     periodMs: config.resyncMs,
     interfaceWaitMs: config.interfaceWaitMs,
-    interfaces: async () => (await engine.loadState()).interfaces,
-    waitFor: (names, timeoutMs, onWait) => engine.link.waitFor(names, timeoutMs, onWait),
   });
   // A link event may have taken addresses or routes with it: no command may plan against what
   // natgw applied before it, so the next transaction is a full sync even before the resync runs.
