@@ -7,9 +7,4 @@
 import module from 'node:module';
 
 module.enableCompileCache?.();
-if (process.argv[2] === '--version' && process.argv.length === 3) {
-  // Two small file reads (src/cli/version.ts), before the CLI and its built-ins load.
-  process.stdout.write((await import('../dist/src/cli/version.js')).versionLine());
-  process.exit(0);
-}
 await import('../dist/src/cli/main.js');
