@@ -220,14 +220,14 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
   return server;
 }
 
-/** Stop accepting; wait (bounded) for open connections to finish, then cut the rest. */
-export async function closeServer(server: http.Server | https.Server, graceMs = 5000): Promise<void> {
+/** Stop accepting; wait up to 5 s for open connections to finish, then cut the rest. */
+export async function closeServer(server: http.Server | https.Server): Promise<void> {
   if (!server.listening) return;
   await new Promise<void>((resolve) => {
     const t = setTimeout(() => {
       server.closeAllConnections();
       resolve();
-    }, graceMs);
+    }, 5000);
     t.unref();
     server.close(() => {
       clearTimeout(t);
