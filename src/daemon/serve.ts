@@ -112,13 +112,15 @@ export async function serve(config: Config): Promise<number> {
   let shuttingDown = false;
   let cannotListen = false;
 
-  // The conntrack follower (three processes and their output) starts once the first resync is
-  // over, ready or not: before, it would only compete with it. Its first listing counts the
-  // connections made in between.
-  let observing = false;
-  const observe = () => {
-    if (observing || shuttingDown) return;
-    observing = true;
+  // The link monitor and the conntrack follower (three processes and their output) start once
+  // the first resync is over, ready or not, or at once while an interface is missing (the link
+  // monitor is what notices it): before, they would only compete with the first sync. The
+  // follower's first listing counts the connections made in between.
+  let watching = false;
+  const watch = () => {
+    if (watching || shuttingDown || cannotListen) return;
+    watching = true;
+    monitor.start();
     void Promise.all([parts, engine.loadState().catch(() => undefined)])
       .then(([p, s]) => p.observer.start(p.conntrack, engine.lastApplied ?? s))
       .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
@@ -132,14 +134,11 @@ export async function serve(config: Config): Promise<number> {
             const timeline = timelineEnd('first sync over');
             if (timeline) log.debug(timeline, 'start timeline (ms since serve began: wall, CPU)');
           }
-          if (!shuttingDown && !cannotListen) monitor.start();
-          observe();
+          watch();
         }),
       setInterfaces: (missing) => {
         agent.setInterfaces(missing);
-        // While an interface is missing the link monitor is what notices it.
-        if (missing.length > 0 && !shuttingDown && !cannotListen) monitor.start();
-        if (missing.length > 0) observe();
+        if (missing.length > 0) watch();
       },
     },
     engine,
