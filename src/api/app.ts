@@ -11,12 +11,17 @@ import { parseStateBody } from './stateDoc.js';
 import { buildStatus } from './status.js';
 import { buildOpenApi } from './openapi.js';
 import { enableTimeline, timelineEnabled, timelineMark, timelineStart, timelineEnd } from '../system/timeline.js';
-import type { AgentService, HaService, RoutingService } from './service.js';
 import type { DesiredState } from '../state/state.js';
 import type { CommandOutput } from '../engine/output.js';
+import type { Agent } from './agent.js';
+import type { HaManager } from '../ha/manager.js';
+import type { RoutingManager } from '../routing/manager.js';
+import type { DrainingStatus } from '../dataplane/draining.js';
+import type { EipPortUsage } from '../observe/portUsage.js';
+import { hasSecondaryUplinks, uplinkNames } from '../model/uplinks.js';
 
 export interface AppDeps {
-  readonly agent: AgentService;
+  readonly agent: Agent;
   readonly log: Logger;
   /** NATGW_BODY_LIMIT in bytes (or a size text body-parser reads, as tests pass). */
   readonly bodyLimit: number | string;
@@ -25,9 +30,13 @@ export interface AppDeps {
   /** True once SIGTERM arrived: new requests get 503. */
   readonly shuttingDown?: () => boolean;
   /** Replica sync and takeover (src/ha); without it GET /v1/ha says sync is off. */
-  readonly ha?: HaService;
+  readonly ha?: Pick<HaManager, 'status' | 'takeover' | 'resend' | 'health'>;
   /** EIPs announced by BGP (src/routing); without it GET /v1/bgp says BGP is off. */
-  readonly routing?: RoutingService;
+  readonly routing?: Pick<RoutingManager, 'status'>;
+  /** SNAT source ports in use per EIP (GET /v1/status); undefined while connections are not followed (the daemon's conntrack follower). */
+  readonly portUsage?: () => readonly EipPortUsage[] | undefined;
+  /** The connections still translated to each EIP draining out of a SNAT pool (GET /v1/status, dataplane/draining.ts). */
+  readonly draining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
 }
 
 /** A script command and its rules: the limits of every path into the daemon. */
@@ -208,7 +217,7 @@ export function createApp(deps: AppDeps): Express {
     res.status(r.ready ? 200 : 503).json(deps.auth ? { ready: r.ready } : deps.ha ? { ...r, ha: deps.ha.health() } : r);
   });
   app.get('/metrics', async (_req, res) => {
-    const m = await agent.metrics();
+    const m = await (await agent.metrics).render();
     res.type(m.contentType).send(m.body);
   });
   // Built on first request, not at start: converting every schema is start-up time a restore waits for.
@@ -268,10 +277,10 @@ export function createApp(deps: AppDeps): Express {
     const check = boolQuery(req, 'check');
     const drift = check ? await agent.checkDrift() : undefined;
     const doc = await agent.stateDocument();
-    const snatPorts = agent.portUsage();
-    const draining = doc.desired.snats.some((x) => x.draining) ? await agent.draining(doc.desired) : [];
+    const snatPorts = deps.portUsage?.();
+    const draining = deps.draining && doc.desired.snats.some((x) => x.draining) ? await deps.draining(doc.desired) : [];
     res.json({
-      ...buildStatus(doc, agent.readiness(), agent.lastSyncInfo(), drift),
+      ...buildStatus(doc, agent.readiness(), agent.lastSyncDetail, drift),
       ...(snatPorts ? { snatPorts } : {}),
       ...(draining.length > 0 ? { draining } : {}),
     });
@@ -292,7 +301,7 @@ export function createApp(deps: AppDeps): Express {
     res.json(await deps.ha.takeover(reason));
   });
   app.post('/v1/ha/resend', async (_req, res) => {
-    if (!deps.ha?.resend) throw new HttpError(503, 'unavailable', 'resend needs the daemon (natgw serve) with replica sync');
+    if (!deps.ha) throw new HttpError(503, 'unavailable', 'resend needs the daemon (natgw serve) with replica sync');
     res.locals.log = { command: 'ha-resend', outcome: 'ok' };
     res.json(await deps.ha.resend());
   });
@@ -312,17 +321,18 @@ function findIn(def: ResourceDef, s: DesiredState, key: string): unknown {
   return s[def.stateKey].find((x: unknown) => def.key(x) === key);
 }
 
-function mountResource(app: Express, def: ResourceDef, agent: AgentService): void {
+function mountResource(app: Express, def: ResourceDef, agent: Agent): void {
+  const { engine } = agent;
   const base = `/v1/${def.path}`;
   const view = (x: unknown) => ({ id: idOf(def, x), ...(x as object) });
 
   app.get(base, async (_req, res) => {
-    res.json({ items: (await agent.desired())[def.stateKey].map(view) });
+    res.json({ items: (await engine.loadState())[def.stateKey].map(view) });
   });
 
   app.get(`${base}/:id`, async (req, res) => {
     const { key } = parseIdentity(def, req);
-    const found = findIn(def, await agent.desired(), key);
+    const found = findIn(def, await engine.loadState(), key);
     if (found === undefined) throw new HttpError(404, 'not-found', `no ${def.title} ${String(req.params.id)}`);
     res.json(view(found));
   });
@@ -344,13 +354,16 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
       throw new HttpError(400, 'validation', `${field}: '${String(o[field])}' does not match the identity in the path`, { field, in: 'body' });
     }
     timelineMark('validated');
-    const ctx = { gateways: agent.gateways, networks: def.stateKey === 'eips' ? await agent.uplinkNetworks() : [] };
+    const ctx = {
+      gateways: { v4: engine.config.gatewayV4, v6: engine.config.gatewayV6 },
+      networks: def.stateKey === 'eips' ? await uplinkNetworks(engine) : [],
+    };
     const put = (s: DesiredState): OpResult => {
       const existing = replace ? findIn(def, s, key) : undefined;
       if (existing === undefined || sameValue(existing, obj)) return def.put(s, obj, ctx);
       return chain(def.del(s, obj), (t) => def.put(t, obj, ctx));
     };
-    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: put });
+    const result = await agent.batcher.submit({ guarded: def.guarded, qos: def.qos, op: put });
     // What the operation changed under this identity says whether it existed; untouched, it was there as asked.
     const touched = (result.change?.lists as Record<string, ReadonlyMap<string, { before?: unknown; after?: unknown }>> | undefined)?.[def.stateKey]?.get(key);
     const existed = touched === undefined || touched.before !== undefined;
@@ -362,8 +375,14 @@ function mountResource(app: Express, def: ResourceDef, agent: AgentService): voi
   app.delete(`${base}/:id`, async (req, res) => {
     const { id } = parseIdentity(def, req);
     timelineMark('validated');
-    const result = await agent.change({ guarded: def.guarded, qos: def.qos, op: (s) => def.del(s, id) });
+    const result = await agent.batcher.submit({ guarded: def.guarded, qos: def.qos, op: (s) => def.del(s, id) });
     res.locals.log = { command: `delete-${def.path}`, id: String(req.params.id), batch: result.batchSize, outcome: 'ok' };
     res.status(204).end();
   });
+}
+
+/** Several external interfaces: their networks, where a new EIP's interface is found (as eip-add does); none with one. */
+async function uplinkNetworks(engine: Agent['engine']) {
+  const ifs = (engine.lastApplied ?? (await engine.loadState())).interfaces;
+  return hasSecondaryUplinks(ifs) ? engine.link.uplinkNetworks(uplinkNames(ifs)) : [];
 }

@@ -30,9 +30,9 @@ function tokenMatches(given: string, expected: string): boolean {
 }
 
 /** The token now in `file` (a stat per request; read again only when the file changed). */
-function tokenReader(file: string, initial?: string): () => string | undefined {
+function tokenReader(file: string): () => string | undefined {
   let key = '';
-  let token = initial;
+  let token: string | undefined;
   return () => {
     let st: fs.Stats;
     try {

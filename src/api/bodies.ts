@@ -172,10 +172,8 @@ export const takeoverBody = z.object({
   interface: z.string(),
   ms: count,
 });
-export type TakeoverBody = z.infer<typeof takeoverBody>;
 
 export const resendBody = z.object({ resent: z.boolean(), flows: count, reason: z.string().optional() });
-export type ResendBody = z.infer<typeof resendBody>;
 
 /** Built by the BGP manager (src/routing), which returns it as a plain record: the schema documents it. */
 export const bgpStatusBody = z.object({

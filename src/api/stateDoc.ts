@@ -69,15 +69,9 @@ export function normaliseDesired(s: DesiredState, fieldPrefix = ''): DesiredStat
   return allocateQos({ ...s, snats: longestPrefixFirst(s.snats) });
 }
 
-/**
- * SNATs longest prefix first, rules of equal length in the order given (a stable sort, each
- * prefix read once); a list already in that order (as GET /v1/state returns it) is kept as is.
- */
+/** SNATs longest prefix first, rules of equal length in the order given (a stable sort, each prefix read once). */
 function longestPrefixFirst(snats: DesiredState['snats']): DesiredState['snats'] {
   const prefixes = snats.map((x) => prefixOf(x.cidr));
-  let ordered = true;
-  for (let i = 1; i < prefixes.length && ordered; i++) ordered = (prefixes[i] as number) <= (prefixes[i - 1] as number);
-  if (ordered) return snats;
   return prefixes
     .map((_p, i) => i)
     .sort((a, b) => (prefixes[b] as number) - (prefixes[a] as number) || a - b)

@@ -4,8 +4,9 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config/config.js';
 import type { CommandOutput } from '../engine/output.js';
-import { NO_DAEMON, request, requestJson } from './client.js';
+import { NO_DAEMON, requestJson } from './client.js';
 import { LOG_TO_ENV, openDaemonLog } from './daemonLog.js';
+import { socketAnswers } from '../daemon/listeners.js';
 
 /**
  * The shim's path to the daemon (SPEC §4.1): POST /v1/legacy over the Unix socket (no token:
@@ -115,17 +116,11 @@ function startDaemon(config: Config, log: Logger): boolean {
   }
 }
 
-const probe = (socket: string): Promise<boolean> =>
-  request({ kind: 'socket', socket }, 'GET', '/healthz').then(
-    (a) => a.status === 200,
-    () => false,
-  );
-
 async function waitForSocket(socketPath: string): Promise<boolean> {
   const deadline = Date.now() + AUTOSTART_DEADLINE_MS;
   for (let delay = 20; Date.now() < deadline; delay = Math.min(delay * 2, 200)) {
-    if (await probe(socketPath)) return true;
+    if (await socketAnswers(socketPath)) return true;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
   }
-  return probe(socketPath);
+  return socketAnswers(socketPath);
 }

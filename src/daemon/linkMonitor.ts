@@ -106,7 +106,6 @@ export class LinkMonitor {
       name: 'link monitor',
       log: this.opts.log,
       minBackoffMs: 500,
-      maxBackoffMs: 30_000,
       stableMs: 10_000,
       graceMs: 2000,
       onLine: (line) => {

@@ -138,13 +138,13 @@ function listen(server: net.Server, target: string | { host: string; port: numbe
   });
 }
 
-/** Does something answer HTTP on this socket? */
-export async function socketAnswers(socketPath: string, timeoutMs = 1000): Promise<boolean> {
+/** Does a natgw daemon answer /healthz on this socket (a stale socket file's successor, the shim's autostart)? */
+export async function socketAnswers(socketPath: string): Promise<boolean> {
   const { get } = await import('node:http');
   return new Promise((resolve) => {
-    const req = get({ socketPath, path: '/healthz', timeout: timeoutMs }, (res) => {
+    const req = get({ socketPath, path: '/healthz', timeout: 1000 }, (res) => {
       res.resume();
-      resolve(true);
+      resolve(res.statusCode === 200);
     });
     req.on('timeout', () => req.destroy(new Error('timeout')));
     req.on('error', () => resolve(false));
@@ -220,14 +220,14 @@ export async function listenTcp(app: Express, s: TcpSettings): Promise<http.Serv
   return server;
 }
 
-/** Stop accepting; wait (bounded) for open connections to finish, then cut the rest. */
-export async function closeServer(server: http.Server | https.Server, graceMs = 5000): Promise<void> {
+/** Stop accepting; wait up to 5 s for open connections to finish, then cut the rest. */
+export async function closeServer(server: http.Server | https.Server): Promise<void> {
   if (!server.listening) return;
   await new Promise<void>((resolve) => {
     const t = setTimeout(() => {
       server.closeAllConnections();
       resolve();
-    }, graceMs);
+    }, 5000);
     t.unref();
     server.close(() => {
       clearTimeout(t);

@@ -1,16 +1,15 @@
 import type { Logger } from 'pino';
-import type { Agent } from './agent.js';
+import type { Agent } from '../api/agent.js';
+import type { Engine } from '../engine/engine.js';
 
 export interface ReconcilerDeps {
   readonly agent: Pick<Agent, 'resync' | 'setInterfaces'>;
+  /** The interface names the desired state uses now, and the wait for them (LinkManager.waitFor). */
+  readonly engine: Pick<Engine, 'stateForResync' | 'link'>;
   readonly log: Logger;
   readonly periodMs: number;
   /** How long the start's resync waits for missing interfaces (SPEC §3.1); later ones look once. */
   readonly interfaceWaitMs: number;
-  /** The interface names the desired state uses now. */
-  readonly interfaces: () => Promise<{ vpc: string; ext: string }>;
-  /** The names still missing once found or at the deadline (LinkManager.waitFor). */
-  readonly waitFor: (names: readonly string[], timeoutMs: number, onWait: (missing: string[]) => void) => Promise<string[]>;
 }
 
 /**
@@ -60,9 +59,9 @@ export class Reconciler {
   private async tick(reason: string): Promise<void> {
     const { log, agent } = this.deps;
     try {
-      const { vpc, ext } = await this.deps.interfaces();
+      const { vpc, ext } = (await this.deps.engine.stateForResync()).interfaces;
       const waitMs = reason === 'start' ? this.deps.interfaceWaitMs : 0;
-      const missing = await this.deps.waitFor([vpc, ext], waitMs, (m) => {
+      const missing = await this.deps.engine.link.waitFor([vpc, ext], waitMs, (m) => {
         log.info({ missing: m, deadlineMs: waitMs }, 'waiting for interfaces');
         agent.setInterfaces(m);
       });

@@ -8,7 +8,7 @@ import { SystemExecutor } from '../system/exec.js';
 import { Engine } from '../engine/engine.js';
 import { LibnftClient } from '../dataplane/netfilter/nft/libnft.js';
 import { TOP_DESTINATIONS } from '../observe/portUsage.js';
-import { Agent } from './agent.js';
+import { Agent } from '../api/agent.js';
 import { Reconciler } from './reconciler.js';
 import { LinkMonitor } from './linkMonitor.js';
 import { RestartHygiene } from './hygiene.js';
@@ -16,22 +16,7 @@ import { digestOf } from '../api/stateDoc.js';
 import { StartupError, claimSingleton, closeServer, listenTcp, listenUnix, tcpSettings } from './listeners.js';
 import { enableTimeline, timelineBegunAs, timelineEnd, timelineMark, timelineStart } from '../system/timeline.js';
 import { uplinkNames } from '../model/uplinks.js';
-import type { Metrics } from '../engine/metrics.js';
-import type { Observer } from '../observe/observer.js';
-import type { ConntrackMetrics } from '../observe/conntrackMetrics.js';
-import type { HaManager } from '../ha/manager.js';
-import type { RoutingManager } from '../routing/manager.js';
-import type { HaService } from '../api/service.js';
-
-/** The daemon's parts that load beside the first sync (serve). */
-interface LaterParts {
-  readonly observer: Observer;
-  readonly metrics: Metrics;
-  readonly conntrack: ConntrackMetrics;
-  readonly ha: HaManager;
-  readonly haService: HaService;
-  readonly routing: RoutingManager;
-}
+import type { DesiredState } from '../state/state.js';
 
 /**
  * `natgw serve` (SPEC §4.1): serve the API at once (Unix socket, and TCP where configured),
@@ -74,19 +59,11 @@ export async function serve(config: Config): Promise<number> {
   // loads beside the first sync. The socket's claim (above) already makes this daemon the only
   // writer; one that then cannot listen stops syncing and exits.
   const parts = startParts();
-  let observer: Observer | undefined;
   const hygiene = new RestartHygiene({ config, conntrack: engine.conntrack, link: engine.link, role: engine.role, log });
-  const agent = new Agent({
-    engine,
-    log,
-    metrics: parts.then((p) => p.metrics),
-    hygiene,
-    portUsage: () => observer?.current()?.portUsage({ top: TOP_DESTINATIONS }),
-    countDraining: (s) => countDraining(exec, s.snats),
-    uplinkNetworks: (names) => engine.link.uplinkNetworks(names),
-  });
+  const agent: Agent = new Agent({ engine, log, metrics: parts.then((p) => p.metrics), hygiene });
 
-  async function startParts(): Promise<LaterParts> {
+  /** The daemon's parts that load beside the first sync. */
+  async function startParts() {
     const [{ Observer, daemonMetrics }, { HaManager }, { HaMetrics }, { RoutingManager }] = await Promise.all([
       import('../observe/observer.js'),
       import('../ha/manager.js'),
@@ -94,7 +71,6 @@ export async function serve(config: Config): Promise<number> {
       import('../routing/manager.js'),
     ]);
     const obs = new Observer({ config, exec, log });
-    observer = obs;
     const { metrics, conntrack } = daemonMetrics({ config, exec, eipTraffic: () => engine.eipCounters.read(), monitor: obs.current });
     const digest = async () => digestOf(await engine.loadState());
     const ha = new HaManager({
@@ -110,6 +86,7 @@ export async function serve(config: Config): Promise<number> {
       },
       role: engine.role,
       holdReady: (reason) => agent.hold('ha', reason),
+      tookOver: () => routing.changed('takeover'),
     });
     // EIPs announced by BGP while the data plane is ready (off without NATGW_BGP_PEERS).
     const routing = new RoutingManager({
@@ -123,36 +100,27 @@ export async function serve(config: Config): Promise<number> {
       requestSync: (why) => reconciler.request(why),
     });
     agent.onReadiness(() => routing.changed('readiness'));
-    // A takeover makes this replica active: in the takeover mode that opens BGP's gate too.
-    const haService = {
-      status: () => ha.status(),
-      health: () => ha.health(),
-      takeover: async (reason: string) => {
-        const r = await ha.takeover(reason);
-        routing.changed('takeover');
-        return r;
-      },
-      resend: () => ha.resend(),
-    };
     // Flow classification follows every applied state (after the agent's own listener).
     engine.onSync((e) => {
       if (e.ok) obs.setState(e.state);
       if (e.ok && e.kind === 'full') routing.synced();
       if (e.ok) routing.changed('applied');
     });
-    return { observer: obs, metrics, conntrack, ha, haService, routing };
+    return { observer: obs, metrics, conntrack, ha, routing };
   }
 
   let shuttingDown = false;
   let cannotListen = false;
 
-  // The conntrack follower (three processes and their output) starts once the first resync is
-  // over, ready or not: before, it would only compete with it. Its first listing counts the
-  // connections made in between.
-  let observing = false;
-  const observe = () => {
-    if (observing || shuttingDown) return;
-    observing = true;
+  // The link monitor and the conntrack follower (three processes and their output) start once
+  // the first resync is over, ready or not, or at once while an interface is missing (the link
+  // monitor is what notices it): before, they would only compete with the first sync. The
+  // follower's first listing counts the connections made in between.
+  let watching = false;
+  const watch = () => {
+    if (watching || shuttingDown || cannotListen) return;
+    watching = true;
+    monitor.start();
     void Promise.all([parts, engine.loadState().catch(() => undefined)])
       .then(([p, s]) => p.observer.start(p.conntrack, engine.lastApplied ?? s))
       .catch((e: unknown) => log.warn({ err: e }, 'conntrack events: not started'));
@@ -166,21 +134,17 @@ export async function serve(config: Config): Promise<number> {
             const timeline = timelineEnd('first sync over');
             if (timeline) log.debug(timeline, 'start timeline (ms since serve began: wall, CPU)');
           }
-          if (!shuttingDown && !cannotListen) monitor.start();
-          observe();
+          watch();
         }),
       setInterfaces: (missing) => {
         agent.setInterfaces(missing);
-        // While an interface is missing the link monitor is what notices it.
-        if (missing.length > 0 && !shuttingDown && !cannotListen) monitor.start();
-        if (missing.length > 0) observe();
+        if (missing.length > 0) watch();
       },
     },
+    engine,
     log,
     periodMs: config.resyncMs,
     interfaceWaitMs: config.interfaceWaitMs,
-    interfaces: async () => (await engine.stateForResync()).interfaces,
-    waitFor: (names, timeoutMs, onWait) => engine.link.waitFor(names, timeoutMs, onWait),
   });
   // A link event may have taken addresses or routes with it: no command may plan against what
   // natgw applied before it, so the next transaction is a full sync even before the resync runs.
@@ -204,11 +168,20 @@ export async function serve(config: Config): Promise<number> {
   reconciler.start();
   let unixServer: http.Server;
   let tcpServer: http.Server | https.Server | undefined;
-  let started: LaterParts;
+  let started: Awaited<typeof parts>;
   try {
     const [p, { createApp }] = await Promise.all([parts, import('../api/app.js')]);
     started = p;
-    const common = { agent, log, bodyLimit: config.bodyLimit, shuttingDown: () => shuttingDown, ha: p.haService, routing: p.routing };
+    const common = {
+      agent,
+      log,
+      bodyLimit: config.bodyLimit,
+      shuttingDown: () => shuttingDown,
+      ha: p.ha,
+      routing: p.routing,
+      portUsage: () => p.observer.current()?.portUsage({ top: TOP_DESTINATIONS }),
+      draining: (s: DesiredState) => countDraining(exec, s.snats),
+    };
     unixServer = await listenUnix(createApp(common), config.socket);
     if (tcp) tcpServer = await listenTcp(createApp({ ...common, auth: tcp.auth }), tcp);
   } catch (e) {
@@ -223,7 +196,7 @@ export async function serve(config: Config): Promise<number> {
     setTimeout(() => process.exit(1), 200).unref();
     return 1;
   }
-  const { ha, haService, routing } = started;
+  const { ha, routing } = started;
   timelineMark('serving');
   log.info(
     {
@@ -278,7 +251,7 @@ export async function serve(config: Config): Promise<number> {
     process.on('SIGINT', () => stop('SIGINT'));
     // Takeover from a BFD or keepalived hook without HTTP. Not SIGUSR1: Node starts its inspector on it.
     process.on('SIGUSR2', () => {
-      if (!shuttingDown) void haService.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
+      if (!shuttingDown) void ha.takeover('SIGUSR2').catch((e: unknown) => log.error({ err: e }, 'takeover failed'));
     });
   });
   log.info({ code }, 'natgw stopped');

@@ -4,7 +4,6 @@ import type { Config, HaConfig } from '../config/config.js';
 import type { Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
 import { isInterfaceName, isIpv6 } from '../model/net.js';
-import type { HaService } from '../api/service.js';
 import { conntrackdPaths, renderConntrackdConf, type ConntrackdPaths } from './render.js';
 import { parseConntrackdStats, type ConntrackdStats } from './stats.js';
 import { killOrphan, Supervised } from '../system/supervised.js';
@@ -26,6 +25,8 @@ export interface HaDeps {
   readonly role: ReplicaRole;
   /** Holds readiness with a reason, or releases it (null): an active-active replica joining. */
   readonly holdReady?: (reason: string | null) => void;
+  /** Called once a takeover made this replica active (in the takeover mode that opens BGP's gate too). */
+  readonly tookOver?: () => void;
 }
 
 /** A (re)joining active-active replica: the peer's flows asked for, and how many arrived. */
@@ -62,7 +63,7 @@ const STATS_TIMEOUT_MS = 2000;
  * then natgw runs exactly as without this part. Nothing here can stop NAT: every failure is
  * logged, counted and retried.
  */
-export class HaManager implements HaService {
+export class HaManager {
   private readonly ha: HaConfig | undefined;
   private readonly paths: ConntrackdPaths;
   private supervisor: Supervised | undefined;
@@ -495,6 +496,7 @@ export class HaManager implements HaService {
       commitError = this.enabled ? 'conntrackd is not running' : `replica sync off: ${this.offReason ?? 'not started'}`;
     }
     this.d.role.activate(reason);
+    this.d.tookOver?.();
     const state = await this.d.loadState();
     const announced = state.eips.map((e) => e.address);
     for (const e of state.eips) this.d.announce(eipInterface(state.interfaces, e), e.address);

@@ -9,7 +9,7 @@ import request from 'supertest';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
 import { digestOf } from '../../src/api/stateDoc.js';
-import type { Agent } from '../../src/daemon/agent.js';
+import type { Agent } from '../../src/api/agent.js';
 import { SystemError } from '../../src/model/errors.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 

@@ -11,11 +11,13 @@ import { NotInitializedError, SystemError } from '../../src/model/errors.js';
 import type { Effect, TxResult } from '../../src/state/operations.js';
 import { emptyState, type DesiredState } from '../../src/state/state.js';
 import type { BackendRecord } from '../../src/state/store.js';
-import type { EngineLike } from '../../src/daemon/agent.js';
-import { Agent } from '../../src/daemon/agent.js';
+import type { EngineLike } from '../../src/api/agent.js';
+import { Agent } from '../../src/api/agent.js';
 
 export class FakeEngine implements EngineLike {
   readonly log = pino({ level: 'silent' });
+  /** One external interface: no uplink networks to look up. */
+  readonly link = { uplinkNetworks: async () => [] };
   lastApplied: DesiredState | undefined;
   generation = 0;
   private readonly listeners = new Set<SyncListener>();

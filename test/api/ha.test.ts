@@ -5,10 +5,10 @@
 import { describe, expect, it } from 'vitest';
 import request from 'supertest';
 import { createApp } from '../../src/api/app.js';
-import type { HaService } from '../../src/api/service.js';
+import type { AppDeps } from '../../src/api/app.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
-function fakeHa(): HaService & { calls: string[] } {
+function fakeHa(): NonNullable<AppDeps['ha']> & { calls: string[] } {
   const calls: string[] = [];
   return {
     calls,
@@ -18,6 +18,7 @@ function fakeHa(): HaService & { calls: string[] } {
       return { reason, at: '2026-01-01T00:00:00.000Z', committed: true, announced: ['172.20.0.10'], interface: 'net1', ms: 3 };
     },
     health: () => ({ enabled: true, healthy: false, reasons: ['conntrackd is not running'] }),
+    resend: async () => ({ resent: false, flows: 0 }),
   };
 }
 

@@ -7,7 +7,7 @@ import { beforeEach, describe, expect, it } from 'vitest';
 import request from 'supertest';
 import type { Express } from 'express';
 import { createApp, escapeStderr } from '../../src/api/app.js';
-import type { Agent } from '../../src/daemon/agent.js';
+import type { Agent } from '../../src/api/agent.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
 const EIP = '172.20.0.10';

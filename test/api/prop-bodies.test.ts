@@ -12,7 +12,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApp } from '../../src/api/app.js';
 import { RESOURCES, splitId, type ResourceDef } from '../../src/api/resources.js';
-import { Agent } from '../../src/daemon/agent.js';
+import { Agent } from '../../src/api/agent.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
 
 const RUNS = Number(process.env.NATGW_PROP_RUNS ?? 150);

@@ -8,7 +8,7 @@ import request from 'supertest';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
 import { SerialQueue, QueueClosedError } from '../../src/engine/queue.js';
-import type { Agent } from '../../src/daemon/agent.js';
+import type { Agent } from '../../src/api/agent.js';
 import { SystemError } from '../../src/model/errors.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 import { waitFor } from '../helpers/poll.js';
@@ -137,10 +137,10 @@ describe('merged transactions', () => {
     const d = (ip: string) => ({ eip: '172.20.0.10', port: 7, protocol: 'tcp' as const, internalIp: ip, internalPort: 80 });
     const t = engine.transactions;
     const results = await Promise.allSettled([
-      agent.change({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.6')) }),
-      agent.change({ guarded: true, qos: false, op: (s) => delDnat(s, d('10.0.1.6')) }),
-      agent.change({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.9')) }),
-      agent.change({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.1')) }),
+      agent.batcher.submit({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.6')) }),
+      agent.batcher.submit({ guarded: true, qos: false, op: (s) => delDnat(s, d('10.0.1.6')) }),
+      agent.batcher.submit({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.9')) }),
+      agent.batcher.submit({ guarded: true, qos: false, op: (s) => addDnat(s, d('10.0.1.1')) }),
     ]);
     expect(results.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'rejected']);
     expect(engine.transactions - t).toBe(1);

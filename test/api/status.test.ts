@@ -6,7 +6,7 @@ import { beforeEach, describe, expect, it } from 'vitest';
 import request from 'supertest';
 import type { Express } from 'express';
 import { createApp } from '../../src/api/app.js';
-import { Agent } from '../../src/daemon/agent.js';
+import type { Agent } from '../../src/api/agent.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';
 
 let engine: FakeEngine;
@@ -51,12 +51,7 @@ describe('GET /v1/status', () => {
       { eip: '172.20.0.10', destinations: 1, maxPorts: 10, maxShare: 1, top: [{ ip: '172.20.0.100', port: 7002, protocol: 'udp', ports: 10, share: 1 }] },
     ];
     let following = false;
-    const watching = new Agent({
-      engine,
-      log: engine.log,
-      portUsage: () => (following ? usage : undefined),
-    });
-    const watched = createApp({ agent: watching, log: engine.log, bodyLimit: '64kb' });
+    const watched = createApp({ agent, log: engine.log, bodyLimit: '64kb', portUsage: () => (following ? usage : undefined) });
     expect((await request(watched).get('/v1/status').expect(200)).body).not.toHaveProperty('snatPorts');
     following = true;
     expect((await request(watched).get('/v1/status').expect(200)).body.snatPorts).toEqual(usage);

@@ -10,7 +10,7 @@ import type { AddressInfo } from 'node:net';
 import { beforeEach, describe, expect, it } from 'vitest';
 import request from 'supertest';
 import { createApp } from '../../src/api/app.js';
-import type { Agent } from '../../src/daemon/agent.js';
+import type { Agent } from '../../src/api/agent.js';
 import { SystemError } from '../../src/model/errors.js';
 import { closeServer, listenTcp } from '../../src/daemon/listeners.js';
 import { FakeEngine, fakeAgent } from './fakeEngine.js';

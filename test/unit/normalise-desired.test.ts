@@ -75,7 +75,7 @@ describe('normaliseDesired: SNAT order', () => {
     randomFully: fc.boolean(),
   });
 
-  it('is longest prefix first, equal lengths in the order given; an ordered list is kept as it came', () => {
+  it('is longest prefix first, equal lengths in the order given', () => {
     fc.assert(
       fc.property(fc.uniqueArray(snat, { selector: (s) => `${s.eip}|${s.cidr}`, maxLength: 10 }), (snats) => {
         const s = desiredStateSchema.parse({ ...base, snats });
@@ -84,7 +84,6 @@ describe('normaliseDesired: SNAT order', () => {
         const out = normaliseDesired(s).snats;
         expect(out).toEqual(want.map((e) => e.x));
         out.forEach((x, i) => expect(x).toBe(want[i]?.x));
-        if (want.every((e, i) => e.i === i)) expect(out).toBe(s.snats);
       }),
       { numRuns: 1000 },
     );

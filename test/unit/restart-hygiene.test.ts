@@ -1,6 +1,6 @@
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import { Agent } from '../../src/daemon/agent.js';
+import { Agent } from '../../src/api/agent.js';
 import { RestartHygiene } from '../../src/daemon/hygiene.js';
 import type { ConntrackEntry } from '../../src/model/conntrackLine.js';
 import { desiredStateSchema, type DesiredState } from '../../src/state/state.js';

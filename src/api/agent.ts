@@ -1,23 +1,21 @@
 import type { Logger } from 'pino';
 import { changesOf, type ApplyReport, type Engine, type SyncEvent } from '../engine/engine.js';
-import { ChangeBatcher, SerialQueue, type ChangeRequest, type ChangeResult } from '../engine/queue.js';
+import { ChangeBatcher, SerialQueue } from '../engine/queue.js';
 import type { Metrics } from '../engine/metrics.js';
 import { LEGACY_COMMANDS, runLegacy } from '../engine/legacy.js';
 import type { CommandOutput } from '../engine/output.js';
 import type { DesiredState } from '../state/state.js';
-import type { RestartHygiene } from './hygiene.js';
-import type { DrainingStatus } from '../dataplane/draining.js';
-import { HttpError } from '../api/errors.js';
+import type { LinkManager } from '../dataplane/link.js';
+import { HttpError } from './errors.js';
 import { diffStates, type StateChange } from '../state/change.js';
-import { digestOf, effectsOf, planOf } from '../api/stateDoc.js';
+import { digestOf, effectsOf, planOf } from './stateDoc.js';
 import { timelineMark } from '../system/timeline.js';
-import type { AgentService } from '../api/service.js';
-import type { DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from '../api/bodies.js';
-import type { EipPortUsage } from '../observe/portUsage.js';
-import { hasSecondaryUplinks, uplinkNames, type UplinkNetwork } from '../model/uplinks.js';
+import type { DriftCheck, ReadBack, Readiness, ReplaceResult, StateDocument, SyncInfo } from './bodies.js';
 
-/** The parts of the Engine the agent uses (a fake stands in for it in API tests). */
-export type EngineLike = Pick<Engine, 'config' | 'log' | 'lastApplied' | 'generation' | 'onSync' | 'transact' | 'resync' | 'loadState' | 'currentBackend'>;
+/** The parts of the Engine the agent and the API use (a fake stands in for it in API tests). */
+export type EngineLike = Pick<Engine, 'config' | 'log' | 'lastApplied' | 'generation' | 'onSync' | 'transact' | 'resync' | 'loadState' | 'currentBackend'> & {
+  readonly link: Pick<LinkManager, 'uplinkNetworks'>;
+};
 
 export interface AgentDeps {
   readonly engine: EngineLike;
@@ -27,14 +25,8 @@ export interface AgentDeps {
    * syncs observed before are recorded then, in order.
    */
   readonly metrics?: Promise<Metrics>;
-  /** Restart hygiene (daemon only): run after the first successful resync, before ready. */
-  readonly hygiene?: Pick<RestartHygiene, 'afterFirstSync' | 'announce'>;
-  /** Connections still translated to the EIPs draining out of SNAT pools (dataplane/draining.ts). */
-  readonly countDraining?: (state: DesiredState) => Promise<readonly DrainingStatus[]>;
-  /** SNAT port usage from the conntrack follower (daemon only). */
-  readonly portUsage?: () => readonly EipPortUsage[] | undefined;
-  /** The networks of the external interfaces (several uplinks: where a new EIP lives, as eip-add finds it). */
-  readonly uplinkNetworks?: (names: readonly string[]) => Promise<UplinkNetwork[]>;
+  /** Restart hygiene (daemon only, daemon/hygiene.ts): run after the first successful resync, before ready. */
+  readonly hygiene?: { afterFirstSync(state: DesiredState): Promise<void>; announce(state: DesiredState, why: string): void };
 }
 
 /** Commands that need neither the queue nor the state: they may run beside an apply. */
@@ -61,16 +53,17 @@ const MERGEABLE = new Set([
 ]);
 
 /**
- * The daemon's core: the engine behind one queue, plus what the API reports about it
- * (readiness, drift, metrics). Every change goes through the queue; API changes that
- * arrive while another job runs are merged into one transaction (ChangeBatcher).
+ * The daemon's core as the API sees it: the engine behind one queue, plus what the API reports
+ * about it (readiness, drift, metrics). Every change goes through the queue; API changes that
+ * arrive while another job runs are merged into one transaction (`batcher`).
  */
-export class Agent implements AgentService {
+export class Agent {
   readonly queue = new SerialQueue();
   readonly batcher: ChangeBatcher;
-  private readonly metricsRegistry: Promise<Metrics>;
+  readonly metrics: Promise<Metrics>;
   private lastSync: { ok: boolean; at: string; error?: string } | null = null;
-  private lastSyncDetail: SyncInfo | null = null;
+  /** The last apply's kind and duration (GET /v1/status). */
+  lastSyncDetail: SyncInfo | null = null;
   private lastReadBack: ReadBack | null = null;
   private lastRepair: ReadBack | null = null;
   private repairs = 0;
@@ -83,7 +76,7 @@ export class Agent implements AgentService {
   private readonly unsubscribe: () => void;
 
   constructor(private readonly deps: AgentDeps) {
-    this.metricsRegistry = deps.metrics ?? import('../engine/metrics.js').then((m) => new m.Metrics());
+    this.metrics = deps.metrics ?? import('../engine/metrics.js').then((m) => new m.Metrics());
     this.batcher = new ChangeBatcher(this.queue, deps.engine);
     this.hygienePending = deps.hygiene !== undefined;
     this.unsubscribe = deps.engine.onSync((e) => this.observe(e));
@@ -93,17 +86,13 @@ export class Agent implements AgentService {
     return this.deps.engine;
   }
 
-  get gateways(): { v4?: string; v6?: string } {
-    return { v4: this.engine.config.gatewayV4, v6: this.engine.config.gatewayV6 };
-  }
-
   /**
    * Every apply feeds the metrics. Readiness follows the kernel: any successful apply shows it
    * matches the desired state; a failed change was rolled back (the kernel still matches the
    * state before it), so only a failed resync makes the agent unready.
    */
   private observe(e: SyncEvent): void {
-    void this.metricsRegistry.then((m) => m.observeSync(e));
+    void this.metrics.then((m) => m.observeSync(e));
     const at = new Date().toISOString();
     this.lastSyncDetail = e.ok
       ? { ok: true, at, kind: e.kind, ms: Math.round(e.ms) }
@@ -134,10 +123,6 @@ export class Agent implements AgentService {
     // Through the batcher (which queues it); not inside a queue job, which would wait on itself.
     if (MERGEABLE.has(command)) return runLegacy(engine, command, rules, this.batcher.transact);
     return this.queue.run(() => runLegacy(engine, command, rules));
-  }
-
-  change(req: ChangeRequest): Promise<ChangeResult> {
-    return this.batcher.submit(req);
   }
 
   async replaceState(next: DesiredState, opts: { dryRun: boolean; ifMatch?: string }): Promise<ReplaceResult> {
@@ -200,7 +185,7 @@ export class Agent implements AgentService {
         script: report.script,
       };
       if (repaired) {
-        void this.metricsRegistry.then((m) => m.driftRepairs.inc());
+        void this.metrics.then((m) => m.driftRepairs.inc());
         this.repairs++;
         this.lastRepair = this.lastReadBack;
       }
@@ -237,33 +222,12 @@ export class Agent implements AgentService {
 
   // ---- reading ----
 
-  lastSyncInfo(): SyncInfo | null {
-    return this.lastSyncDetail;
-  }
-
-  async draining(state: DesiredState): Promise<readonly DrainingStatus[]> {
-    return this.deps.countDraining ? this.deps.countDraining(state) : [];
-  }
-
-  portUsage(): readonly EipPortUsage[] | undefined {
-    return this.deps.portUsage?.();
-  }
-
-  async uplinkNetworks(): Promise<UplinkNetwork[]> {
-    const ifs = (this.engine.lastApplied ?? (await this.engine.loadState())).interfaces;
-    return hasSecondaryUplinks(ifs) && this.deps.uplinkNetworks ? this.deps.uplinkNetworks(uplinkNames(ifs)) : [];
-  }
-
   /** A resync that only renders: queued like one, so it never reads the kernel mid-apply. */
   async checkDrift(): Promise<DriftCheck> {
     return this.queue.run(async () => {
       const { report } = await this.engine.transact(({ state }) => ({ state, effects: [] }), { qos: true, mode: 'full', dryRun: true });
       return { at: new Date().toISOString(), changes: changesByPart(report), drifted: changesOf(report) > 0, script: report.script };
     });
-  }
-
-  desired(): Promise<DesiredState> {
-    return this.engine.loadState();
   }
 
   async stateDocument(): Promise<StateDocument> {
@@ -306,7 +270,7 @@ export class Agent implements AgentService {
     for (const reason of this.holds.values()) why.push(reason);
     const changed = (why.length === 0) !== (this.notReadyWhy.length === 0);
     this.notReadyWhy = why;
-    void this.metricsRegistry.then((m) => m.ready.set(why.length === 0 ? 1 : 0));
+    void this.metrics.then((m) => m.ready.set(why.length === 0 ? 1 : 0));
     if (changed) for (const l of this.readinessListeners) l(why.length === 0);
   }
 
@@ -336,10 +300,6 @@ export class Agent implements AgentService {
       // Its connection keeps the process alive as long as it needs; the timer alone must not delay a shutdown.
       const timer = setTimeout(done, timeoutMs).unref();
     });
-  }
-
-  async metrics(): Promise<{ contentType: string; body: string }> {
-    return (await this.metricsRegistry).render();
   }
 
   /** Refuse new jobs and wait for the ones accepted (the running apply included). */
