@@ -179,8 +179,11 @@ export class IptablesBackend implements NetfilterBackend {
   /** --noflush: only the listed edits happen; other owners' chains stay as they are. */
   private async restore(family: Family, names: readonly TableName[], text: string): Promise<void> {
     const tool = toolsFor(this.variant, family).restore;
-    const r = await this.exec.run({ file: tool, args: ['--noflush', '--wait'], input: text });
-    if (r.exitCode !== 0) throw new ExecError(r, `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`, text);
+    await runChecked(
+      this.exec,
+      { file: tool, args: ['--noflush', '--wait'], input: text },
+      `the ${names.join(' and ')} table transaction${names.length > 1 ? 's' : ''}`,
+    );
     this.log?.debug({ family, tables: names }, 'iptables transaction applied');
   }
 

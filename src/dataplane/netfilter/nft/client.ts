@@ -6,7 +6,7 @@
  */
 import { rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { ExecError, type ExecResult, type Executor } from '../../../system/exec.js';
+import { ExecError, type ExecResult, type Executor, runChecked } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
 import { dropCreated, type NftPhases } from './phases.js';
 import { phaseRun } from './phaseScript.js';
@@ -104,8 +104,7 @@ export class SystemNftClient implements NftClient {
   async run(tx: NftTransaction | string): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
-    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-    if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);
+    await runChecked(this.exec, { file: 'nft', args: ['-f', '-'], input: script }, 'the transaction');
   }
 }
 
