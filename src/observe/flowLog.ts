@@ -85,15 +85,6 @@ export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: num
   };
 }
 
-/** The fields of a flow line: natgw's own, or those of Kube-OVN's egress gateway observer. */
-export type FlowLogSchema = 'natgw' | 'kube-ovn';
-
-export type FlowFormat = (e: ConntrackEntry, c: FlowClass, nowS: number) => object;
-
-export function flowFormat(schema: FlowLogSchema, identity: FlowIdentity = { namespace: '', name: '', pod: '', node: '' }): FlowFormat {
-  return schema === 'kube-ovn' ? (e, _c, nowS) => kubeOvnFlowRecord(e, identity, nowS) : flowRecord;
-}
-
 export interface FlowSink {
   /** False when the line was dropped (the output cannot keep up). */
   write(line: string): boolean;
@@ -125,8 +116,8 @@ export interface FlowLogOptions {
   /** Called for every line not written: rate limit or a full output. */
   readonly onDrop?: (reason: 'rate' | 'backlog') => void;
   readonly onWrite?: () => void;
-  /** natgw's own fields unless set. */
-  readonly format?: FlowFormat;
+  /** Lines in the fields of Kube-OVN's egress gateway observer, with this identity; natgw's own fields unless set. */
+  readonly kubeOvn?: FlowIdentity;
   /** The clock of the rate limit, in milliseconds (tests). */
   readonly now?: () => number;
 }
@@ -149,7 +140,8 @@ export class FlowLog {
 
   /** Write the line of one classified event a token was taken for, in the configured schema. */
   writeEvent(e: ConntrackEntry, c: FlowClass): void {
-    this.write((this.opts.format ?? flowRecord)(e, c, Date.now() / 1000));
+    const nowS = Date.now() / 1000;
+    this.write(this.opts.kubeOvn ? kubeOvnFlowRecord(e, this.opts.kubeOvn, nowS) : flowRecord(e, c, nowS));
   }
 
   /** A token for one line, or false (the line is dropped and counted): ask before building it. */

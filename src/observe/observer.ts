@@ -6,7 +6,7 @@ import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Metrics } from '../engine/metrics.js';
 import { ConntrackMonitor } from './conntrackMonitor.js';
 import { ConntrackMetrics, conntrackAcctOn, enableConntrackSysctls } from './conntrackMetrics.js';
-import { FlowLog, flowFormat, stdoutSink } from './flowLog.js';
+import { FlowLog, stdoutSink } from './flowLog.js';
 import { RotatingFile } from './rotate.js';
 import { rangeSize } from './portUsage.js';
 
@@ -65,7 +65,7 @@ export class Observer {
         burst: config.flowLogBurst,
         onDrop: (reason) => metrics.flowLogDropped.inc({ reason }),
         onWrite: () => metrics.flowLogLines.inc(),
-        format: flowFormat(config.flowLogSchema, config.flowLogIdentity),
+        ...(config.flowLogSchema === 'kube-ovn' ? { kubeOvn: config.flowLogIdentity } : {}),
       });
       if (!(await conntrackAcctOn())) {
         log.warn('flow log: conntrack accounting is off (nf_conntrack_acct=0): end lines carry no bytes or packets; NATGW_CONNTRACK_SYSCTLS=true turns it on');
