@@ -368,11 +368,10 @@ export const CONFIG_KEYS: readonly string[] = Object.keys(configSchema.shape);
  */
 export type Config = Awaited<ReturnType<typeof loadConfig>>;
 
-/** Replica sync with conntrackd (src/ha); `peer` undefined means off. */
+/** Replica sync with conntrackd (src/ha); no peers means off. */
 export interface HaConfig {
-  readonly peer?: string;
-  /** Every other replica on the sync network, `peer` first (absent: `peer` alone). */
-  readonly peers?: readonly string[];
+  /** Every other replica on the sync network. */
+  readonly peers: readonly string[];
   /** The multicast group with more than one peer (NATGW_HA_SYNC_GROUP). */
   readonly syncGroup?: string;
   readonly syncInterface?: string;
@@ -380,10 +379,8 @@ export interface HaConfig {
   readonly port: number;
   readonly syncTimeoutMs: number;
   readonly conntrackd: string;
-  /** The first of peerApis. */
-  readonly peerApi?: string;
-  /** Every peer's API, `peerApi` first (absent: `peerApi` alone): each one's digest is compared, and a joining active-active replica asks each to resend. */
-  readonly peerApis?: readonly string[];
+  /** Every peer's API: each one's digest is compared, and a joining active-active replica asks each to resend. */
+  readonly peerApis: readonly string[];
   readonly peerTokenFile?: string;
   /** The role at start with a peer (src/ha/role.ts); without a peer the gateway is always active. */
   readonly initialRole: 'standby' | 'active';
@@ -498,8 +495,8 @@ export async function loadConfig(env: NodeJS.ProcessEnv = process.env) {
 
 const isMulticast = (s: string): boolean => (isIpv4(s) && Number(s.split('.')[0]) >= 224 && Number(s.split('.')[0]) <= 239) || (isIpv6(s) && /^ff/i.test(s));
 
-/** The peers (first one in `peer`), the multicast group with several, the peers' APIs; what several peers need is named. */
-function haPeersOf(c: z.infer<typeof configSchema>, envFile: string): Pick<HaConfig, 'peer' | 'peers' | 'syncGroup' | 'peerApi' | 'peerApis'> {
+/** The peers, the multicast group with several, the peers' APIs; what several peers need is named. */
+function haPeersOf(c: z.infer<typeof configSchema>, envFile: string): Pick<HaConfig, 'peers' | 'syncGroup' | 'peerApis'> {
   const fail = (msg: string): never => {
     throw new ConfigError(`invalid configuration (${envFile} or environment): ${msg}`);
   };
@@ -516,13 +513,7 @@ function haPeersOf(c: z.infer<typeof configSchema>, envFile: string): Pick<HaCon
     if (syncGroup === undefined) fail('NATGW_HA_PEERS names several IPv6 replicas, so NATGW_HA_SYNC_GROUP must be set (an ff00::/8 address)');
     if (isIpv6(syncGroup as string) !== v6) fail(`NATGW_HA_SYNC_GROUP ${syncGroup} is not of the peers' family`);
   }
-  return {
-    peer: peers[0],
-    peers,
-    ...(syncGroup ? { syncGroup } : {}),
-    peerApi: peerApis[0],
-    peerApis,
-  };
+  return { peers, ...(syncGroup ? { syncGroup } : {}), peerApis };
 }
 
 /** The BGP settings, or undefined without peers; the keys BGP cannot run without are named. */

@@ -1,6 +1,6 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { ExecError, type Executor, runChecked } from '../system/exec.js';
+import { type Executor, runChecked } from '../system/exec.js';
 import { RecordFile } from '../state/recordFile.js';
 import { familyOf } from '../model/net.js';
 import { heldDefaultRoutes, heldDefaultRouteText } from '../model/defaultRoute.js';
@@ -239,10 +239,9 @@ export class LinkManager {
     // Without promote_secondaries a deleted primary takes the rest of its subnet along.
     if (lines.some((l) => l.startsWith('addr del '))) for (const dev of [want.interfaces.ext, ...(have.devices ?? [])]) await this.promoteSecondaries(dev);
     timelineMark('link: intent recorded');
-    const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
     // `ip -batch` stops at the first error with the lines before it applied: the kernel is
     // somewhere in between, and the record (intent) lets the next sync finish the job.
-    if (r.exitCode !== 0) throw new ExecError(r, 'the address and route change', script);
+    await runChecked(this.exec, { file: 'ip', args: ['-batch', '-'], input: script }, 'the address and route change');
     await this.writeOwned(settled, intent);
     this.log?.debug({ changes: lines.length }, 'addresses and routes applied');
     return result;

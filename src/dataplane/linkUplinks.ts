@@ -1,6 +1,6 @@
 import { promises as fs } from 'node:fs';
 import type { Logger } from 'pino';
-import { ExecError, runChecked, type Executor } from '../system/exec.js';
+import { runChecked, type Executor } from '../system/exec.js';
 import type { DesiredState } from '../state/state.js';
 import type { SyncMode } from './netfilter/backend.js';
 import type { NftClient } from './netfilter/nft/client.js';
@@ -154,8 +154,7 @@ export class UplinkRoutes {
       await this.nft.run(text);
       return;
     }
-    const r = await this.exec.run({ file: toolsFor(target.variant, 4).restore, args: ['--noflush'], input: text });
-    if (r.exitCode !== 0) throw new ExecError(r, 'the uplink connection marks', text);
+    await runChecked(this.exec, { file: toolsFor(target.variant, 4).restore, args: ['--noflush'], input: text }, 'the uplink connection marks');
   }
 
   private async markerPresent(): Promise<boolean> {

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { ExecError, type Executor } from '../system/exec.js';
+import { ExecError, type Executor, runChecked } from '../system/exec.js';
 import { type Neighbour, neighbourKey } from '../model/neighbour.js';
 import type { SyncOptions } from './netfilter/backend.js';
 import { type NeighbourView, parseNeighbours, planNeighbours } from './neighboursPlan.js';
@@ -44,8 +44,7 @@ export class NeighbourManager {
     // Before the apply: the deletions natgw makes itself must not read as drift.
     this.held = new Set(want.map(neighbourKey));
     if (lines.length > 0) {
-      const r = await this.exec.run({ file: 'ip', args: ['-batch', '-'], input: script });
-      if (r.exitCode !== 0) throw new ExecError(r, 'the static neighbour change', script);
+      await runChecked(this.exec, { file: 'ip', args: ['-batch', '-'], input: script }, 'the static neighbour change');
       this.log?.debug({ changes: lines.length }, 'static neighbours applied');
     }
     return { changes: lines.length, script };

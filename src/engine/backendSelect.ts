@@ -28,14 +28,12 @@ const HAND_OFF_RATE = 10_000;
 export function replicaRulesOf(config: Pick<Config, 'ha'>): ReplicaRules | undefined {
   const ha = config.ha;
   const slice = ha?.snatPortSlice;
-  const activeActive = ha?.peer !== undefined && ha.mode === 'active-active';
+  const activeActive = (ha?.peers.length ?? 0) > 0 && ha?.mode === 'active-active';
   if (!slice && !activeActive) return undefined;
   return {
     ...(slice ? { snatPorts: { lo: slice.lo, hi: slice.hi } } : {}),
     ...(activeActive ? { dropInvalid: true } : {}),
-    ...(activeActive && ha?.handOff !== false
-      ? { handOff: { peers: ha?.peers?.length ? ha.peers : [ha?.peer as string], rate: ha?.handOffRate ?? HAND_OFF_RATE } }
-      : {}),
+    ...(activeActive && ha?.handOff !== false ? { handOff: { peers: ha?.peers ?? [], rate: ha?.handOffRate ?? HAND_OFF_RATE } } : {}),
   };
 }
 

@@ -24,7 +24,7 @@ export class ReplicaRole {
     config: Partial<Pick<Config, 'ha' | 'bgp'>>,
     private readonly log?: Logger,
   ) {
-    this.mode = config.ha?.peer === undefined ? 'single' : (config.ha.mode ?? 'takeover');
+    this.mode = config.ha?.peers.length ? (config.ha.mode ?? 'takeover') : 'single';
     this.routed = config.bgp !== undefined;
     this.current = this.mode === 'takeover' ? (config.ha?.initialRole ?? 'standby') : 'active';
     this.since = new Date().toISOString();

@@ -92,13 +92,13 @@ export class HaManager {
   }
 
   private get activeActive(): boolean {
-    return this.ha?.peer !== undefined && this.ha.mode === 'active-active';
+    return (this.ha?.peers.length ?? 0) > 0 && this.ha?.mode === 'active-active';
   }
 
   /** Start sync (where configured and installed) and the peer comparison (where configured). */
   async start(): Promise<void> {
     const ha = this.ha;
-    this.peers = (ha?.peerApis ?? (ha?.peerApi ? [ha.peerApi] : [])).map(
+    this.peers = (ha?.peerApis ?? []).map(
       (api) =>
         new PeerCompare({
           api,
@@ -110,7 +110,8 @@ export class HaManager {
         }),
     );
     for (const p of this.peers) p.start();
-    if (!ha?.peer) {
+    const peer = ha?.peers[0];
+    if (!ha || peer === undefined) {
       this.offReason = 'NATGW_HA_PEERS is not set';
       this.d.log.info('replica sync off: NATGW_HA_PEERS is not set (natgw runs as a single gateway)');
       return;
@@ -161,7 +162,7 @@ export class HaManager {
       },
     });
     this.d.log.info(
-      { peers: ha.peers ?? [ha.peer], group: ha.syncGroup, port: ha.port, interface: ha.syncInterface, config: this.paths.config },
+      { peers: ha.peers, group: ha.syncGroup, port: ha.port, interface: ha.syncInterface, config: this.paths.config },
       `replica sync on: supervising conntrackd (${ha.syncGroup ? `NOTRACK over multicast to ${ha.syncGroup}` : 'FTFW over UDP'})`,
     );
     this.supervisor.start();
@@ -227,16 +228,17 @@ export class HaManager {
 
   /** Before each conntrackd start: the address to sync from, the config, no leftovers of a dead instance. */
   private async prepare(): Promise<void> {
-    const ha = this.ha as HaConfig & { peer: string };
+    const ha = this.ha as HaConfig;
+    const peer = ha.peers[0] as string;
     const links = await this.links();
-    const local = ha.syncAddress ?? addressOf(links, ha.syncInterface, ha.peer);
+    const local = ha.syncAddress ?? addressOf(links, ha.syncInterface, peer);
     this.localAddress = local;
     if (this.activeActive && ha.handOff !== false) await this.looseReversePath(links, local);
     await fs.mkdir(this.paths.dir, { recursive: true, mode: 0o700 });
     const text = renderConntrackdConf({
       localAddress: local,
-      peerAddress: ha.peer,
-      peerAddresses: ha.peers ?? [ha.peer],
+      peerAddress: peer,
+      peerAddresses: ha.peers,
       ...(ha.syncGroup ? { multicastGroup: ha.syncGroup } : {}),
       syncInterface: ha.syncInterface,
       port: ha.port,
@@ -316,8 +318,8 @@ export class HaManager {
    * drop them. A peer that cannot be asked is down or joining itself: it has nothing to give.
    */
   private async joinPeer(): Promise<void> {
-    const ha = this.ha as HaConfig & { peer: string };
-    const apis = ha.peerApis ?? (ha.peerApi ? [ha.peerApi] : []);
+    const ha = this.ha as HaConfig;
+    const apis = ha.peerApis;
     const started = Date.now();
     const base = this.injected();
     const set = (state: JoinState['state'], expected: number | null, error: string | null): void => {
@@ -414,7 +416,7 @@ export class HaManager {
       reasons.push(this.statsError);
     } else if (this.lastExchange === null || Date.now() - this.lastExchange > ha.syncTimeoutMs) {
       reasons.push(
-        `nothing received from ${(ha.peers?.length ?? 1) > 1 ? `the peers ${ha.peers?.join(', ')}` : `the peer ${ha.peer}`} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`,
+        `nothing received from ${ha.peers.length > 1 ? `the peers ${ha.peers.join(', ')}` : `the peer ${ha.peers[0]}`} for ${this.lastExchange === null ? 'ever' : `${Math.round((Date.now() - this.lastExchange) / 1000)}s`} (NATGW_HA_SYNC_TIMEOUT ${ha.syncTimeoutMs}ms)`,
       );
     }
     return { enabled: true, healthy: reasons.length === 0, reasons };
@@ -431,7 +433,7 @@ export class HaManager {
     this.d.metrics.healthy.set(h.healthy ? 1 : 0);
     if (!h.enabled || h.healthy === this.wasHealthy) return h;
     // Only changes are logged: an operator sees when sync was lost and when it came back.
-    if (h.healthy) this.d.log.info({ peer: this.ha?.peer }, 'replica sync healthy');
+    if (h.healthy) this.d.log.info({ peer: this.ha?.peers[0] }, 'replica sync healthy');
     else if (this.wasHealthy) this.d.log.warn({ reasons: h.reasons }, 'replica sync unhealthy (NAT is not affected)');
     this.wasHealthy = h.healthy;
     return h;
@@ -449,10 +451,10 @@ export class HaManager {
       conntrackd: sup
         ? { state: sup.state, pid: sup.pid ?? null, restarts: sup.restarts, lastExit: sup.lastExit, config: this.paths.config, socket: this.paths.socket }
         : null,
-      sync: this.ha?.peer
+      sync: this.ha?.peers.length
         ? {
-            peer: this.ha.peer,
-            peers: this.ha.peers ?? [this.ha.peer],
+            peer: this.ha.peers[0],
+            peers: this.ha.peers,
             group: this.ha.syncGroup ?? null,
             localAddress: this.localAddress ?? null,
             port: this.ha.port,

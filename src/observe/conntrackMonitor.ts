@@ -158,8 +158,6 @@ export class ConntrackMonitor {
       args: EVENT_ARGS,
       name: 'conntrack events follower',
       log: this.opts.log,
-      minBackoffMs: 250,
-      maxBackoffMs: 30_000,
       stableMs: HEALTHY_AFTER_MS,
       graceMs: 2000,
       onSpawn: (pid) => {

@@ -1,33 +1,16 @@
 import { createWriteStream } from 'node:fs';
 import type { ConntrackEntry, Counters, Tuple } from '../model/conntrackLine.js';
-import { translatedOf, type FlowClass, type FlowKind } from './classify.js';
-import { TokenBucket } from './rateLimit.js';
-
-/** One flow-log line (JSON). `type: "flow"` tells it apart from the daemon's own log on stdout. */
-export interface FlowRecord {
-  readonly type: 'flow';
-  readonly msg: 'flow';
-  readonly event: 'start' | 'end';
-  /** ISO 8601, from conntrack's event timestamp when present. */
-  readonly time: string;
-  readonly id?: number;
-  readonly kind: FlowKind;
-  readonly eip: string;
-  readonly protocol: string;
-  /** As the connection left its sender. */
-  readonly original: Tuple;
-  /** The same direction after natgw's translation. */
-  readonly translated: Tuple;
-  /** At the end, when conntrack accounting is on: original (sender → receiver) and reply direction. */
-  readonly packets?: { readonly original: number; readonly reply: number };
-  readonly bytes?: { readonly original: number; readonly reply: number };
-  readonly durationS?: number;
-}
+import { translatedOf, type FlowClass } from './classify.js';
 
 const pair = (o: Counters | undefined, r: Counters | undefined, k: keyof Counters) => (o && r ? { original: o[k], reply: r[k] } : undefined);
 
-/** PURE: a classified conntrack event → its flow line. */
-export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number): FlowRecord {
+/**
+ * PURE: a classified conntrack event → its flow line (JSON; `type: "flow"` tells it apart from
+ * the daemon's own log on stdout). `original` is the connection as it left its sender,
+ * `translated` the same direction after natgw's translation; an end line carries packets and
+ * bytes (original: sender → receiver, and reply) when conntrack accounting is on.
+ */
+export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number) {
   const end = e.event === 'destroy';
   const packets = end ? pair(e.originalCounters, e.replyCounters, 'packets') : undefined;
   const bytes = end ? pair(e.originalCounters, e.replyCounters, 'bytes') : undefined;
@@ -48,45 +31,6 @@ export function flowRecord(e: ConntrackEntry, c: FlowClass, nowS: number): FlowR
   };
 }
 
-/**
- * The `kube-ovn` schema: a line as Kube-OVN's VPC egress gateway observer writes it (Kube-OVN
- * #7116, `pkg/vegobserver/flow.go`, schemaVersion v1), field for field, so a pipeline built for
- * that observer reads natgw's lines unchanged. Names and types follow its JSON: ports are
- * omitted when 0 (ICMP), `counters` only when the kernel accounts bytes (an end line with
- * nf_conntrack_acct=1), `natType` the sorted translations seen in the tuples.
- */
-interface KubeOvnFlowTuple {
-  readonly sourceIP: string;
-  readonly sourcePort?: number;
-  readonly destinationIP: string;
-  readonly destinationPort?: number;
-}
-
-export interface KubeOvnFlowRecord {
-  readonly schemaVersion: 'v1';
-  /** RFC 3339, UTC. */
-  readonly timestamp: string;
-  readonly event: 'start' | 'end';
-  readonly conntrackID: number;
-  readonly zone: number;
-  readonly namespace: string;
-  readonly name: string;
-  readonly pod: string;
-  readonly node: string;
-  readonly addressFamily: 'ipv4' | 'ipv6';
-  readonly protocol: 'tcp' | 'udp' | 'sctp' | 'icmp' | 'icmpv6' | 'other';
-  readonly protocolNumber: number;
-  readonly natType: readonly ('dnat' | 'snat')[];
-  readonly original: KubeOvnFlowTuple;
-  readonly translated: KubeOvnFlowTuple;
-  readonly counters?: {
-    readonly originalPackets: number;
-    readonly originalBytes: number;
-    readonly replyPackets: number;
-    readonly replyBytes: number;
-  };
-}
-
 export interface FlowIdentity {
   readonly namespace: string;
   readonly name: string;
@@ -94,18 +38,24 @@ export interface FlowIdentity {
   readonly node: string;
 }
 
-const KUBE_OVN_PROTOCOLS: Record<string, KubeOvnFlowRecord['protocol']> = { tcp: 'tcp', udp: 'udp', sctp: 'sctp', icmp: 'icmp', icmpv6: 'icmpv6' };
+const KUBE_OVN_PROTOCOLS: Record<string, string> = { tcp: 'tcp', udp: 'udp', sctp: 'sctp', icmp: 'icmp', icmpv6: 'icmpv6' };
 
 // A port of 0 is left out, as Go's omitempty does for the observer's uint16.
-const kubeOvnTuple = (t: Tuple): KubeOvnFlowTuple => ({
+const kubeOvnTuple = (t: Tuple) => ({
   sourceIP: t.src,
   ...(t.sport ? { sourcePort: t.sport } : {}),
   destinationIP: t.dst,
   ...(t.dport ? { destinationPort: t.dport } : {}),
 });
 
-/** PURE: a classified conntrack event → its line in the `kube-ovn` schema. */
-export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: number): KubeOvnFlowRecord {
+/**
+ * PURE: a classified conntrack event → its line in the `kube-ovn` schema: a line as Kube-OVN's VPC egress gateway observer writes it (Kube-OVN
+ * #7116, `pkg/vegobserver/flow.go`, schemaVersion v1), field for field, so a pipeline built for
+ * that observer reads natgw's lines unchanged. Names and types follow its JSON: ports are
+ * omitted when 0 (ICMP), `counters` only when the kernel accounts bytes (an end line with
+ * nf_conntrack_acct=1), `natType` the sorted translations seen in the tuples.
+ */
+export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: number) {
   const original = e.original;
   const translated = translatedOf(e.reply);
   const natType: ('dnat' | 'snat')[] = [];
@@ -133,15 +83,6 @@ export function kubeOvnFlowRecord(e: ConntrackEntry, id: FlowIdentity, nowS: num
     translated: kubeOvnTuple(translated),
     ...(counted ? { counters: { originalPackets: o.packets, originalBytes: o.bytes, replyPackets: r.packets, replyBytes: r.bytes } } : {}),
   };
-}
-
-/** The fields of a flow line: natgw's own, or those of Kube-OVN's egress gateway observer. */
-export type FlowLogSchema = 'natgw' | 'kube-ovn';
-
-export type FlowFormat = (e: ConntrackEntry, c: FlowClass, nowS: number) => object;
-
-export function flowFormat(schema: FlowLogSchema, identity: FlowIdentity = { namespace: '', name: '', pod: '', node: '' }): FlowFormat {
-  return schema === 'kube-ovn' ? (e, _c, nowS) => kubeOvnFlowRecord(e, identity, nowS) : flowRecord;
 }
 
 export interface FlowSink {
@@ -175,26 +116,43 @@ export interface FlowLogOptions {
   /** Called for every line not written: rate limit or a full output. */
   readonly onDrop?: (reason: 'rate' | 'backlog') => void;
   readonly onWrite?: () => void;
-  /** natgw's own fields unless set. */
-  readonly format?: FlowFormat;
+  /** Lines in the fields of Kube-OVN's egress gateway observer, with this identity; natgw's own fields unless set. */
+  readonly kubeOvn?: FlowIdentity;
+  /** The clock of the rate limit, in milliseconds (tests). */
+  readonly now?: () => number;
 }
 
-/** Rate-limited flow lines to one sink. */
+/**
+ * Rate-limited flow lines to one sink. The limit is a token bucket: `burst` lines at once,
+ * refilled at `ratePerS` per second; lines above it are dropped and counted rather than queued,
+ * so a connection storm costs no memory.
+ */
 export class FlowLog {
-  private readonly bucket: TokenBucket;
+  private tokens: number;
+  private last: number;
+  private readonly now: () => number;
 
   constructor(private readonly opts: FlowLogOptions) {
-    this.bucket = new TokenBucket(opts.ratePerS, opts.burst);
+    this.now = opts.now ?? (() => performance.now());
+    this.tokens = opts.burst;
+    this.last = this.now();
   }
 
   /** Write the line of one classified event a token was taken for, in the configured schema. */
   writeEvent(e: ConntrackEntry, c: FlowClass): void {
-    this.write((this.opts.format ?? flowRecord)(e, c, Date.now() / 1000));
+    const nowS = Date.now() / 1000;
+    this.write(this.opts.kubeOvn ? kubeOvnFlowRecord(e, this.opts.kubeOvn, nowS) : flowRecord(e, c, nowS));
   }
 
   /** A token for one line, or false (the line is dropped and counted): ask before building it. */
   take(): boolean {
-    if (this.bucket.take()) return true;
+    const t = this.now();
+    this.tokens = Math.min(this.opts.burst, this.tokens + ((t - this.last) / 1000) * this.opts.ratePerS);
+    this.last = t;
+    if (this.tokens >= 1) {
+      this.tokens -= 1;
+      return true;
+    }
     this.opts.onDrop?.('rate');
     return false;
   }

@@ -6,30 +6,16 @@ import type { EipTraffic } from '../dataplane/eipCounters.js';
 import { Metrics } from '../engine/metrics.js';
 import { ConntrackMonitor } from './conntrackMonitor.js';
 import { ConntrackMetrics, conntrackAcctOn, enableConntrackSysctls } from './conntrackMetrics.js';
-import { FlowLog, flowFormat, stdoutSink } from './flowLog.js';
+import { FlowLog, stdoutSink } from './flowLog.js';
 import { RotatingFile } from './rotate.js';
-import { KERNEL_SNAT_PORTS, rangeSize } from './portUsage.js';
-
-type ObserveConfig = Pick<
-  Config,
-  | 'flowLog'
-  | 'flowLogFile'
-  | 'flowLogMaxSize'
-  | 'flowLogRate'
-  | 'flowLogBurst'
-  | 'conntrackMetrics'
-  | 'conntrackSysctls'
-  | 'flowLogSchema'
-  | 'flowLogIdentity'
-  | 'snatPortRange'
->;
+import { rangeSize } from './portUsage.js';
 
 /**
  * The daemon's metrics registry: the agent's metrics plus the conntrack and flow metrics. The
  * daemon and the dashboard test both build it here, so the test checks what is really exported.
  */
 export function daemonMetrics(opts: {
-  readonly config: ObserveConfig;
+  readonly config: Pick<Config, 'flowLog' | 'conntrackMetrics' | 'snatPortRange'>;
   readonly exec: Executor;
   readonly eipTraffic?: () => Promise<readonly EipTraffic[]>;
   readonly monitor?: () => ConntrackMonitor | undefined;
@@ -39,7 +25,7 @@ export function daemonMetrics(opts: {
   const conntrack = new ConntrackMetrics(metrics.registry, {
     exec: opts.exec,
     monitor: follow ? (opts.monitor ?? (() => undefined)) : undefined,
-    snatPortRangeSize: rangeSize(opts.config.snatPortRange ?? KERNEL_SNAT_PORTS),
+    snatPortRangeSize: rangeSize(opts.config.snatPortRange),
   });
   return { metrics, conntrack };
 }
@@ -51,7 +37,7 @@ export class Observer {
   private latest: DesiredState | undefined;
   private stopped = false;
 
-  constructor(private readonly deps: { readonly config: ObserveConfig; readonly exec: Executor; readonly log: Logger }) {}
+  constructor(private readonly deps: { readonly config: Config; readonly exec: Executor; readonly log: Logger }) {}
 
   /** For daemonMetrics(): the monitor once started. */
   readonly current = (): ConntrackMonitor | undefined => this.monitor;
@@ -79,7 +65,7 @@ export class Observer {
         burst: config.flowLogBurst,
         onDrop: (reason) => metrics.flowLogDropped.inc({ reason }),
         onWrite: () => metrics.flowLogLines.inc(),
-        format: flowFormat(config.flowLogSchema ?? 'natgw', config.flowLogIdentity),
+        ...(config.flowLogSchema === 'kube-ovn' ? { kubeOvn: config.flowLogIdentity } : {}),
       });
       if (!(await conntrackAcctOn())) {
         log.warn('flow log: conntrack accounting is off (nf_conntrack_acct=0): end lines carry no bytes or packets; NATGW_CONNTRACK_SYSCTLS=true turns it on');

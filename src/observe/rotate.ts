@@ -1,4 +1,5 @@
-import { promises as fs } from 'node:fs';
+import { createWriteStream, fstatSync, mkdirSync, openSync, renameSync, type WriteStream } from 'node:fs';
+import { finished } from 'node:stream/promises';
 import { dirname } from 'node:path';
 
 export interface RotatingFileOptions {
@@ -12,88 +13,75 @@ export interface RotatingFileOptions {
 
 /**
  * An append-only file rotated by size to `<path>.1` (one generation: the previous `.1` is
- * replaced). Writes are queued and flushed by one asynchronous loop, so a caller never waits
- * for the disk; what the queue cannot hold is dropped and reported by write()'s result.
+ * replaced). Lines go to a write stream, so a caller never waits for the disk write; what the
+ * streams have not written yet beyond `maxPendingBytes` is dropped, and write() says so. A
+ * rotation renames the file under its stream: the lines still queued for it land in `.1`, where
+ * they belong. Opening and renaming are synchronous: a local file's, once per file.
  */
 export class RotatingFile {
-  private pending: string[] = [];
-  private pendingBytes = 0;
-  private size: number | undefined;
-  private handle: fs.FileHandle | undefined;
-  private flushing: Promise<void> | undefined;
-  private readonly maxPending: number;
+  private out: WriteStream | undefined;
+  private size = 0;
+  /** Streams of rotated files, still writing their last lines. */
+  private readonly retired = new Set<WriteStream>();
 
-  constructor(private readonly opts: RotatingFileOptions) {
-    this.maxPending = opts.maxPendingBytes ?? 4 * 1024 * 1024;
-  }
+  constructor(private readonly opts: RotatingFileOptions) {}
 
   /** Queue one line (newline added); false when it was dropped because the queue is full. */
   write(line: string): boolean {
     const text = `${line}\n`;
     const n = Buffer.byteLength(text);
-    if (this.pendingBytes + n > this.maxPending) return false;
-    this.pending.push(text);
-    this.pendingBytes += n;
-    this.flushing ??= this.flush().finally(() => (this.flushing = undefined));
+    let pending = this.out?.writableLength ?? 0;
+    for (const s of this.retired) pending += s.writableLength;
+    if (pending + n > (this.opts.maxPendingBytes ?? 4 * 1024 * 1024)) return false;
+    try {
+      this.out ??= this.open();
+      if (this.size > 0 && this.size + n > this.opts.maxBytes) {
+        renameSync(this.opts.path, `${this.opts.path}.1`);
+        this.retire();
+        this.out = this.open();
+      }
+    } catch (e) {
+      // The line is lost (counted by the caller as written); the next one opens the file anew.
+      this.retire();
+      this.opts.onError?.(e);
+      return true;
+    }
+    this.out.write(text);
+    this.size += n;
     return true;
   }
 
   /** Resolves when everything queued so far is on disk (or failed). */
   async drained(): Promise<void> {
-    while (this.flushing) await this.flushing;
+    const out = this.out;
+    if (out) await new Promise<void>((resolve) => out.write('', () => resolve()));
+    await Promise.all([...this.retired].map((s) => finished(s).catch(() => undefined)));
   }
 
   async close(): Promise<void> {
+    this.retire();
     await this.drained();
-    await this.handle?.close().catch(() => undefined);
-    this.handle = undefined;
   }
 
-  private async open(): Promise<fs.FileHandle> {
-    if (this.handle) return this.handle;
-    await fs.mkdir(dirname(this.opts.path), { recursive: true });
-    this.handle = await fs.open(this.opts.path, 'a', 0o640);
-    this.size = (await this.handle.stat()).size;
-    return this.handle;
+  private open(): WriteStream {
+    mkdirSync(dirname(this.opts.path), { recursive: true });
+    const fd = openSync(this.opts.path, 'a', 0o640);
+    this.size = fstatSync(fd).size;
+    const out = createWriteStream('', { fd });
+    out.on('error', (e) => {
+      if (this.out === out) this.out = undefined;
+      this.opts.onError?.(e);
+    });
+    return out;
   }
 
-  private async rotate(): Promise<void> {
-    await this.handle?.close().catch(() => undefined);
-    this.handle = undefined;
-    await fs.rename(this.opts.path, `${this.opts.path}.1`);
-  }
-
-  private async flush(): Promise<void> {
-    while (this.pending.length > 0) {
-      // Everything queued goes out in as few writes as the size limit allows.
-      const batch: string[] = [];
-      let bytes = 0;
-      try {
-        const h = await this.open();
-        while (this.pending.length > 0) {
-          const next = this.pending[0]!;
-          const n = Buffer.byteLength(next);
-          if ((this.size ?? 0) + bytes + n > this.opts.maxBytes && (this.size ?? 0) + bytes > 0) break;
-          batch.push(next);
-          bytes += n;
-          this.pending.shift();
-          this.pendingBytes -= n;
-        }
-        if (batch.length > 0) {
-          await h.write(batch.join(''));
-          this.size = (this.size ?? 0) + bytes;
-        } else {
-          await this.rotate();
-        }
-      } catch (e) {
-        // The lines of a failed write are lost (counted by the caller as written): keep going.
-        this.handle = undefined;
-        this.opts.onError?.(e);
-        if (batch.length === 0) {
-          this.pending = [];
-          this.pendingBytes = 0;
-        }
-      }
-    }
+  /** End the current stream; it writes what it holds, then closes. */
+  private retire(): void {
+    const out = this.out;
+    this.out = undefined;
+    if (!out) return;
+    this.retired.add(out);
+    out.once('close', () => this.retired.delete(out));
+    out.end();
   }
 }

@@ -205,7 +205,7 @@ describe('the engine with an HA peer: the entry count decides, on both backends'
         readKernelFile: async (p: string) => (p === PROC_CONNTRACK_STAT ? text : undefined),
       });
       const config = await loadConfig({ NATGW_ENV_FILE: path.join(dir, 'none.env'), NATGW_STATE_DIR: dir, NATGW_HA_PEERS: '10.9.0.2', ...env });
-      expect(config.ha?.peer).toBe('10.9.0.2');
+      expect(config.ha?.peers).toEqual(['10.9.0.2']);
       const engine = new Engine({ config, exec, log: pino({ level: 'silent' }), nft: new FakeNftClient() });
       const flushes: (FlushCount | undefined)[] = [];
       engine.onSync((e) => {

@@ -34,18 +34,7 @@ const noExec: Executor = {
 /** Metric names natgw's registry exports, with a histogram's series names. */
 function exported(): Set<string> {
   const { metrics } = daemonMetrics({
-    config: {
-      flowLog: 'off',
-      flowLogFile: '/nonexistent',
-      flowLogMaxSize: 1 << 20,
-      flowLogRate: 1,
-      flowLogBurst: 1,
-      conntrackMetrics: true,
-      conntrackSysctls: false,
-      flowLogSchema: 'natgw',
-      flowLogIdentity: { namespace: '', name: '', pod: '', node: '' },
-      snatPortRange: { min: 1024, max: 65535 },
-    },
+    config: { flowLog: 'off', conntrackMetrics: true, snatPortRange: { min: 1024, max: 65535 } },
     exec: noExec,
     eipTraffic: async () => [],
   });

@@ -136,14 +136,12 @@ describe('HA configuration keys', () => {
   it('off by default, with defaults for the rest', async () => {
     const c = await loadConfig(base);
     expect(c.ha).toEqual({
-      peer: undefined,
       peers: [],
       syncInterface: undefined,
       syncAddress: undefined,
       port: 3780,
       syncTimeoutMs: 10_000,
       conntrackd: 'conntrackd',
-      peerApi: undefined,
       peerApis: [],
       peerTokenFile: undefined,
       initialRole: 'standby',
@@ -164,11 +162,11 @@ describe('HA configuration keys', () => {
       NATGW_TOKEN_FILE: '/etc/natgw/token',
     });
     expect(c.ha).toMatchObject({
-      peer: '10.99.0.2',
+      peers: ['10.99.0.2'],
       syncInterface: 'sync0',
       port: 3781,
       syncTimeoutMs: 3000,
-      peerApi: 'http://10.99.0.2:8080',
+      peerApis: ['http://10.99.0.2:8080'],
       peerTokenFile: '/etc/natgw/token',
     });
   });
@@ -182,10 +180,8 @@ describe('HA configuration keys', () => {
       NATGW_HA_PEER_API: 'http://10.99.0.2:8080/,http://10.99.0.3:8080',
     };
     expect((await loadConfig(several)).ha).toMatchObject({
-      peer: '10.99.0.2',
       peers: ['10.99.0.2', '10.99.0.3'],
       syncGroup: '225.0.0.50',
-      peerApi: 'http://10.99.0.2:8080',
       peerApis: ['http://10.99.0.2:8080', 'http://10.99.0.3:8080'],
     });
     expect((await loadConfig({ ...several, NATGW_HA_SYNC_GROUP: '239.1.2.3' })).ha?.syncGroup).toBe('239.1.2.3');

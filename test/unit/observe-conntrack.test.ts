@@ -7,7 +7,6 @@ import { describe, expect, it } from 'vitest';
 import { parseConntrackLine } from '../../src/model/conntrackLine.js';
 import { parseConntrackStats } from '../../src/observe/conntrackMetrics.js';
 import { FlowIndex } from '../../src/observe/classify.js';
-import { TokenBucket } from '../../src/observe/rateLimit.js';
 import { FlowLog, flowRecord, type FlowSink } from '../../src/observe/flowLog.js';
 import { emptyState } from '../../src/state/state.js';
 
@@ -195,10 +194,10 @@ describe('FlowIndex.classify', () => {
   });
 });
 
-describe('TokenBucket', () => {
+describe('the flow log rate limit', () => {
   it('admits the burst, then the refill rate', () => {
     let now = 0;
-    const b = new TokenBucket(10, 3, () => now);
+    const b = new FlowLog({ sink: { write: () => true, close: async () => undefined }, ratePerS: 10, burst: 3, now: () => now });
     expect([b.take(), b.take(), b.take(), b.take()]).toEqual([true, true, true, false]);
     now += 100; // 0.1 s at 10/s: one token
     expect([b.take(), b.take()]).toEqual([true, false]);

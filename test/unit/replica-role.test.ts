@@ -12,7 +12,7 @@ import * as Ops from '../../src/state/operations.js';
 import { desiredStateSchema } from '../../src/state/state.js';
 import { RecordingKernel } from '../helpers/recordingKernel.js';
 
-const HA = { ha: { peer: '10.99.0.2', port: 3780, syncTimeoutMs: 3000, conntrackd: 'conntrackd', initialRole: 'standby' as const } };
+const HA = { ha: { peers: ['10.99.0.2'], peerApis: [], port: 3780, syncTimeoutMs: 3000, conntrackd: 'conntrackd', initialRole: 'standby' as const } };
 
 function recordingLog(): { log: pino.Logger; lines: Array<Record<string, unknown>> } {
   const lines: Array<Record<string, unknown>> = [];

@@ -320,7 +320,7 @@ describe('conntrackd in the active-active mode', () => {
 describe('ReplicaRole in the active-active mode', () => {
   it('is active and announces nothing (the EIPs are routed)', () => {
     const role = new ReplicaRole({
-      ha: { peer: '10.99.0.2', port: 3780, syncTimeoutMs: 3000, conntrackd: 'conntrackd', initialRole: 'standby', mode: 'active-active' },
+      ha: { peers: ['10.99.0.2'], peerApis: [], port: 3780, syncTimeoutMs: 3000, conntrackd: 'conntrackd', initialRole: 'standby', mode: 'active-active' },
     });
     expect(role.status()).toMatchObject({ mode: 'active-active', role: 'active' });
     expect(role.mayAnnounce('eip-add', ['172.20.0.10'])).toBe(false);

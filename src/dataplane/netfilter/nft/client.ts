@@ -4,7 +4,7 @@
  * system client runs `nft` through the Executor; tests put an in-memory fake behind the same
  * interface (test/helpers/fakeNft.ts).
  */
-import { ExecError, type ExecResult, type Executor } from '../../../system/exec.js';
+import { ExecError, type ExecResult, type Executor, runChecked } from '../../../system/exec.js';
 import { parseTableListing } from './readback.js';
 import { dropCreated, type NftPhases } from './phases.js';
 import type { NftTableFamily, NftTransaction } from './transaction.js';
@@ -60,8 +60,7 @@ export class SystemNftClient implements NftClient {
   async run(tx: NftTransaction | string): Promise<void> {
     const script = typeof tx === 'string' ? tx : tx.text();
     if (script === '') return;
-    const r = await this.exec.run({ file: 'nft', args: ['-f', '-'], input: script });
-    if (r.exitCode !== 0) throw new ExecError(r, 'the transaction', script);
+    await runChecked(this.exec, { file: 'nft', args: ['-f', '-'], input: script }, 'the transaction');
   }
 }
 
