@@ -57,9 +57,26 @@ export class IptablesBackend implements NetfilterBackend {
    * rendering from the change.
    */
   private last = new Map<Family, { rendered: Rendered; desired: Record<TableName, TableWant> }>();
+  /**
+   * The tables as a full sync of a gateway not yet initialised saw them (observe), by
+   * `family/table`: the first change after it (a bulk PUT into an empty gateway) plans against
+   * these instead of reading back. Dropped by any apply.
+   */
+  private observed = new Map<string, SavedTable>();
 
   forget(): void {
     this.last.clear();
+    this.observed.clear();
+  }
+
+  async observe(): Promise<void> {
+    const keys = ([4, 6] as const).flatMap((family) => TABLES.map((table) => `${family}/${table}`));
+    const read = await Promise.all(([4, 6] as const).flatMap((family) => TABLES.map((table) => this.read(table, family).catch(() => undefined))));
+    this.observed.clear();
+    keys.forEach((key, i) => {
+      const t = read[i];
+      if (t) this.observed.set(key, t);
+    });
   }
 
   /** One table as iptables-save shows it now. */
@@ -101,10 +118,15 @@ export class IptablesBackend implements NetfilterBackend {
     }
   }
 
-  /** The table as the last apply left it (partial), else as iptables-save shows it now. */
+  /** The table as the last apply left it or observe saw it (partial), else as iptables-save shows it now. */
   private async have(table: TableName, family: Family, opts: SyncOptions): Promise<SavedTable> {
-    const last = opts.mode === 'partial' ? this.last.get(family) : undefined;
-    return last ? savedAfter(last.desired[table]) : this.read(table, family);
+    if (opts.mode === 'partial') {
+      const last = this.last.get(family);
+      if (last) return savedAfter(last.desired[table]);
+      const seen = this.observed.get(`${family}/${table}`);
+      if (seen) return seen;
+    }
+    return this.read(table, family);
   }
 
   /** ip6tables holds natgw's chains only while there are IPv6 objects. */
@@ -117,6 +139,7 @@ export class IptablesBackend implements NetfilterBackend {
     if (!opts.dryRun) {
       this.last.set(4, { rendered: v4, desired: d4 });
       this.last.set(6, { rendered: v6, desired: d6 });
+      this.observed.clear();
     }
     return { changes: v4Report.changes + v6Report.changes, script: v4Report.script + v6Report.script };
   }
