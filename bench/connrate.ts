@@ -6,6 +6,8 @@
 import { startServer } from '../test/helpers/traffic.js';
 import { api, must } from './daemon.js';
 import { iptablesTools, type BackendInfo, type Gateway } from './gateway.js';
+import { progress } from './progress.js';
+import { median } from './stats.js';
 import { PROBE } from './workload.js';
 
 export interface ConnRates {
@@ -31,6 +33,7 @@ const next = () => {
 next();`;
 
 const CONNECTIONS = 2000;
+const ROUNDS = 5;
 
 export async function connectionRates(gw: Gateway, backend: BackendInfo): Promise<ConnRates> {
   const { topo } = gw;
@@ -45,9 +48,20 @@ export async function connectionRates(gw: Gateway, backend: BackendInfo): Promis
       const r = await topo.exec('ext', [process.execPath, '-e', CONNECT_LOOP, host, String(port), String(CONNECTIONS)], { timeoutMs: 300_000 });
       return (JSON.parse(r.stdout.trim()) as { perSecond: number }).perSecond;
     };
-    const firstPerSec = await rate(PROBE.first.eip, PROBE.first.port);
-    const lastPerSec = await rate(last.eip, last.port);
-    return { firstPerSec, lastPerSec, ...(backend.kind === 'iptables' ? { positions: await positions(gw, backend.variant) } : {}) };
+    // One rate swings ×3 from run to run here (whatever the rule's position): the two probes
+    // take turns, and each figure is the median of its rounds.
+    const first: number[] = [];
+    const lastRates: number[] = [];
+    for (let round = 0; round < ROUNDS; round++) {
+      first.push(await rate(PROBE.first.eip, PROBE.first.port));
+      lastRates.push(await rate(last.eip, last.port));
+    }
+    progress(`connections/s, round by round: first ${first.join(' ')}; last ${lastRates.join(' ')}`);
+    return {
+      firstPerSec: median(first),
+      lastPerSec: median(lastRates),
+      ...(backend.kind === 'iptables' ? { positions: await positions(gw, backend.variant) } : {}),
+    };
   } finally {
     await server.stop();
   }
